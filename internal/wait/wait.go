@@ -1,0 +1,184 @@
+// Package wait provides bounded waits that say what they wait for, how many
+// of how many things are done, and for how long.
+package wait
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// ErrTimeout is wrapped by every error returned when a wait runs out of time.
+var ErrTimeout = errors.New("timed out")
+
+// Spec describes one bounded wait.
+type Spec struct {
+	// What is the human description: "VM 701 start task", "nodes Ready".
+	What string
+	// Timeout bounds the whole wait; it is required.
+	Timeout time.Duration
+	// Interval between polls (default 500ms).
+	Interval time.Duration
+	// Log receives progress lines; the zero logger discards them.
+	Log zerolog.Logger
+	// ProgressEvery spaces out progress lines (default 5s).
+	ProgressEvery time.Duration
+}
+
+func (s Spec) withDefaults() Spec {
+	if s.Interval <= 0 {
+		s.Interval = 500 * time.Millisecond
+	}
+	if s.ProgressEvery <= 0 {
+		s.ProgressEvery = 5 * time.Second
+	}
+	return s
+}
+
+// Until polls cond until it reports done, returns an error (fatal, returned
+// as is), or the wait's timeout or ctx ends. The status string cond returns
+// is kept and quoted in progress lines and in the timeout error, so a user
+// sees what the last poll saw.
+func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool, status string, err error)) error {
+	spec = spec.withDefaults()
+	if spec.Timeout <= 0 {
+		return fmt.Errorf("waiting for %s: no timeout set", spec.What)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, spec.Timeout)
+	defer cancel()
+	lastProgress := start
+	var status string
+	for {
+		done, st, err := cond(ctx)
+		if st != "" {
+			status = st
+		}
+		if err != nil {
+			return err
+		}
+		if done {
+			spec.Log.Debug().Str("wait", spec.What).Dur("elapsed", time.Since(start)).Msgf("done waiting for %s", spec.What)
+			return nil
+		}
+		if time.Since(lastProgress) >= spec.ProgressEvery {
+			lastProgress = time.Now()
+			spec.Log.Info().Str("wait", spec.What).Str("status", status).
+				Str("elapsed", Round(time.Since(start)).String()).
+				Msgf("waiting for %s (%s elapsed)%s", spec.What, Round(time.Since(start)), suffix(status))
+		}
+		t := time.NewTimer(spec.Interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return timeoutError(ctx, spec, start, status)
+		case <-t.C:
+		}
+	}
+}
+
+func timeoutError(ctx context.Context, spec Spec, start time.Time, status string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) && time.Since(start) >= spec.Timeout-time.Millisecond {
+		return fmt.Errorf("waiting for %s: %w after %s%s", spec.What, ErrTimeout, Round(spec.Timeout), suffix(status))
+	}
+	return fmt.Errorf("waiting for %s: %w%s", spec.What, ctx.Err(), suffix(status))
+}
+
+func suffix(status string) string {
+	if status == "" {
+		return ""
+	}
+	return ": " + status
+}
+
+// Round trims a duration for humans: whole seconds above 10s, tenths below.
+func Round(d time.Duration) time.Duration {
+	if d >= 10*time.Second {
+		return d.Round(time.Second)
+	}
+	return d.Round(100 * time.Millisecond)
+}
+
+// Tracker follows a wait over several named things (nodes, VMs) done in
+// parallel and reports "n/m done" with the names still pending.
+type Tracker struct {
+	what  string
+	log   zerolog.Logger
+	start time.Time
+
+	mu      sync.Mutex
+	pending map[string]bool
+	total   int
+}
+
+// NewTracker starts tracking names for the wait described by what.
+func NewTracker(log zerolog.Logger, what string, names []string) *Tracker {
+	t := &Tracker{what: what, log: log, start: time.Now(), pending: map[string]bool{}, total: len(names)}
+	for _, n := range names {
+		t.pending[n] = true
+	}
+	return t
+}
+
+// Done marks name finished and logs the new count.
+func (t *Tracker) Done(name string) {
+	t.mu.Lock()
+	if !t.pending[name] {
+		t.mu.Unlock()
+		return
+	}
+	delete(t.pending, name)
+	done, total := t.total-len(t.pending), t.total
+	t.mu.Unlock()
+	t.log.Info().Str("wait", t.what).Str("item", name).Int("done", done).Int("total", total).
+		Msgf("%s: %s ready (%d/%d, %s elapsed)", t.what, name, done, total, Round(time.Since(t.start)))
+}
+
+// Pending returns the names not done yet, sorted.
+func (t *Tracker) Pending() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, 0, len(t.pending))
+	for n := range t.pending {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Status is a one-line summary: "2/3 done, pending: cp-2".
+func (t *Tracker) Status() string {
+	p := t.Pending()
+	s := fmt.Sprintf("%d/%d done", t.total-len(p), t.total)
+	if len(p) > 0 {
+		s += ", pending: " + strings.Join(p, ", ")
+	}
+	return s
+}
+
+// Report runs until ctx ends, logging the tracker's status every interval
+// while something is pending. Start it in a goroutine beside the workers.
+func (t *Tracker) Report(ctx context.Context, every time.Duration) {
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if len(t.Pending()) == 0 {
+				return
+			}
+			t.log.Info().Str("wait", t.what).Msgf("waiting for %s: %s (%s elapsed)", t.what, t.Status(), Round(time.Since(t.start)))
+		}
+	}
+}

@@ -1,0 +1,63 @@
+package wait
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+func TestUntilTimesOutWithStatus(t *testing.T) {
+	var buf bytes.Buffer
+	start := time.Now()
+	err := Until(context.Background(), Spec{What: "VM 701 start", Timeout: 120 * time.Millisecond, Interval: 10 * time.Millisecond,
+		ProgressEvery: 30 * time.Millisecond, Log: zerolog.New(&buf)},
+		func(context.Context) (bool, string, error) { return false, "status running", nil })
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("want timeout, got %v", err)
+	}
+	if !strings.Contains(err.Error(), "VM 701 start") || !strings.Contains(err.Error(), "status running") {
+		t.Fatalf("error does not say what it waited for: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("wait not bounded: %v", d)
+	}
+	if !strings.Contains(buf.String(), "waiting for VM 701 start") {
+		t.Fatalf("no progress line: %s", buf.String())
+	}
+}
+
+func TestUntilDoneAndFatal(t *testing.T) {
+	n := 0
+	err := Until(context.Background(), Spec{What: "x", Timeout: time.Second, Interval: time.Millisecond},
+		func(context.Context) (bool, string, error) { n++; return n == 3, "", nil })
+	if err != nil || n != 3 {
+		t.Fatalf("err=%v n=%d", err, n)
+	}
+	boom := errors.New("boom")
+	err = Until(context.Background(), Spec{What: "x", Timeout: time.Second},
+		func(context.Context) (bool, string, error) { return false, "", boom })
+	if !errors.Is(err, boom) {
+		t.Fatalf("got %v", err)
+	}
+	if err := Until(context.Background(), Spec{What: "x"}, nil); err == nil {
+		t.Fatal("a wait without a timeout must be refused")
+	}
+}
+
+func TestTracker(t *testing.T) {
+	var buf bytes.Buffer
+	tr := NewTracker(zerolog.New(&buf), "Talos API", []string{"cp-1", "cp-2", "w-1"})
+	tr.Done("cp-2")
+	tr.Done("cp-2")
+	if got := tr.Status(); got != "1/3 done, pending: cp-1, w-1" {
+		t.Fatalf("status %q", got)
+	}
+	if !strings.Contains(buf.String(), "(1/3") {
+		t.Fatalf("log: %s", buf.String())
+	}
+}

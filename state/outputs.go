@@ -1,0 +1,81 @@
+package state
+
+import "time"
+
+// Outputs are the facts one stage records for later stages and for
+// `bootstrap status`. Each section belongs to one stage.
+type Outputs struct {
+	// Nodes by name, recorded by provision (VM facts) and talos (config facts).
+	Nodes       map[string]Node `json:"nodes,omitempty"`
+	Talos       Talos           `json:"talos,omitzero"`
+	Infra       Infra           `json:"infra,omitzero"`
+	Flux        Flux            `json:"flux,omitzero"`
+	GitSnapshot GitSnapshot     `json:"git_snapshot,omitzero"`
+	Postcheck   *Postcheck      `json:"postcheck,omitempty"`
+}
+
+// Node is what is known about one cluster node.
+type Node struct {
+	Name string `json:"name"`
+	Role string `json:"role"`
+	VMID int    `json:"vmid,omitempty"`
+	IP   string `json:"ip,omitempty"`
+	MAC  string `json:"mac,omitempty"`
+	// DiskBus is the bus of the VM's install disk ("scsi", "virtio"); the
+	// talos stage derives the install disk from it.
+	DiskBus string `json:"disk_bus,omitempty"`
+	// InstallDisk is the device the node's config installs to.
+	InstallDisk string `json:"install_disk,omitempty"`
+	// ConfigSHA256 is the hash of the machine config last applied to the node.
+	ConfigSHA256 string    `json:"config_sha256,omitempty"`
+	AppliedAt    time.Time `json:"applied_at,omitzero"`
+}
+
+// Talos records the talos stage's outputs.
+type Talos struct {
+	SecretsPath     string `json:"secrets_path,omitempty"`
+	TalosconfigPath string `json:"talosconfig_path,omitempty"`
+	KubeconfigPath  string `json:"kubeconfig_path,omitempty"`
+	// BootstrapNode is the control plane etcd was bootstrapped on.
+	BootstrapNode  string    `json:"bootstrap_node,omitempty"`
+	BootstrappedAt time.Time `json:"bootstrapped_at,omitzero"`
+}
+
+// Infra records the infra stage's outputs.
+type Infra struct {
+	CNI          string `json:"cni,omitempty"`
+	Release      string `json:"release,omitempty"`
+	Namespace    string `json:"namespace,omitempty"`
+	ChartVersion string `json:"chart_version,omitempty"`
+	Revision     int    `json:"revision,omitempty"`
+	StorageClass string `json:"storage_class,omitempty"`
+}
+
+// Flux records the flux stage's outputs.
+type Flux struct {
+	Version  string `json:"version,omitempty"`
+	URL      string `json:"url,omitempty"`
+	Branch   string `json:"branch,omitempty"`
+	Path     string `json:"path,omitempty"`
+	Revision string `json:"revision,omitempty"`
+}
+
+// GitSnapshot records a detached local git snapshot server.
+type GitSnapshot struct {
+	PID     int       `json:"pid,omitempty"`
+	Listen  string    `json:"listen,omitempty"`
+	URL     string    `json:"url,omitempty"`
+	Hash    string    `json:"hash,omitempty"`
+	Started time.Time `json:"started,omitzero"`
+}
+
+// Postcheck summarises the last postcheck.
+type Postcheck struct {
+	Overall         string    `json:"overall"`
+	Started         time.Time `json:"started"`
+	DurationSeconds float64   `json:"duration_seconds"`
+	Passed          int       `json:"passed"`
+	Warned          int       `json:"warned"`
+	Failed          int       `json:"failed"`
+	Archive         string    `json:"archive,omitempty"`
+}
