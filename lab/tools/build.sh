@@ -27,6 +27,9 @@ etcd_version=$(mod_version etcd go.etcd.io/etcd/server/v3)
 kwok_version=$(mod_version kwok sigs.k8s.io/kwok)
 source_controller_version=$(mod_version flux github.com/fluxcd/source-controller)
 kustomize_controller_version=$(mod_version flux github.com/fluxcd/kustomize-controller)
+# The Flux distribution whose manifests (manifests/ in its module) the lab
+# bundles into a release-like manifests.tar.gz: the one the product uses.
+flux2_version=$(cd "$repo_root" && go list -m -f '{{.Version}}' github.com/fluxcd/flux2/v2)
 
 k8s_minor=${k8s_version#v1.}
 k8s_minor=${k8s_minor%%.*}
@@ -38,6 +41,7 @@ fingerprint=$(
 	{
 		go version
 		echo "$k8s_ldflags"
+		echo "flux2 $flux2_version"
 		for m in etcd kubernetes kwok flux; do
 			cat "$tools_dir/$m/go.mod" "$tools_dir/$m/go.sum"
 		done
@@ -87,6 +91,7 @@ build flux kustomize-controller github.com/fluxcd/kustomize-controller
 kwok_dir=$(mod_dir kwok sigs.k8s.io/kwok)
 source_controller_dir=$(mod_dir flux github.com/fluxcd/source-controller)
 kustomize_controller_dir=$(mod_dir flux github.com/fluxcd/kustomize-controller)
+flux2_dir=$(cd "$repo_root" && go mod download -json github.com/fluxcd/flux2/v2 >/dev/null && go list -m -f '{{.Dir}}' github.com/fluxcd/flux2/v2)
 
 cat >"$manifest.tmp" <<EOF
 {
@@ -96,7 +101,8 @@ cat >"$manifest.tmp" <<EOF
     "go.etcd.io/etcd/server/v3": {"version": "$etcd_version"},
     "sigs.k8s.io/kwok": {"version": "$kwok_version", "dir": "$kwok_dir"},
     "github.com/fluxcd/source-controller": {"version": "$source_controller_version", "dir": "$source_controller_dir"},
-    "github.com/fluxcd/kustomize-controller": {"version": "$kustomize_controller_version", "dir": "$kustomize_controller_dir"}
+    "github.com/fluxcd/kustomize-controller": {"version": "$kustomize_controller_version", "dir": "$kustomize_controller_dir"},
+    "github.com/fluxcd/flux2/v2": {"version": "$flux2_version", "dir": "$flux2_dir"}
   }
 }
 EOF
