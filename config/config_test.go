@@ -223,3 +223,23 @@ func mustRead(t *testing.T, p string) []byte {
 	}
 	return b
 }
+
+// TestReferenceDoc keeps docs/config.md in step with the types.
+func TestReferenceDoc(t *testing.T) {
+	path := filepath.Join("..", "docs", "config.md")
+	got := Reference()
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, _ := os.ReadFile(path)
+	if got != string(want) {
+		t.Fatalf("docs/config.md is stale: run go test ./config -run TestReferenceDoc -update")
+	}
+	for _, key := range []string{"`nodes[].vmid`", "`flux.localSnapshot.url`", "`storage.nfs.chartVersion` | string | `4.0.18`"} {
+		if !strings.Contains(got, key) {
+			t.Fatalf("reference lacks %s", key)
+		}
+	}
+}
