@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,7 @@ func TestReportPrometheus(t *testing.T) {
 		`bootstrap_postcheck_check_success{cluster="homelab",check="nfs-provisioning"} 0`,
 		`bootstrap_postcheck_check_warning{cluster="homelab",check="cert-expiry"} 1`,
 		`bootstrap_postcheck_duration_seconds{cluster="homelab"} 2.500`,
-		`bootstrap_postcheck_timestamp_seconds{cluster="homelab"} 1795316400`,
+		`bootstrap_postcheck_timestamp_seconds{cluster="homelab"} ` + strconv.FormatInt(time.Date(2026, 11, 21, 3, 0, 0, 0, time.UTC).Unix(), 10),
 		"# TYPE bootstrap_postcheck_success gauge",
 	} {
 		if !strings.Contains(out, want) {
