@@ -86,6 +86,8 @@ type Options struct {
 	Proxmox VMProbe
 	Now     func() time.Time
 	Log     zerolog.Logger
+	// DryRun skips the test PVC: a dry run changes nothing, not even that.
+	DryRun bool
 }
 
 func (o Options) now() time.Time {
@@ -279,6 +281,9 @@ func (c *checker) flux(ctx context.Context) (check.Status, string) {
 // for it to bind, and always deletes it and waits for its volume to go,
 // also when the check fails or the run is interrupted.
 func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
+	if c.o.DryRun {
+		return check.Warnf("not run in a dry run: it would create a test PVC in %s on the default StorageClass", c.o.PVCNamespace)
+	}
 	cs, _, err := c.client()
 	if err != nil {
 		return check.Failf("%v", err)

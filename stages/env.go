@@ -33,6 +33,8 @@ type Env struct {
 	Options Options
 	// Now is the clock (time.Now in production).
 	Now func() time.Time
+	// LogPath is this run's JSON log file ("" in a dry run).
+	LogPath string
 
 	mu      sync.Mutex
 	stage   string

@@ -92,7 +92,7 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 	if err != nil {
 		return err
 	}
-	env.Log, env.UI = log, ui.NewReporter(log)
+	env.Log, env.UI, env.LogPath = log, ui.NewReporter(log), logPath
 	names := make([]string, len(selected))
 	for i, s := range selected {
 		names[i] = s.Name()

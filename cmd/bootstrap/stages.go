@@ -8,5 +8,6 @@ import "github.com/homelab/bootstrap/stages"
 func registeredStages() []stages.Stage {
 	return []stages.Stage{
 		stages.PrecheckStage{},
+		stages.PostcheckStage{},
 	}
 }
