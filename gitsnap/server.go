@@ -27,9 +27,12 @@ import (
 )
 
 const (
-	// keepPrevious snapshots stay fetchable after a refresh, so a client that
-	// read the refs just before the swap can still fetch what it was told.
-	keepPrevious = 2
+	// A replaced snapshot stays fetchable for retainReplaced (at most
+	// maxReplaced of them), so a client that listed refs just before a swap
+	// can still fetch what it was told: stateless HTTP splits a clone into
+	// separate requests.
+	retainReplaced = 2 * time.Minute
+	maxReplaced    = 16
 	// maxRequestBody bounds an upload-pack request: a request lists wants
 	// and haves, never content.
 	maxRequestBody = 8 << 20
@@ -57,7 +60,12 @@ type ServerOptions struct {
 
 type generation struct {
 	current  *Snapshot
-	previous []*Snapshot
+	replaced []replacedSnapshot // newest first
+}
+
+type replacedSnapshot struct {
+	snap *Snapshot
+	at   time.Time
 }
 
 // Server serves the latest snapshot of a work tree over git smart HTTP
@@ -121,11 +129,14 @@ func (s *Server) Refresh(ctx context.Context) (*Snapshot, bool, error) {
 	if snap.Hash == old.current.Hash {
 		return old.current, false, nil
 	}
-	prev := append([]*Snapshot{old.current}, old.previous...)
-	if len(prev) > keepPrevious {
-		prev = prev[:keepPrevious]
+	now := time.Now()
+	replaced := []replacedSnapshot{{snap: old.current, at: now}}
+	for _, r := range old.replaced {
+		if len(replaced) < maxReplaced && now.Sub(r.at) < retainReplaced {
+			replaced = append(replaced, r)
+		}
 	}
-	s.gen.Store(&generation{current: snap, previous: prev})
+	s.gen.Store(&generation{current: snap, replaced: replaced})
 	s.log.Info().Str("hash", snap.Hash.String()).Str("previous", old.current.Hash.String()).
 		Int("files", snap.Files).Int("excluded", snap.Excluded.Total()).
 		Msgf("snapshot changed: now serving %s (%d files, excluded %s)", snap.Hash, snap.Files, snap.Excluded)
@@ -380,7 +391,11 @@ func (s *Server) uploadPack(w http.ResponseWriter, r *http.Request) {
 // snapshotWith returns the newest served snapshot holding every wanted object.
 func (s *Server) snapshotWith(wants []plumbing.Hash) *Snapshot {
 	g := s.gen.Load()
-	for _, snap := range append([]*Snapshot{g.current}, g.previous...) {
+	candidates := []*Snapshot{g.current}
+	for _, r := range g.replaced {
+		candidates = append(candidates, r.snap)
+	}
+	for _, snap := range candidates {
 		ok := true
 		for _, h := range wants {
 			if !snap.has(h) {
