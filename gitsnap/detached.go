@@ -242,23 +242,37 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 		return nil, fmt.Errorf("starting %s gitsnap serve: %w", opts.Executable, err)
 	}
 	pid := cmd.Process.Pid
-	exited := make(chan error, 1)
+	var exitErr error
+	exited := make(chan struct{})
 	// Reap the child if it dies while we live, so it never lingers as a zombie.
-	go func() { exited <- cmd.Wait() }()
+	go func() { exitErr = cmd.Wait(); close(exited) }()
 	opts.Log.Info().Int("pid", pid).Str("url", opts.Flags.URL).Str("listen", opts.Flags.Listen).
 		Str("log", logPath).Msg("started the git snapshot server")
 
 	var hash plumbing.Hash
 	err = wait.Until(ctx, wait.Spec{What: "git snapshot server at " + opts.Flags.URL + " to answer", Timeout: opts.Timeout, Interval: 200 * time.Millisecond, Log: opts.Log},
 		func(ctx context.Context) (bool, string, error) {
+			// A probe must not outlive the child: if it exits, say so at once.
+			pctx, cancel := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-exited:
+					cancel()
+				case <-pctx.Done():
+				}
+			}()
+			h, servedBy, err := probe(pctx, opts.Flags.URL, opts.Flags.Branch)
+			cancel()
 			select {
-			case werr := <-exited:
-				return false, "", fmt.Errorf("the git snapshot server (pid %d) exited: %v%s", pid, werr, logTail(logPath, logStart))
+			case <-exited:
+				return false, "", fmt.Errorf("the git snapshot server (pid %d) exited: %v", pid, exitErr)
 			default:
 			}
-			h, err := Probe(ctx, opts.Flags.URL, opts.Flags.Branch)
 			if err != nil {
 				return false, err.Error(), nil
+			}
+			if servedBy != pid {
+				return false, fmt.Sprintf("%s is answered by another process (pid %d)", opts.Flags.URL, servedBy), nil
 			}
 			hash = h
 			return true, "", nil
@@ -294,33 +308,45 @@ func logTail(path string, offset int64) string {
 	return "; server log:\n" + string(b)
 }
 
+// probeClient talks to the server directly: a proxy from the environment
+// would answer for the LAN address or not at all.
+var probeClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+
 // Probe asks the git server at url for its refs, as `git ls-remote` does,
 // and returns the commit of refs/heads/<branch>.
 func Probe(ctx context.Context, url, branch string) (plumbing.Hash, error) {
+	h, _, err := probe(ctx, url, branch)
+	return h, err
+}
+
+// probe also returns the pid a gitsnap server reports in its answer (0 for
+// other servers), so a recorded process is known to be the one answering.
+func probe(ctx context.Context, url, branch string) (plumbing.Hash, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
 		strings.TrimSuffix(url, "/")+"/info/refs?service="+transport.UploadPackServiceName, nil)
 	if err != nil {
-		return plumbing.ZeroHash, err
+		return plumbing.ZeroHash, 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := probeClient.Do(req)
 	if err != nil {
-		return plumbing.ZeroHash, fmt.Errorf("listing refs at %s: %w", url, err)
+		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return plumbing.ZeroHash, fmt.Errorf("listing refs at %s: HTTP %s", url, resp.Status)
+		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: HTTP %s", url, resp.Status)
 	}
 	ar := packp.NewAdvRefs()
 	if err := ar.Decode(resp.Body); err != nil {
-		return plumbing.ZeroHash, fmt.Errorf("listing refs at %s: %w", url, err)
+		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: %w", url, err)
 	}
 	h, ok := ar.References[plumbing.NewBranchReferenceName(branch).String()]
 	if !ok {
-		return plumbing.ZeroHash, fmt.Errorf("listing refs at %s: no branch %q", url, branch)
+		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: no branch %q", url, branch)
 	}
-	return h, nil
+	pid, _ := strconv.Atoi(resp.Header.Get(pidHeader))
+	return h, pid, nil
 }
 
 // Status is what Check found about the recorded server.
@@ -333,11 +359,15 @@ type Status struct {
 	// does not answer); ProbeError says why it did not.
 	ServedHash plumbing.Hash
 	ProbeError error
+	// ServedByPID is the pid of the gitsnap server that answered (0 if none did).
+	ServedByPID int
 }
 
-// Serves reports whether the recorded server is alive and serving hash.
+// Serves reports whether the recorded server is alive, is the process
+// answering at its URL, and serves hash.
 func (s Status) Serves(hash string) bool {
-	return s.Alive && !s.ServedHash.IsZero() && s.ServedHash.String() == hash
+	return s.Alive && s.State != nil && s.ServedByPID == s.State.PID &&
+		!s.ServedHash.IsZero() && s.ServedHash.String() == hash
 }
 
 // Check looks at the server recorded in stateDir: is its process alive and
@@ -348,7 +378,7 @@ func Check(ctx context.Context, stateDir string) (Status, error) {
 		return Status{}, err
 	}
 	out := Status{State: st, Alive: processAlive(st.PID)}
-	out.ServedHash, out.ProbeError = Probe(ctx, st.URL, st.Branch)
+	out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch)
 	return out, nil
 }
 

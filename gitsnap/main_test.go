@@ -46,6 +46,30 @@ func TestMain(m *testing.M) {
 
 // serveMain mirrors what the CLI's `gitsnap serve` command does with ServeFlags.
 func serveMain(args []string) int {
+	flags, err := parseServeArgs(args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	log := zerolog.New(os.Stderr).With().Timestamp().Logger()
+	stopSignals := []os.Signal{syscall.SIGTERM, syscall.SIGINT}
+	if os.Getenv(ignoreTermEnv) == "1" {
+		signal.Ignore(syscall.SIGTERM)
+		stopSignals = stopSignals[1:]
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	if err := Serve(ctx, flags, log, hup); err != nil {
+		log.Error().Err(err).Msg("gitsnap serve failed")
+		return 1
+	}
+	return 0
+}
+
+// parseServeArgs parses a `bootstrap` argv the way a kong CLI embedding ServeFlags does.
+func parseServeArgs(args []string) (ServeFlags, error) {
 	var cli struct {
 		Gitsnap struct {
 			Serve ServeFlags `cmd:""`
@@ -53,26 +77,12 @@ func serveMain(args []string) int {
 	}
 	parser, err := kong.New(&cli, kong.Name("bootstrap"), kong.Exit(func(code int) { os.Exit(code) }))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+		return ServeFlags{}, err
 	}
 	if _, err := parser.Parse(args); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+		return ServeFlags{}, err
 	}
-	log := zerolog.New(os.Stderr).With().Timestamp().Logger()
-	if os.Getenv(ignoreTermEnv) == "1" {
-		signal.Ignore(syscall.SIGTERM)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	if err := Serve(ctx, cli.Gitsnap.Serve, log, hup); err != nil {
-		log.Error().Err(err).Msg("gitsnap serve failed")
-		return 1
-	}
-	return 0
+	return cli.Gitsnap.Serve, nil
 }
 
 func requireGit(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,9 @@ const (
 	maxRequestBody = 8 << 20
 	// shutdownGrace bounds how long in-flight clones may finish on shutdown.
 	shutdownGrace = 10 * time.Second
+	// pidHeader tells bootstrap which process answers at a URL, so a
+	// recorded server is never confused with another one on the same port.
+	pidHeader = "Gitsnap-Pid"
 )
 
 // ServerOptions configures a snapshot server.
@@ -297,6 +301,7 @@ func (s *Server) advertise(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/x-git-upload-pack-advertisement")
 	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set(pidHeader, strconv.Itoa(os.Getpid()))
 	_, _ = w.Write(buf.Bytes())
 }
 

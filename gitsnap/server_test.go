@@ -2,6 +2,8 @@ package gitsnap
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -213,16 +215,27 @@ func waitServed(t *testing.T, url string, ok func(plumbing.Hash) bool) {
 	t.Fatalf("the server at %s still serves %s after 10s", url, last)
 }
 
-// uploadPackRaw posts one upload-pack request body (pkt-lines built from
-// lines; a "" line is a flush) and returns the response.
+// uploadPackRaw posts one upload-pack request (want line, flush, then
+// "done" if done) and returns the response.
 func uploadPackRaw(t *testing.T, repoURL string, want string, done bool) string {
 	t.Helper()
-	var b strings.Builder
-	pkt := func(s string) { fmt.Fprintf(&b, "%04x%s", len(s)+4, s) }
-	pkt(want)
-	b.WriteString("0000")
+	lines := []string{want, ""}
 	if done {
-		pkt("done\n")
+		lines = append(lines, "done\n")
+	}
+	return uploadPackLines(t, repoURL, lines...)
+}
+
+// uploadPackLines posts pkt-lines ("" is a flush) to git-upload-pack.
+func uploadPackLines(t *testing.T, repoURL string, lines ...string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, l := range lines {
+		if l == "" {
+			b.WriteString("0000")
+			continue
+		}
+		fmt.Fprintf(&b, "%04x%s", len(l)+4, l)
 	}
 	resp, err := http.Post(repoURL+"/git-upload-pack", "application/x-git-upload-pack-request", strings.NewReader(b.String()))
 	if err != nil {
@@ -230,7 +243,76 @@ func uploadPackRaw(t *testing.T, repoURL string, want string, done bool) string 
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("upload-pack: HTTP %d %s", resp.StatusCode, body)
+	}
 	return string(body)
+}
+
+// TestUploadPackRounds pins the stateless protocol-v0 answers the clients rely on.
+func TestUploadPackRounds(t *testing.T) {
+	_, srv, _ := serveFixture(t)
+	h := srv.Snapshot().Hash.String()
+	unknown := strings.Repeat("cd", 20)
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		want  func(string) bool
+	}{
+		{"deepen without done: only the (empty) shallow list",
+			[]string{"want " + h + " shallow ofs-delta\n", "deepen 1\n", ""},
+			func(r string) bool { return r == "0000" }},
+		{"deepen with done: shallow list, NAK, pack",
+			[]string{"want " + h + " shallow ofs-delta\n", "deepen 1\n", "", "done\n"},
+			func(r string) bool { return strings.HasPrefix(r, "00000008NAK\nPACK") }},
+		{"full clone: NAK, pack",
+			[]string{"want " + h + " ofs-delta\n", "", "done\n"},
+			func(r string) bool { return strings.HasPrefix(r, "0008NAK\nPACK") }},
+		{"negotiation with a common have: ACK",
+			[]string{"want " + h + "\n", "", "have " + h + "\n", ""},
+			func(r string) bool { return r == "0031ACK "+h+"\n" }},
+		{"negotiation without a common have: NAK",
+			[]string{"want " + h + "\n", "", "have " + unknown + "\n", ""},
+			func(r string) bool { return r == "0008NAK\n" }},
+		{"unknown have with done still gets the pack",
+			[]string{"want " + h + "\n", "", "have " + unknown + "\n", "done\n"},
+			func(r string) bool { return strings.HasPrefix(r, "0008NAK\nPACK") }},
+		{"unsupported capability",
+			[]string{"want " + h + " side-band-64k\n", "", "done\n"},
+			func(r string) bool { return strings.Contains(r, "ERR upload-pack: unsupported capability") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := uploadPackLines(t, srv.URL(), tc.lines...); !tc.want(got) {
+				t.Errorf("response %.120q", got)
+			}
+		})
+	}
+
+	// Clients gzip large requests.
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	fmt.Fprintf(zw, "%04xwant %s\n0000%04xdone\n", len(h)+10, h, 9)
+	zw.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL()+"/git-upload-pack", &gz)
+	req.Header.Set("Content-Encoding", "gzip")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.HasPrefix(string(body), "0008NAK\nPACK") {
+		t.Errorf("gzipped request: HTTP %d %.80q", resp.StatusCode, body)
+	}
+
+	resp, err = http.Post(srv.URL()+"/git-upload-pack", "application/x-git-upload-pack-request", strings.NewReader("garbage"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("malformed request: HTTP %d, want 400", resp.StatusCode)
+	}
 }
 
 func TestPushIsRefused(t *testing.T) {
