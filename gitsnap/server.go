@@ -287,8 +287,8 @@ func (s *Server) advertise(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "advertising references", err)
 		return
 	}
-	// Flux (and `git clone --depth 1`) require the shallow capability; the
-	// request handler answers depth requests itself, see uploadPack.
+	// `git clone --depth 1` refuses a server without the shallow capability;
+	// uploadPack answers depth requests itself.
 	if err := ar.Capabilities.Add(capability.Shallow); err != nil {
 		s.internalError(w, "advertising capabilities", err)
 		return
@@ -354,7 +354,6 @@ func (s *Server) uploadPack(w http.ResponseWriter, r *http.Request) {
 	deepen := req.Depth != nil && !req.Depth.IsZero()
 	if deepen {
 		req.Depth = packp.DepthCommits(0)
-		req.Capabilities.Delete(capability.Shallow)
 		if err := enc.Flush(); err != nil {
 			return
 		}
@@ -362,6 +361,7 @@ func (s *Server) uploadPack(w http.ResponseWriter, r *http.Request) {
 	// Shallow boundaries the client reports are its own business: no
 	// snapshot commit has a parent to unshallow.
 	req.Shallows = nil
+	req.Capabilities.Delete(capability.Shallow)
 
 	if !done {
 		switch {

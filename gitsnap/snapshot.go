@@ -37,8 +37,9 @@ var (
 		Email: "gitsnap@bootstrap.invalid",
 		When:  time.Unix(946684800, 0).UTC(), // 2000-01-01T00:00:00Z
 	}
-	snapshotMessage = "bootstrap snapshot of the local work tree\n"
 )
+
+const snapshotMessage = "bootstrap snapshot of the local work tree\n"
 
 // BuildOptions says which work tree to snapshot and how.
 type BuildOptions struct {
