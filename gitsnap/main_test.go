@@ -39,6 +39,10 @@ func TestMain(m *testing.M) {
 	os.Setenv("XDG_CONFIG_HOME", filepath.Join(home, ".config"))
 	os.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 	os.Setenv("GIT_TERMINAL_PROMPT", "0")
+	// Run from a git hook, these would point the test's git commands at the caller's repository.
+	for _, v := range []string{"GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR"} {
+		os.Unsetenv(v)
+	}
 	code := m.Run()
 	os.RemoveAll(home)
 	os.Exit(code)
