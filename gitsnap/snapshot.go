@@ -288,13 +288,27 @@ func ignoreMatcher(root string) (gitignore.Matcher, error) {
 	rootfs := osfs.New("/")
 	if global, err := gitignore.LoadGlobalPatterns(rootfs); err == nil && len(global) > 0 {
 		all = append(all, global...)
-	} else if sys, err := gitignore.LoadSystemPatterns(rootfs); err == nil {
+	} else if sys, err := gitignore.LoadSystemPatterns(rootfs); err == nil && len(sys) > 0 {
 		all = append(all, sys...)
+	} else if file := defaultExcludesFile(); file != "" {
+		all = append(all, readPatternFile(file)...)
 	}
 	if common := linkedCommonDir(root); common != "" {
 		all = append(all, readPatternFile(filepath.Join(common, "info", "exclude"))...)
 	}
 	return gitignore.NewMatcher(append(all, ps...)), nil
+}
+
+// defaultExcludesFile is where git looks for global ignore patterns when
+// core.excludesFile is not set.
+func defaultExcludesFile() string {
+	if x := os.Getenv("XDG_CONFIG_HOME"); x != "" {
+		return filepath.Join(x, "git", "ignore")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".config", "git", "ignore")
+	}
+	return ""
 }
 
 // linkedCommonDir returns the common git directory of a linked work tree

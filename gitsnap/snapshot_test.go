@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -319,6 +320,28 @@ func TestBuildIsDeterministic(t *testing.T) {
 	}
 	if dev.Hash != first.Hash || dev.Ref() != "refs/heads/dev" {
 		t.Errorf("branch dev: %s %s, want %s refs/heads/dev", dev.Hash, dev.Ref(), first.Hash)
+	}
+}
+
+func TestBuildHonoursGitIgnoreSources(t *testing.T) {
+	fx := newFixture(t)
+	before := fx.build(t)
+	writeFile(t, fx.dir, "scratch/a.txt", "a\n", 0o644)
+	writeFile(t, fx.dir, "infra/b.tmp", "b\n", 0o644)
+	withScratch := fx.build(t)
+	if withScratch.Hash == before.Hash {
+		t.Fatal("untracked files did not change the snapshot")
+	}
+	// Patterns from info/exclude and from the default global excludes file
+	// ($XDG_CONFIG_HOME/git/ignore) hide them again, as for git status.
+	writeFile(t, fx.dir, ".git/info/exclude", "scratch/\n", 0o644)
+	writeFile(t, os.Getenv("XDG_CONFIG_HOME"), "git/ignore", "*.tmp\n", 0o644)
+	defer os.Remove(filepath.Join(os.Getenv("XDG_CONFIG_HOME"), "git", "ignore"))
+	if status := git(t, fx.dir, "status", "--porcelain", "--untracked-files=all"); strings.Contains(status, "scratch/") || strings.Contains(status, "b.tmp") {
+		t.Fatalf("git itself still lists the files:\n%s", status)
+	}
+	if got := fx.build(t); got.Hash != before.Hash {
+		t.Errorf("ignored files changed the snapshot: %s, want %s", got.Hash, before.Hash)
 	}
 }
 
