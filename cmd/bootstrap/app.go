@@ -30,6 +30,7 @@ type CLI struct {
 	Run     RunCmd     `cmd:"" help:"Run pipeline stages: precheck, provision, talos, infra, flux, postcheck."`
 	Status  StatusCmd  `cmd:"" help:"Show each stage's last outcome, the cluster's recorded outputs and what to run next."`
 	Cfg     ConfigCmd  `cmd:"" name:"config" help:"Write, validate or describe the config file."`
+	Gitsnap GitsnapCmd `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
 }
 

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -270,5 +272,48 @@ func TestConfigCommands(t *testing.T) {
 	}
 	if code := h.run(context.Background(), "frobnicate"); code != 2 {
 		t.Fatalf("unknown command: %d", code)
+	}
+}
+
+func TestGitsnapServeCommand(t *testing.T) {
+	h := newHarness(t)
+	repo := filepath.Join(h.dir, "repo")
+	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
+	os.WriteFile(filepath.Join(repo, "infra", "ns.yaml"), []byte("kind: Namespace\n"), 0o644)
+	os.WriteFile(filepath.Join(repo, "kubeconfig"), []byte("secret"), 0o600)
+	for _, args := range [][]string{{"init", "-q", "-b", "main"}, {"add", "."}} {
+		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	go func() {
+		done <- h.run(ctx, "gitsnap", "serve", "--repo", repo, "--listen", addr, "--url", "http://"+addr+"/homelab.git", "--interval", "0")
+	}()
+	clone := filepath.Join(h.dir, "clone")
+	var out []byte
+	var err error
+	for i := 0; i < 100; i++ {
+		if out, err = exec.Command("git", "clone", "-q", "--depth", "1", "http://"+addr+"/homelab.git", clone).CombinedOutput(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	if code := <-done; code != 0 && code != 130 {
+		t.Fatalf("serve exited %d: %s", code, h.stderr.String())
+	}
+	if err != nil {
+		t.Fatalf("clone: %v %s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(clone, "infra", "ns.yaml")); err != nil {
+		t.Fatal("snapshot lacks infra/ns.yaml")
+	}
+	if _, err := os.Stat(filepath.Join(clone, "kubeconfig")); err == nil {
+		t.Fatal("a kubeconfig was served")
 	}
 }
