@@ -21,13 +21,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/kube"
 )
@@ -208,40 +208,6 @@ func (c *checker) defaultClass(ctx context.Context) (check.Status, string) {
 	return check.Passf("%s is the only default StorageClass", c.o.StorageClass)
 }
 
-// Flux object kinds checked for readiness.
-var (
-	GitRepositoryGVR = schema.GroupVersionResource{Group: "source.toolkit.fluxcd.io", Version: "v1", Resource: "gitrepositories"}
-	KustomizationGVR = schema.GroupVersionResource{Group: "kustomize.toolkit.fluxcd.io", Version: "v1", Resource: "kustomizations"}
-)
-
-// FluxReady reports whether a Flux object is Ready for its current
-// generation, with its revision or its Ready message.
-func FluxReady(u *unstructured.Unstructured) (bool, string) {
-	gen := u.GetGeneration()
-	observed, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	rev, _, _ := unstructured.NestedString(u.Object, "status", "artifact", "revision")
-	if r, ok, _ := unstructured.NestedString(u.Object, "status", "lastAppliedRevision"); ok {
-		rev = r
-	}
-	for _, raw := range conds {
-		cond, _ := raw.(map[string]any)
-		if cond["type"] != "Ready" {
-			continue
-		}
-		msg, _ := cond["message"].(string)
-		if cond["status"] == "True" && observed == gen {
-			return true, "revision " + rev
-		}
-		if cond["status"] == "True" {
-			return false, fmt.Sprintf("generation %d not observed yet (at %d)", gen, observed)
-		}
-		reason, _ := cond["reason"].(string)
-		return false, fmt.Sprintf("%s: %s", reason, msg)
-	}
-	return false, "no Ready condition yet"
-}
-
 func (c *checker) flux(ctx context.Context) (check.Status, string) {
 	_, dyn, err := c.client()
 	if err != nil {
@@ -252,7 +218,7 @@ func (c *checker) flux(ctx context.Context) (check.Status, string) {
 	for _, k := range []struct {
 		kind string
 		gvr  schema.GroupVersionResource
-	}{{"GitRepository", GitRepositoryGVR}, {"Kustomization", KustomizationGVR}} {
+	}{{"GitRepository", flux.GitRepositoryGVR}, {"Kustomization", flux.KustomizationGVR}} {
 		u, err := dyn.Resource(k.gvr).Namespace(c.o.FluxNamespace).Get(ctx, c.o.FluxName, metav1.GetOptions{})
 		if err != nil {
 			ok = false
@@ -263,13 +229,13 @@ func (c *checker) flux(ctx context.Context) (check.Status, string) {
 			}
 			continue
 		}
-		ready, detail := FluxReady(u)
-		ok = ok && ready
-		state := "Ready"
-		if !ready {
-			state = "not Ready"
+		r := flux.ReadinessOf(u)
+		ok = ok && r.Ready
+		if r.Ready {
+			parts = append(parts, fmt.Sprintf("%s Ready (revision %s)", k.kind, r.Revision))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s not Ready (%s)", k.kind, r.Detail))
 		}
-		parts = append(parts, fmt.Sprintf("%s %s (%s)", k.kind, state, detail))
 	}
 	if !ok {
 		return check.Failf("%s", strings.Join(parts, "; "))

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
+	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/kube"
 )
 
@@ -35,7 +36,9 @@ func Evidence(ctx context.Context, kubeconfigPath, fluxNS, pvcNS string) map[str
 		out["evidence/ERROR.txt"] = []byte(err.Error() + "\n")
 		return out
 	}
-	core := func(r string) schema.GroupVersionResource { return schema.GroupVersionResource{Version: "v1", Resource: r} }
+	core := func(r string) schema.GroupVersionResource {
+		return schema.GroupVersionResource{Version: "v1", Resource: r}
+	}
 	sources := []evidenceSource{
 		{"nodes.yaml", core("nodes"), ""},
 		{"storageclasses.yaml", schema.GroupVersionResource{Group: "storage.k8s.io", Version: "v1", Resource: "storageclasses"}, ""},
@@ -43,8 +46,8 @@ func Evidence(ctx context.Context, kubeconfigPath, fluxNS, pvcNS string) map[str
 		{path.Join(pvcNS, "persistentvolumeclaims.yaml"), core("persistentvolumeclaims"), pvcNS},
 		{path.Join(pvcNS, "deployments.yaml"), schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}, pvcNS},
 		{path.Join(pvcNS, "events.yaml"), core("events"), pvcNS},
-		{path.Join(fluxNS, "gitrepositories.yaml"), GitRepositoryGVR, fluxNS},
-		{path.Join(fluxNS, "kustomizations.yaml"), KustomizationGVR, fluxNS},
+		{path.Join(fluxNS, "gitrepositories.yaml"), flux.GitRepositoryGVR, fluxNS},
+		{path.Join(fluxNS, "kustomizations.yaml"), flux.KustomizationGVR, fluxNS},
 		{path.Join(fluxNS, "deployments.yaml"), schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}, fluxNS},
 		{path.Join(fluxNS, "events.yaml"), core("events"), fluxNS},
 	}

@@ -48,6 +48,9 @@ type Env struct {
 type Options struct {
 	// MergeConfigs merges talosconfig/kubeconfig into the user's home configs.
 	MergeConfigs bool
+	// Executable is the bootstrap binary detached helpers (the git snapshot
+	// server) are started from; empty means this process's executable.
+	Executable string
 }
 
 // Change is one mutation a stage made, or would make in a dry run.
