@@ -181,39 +181,46 @@ func recordSnapshot(env *Env, s *gitsnap.State) {
 	env.State.Outputs.GitSnapshot.Started = s.StartedAt
 }
 
-// fluxAuthSecret builds the Secret for a private remote from the files or
-// environment the config names; nil for an anonymous repository.
-func fluxAuthSecret(env *Env) (*unstructured.Unstructured, error) {
+// fluxCredentials reads the credentials of a private remote from the files
+// or environment the config names; ok is false for an anonymous repository.
+func fluxCredentials(env *Env) (cr flux.Credentials, ok bool, err error) {
 	a := env.Config.Flux.Auth
-	var cr flux.Credentials
 	switch {
 	case a.SSHKeyFile != "":
-		key, err := os.ReadFile(env.Config.Resolve(a.SSHKeyFile))
-		if err != nil {
-			return nil, config.Userf("flux.auth.sshKeyFile: %v", err)
+		if cr.SSHKey, err = os.ReadFile(env.Config.Resolve(a.SSHKeyFile)); err != nil {
+			return cr, false, config.Userf("flux.auth.sshKeyFile: %v", err)
 		}
-		cr.SSHKey = key
 		if a.KnownHostsFile != "" {
 			if cr.KnownHosts, err = os.ReadFile(env.Config.Resolve(a.KnownHostsFile)); err != nil {
-				return nil, config.Userf("flux.auth.knownHostsFile: %v", err)
+				return cr, false, config.Userf("flux.auth.knownHostsFile: %v", err)
 			}
 		}
 	case a.TokenFile != "":
 		b, err := os.ReadFile(env.Config.Resolve(a.TokenFile))
 		if err != nil {
-			return nil, config.Userf("flux.auth.tokenFile: %v", err)
+			return cr, false, config.Userf("flux.auth.tokenFile: %v", err)
 		}
 		cr.Token, cr.Username = strings.TrimSpace(string(b)), a.Username
 	case a.TokenEnv != "":
-		v, ok := os.LookupEnv(a.TokenEnv)
-		if !ok || v == "" {
-			return nil, config.Userf("flux.auth.tokenEnv: environment variable %s is not set", a.TokenEnv)
+		v, set := os.LookupEnv(a.TokenEnv)
+		if !set || v == "" {
+			return cr, false, config.Userf("flux.auth.tokenEnv: environment variable %s is not set", a.TokenEnv)
 		}
 		cr.Token, cr.Username = v, a.Username
 	default:
-		return nil, nil
+		return cr, false, nil
 	}
 	env.Secrets.Add(cr.Token)
+	return cr, true, nil
+}
+
+// fluxAuthSecret builds the Secret source-controller reads the credentials
+// from; nil for an anonymous repository.
+func fluxAuthSecret(env *Env) (*unstructured.Unstructured, error) {
+	cr, ok, err := fluxCredentials(env)
+	if err != nil || !ok {
+		return nil, err
+	}
 	return flux.AuthSecret(FluxNamespace, FluxNamespace, cr)
 }
 
