@@ -148,6 +148,10 @@ func classify(method, path string, err error) error {
 		}
 		return ae
 	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		return fmt.Errorf("Proxmox API %s %s: %w", method, path, err)
+	}
 	var ne net.Error
 	var oe *net.OpError
 	if errors.As(err, &ne) || errors.As(err, &oe) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||

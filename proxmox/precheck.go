@@ -220,6 +220,20 @@ func (f *facts) getVersion(ctx context.Context) (Version, error) {
 	return f.version.get(func() (Version, error) { return f.c.Version(ctx) })
 }
 
+// gate fails a check early when the API cannot be used at all, so one dead
+// or misconfigured endpoint yields one explanation and one retry sequence.
+func (f *facts) gate(ctx context.Context) (check.Status, string, bool) {
+	if _, err := f.getVersion(ctx); err != nil {
+		if IsUnauthorized(err) {
+			st, msg := check.Failf("skipped: the API rejected the credentials (see proxmox: token)")
+			return st, msg, false
+		}
+		st, msg := check.Failf("skipped: the API is unreachable (see proxmox: API and version)")
+		return st, msg, false
+	}
+	return "", "", true
+}
+
 func (f *facts) getVMs(ctx context.Context) ([]VMSummary, error) {
 	return f.vms.get(func() ([]VMSummary, error) { return f.c.ListVMs(ctx) })
 }
@@ -270,6 +284,8 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 		{Name: "proxmox: API and version", Run: func(ctx context.Context) (check.Status, string) {
 			v, err := f.getVersion(ctx)
 			switch {
+			case IsUnauthorized(err):
+				return check.Failf("API at %s answers but rejected the credentials: %v", c.opts.URL, err)
 			case err != nil:
 				return check.Failf("API at %s unreachable: %v", c.opts.URL, err)
 			case v.Major < 7:
@@ -284,6 +300,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			if who == "" {
 				who = c.opts.Username
 			}
+			if _, err := f.getVersion(ctx); err != nil && !IsUnauthorized(err) {
+				return check.Failf("skipped: the API is unreachable (see proxmox: API and version)")
+			}
 			if _, err := c.Permissions(ctx, []string{"/"}); err != nil {
 				if IsUnauthorized(err) {
 					return check.Failf("%s rejected: %v", who, err)
@@ -293,6 +312,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			return check.Passf("%s accepted", who)
 		}},
 		{Name: "proxmox: privileges", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
 			v, err := f.getVersion(ctx)
 			if err != nil {
 				return check.Failf("cannot read version: %v", err)
@@ -322,6 +344,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			return check.Passf("every privilege this run needs is granted (%d requirements on %d paths)", len(needs), len(held))
 		}},
 		{Name: "proxmox: node", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
 			nodes, err := c.Nodes(ctx)
 			if err != nil {
 				return check.Failf("cannot list nodes: %v", err)
@@ -339,18 +364,33 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			return check.Failf("node %s not in the cluster (nodes: %s)", c.node, strings.Join(names, ", "))
 		}},
 		{Name: "proxmox: disk storage", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
 			return f.checkDiskStorage(ctx)
 		}},
 		{Name: "proxmox: ISO storage", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
 			return f.checkISOStorage(ctx)
 		}},
 		{Name: "proxmox: bridge", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
 			return f.checkBridges(ctx)
 		}},
 		{Name: "proxmox: RAM and CPU headroom", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
 			return f.checkCapacity(ctx)
 		}},
 		{Name: "proxmox: VMIDs and names", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
 			ps, err := f.getPlans(ctx)
 			if err != nil {
 				return check.Failf("cannot list VMs: %v", err)

@@ -29,6 +29,7 @@ type CLI struct {
 
 	Run     RunCmd     `cmd:"" help:"Run pipeline stages: precheck, provision, talos, infra, flux, postcheck."`
 	Status  StatusCmd  `cmd:"" help:"Show each stage's last outcome, the cluster's recorded outputs and what to run next."`
+	Destroy DestroyCmd `cmd:"" help:"Stop and delete this cluster's VMs (only those tagged bootstrap-<cluster>)."`
 	Cfg     ConfigCmd  `cmd:"" name:"config" help:"Write, validate or describe the config file."`
 	Gitsnap GitsnapCmd `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
@@ -37,7 +38,9 @@ type CLI struct {
 // App holds what commands need from the process; tests build their own.
 type App struct {
 	Stdout, Stderr io.Writer
-	LookupEnv      config.LookupEnv
+	// Stdin answers confirmation prompts; nil means there is no terminal.
+	Stdin     io.Reader
+	LookupEnv config.LookupEnv
 	// Stages returns the registered (implemented) stages in pipeline order.
 	Stages func() []stages.Stage
 	// Now is the clock; nil means time.Now.

@@ -21,6 +21,6 @@ func main() {
 		<-sig
 		os.Exit(130)
 	}()
-	app := &App{Stdout: os.Stdout, Stderr: os.Stderr, LookupEnv: os.LookupEnv, Stages: registeredStages}
+	app := &App{Stdout: os.Stdout, Stderr: os.Stderr, Stdin: os.Stdin, LookupEnv: os.LookupEnv, Stages: registeredStages}
 	os.Exit(app.Main(ctx, os.Args[1:]))
 }

@@ -8,6 +8,7 @@ import "github.com/homelab/bootstrap/stages"
 func registeredStages() []stages.Stage {
 	return []stages.Stage{
 		stages.PrecheckStage{},
+		stages.ProvisionStage{},
 		stages.PostcheckStage{},
 	}
 }
