@@ -627,3 +627,18 @@ func TestDeriveMAC(t *testing.T) {
 		t.Fatalf("%s is not locally administered unicast", a)
 	}
 }
+
+func TestTicketLogin(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Users: []pvesim.User{{ID: "root@pam", Password: "hunter22"}}, ISOs: talosISO})
+	ctx := ctxT(t)
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret, o.Username, o.Password = "", "", "root@pam", "hunter22" })
+	if _, err := c.EnsureVM(ctx, spec(1)); err != nil {
+		t.Fatalf("writes with a ticket (CSRF token): %v", err)
+	}
+	id, secret := e.sim.Token()
+	_, err := New(ctx, Options{URL: e.sim.URL(), Node: "pve", Username: "root@pam", Password: "wrong", Fingerprint: e.sim.Fingerprint(),
+		Retry: retry.Policy{Attempts: 2, Initial: time.Millisecond}})
+	if err == nil || !strings.Contains(err.Error(), "authentication failure") || strings.Contains(err.Error(), secret) || id == "" {
+		t.Fatalf("bad password: %v", err)
+	}
+}

@@ -361,3 +361,47 @@ func TestLegacyErrorsKeepTextInStatusLineOnly(t *testing.T) {
 		t.Fatalf("legacy error: %q %s", a.status, a.body)
 	}
 }
+
+func TestSlowProbabilisticAndUnauthorizedFaultsAndStopHook(t *testing.T) {
+	s := newSim(t, Options{Seed: 7})
+	c := newClient(t, s)
+	s.InjectFault(Fault{Kind: FaultSlow, Path: "/version", Delay: 80 * time.Millisecond, Times: 1})
+	begin := time.Now()
+	c.ok("GET", "/version", nil)
+	if d := time.Since(begin); d < 80*time.Millisecond {
+		t.Errorf("slow fault answered after %s", d)
+	}
+	s.ClearFaults()
+	s.InjectFault(Fault{Kind: FaultStatus, Path: "/nodes", Status: 500, Probability: 0.5})
+	failed := 0
+	for range 200 {
+		if c.do("GET", "/nodes", nil).code == 500 {
+			failed++
+		}
+	}
+	if failed < 60 || failed > 140 {
+		t.Errorf("probability 0.5 failed %d of 200", failed)
+	}
+	s.ClearFaults()
+	s.InjectFault(Fault{Kind: FaultUnauthorized, Times: 1})
+	if a := c.do("GET", "/version", nil); a.status != "401 Authentication failed!" {
+		t.Errorf("unauthorized fault: %s", a.status)
+	}
+
+	var stopped []VMEvent
+	var mu sync.Mutex
+	s.OnStop(func(ev VMEvent) { mu.Lock(); stopped = append(stopped, ev); mu.Unlock() })
+	_ = s.SeedVM(710, map[string]string{"name": "w-1", "ipconfig0": "ip=10.1.0.5/24", "scsi0": "local-lvm:8"}, true)
+	if st := c.waitTask(c.ok("POST", "/nodes/pve/qemu/710/status/stop", nil).(string)); st["exitstatus"] != "OK" {
+		t.Fatalf("stop: %v", st)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(stopped) != 1 || stopped[0].VMID != 710 || stopped[0].IPv4.String() != "10.1.0.5/24" {
+		t.Fatalf("stop events: %+v", stopped)
+	}
+	pending := c.ok("GET", "/nodes/pve/qemu/710/pending", nil).([]any)
+	if first := pending[0].(map[string]any); first["key"] != "digest" {
+		t.Errorf("pending starts with the digest: %v", first)
+	}
+}

@@ -477,7 +477,7 @@ func (s *Server) getPending(r *request, idStr string) (any, *apiError) {
 	for k := range v.pending {
 		keys[k] = true
 	}
-	out := []any{}
+	out := []any{map[string]any{"key": "digest", "value": digestOf(v.conf)}}
 	for _, k := range sortedKeys(keys) {
 		e := map[string]any{"key": k}
 		if val, ok := v.conf[k]; ok {
