@@ -107,7 +107,7 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, mutate Mutator) (Ensur
 		}
 		if !found {
 			found, res.Found = true, p.Mode
-			log.Info().Str("mode", p.Mode.String()).Str("version", p.Version).Msgf("node %s is in %s mode", t, p.Mode)
+			log.Info().Str("mode", p.Mode.String()).Str("version", p.Version).Str("detail", p.Detail).Msgf("node %s is %s", t, p.Mode)
 		}
 		switch p.Mode {
 		case ModeForeign:

@@ -2,7 +2,9 @@ package talos
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -40,7 +42,8 @@ func (o *Ops) Bootstrap(ctx context.Context, name, ip string) (already bool, err
 		case client.StatusCode(err) == codes.AlreadyExists:
 			already = true
 			return true, "", nil
-		case isUntrustedServer(err) || isCertRequired(err):
+		case isUntrustedServer(err) || isCertRequired(err),
+			strings.Contains(err.Error(), "only be performed on a control plane"):
 			return false, "", fmt.Errorf("bootstrapping %s: %w", name, err)
 		}
 		switch client.StatusCode(err) {
@@ -259,7 +262,8 @@ func (o *Ops) Kubeconfig(ctx context.Context, name, ip string) ([]byte, error) {
 			}
 			return true, "", nil
 		}
-		if retryableCall(err) != err {
+		// A stream cut short (node rebooting, deadline) leaves a truncated archive.
+		if retryableCall(err) != err || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return false, shortErr(err), nil
 		}
 		return false, "", fmt.Errorf("fetching kubeconfig from %s: %w", name, err)

@@ -197,13 +197,22 @@ func (o *Ops) Probe(ctx context.Context, ip string) (Probe, error) {
 	if !isUntrustedServer(err) {
 		return Probe{}, fmt.Errorf("probing Talos API at %s: %w", ip, err)
 	}
-	ierr := o.call(ctx, ip, false, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-		resp, err := c.Version(ctx)
-		if err == nil {
-			version = versionTag(resp.GetMessages())
+	// A server that demands a client certificate may close the connection
+	// before its "certificate required" alert is read (broken pipe,
+	// reset); ask again before calling the node down.
+	var ierr error
+	for attempt := 0; attempt < 3; attempt++ {
+		ierr = o.call(ctx, ip, false, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+			resp, err := c.Version(ctx)
+			if err == nil {
+				version = versionTag(resp.GetMessages())
+			}
+			return err
+		})
+		if ierr == nil || isCertRequired(ierr) || strings.Contains(ierr.Error(), "connection refused") {
+			break
 		}
-		return err
-	})
+	}
 	switch {
 	case ierr == nil:
 		return Probe{Mode: ModeMaintenance, Version: version}, nil

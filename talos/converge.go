@@ -1,0 +1,250 @@
+package talos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// ConvergeOptions is one run of the talos stage's cluster work.
+type ConvergeOptions struct {
+	// Nodes in configuration order, with their rendered configs.
+	Nodes []Target
+	// BootstrapNode names the control plane to bootstrap etcd on: the one
+	// recorded by an earlier run, else empty for the first control plane.
+	BootstrapNode string
+	// Dir is the cluster directory; the kubeconfig goes to Dir/kubeconfig.
+	Dir string
+	// Mutate wraps every change (apply, bootstrap, kubeconfig write); the
+	// stage passes env.Wet. Nil executes.
+	Mutate Mutator
+	// OnNodeConverged is called as each node reaches its config (to record
+	// progress in state mid-stage). Optional.
+	OnNodeConverged func(t Target, res EnsureResult)
+	// OnBootstrapped is called once etcd is bootstrapped (or found so).
+	OnBootstrapped func(node string)
+}
+
+// ConvergeResult reports a Converge run.
+type ConvergeResult struct {
+	Nodes map[string]EnsureResult
+	// BootstrapNode is the control plane etcd runs from.
+	BootstrapNode string
+	// Bootstrapped is true when this run bootstrapped etcd (false when it
+	// already ran).
+	Bootstrapped bool
+	// Planned is true when a dry run stopped before waiting on the cluster.
+	Planned          bool
+	KubeconfigPath   string
+	KubeconfigWrote  bool
+	APIServerVersion string
+}
+
+// Converge takes the nodes to a healthy cluster: every node to its config
+// in parallel, etcd bootstrapped once on the bootstrap control plane, etcd
+// members equal to the control planes, etcd and kubelet healthy, and a
+// kubeconfig in Dir that reaches the API server.
+func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResult, error) {
+	mutate := opts.Mutate
+	if mutate == nil {
+		mutate = Execute
+	}
+	boot, err := bootstrapTarget(opts.Nodes, opts.BootstrapNode)
+	if err != nil {
+		return nil, err
+	}
+	res := &ConvergeResult{Nodes: map[string]EnsureResult{}, BootstrapNode: boot.Name}
+
+	if err := o.convergeNodes(ctx, opts, mutate, res); err != nil {
+		return res, err
+	}
+	for _, r := range res.Nodes {
+		if r.Action == ActionPlanned {
+			res.Planned = true
+		}
+	}
+	if res.Planned {
+		// Nodes still to be configured: nothing further can be read.
+		if err := mutate(fmt.Sprintf("bootstrap etcd on %s, wait for the cluster, fetch the kubeconfig", boot), func() error { return nil }); err != nil {
+			return res, err
+		}
+		return res, nil
+	}
+
+	// Bootstrap only when etcd does not answer yet: a cluster that runs is
+	// left alone, and an interrupted earlier bootstrap answers AlreadyExists.
+	members, merr := o.EtcdMembers(ctx, boot.IP)
+	if merr != nil || len(members) == 0 {
+		ran := false
+		if err := mutate(fmt.Sprintf("bootstrap etcd on %s", boot), func() error {
+			ran = true
+			already, err := o.Bootstrap(ctx, boot.Name, boot.IP)
+			res.Bootstrapped = !already
+			return err
+		}); err != nil {
+			return res, err
+		}
+		if !ran {
+			res.Planned = true
+			return res, nil
+		}
+	}
+	if opts.OnBootstrapped != nil {
+		opts.OnBootstrapped(boot.Name)
+	}
+
+	var cps []string
+	var health []HealthTarget
+	for _, t := range opts.Nodes {
+		if t.Role == RoleControlPlane {
+			cps = append(cps, t.Name)
+		}
+		health = append(health, HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
+	}
+	if err := o.WaitEtcdMembers(ctx, boot.IP, cps); err != nil {
+		return res, err
+	}
+	if err := o.WaitServicesHealthy(ctx, health); err != nil {
+		return res, err
+	}
+	if err := o.ensureKubeconfig(ctx, opts, boot, mutate, res); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+func bootstrapTarget(nodes []Target, name string) (Target, error) {
+	for _, t := range nodes {
+		if t.Role != RoleControlPlane {
+			continue
+		}
+		if name == "" || t.Name == name {
+			return t, nil
+		}
+	}
+	if name != "" {
+		return Target{}, fmt.Errorf("etcd was bootstrapped on %s, which is no longer a control plane in the config; refusing to bootstrap another node", name)
+	}
+	return Target{}, errors.New("no control-plane node to bootstrap")
+}
+
+func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mutator, res *ConvergeResult) error {
+	names := make([]string, 0, len(opts.Nodes))
+	for _, t := range opts.Nodes {
+		names = append(names, t.Name)
+	}
+	tr := wait.NewTracker(o.opts.Log, "nodes configured", names)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go tr.Report(rctx, o.opts.ProgressEvery)
+
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, t := range opts.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := o.EnsureConfig(ctx, t, mutate)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			res.Nodes[t.Name] = r
+			tr.Done(t.Name)
+			if opts.OnNodeConverged != nil {
+				opts.OnNodeConverged(t, r)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) == 0 {
+		return nil
+	}
+	// Another cluster's node is the most useful thing to say first.
+	slices.SortStableFunc(errs, func(a, b error) int {
+		var fa, fb *ForeignNodeError
+		return boolRank(errors.As(b, &fb)) - boolRank(errors.As(a, &fa))
+	})
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	msgs := make([]string, 0, len(errs))
+	for _, e := range errs {
+		msgs = append(msgs, e.Error())
+	}
+	return fmt.Errorf("%d nodes failed:\n  %s: %w", len(errs), strings.Join(msgs[1:], "\n  "), errs[0])
+}
+
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ensureKubeconfig keeps a kubeconfig that already reaches the API server
+// (Talos mints a new client certificate on every fetch, so fetching each
+// run would rewrite the file), else fetches one from the bootstrap node,
+// writes it (0600) and checks that it reaches the API server.
+func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
+	path := filepath.Join(opts.Dir, KubeconfigFile)
+	res.KubeconfigPath = path
+	if existing, err := os.ReadFile(path); err == nil {
+		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
+			res.APIServerVersion = v
+			return nil
+		} else {
+			o.opts.Log.Info().Err(err).Msg("existing kubeconfig does not reach the API server; fetching a new one")
+		}
+	}
+	data, err := o.Kubeconfig(ctx, boot.Name, boot.IP)
+	if err != nil {
+		return err
+	}
+	ran := false
+	if err := mutate("write kubeconfig "+path, func() error {
+		ran = true
+		_, wrote, err := WriteKubeconfig(opts.Dir, data)
+		res.KubeconfigWrote = wrote
+		return err
+	}); err != nil {
+		return err
+	}
+	if !ran {
+		return nil
+	}
+	spec := wait.Spec{
+		What:          "the Kubernetes API server to answer with the fetched kubeconfig",
+		Timeout:       o.opts.HealthTimeout,
+		Interval:      o.opts.PollInterval,
+		ProgressEvery: o.opts.ProgressEvery,
+		Log:           o.opts.Log,
+	}
+	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		v, err := CheckAPIServer(ctx, data, o.opts.CallTimeout)
+		if err != nil {
+			// Wrong credentials do not heal by waiting; an API server that
+			// is still starting does.
+			if apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err) || strings.Contains(err.Error(), "x509:") || strings.Contains(err.Error(), "remote error: tls:") {
+				return false, "", fmt.Errorf("the kubeconfig from %s does not work: %w", boot, err)
+			}
+			return false, err.Error(), nil
+		}
+		res.APIServerVersion = v
+		return true, "", nil
+	})
+}
