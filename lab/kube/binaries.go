@@ -1,0 +1,154 @@
+package kube
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// BinDirEnv overrides where the lab binaries are looked up (and built by
+// lab/tools/build.sh).
+const BinDirEnv = "BOOTSTRAP_LAB_BIN"
+
+// ErrNoBinaries is wrapped by errors saying the lab binaries are not built.
+var ErrNoBinaries = errors.New("lab binaries not built (run `make lab-bins` or lab/tools/build.sh)")
+
+// Module paths recorded in the build manifest.
+const (
+	modKubernetes          = "k8s.io/kubernetes"
+	modEtcd                = "go.etcd.io/etcd/server/v3"
+	modKwok                = "sigs.k8s.io/kwok"
+	modSourceController    = "github.com/fluxcd/source-controller"
+	modKustomizeController = "github.com/fluxcd/kustomize-controller"
+)
+
+// binaryNames are the executables build.sh produces.
+var binaryNames = []string{
+	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+	"source-controller", "kustomize-controller",
+}
+
+// Binaries is a directory of built lab binaries and the manifest build.sh
+// wrote beside them.
+type Binaries struct {
+	// Dir holds the executables.
+	Dir string
+	// Modules maps a Go module path to its pinned version and, for modules
+	// whose files the lab reads at start (kwok stages, Flux CRDs), its
+	// directory in the module cache.
+	Modules map[string]Module `json:"modules"`
+}
+
+// Module is one pinned Go module of the lab tools.
+type Module struct {
+	Version string `json:"version"`
+	Dir     string `json:"dir,omitempty"`
+}
+
+// DefaultBinDir returns $BOOTSTRAP_LAB_BIN if set, else .lab/bin at the root
+// of the repository containing the working directory.
+func DefaultBinDir() (string, error) {
+	if d := os.Getenv(BinDirEnv); d != "" {
+		return d, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("finding the lab binaries: %w", err)
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && modulePath(data) == "github.com/homelab/bootstrap" {
+			return filepath.Join(dir, ".lab", "bin"), nil
+		}
+		if parent := filepath.Dir(dir); parent == dir {
+			return "", fmt.Errorf("finding the lab binaries: no %s set and no bootstrap repository above %s: %w", BinDirEnv, wd, ErrNoBinaries)
+		}
+	}
+}
+
+// LoadBinaries checks that dir (DefaultBinDir when empty) holds every lab
+// binary and a build manifest; the error wraps ErrNoBinaries when not.
+func LoadBinaries(dir string) (*Binaries, error) {
+	if dir == "" {
+		d, err := DefaultBinDir()
+		if err != nil {
+			return nil, err
+		}
+		dir = d
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no manifest.json in %s: %w", dir, ErrNoBinaries)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the lab build manifest: %w", err)
+	}
+	b := &Binaries{Dir: dir}
+	if err := json.Unmarshal(data, b); err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", filepath.Join(dir, "manifest.json"), err)
+	}
+	for _, name := range binaryNames {
+		if fi, err := os.Stat(b.Path(name)); err != nil || fi.Mode()&0o111 == 0 {
+			return nil, fmt.Errorf("%s missing in %s: %w", name, dir, ErrNoBinaries)
+		}
+	}
+	for _, m := range []string{modKubernetes, modEtcd, modKwok, modSourceController, modKustomizeController} {
+		if b.Modules[m].Version == "" {
+			return nil, fmt.Errorf("build manifest in %s names no version for %s: %w", dir, m, ErrNoBinaries)
+		}
+	}
+	return b, nil
+}
+
+// Path returns the path of the named binary.
+func (b *Binaries) Path(name string) string { return filepath.Join(b.Dir, name) }
+
+// KubernetesVersion is the version of the Kubernetes servers, e.g. "v1.37.0".
+func (b *Binaries) KubernetesVersion() string { return b.Modules[modKubernetes].Version }
+
+// ModuleDir returns the source directory of a pinned module. When the module
+// cache no longer holds it (it was cleaned since the build), it is
+// downloaded again with `go mod download`.
+func (b *Binaries) ModuleDir(ctx context.Context, module string) (string, error) {
+	m, ok := b.Modules[module]
+	if !ok {
+		return "", fmt.Errorf("module %s is not pinned by the lab tools", module)
+	}
+	if m.Dir != "" {
+		if _, err := os.Stat(m.Dir); err == nil {
+			return m.Dir, nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", module+"@"+m.Version)
+	cmd.Dir = os.TempDir()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("downloading %s@%s: %w: %s", module, m.Version, err, strings.TrimSpace(stderr.String()))
+	}
+	var info struct{ Dir string }
+	if err := json.Unmarshal(out, &info); err != nil || info.Dir == "" {
+		return "", fmt.Errorf("downloading %s@%s: no directory in `go mod download` output", module, m.Version)
+	}
+	return info.Dir, nil
+}
+
+// modulePath returns the module path a go.mod file declares.
+func modulePath(gomod []byte) string {
+	for _, line := range strings.Split(string(gomod), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`)
+		}
+	}
+	return ""
+}

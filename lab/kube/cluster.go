@@ -1,0 +1,734 @@
+// Package kube runs a real Kubernetes control plane for the lab and for
+// tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+// kwok (which plays the kubelets: registered nodes stay Ready, scheduled pods
+// become Running), optionally with the Flux source-controller and
+// kustomize-controller, all as child processes on loopback. The API server
+// trusts the Kubernetes CA of a Talos secrets bundle, so a kubeconfig issued
+// the way Talos issues it works against it.
+package kube
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// Defaults for Options.
+const (
+	DefaultClusterName            = "lab"
+	DefaultServiceCIDR            = "10.96.0.0/12"
+	DefaultReadyTimeout           = 90 * time.Second
+	DefaultNodeLeaseDuration      = 8 * time.Second
+	DefaultNodeMonitorGracePeriod = 16 * time.Second
+	stopGrace                     = 5 * time.Second
+)
+
+// Options configures a lab control plane.
+type Options struct {
+	// Log receives the lab's own progress lines (the servers log to files).
+	Log zerolog.Logger
+	// BinDir holds the lab binaries; empty means DefaultBinDir().
+	BinDir string
+	// DataDir holds etcd data, certificates, kubeconfigs and logs. Empty
+	// means a fresh temporary directory that Stop removes.
+	DataDir string
+	// ClusterName names the cluster and the kubeconfig's cluster, user and
+	// context (default "lab").
+	ClusterName string
+	// Endpoint is the cluster endpoint, "https://host:port". When host is a
+	// loopback address the API server listens exactly there, as on a real
+	// control plane; otherwise it listens on a free 127.0.0.1 port and host
+	// only goes into the serving certificate. Empty: a free 127.0.0.1 port.
+	Endpoint string
+	// CertSANs are extra names or IPs for the serving certificate.
+	CertSANs []string
+	// PKI is the Kubernetes CA and service-account key (required).
+	PKI PKI
+	// ServiceCIDR is the service IP range (default 10.96.0.0/12).
+	ServiceCIDR string
+	// ScheduleOnControlPlanes leaves control-plane nodes untainted, as
+	// Talos' cluster.allowSchedulingOnControlPlanes does.
+	ScheduleOnControlPlanes bool
+	// Flux also starts the Flux source-controller and kustomize-controller
+	// (after applying their CRDs).
+	Flux bool
+	// ReadyTimeout bounds each readiness wait (default 90s).
+	ReadyTimeout time.Duration
+	// NodeLeaseDuration is the node lease kwok keeps per node (renewed every
+	// quarter of it; default 8s).
+	NodeLeaseDuration time.Duration
+	// NodeMonitorGracePeriod is how long a node may go without a heartbeat
+	// before the controller manager marks it NotReady (default 16s).
+	NodeMonitorGracePeriod time.Duration
+}
+
+// Cluster is a running lab control plane.
+type Cluster struct {
+	opts     Options
+	bins     *Binaries
+	dataDir  string
+	ownsData bool
+	log      zerolog.Logger
+
+	server      string // https://host:port the API server listens on
+	etcdURL     string
+	adminConfig *rest.Config
+	client      kubernetes.Interface
+
+	sp        *spawner
+	mu        sync.Mutex
+	procs     []*process
+	ports     map[string]int
+	stopped   bool
+	stopErr   error
+	startedAt time.Time
+	readyIn   time.Duration
+}
+
+// Start runs the control plane and returns once the API server is ready, the
+// controller manager, scheduler and kwok are healthy and the default
+// ServiceAccount exists (pods can be created). On error everything started
+// so far is stopped again.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if !supported {
+		return nil, errors.New("the lab control plane runs on Linux only")
+	}
+	if len(opts.PKI.CACertPEM) == 0 || len(opts.PKI.CAKeyPEM) == 0 || len(opts.PKI.ServiceAccountKeyPEM) == 0 {
+		return nil, errors.New("starting the lab control plane: Options.PKI needs the Kubernetes CA certificate and key and the service-account key")
+	}
+	opts = withDefaults(opts)
+	bins, err := LoadBinaries(opts.BinDir)
+	if err != nil {
+		return nil, fmt.Errorf("starting the lab control plane: %w", err)
+	}
+	c := &Cluster{opts: opts, bins: bins, log: opts.Log.With().Str("component", "lab-kube").Logger(), ports: map[string]int{}, startedAt: time.Now()}
+	if opts.DataDir == "" {
+		removeStaleDataDirs(c.log)
+		d, err := os.MkdirTemp("", tempDirPrefix+"*")
+		if err != nil {
+			return nil, fmt.Errorf("starting the lab control plane: %w", err)
+		}
+		c.dataDir, c.ownsData = d, true
+		if err := os.WriteFile(filepath.Join(d, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+			return nil, fmt.Errorf("starting the lab control plane: %w", err)
+		}
+	} else {
+		c.dataDir = opts.DataDir
+	}
+	for _, d := range []string{"etcd", "pki", "logs", "flux/storage"} {
+		if err := os.MkdirAll(filepath.Join(c.dataDir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("starting the lab control plane: %w", err)
+		}
+	}
+	c.sp = newSpawner()
+	if err := c.start(ctx); err != nil {
+		tails := c.LogTail(25)
+		_ = c.Stop()
+		return nil, fmt.Errorf("starting the lab control plane: %w\n%s", err, tails)
+	}
+	c.readyIn = time.Since(c.startedAt)
+	c.log.Info().Str("server", c.server).Dur("took", c.readyIn).Msgf("lab control plane ready in %s", wait.Round(c.readyIn))
+	return c, nil
+}
+
+func withDefaults(o Options) Options {
+	if o.ClusterName == "" {
+		o.ClusterName = DefaultClusterName
+	}
+	if o.ServiceCIDR == "" {
+		o.ServiceCIDR = DefaultServiceCIDR
+	}
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = DefaultReadyTimeout
+	}
+	if o.NodeLeaseDuration <= 0 {
+		o.NodeLeaseDuration = DefaultNodeLeaseDuration
+	}
+	if o.NodeMonitorGracePeriod <= 0 {
+		o.NodeMonitorGracePeriod = DefaultNodeMonitorGracePeriod
+	}
+	return o
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	bindHost, bindPort, sanIPs, sanDNS, err := c.listenAddress()
+	if err != nil {
+		return err
+	}
+	c.server = "https://" + net.JoinHostPort(bindHost, strconv.Itoa(bindPort))
+	if err := c.writePKI(sanIPs, sanDNS); err != nil {
+		return err
+	}
+
+	if err := c.startEtcd(ctx); err != nil {
+		return err
+	}
+	if err := c.startAPIServer(ctx, bindHost, bindPort); err != nil {
+		return err
+	}
+	if err := c.startControllers(ctx); err != nil {
+		return err
+	}
+	if c.opts.Flux {
+		if err := c.StartFlux(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// listenAddress decides where the API server listens and what its serving
+// certificate names.
+func (c *Cluster) listenAddress() (host string, port int, ips []net.IP, dns []string, err error) {
+	ips = []net.IP{net.IPv4(127, 0, 0, 1), firstServiceIP(c.opts.ServiceCIDR)}
+	dns = []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	host = "127.0.0.1"
+	if c.opts.Endpoint != "" {
+		u, err := url.Parse(c.opts.Endpoint)
+		if err != nil || u.Scheme != "https" || u.Hostname() == "" {
+			return "", 0, nil, nil, fmt.Errorf("endpoint %q is not https://host:port", c.opts.Endpoint)
+		}
+		h := u.Hostname()
+		ip := net.ParseIP(h)
+		if ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dns = append(dns, h)
+		}
+		if ip != nil && ip.IsLoopback() {
+			host = h
+			if u.Port() == "" {
+				port = 443
+			} else if port, err = strconv.Atoi(u.Port()); err != nil {
+				return "", 0, nil, nil, fmt.Errorf("endpoint %q: bad port", c.opts.Endpoint)
+			}
+		}
+	}
+	for _, s := range c.opts.CertSANs {
+		if ip := net.ParseIP(s); ip != nil {
+			ips = append(ips, ip)
+		} else if s != "" {
+			dns = append(dns, s)
+		}
+	}
+	if port == 0 {
+		if port, err = freePort(host); err != nil {
+			return "", 0, nil, nil, err
+		}
+	} else if err := portFree(host, port); err != nil {
+		return "", 0, nil, nil, fmt.Errorf("endpoint %s: %w", c.opts.Endpoint, err)
+	}
+	c.ports["kube-apiserver"] = port
+	return host, port, ips, dns, nil
+}
+
+func (c *Cluster) path(parts ...string) string {
+	return filepath.Join(append([]string{c.dataDir}, parts...)...)
+}
+
+func (c *Cluster) writePKI(ips []net.IP, dns []string) error {
+	crt, key, err := issueServingCert(c.opts.PKI, ips, dns)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"ca.crt":         c.opts.PKI.CACertPEM,
+		"ca.key":         c.opts.PKI.CAKeyPEM,
+		"sa.key":         c.opts.PKI.ServiceAccountKeyPEM,
+		"apiserver.crt":  crt,
+		"apiserver.key":  key,
+		"admin.conf":     nil,
+		"kcm.conf":       nil,
+		"scheduler.conf": nil,
+		"kwok.conf":      nil,
+	}
+	// Each component gets its own identity. The controller manager runs all
+	// its controllers under it (not one service account each, as Talos does):
+	// fetching ~40 tokens one by one costs about 4s of every lab start. So it,
+	// and kwok, which stands in for every kubelet, get cluster-admin.
+	identities := map[string][2]string{
+		"admin.conf":     {adminCommonName, adminOrganization},
+		"kcm.conf":       {"system:kube-controller-manager", adminOrganization},
+		"scheduler.conf": {"system:kube-scheduler", ""},
+		"kwok.conf":      {"kwok", adminOrganization},
+	}
+	for name, id := range identities {
+		var orgs []string
+		if id[1] != "" {
+			orgs = []string{id[1]}
+		}
+		kc, err := issueKubeconfig(c.opts.ClusterName, c.server, c.opts.PKI.CACertPEM, c.opts.PKI.CAKeyPEM, id[0], orgs, AdminCertLifetime)
+		if err != nil {
+			return err
+		}
+		files[name] = kc
+	}
+	for name, data := range files {
+		if err := fsutil.WriteAtomic(c.path("pki", name), data, 0o600); err != nil {
+			return fmt.Errorf("writing %s: %w", name, err)
+		}
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(files["admin.conf"])
+	if err != nil {
+		return fmt.Errorf("loading the admin kubeconfig: %w", err)
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	c.adminConfig = cfg
+	if c.client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("building the admin client: %w", err)
+	}
+	return nil
+}
+
+func (c *Cluster) run(name, bin string, args []string, env ...string) (*process, error) {
+	p, err := startProcess(c.sp, name, c.bins.Path(bin), args, env, c.path("logs", name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+	c.log.Debug().Str("process", name).Int("pid", p.cmd.Process.Pid).Msg("started")
+	return p, nil
+}
+
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	client, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	peer, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	c.ports["etcd"], c.ports["etcd-peer"] = client, peer
+	c.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", client)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer)
+	p, err := c.run("etcd", "etcd", []string{
+		"--name=lab",
+		"--data-dir=" + c.path("etcd"),
+		"--listen-client-urls=" + c.etcdURL,
+		"--advertise-client-urls=" + c.etcdURL,
+		"--listen-peer-urls=" + peerURL,
+		"--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=lab=" + peerURL,
+		// Throwaway data: durability only costs time here.
+		"--unsafe-no-fsync=true",
+		"--log-level=warn",
+	})
+	if err != nil {
+		return err
+	}
+	return c.waitHTTP(ctx, p, "etcd health", c.etcdURL+"/health", func(body string) bool {
+		return strings.Contains(body, `"health":"true"`)
+	})
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context, host string, port int) error {
+	p, err := c.run("kube-apiserver", "kube-apiserver", []string{
+		"--etcd-servers=" + c.etcdURL,
+		"--bind-address=" + host,
+		"--advertise-address=" + host,
+		// The reconciler refuses loopback addresses, and no pod here needs
+		// the kubernetes Service's endpoints.
+		"--endpoint-reconciler-type=none",
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + c.path("pki"),
+		"--tls-cert-file=" + c.path("pki", "apiserver.crt"),
+		"--tls-private-key-file=" + c.path("pki", "apiserver.key"),
+		"--client-ca-file=" + c.path("pki", "ca.crt"),
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file=" + c.path("pki", "sa.key"),
+		"--service-account-signing-key-file=" + c.path("pki", "sa.key"),
+		"--authorization-mode=Node,RBAC",
+		"--service-cluster-ip-range=" + c.opts.ServiceCIDR,
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--v=1",
+	})
+	if err != nil {
+		return err
+	}
+	return wait.Until(ctx, wait.Spec{What: "kube-apiserver /readyz", Timeout: c.opts.ReadyTimeout, Interval: 200 * time.Millisecond, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			if done, err := p.exited(); done {
+				return false, "", err
+			}
+			body, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+			if err != nil {
+				return false, firstLine(err.Error()), nil
+			}
+			return strings.TrimSpace(string(body)) == "ok", "", nil
+		})
+}
+
+func (c *Cluster) startControllers(ctx context.Context) error {
+	kcmPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	schedPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	kwokPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	c.ports["kube-controller-manager"], c.ports["kube-scheduler"], c.ports["kwok"] = kcmPort, schedPort, kwokPort
+	stages, err := c.kwokStages(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fsutil.WriteAtomic(c.path("kwok-stages.yaml"), stages, 0o600); err != nil {
+		return fmt.Errorf("writing the kwok stages: %w", err)
+	}
+
+	kcmConf := c.path("pki", "kcm.conf")
+	kcm, err := c.run("kube-controller-manager", "kube-controller-manager", []string{
+		"--kubeconfig=" + kcmConf,
+		"--authentication-kubeconfig=" + kcmConf,
+		"--authorization-kubeconfig=" + kcmConf,
+		// No front proxy here: looking up its CA only logs errors.
+		"--authentication-skip-lookup=true",
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(kcmPort),
+		"--cert-dir=" + c.path("pki", "kcm"),
+		"--cluster-name=" + c.opts.ClusterName,
+		"--service-account-private-key-file=" + c.path("pki", "sa.key"),
+		"--root-ca-file=" + c.path("pki", "ca.crt"),
+		"--cluster-signing-cert-file=" + c.path("pki", "ca.crt"),
+		"--cluster-signing-key-file=" + c.path("pki", "ca.key"),
+		"--use-service-account-credentials=false",
+		"--service-cluster-ip-range=" + c.opts.ServiceCIDR,
+		"--controllers=*",
+		"--node-monitor-period=1s",
+		"--node-monitor-grace-period=" + c.opts.NodeMonitorGracePeriod.String(),
+		"--profiling=false",
+		"--v=1",
+	})
+	if err != nil {
+		return err
+	}
+	schedConf := c.path("pki", "scheduler.conf")
+	sched, err := c.run("kube-scheduler", "kube-scheduler", []string{
+		"--kubeconfig=" + schedConf,
+		"--authentication-kubeconfig=" + schedConf,
+		"--authorization-kubeconfig=" + schedConf,
+		"--authentication-skip-lookup=true",
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(schedPort),
+		"--cert-dir=" + c.path("pki", "scheduler"),
+		"--profiling=false",
+		"--v=1",
+	})
+	if err != nil {
+		return err
+	}
+	kwok, err := c.run("kwok", "kwok", []string{
+		"--kubeconfig=" + c.path("pki", "kwok.conf"),
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-label-selector=" + HeartbeatLabel + "!=" + heartbeatStopped,
+		"--node-lease-duration-seconds=" + strconv.Itoa(int(c.opts.NodeLeaseDuration/time.Second)),
+		"--server-address=127.0.0.1:" + strconv.Itoa(kwokPort),
+		"--config=" + c.path("kwok-stages.yaml"),
+	})
+	if err != nil {
+		return err
+	}
+
+	// KCM and the scheduler serve /healthz with a certificate they made up
+	// themselves in their cert dir; nothing to verify it against.
+	for _, h := range []struct {
+		p   *process
+		url string
+	}{
+		{kcm, fmt.Sprintf("https://127.0.0.1:%d/healthz", kcmPort)},
+		{sched, fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort)},
+		{kwok, fmt.Sprintf("http://127.0.0.1:%d/healthz", kwokPort)},
+	} {
+		if err := c.waitHTTP(ctx, h.p, h.p.name+" /healthz", h.url, func(body string) bool { return strings.TrimSpace(body) == "ok" }); err != nil {
+			return err
+		}
+	}
+	return wait.Until(ctx, wait.Spec{What: "the default ServiceAccount (controller manager running)", Timeout: c.opts.ReadyTimeout, Interval: 200 * time.Millisecond, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			if done, err := kcm.exited(); done {
+				return false, "", err
+			}
+			_, err := c.client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+			if err != nil {
+				return false, firstLine(err.Error()), nil
+			}
+			return true, "", nil
+		})
+}
+
+// waitHTTP polls url until ok accepts the body, failing early if p exits.
+func (c *Cluster) waitHTTP(ctx context.Context, p *process, what, url string, ok func(body string) bool) error {
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // loopback probe of our own child
+	defer hc.CloseIdleConnections()
+	return wait.Until(ctx, wait.Spec{What: what, Timeout: c.opts.ReadyTimeout, Interval: 200 * time.Millisecond, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			if done, err := p.exited(); done {
+				return false, "", err
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return false, "", err
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				return false, firstLine(err.Error()), nil
+			}
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !ok(string(body)) {
+				return false, fmt.Sprintf("HTTP %d: %s", resp.StatusCode, firstLine(string(body))), nil
+			}
+			return true, "", nil
+		})
+}
+
+// Stop ends every lab process (SIGTERM to its process group, SIGKILL after a
+// grace period), waits until each has been reaped and removes the data
+// directory if Start created it. It is safe to call more than once.
+func (c *Cluster) Stop() error {
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return c.stopErr
+	}
+	c.stopped = true
+	procs := append([]*process(nil), c.procs...)
+	c.mu.Unlock()
+
+	var errs []error
+	// Clients first, then the API server, then etcd, so nothing logs a storm
+	// of connection errors while the others go down.
+	tiers := [][]*process{nil, nil, nil}
+	for _, p := range procs {
+		switch p.name {
+		case "etcd":
+			tiers[2] = append(tiers[2], p)
+		case "kube-apiserver":
+			tiers[1] = append(tiers[1], p)
+		default:
+			tiers[0] = append(tiers[0], p)
+		}
+	}
+	for _, tier := range tiers {
+		var wg sync.WaitGroup
+		var emu sync.Mutex
+		for _, p := range tier {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := p.stop(stopGrace); err != nil {
+					emu.Lock()
+					errs = append(errs, err)
+					emu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if c.sp != nil {
+		c.sp.close()
+	}
+	if c.ownsData && len(errs) == 0 {
+		if err := os.RemoveAll(c.dataDir); err != nil {
+			errs = append(errs, fmt.Errorf("removing the lab data dir: %w", err))
+		}
+	}
+	c.mu.Lock()
+	c.stopErr = errors.Join(errs...)
+	c.mu.Unlock()
+	if c.stopErr != nil {
+		return fmt.Errorf("stopping the lab control plane: %w", c.stopErr)
+	}
+	c.log.Info().Msg("lab control plane stopped")
+	return nil
+}
+
+// Server returns the API server URL ("https://host:port"); it equals the
+// configured endpoint when that is a loopback address.
+func (c *Cluster) Server() string { return c.server }
+
+// ClusterName returns the cluster's name.
+func (c *Cluster) ClusterName() string { return c.opts.ClusterName }
+
+// Kubeconfig issues a new admin kubeconfig for the lab API server exactly as
+// Talos issues one (see IssueKubeconfig).
+func (c *Cluster) Kubeconfig() ([]byte, error) {
+	return IssueKubeconfig(c.opts.ClusterName, c.server, c.opts.PKI.CACertPEM, c.opts.PKI.CAKeyPEM, AdminCertLifetime)
+}
+
+// RESTConfig returns an admin client configuration for the lab API server.
+func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.adminConfig) }
+
+// Client returns an admin clientset for the lab API server.
+func (c *Cluster) Client() kubernetes.Interface { return c.client }
+
+// AdminKubeconfigPath is a kubeconfig file on disk (inside the data dir) for
+// tools that need a path.
+func (c *Cluster) AdminKubeconfigPath() string { return c.path("pki", "admin.conf") }
+
+// DataDir returns the lab's data directory.
+func (c *Cluster) DataDir() string { return c.dataDir }
+
+// StartupTime is how long Start took until everything was ready.
+func (c *Cluster) StartupTime() time.Duration { return c.readyIn }
+
+// KubernetesVersion is the version the lab's servers report.
+func (c *Cluster) KubernetesVersion() string { return c.bins.KubernetesVersion() }
+
+// Processes lists the lab's processes and where each one logs.
+func (c *Cluster) Processes() []Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Process, 0, len(c.procs))
+	for _, p := range c.procs {
+		out = append(out, Process{Name: p.name, PID: p.cmd.Process.Pid, LogPath: p.logPath})
+	}
+	return out
+}
+
+// LogTail returns the last lines of every process log, each under a header,
+// for printing when a test fails.
+func (c *Cluster) LogTail(lines int) string {
+	var b strings.Builder
+	for _, p := range c.Processes() {
+		fmt.Fprintf(&b, "===== %s (pid %d) last %d lines of %s =====\n%s\n", p.Name, p.PID, lines, p.LogPath, tailFile(p.LogPath, lines))
+	}
+	return b.String()
+}
+
+// Healthy reports nil when every lab process is running, etcd is healthy
+// and the API server is ready.
+func (c *Cluster) Healthy(ctx context.Context) error {
+	c.mu.Lock()
+	stopped, procs := c.stopped, append([]*process(nil), c.procs...)
+	c.mu.Unlock()
+	if stopped {
+		return errors.New("lab control plane is stopped")
+	}
+	for _, p := range procs {
+		if done, err := p.exited(); done {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.etcdURL+"/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("etcd health: %w", err)
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	if !strings.Contains(string(body), `"health":"true"`) {
+		return fmt.Errorf("etcd unhealthy: %s", firstLine(string(body)))
+	}
+	out, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("kube-apiserver /readyz: %w", err)
+	}
+	if strings.TrimSpace(string(out)) != "ok" {
+		return fmt.Errorf("kube-apiserver not ready: %s", firstLine(string(out)))
+	}
+	return nil
+}
+
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port on %s: %w", host, err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func portFree(host string, port int) error {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("%s:%d is not free: %w", host, port, err)
+	}
+	return l.Close()
+}
+
+// firstServiceIP is the service CIDR's first address, the one the
+// "kubernetes" Service gets.
+func firstServiceIP(cidr string) net.IP {
+	_, n, err := net.ParseCIDR(cidr)
+	if err != nil {
+		return net.IPv4(10, 96, 0, 1)
+	}
+	ip := append(net.IP(nil), n.IP...)
+	ip[len(ip)-1]++
+	return ip
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
+
+const (
+	tempDirPrefix = "bootstrap-lab-kube-"
+	ownerFile     = "owner.pid"
+)
+
+// removeStaleDataDirs deletes temporary data dirs left by labs whose program
+// was killed before it could clean up (its children die with it, the
+// directory does not).
+func removeStaleDataDirs(log zerolog.Logger) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tempDirPrefix+"*"))
+	for _, d := range dirs {
+		data, err := os.ReadFile(filepath.Join(d, ownerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue
+		}
+		if err := os.RemoveAll(d); err == nil {
+			log.Debug().Str("dir", d).Int("owner", pid).Msg("removed a stale lab data dir")
+		}
+	}
+}

@@ -1,0 +1,201 @@
+package kube
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// FluxNamespace is where the Flux controllers run.
+const FluxNamespace = "flux-system"
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// FluxModuleDirs returns the source directories of the pinned
+// source-controller and kustomize-controller modules, whose config/
+// directories hold their CRDs, RBAC and Deployments.
+func (b *Binaries) FluxModuleDirs(ctx context.Context) (sourceController, kustomizeController string, err error) {
+	if sourceController, err = b.ModuleDir(ctx, modSourceController); err != nil {
+		return "", "", err
+	}
+	if kustomizeController, err = b.ModuleDir(ctx, modKustomizeController); err != nil {
+		return "", "", err
+	}
+	return sourceController, kustomizeController, nil
+}
+
+// FluxVersions returns the pinned versions of the two Flux controllers.
+func (b *Binaries) FluxVersions() (sourceController, kustomizeController string) {
+	return b.Modules[modSourceController].Version, b.Modules[modKustomizeController].Version
+}
+
+// Binaries returns the lab binaries this cluster runs.
+func (c *Cluster) Binaries() *Binaries { return c.bins }
+
+// StartFlux applies the Flux CRDs of the pinned controllers (server-side,
+// waiting until they are Established), creates the flux-system namespace and
+// runs source-controller and kustomize-controller against the lab API server
+// until Stop. Start calls it when Options.Flux is set.
+func (c *Cluster) StartFlux(ctx context.Context) error {
+	scDir, kcDir, err := c.bins.FluxModuleDirs(ctx)
+	if err != nil {
+		return fmt.Errorf("starting Flux: %w", err)
+	}
+	var crdFiles []string
+	for _, d := range []string{scDir, kcDir} {
+		m, err := filepath.Glob(filepath.Join(d, "config", "crd", "bases", "*.yaml"))
+		if err != nil || len(m) == 0 {
+			return fmt.Errorf("starting Flux: no CRDs under %s/config/crd/bases", d)
+		}
+		crdFiles = append(crdFiles, m...)
+	}
+	sort.Strings(crdFiles)
+	if err := c.ApplyCRDFiles(ctx, crdFiles); err != nil {
+		return fmt.Errorf("starting Flux: %w", err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: FluxNamespace}}
+	if _, err := c.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("starting Flux: creating namespace %s: %w", FluxNamespace, err)
+	}
+
+	ports := map[string]int{}
+	for _, n := range []string{"storage", "sc-metrics", "sc-health", "kc-metrics", "kc-health"} {
+		p, err := freePort("127.0.0.1")
+		if err != nil {
+			return err
+		}
+		ports[n] = p
+		c.ports["flux-"+n] = p
+	}
+	env := []string{"KUBECONFIG=" + c.AdminKubeconfigPath(), "RUNTIME_NAMESPACE=" + FluxNamespace}
+	addr := func(n string) string { return "127.0.0.1:" + strconv.Itoa(ports[n]) }
+	sc, err := c.run("source-controller", "source-controller", []string{
+		"--watch-all-namespaces",
+		"--storage-path=" + c.path("flux", "storage"),
+		"--storage-addr=" + addr("storage"),
+		"--storage-adv-addr=" + addr("storage"),
+		"--metrics-addr=" + addr("sc-metrics"),
+		"--health-addr=" + addr("sc-health"),
+		"--log-encoding=console",
+	}, env...)
+	if err != nil {
+		return err
+	}
+	kc, err := c.run("kustomize-controller", "kustomize-controller", []string{
+		"--watch-all-namespaces",
+		"--metrics-addr=" + addr("kc-metrics"),
+		"--health-addr=" + addr("kc-health"),
+		"--log-encoding=console",
+	}, env...)
+	if err != nil {
+		return err
+	}
+	ok := func(string) bool { return true }
+	if err := c.waitHTTP(ctx, sc, "source-controller /readyz", "http://"+addr("sc-health")+"/readyz", ok); err != nil {
+		return err
+	}
+	return c.waitHTTP(ctx, kc, "kustomize-controller /readyz", "http://"+addr("kc-health")+"/readyz", ok)
+}
+
+// ApplyCRDFiles applies the CustomResourceDefinitions in the given YAML
+// files with server-side apply and waits until each is Established.
+func (c *Cluster) ApplyCRDFiles(ctx context.Context, files []string) error {
+	dyn, err := dynamic.NewForConfig(c.adminConfig)
+	if err != nil {
+		return fmt.Errorf("building a dynamic client: %w", err)
+	}
+	var names []string
+	for _, f := range files {
+		objs, err := readYAMLObjects(f)
+		if err != nil {
+			return err
+		}
+		for _, o := range objs {
+			if o.GetKind() != "CustomResourceDefinition" {
+				continue
+			}
+			o.SetManagedFields(nil)
+			if _, err := dyn.Resource(crdGVR).Apply(ctx, o.GetName(), o, metav1.ApplyOptions{FieldManager: "bootstrap-lab", Force: true}); err != nil {
+				return fmt.Errorf("applying CRD %s: %w", o.GetName(), err)
+			}
+			names = append(names, o.GetName())
+		}
+	}
+	tr := wait.NewTracker(c.log, "CRDs Established", names)
+	return wait.Until(ctx, wait.Spec{What: "CRDs Established", Timeout: c.opts.ReadyTimeout, Interval: 200 * time.Millisecond, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			for _, n := range tr.Pending() {
+				u, err := dyn.Resource(crdGVR).Get(ctx, n, metav1.GetOptions{})
+				if err != nil {
+					return false, tr.Status(), nil
+				}
+				var crd apiextensionsv1.CustomResourceDefinition
+				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &crd); err != nil {
+					return false, "", fmt.Errorf("decoding CRD %s: %w", n, err)
+				}
+				for _, cond := range crd.Status.Conditions {
+					if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+						tr.Done(n)
+					}
+				}
+			}
+			return len(tr.Pending()) == 0, tr.Status(), nil
+		})
+}
+
+// readYAMLObjects decodes every non-empty document of a multi-document YAML
+// file.
+func readYAMLObjects(path string) ([]*unstructured.Unstructured, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	var out []*unstructured.Unstructured
+	for i, doc := range splitYAML(data) {
+		var m map[string]any
+		if err := yaml.Unmarshal(doc, &m); err != nil {
+			return nil, fmt.Errorf("parsing %s document %d: %w", path, i+1, err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		out = append(out, &unstructured.Unstructured{Object: m})
+	}
+	return out, nil
+}
+
+func readFileIn(dir, rel string) ([]byte, error) { return os.ReadFile(filepath.Join(dir, rel)) }
+
+// splitYAML splits a multi-document YAML stream at its "---" separators.
+func splitYAML(data []byte) [][]byte {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var docs [][]byte
+	for {
+		doc, err := r.Read()
+		if err != nil {
+			return docs
+		}
+		if len(bytes.TrimSpace(doc)) > 0 {
+			docs = append(docs, doc)
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package kube_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/lab/kube/kubetest"
+)
+
+const helmIndex = `apiVersion: v1
+entries:
+  hello:
+  - apiVersion: v2
+    name: hello
+    version: 0.1.0
+    urls:
+    - hello-0.1.0.tgz
+    digest: 0000000000000000000000000000000000000000000000000000000000000000
+    created: "2026-01-01T00:00:00Z"
+generated: "2026-01-01T00:00:00Z"
+`
+
+// readyCondition returns the Ready condition's status, reason and message.
+func readyCondition(u *unstructured.Unstructured) (status, reason, message string) {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		if m["type"] == "Ready" {
+			return fmt.Sprint(m["status"]), fmt.Sprint(m["reason"]), fmt.Sprint(m["message"])
+		}
+	}
+	return "", "", ""
+}
+
+func TestFluxControllers(t *testing.T) {
+	ctx := context.Background()
+	c := kubetest.Start(t, kube.Options{Flux: true})
+	t.Logf("MEASURE lab start with Flux: %s", c.StartupTime().Round(10*time.Millisecond))
+	if n := len(c.Processes()); n != 7 {
+		t.Fatalf("%d processes, want 7 with the Flux controllers", n)
+	}
+	dyn := dynamic.NewForConfigOrDie(c.RESTConfig())
+
+	var indexHits int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/index.yaml" {
+			http.NotFound(w, r)
+			return
+		}
+		indexHits++
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write([]byte(helmIndex))
+	}))
+	defer srv.Close()
+
+	helmRepos := dyn.Resource(schema.GroupVersionResource{Group: "source.toolkit.fluxcd.io", Version: "v1", Resource: "helmrepositories"}).Namespace(kube.FluxNamespace)
+	hr := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "source.toolkit.fluxcd.io/v1",
+		"kind":       "HelmRepository",
+		"metadata":   map[string]any{"name": "lab", "namespace": kube.FluxNamespace},
+		"spec":       map[string]any{"url": srv.URL, "interval": "1m"},
+	}}
+	start := time.Now()
+	if _, err := helmRepos.Create(ctx, hr, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "HelmRepository lab Ready (source-controller fetched the index)", 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		u, err := helmRepos.Get(ctx, "lab", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		st, reason, msg := readyCondition(u)
+		return st == "True", st + " " + reason + ": " + msg, nil
+	})
+	t.Logf("MEASURE HelmRepository Ready %s after create", time.Since(start).Round(10*time.Millisecond))
+	if indexHits == 0 {
+		t.Error("source-controller reported Ready without fetching index.yaml")
+	}
+
+	ks := dyn.Resource(schema.GroupVersionResource{Group: "kustomize.toolkit.fluxcd.io", Version: "v1", Resource: "kustomizations"}).Namespace(kube.FluxNamespace)
+	k := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kustomize.toolkit.fluxcd.io/v1",
+		"kind":       "Kustomization",
+		"metadata":   map[string]any{"name": "apps", "namespace": kube.FluxNamespace},
+		"spec": map[string]any{
+			"interval":  "1m",
+			"path":      "./",
+			"prune":     true,
+			"sourceRef": map[string]any{"kind": "GitRepository", "name": "missing"},
+		},
+	}}
+	if _, err := ks.Create(ctx, k, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "kustomize-controller reporting the missing source", 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		u, err := ks.Get(ctx, "apps", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		st, reason, msg := readyCondition(u)
+		return st == "False" && strings.Contains(msg, "not found"), st + " " + reason + ": " + msg, nil
+	})
+}

@@ -1,0 +1,185 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// Role is a node's role in the cluster.
+type Role string
+
+// Node roles.
+const (
+	RoleControlPlane Role = "controlplane"
+	RoleWorker       Role = "worker"
+)
+
+// Labels and taints the lab puts on nodes.
+const (
+	LabelControlPlane = "node-role.kubernetes.io/control-plane"
+	LabelWorker       = "node-role.kubernetes.io/worker"
+	// HeartbeatLabel set to "stopped" takes a node away from kwok: its lease
+	// is no longer renewed nor its status updated, as when a kubelet dies,
+	// and the controller manager marks it NotReady after the grace period.
+	HeartbeatLabel   = "lab.bootstrap.homelab/heartbeat"
+	heartbeatStopped = "stopped"
+)
+
+// RegisterNode creates (or updates) the Node object a kubelet would register
+// for a machine: name, InternalIP and Hostname addresses, the usual
+// kubernetes.io labels and the role label; control-plane nodes get the
+// NoSchedule taint unless Options.ScheduleOnControlPlanes. kwok then marks
+// it Ready and keeps its heartbeat.
+func (c *Cluster) RegisterNode(ctx context.Context, name, ip string, role Role) error {
+	if net.ParseIP(ip) == nil {
+		return fmt.Errorf("registering node %s: %q is not an IP address", name, ip)
+	}
+	if role != RoleControlPlane && role != RoleWorker {
+		return fmt.Errorf("registering node %s: unknown role %q", name, role)
+	}
+	labels := map[string]string{
+		"kubernetes.io/hostname": name,
+		"kubernetes.io/os":       "linux",
+		"kubernetes.io/arch":     "amd64",
+	}
+	var taints []corev1.Taint
+	if role == RoleControlPlane {
+		labels[LabelControlPlane] = ""
+		if !c.opts.ScheduleOnControlPlanes {
+			taints = append(taints, corev1.Taint{Key: LabelControlPlane, Effect: corev1.TaintEffectNoSchedule})
+		}
+	} else {
+		labels[LabelWorker] = ""
+	}
+	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+
+	nodes := c.client.CoreV1().Nodes()
+	n, err := nodes.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		n = &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Spec:       corev1.NodeSpec{Taints: taints},
+			Status:     corev1.NodeStatus{Addresses: addrs},
+		}
+		if _, err := nodes.Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("registering node %s: %w", name, err)
+		}
+		c.log.Info().Str("node", name).Str("ip", ip).Str("role", string(role)).Msg("node registered")
+		return nil
+	case err != nil:
+		return fmt.Errorf("registering node %s: %w", name, err)
+	}
+	// Re-registration (a node rebooted): refresh labels and addresses.
+	for k, v := range labels {
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels[k] = v
+	}
+	if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("updating node %s: %w", name, err)
+	}
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"addresses": addrs}})
+	if _, err := nodes.PatchStatus(ctx, name, patch); err != nil {
+		return fmt.Errorf("updating node %s addresses: %w", name, err)
+	}
+	return nil
+}
+
+// StopHeartbeat takes the node away from kwok, as if its kubelet died: the
+// node lease and status stop being renewed, so after
+// Options.NodeMonitorGracePeriod the controller manager sets its Ready
+// condition to Unknown. Pods on it are left as they are.
+func (c *Cluster) StopHeartbeat(ctx context.Context, name string) error {
+	return c.setHeartbeatLabel(ctx, name, heartbeatStopped)
+}
+
+// ResumeHeartbeat hands the node back to kwok, which marks it Ready again.
+func (c *Cluster) ResumeHeartbeat(ctx context.Context, name string) error {
+	return c.setHeartbeatLabel(ctx, name, "")
+}
+
+func (c *Cluster) setHeartbeatLabel(ctx context.Context, name, value string) error {
+	var v any
+	if value != "" {
+		v = value
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{HeartbeatLabel: v}}})
+	if _, err := c.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("setting heartbeat of node %s to %q: %w", name, value, err)
+	}
+	return nil
+}
+
+// WaitNodesReady waits until every named node reports Ready=True.
+func (c *Cluster) WaitNodesReady(ctx context.Context, names []string, timeout time.Duration) error {
+	tr := wait.NewTracker(c.log, "nodes Ready", names)
+	return wait.Until(ctx, wait.Spec{What: "nodes Ready", Timeout: timeout, Interval: 200 * time.Millisecond, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			for _, n := range tr.Pending() {
+				node, err := c.client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+				if err != nil {
+					if apierrors.IsNotFound(err) {
+						continue
+					}
+					return false, tr.Status(), nil
+				}
+				if NodeReady(node) == corev1.ConditionTrue {
+					tr.Done(n)
+				}
+			}
+			return len(tr.Pending()) == 0, tr.Status(), nil
+		})
+}
+
+// NodeReady returns the status of the node's Ready condition ("" if absent).
+func NodeReady(n *corev1.Node) corev1.ConditionStatus {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status
+		}
+	}
+	return ""
+}
+
+// kwokStages joins the kwok Stage files the lab uses, read from the pinned
+// kwok module's source: nodes become Ready and keep a heartbeat, pods become
+// Running (or Succeeded) and go away when deleted.
+func (c *Cluster) kwokStages(ctx context.Context) ([]byte, error) {
+	dir, err := c.bins.ModuleDir(ctx, modKwok)
+	if err != nil {
+		return nil, fmt.Errorf("locating kwok's stages: %w", err)
+	}
+	files := []string{
+		"kustomize/stage/node/fast/node-initialize.yaml",
+		"kustomize/stage/node/heartbeat/node-heartbeat.yaml",
+		"kustomize/stage/pod/fast/pod-ready.yaml",
+		"kustomize/stage/pod/fast/pod-complete.yaml",
+		"kustomize/stage/pod/fast/pod-delete.yaml",
+	}
+	var docs []string
+	for _, f := range files {
+		data, err := readFileIn(dir, f)
+		if err != nil {
+			return nil, fmt.Errorf("reading kwok stage %s: %w", f, err)
+		}
+		docs = append(docs, strings.TrimSpace(string(data)))
+	}
+	if len(docs) == 0 {
+		return nil, errors.New("no kwok stages")
+	}
+	return []byte(strings.Join(docs, "\n---\n") + "\n"), nil
+}

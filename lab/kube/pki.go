@@ -1,0 +1,140 @@
+package kube
+
+import (
+	stdx509 "crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	"github.com/siderolabs/crypto/x509"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Admin certificate subject and lifetime, as Talos issues them.
+const (
+	adminCommonName   = "admin"
+	adminOrganization = "system:masters"
+	// AdminCertLifetime is Talos' default admin kubeconfig certificate lifetime.
+	AdminCertLifetime = 365 * 24 * time.Hour
+)
+
+// PKI is the Kubernetes key material of a Talos cluster: the Kubernetes CA
+// (certificate and key) and the service-account signing key, all PEM.
+type PKI struct {
+	CACertPEM            []byte
+	CAKeyPEM             []byte
+	ServiceAccountKeyPEM []byte
+}
+
+// PKIFromBundle takes the Kubernetes CA and service-account key out of a
+// Talos secrets bundle.
+func PKIFromBundle(b *secrets.Bundle) (PKI, error) {
+	if b == nil || b.Certs == nil || b.Certs.K8s == nil || b.Certs.K8sServiceAccount == nil {
+		return PKI{}, errors.New("secrets bundle has no Kubernetes CA or service-account key")
+	}
+	return PKI{
+		CACertPEM:            b.Certs.K8s.Crt,
+		CAKeyPEM:             b.Certs.K8s.Key,
+		ServiceAccountKeyPEM: b.Certs.K8sServiceAccount.Key,
+	}, nil
+}
+
+// OptionsFromMachineConfig fills the cluster identity of Options from a Talos
+// control-plane machine config: cluster name, endpoint, extra API server
+// SANs, the Kubernetes CA and service-account key, the service CIDR and
+// whether workloads may run on control planes. Log, BinDir and the like are
+// left for the caller.
+func OptionsFromMachineConfig(cfg config.Config) (Options, error) {
+	if cfg == nil || cfg.Cluster() == nil {
+		return Options{}, errors.New("machine config has no cluster section")
+	}
+	c := cfg.Cluster()
+	ca, sa := c.IssuingCA(), c.ServiceAccount()
+	if ca == nil || len(ca.Key) == 0 || sa == nil || len(sa.Key) == 0 {
+		return Options{}, errors.New("machine config carries no Kubernetes CA key or service-account key (not a control-plane config)")
+	}
+	if c.Endpoint() == nil {
+		return Options{}, errors.New("machine config has no cluster endpoint")
+	}
+	opts := Options{
+		ClusterName:             c.Name(),
+		Endpoint:                c.Endpoint().String(),
+		CertSANs:                append([]string{}, c.CertSANs()...),
+		PKI:                     PKI{CACertPEM: ca.Crt, CAKeyPEM: ca.Key, ServiceAccountKeyPEM: sa.Key},
+		ScheduleOnControlPlanes: c.ScheduleOnControlPlanes(),
+	}
+	if c.Network() != nil && len(c.Network().ServiceCIDRs()) > 0 {
+		opts.ServiceCIDR = c.Network().ServiceCIDRs()[0]
+	}
+	return opts, nil
+}
+
+// IssueKubeconfig returns an admin kubeconfig the way Talos issues one: a
+// client certificate with CN=admin, O=system:masters signed by the
+// Kubernetes CA, a cluster named clusterName at server, a user
+// "admin@<cluster>" and a context "admin@<cluster>" in namespace default.
+func IssueKubeconfig(clusterName, server string, caCertPEM, caKeyPEM []byte, lifetime time.Duration) ([]byte, error) {
+	if lifetime <= 0 {
+		lifetime = AdminCertLifetime
+	}
+	return issueKubeconfig(clusterName, server, caCertPEM, caKeyPEM, adminCommonName, []string{adminOrganization}, lifetime)
+}
+
+func issueKubeconfig(clusterName, server string, caCertPEM, caKeyPEM []byte, cn string, orgs []string, lifetime time.Duration) ([]byte, error) {
+	if _, err := url.Parse(server); err != nil {
+		return nil, fmt.Errorf("issuing kubeconfig: bad server URL %q: %w", server, err)
+	}
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(&x509.PEMEncodedCertificateAndKey{Crt: caCertPEM, Key: caKeyPEM})
+	if err != nil {
+		return nil, fmt.Errorf("issuing kubeconfig: loading the Kubernetes CA: %w", err)
+	}
+	kp, err := x509.NewKeyPair(ca,
+		x509.CommonName(cn),
+		x509.Organization(orgs...),
+		x509.NotAfter(time.Now().Add(lifetime)),
+		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("issuing kubeconfig: signing the %s client certificate: %w", cn, err)
+	}
+	user := "admin@" + clusterName
+	if cn != adminCommonName {
+		user = cn + "@" + clusterName
+	}
+	context := user
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[clusterName] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caCertPEM}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: kp.CrtPEM, ClientKeyData: kp.KeyPEM}
+	cfg.Contexts[context] = &clientcmdapi.Context{Cluster: clusterName, AuthInfo: user, Namespace: "default"}
+	cfg.CurrentContext = context
+	out, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return nil, fmt.Errorf("issuing kubeconfig: encoding: %w", err)
+	}
+	return out, nil
+}
+
+// issueServingCert signs the API server's serving certificate with the
+// Kubernetes CA for the given IPs and DNS names.
+func issueServingCert(p PKI, ips []net.IP, dnsNames []string) (certPEM, keyPEM []byte, err error) {
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(&x509.PEMEncodedCertificateAndKey{Crt: p.CACertPEM, Key: p.CAKeyPEM})
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the Kubernetes CA: %w", err)
+	}
+	kp, err := x509.NewKeyPair(ca,
+		x509.CommonName("kube-apiserver"),
+		x509.IPAddresses(ips),
+		x509.DNSNames(dnsNames),
+		x509.NotAfter(time.Now().Add(AdminCertLifetime)),
+		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageServerAuth}),
+	)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signing the API server certificate: %w", err)
+	}
+	return kp.CrtPEM, kp.KeyPEM, nil
+}

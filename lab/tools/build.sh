@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Builds the lab's binaries (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kwok, source-controller, kustomize-controller) from the Go
+# modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
+# the repository root). Does nothing when they are already built for the pinned
+# versions. Builds one binary at a time: the machines this runs on are small.
+set -euo pipefail
+
+tools_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo_root=$(cd "$tools_dir/../.." && pwd)
+bin_dir=${BOOTSTRAP_LAB_BIN:-$repo_root/.lab/bin}
+manifest=$bin_dir/manifest.json
+
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+export GOFLAGS="-buildvcs=false"
+export CGO_ENABLED=0
+
+log() { printf 'lab-bins: %s\n' "$*" >&2; }
+
+# mod_version <module dir> <module path> prints the version the module pins.
+mod_version() { (cd "$tools_dir/$1" && go list -m -f '{{.Version}}' "$2"); }
+# mod_dir <module dir> <module path> prints where the module's source is, downloading it if needed.
+mod_dir() { (cd "$tools_dir/$1" && go mod download -json "$2" >/dev/null && go list -m -f '{{.Dir}}' "$2"); }
+
+k8s_version=$(mod_version kubernetes k8s.io/kubernetes)
+etcd_version=$(mod_version etcd go.etcd.io/etcd/server/v3)
+kwok_version=$(mod_version kwok sigs.k8s.io/kwok)
+source_controller_version=$(mod_version flux github.com/fluxcd/source-controller)
+kustomize_controller_version=$(mod_version flux github.com/fluxcd/kustomize-controller)
+
+k8s_minor=${k8s_version#v1.}
+k8s_minor=${k8s_minor%%.*}
+# Without these the servers report "v0.0.0-master+$Format:%H$", which clients cannot parse.
+k8s_ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$k8s_minor -X k8s.io/component-base/version.gitTreeState=clean"
+
+# The fingerprint covers everything that decides what gets built.
+fingerprint=$(
+	{
+		go version
+		echo "$k8s_ldflags"
+		for m in etcd kubernetes kwok flux; do
+			cat "$tools_dir/$m/go.mod" "$tools_dir/$m/go.sum"
+		done
+	} | sha256sum | cut -d' ' -f1
+)
+
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok source-controller kustomize-controller)
+
+up_to_date() {
+	[[ -f $manifest ]] || return 1
+	grep -q "\"fingerprint\": \"$fingerprint\"" "$manifest" || return 1
+	for b in "${binaries[@]}"; do
+		[[ -x $bin_dir/$b ]] || return 1
+	done
+}
+
+mkdir -p "$bin_dir"
+exec 9>"$bin_dir/.build.lock"
+flock 9
+
+if up_to_date; then
+	log "up to date in $bin_dir (kubernetes $k8s_version, etcd $etcd_version, kwok $kwok_version, flux controllers $source_controller_version/$kustomize_controller_version)"
+	exit 0
+fi
+rm -f "$manifest"
+
+# build <module dir> <output name> <package> [ldflags]
+build() {
+	local start=$SECONDS
+	log "building $2 ($3)"
+	(cd "$tools_dir/$1" && go build -trimpath -ldflags "-s -w ${4:-}" -o "$bin_dir/.$2.tmp" "$3")
+	mv -f "$bin_dir/.$2.tmp" "$bin_dir/$2"
+	log "built $2 in $((SECONDS - start))s"
+}
+
+total_start=$SECONDS
+build etcd etcd go.etcd.io/etcd/server/v3
+build kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
+build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
+build kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
+build kwok kwok sigs.k8s.io/kwok/cmd/kwok
+build flux source-controller github.com/fluxcd/source-controller
+build flux kustomize-controller github.com/fluxcd/kustomize-controller
+
+# lab/kube reads the kwok Stage files and the Flux CRDs and config from these
+# module directories at lab start.
+kwok_dir=$(mod_dir kwok sigs.k8s.io/kwok)
+source_controller_dir=$(mod_dir flux github.com/fluxcd/source-controller)
+kustomize_controller_dir=$(mod_dir flux github.com/fluxcd/kustomize-controller)
+
+cat >"$manifest.tmp" <<EOF
+{
+  "fingerprint": "$fingerprint",
+  "modules": {
+    "k8s.io/kubernetes": {"version": "$k8s_version"},
+    "go.etcd.io/etcd/server/v3": {"version": "$etcd_version"},
+    "sigs.k8s.io/kwok": {"version": "$kwok_version", "dir": "$kwok_dir"},
+    "github.com/fluxcd/source-controller": {"version": "$source_controller_version", "dir": "$source_controller_dir"},
+    "github.com/fluxcd/kustomize-controller": {"version": "$kustomize_controller_version", "dir": "$kustomize_controller_dir"}
+  }
+}
+EOF
+mv -f "$manifest.tmp" "$manifest"
+log "all built in $((SECONDS - total_start))s into $bin_dir"
