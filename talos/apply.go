@@ -35,6 +35,9 @@ type Mutator func(what string, fn func() error) error
 // Execute is the Mutator of a real run: it always runs fn.
 func Execute(_ string, fn func() error) error { return fn() }
 
+// noop is what a dry run records without anything to run.
+func noop() error { return nil }
+
 // Action is what EnsureConfig did to a node.
 type Action string
 
@@ -48,6 +51,15 @@ const (
 	// ActionPlanned: a dry run recorded the apply without doing it.
 	ActionPlanned Action = "planned"
 )
+
+// EnsureOptions controls EnsureConfig.
+type EnsureOptions struct {
+	// Mutate wraps every apply (env.Wet in the stage); nil executes.
+	Mutate Mutator
+	// DryRun plans instead of waiting: a node that does not answer is
+	// reported as planned at once.
+	DryRun bool
+}
 
 // EnsureResult reports one node's convergence.
 type EnsureResult struct {
@@ -79,8 +91,10 @@ const maxInstallAttempts = 3
 //   - configured by another cluster: refuse (ForeignNodeError);
 //   - down: wait for it, bounded by InstallTimeout.
 //
-// Every apply goes through mutate, so a dry run records "would apply" and stops.
-func (o *Ops) EnsureConfig(ctx context.Context, t Target, mutate Mutator) (EnsureResult, error) {
+// Every apply goes through opts.Mutate, so a dry run records "would apply"
+// and stops.
+func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (EnsureResult, error) {
+	mutate := opts.Mutate
 	if mutate == nil {
 		mutate = Execute
 	}
@@ -115,6 +129,10 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, mutate Mutator) (Ensur
 		case ModeDown:
 			if applied {
 				sawDown = true
+			}
+			if opts.DryRun && !applied {
+				res.Action = ActionPlanned
+				return true, "", mutate(fmt.Sprintf("apply config to %s once it answers (unreachable now: %s)", t, p.Detail), noop)
 			}
 			return false, "unreachable: " + p.Detail, nil
 		case ModeMaintenance:

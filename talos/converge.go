@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,11 +21,14 @@ type ConvergeOptions struct {
 	// BootstrapNode names the control plane to bootstrap etcd on: the one
 	// recorded by an earlier run, else empty for the first control plane.
 	BootstrapNode string
-	// Dir is the cluster directory; the kubeconfig goes to Dir/kubeconfig.
-	Dir string
+	// KubeconfigPath is where the admin kubeconfig is kept (0600).
+	KubeconfigPath string
 	// Mutate wraps every change (apply, bootstrap, kubeconfig write); the
 	// stage passes env.Wet. Nil executes.
 	Mutate Mutator
+	// DryRun reads what it can (probes, the nodes' own dry-run diffs, etcd)
+	// and records the rest through Mutate without waiting on anything.
+	DryRun bool
 	// OnNodeConverged is called as each node reaches its config (to record
 	// progress in state mid-stage). Optional.
 	OnNodeConverged func(t Target, res EnsureResult)
@@ -42,7 +44,7 @@ type ConvergeResult struct {
 	// Bootstrapped is true when this run bootstrapped etcd (false when it
 	// already ran).
 	Bootstrapped bool
-	// Planned is true when a dry run stopped before waiting on the cluster.
+	// Planned is true when changes were only recorded (a dry run).
 	Planned          bool
 	KubeconfigPath   string
 	KubeconfigWrote  bool
@@ -72,12 +74,8 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 			res.Planned = true
 		}
 	}
-	if res.Planned {
-		// Nodes still to be configured: nothing further can be read.
-		if err := mutate(fmt.Sprintf("bootstrap etcd on %s, wait for the cluster, fetch the kubeconfig", boot), func() error { return nil }); err != nil {
-			return res, err
-		}
-		return res, nil
+	if opts.DryRun || res.Planned {
+		return res, o.planCluster(ctx, opts, boot, mutate, res)
 	}
 
 	// Bootstrap only when etcd does not answer yet: a cluster that runs is
@@ -122,6 +120,29 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 	return res, nil
 }
 
+// planCluster records what a real run would still do after the nodes.
+func (o *Ops) planCluster(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
+	etcdRuns := false
+	if r := res.Nodes[boot.Name]; r.Found == ModeConfigured {
+		members, err := o.EtcdMembers(ctx, boot.IP)
+		etcdRuns = err == nil && len(members) > 0
+	}
+	if !etcdRuns {
+		if err := mutate(fmt.Sprintf("bootstrap etcd on %s and wait for etcd and kubelet health", boot), noop); err != nil {
+			return err
+		}
+		res.Planned = true
+	}
+	if existing, err := os.ReadFile(opts.KubeconfigPath); err == nil {
+		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
+			res.APIServerVersion = v
+			return nil
+		}
+	}
+	res.Planned = true
+	return mutate(fmt.Sprintf("fetch the kubeconfig from %s into %s", boot, opts.KubeconfigPath), noop)
+}
+
 func bootstrapTarget(nodes []Target, name string) (Target, error) {
 	for _, t := range nodes {
 		if t.Role != RoleControlPlane {
@@ -156,7 +177,7 @@ func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := o.EnsureConfig(ctx, t, mutate)
+			r, err := o.EnsureConfig(ctx, t, EnsureOptions{Mutate: mutate, DryRun: opts.DryRun})
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -201,7 +222,7 @@ func boolRank(b bool) int {
 // run would rewrite the file), else fetches one from the bootstrap node,
 // writes it (0600) and checks that it reaches the API server.
 func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
-	path := filepath.Join(opts.Dir, KubeconfigFile)
+	path := opts.KubeconfigPath
 	res.KubeconfigPath = path
 	if existing, err := os.ReadFile(path); err == nil {
 		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
@@ -218,7 +239,7 @@ func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot T
 	ran := false
 	if err := mutate("write kubeconfig "+path, func() error {
 		ran = true
-		_, wrote, err := WriteKubeconfig(opts.Dir, data)
+		wrote, err := WriteKubeconfig(path, data)
 		res.KubeconfigWrote = wrote
 		return err
 	}); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -202,7 +203,7 @@ func TestForeignNodeRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	on := other.Nodes[0]
-	if _, err := otherOps.EnsureConfig(ctx, Target{Name: on.Name, IP: on.IP, Role: on.Role, Config: on.Config, InstallDisk: on.InstallDisk}, nil); err != nil {
+	if _, err := otherOps.EnsureConfig(ctx, Target{Name: on.Name, IP: on.IP, Role: on.Role, Config: on.Config, InstallDisk: on.InstallDisk}, EnsureOptions{}); err != nil {
 		t.Fatalf("installing the other cluster's node: %v", err)
 	}
 
@@ -322,7 +323,7 @@ func TestMissingInstallDiskStopsBeforeApply(t *testing.T) {
 			targets[i].InstallDisk = "/dev/sda"
 		}
 	}
-	_, err := h.ops.EnsureConfig(testCtx(t), targets[1], nil)
+	_, err := h.ops.EnsureConfig(testCtx(t), targets[1], EnsureOptions{})
 	if err == nil || !strings.Contains(err.Error(), "no writable install disk /dev/sda") || !strings.Contains(err.Error(), "/dev/vda") {
 		t.Fatalf("err = %v", err)
 	}
@@ -355,7 +356,7 @@ func TestConfigChangeAppliesOnlyWhereItDiffers(t *testing.T) {
 	// Dry run first: the node's own diff, nothing applied.
 	var planned []string
 	dry := func(what string, fn func() error) error { planned = append(planned, what); return nil }
-	res, err := h.ops.Converge(ctx, ConvergeOptions{Nodes: targets, Dir: h.dir, Mutate: dry})
+	res, err := h.ops.Converge(ctx, ConvergeOptions{Nodes: targets, KubeconfigPath: filepath.Join(h.dir, KubeconfigFile), Mutate: dry, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,11 +367,11 @@ func TestConfigChangeAppliesOnlyWhereItDiffers(t *testing.T) {
 		t.Error("dry run applied")
 	}
 	slices.Sort(planned)
-	if len(planned) != 3 || !strings.HasPrefix(planned[0], "apply changed config to cp-1") || !strings.HasPrefix(planned[1], "apply changed config to wk-1") {
-		t.Errorf("planned %q", planned)
+	if len(planned) != 2 || !strings.HasPrefix(planned[0], "apply changed config to cp-1") || !strings.HasPrefix(planned[1], "apply changed config to wk-1") {
+		t.Errorf("planned %q (etcd runs and the kubeconfig works: nothing else to do)", planned)
 	}
 
-	res, err = h.ops.Converge(ctx, ConvergeOptions{Nodes: targets, Dir: h.dir})
+	res, err = h.ops.Converge(ctx, ConvergeOptions{Nodes: targets, KubeconfigPath: filepath.Join(h.dir, KubeconfigFile)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,15 +401,29 @@ func TestDryRunOnFreshNodesTouchesNothing(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	res, err := h.converge(testCtx(t), dry)
+	// wk-1's VM is not up yet: a dry run does not wait for it.
+	if err := h.sim.StopNode(h.node("wk-1").IP()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := h.ops.Converge(testCtx(t), ConvergeOptions{Nodes: h.targets(), KubeconfigPath: filepath.Join(h.dir, KubeconfigFile), Mutate: dry, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Planned || res.Nodes["cp-1"].Action != ActionPlanned || res.Nodes["wk-1"].Action != ActionPlanned {
+	if time.Since(start) > 2*time.Second {
+		t.Errorf("dry run waited %s", time.Since(start))
+	}
+	if !res.Planned || res.Nodes["cp-1"].Action != ActionPlanned || res.Nodes["wk-1"].Found != ModeDown {
 		t.Errorf("%+v", res)
 	}
 	slices.Sort(planned)
-	if len(planned) != 3 || !strings.Contains(planned[0], "apply config to cp-1") || !strings.Contains(planned[0], "maintenance mode") {
+	want := []string{"apply config to cp-1", "apply config to wk-1", "bootstrap etcd on cp-1", "fetch the kubeconfig"}
+	for i, w := range want {
+		if i >= len(planned) || !strings.HasPrefix(planned[i], w) {
+			t.Fatalf("planned %q, want prefixes %q", planned, want)
+		}
+	}
+	if !strings.Contains(planned[0], "maintenance mode") || !strings.Contains(planned[1], "unreachable") {
 		t.Errorf("planned %q", planned)
 	}
 	total, _ := h.counters()

@@ -269,8 +269,12 @@ func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []
 	if opts.InstallImage != "" {
 		inputOpts = append(inputOpts, generate.WithInstallImage(opts.InstallImage))
 	}
-	if opts.VIP != "" && !strings.Contains(endpoint, opts.VIP) {
-		inputOpts = append(inputOpts, generate.WithAdditionalSubjectAltNames([]string{opts.VIP}))
+	sans := slices.Clone(opts.CertSANs)
+	if opts.VIP != "" && !strings.Contains(endpoint, opts.VIP) && !slices.Contains(sans, opts.VIP) {
+		sans = append(sans, opts.VIP)
+	}
+	if len(sans) > 0 {
+		inputOpts = append(inputOpts, generate.WithAdditionalSubjectAltNames(sans))
 	}
 	input, err := generate.NewInput(opts.ClusterName, endpoint, opts.KubernetesVersion, inputOpts...)
 	if err != nil {

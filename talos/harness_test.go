@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,7 +144,7 @@ func (h *harness) targets() []Target {
 }
 
 func (h *harness) converge(ctx context.Context, mutate Mutator) (*ConvergeResult, error) {
-	return h.ops.Converge(ctx, ConvergeOptions{Nodes: h.targets(), Dir: h.dir, Mutate: mutate})
+	return h.ops.Converge(ctx, ConvergeOptions{Nodes: h.targets(), KubeconfigPath: filepath.Join(h.dir, KubeconfigFile), Mutate: mutate})
 }
 
 func (h *harness) node(name string) *talossim.Node {
@@ -162,7 +163,11 @@ func (h *harness) node(name string) *talossim.Node {
 func (h *harness) counters() (total talossim.Counters, byNode map[string]talossim.Counters) {
 	byNode = map[string]talossim.Counters{}
 	for _, n := range h.res.Nodes {
-		c := h.node(n.Name).Counters()
+		sn, ok := h.sim.Node(n.IP)
+		if !ok {
+			continue // powered off
+		}
+		c := sn.Counters()
 		byNode[n.Name] = c
 		total.Applies += c.Applies
 		total.MaintenanceApplies += c.MaintenanceApplies

@@ -70,6 +70,16 @@ type MergeResult struct {
 // kept, and the current context becomes the cluster's. The old file is
 // backed up before it changes.
 func MergeTalosconfig(path string, talosconfig []byte, now time.Time) (MergeResult, error) {
+	return mergeTalosconfig(path, talosconfig, now, true)
+}
+
+// TalosconfigMergeNeeded reports whether MergeTalosconfig would change path.
+func TalosconfigMergeNeeded(path string, talosconfig []byte) (bool, error) {
+	r, err := mergeTalosconfig(path, talosconfig, time.Time{}, false)
+	return r.Changed, err
+}
+
+func mergeTalosconfig(path string, talosconfig []byte, now time.Time, write bool) (MergeResult, error) {
 	in, err := clientconfig.FromBytes(talosconfig)
 	if err != nil {
 		return MergeResult{}, fmt.Errorf("reading cluster talosconfig: %w", err)
@@ -97,7 +107,7 @@ func MergeTalosconfig(path string, talosconfig []byte, now time.Time) (MergeResu
 	if err != nil {
 		return MergeResult{}, fmt.Errorf("encoding %s: %w", path, err)
 	}
-	return writeMerged(path, existing, out, now)
+	return writeMerged(path, existing, out, now, write)
 }
 
 // MergeKubeconfig merges the cluster's kubeconfig into the file at path
@@ -105,6 +115,16 @@ func MergeTalosconfig(path string, talosconfig []byte, now time.Time) (MergeResu
 // are replaced, others kept, and the current context becomes the
 // cluster's. The old file is backed up before it changes.
 func MergeKubeconfig(path string, kubeconfig []byte, now time.Time) (MergeResult, error) {
+	return mergeKubeconfig(path, kubeconfig, now, true)
+}
+
+// KubeconfigMergeNeeded reports whether MergeKubeconfig would change path.
+func KubeconfigMergeNeeded(path string, kubeconfig []byte) (bool, error) {
+	r, err := mergeKubeconfig(path, kubeconfig, time.Time{}, false)
+	return r.Changed, err
+}
+
+func mergeKubeconfig(path string, kubeconfig []byte, now time.Time, write bool) (MergeResult, error) {
 	in, err := clientcmd.Load(kubeconfig)
 	if err != nil {
 		return MergeResult{}, fmt.Errorf("reading cluster kubeconfig: %w", err)
@@ -135,12 +155,16 @@ func MergeKubeconfig(path string, kubeconfig []byte, now time.Time) (MergeResult
 	if err != nil {
 		return MergeResult{}, fmt.Errorf("encoding %s: %w", path, err)
 	}
-	return writeMerged(path, existing, out, now)
+	return writeMerged(path, existing, out, now, write)
 }
 
-func writeMerged(path string, existing, out []byte, now time.Time) (MergeResult, error) {
+func writeMerged(path string, existing, out []byte, now time.Time, write bool) (MergeResult, error) {
 	res := MergeResult{Path: path}
 	if existing != nil && string(existing) == string(out) {
+		return res, nil
+	}
+	if !write {
+		res.Changed = true
 		return res, nil
 	}
 	if existing != nil {
@@ -160,13 +184,12 @@ func writeMerged(path string, existing, out []byte, now time.Time) (MergeResult,
 	return res, nil
 }
 
-// WriteKubeconfig stores the cluster's kubeconfig in dir (0600), leaving
+// WriteKubeconfig stores the cluster's kubeconfig at path (0600), leaving
 // the file alone when its bytes are unchanged.
-func WriteKubeconfig(dir string, kubeconfig []byte) (path string, changed bool, err error) {
-	path = filepath.Join(dir, KubeconfigFile)
+func WriteKubeconfig(path string, kubeconfig []byte) (changed bool, err error) {
 	changed, err = fsutil.WriteIfChanged(path, kubeconfig, 0o600)
 	if err != nil {
-		return path, false, fmt.Errorf("writing %s: %w", path, err)
+		return false, fmt.Errorf("writing %s: %w", path, err)
 	}
-	return path, changed, nil
+	return changed, nil
 }

@@ -102,10 +102,12 @@ type GenerateOptions struct {
 	// InstallImage is the installer image; empty means the node's own.
 	InstallImage string
 	// VIP is the shared control-plane address (Layer2VIPConfig), optional.
-	VIP     string
-	Network Network
-	Nodes   []Node
-	Patches Patches
+	VIP string
+	// CertSANs are extra names/IPs for the API server and Talos API certificates.
+	CertSANs []string
+	Network  Network
+	Nodes    []Node
+	Patches  Patches
 	// CNI is "flannel" (default), "cilium" or "none".
 	CNI string
 	// DefaultDiskBus is used for role templates and nodes without a bus

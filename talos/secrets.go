@@ -1,12 +1,14 @@
 package talos
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"time"
 
+	"github.com/siderolabs/crypto/x509"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"go.yaml.in/yaml/v4"
@@ -93,4 +95,41 @@ func LoadOrCreateSecrets(path, talosVersion string, now time.Time) (b *secrets.B
 		return nil, false, err
 	}
 	return b, true, nil
+}
+
+// SecretValues lists the bundle's secret values in the forms they take in
+// rendered configs (tokens as is, private keys base64-encoded), for a
+// redaction set: a config diff's context lines must never show them.
+func SecretValues(b *secrets.Bundle) []string {
+	if b == nil {
+		return nil
+	}
+	var out []string
+	add := func(v string) {
+		if v != "" {
+			out = append(out, v)
+		}
+	}
+	if b.Secrets != nil {
+		add(b.Secrets.BootstrapToken)
+		add(b.Secrets.SecretboxEncryptionSecret)
+		add(b.Secrets.AESCBCEncryptionSecret)
+	}
+	if b.TrustdInfo != nil {
+		add(b.TrustdInfo.Token)
+	}
+	if b.Cluster != nil {
+		add(b.Cluster.Secret)
+	}
+	if c := b.Certs; c != nil {
+		for _, kp := range []*x509.PEMEncodedCertificateAndKey{c.Etcd, c.K8s, c.K8sAggregator, c.OS} {
+			if kp != nil && len(kp.Key) > 0 {
+				add(base64.StdEncoding.EncodeToString(kp.Key))
+			}
+		}
+		if c.K8sServiceAccount != nil && len(c.K8sServiceAccount.Key) > 0 {
+			add(base64.StdEncoding.EncodeToString(c.K8sServiceAccount.Key))
+		}
+	}
+	return out
 }
