@@ -26,6 +26,7 @@ type Target struct {
 	InstallDisk string
 }
 
+// String is "name (ip)", as nodes are named in messages.
 func (t Target) String() string { return fmt.Sprintf("%s (%s)", t.Name, t.IP) }
 
 // Mutator runs fn as a change described by what, or, in a dry run, only

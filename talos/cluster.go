@@ -144,10 +144,7 @@ func (o *Ops) WaitEtcdMembers(ctx context.Context, ip string, controlPlanes []st
 	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
 		members, err := o.EtcdMembers(ctx, ip)
 		if err != nil {
-			if retryableCall(err) != err || isDown(err) {
-				return false, shortErr(err), nil
-			}
-			return false, "", err
+			return false, shortErr(err), fatalWhileWaiting(err)
 		}
 		var got []string
 		for _, m := range members {
@@ -205,10 +202,7 @@ func (o *Ops) WaitServicesHealthy(ctx context.Context, nodes []HealthTarget) err
 			err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
 				svcs, err := o.Services(ctx, n.IP)
 				if err != nil {
-					if retryableCall(err) != err || isDown(err) {
-						return false, shortErr(err), nil
-					}
-					return false, "", err
+					return false, shortErr(err), fatalWhileWaiting(err)
 				}
 				var pending []string
 				for _, id := range required {
@@ -272,4 +266,15 @@ func (o *Ops) Kubeconfig(ctx context.Context, name, ip string) ([]byte, error) {
 		return nil, err
 	}
 	return data, nil
+}
+
+// fatalWhileWaiting keeps a health wait going through whatever a node that
+// is still starting answers (apid relays etcd's own errors as Unknown),
+// and stops it only for what waiting cannot fix: a node that does not
+// trust us or that we do not trust.
+func fatalWhileWaiting(err error) error {
+	if isUntrustedServer(err) || isCertRequired(err) || client.StatusCode(err) == codes.PermissionDenied {
+		return err
+	}
+	return nil
 }

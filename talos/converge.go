@@ -78,10 +78,18 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 		return res, o.planCluster(ctx, opts, boot, mutate, res)
 	}
 
-	// Bootstrap only when etcd does not answer yet: a cluster that runs is
-	// left alone, and an interrupted earlier bootstrap answers AlreadyExists.
-	members, merr := o.EtcdMembers(ctx, boot.IP)
-	if merr != nil || len(members) == 0 {
+	// Bootstrap only when etcd has not started anywhere: a cluster that
+	// runs is left alone (even if the config's first control plane changed
+	// since), and an interrupted earlier bootstrap answers AlreadyExists.
+	started, err := o.etcdStartedOn(ctx, opts.Nodes, boot)
+	if err != nil {
+		return res, err
+	}
+	if started != nil && started.Name != boot.Name {
+		o.opts.Log.Warn().Str("node", started.Name).Msgf("etcd already runs on %s; not bootstrapping %s", started, boot)
+		boot, res.BootstrapNode = *started, started.Name
+	}
+	if started == nil {
 		ran := false
 		if err := mutate(fmt.Sprintf("bootstrap etcd on %s", boot), func() error {
 			ran = true
@@ -118,6 +126,36 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 		return res, err
 	}
 	return res, nil
+}
+
+// etcdStartedOn returns a control plane whose etcd has started (boot
+// first), or nil when none has: then, and only then, bootstrapping is safe.
+// A node that Talos has not bootstrapped or joined keeps etcd "Preparing".
+func (o *Ops) etcdStartedOn(ctx context.Context, nodes []Target, boot Target) (*Target, error) {
+	order := []Target{boot}
+	for _, t := range nodes {
+		if t.Role == RoleControlPlane && t.Name != boot.Name {
+			order = append(order, t)
+		}
+	}
+	for _, t := range order {
+		if members, err := o.EtcdMembers(ctx, t.IP); err == nil && len(members) > 0 {
+			return &t, nil
+		}
+		svcs, err := o.Services(ctx, t.IP)
+		if err != nil {
+			if fatalWhileWaiting(err) != nil {
+				return nil, err
+			}
+			continue
+		}
+		for _, s := range svcs {
+			if s.ID == "etcd" && s.State != "" && s.State != "Preparing" && s.State != "Waiting" {
+				return &t, nil
+			}
+		}
+	}
+	return nil, nil
 }
 
 // planCluster records what a real run would still do after the nodes.

@@ -475,3 +475,35 @@ func spliceClientCert(t *testing.T, good, bad []byte) []byte {
 	}
 	return []byte(out)
 }
+
+func TestNeverBootstrapsASecondNode(t *testing.T) {
+	t.Parallel()
+	// etcd is bootstrapped on cp-1 by a run that dies right after; the state
+	// that recorded it is lost and the config now lists cp-2 first. The other
+	// control planes take long to join, so cp-2's etcd is not up yet.
+	h := newHarness(t, harnessOptions{controlPlanes: 3, profile: talossim.Profile{
+		Name: "slow-join", Install: 10 * time.Millisecond, Reboot: 10 * time.Millisecond,
+		EtcdStart: 300 * time.Millisecond, EtcdJoin: 1500 * time.Millisecond, KubeletReady: 10 * time.Millisecond,
+	}})
+	ctx := testCtx(t)
+	kctx, kill := context.WithCancel(ctx)
+	if _, err := h.converge(kctx, killAt("bootstrap etcd", true, kill)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("killed run: %v", err)
+	}
+	targets := h.targets()
+	targets[0], targets[1] = targets[1], targets[0]
+	res, err := h.ops.Converge(ctx, ConvergeOptions{Nodes: targets, KubeconfigPath: filepath.Join(h.dir, KubeconfigFile)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, byNode := h.counters()
+	if byNode["cp-2"].BootstrapCalls != 0 || len(h.sim.SplitBrains()) != 0 {
+		t.Errorf("cp-2 got %d bootstrap calls; split brains %v", byNode["cp-2"].BootstrapCalls, h.sim.SplitBrains())
+	}
+	if res.BootstrapNode != "cp-1" || res.Bootstrapped {
+		t.Errorf("bootstrap node %s, bootstrapped %v; want the existing etcd on cp-1", res.BootstrapNode, res.Bootstrapped)
+	}
+	if total, _ := h.counters(); total.Bootstraps != 1 {
+		t.Errorf("%d bootstraps", total.Bootstraps)
+	}
+}

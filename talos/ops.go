@@ -151,6 +151,7 @@ const (
 	ModeForeign
 )
 
+// String names the mode.
 func (m NodeMode) String() string {
 	switch m {
 	case ModeDown:
@@ -237,6 +238,7 @@ type ForeignNodeError struct {
 	SecretsPath string
 }
 
+// Error says which node, why it is refused and how to recover.
 func (e *ForeignNodeError) Error() string {
 	return fmt.Sprintf("node %s (%s) is configured by another Talos cluster: its API certificate is not signed by "+
 		"this cluster's CA (%s) and it rejects unauthenticated clients. Refusing to touch it. If it should join this "+

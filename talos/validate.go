@@ -13,9 +13,14 @@ import (
 // installed on disk, not in a container.
 type metalMode struct{}
 
-func (metalMode) String() string        { return "metal" }
+// String implements validation.RuntimeMode.
+func (metalMode) String() string { return "metal" }
+
+// RequiresInstall implements validation.RuntimeMode.
 func (metalMode) RequiresInstall() bool { return true }
-func (metalMode) InContainer() bool     { return false }
+
+// InContainer implements validation.RuntimeMode.
+func (metalMode) InContainer() bool { return false }
 
 // ValidationError is one failed check of one rendered config.
 type ValidationError struct {
@@ -24,11 +29,13 @@ type ValidationError struct {
 	Err     error
 }
 
+// Error implements error.
 func (e ValidationError) Error() string { return e.Subject + ": " + e.Err.Error() }
 
 // ValidationErrors collects every validation failure of a render.
 type ValidationErrors []ValidationError
 
+// Error lists every failure, one per line.
 func (v ValidationErrors) Error() string {
 	lines := make([]string, 0, len(v)+1)
 	lines = append(lines, "rendered Talos configs are invalid for metal:")

@@ -21,8 +21,15 @@ type etcdMember struct {
 	id       uint64
 	hostname string
 	ip       string
-	readyAt  time.Time
+	// startedAt is when etcd started on the node (data directory no longer
+	// empty): at once on the bootstrap node; half way through a join, when
+	// the node is added as a learner after discovering the cluster.
+	startedAt time.Time
+	readyAt   time.Time
 }
+
+// started reports whether etcd runs (healthy or not) on the member at now.
+func (m *etcdMember) started(now time.Time) bool { return m != nil && !now.Before(m.startedAt) }
 
 func memberID(clusterID, ip string) uint64 {
 	h := fnv.New64a()
@@ -33,7 +40,7 @@ func memberID(clusterID, ip string) uint64 {
 // bootstrapEtcd starts the cluster on n; callers hold s.mu.
 func (s *Sim) bootstrapEtcd(clusterID string, n *Node, hostname string, now time.Time) {
 	c := &etcdCluster{bootstrapNode: n.ip, readyAt: now.Add(s.scaled(s.opts.Profile.EtcdStart)), members: map[string]*etcdMember{}}
-	c.members[n.ip] = &etcdMember{id: memberID(clusterID, n.ip), hostname: hostname, ip: n.ip, readyAt: c.readyAt}
+	c.members[n.ip] = &etcdMember{id: memberID(clusterID, n.ip), hostname: hostname, ip: n.ip, startedAt: now, readyAt: c.readyAt}
 	s.etcd[clusterID] = c
 }
 
@@ -53,7 +60,9 @@ func (s *Sim) joinEtcd(clusterID string, ip, hostname string, now time.Time) {
 	if c.readyAt.After(start) {
 		start = c.readyAt
 	}
-	c.members[ip] = &etcdMember{id: memberID(clusterID, ip), hostname: hostname, ip: ip, readyAt: start.Add(s.scaled(s.opts.Profile.EtcdJoin))}
+	join := s.scaled(s.opts.Profile.EtcdJoin)
+	c.members[ip] = &etcdMember{id: memberID(clusterID, ip), hostname: hostname, ip: ip,
+		startedAt: start.Add(join / 2), readyAt: start.Add(join)}
 }
 
 // etcdView returns the cluster and the member at ip as of now (nil when not

@@ -33,9 +33,14 @@ import (
 // metalMode is the runtime mode a metal node validates configs in.
 type metalMode struct{}
 
-func (metalMode) String() string        { return "metal" }
+// String implements validation.RuntimeMode.
+func (metalMode) String() string { return "metal" }
+
+// RequiresInstall implements validation.RuntimeMode.
 func (metalMode) RequiresInstall() bool { return true }
-func (metalMode) InContainer() bool     { return false }
+
+// InContainer implements validation.RuntimeMode.
+func (metalMode) InContainer() bool { return false }
 
 // apid serves one boot of one node in one mode; a reboot gets a new one.
 type apid struct {
@@ -310,15 +315,18 @@ func (a *apid) Bootstrap(context.Context, *machine.BootstrapRequest) (*machine.B
 	s := n.sim
 	s.mu.Lock()
 	c, member := s.etcdView(clusterID, n.ip)
-	if member != nil || (c != nil && c.bootstrapNode == n.ip) {
+	if member.started(time.Now()) {
 		s.mu.Unlock()
 		n.mu.Unlock()
 		return nil, status.Error(codes.AlreadyExists, "etcd data directory is not empty")
 	}
 	if c != nil {
-		// Real etcd would start a second, separate cluster here: record
-		// it so tests see the split brain.
+		// This control plane has not joined yet (its etcd waits to
+		// discover the cluster), so its data directory is empty and real
+		// Talos would start a second, separate etcd cluster here: record
+		// the split brain and keep the node out of the first cluster.
 		s.splitBrains = append(s.splitBrains, n.ip)
+		delete(c.members, n.ip)
 		s.mu.Unlock()
 		n.counters.Bootstraps++
 		n.mu.Unlock()
@@ -379,12 +387,11 @@ func (a *apid) EtcdMemberList(context.Context, *machine.EtcdMemberListRequest) (
 		return nil, status.Error(codes.Unavailable, "etcd is not running on this node yet")
 	}
 	var members []*machine.EtcdMember
-	join := s.scaled(s.opts.Profile.EtcdJoin)
 	for _, m := range c.members {
 		learner := false
 		if m.readyAt.After(now) {
-			// A joining member shows as a learner for the second half of its join.
-			if m.ip == c.bootstrapNode || now.Before(m.readyAt.Add(-join/2)) {
+			// A joining member is a learner from the moment its etcd starts.
+			if m.ip == c.bootstrapNode || !m.started(now) {
 				continue
 			}
 			learner = true
@@ -437,7 +444,7 @@ func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceLis
 		s.mu.Unlock()
 		evs := []event{{"Preparing", "Running pre state", booted}}
 		switch {
-		case m == nil:
+		case !m.started(now):
 			evs = append(evs, event{"Preparing", "Waiting for etcd to be bootstrapped or to join an existing cluster", booted})
 			services = append(services, svc("etcd", evs, &machine.ServiceHealth{Unknown: true}))
 		case m.readyAt.After(now):

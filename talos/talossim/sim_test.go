@@ -475,3 +475,51 @@ func TestConfiguredApplyModesAndDryRun(t *testing.T) {
 		t.Error("node did not reboot into the new config")
 	}
 }
+
+func TestProfileTimeScale(t *testing.T) {
+	t.Parallel()
+	p, err := talossim.ProfileByName("n100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := talossim.ProfileByName("n200"); err == nil {
+		t.Error("unknown profile accepted")
+	}
+	prefix, err := talossim.RandomLoopbackPrefix(50000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := prefix.Addr().Next().String()
+	const scale = 0.002 // n100's 25 s boot → 50 ms, 70 s install → 140 ms, 45 s reboot → 90 ms
+	sim := talossim.New(talossim.Options{Profile: p, TimeScale: scale, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	defer sim.Close()
+	start := time.Now()
+	node, err := sim.BootNode(context.Background(), talossim.NodeSpec{IP: ip})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := callCtx(t)
+	if err := node.WaitPhase(ctx, talossim.PhaseMaintenance); err != nil {
+		t.Fatal(err)
+	}
+	scaled := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
+	if el := time.Since(start); el < scaled(p.Boot) || el > scaled(p.Boot)+time.Second {
+		t.Errorf("boot took %s, profile says %s", el, scaled(p.Boot))
+	}
+
+	f := newFixture(t, "secrets.yaml") // for a config only
+	cfg := []byte(strings.ReplaceAll(string(f.config("cp-1")), f.cp, ip))
+	start = time.Now()
+	if _, err := insecure(t, ip).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: cfg, Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < scaled(p.ApplyLatency) {
+		t.Errorf("apply answered in %s, profile latency %s", el, scaled(p.ApplyLatency))
+	}
+	if err := node.WaitPhase(ctx, talossim.PhaseRunning); err != nil {
+		t.Fatal(err)
+	}
+	if el, want := time.Since(start), scaled(p.ApplyLatency+p.Install+p.Reboot); el < want {
+		t.Errorf("apply → configured took %s, profile says at least %s", el, want)
+	}
+}
