@@ -102,8 +102,11 @@ func (h *Helm) Clientset() kubernetes.Interface { return h.cs }
 
 func (h *Helm) config(namespace string) (*action.Configuration, error) {
 	// Templates without a namespace land in the namespace of the flags the
-	// RESTClientGetter carries, not in Install.Namespace: set both.
-	s := *h.settings
+	// RESTClientGetter carries, not in Install.Namespace: set both. The
+	// settings are built afresh because their client flags point into the
+	// struct they were made with (a copy would keep the old namespace).
+	s := cli.New()
+	s.KubeConfig = h.kubeconfig
 	s.SetNamespace(namespace)
 	cfg := new(action.Configuration)
 	logf := func(format string, v ...any) { h.log.Debug().Str("component", "helm").Msgf(format, v...) }

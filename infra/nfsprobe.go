@@ -325,4 +325,3 @@ func NFSCheck(o NFSProbeOptions) check.Check {
 		return check.Fail, string(r.Verdict) + ": " + r.Detail
 	}}
 }
-
