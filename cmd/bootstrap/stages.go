@@ -9,6 +9,9 @@ func registeredStages() []stages.Stage {
 	return []stages.Stage{
 		stages.PrecheckStage{},
 		stages.ProvisionStage{},
+		stages.TalosStage{},
+		stages.InfraStage{},
+		stages.FluxStage{},
 		stages.PostcheckStage{},
 	}
 }
