@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/ui"
+)
+
+// version is set at build time: -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+// CLI is the command line.
+type CLI struct {
+	Config    string `short:"c" default:"bootstrap.yaml" env:"BOOTSTRAP_CONFIG" help:"Cluster config file." placeholder:"FILE"`
+	LogFormat string `default:"auto" enum:"auto,console,json" help:"Log format on stderr: auto (console on a terminal, JSON otherwise), console, json."`
+	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Minimum level on stderr (the run log always keeps debug)."`
+
+	Run     RunCmd     `cmd:"" help:"Run pipeline stages: precheck, provision, talos, infra, flux, postcheck."`
+	Status  StatusCmd  `cmd:"" help:"Show each stage's last outcome, the cluster's recorded outputs and what to run next."`
+	Destroy DestroyCmd `cmd:"" help:"Stop and delete this cluster's VMs (only those tagged bootstrap-<cluster>)."`
+	Cfg     ConfigCmd  `cmd:"" name:"config" help:"Write, validate or describe the config file."`
+	Gitsnap GitsnapCmd `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
+	Version VersionCmd `cmd:"" help:"Print the version."`
+}
+
+// App holds what commands need from the process; tests build their own.
+type App struct {
+	Stdout, Stderr io.Writer
+	// Stdin answers confirmation prompts; nil means there is no terminal.
+	Stdin     io.Reader
+	LookupEnv config.LookupEnv
+	// Stages returns the registered (implemented) stages in pipeline order.
+	Stages func() []stages.Stage
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+
+	cli  CLI
+	args []string
+}
+
+func (a *App) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+// Main parses args, runs the command and returns the exit code.
+func (a *App) Main(ctx context.Context, args []string) (code int) {
+	a.args = args
+	a.cli = CLI{}
+	exited := -1
+	parser, err := kong.New(&a.cli,
+		kong.Name("bootstrap"),
+		kong.Description("Take a bare Proxmox host to a healthy Talos Kubernetes cluster managed by Flux."),
+		kong.Writers(a.Stdout, a.Stderr),
+		kong.Exit(func(c int) { exited = c; panic(exitPanic{}) }),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"stages": strings.Join(stages.Order, ", ")},
+	)
+	if err != nil {
+		fmt.Fprintln(a.Stderr, "bootstrap:", err)
+		return stages.ExitFailed
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(exitPanic); ok {
+				code = exited
+				return
+			}
+			panic(r)
+		}
+	}()
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		fmt.Fprintln(a.Stderr, "bootstrap:", err)
+		return stages.ExitUsage
+	}
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	err = kctx.Run(a)
+	return a.exitCode(err)
+}
+
+// exitPanic unwinds kong's Exit (help, --version) back into Main.
+type exitPanic struct{}
+
+func (a *App) exitCode(err error) int {
+	if err == nil {
+		return stages.ExitOK
+	}
+	var nothing *stages.ErrNothingToResume
+	if errors.As(err, &nothing) {
+		fmt.Fprintln(a.Stderr, "bootstrap:", err)
+		return stages.ExitOK
+	}
+	var silent silentError
+	if !errors.As(err, &silent) {
+		fmt.Fprintln(a.Stderr, "bootstrap:", err)
+	}
+	return stages.ExitCode(err)
+}
+
+// silentError carries an exit status whose message was already shown.
+type silentError struct{ err error }
+
+func (s silentError) Error() string { return s.err.Error() }
+func (s silentError) Unwrap() error { return s.err }
+
+// loadConfig loads and validates the config; problems are user errors.
+func (a *App) loadConfig() (*config.Config, error) {
+	return config.Load(a.cli.Config, a.LookupEnv)
+}
+
+// logger builds the process logger; file, when set, gets the full JSON log.
+func (a *App) logger(file io.Writer, secrets *redact.Set) (zerolog.Logger, error) {
+	log, err := ui.NewLogger(ui.Options{Format: a.cli.LogFormat, Level: a.cli.LogLevel, Out: a.Stderr, File: file, Redact: secrets})
+	if err != nil {
+		return log, config.Userf("%v", err)
+	}
+	return log, nil
+}
+
+func (a *App) commandLine() string {
+	return strings.Join(append([]string{"bootstrap"}, a.args...), " ")
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}

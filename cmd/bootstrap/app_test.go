@@ -1,0 +1,319 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
+)
+
+// fakeStage records its runs and does what its test tells it to.
+type fakeStage struct {
+	name string
+	h    *harness
+}
+
+func (f fakeStage) Name() string { return f.name }
+
+func (f fakeStage) Run(ctx context.Context, env *stages.Env) error {
+	f.h.mu.Lock()
+	f.h.ran = append(f.h.ran, f.name)
+	behave := f.h.behave[f.name]
+	f.h.mu.Unlock()
+	if err := env.Wet("touch "+f.name, func() error {
+		return os.WriteFile(filepath.Join(f.h.dir, "touched-"+f.name), nil, 0o600)
+	}); err != nil {
+		return err
+	}
+	switch behave {
+	case "fail":
+		return errors.New("boom in " + f.name)
+	case "block":
+		close(f.h.blocked)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+
+type harness struct {
+	t       *testing.T
+	dir     string
+	cfg     string
+	mu      sync.Mutex
+	ran     []string
+	behave  map[string]string
+	blocked chan struct{}
+	stdout  bytes.Buffer
+	stderr  bytes.Buffer
+}
+
+func newHarness(t *testing.T) *harness {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "bootstrap.yaml")
+	if err := os.WriteFile(cfg, config.Example, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, dir: dir, cfg: cfg, behave: map[string]string{}, blocked: make(chan struct{})}
+}
+
+func (h *harness) run(ctx context.Context, args ...string) int {
+	h.mu.Lock()
+	h.ran = nil
+	h.mu.Unlock()
+	h.stdout.Reset()
+	h.stderr.Reset()
+	app := &App{Stdout: &h.stdout, Stderr: &h.stderr, LookupEnv: func(string) (string, bool) { return "", false },
+		Stages: func() []stages.Stage {
+			var out []stages.Stage
+			for _, n := range stages.Order {
+				out = append(out, fakeStage{name: n, h: h})
+			}
+			return out
+		}}
+	return app.Main(ctx, append([]string{"--config", h.cfg, "--log-format", "json"}, args...))
+}
+
+func (h *harness) ranStr() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return strings.Join(h.ran, ",")
+}
+
+func (h *harness) state() *state.State {
+	st, err := state.Load(filepath.Join(h.dir, "ai/state/homelab"), "homelab")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return st
+}
+
+func TestRunOrderSelectionAndResume(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	all := strings.Join(stages.Order, ",")
+
+	if code := h.run(ctx, "run"); code != 0 || h.ranStr() != all {
+		t.Fatalf("run all: code %d ran %s\n%s", code, h.ranStr(), h.stderr.String())
+	}
+	if code := h.run(ctx, "run", "--stage", "k3s"); code != 0 || h.ranStr() != "talos" {
+		t.Fatalf("alias: code %d ran %s", code, h.ranStr())
+	}
+	if code := h.run(ctx, "run", "--from", "apps"); code != 0 || h.ranStr() != "flux,postcheck" {
+		t.Fatalf("from: code %d ran %s", code, h.ranStr())
+	}
+
+	// A failure is recorded, exits 1 and stops the pipeline.
+	h.behave["infra"] = "fail"
+	if code := h.run(ctx, "run", "--stage", "all"); code != 1 || h.ranStr() != "precheck,provision,talos,infra" {
+		t.Fatalf("failure: code %d ran %s", code, h.ranStr())
+	}
+	st := h.state()
+	if r := st.Stage("infra"); r.Status != state.Failed || !strings.Contains(r.Error, "boom in infra") || r.Attempts != 2 {
+		t.Fatalf("failure not recorded: %+v", r)
+	}
+	if st.LastRun.ExitCode != 1 || !strings.HasSuffix(st.LastRun.LogPath, "run.log") {
+		t.Fatalf("last run: %+v", st.LastRun)
+	}
+	log, err := os.ReadFile(st.LastRun.LogPath)
+	if err != nil || !bytes.Contains(log, []byte("boom in infra")) {
+		t.Fatalf("run log lacks the failure: %v", err)
+	}
+
+	// Resume starts at the failed stage and finishes the pipeline.
+	delete(h.behave, "infra")
+	if code := h.run(ctx, "run", "--resume"); code != 0 || h.ranStr() != "infra,flux,postcheck" {
+		t.Fatalf("resume: code %d ran %s\n%s", code, h.ranStr(), h.stderr.String())
+	}
+	if code := h.run(ctx, "run", "--resume"); code != 0 || h.ranStr() != "" || !strings.Contains(h.stderr.String(), "nothing to resume") {
+		t.Fatalf("nothing to resume: code %d ran %s stderr %s", code, h.ranStr(), h.stderr.String())
+	}
+}
+
+func TestUnknownStageFailsBeforeAnything(t *testing.T) {
+	h := newHarness(t)
+	for _, args := range [][]string{{"run", "--stage", "k8s"}, {"run", "--from", "deploy"}} {
+		code := h.run(context.Background(), args...)
+		if code != 2 || h.ranStr() != "" {
+			t.Fatalf("%v: code %d ran %s", args, code, h.ranStr())
+		}
+		if !strings.Contains(h.stderr.String(), "valid names are all, precheck, provision, talos, infra, flux, postcheck") {
+			t.Fatalf("valid names not listed: %s", h.stderr.String())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(h.dir, "ai")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("a rejected command wrote state")
+	}
+}
+
+func TestBadConfigExits2AndWritesNothing(t *testing.T) {
+	h := newHarness(t)
+	os.WriteFile(h.cfg, []byte("cluster:\n  nmae: x\n"), 0o600)
+	if code := h.run(context.Background(), "run"); code != 2 || h.ranStr() != "" {
+		t.Fatalf("code %d ran %s", code, h.ranStr())
+	}
+	if !strings.Contains(h.stderr.String(), `cluster.nmae: unknown field "nmae"`) {
+		t.Fatalf("stderr: %s", h.stderr.String())
+	}
+	entries, _ := os.ReadDir(h.dir)
+	if len(entries) != 1 {
+		t.Fatalf("bad config left files behind: %v", entries)
+	}
+}
+
+func TestDryRunWritesNothing(t *testing.T) {
+	h := newHarness(t)
+	code := h.run(context.Background(), "run", "--dry-run")
+	if code != 0 || h.ranStr() != strings.Join(stages.Order, ",") {
+		t.Fatalf("code %d ran %s", code, h.ranStr())
+	}
+	entries, _ := os.ReadDir(h.dir)
+	if len(entries) != 1 {
+		t.Fatalf("dry run wrote files: %v", entries)
+	}
+	out := h.stdout.String()
+	if !strings.Contains(out, "Plan (dry run: nothing was changed)") || !strings.Contains(out, "  provision:\n    would touch provision\n") {
+		t.Fatalf("plan not grouped by stage:\n%s", out)
+	}
+}
+
+func TestInterruptIsRecorded(t *testing.T) {
+	h := newHarness(t)
+	h.behave["talos"] = "block"
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-h.blocked; cancel() }()
+	if code := h.run(ctx, "run"); code != 130 {
+		t.Fatalf("code %d, want 130\n%s", code, h.stderr.String())
+	}
+	st := h.state()
+	if st.Stage("talos").Status != state.Interrupted || st.Stage("provision").Status != state.OK || st.Stage("infra").Status != "" && st.Stage("infra").Status != state.Never {
+		t.Fatalf("stages: talos %s provision %s infra %s", st.Stage("talos").Status, st.Stage("provision").Status, st.Stage("infra").Status)
+	}
+	delete(h.behave, "talos")
+	if code := h.run(context.Background(), "run", "--resume"); code != 0 || h.ranStr() != "talos,infra,flux,postcheck" {
+		t.Fatalf("resume after interrupt: code %d ran %s", code, h.ranStr())
+	}
+}
+
+func TestLockContentionExits3(t *testing.T) {
+	h := newHarness(t)
+	dir := filepath.Join(h.dir, "ai/state/homelab")
+	lock, err := state.Acquire(dir, state.Holder{PID: 4242, Command: "bootstrap run --stage all", Started: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	if code := h.run(context.Background(), "run", "--stage", "postcheck"); code != 3 || h.ranStr() != "" {
+		t.Fatalf("code %d ran %s", code, h.ranStr())
+	}
+	if !strings.Contains(h.stderr.String(), "pid 4242 (bootstrap run --stage all)") {
+		t.Fatalf("holder not named: %s", h.stderr.String())
+	}
+	// status reads without the lock.
+	if code := h.run(context.Background(), "status"); code != 0 {
+		t.Fatalf("status while locked: %d %s", code, h.stderr.String())
+	}
+}
+
+func TestStatus(t *testing.T) {
+	h := newHarness(t)
+	h.behave["talos"] = "fail"
+	h.run(context.Background(), "run")
+	if code := h.run(context.Background(), "status"); code != 0 {
+		t.Fatal(h.stderr.String())
+	}
+	out := h.stdout.String()
+	for _, want := range []string{"talos      failed", "boom in talos", "infra      never", "Next: bootstrap run --resume   (restarts at talos"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if code := h.run(context.Background(), "status", "--output", "json"); code != 0 {
+		t.Fatal(h.stderr.String())
+	}
+	var rep statusReport
+	if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Stages) != 6 || rep.Stages[2].Status != "failed" || rep.Stages[2].Attempts != 1 || !strings.Contains(rep.Next, "--resume") {
+		t.Fatalf("json status: %+v", rep)
+	}
+}
+
+func TestConfigCommands(t *testing.T) {
+	h := newHarness(t)
+	out := filepath.Join(h.dir, "new.yaml")
+	if code := h.run(context.Background(), "config", "init", "--output", out); code != 0 {
+		t.Fatal(h.stderr.String())
+	}
+	if code := h.run(context.Background(), "config", "init", "--output", out); code != 2 || !strings.Contains(h.stderr.String(), "already exists") {
+		t.Fatalf("init over an existing file: %d %s", code, h.stderr.String())
+	}
+	if code := h.run(context.Background(), "--config", out, "config", "validate"); code != 0 || !strings.Contains(h.stdout.String(), "is valid") {
+		t.Fatalf("validate: %d %s %s", code, h.stdout.String(), h.stderr.String())
+	}
+	if code := h.run(context.Background(), "config", "schema"); code != 0 || !json.Valid(h.stdout.Bytes()) {
+		t.Fatalf("schema: %d", code)
+	}
+	if code := h.run(context.Background(), "version"); code != 0 || !strings.HasPrefix(h.stdout.String(), "bootstrap ") {
+		t.Fatalf("version: %d %s", code, h.stdout.String())
+	}
+	if code := h.run(context.Background(), "frobnicate"); code != 2 {
+		t.Fatalf("unknown command: %d", code)
+	}
+}
+
+func TestGitsnapServeCommand(t *testing.T) {
+	h := newHarness(t)
+	repo := filepath.Join(h.dir, "repo")
+	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
+	os.WriteFile(filepath.Join(repo, "infra", "ns.yaml"), []byte("kind: Namespace\n"), 0o644)
+	os.WriteFile(filepath.Join(repo, "kubeconfig"), []byte("secret"), 0o600)
+	for _, args := range [][]string{{"init", "-q", "-b", "main"}, {"add", "."}} {
+		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	go func() {
+		done <- h.run(ctx, "gitsnap", "serve", "--repo", repo, "--listen", addr, "--url", "http://"+addr+"/homelab.git", "--interval", "0")
+	}()
+	clone := filepath.Join(h.dir, "clone")
+	var out []byte
+	var err error
+	for i := 0; i < 100; i++ {
+		if out, err = exec.Command("git", "clone", "-q", "--depth", "1", "http://"+addr+"/homelab.git", clone).CombinedOutput(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	if code := <-done; code != 0 && code != 130 {
+		t.Fatalf("serve exited %d: %s", code, h.stderr.String())
+	}
+	if err != nil {
+		t.Fatalf("clone: %v %s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(clone, "infra", "ns.yaml")); err != nil {
+		t.Fatal("snapshot lacks infra/ns.yaml")
+	}
+	if _, err := os.Stat(filepath.Join(clone, "kubeconfig")); err == nil {
+		t.Fatal("a kubeconfig was served")
+	}
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/ui"
+)
+
+// RunCmd is `bootstrap run`.
+type RunCmd struct {
+	Stage        string `default:"all" help:"Stage to run: all, ${stages} (aliases k3s, apps)." placeholder:"STAGE"`
+	From         string `help:"Run STAGE and every stage after it." placeholder:"STAGE"`
+	Resume       bool   `help:"Start at the stage that failed or was interrupted last time."`
+	DryRun       bool   `help:"Show what each stage would change; change nothing, write nothing."`
+	MergeConfigs bool   `help:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
+}
+
+// Run executes the selected stages.
+func (r *RunCmd) Run(ctx context.Context, a *App) error {
+	// Stage names are checked before the config is even read.
+	for flag, name := range map[string]string{"--stage": r.Stage, "--from": r.From} {
+		if name != "" && stages.Canonical(name) == "" {
+			_, err := stages.Select(nil, stages.Selection{Stage: name}, nil)
+			if flag == "--from" {
+				_, err = stages.Select(nil, stages.Selection{From: name}, nil)
+			}
+			return err
+		}
+	}
+	cfg, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	paths := cfg.Paths()
+	st, err := state.Load(paths.StateDir, cfg.Cluster.Name)
+	if err != nil {
+		return err
+	}
+	sel := stages.Selection{Stage: r.Stage, From: r.From, Resume: r.Resume}
+	if r.From != "" || r.Resume {
+		sel.Stage = ""
+	}
+	selected, err := stages.Select(a.Stages(), sel, st)
+	if err != nil {
+		return err
+	}
+
+	secrets := &redact.Set{}
+	env := &stages.Env{Config: cfg, Paths: paths, State: st, Out: a.Stdout, DryRun: r.DryRun, Secrets: secrets,
+		Options: stages.Options{MergeConfigs: r.MergeConfigs || cfg.Cluster.MergeConfigs}, Now: a.Now}
+	if s, err := cfg.ProxmoxTokenSecret(); err == nil {
+		secrets.Add(s)
+	}
+
+	if r.DryRun {
+		// A dry run takes no lock and writes no log file: it changes nothing.
+		log, err := a.logger(nil, secrets)
+		if err != nil {
+			return err
+		}
+		env.Log, env.UI = log, ui.NewReporter(log)
+		return stages.Run(ctx, env, selected, stages.RunInfo{})
+	}
+
+	lock, err := state.Acquire(paths.StateDir, state.Holder{PID: os.Getpid(), Command: a.commandLine(), Started: a.now().UTC(), Host: hostname()})
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+	// Re-read the state under the lock: another run may have finished
+	// between the first read and taking the lock.
+	if env.State, err = state.Load(paths.StateDir, cfg.Cluster.Name); err != nil {
+		return err
+	}
+
+	runDir, err := state.NewRunDir(paths.StateDir, a.now())
+	if err != nil {
+		return err
+	}
+	logPath := filepath.Join(runDir, "run.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	log, err := a.logger(logFile, secrets)
+	if err != nil {
+		return err
+	}
+	env.Log, env.UI, env.LogPath = log, ui.NewReporter(log), logPath
+	names := make([]string, len(selected))
+	for i, s := range selected {
+		names[i] = s.Name()
+	}
+	log.Info().Str("version", version).Str("config", cfg.File()).Strs("stages", names).Str("log", logPath).Msg("run started")
+	for _, w := range cfg.Warnings() {
+		log.Warn().Str("field", w.Path).Msg(w.Error())
+	}
+	if removed, err := state.KeepNewest(filepath.Join(paths.StateDir, state.RunsDirName), cfg.State.KeepRuns); err != nil {
+		log.Warn().Err(err).Msg("pruning old run logs")
+	} else if len(removed) > 0 {
+		log.Debug().Strs("removed", removed).Msg("pruned old run logs")
+	}
+
+	err = stages.Run(ctx, env, selected, stages.RunInfo{ID: filepath.Base(runDir), Command: a.commandLine(), LogPath: logPath})
+	if err != nil {
+		log.Error().Err(err).Int("exit_code", stages.ExitCode(err)).Str("log", logPath).Msg("run stopped; full log in " + logPath)
+		return silentError{err}
+	}
+	log.Info().Str("log", logPath).Msg("run finished")
+	return nil
+}

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
+)
+
+// StatusCmd is `bootstrap status`.
+type StatusCmd struct {
+	Output string `short:"o" default:"text" enum:"text,json" help:"Output format: text or json."`
+}
+
+// statusReport is the JSON shape of `bootstrap status --output json`.
+type statusReport struct {
+	Cluster   string            `json:"cluster"`
+	StateFile string            `json:"state_file"`
+	Updated   time.Time         `json:"updated,omitzero"`
+	Stages    []stageStatus     `json:"stages"`
+	LastRun   *state.Run        `json:"last_run,omitempty"`
+	Outputs   state.Outputs     `json:"outputs"`
+	Paths     map[string]string `json:"paths"`
+	Next      string            `json:"next"`
+}
+
+type stageStatus struct {
+	Name            string    `json:"name"`
+	Status          string    `json:"status"`
+	Started         time.Time `json:"started,omitzero"`
+	DurationSeconds float64   `json:"duration_seconds,omitempty"`
+	Attempts        int       `json:"attempts"`
+	Error           string    `json:"error,omitempty"`
+}
+
+// Run prints the status. It reads state without taking the lock, so it
+// works while a run is in progress.
+func (s *StatusCmd) Run(ctx context.Context, a *App) error {
+	cfg, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	paths := cfg.Paths()
+	st, err := state.Load(paths.StateDir, cfg.Cluster.Name)
+	if err != nil {
+		return err
+	}
+	rep := statusReport{
+		Cluster: cfg.Cluster.Name, StateFile: filepath.Join(paths.StateDir, state.FileName), Updated: st.Updated,
+		LastRun: st.LastRun, Outputs: st.Outputs, Next: nextHint(st),
+		Paths: map[string]string{"talos_dir": paths.TalosDir, "talosconfig": paths.Talosconfig, "kubeconfig": paths.Kubeconfig, "state_dir": paths.StateDir},
+	}
+	for _, name := range stages.Order {
+		r := st.Stages[name]
+		ss := stageStatus{Name: name, Status: string(r.EffectiveStatus())}
+		if r != nil {
+			ss.Started, ss.DurationSeconds, ss.Attempts, ss.Error = r.Started, r.DurationSeconds, r.Attempts, r.Error
+		}
+		rep.Stages = append(rep.Stages, ss)
+	}
+	if s.Output == "json" {
+		enc := json.NewEncoder(a.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return writeStatus(a.Stdout, rep)
+}
+
+func writeStatus(w io.Writer, r statusReport) error {
+	fmt.Fprintf(w, "Cluster %s  (state %s", r.Cluster, r.StateFile)
+	if !r.Updated.IsZero() {
+		fmt.Fprintf(w, ", updated %s", r.Updated.Format(time.RFC3339))
+	}
+	fmt.Fprintln(w, ")")
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STAGE\tSTATUS\tSTARTED\tDURATION\tATTEMPTS\tLAST ERROR")
+	for _, s := range r.Stages {
+		started, dur := "-", "-"
+		if !s.Started.IsZero() {
+			started = s.Started.Local().Format("2006-01-02 15:04:05")
+		}
+		if s.DurationSeconds > 0 {
+			dur = roundDuration(time.Duration(s.DurationSeconds * float64(time.Second)))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", s.Name, s.Status, started, dur, s.Attempts, oneLine(s.Error, 80))
+	}
+	tw.Flush()
+
+	o := r.Outputs
+	if len(o.Nodes) > 0 {
+		fmt.Fprintln(w, "\nNodes:")
+		names := make([]string, 0, len(o.Nodes))
+		for n := range o.Nodes {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, n := range names {
+			node := o.Nodes[n]
+			fmt.Fprintf(tw, "  %s\t%s\t%s\tvmid %d\t%s\n", node.Name, node.Role, node.IP, node.VMID, node.InstallDisk)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintln(w, "\nFiles:")
+	fmt.Fprintf(w, "  talosconfig  %s\n  kubeconfig   %s\n", r.Paths["talosconfig"], r.Paths["kubeconfig"])
+	if o.GitSnapshot.URL != "" {
+		fmt.Fprintf(w, "  git snapshot %s (pid %d, %s)\n", o.GitSnapshot.URL, o.GitSnapshot.PID, short(o.GitSnapshot.Hash))
+	}
+	if pc := o.Postcheck; pc != nil {
+		fmt.Fprintf(w, "\nLast postcheck: %s at %s (%d passed, %d warnings, %d failed)\n", strings.ToUpper(pc.Overall), pc.Started.Local().Format("2006-01-02 15:04:05"), pc.Passed, pc.Warned, pc.Failed)
+		if pc.Archive != "" {
+			fmt.Fprintf(w, "  archive %s\n", pc.Archive)
+		}
+	}
+	if r.LastRun != nil {
+		fmt.Fprintf(w, "\nLast run: %s (exit %d)", r.LastRun.Command, r.LastRun.ExitCode)
+		if r.LastRun.LogPath != "" {
+			fmt.Fprintf(w, ", log %s", r.LastRun.LogPath)
+		}
+		fmt.Fprintln(w)
+	}
+	_, err := fmt.Fprintf(w, "\nNext: %s\n", r.Next)
+	return err
+}
+
+// nextHint tells the user what to run next.
+func nextHint(st *state.State) string {
+	if st.LastRun == nil {
+		return "bootstrap run --stage all"
+	}
+	for _, name := range stages.Order {
+		switch st.Stage(name).EffectiveStatus() {
+		case state.Failed, state.Interrupted:
+			return fmt.Sprintf("bootstrap run --resume   (restarts at %s; see `bootstrap run --stage %s --dry-run` first)", name, name)
+		}
+	}
+	for _, name := range stages.Order {
+		if st.Stage(name).EffectiveStatus() == state.Never {
+			return fmt.Sprintf("bootstrap run --from %s   (%s has never run)", name, name)
+		}
+	}
+	return "bootstrap run --stage postcheck   (all stages ok; this is what the nightly cron runs)"
+}
+
+func oneLine(s string, max int) string {
+	s = strings.ReplaceAll(strings.TrimSpace(s), "\n", " ")
+	if len(s) > max {
+		return s[:max-1] + "…"
+	}
+	return s
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+func roundDuration(d time.Duration) string {
+	switch {
+	case d >= 10*time.Second:
+		return d.Round(time.Second).String()
+	case d >= time.Second:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
+}

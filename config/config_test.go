@@ -1,0 +1,245 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func noEnv(string) (string, bool) { return "", false }
+
+func envMap(m map[string]string) LookupEnv {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestExampleIsValid(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, DefaultFile)
+	if err := os.WriteFile(p, Example, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(p, noEnv)
+	if err != nil {
+		t.Fatalf("example config does not validate:\n%v", err)
+	}
+	if cfg.Cluster.Name != "homelab" || len(cfg.Nodes) != 2 {
+		t.Fatalf("example decoded wrongly: %+v", cfg.Cluster)
+	}
+}
+
+// TestExampleIsComplete keeps `config init` honest: every field of the
+// config types appears in the example with a value.
+func TestExampleIsComplete(t *testing.T) {
+	var doc map[string]any
+	if err := yaml.Unmarshal(Example, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var missing []string
+	var walk func(t reflect.Type, v any, path string)
+	walk = func(t reflect.Type, v any, path string) {
+		if t.Kind() != reflect.Struct || t == durationType {
+			return
+		}
+		m, _ := v.(map[string]any)
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name := strings.Split(f.Tag.Get("yaml"), ",")[0]
+			if !f.IsExported() || name == "" {
+				continue
+			}
+			sub, ok := m[name]
+			if !ok {
+				missing = append(missing, path+name)
+				continue
+			}
+			ft := f.Type
+			if ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct {
+				items, _ := sub.([]any)
+				if len(items) == 0 {
+					missing = append(missing, path+name+"[0]")
+					continue
+				}
+				walk(ft.Elem(), items[0], path+name+"[0].")
+				continue
+			}
+			walk(ft, sub, path+name+".")
+		}
+	}
+	walk(reflect.TypeFor[Config](), doc, "")
+	if len(missing) > 0 {
+		t.Fatalf("example.yaml lacks: %s", strings.Join(missing, ", "))
+	}
+}
+
+func TestGoodConfigs(t *testing.T) {
+	files, _ := filepath.Glob("testdata/good/*.yaml")
+	if len(files) == 0 {
+		t.Fatal("no good configs")
+	}
+	for _, f := range files {
+		cfg, err := Load(f, noEnv)
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if len(cfg.ControlPlanes()) != 3 || len(cfg.Workers()) != 2 {
+			t.Errorf("%s: roles decoded wrongly", f)
+		}
+		if cfg.Proxmox.Parallelism != 4 || cfg.Storage.NFS.StorageClass != DefaultStorageClass {
+			t.Errorf("%s: defaults not kept under absent keys", f)
+		}
+	}
+}
+
+// TestBadConfigs runs the corpus of broken configs: each must fail as a user
+// error whose text (field paths, positions, fixes) matches its golden file.
+func TestBadConfigs(t *testing.T) {
+	files, _ := filepath.Glob("testdata/bad/*.yaml")
+	if len(files) < 25 {
+		t.Fatalf("bad-config corpus has %d entries, want at least 25", len(files))
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".yaml"), func(t *testing.T) {
+			_, err := Load(f, noEnv)
+			if err == nil {
+				t.Fatal("accepted a bad config")
+			}
+			if !IsUserError(err) {
+				t.Fatalf("not a user error: %T %v", err, err)
+			}
+			got := err.Error() + "\n"
+			golden := strings.TrimSuffix(f, ".yaml") + ".golden"
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("missing golden file (run with -update): %v", err)
+			}
+			if got != string(want) {
+				t.Fatalf("error output changed:\n--- got\n%s--- want\n%s", got, want)
+			}
+		})
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	env := envMap(map[string]string{
+		EnvClusterName: "other", EnvGitRepo: "https://git.example.com/x.git", EnvGitBranch: "dev",
+		EnvLocalSnapshot: "1", EnvTalosDir: "/tmp/talos-other", EnvKubeconfig: "kube/cfg",
+		EnvTokenSecret: "s3cret-value",
+	})
+	cfg, err := Parse("testdata/good/three-plus-two.yaml", mustRead(t, "testdata/good/three-plus-two.yaml"), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Cluster.Name != "other" || cfg.Flux.Repo != "https://git.example.com/x.git" || cfg.Flux.Branch != "dev" || !cfg.Flux.LocalSnapshot.Enabled {
+		t.Fatalf("overrides not applied: %+v %+v", cfg.Cluster, cfg.Flux)
+	}
+	p := cfg.Paths()
+	if p.TalosDir != "/tmp/talos-other" || !strings.HasSuffix(p.Kubeconfig, "config/testdata/good/kube/cfg") || !strings.HasSuffix(p.StateDir, "ai/state/other") {
+		t.Fatalf("paths: %+v", p)
+	}
+	if s, err := cfg.ProxmoxTokenSecret(); err != nil || s != "s3cret-value" {
+		t.Fatalf("token secret: %q %v", s, err)
+	}
+	if src, ok := cfg.FromEnv("cluster.name"); !ok || src != EnvClusterName {
+		t.Fatal("env source not recorded")
+	}
+
+	_, err = Parse("x.yaml", mustRead(t, "testdata/good/three-plus-two.yaml"), envMap(map[string]string{EnvLocalSnapshot: "maybe"}))
+	var fe *Errors
+	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "flux.localSnapshot.enabled") {
+		t.Fatalf("bad boolean env not reported: %v", err)
+	}
+}
+
+func TestTokenSecretFile(t *testing.T) {
+	cfg, err := Parse("testdata/good/three-plus-two.yaml", mustRead(t, "testdata/good/three-plus-two.yaml"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cfg.ProxmoxTokenSecret(); err == nil || !IsUserError(err) || !strings.Contains(err.Error(), EnvTokenSecret) {
+		t.Fatalf("missing secret must be a user error naming the variable: %v", err)
+	}
+	f := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(f, []byte("file-secret\n"), 0o600)
+	cfg.Proxmox.TokenSecretFile = f
+	if s, err := cfg.ProxmoxTokenSecret(); err != nil || s != "file-secret" {
+		t.Fatalf("%q %v", s, err)
+	}
+}
+
+func TestSchema(t *testing.T) {
+	b, err := Schema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Properties map[string]struct {
+			Properties map[string]map[string]any `json:"properties"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	var top []string
+	for k := range s.Properties {
+		top = append(top, k)
+	}
+	sort.Strings(top)
+	if strings.Join(top, ",") != "cluster,cni,flux,nodes,postcheck,proxmox,state,storage" {
+		t.Fatalf("top-level properties: %v", top)
+	}
+	vlan := s.Properties["proxmox"].Properties["vlan"]
+	if vlan["type"] != "integer" || vlan["description"] == nil {
+		t.Fatalf("proxmox.vlan schema: %v", vlan)
+	}
+	if d := s.Properties["proxmox"].Properties["taskTimeout"]["default"]; d != "10m0s" {
+		t.Fatalf("duration default: %v", d)
+	}
+	if _, ok := s.Properties["proxmox"].Properties["tokenSecret"]; ok {
+		t.Fatal("schema must not offer a secret field")
+	}
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestReferenceDoc keeps docs/config.md in step with the types.
+func TestReferenceDoc(t *testing.T) {
+	path := filepath.Join("..", "docs", "config.md")
+	got := Reference()
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, _ := os.ReadFile(path)
+	if got != string(want) {
+		t.Fatalf("docs/config.md is stale: run go test ./config -run TestReferenceDoc -update")
+	}
+	for _, key := range []string{"`nodes[].vmid`", "`flux.localSnapshot.url`", "`storage.nfs.chartVersion` | string | `4.0.18`"} {
+		if !strings.Contains(got, key) {
+			t.Fatalf("reference lacks %s", key)
+		}
+	}
+}

@@ -1,0 +1,254 @@
+// Package config loads, checks and describes bootstrap.yaml: strict decoding
+// with file:line, the old script's environment overrides, semantic
+// validation with field paths, a JSON Schema and a commented example.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"reflect"
+
+	"gopkg.in/yaml.v3"
+)
+
+// DefaultFile is the config file used when --config is not given.
+const DefaultFile = "bootstrap.yaml"
+
+// Environment variables read by Load. The names are the old script's.
+const (
+	EnvClusterName   = "TALOS_CLUSTER_NAME"
+	EnvTalosDir      = "TALOS_CONFIG_DIR"
+	EnvKubeconfig    = "TALOS_KUBECONFIG"
+	EnvLocalSnapshot = "USE_LOCAL_GIT_SNAPSHOT"
+	EnvGitRepo       = "GIT_REPO"
+	EnvGitBranch     = "GIT_BRANCH"
+	EnvTokenSecret   = "PROXMOX_TOKEN_SECRET"
+)
+
+// Config's unexported bookkeeping lives in source: where the file is, where
+// each field sits in it, which values came from the environment.
+type source struct {
+	file      string
+	base      string
+	positions map[string]pos
+	fromEnv   map[string]string
+	warnings  []*FieldError
+	// talosDirOverride is TALOS_CONFIG_DIR: the cluster's Talos directory itself.
+	talosDirOverride string
+	tokenSecretEnv   string
+}
+
+// LookupEnv reads one environment variable; os.LookupEnv in production.
+type LookupEnv func(string) (string, bool)
+
+// Load reads, decodes, overrides from env and validates the config at path.
+// Problems come back as *Errors (a user error: exit 2); warnings are kept
+// on the config (Warnings). Load never changes anything on disk.
+func Load(path string, env LookupEnv) (*Config, error) {
+	if env == nil {
+		env = os.LookupEnv
+	}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, Userf("config file %s not found: write an example with `bootstrap config init --output %s`, or pass --config", path, path)
+	}
+	if err != nil {
+		return nil, &UserError{Err: fmt.Errorf("reading config: %w", err)}
+	}
+	cfg, err := Parse(path, data, env)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.validate()
+}
+
+// Parse decodes data (named path in messages) onto the defaults and applies
+// environment overrides, without semantic validation.
+func Parse(path string, data []byte, env LookupEnv) (*Config, error) {
+	if env == nil {
+		env = os.LookupEnv
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, &UserError{Err: err}
+	}
+	cfg := Default()
+	cfg.src = &source{file: path, base: filepath.Dir(abs), positions: map[string]pos{}, fromEnv: map[string]string{}}
+	errs := &Errors{File: path}
+
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		fe := &FieldError{File: path, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			fe.Line, _ = strconv.Atoi(m[1])
+			fe.Msg = strings.TrimSpace(strings.TrimPrefix(fe.Msg, m[0][len("yaml: "):]))
+		}
+		errs.Items = append(errs.Items, fe)
+		return cfg, errs
+	}
+	if len(root.Content) == 0 {
+		errs.Items = append(errs.Items, &FieldError{File: path, Msg: "the file is empty: start from `bootstrap config init`"})
+		return cfg, errs
+	}
+	d := &decoder{file: path, positions: cfg.src.positions}
+	d.decode(&root, reflect.ValueOf(cfg).Elem(), "")
+	errs.Items = append(errs.Items, d.errs...)
+	cfg.applyEnv(env, errs)
+	if len(errs.Items) > 0 {
+		errs.sortItems()
+		return cfg, errs
+	}
+	return cfg, nil
+}
+
+var yamlLine = regexp.MustCompile(`yaml: line (\d+):`)
+
+func (c *Config) applyEnv(env LookupEnv, errs *Errors) {
+	set := func(name string, dst *string, field string) {
+		if v, ok := env(name); ok && v != "" {
+			*dst = v
+			c.src.fromEnv[field] = name
+		}
+	}
+	set(EnvClusterName, &c.Cluster.Name, "cluster.name")
+	set(EnvGitRepo, &c.Flux.Repo, "flux.repo")
+	set(EnvGitBranch, &c.Flux.Branch, "flux.branch")
+	set(EnvKubeconfig, &c.State.Kubeconfig, "state.kubeconfig")
+	if v, ok := env(EnvTalosDir); ok && v != "" {
+		c.src.talosDirOverride = v
+		c.src.fromEnv["state.talosDir"] = EnvTalosDir
+	}
+	if v, ok := env(EnvLocalSnapshot); ok && v != "" {
+		switch strings.ToLower(v) {
+		case "1", "true", "yes", "on":
+			c.Flux.LocalSnapshot.Enabled = true
+		case "0", "false", "no", "off":
+			c.Flux.LocalSnapshot.Enabled = false
+		default:
+			errs.Items = append(errs.Items, &FieldError{File: c.src.file, Path: "flux.localSnapshot.enabled",
+				Msg: fmt.Sprintf("environment %s=%q is not a boolean: use 1 or 0", EnvLocalSnapshot, v)})
+		}
+		c.src.fromEnv["flux.localSnapshot.enabled"] = EnvLocalSnapshot
+	}
+	if v, ok := env(EnvTokenSecret); ok {
+		c.src.tokenSecretEnv = v
+	}
+}
+
+// File returns the path the config was loaded from.
+func (c *Config) File() string { return c.src.file }
+
+// Warnings returns the non-fatal problems validation found.
+func (c *Config) Warnings() []*FieldError { return c.src.warnings }
+
+// FromEnv reports which environment variable set the field at path, if any.
+func (c *Config) FromEnv(path string) (string, bool) {
+	v, ok := c.src.fromEnv[path]
+	return v, ok
+}
+
+// Resolve turns a path from the config into an absolute one: "~/" is the
+// home directory, relative paths are relative to the config file.
+func (c *Config) Resolve(p string) string {
+	if p == "" {
+		return ""
+	}
+	if p == "~" || strings.HasPrefix(p, "~/") {
+		if home, err := os.UserHomeDir(); err == nil {
+			p = filepath.Join(home, strings.TrimPrefix(p[1:], "/"))
+		}
+	}
+	if filepath.IsAbs(p) {
+		return filepath.Clean(p)
+	}
+	return filepath.Join(c.src.base, p)
+}
+
+// Paths are the resolved locations of everything the runner reads and writes.
+type Paths struct {
+	// Base is the directory of the config file.
+	Base string
+	// TalosDir is the cluster's generated Talos directory, .talos/<cluster>.
+	TalosDir    string
+	Secrets     string
+	Talosconfig string
+	Kubeconfig  string
+	// StateDir is ai/state/<cluster>: state.json, the lock, runs, archives.
+	StateDir string
+}
+
+// Paths resolves the config's locations.
+func (c *Config) Paths() Paths {
+	talosDir := c.Resolve(filepath.Join(c.State.TalosDir, c.Cluster.Name))
+	if c.src.talosDirOverride != "" {
+		talosDir = c.Resolve(c.src.talosDirOverride)
+	}
+	kube := filepath.Join(talosDir, "kubeconfig")
+	if c.State.Kubeconfig != "" {
+		kube = c.Resolve(c.State.Kubeconfig)
+	}
+	return Paths{
+		Base:        c.src.base,
+		TalosDir:    talosDir,
+		Secrets:     filepath.Join(talosDir, "secrets.yaml"),
+		Talosconfig: filepath.Join(talosDir, "talosconfig"),
+		Kubeconfig:  kube,
+		StateDir:    c.Resolve(filepath.Join(c.State.Dir, c.Cluster.Name)),
+	}
+}
+
+// ProxmoxTokenSecret returns the API token secret from PROXMOX_TOKEN_SECRET
+// or proxmox.tokenSecretFile. It is read only when a stage needs Proxmox.
+func (c *Config) ProxmoxTokenSecret() (string, error) {
+	if c.src.tokenSecretEnv != "" {
+		return c.src.tokenSecretEnv, nil
+	}
+	if c.Proxmox.TokenSecretFile == "" {
+		return "", Userf("no Proxmox API token secret: set %s or proxmox.tokenSecretFile", EnvTokenSecret)
+	}
+	b, err := os.ReadFile(c.Resolve(c.Proxmox.TokenSecretFile))
+	if err != nil {
+		return "", Userf("proxmox.tokenSecretFile: %v", err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", Userf("proxmox.tokenSecretFile %s is empty", c.Proxmox.TokenSecretFile)
+	}
+	return s, nil
+}
+
+// ControlPlanes returns the control-plane nodes in config order.
+func (c *Config) ControlPlanes() []Node { return c.nodesWithRole(RoleControlPlane) }
+
+// Workers returns the worker nodes in config order.
+func (c *Config) Workers() []Node { return c.nodesWithRole(RoleWorker) }
+
+func (c *Config) nodesWithRole(role string) []Node {
+	var out []Node
+	for _, n := range c.Nodes {
+		if n.Role == role {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Node roles.
+const (
+	RoleControlPlane = "controlplane"
+	RoleWorker       = "worker"
+)
+
+func sortedCopy(in []string) []string {
+	out := append([]string(nil), in...)
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,179 @@
+package config
+
+// Config is one cluster's bootstrap configuration (bootstrap.yaml).
+// Field docs below feed `bootstrap config schema`.
+type Config struct {
+	Cluster   Cluster   `yaml:"cluster" doc:"The Talos/Kubernetes cluster."`
+	Proxmox   Proxmox   `yaml:"proxmox" doc:"The Proxmox VE host the VMs run on."`
+	Nodes     []Node    `yaml:"nodes" doc:"The cluster's VMs: at least one control plane."`
+	Storage   Storage   `yaml:"storage" doc:"Persistent storage for the cluster."`
+	CNI       CNI       `yaml:"cni" doc:"The pod network."`
+	Flux      Flux      `yaml:"flux" doc:"GitOps with Flux."`
+	Postcheck Postcheck `yaml:"postcheck" doc:"Exit-criteria checks run after the pipeline and nightly."`
+	State     StateDirs `yaml:"state" doc:"Where generated files, run state and logs live."`
+
+	src *source
+}
+
+// Cluster describes the Talos cluster.
+type Cluster struct {
+	Name              string   `yaml:"name" doc:"Cluster name (DNS label); names .talos/<name> and ai/state/<name>. Env: TALOS_CLUSTER_NAME."`
+	Endpoint          string   `yaml:"endpoint" doc:"Kubernetes API endpoint, https://<vip or control plane IP>:6443."`
+	VIP               string   `yaml:"vip" doc:"Optional shared control-plane address (Talos Layer2 VIP); must be the endpoint's host."`
+	TalosVersion      string   `yaml:"talosVersion" doc:"Talos version of the ISO and installer, e.g. v1.13.3."`
+	KubernetesVersion string   `yaml:"kubernetesVersion" doc:"Kubernetes version, e.g. 1.36.1."`
+	InstallImage      string   `yaml:"installImage" doc:"Talos installer image; empty means ghcr.io/siderolabs/installer:<talosVersion>."`
+	Network           Network  `yaml:"network" doc:"The node network (static addresses via cloud-init nocloud)."`
+	Patches           Patches  `yaml:"patches" doc:"Talos config patch files, applied common → role → node."`
+	SANs              []string `yaml:"certSANs" doc:"Extra names/IPs for the API server and Talos API certificates."`
+	// AllowSchedulingOnControlPlanes lets workloads run on control planes
+	// (needed when there are no workers).
+	AllowSchedulingOnControlPlanes bool `yaml:"allowSchedulingOnControlPlanes" doc:"Run workloads on control planes too (automatic when there are no workers)."`
+	// MergeConfigs merges the talosconfig and kubeconfig into ~/.talos/config and ~/.kube/config.
+	MergeConfigs bool `yaml:"mergeConfigs" doc:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
+}
+
+// Network is the node network.
+type Network struct {
+	CIDR        string   `yaml:"cidr" doc:"Node network in CIDR form, e.g. 10.0.20.0/24."`
+	Gateway     string   `yaml:"gateway" doc:"Default gateway inside the CIDR."`
+	Nameservers []string `yaml:"nameservers" doc:"DNS servers for the nodes."`
+}
+
+// Patches lists Talos machine-config patch files (strategic merge).
+type Patches struct {
+	All          []string            `yaml:"all" doc:"Patch files for every node."`
+	ControlPlane []string            `yaml:"controlplane" doc:"Patch files for control planes."`
+	Worker       []string            `yaml:"worker" doc:"Patch files for workers."`
+	Nodes        map[string][]string `yaml:"nodes" doc:"Patch files per node name."`
+}
+
+// Proxmox is the Proxmox VE host and where VMs go on it.
+type Proxmox struct {
+	URL             string   `yaml:"url" doc:"API URL, e.g. https://pve.lan:8006/api2/json."`
+	Node            string   `yaml:"node" doc:"Proxmox node name, e.g. pve."`
+	TokenID         string   `yaml:"tokenID" doc:"API token id user@realm!name; the secret comes from PROXMOX_TOKEN_SECRET or tokenSecretFile, never from this file."`
+	TokenSecretFile string   `yaml:"tokenSecretFile" doc:"File holding the API token secret (used when PROXMOX_TOKEN_SECRET is unset)."`
+	TLSFingerprint  string   `yaml:"tlsFingerprint" doc:"SHA-256 fingerprint of the Proxmox certificate (as the GUI shows it) to pin."`
+	CAFile          string   `yaml:"caFile" doc:"CA file to verify the Proxmox certificate with, instead of a fingerprint."`
+	Insecure        bool     `yaml:"insecure" doc:"Skip TLS verification (not recommended; warned loudly)."`
+	DiskStorage     string   `yaml:"diskStorage" doc:"Storage for VM disks and cloud-init drives (content 'images')."`
+	ISOStorage      string   `yaml:"isoStorage" doc:"Storage for the Talos ISO (content 'iso')."`
+	Bridge          string   `yaml:"bridge" doc:"Bridge for the VMs' network, e.g. vmbr0."`
+	VLAN            int      `yaml:"vlan" doc:"VLAN tag for the VMs (0 = untagged); the bridge must be VLAN-aware."`
+	ISO             ISO      `yaml:"iso" doc:"The Talos nocloud ISO."`
+	Parallelism     int      `yaml:"parallelism" doc:"How many VMs to create/start at once."`
+	TaskTimeout     Duration `yaml:"taskTimeout" doc:"Bound on one Proxmox task (create, start, download)."`
+	BootTimeout     Duration `yaml:"bootTimeout" doc:"Bound on the wait for every node's Talos API in maintenance mode."`
+}
+
+// ISO is the Talos boot image on the ISO storage.
+type ISO struct {
+	URL      string `yaml:"url" doc:"Where to download the ISO from when missing (Talos image factory, nocloud flavour)."`
+	File     string `yaml:"file" doc:"File name on the ISO storage, e.g. talos-v1.13.3-nocloud-amd64.iso."`
+	Checksum string `yaml:"checksum" doc:"Checksum of the download, <algorithm>:<hex> (sha256, sha512)."`
+}
+
+// Node is one VM of the cluster.
+type Node struct {
+	Name      string `yaml:"name" doc:"Node and VM name (DNS label)."`
+	Role      string `yaml:"role" enum:"controlplane,worker" doc:"controlplane or worker."`
+	VMID      int    `yaml:"vmid" doc:"Proxmox VMID (100-999999999), owned by this cluster."`
+	IP        string `yaml:"ip" doc:"Static IPv4 address inside cluster.network.cidr."`
+	Cores     int    `yaml:"cores" doc:"vCPUs."`
+	MemoryMiB int    `yaml:"memoryMiB" doc:"Memory in MiB (Talos needs at least 2048 for a control plane)."`
+	DiskGiB   int    `yaml:"diskGiB" doc:"Install disk size in GiB (at least 10)."`
+	MAC       string `yaml:"mac" doc:"Optional MAC; empty derives a stable locally administered one from cluster+node."`
+}
+
+// Storage holds the storage settings.
+type Storage struct {
+	NFS NFS `yaml:"nfs" doc:"NFS dynamic provisioning (nfs-subdir-external-provisioner)."`
+}
+
+// NFS configures the NFS export and its provisioner.
+type NFS struct {
+	Server          string   `yaml:"server" doc:"NFS server host or IP."`
+	Path            string   `yaml:"path" doc:"Exported path, e.g. /export/k8s."`
+	MountOptions    []string `yaml:"mountOptions" doc:"Mount options for provisioned volumes, e.g. nfsvers=4.1."`
+	StorageClass    string   `yaml:"storageClass" doc:"Name of the StorageClass made the only default."`
+	ReclaimPolicy   string   `yaml:"reclaimPolicy" enum:"Delete,Retain" doc:"Delete or Retain."`
+	ArchiveOnDelete bool     `yaml:"archiveOnDelete" doc:"Keep a volume's directory (renamed archived-*) when it is deleted."`
+	ChartRepo       string   `yaml:"chartRepo" doc:"Helm repository of nfs-subdir-external-provisioner."`
+	ChartVersion    string   `yaml:"chartVersion" doc:"Chart version to pin."`
+	ValuesFile      string   `yaml:"valuesFile" doc:"Optional Helm values file merged on top of the generated values."`
+	Probe           NFSProbe `yaml:"probe" doc:"How precheck probes the export."`
+}
+
+// NFSProbe configures the precheck's NFS probe.
+type NFSProbe struct {
+	WriteTest      bool     `yaml:"writeTest" doc:"Create and remove a file on the export to catch root squashing."`
+	PortmapperPort int      `yaml:"portmapperPort" doc:"Portmapper port (111)."`
+	MountPort      int      `yaml:"mountPort" doc:"Fixed MOUNT port; 0 asks the portmapper."`
+	NFSPort        int      `yaml:"nfsPort" doc:"Fixed NFS port; 0 asks the portmapper."`
+	Timeout        Duration `yaml:"timeout" doc:"Deadline for the whole probe."`
+}
+
+// CNI selects the pod network.
+type CNI struct {
+	Name   string `yaml:"name" enum:"flannel,cilium,none" doc:"flannel (Talos default, nothing to install), cilium, or none (bring your own)."`
+	Cilium Cilium `yaml:"cilium" doc:"Cilium chart settings, used when name is cilium."`
+}
+
+// Cilium is the Cilium Helm chart.
+type Cilium struct {
+	ChartRepo    string `yaml:"chartRepo" doc:"Helm repository of Cilium."`
+	ChartVersion string `yaml:"chartVersion" doc:"Cilium chart version."`
+	ValuesFile   string `yaml:"valuesFile" doc:"Optional values merged on top (kube-proxy replacement is always on)."`
+}
+
+// Flux configures GitOps.
+type Flux struct {
+	Repo          string        `yaml:"repo" doc:"Git repository URL (http, https or ssh) Flux syncs from. Env: GIT_REPO."`
+	Branch        string        `yaml:"branch" doc:"Branch to sync. Env: GIT_BRANCH."`
+	Path          string        `yaml:"path" doc:"Path inside the repository to apply."`
+	Version       string        `yaml:"version" doc:"Flux version to install."`
+	Manifests     string        `yaml:"manifests" doc:"Flux install manifests: empty for the release download, a mirror URL of manifests.tar.gz, or a local tarball/directory."`
+	Components    []string      `yaml:"components" doc:"Flux controllers to install."`
+	Interval      Duration      `yaml:"interval" doc:"Reconcile interval of the GitRepository and Kustomization."`
+	Auth          FluxAuth      `yaml:"auth" doc:"Credentials for a private remote repository."`
+	LocalSnapshot LocalSnapshot `yaml:"localSnapshot" doc:"Serve a snapshot of a local git work tree for the cluster to pull."`
+	Timeout       Duration      `yaml:"timeout" doc:"Bound on the wait for Flux to become Ready."`
+}
+
+// FluxAuth holds references to credentials, never the credentials.
+type FluxAuth struct {
+	SSHKeyFile     string `yaml:"sshKeyFile" doc:"SSH deploy key file for an ssh:// repository."`
+	KnownHostsFile string `yaml:"knownHostsFile" doc:"known_hosts for the SSH host."`
+	TokenFile      string `yaml:"tokenFile" doc:"File holding an HTTPS token."`
+	TokenEnv       string `yaml:"tokenEnv" doc:"Environment variable holding an HTTPS token."`
+	Username       string `yaml:"username" doc:"HTTPS user name sent with the token."`
+}
+
+// LocalSnapshot serves a local work tree over git smart HTTP.
+type LocalSnapshot struct {
+	Enabled bool     `yaml:"enabled" doc:"Serve a snapshot instead of using flux.repo. Env: USE_LOCAL_GIT_SNAPSHOT=1."`
+	Source  string   `yaml:"source" doc:"Work tree to snapshot."`
+	Listen  string   `yaml:"listen" doc:"Listen address host:port of the snapshot server."`
+	URL     string   `yaml:"url" doc:"URL the cluster uses to reach the server (this host's LAN address)."`
+	Exclude []string `yaml:"exclude" doc:"Extra path patterns never served (.talos/, ai/state/, kubeconfigs and secrets are always excluded)."`
+	Refresh Duration `yaml:"refresh" doc:"Re-snapshot interval when the tree changed (0 = only on SIGHUP)."`
+}
+
+// Postcheck configures the exit-criteria checks.
+type Postcheck struct {
+	Timeout        Duration `yaml:"timeout" doc:"Bound on the whole postcheck."`
+	PVCTimeout     Duration `yaml:"pvcTimeout" doc:"Bound on the test PVC binding."`
+	Keep           int      `yaml:"keep" doc:"Postcheck archives to keep."`
+	CertWarnDays   int      `yaml:"certWarnDays" doc:"Warn when a client certificate expires within this many days."`
+	PrometheusFile string   `yaml:"prometheusFile" doc:"Optional textfile-collector file to write metrics to."`
+}
+
+// StateDirs says where generated files and run state live. Relative paths
+// are relative to the config file's directory.
+type StateDirs struct {
+	Dir        string `yaml:"dir" doc:"Run state, locks, logs and archives: <dir>/<cluster>/."`
+	TalosDir   string `yaml:"talosDir" doc:"Generated Talos files: <talosDir>/<cluster>/. Env: TALOS_CONFIG_DIR (the cluster's directory itself)."`
+	Kubeconfig string `yaml:"kubeconfig" doc:"Where the kubeconfig is written; empty means <talos dir>/kubeconfig. Env: TALOS_KUBECONFIG."`
+	KeepRuns   int    `yaml:"keepRuns" doc:"Run logs to keep."`
+}

@@ -1,0 +1,105 @@
+package flux
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/fluxcd/cli-utils/pkg/kstatus/polling"
+	"github.com/fluxcd/pkg/ssa"
+	ssautil "github.com/fluxcd/pkg/ssa/utils"
+	"github.com/rs/zerolog"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	"github.com/homelab/bootstrap/kube"
+)
+
+// FieldManager owns the fields bootstrap applies.
+var owner = ssa.Owner{Field: "bootstrap", Group: "bootstrap.homelab"}
+
+// Client applies objects with server-side apply and waits with kstatus,
+// the way the flux CLI installs Flux.
+type Client struct {
+	kube client.Client
+	rm   *ssa.ResourceManager
+	log  zerolog.Logger
+}
+
+// NewClient connects to the cluster behind kubeconfig.
+func NewClient(kubeconfigPath string, log zerolog.Logger) (*Client, error) {
+	cfg, err := kube.RESTConfig(kubeconfigPath)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(cfg, log)
+}
+
+func newClient(cfg *rest.Config, log zerolog.Logger) (*Client, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// A dynamic mapper sees the Flux CRDs as soon as they are established.
+	mapper, err := apiutil.NewDynamicRESTMapper(cfg, hc)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Mapper: mapper})
+	if err != nil {
+		return nil, err
+	}
+	rm := ssa.NewResourceManager(c, polling.NewStatusPoller(c, mapper, polling.Options{}), owner)
+	return &Client{kube: c, rm: rm, log: log}, nil
+}
+
+// Change is what applying one object would do.
+type Change struct {
+	Object string
+	Action string // created, configured, unchanged
+}
+
+// Plan diffs objects against the cluster with server-side dry runs and
+// returns the objects that would change. Objects whose CRD is not
+// installed yet count as created.
+func (c *Client) Plan(ctx context.Context, objs []*unstructured.Unstructured) ([]Change, error) {
+	var out []Change
+	for _, o := range objs {
+		entry, _, _, err := c.rm.Diff(ctx, o, ssa.DefaultDiffOptions())
+		if err != nil {
+			// A custom resource whose CRD is not there yet cannot be dry-run.
+			out = append(out, Change{Object: ssautil.FmtUnstructured(o), Action: string(ssa.CreatedAction)})
+			continue
+		}
+		if entry.Action != ssa.UnchangedAction {
+			out = append(out, Change{Object: entry.Subject, Action: string(entry.Action)})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Object < out[j].Object })
+	return out, nil
+}
+
+// Apply applies objects in stages (CRDs and namespaces first, then the
+// rest), then waits until every applied object is current (kstatus).
+func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, timeout time.Duration) (*ssa.ChangeSet, error) {
+	opts := ssa.DefaultApplyOptions()
+	opts.WaitTimeout = timeout
+	cs, err := c.rm.ApplyAllStaged(ctx, objs, opts)
+	if err != nil {
+		return cs, fmt.Errorf("applying: %w", err)
+	}
+	for _, e := range cs.Entries {
+		if e.Action != ssa.UnchangedAction {
+			c.log.Info().Str("object", e.Subject).Str("action", string(e.Action)).Msg(e.String())
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := c.rm.WaitForSetWithContext(wctx, cs.ToObjMetadataSet(), ssa.WaitOptions{Interval: time.Second, Timeout: timeout}); err != nil {
+		return cs, fmt.Errorf("waiting for %d object(s) to become ready: %w", len(cs.Entries), err)
+	}
+	return cs, nil
+}

@@ -1,0 +1,171 @@
+// Package flux installs Flux from a manifests source (the release download,
+// a mirror, or a local tarball or directory for air-gapped hosts), points a
+// GitRepository and a Kustomization at the cluster's repository, and waits
+// until both are Ready at the expected revision.
+package flux
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/fluxcd/flux2/v2/pkg/manifestgen/install"
+	ssautil "github.com/fluxcd/pkg/ssa/utils"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// ReleaseBaseURL is where Flux publishes manifests.tar.gz per version.
+const ReleaseBaseURL = "https://github.com/fluxcd/flux2/releases"
+
+// InstallOptions say which Flux to install and where its manifests come from.
+type InstallOptions struct {
+	// Version of Flux, e.g. v2.9.5.
+	Version string
+	// Manifests is "" for the release download, an http(s) URL of a
+	// manifests.tar.gz mirror, or a local tarball or directory.
+	Manifests string
+	// Components to install, e.g. source-controller, kustomize-controller.
+	Components []string
+	Namespace  string
+}
+
+// Source describes where the manifests were taken from, for messages.
+func (o InstallOptions) Source() string {
+	if o.Manifests == "" {
+		return fmt.Sprintf("%s/download/%s/manifests.tar.gz", ReleaseBaseURL, o.Version)
+	}
+	return o.Manifests
+}
+
+// InstallObjects renders Flux's install manifests with flux2's manifestgen
+// and returns them as objects ready for server-side apply.
+func InstallObjects(ctx context.Context, o InstallOptions) ([]*unstructured.Unstructured, error) {
+	base, err := os.MkdirTemp("", "bootstrap-flux-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(base)
+	if err := fetchManifests(ctx, o, base); err != nil {
+		return nil, fmt.Errorf("Flux manifests from %s: %w", o.Source(), err)
+	}
+	opts := install.MakeDefaultOptions()
+	opts.Version = o.Version
+	opts.Namespace = o.Namespace
+	opts.Components = o.Components
+	// The manifests are already in base; an http BaseURL makes manifestgen
+	// generate the kustomization over them instead of treating BaseURL as
+	// a prebuilt directory.
+	opts.BaseURL = ReleaseBaseURL
+	opts.Timeout = time.Minute
+	m, err := install.Generate(opts, base)
+	if err != nil {
+		return nil, fmt.Errorf("generating Flux %s manifests: %w", o.Version, err)
+	}
+	objs, err := ssautil.ReadObjects(strings.NewReader(m.Content))
+	if err != nil {
+		return nil, fmt.Errorf("reading generated Flux manifests: %w", err)
+	}
+	return objs, nil
+}
+
+// fetchManifests puts the release's manifest files (<component>.yaml,
+// rbac.yaml, policies.yaml…) into dir.
+func fetchManifests(ctx context.Context, o InstallOptions, dir string) error {
+	src := o.Source()
+	if strings.HasPrefix(src, "http://") || strings.HasPrefix(src, "https://") {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, src, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", src, resp.Status)
+		}
+		return untar(io.LimitReader(resp.Body, 64<<20), dir)
+	}
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		f, err := os.Open(src)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return untar(f, dir)
+	}
+	// A directory: copy its YAML files, because manifestgen writes into
+	// the directory it is given and the user's copy must stay untouched.
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(dst, b, 0o644)
+	})
+}
+
+// untar extracts the regular files of a gzipped tarball into dir, refusing
+// paths that would escape it.
+func untar(r io.Reader, dir string) error {
+	gz, err := gzip.NewReader(r)
+	if err != nil {
+		return err
+	}
+	tr := tar.NewReader(gz)
+	n := 0
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if h.Typeflag != tar.TypeReg {
+			continue
+		}
+		name := filepath.Clean(h.Name)
+		if filepath.IsAbs(name) || strings.HasPrefix(name, "..") {
+			return fmt.Errorf("tarball entry %q escapes the extraction directory", h.Name)
+		}
+		var buf bytes.Buffer
+		if _, err := io.Copy(&buf, io.LimitReader(tr, 32<<20)); err != nil {
+			return err
+		}
+		dst := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(dst, buf.Bytes(), 0o644); err != nil {
+			return err
+		}
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("the tarball holds no files")
+	}
+	return nil
+}

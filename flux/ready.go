@@ -1,0 +1,115 @@
+package flux
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// The kinds of the sync objects.
+var (
+	GitRepositoryGVK = schema.GroupVersionKind{Group: "source.toolkit.fluxcd.io", Version: "v1", Kind: "GitRepository"}
+	KustomizationGVK = schema.GroupVersionKind{Group: "kustomize.toolkit.fluxcd.io", Version: "v1", Kind: "Kustomization"}
+	GitRepositoryGVR = schema.GroupVersionResource{Group: "source.toolkit.fluxcd.io", Version: "v1", Resource: "gitrepositories"}
+	KustomizationGVR = schema.GroupVersionResource{Group: "kustomize.toolkit.fluxcd.io", Version: "v1", Resource: "kustomizations"}
+)
+
+// Readiness is what a Flux object's status says.
+type Readiness struct {
+	Ready bool
+	// Revision is the GitRepository's artifact revision or the
+	// Kustomization's last applied revision ("main@sha1:<hex>").
+	Revision string
+	// Detail is the Ready condition's reason and message when not ready.
+	Detail string
+}
+
+// ReadinessOf reads a Flux object's Ready condition: it counts only when
+// True for the object's current generation.
+func ReadinessOf(u *unstructured.Unstructured) Readiness {
+	gen := u.GetGeneration()
+	observed, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+	rev, _, _ := unstructured.NestedString(u.Object, "status", "artifact", "revision")
+	if r, ok, _ := unstructured.NestedString(u.Object, "status", "lastAppliedRevision"); ok {
+		rev = r
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, raw := range conds {
+		cond, _ := raw.(map[string]any)
+		if cond["type"] != "Ready" {
+			continue
+		}
+		reason, _ := cond["reason"].(string)
+		msg, _ := cond["message"].(string)
+		switch {
+		case cond["status"] == "True" && observed == gen:
+			return Readiness{Ready: true, Revision: rev}
+		case cond["status"] == "True":
+			return Readiness{Revision: rev, Detail: fmt.Sprintf("generation %d not observed yet (at %d)", gen, observed)}
+		}
+		return Readiness{Revision: rev, Detail: fmt.Sprintf("%s: %s", reason, msg)}
+	}
+	return Readiness{Revision: rev, Detail: "no Ready condition yet"}
+}
+
+// WaitReady waits until the GitRepository and the Kustomization called
+// name are Ready for their current generation and, when wantRevision is
+// set, both at that revision.
+func (c *Client) WaitReady(ctx context.Context, namespace, name, wantRevision string, timeout time.Duration) error {
+	what := fmt.Sprintf("GitRepository and Kustomization %s/%s Ready", namespace, name)
+	if wantRevision != "" {
+		what += " at " + wantRevision
+	}
+	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: 500 * time.Millisecond, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			var status []string
+			done := true
+			for _, gvk := range []schema.GroupVersionKind{GitRepositoryGVK, KustomizationGVK} {
+				u := &unstructured.Unstructured{}
+				u.SetGroupVersionKind(gvk)
+				if err := c.kube.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, u); err != nil {
+					status = append(status, fmt.Sprintf("%s: %v", gvk.Kind, err))
+					done = false
+					continue
+				}
+				r := ReadinessOf(u)
+				switch {
+				case !r.Ready:
+					status = append(status, fmt.Sprintf("%s not Ready (%s)", gvk.Kind, r.Detail))
+					done = false
+				case wantRevision != "" && r.Revision != wantRevision:
+					status = append(status, fmt.Sprintf("%s at %s", gvk.Kind, r.Revision))
+					done = false
+				default:
+					status = append(status, fmt.Sprintf("%s Ready at %s", gvk.Kind, r.Revision))
+				}
+			}
+			return done, joinStatus(status), nil
+		})
+}
+
+// Status returns both objects' readiness (for dry runs and reports).
+func (c *Client) Status(ctx context.Context, namespace, name string) (repo, ks Readiness, err error) {
+	for i, gvk := range []schema.GroupVersionKind{GitRepositoryGVK, KustomizationGVK} {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(gvk)
+		if err := c.kube.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, u); err != nil {
+			return repo, ks, err
+		}
+		if i == 0 {
+			repo = ReadinessOf(u)
+		} else {
+			ks = ReadinessOf(u)
+		}
+	}
+	return repo, ks, nil
+}
+
+func joinStatus(s []string) string { return strings.Join(s, "; ") }

@@ -1,0 +1,70 @@
+package flux
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/go-git/go-git/v5"
+	gitconfig "github.com/go-git/go-git/v5/config"
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
+	gitssh "github.com/go-git/go-git/v5/plumbing/transport/ssh"
+	"github.com/go-git/go-git/v5/storage/memory"
+	gossh "golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+)
+
+// RemoteBranchHead lists the remote's references the way a clone starts
+// and returns the commit the branch points at. It proves the URL, the
+// credentials and the branch before the cluster tries them.
+func RemoteBranchHead(ctx context.Context, url, branch string, cr Credentials, knownHostsFile string) (string, error) {
+	auth, err := remoteAuth(url, cr, knownHostsFile)
+	if err != nil {
+		return "", err
+	}
+	rem := git.NewRemote(memory.NewStorage(), &gitconfig.RemoteConfig{Name: "origin", URLs: []string{url}})
+	refs, err := rem.ListContext(ctx, &git.ListOptions{Auth: auth})
+	if err != nil {
+		return "", fmt.Errorf("listing %s: %w", url, err)
+	}
+	var branches []string
+	for _, r := range refs {
+		if r.Name().IsBranch() {
+			if r.Name().Short() == branch {
+				return r.Hash().String(), nil
+			}
+			branches = append(branches, r.Name().Short())
+		}
+	}
+	return "", fmt.Errorf("%s has no branch %q (branches: %s)", url, branch, strings.Join(branches, ", "))
+}
+
+func remoteAuth(url string, cr Credentials, knownHostsFile string) (transport.AuthMethod, error) {
+	switch {
+	case len(cr.SSHKey) > 0:
+		keys, err := gitssh.NewPublicKeys("git", cr.SSHKey, "")
+		if err != nil {
+			return nil, fmt.Errorf("SSH deploy key: %w", err)
+		}
+		if knownHostsFile != "" {
+			cb, err := knownhosts.New(knownHostsFile)
+			if err != nil {
+				return nil, fmt.Errorf("known_hosts: %w", err)
+			}
+			keys.HostKeyCallback = cb
+		} else {
+			// Without known_hosts the precheck can only prove reachability;
+			// source-controller verifies the host key itself.
+			keys.HostKeyCallback = gossh.InsecureIgnoreHostKey()
+		}
+		return keys, nil
+	case cr.Token != "":
+		user := cr.Username
+		if user == "" {
+			user = "git"
+		}
+		return &githttp.BasicAuth{Username: user, Password: cr.Token}, nil
+	}
+	return nil, nil
+}

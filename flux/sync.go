@@ -1,0 +1,107 @@
+package flux
+
+import (
+	"fmt"
+	"time"
+
+	kustomizev1 "github.com/fluxcd/kustomize-controller/api/v1"
+	"github.com/fluxcd/pkg/apis/meta"
+	sourcev1 "github.com/fluxcd/source-controller/api/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// SyncOptions describe the GitRepository and Kustomization.
+type SyncOptions struct {
+	Name      string
+	Namespace string
+	URL       string
+	Branch    string
+	Path      string
+	Interval  time.Duration
+	// SecretName refers to a Secret with the repository's credentials;
+	// empty for an anonymous source (no secretRef at all: an empty one
+	// makes source-controller look for a Secret named "").
+	SecretName string
+}
+
+// SyncObjects returns the GitRepository and the Kustomization that applies
+// Path from it, built from Flux's API types.
+func SyncObjects(o SyncOptions) ([]*unstructured.Unstructured, error) {
+	repo := &sourcev1.GitRepository{
+		TypeMeta:   metav1.TypeMeta{APIVersion: sourcev1.GroupVersion.String(), Kind: sourcev1.GitRepositoryKind},
+		ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace},
+		Spec: sourcev1.GitRepositorySpec{
+			URL:       o.URL,
+			Interval:  metav1.Duration{Duration: o.Interval},
+			Reference: &sourcev1.GitRepositoryRef{Branch: o.Branch},
+		},
+	}
+	if o.SecretName != "" {
+		repo.Spec.SecretRef = &meta.LocalObjectReference{Name: o.SecretName}
+	}
+	ks := &kustomizev1.Kustomization{
+		TypeMeta:   metav1.TypeMeta{APIVersion: kustomizev1.GroupVersion.String(), Kind: kustomizev1.KustomizationKind},
+		ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace},
+		Spec: kustomizev1.KustomizationSpec{
+			Interval:  metav1.Duration{Duration: o.Interval},
+			Path:      o.Path,
+			Prune:     true,
+			SourceRef: kustomizev1.CrossNamespaceSourceReference{Kind: sourcev1.GitRepositoryKind, Name: o.Name},
+		},
+	}
+	var out []*unstructured.Unstructured
+	for _, obj := range []runtime.Object{repo, ks} {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		if err != nil {
+			return nil, err
+		}
+		u := &unstructured.Unstructured{Object: m}
+		// Status and the zero creationTimestamp are not ours to apply.
+		unstructured.RemoveNestedField(u.Object, "status")
+		unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// Credentials for a private repository. Exactly one kind is set.
+type Credentials struct {
+	// SSHKey (and KnownHosts) for ssh:// URLs.
+	SSHKey     []byte
+	KnownHosts []byte
+	// Username and Token for https:// URLs.
+	Username string
+	Token    string
+}
+
+// AuthSecret returns the Secret source-controller reads credentials from.
+func AuthSecret(name, namespace string, c Credentials) (*unstructured.Unstructured, error) {
+	data := map[string][]byte{}
+	switch {
+	case len(c.SSHKey) > 0:
+		data["identity"] = c.SSHKey
+		if len(c.KnownHosts) > 0 {
+			data["known_hosts"] = c.KnownHosts
+		}
+	case c.Token != "":
+		user := c.Username
+		if user == "" {
+			user = "git"
+		}
+		data["username"], data["password"] = []byte(user), []byte(c.Token)
+	default:
+		return nil, fmt.Errorf("no credentials given")
+	}
+	s := &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Type: corev1.SecretTypeOpaque, Data: data}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	return u, nil
+}

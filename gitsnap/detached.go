@@ -1,0 +1,532 @@
+package gitsnap
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// File names inside the state directory (ai/state/<cluster>/).
+const (
+	StateFileName = "gitsnap.json"
+	LogFileName   = "gitsnap.log"
+)
+
+// ErrAlreadyRunning is returned by Start when the state directory records a
+// live server.
+var ErrAlreadyRunning = errors.New("a git snapshot server is already running")
+
+// ServeFlags are the flags of `bootstrap gitsnap serve`. The CLI embeds this
+// struct as its kong command, and Start builds the detached child's argv
+// from it, so both always agree.
+type ServeFlags struct {
+	Repo     string        `help:"Work tree to snapshot." required:"" type:"existingdir"`
+	Listen   string        `help:"Address to listen on (host:port), reachable from the cluster's pods." required:""`
+	URL      string        `name:"url" help:"Clone URL to announce, as used by Flux's GitRepository." required:""`
+	Branch   string        `help:"Branch the snapshot is published under." default:"main"`
+	Interval time.Duration `help:"Re-snapshot interval (0 disables; SIGHUP always re-snapshots)." default:"1m"`
+	Exclude  []string      `help:"Extra gitignore-style pattern to leave out of the snapshot (repeatable)." sep:"none"`
+	StateDir string        `help:"State directory of a detached server (kept current by the server)." type:"path"`
+}
+
+// Args is the argv of `bootstrap gitsnap serve` for these flags, without
+// the program name.
+func (f ServeFlags) Args() []string {
+	args := []string{"gitsnap", "serve",
+		"--repo=" + f.Repo,
+		"--listen=" + f.Listen,
+		"--url=" + f.URL,
+		"--branch=" + f.branch(),
+		"--interval=" + f.Interval.String(),
+	}
+	for _, e := range f.Exclude {
+		args = append(args, "--exclude="+e)
+	}
+	if f.StateDir != "" {
+		args = append(args, "--state-dir="+f.StateDir)
+	}
+	return args
+}
+
+func (f ServeFlags) branch() string {
+	if f.Branch == "" {
+		return DefaultBranch
+	}
+	return f.Branch
+}
+
+// ServerOptions turns the flags into server options.
+func (f ServeFlags) ServerOptions(log zerolog.Logger) ServerOptions {
+	return ServerOptions{
+		Build:    BuildOptions{Dir: f.Repo, Branch: f.branch(), Excludes: f.Exclude},
+		Listen:   f.Listen,
+		URL:      f.URL,
+		Interval: f.Interval,
+		StateDir: f.StateDir,
+		Log:      log,
+	}
+}
+
+// Serve is the body of `bootstrap gitsnap serve`: snapshot, serve until ctx
+// ends (the CLI cancels it on SIGTERM/SIGINT), re-snapshot on every value
+// from refresh (the CLI passes SIGHUP) and every interval.
+func Serve(ctx context.Context, f ServeFlags, log zerolog.Logger, refresh <-chan os.Signal) error {
+	srv, err := NewServer(ctx, f.ServerOptions(log))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if f.StateDir != "" {
+			removeStateIfOwned(f.StateDir, os.Getpid())
+		}
+	}()
+	return srv.ListenAndServe(ctx, refresh)
+}
+
+// State is what the state directory records about a detached server.
+type State struct {
+	PID       int           `json:"pid"`
+	Listen    string        `json:"listen"`
+	URL       string        `json:"url"`
+	Hash      string        `json:"hash"`
+	Branch    string        `json:"branch"`
+	Repo      string        `json:"repo"`
+	Interval  time.Duration `json:"interval"`
+	Excludes  []string      `json:"excludes,omitempty"`
+	LogFile   string        `json:"log_file"`
+	StartedAt time.Time     `json:"started_at"`
+	UpdatedAt time.Time     `json:"updated_at"`
+}
+
+func (s *State) sameServer(f ServeFlags) bool {
+	return s.Repo == f.Repo && s.Listen == f.Listen && s.URL == f.URL && s.Branch == f.branch() &&
+		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude)
+}
+
+// ReadState returns the recorded server in stateDir, or nil if none is recorded.
+func ReadState(stateDir string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir, StateFileName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading git snapshot server state: %w", err)
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", filepath.Join(stateDir, StateFileName), err)
+	}
+	return &st, nil
+}
+
+func writeState(stateDir string, st *State) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	return fsutil.WriteAtomic(filepath.Join(stateDir, StateFileName), append(b, '\n'), 0o600)
+}
+
+// recordRefresh updates the recorded hash if the state file describes pid.
+func recordRefresh(stateDir string, pid int, hash string) error {
+	st, err := ReadState(stateDir)
+	if err != nil || st == nil || st.PID != pid {
+		return err
+	}
+	st.Hash, st.UpdatedAt = hash, time.Now().UTC()
+	return writeState(stateDir, st)
+}
+
+func removeStateIfOwned(stateDir string, pid int) {
+	if st, err := ReadState(stateDir); err == nil && st != nil && st.PID == pid {
+		_ = os.Remove(filepath.Join(stateDir, StateFileName))
+	}
+}
+
+// StartOptions configures a detached server.
+type StartOptions struct {
+	// Flags of the server; Repo is made absolute and StateDir is set to StateDir.
+	Flags ServeFlags
+	// StateDir holds the state file and the server's log (ai/state/<cluster>/).
+	StateDir string
+	// Executable is the bootstrap binary to run; os.Executable() if empty.
+	Executable string
+	// Env is added to the child's environment.
+	Env []string
+	// Timeout bounds waiting for the server to answer (default 30s) and, in
+	// Ensure, for a refreshed server to serve the wanted hash.
+	Timeout time.Duration
+	// Log receives progress lines.
+	Log zerolog.Logger
+}
+
+func (o *StartOptions) normalize() error {
+	if o.StateDir == "" {
+		return errors.New("git snapshot server: no state directory given")
+	}
+	repo, err := filepath.Abs(o.Flags.Repo)
+	if err != nil {
+		return fmt.Errorf("resolving %s: %w", o.Flags.Repo, err)
+	}
+	o.Flags.Repo = repo
+	o.Flags.Branch = o.Flags.branch()
+	o.Flags.StateDir = o.StateDir
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding the bootstrap binary to run the git snapshot server: %w", err)
+		}
+		o.Executable = exe
+	}
+	if _, err := repoPathOf(o.Flags.URL); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Start runs `bootstrap gitsnap serve` as a detached child (its own session,
+// so it outlives the caller and its terminal), waits until the URL answers
+// with the branch, and records pid, listen address, URL and served hash in
+// the state file. If the child exits or does not answer in time, the error
+// quotes the end of its log.
+func Start(ctx context.Context, opts StartOptions) (*State, error) {
+	if err := opts.normalize(); err != nil {
+		return nil, err
+	}
+	if st, err := ReadState(opts.StateDir); err != nil {
+		return nil, err
+	} else if st != nil && processAlive(st.PID) {
+		return nil, fmt.Errorf("%w (pid %d, %s)", ErrAlreadyRunning, st.PID, st.URL)
+	}
+	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", opts.StateDir, err)
+	}
+	logPath := filepath.Join(opts.StateDir, LogFileName)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the git snapshot server log: %w", err)
+	}
+	logStart, _ := logf.Seek(0, 2)
+
+	cmd := exec.Command(opts.Executable, opts.Flags.Args()...)
+	cmd.Dir = "/"
+	cmd.Env = append(os.Environ(), opts.Env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		return nil, fmt.Errorf("starting %s gitsnap serve: %w", opts.Executable, err)
+	}
+	pid := cmd.Process.Pid
+	var exitErr error
+	exited := make(chan struct{})
+	// Reap the child if it dies while we live, so it never lingers as a zombie.
+	go func() { exitErr = cmd.Wait(); close(exited) }()
+	opts.Log.Info().Int("pid", pid).Str("url", opts.Flags.URL).Str("listen", opts.Flags.Listen).
+		Str("log", logPath).Msg("started the git snapshot server")
+
+	var hash plumbing.Hash
+	err = wait.Until(ctx, wait.Spec{What: "git snapshot server at " + opts.Flags.URL + " to answer", Timeout: opts.Timeout, Interval: 200 * time.Millisecond, Log: opts.Log},
+		func(ctx context.Context) (bool, string, error) {
+			// A probe must not outlive the child: if it exits, say so at once.
+			pctx, cancel := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-exited:
+					cancel()
+				case <-pctx.Done():
+				}
+			}()
+			h, servedBy, err := probe(pctx, opts.Flags.URL, opts.Flags.Branch)
+			cancel()
+			select {
+			case <-exited:
+				return false, "", fmt.Errorf("the git snapshot server (pid %d) exited: %v", pid, exitErr)
+			default:
+			}
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			if servedBy != pid {
+				return false, fmt.Sprintf("%s is answered by another process (pid %d)", opts.Flags.URL, servedBy), nil
+			}
+			hash = h
+			return true, "", nil
+		})
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("%w%s", err, logTail(logPath, logStart))
+	}
+	now := time.Now().UTC()
+	st := &State{
+		PID: pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL, Hash: hash.String(),
+		Branch: opts.Flags.Branch, Repo: opts.Flags.Repo, Interval: opts.Flags.Interval,
+		Excludes: opts.Flags.Exclude, LogFile: logPath, StartedAt: now, UpdatedAt: now,
+	}
+	if err := writeState(opts.StateDir, st); err != nil {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("recording the git snapshot server: %w", err)
+	}
+	opts.Log.Info().Int("pid", pid).Str("url", st.URL).Str("hash", st.Hash).Msg("git snapshot server is serving")
+	return st, nil
+}
+
+// logTail returns the last lines the child wrote since offset, for errors.
+func logTail(path string, offset int64) string {
+	b, err := os.ReadFile(path)
+	if err != nil || int64(len(b)) <= offset {
+		return ""
+	}
+	b = bytes.TrimSpace(b[offset:])
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return "; server log:\n" + string(b)
+}
+
+// probeClient talks to the server directly: a proxy from the environment
+// would answer for the LAN address or not at all.
+var probeClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+
+// Probe asks the git server at url for its refs, as `git ls-remote` does,
+// and returns the commit of refs/heads/<branch>.
+func Probe(ctx context.Context, url, branch string) (plumbing.Hash, error) {
+	h, _, err := probe(ctx, url, branch)
+	return h, err
+}
+
+// probe also returns the pid a gitsnap server reports in its answer (0 for
+// other servers), so a recorded process is known to be the one answering.
+func probe(ctx context.Context, url, branch string) (plumbing.Hash, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
+		strings.TrimSuffix(url, "/")+"/info/refs?service="+transport.UploadPackServiceName, nil)
+	if err != nil {
+		return plumbing.ZeroHash, 0, err
+	}
+	resp, err := probeClient.Do(req)
+	if err != nil {
+		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: HTTP %s", url, resp.Status)
+	}
+	ar := packp.NewAdvRefs()
+	if err := ar.Decode(resp.Body); err != nil {
+		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: %w", url, err)
+	}
+	h, ok := ar.References[plumbing.NewBranchReferenceName(branch).String()]
+	if !ok {
+		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: no branch %q", url, branch)
+	}
+	pid, _ := strconv.Atoi(resp.Header.Get(pidHeader))
+	return h, pid, nil
+}
+
+// Status is what Check found about the recorded server.
+type Status struct {
+	// State is the recorded server, nil if none is recorded.
+	State *State
+	// Alive: the recorded pid is a live `gitsnap serve` process.
+	Alive bool
+	// ServedHash is what the recorded URL serves for the branch (zero if it
+	// does not answer); ProbeError says why it did not.
+	ServedHash plumbing.Hash
+	ProbeError error
+	// ServedByPID is the pid of the gitsnap server that answered (0 if none did).
+	ServedByPID int
+}
+
+// Serves reports whether the recorded server is alive, is the process
+// answering at its URL, and serves hash.
+func (s Status) Serves(hash string) bool {
+	return s.Alive && s.State != nil && s.ServedByPID == s.State.PID &&
+		!s.ServedHash.IsZero() && s.ServedHash.String() == hash
+}
+
+// Check looks at the server recorded in stateDir: is its process alive and
+// what does its URL serve.
+func Check(ctx context.Context, stateDir string) (Status, error) {
+	st, err := ReadState(stateDir)
+	if err != nil || st == nil {
+		return Status{}, err
+	}
+	out := Status{State: st, Alive: processAlive(st.PID)}
+	out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch)
+	return out, nil
+}
+
+// Stop ends the server recorded in stateDir: SIGTERM, up to grace (default
+// 10s) for it to exit, then SIGKILL. The state file is removed. It reports
+// whether a live process was stopped.
+func Stop(ctx context.Context, stateDir string, grace time.Duration, log zerolog.Logger) (bool, error) {
+	st, err := ReadState(stateDir)
+	if err != nil || st == nil {
+		return false, err
+	}
+	if grace <= 0 {
+		grace = 10 * time.Second
+	}
+	stopped := false
+	if processAlive(st.PID) {
+		stopped = true
+		if err := syscall.Kill(st.PID, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return false, fmt.Errorf("stopping the git snapshot server (pid %d): %w", st.PID, err)
+		}
+		err := waitExit(ctx, st.PID, grace, log)
+		if errors.Is(err, wait.ErrTimeout) {
+			log.Warn().Int("pid", st.PID).Msgf("the git snapshot server did not exit within %s of SIGTERM; killing it", grace)
+			if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return false, fmt.Errorf("killing the git snapshot server (pid %d): %w", st.PID, err)
+			}
+			err = waitExit(ctx, st.PID, 5*time.Second, log)
+		}
+		if err != nil {
+			return false, err
+		}
+		log.Info().Int("pid", st.PID).Str("url", st.URL).Msg("stopped the git snapshot server")
+	}
+	if err := os.Remove(filepath.Join(stateDir, StateFileName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return stopped, fmt.Errorf("removing the git snapshot server state: %w", err)
+	}
+	return stopped, nil
+}
+
+func waitExit(ctx context.Context, pid int, timeout time.Duration, log zerolog.Logger) error {
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("git snapshot server pid %d to exit", pid), Timeout: timeout, Interval: 100 * time.Millisecond, Log: log},
+		func(context.Context) (bool, string, error) { return !processAlive(pid), "", nil })
+}
+
+// EnsureAction says what Ensure did.
+type EnsureAction string
+
+// What Ensure can do.
+const (
+	// EnsureReused: the recorded server already served the wanted hash.
+	EnsureReused EnsureAction = "reused"
+	// EnsureRefreshed: the recorded server was told to re-snapshot (SIGHUP).
+	EnsureRefreshed EnsureAction = "refreshed"
+	// EnsureRestarted: the recorded server had other settings and was replaced.
+	EnsureRestarted EnsureAction = "restarted"
+	// EnsureStarted: no server was running; one was started.
+	EnsureStarted EnsureAction = "started"
+	// EnsureExternal: a server not started by bootstrap (e.g. a systemd unit)
+	// answers at the URL with the wanted hash; it is used as is.
+	EnsureExternal EnsureAction = "external"
+)
+
+// Ensure makes a server with opts.Flags serve wantHash (the hash of a
+// snapshot the caller just built with the same options): it reuses a live
+// recorded server, refreshes it with SIGHUP if its hash is stale, replaces
+// it if its settings differ, or starts one. A server it did not start that
+// already answers at the URL is used only if it serves wantHash.
+func Ensure(ctx context.Context, opts StartOptions, wantHash string) (*State, EnsureAction, error) {
+	if err := opts.normalize(); err != nil {
+		return nil, "", err
+	}
+	status, err := Check(ctx, opts.StateDir)
+	if err != nil {
+		return nil, "", err
+	}
+	if st := status.State; st != nil && status.Alive {
+		if !st.sameServer(opts.Flags) {
+			opts.Log.Info().Int("pid", st.PID).Msg("the running git snapshot server has other settings; replacing it")
+			if _, err := Stop(ctx, opts.StateDir, 0, opts.Log); err != nil {
+				return nil, "", err
+			}
+			st, err := Start(ctx, opts)
+			return st, EnsureRestarted, err
+		}
+		if status.Serves(wantHash) {
+			return st, EnsureReused, nil
+		}
+		if err := refreshRunning(ctx, opts, st, wantHash); err != nil {
+			return nil, "", err
+		}
+		st.Hash = wantHash
+		return st, EnsureRefreshed, nil
+	}
+	if status.State != nil {
+		_ = os.Remove(filepath.Join(opts.StateDir, StateFileName))
+	}
+	if h, err := Probe(ctx, opts.Flags.URL, opts.Flags.Branch); err == nil {
+		if h.String() != wantHash {
+			return nil, "", fmt.Errorf("a git server not started by bootstrap answers at %s with %s, not the current snapshot %s: reload it (SIGHUP, or systemctl reload) or stop it", opts.Flags.URL, h, wantHash)
+		}
+		return &State{URL: opts.Flags.URL, Listen: opts.Flags.Listen, Branch: opts.Flags.Branch, Repo: opts.Flags.Repo, Hash: wantHash}, EnsureExternal, nil
+	}
+	st, err := Start(ctx, opts)
+	return st, EnsureStarted, err
+}
+
+func refreshRunning(ctx context.Context, opts StartOptions, st *State, wantHash string) error {
+	opts.Log.Info().Int("pid", st.PID).Str("want", wantHash).Msg("asking the git snapshot server to re-snapshot")
+	if err := syscall.Kill(st.PID, syscall.SIGHUP); err != nil {
+		return fmt.Errorf("signalling the git snapshot server (pid %d): %w", st.PID, err)
+	}
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("git snapshot server at %s to serve %s", st.URL, wantHash), Timeout: opts.Timeout, Interval: 200 * time.Millisecond, Log: opts.Log},
+		func(ctx context.Context) (bool, string, error) {
+			h, err := Probe(ctx, st.URL, st.Branch)
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			return h.String() == wantHash, "serving " + h.String(), nil
+		})
+}
+
+// processAlive reports whether pid is a live (not zombie) `gitsnap serve`
+// process; a reused pid running something else does not count.
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if _, err := os.Stat("/proc/self"); err != nil {
+		return syscall.Kill(pid, 0) == nil
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+		if s := stat[i+2]; s == 'Z' || s == 'X' {
+			return false
+		}
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	for i := 1; i+1 < len(args); i++ {
+		if args[i] == "gitsnap" && args[i+1] == "serve" {
+			return true
+		}
+	}
+	return false
+}

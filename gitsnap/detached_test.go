@@ -1,0 +1,347 @@
+package gitsnap
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// detachedOptions starts this test binary as `bootstrap gitsnap serve`.
+func detachedOptions(t *testing.T, fx fixture, env ...string) StartOptions {
+	t.Helper()
+	addr := freeAddr(t)
+	stateDir := filepath.Join(t.TempDir(), "ai", "state", "homelab")
+	opts := StartOptions{
+		Flags: ServeFlags{
+			Repo: fx.dir, Listen: addr, URL: "http://" + addr + "/homelab.git",
+			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes,
+		},
+		StateDir:   stateDir,
+		Executable: os.Args[0],
+		Env:        append([]string{serveEnv + "=1"}, env...),
+		Timeout:    30 * time.Second,
+		Log:        zerolog.New(zerolog.NewTestWriter(t)),
+	}
+	t.Cleanup(func() {
+		if _, err := Stop(context.Background(), stateDir, 2*time.Second, zerolog.Nop()); err != nil {
+			t.Errorf("cleanup Stop: %v", err)
+		}
+	})
+	return opts
+}
+
+func procSession(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	sid, err := strconv.Atoi(fields[3]) // state ppid pgrp session
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sid
+}
+
+func TestDetachedServerLifecycle(t *testing.T) {
+	fx := newFixture(t)
+	want := fx.build(t).Hash.String()
+	opts := detachedOptions(t, fx)
+	ctx := context.Background()
+
+	st, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if st.PID <= 0 || st.Hash != want || st.URL != opts.Flags.URL || st.Listen != opts.Flags.Listen {
+		t.Fatalf("Start recorded %+v, want a pid, hash %s, %s, %s", st, want, opts.Flags.URL, opts.Flags.Listen)
+	}
+	recorded, err := ReadState(opts.StateDir)
+	if err != nil || recorded == nil || recorded.PID != st.PID || recorded.Hash != want {
+		t.Fatalf("state file: %+v %v", recorded, err)
+	}
+	if fi, err := os.Stat(filepath.Join(opts.StateDir, StateFileName)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("state file mode: %v %v", fi, err)
+	}
+	if sid := procSession(t, st.PID); sid != st.PID {
+		t.Errorf("server session = %d, want its own session %d (setsid)", sid, st.PID)
+	}
+	if out := git(t, "", "ls-remote", st.URL, "refs/heads/main"); !strings.HasPrefix(out, want) {
+		t.Errorf("ls-remote of the detached server: %s", out)
+	}
+	dst := filepath.Join(t.TempDir(), "clone")
+	git(t, "", "clone", "-q", "--depth", "1", st.URL, dst)
+	checkClone(t, fx, dst)
+
+	status, err := Check(ctx, opts.StateDir)
+	if err != nil || !status.Alive || !status.Serves(want) {
+		t.Fatalf("Check: %+v %v, want alive and serving %s", status, err, want)
+	}
+	if status.ServedByPID != st.PID {
+		t.Errorf("the URL is answered by pid %d, want %d", status.ServedByPID, st.PID)
+	}
+	if status.Serves(strings.Repeat("0", 40)) {
+		t.Error("Serves() is true for a hash that is not served")
+	}
+	if _, err := Start(ctx, opts); !errors.Is(err, ErrAlreadyRunning) {
+		t.Errorf("a second Start: %v, want ErrAlreadyRunning", err)
+	}
+
+	got, action, err := Ensure(ctx, opts, want)
+	if err != nil || action != EnsureReused || got.PID != st.PID {
+		t.Fatalf("Ensure of a serving server: %v %v %v, want reused pid %d", got, action, err, st.PID)
+	}
+
+	// A stale hash is refreshed in place (SIGHUP), keeping pid and URL.
+	writeFile(t, fx.dir, "infra/app.yaml", "kind: Detached\n", 0o644)
+	newHash := fx.build(t).Hash.String()
+	got, action, err = Ensure(ctx, opts, newHash)
+	if err != nil || action != EnsureRefreshed || got.PID != st.PID {
+		t.Fatalf("Ensure after an edit: %+v %v %v, want refreshed pid %d", got, action, err, st.PID)
+	}
+	if h, err := Probe(ctx, st.URL, testRepoBranch); err != nil || h.String() != newHash {
+		t.Errorf("served after refresh: %s %v, want %s", h, err, newHash)
+	}
+	waitFor(t, "the state file to record the refreshed hash", func() bool {
+		s, err := ReadState(opts.StateDir)
+		return err == nil && s != nil && s.Hash == newHash
+	})
+
+	// Other settings replace the server.
+	changed := opts
+	changed.Flags.Interval = time.Minute
+	got, action, err = Ensure(ctx, changed, newHash)
+	if err != nil || action != EnsureRestarted || got.PID == st.PID {
+		t.Fatalf("Ensure with another interval: %+v %v %v, want a restarted server", got, action, err)
+	}
+	if processAlive(st.PID) {
+		t.Errorf("the replaced server (pid %d) is still alive", st.PID)
+	}
+
+	stopped, err := Stop(ctx, opts.StateDir, 5*time.Second, zerolog.Nop())
+	if err != nil || !stopped {
+		t.Fatalf("Stop: %v %v", stopped, err)
+	}
+	if processAlive(got.PID) {
+		t.Errorf("pid %d alive after Stop", got.PID)
+	}
+	if s, err := ReadState(opts.StateDir); s != nil || err != nil {
+		t.Errorf("state after Stop: %+v %v", s, err)
+	}
+	if _, err := Probe(ctx, st.URL, testRepoBranch); err == nil {
+		t.Error("the URL still answers after Stop")
+	}
+	if stopped, err := Stop(ctx, opts.StateDir, time.Second, zerolog.Nop()); stopped || err != nil {
+		t.Errorf("Stop with nothing running: %v %v", stopped, err)
+	}
+	if log, err := os.ReadFile(filepath.Join(opts.StateDir, LogFileName)); err != nil || !strings.Contains(string(log), "snapshot changed") {
+		t.Errorf("the server log lacks the refresh line (%v):\n%s", err, log)
+	}
+}
+
+func TestDetachedStopKillsAServerIgnoringSIGTERM(t *testing.T) {
+	fx := newFixture(t)
+	opts := detachedOptions(t, fx, ignoreTermEnv+"=1")
+	st, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	start := time.Now()
+	stopped, err := Stop(context.Background(), opts.StateDir, 500*time.Millisecond, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil || !stopped {
+		t.Fatalf("Stop: %v %v", stopped, err)
+	}
+	if elapsed := time.Since(start); elapsed < 500*time.Millisecond {
+		t.Errorf("Stop returned after %s: the server should have outlived SIGTERM", elapsed)
+	}
+	if processAlive(st.PID) {
+		t.Errorf("pid %d alive after SIGKILL", st.PID)
+	}
+}
+
+func TestDetachedStartFailureQuotesTheLog(t *testing.T) {
+	fx := newFixture(t)
+	for _, tc := range []struct {
+		name string
+		// occupy takes the port and returns a func that frees it.
+		occupy func(t *testing.T, opts StartOptions) func()
+	}{
+		{"silent listener", func(t *testing.T, opts StartOptions) func() {
+			ln, err := net.Listen("tcp", opts.Flags.Listen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() { ln.Close() }
+		}},
+		{"another git server", func(t *testing.T, opts StartOptions) func() {
+			ln, err := net.Listen("tcp", opts.Flags.Listen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir}, URL: opts.Flags.URL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- srv.Serve(ctx, ln, nil) }()
+			return func() { cancel(); <-done }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := detachedOptions(t, fx)
+			defer tc.occupy(t, opts)()
+			start := time.Now()
+			_, err := Start(context.Background(), opts)
+			if err == nil {
+				t.Fatal("Start on a busy port succeeded")
+			}
+			if !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), "exited") {
+				t.Errorf("Start error does not say the server exited and why: %v", err)
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Errorf("Start took %s to notice the exit", time.Since(start))
+			}
+			if s, _ := ReadState(opts.StateDir); s != nil {
+				t.Errorf("a failed Start recorded %+v", s)
+			}
+		})
+	}
+}
+
+func TestEnsureStaleStateAndExternalServer(t *testing.T) {
+	fx := newFixture(t)
+	want := fx.build(t).Hash.String()
+	opts := detachedOptions(t, fx)
+	ctx := context.Background()
+
+	// Recorded pids that are gone, or reused by another program, are not alive.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{dead.Process.Pid, os.Getpid()} {
+		if err := writeState(opts.StateDir, &State{PID: pid, URL: opts.Flags.URL, Listen: opts.Flags.Listen, Branch: testRepoBranch}); err != nil {
+			t.Fatal(err)
+		}
+		if status, err := Check(ctx, opts.StateDir); err != nil || status.Alive {
+			t.Errorf("pid %d recorded: Check = %+v %v, want not alive", pid, status, err)
+		}
+	}
+
+	// A server bootstrap did not start (a systemd unit) is used when it serves the wanted hash.
+	ln, err := net.Listen("tcp", opts.Flags.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(ctx, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes}, URL: opts.Flags.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(sctx, ln, nil) }()
+	got, action, err := Ensure(ctx, opts, want)
+	if err != nil || action != EnsureExternal || got.Hash != want {
+		t.Errorf("Ensure with an external server: %+v %v %v, want external", got, action, err)
+	}
+	if _, _, err := Ensure(ctx, opts, strings.Repeat("1", 40)); err == nil || !strings.Contains(err.Error(), "not started by bootstrap") {
+		t.Errorf("Ensure with an external server serving another hash: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// With the stale record and no server, Ensure starts one.
+	if err := writeState(opts.StateDir, &State{PID: dead.Process.Pid, URL: opts.Flags.URL}); err != nil {
+		t.Fatal(err)
+	}
+	got, action, err = Ensure(ctx, opts, want)
+	if err != nil || action != EnsureStarted || got.Hash != want || !processAlive(got.PID) {
+		t.Fatalf("Ensure with a stale record: %+v %v %v, want started", got, action, err)
+	}
+}
+
+func TestServeFlagsArgsRoundTrip(t *testing.T) {
+	repo, stateDir := t.TempDir(), t.TempDir()
+	f := ServeFlags{Repo: repo, Listen: "0.0.0.0:8089", URL: "http://192.168.1.10:8089/homelab.git",
+		Branch: "main", Interval: 90 * time.Second, Exclude: []string{"-odd,pattern", "docs/"}, StateDir: stateDir}
+	want := []string{"gitsnap", "serve", "--repo=" + repo, "--listen=0.0.0.0:8089",
+		"--url=http://192.168.1.10:8089/homelab.git", "--branch=main", "--interval=1m30s",
+		"--exclude=-odd,pattern", "--exclude=docs/", "--state-dir=" + stateDir}
+	if got := f.Args(); !slices.Equal(got, want) {
+		t.Errorf("Args() =\n %q\nwant\n %q", got, want)
+	}
+	parsed, err := parseServeArgs(f.Args())
+	if err != nil {
+		t.Fatalf("parsing Args() with kong: %v", err)
+	}
+	if !reflect.DeepEqual(parsed, f) {
+		t.Errorf("kong parsed Args() as %+v, want %+v", parsed, f)
+	}
+	if _, err := parseServeArgs([]string{"gitsnap", "serve", "--listen=:1"}); err == nil {
+		t.Error("kong accepted serve without --repo and --url")
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 10s waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestSystemdUnitExample keeps the shipped unit in step with ServeFlags.
+func TestSystemdUnitExample(t *testing.T) {
+	b, err := os.ReadFile("bootstrap-gitsnap.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := strings.ReplaceAll(string(b), "\\\n", " ")
+	var execStart, execReload string
+	for _, line := range strings.Split(unit, "\n") {
+		if v, ok := strings.CutPrefix(line, "ExecStart="); ok {
+			execStart = v
+		}
+		if v, ok := strings.CutPrefix(line, "ExecReload="); ok {
+			execReload = v
+		}
+	}
+	args := strings.Fields(execStart)
+	if len(args) < 3 || filepath.Base(args[0]) != "bootstrap" || args[1] != "gitsnap" || args[2] != "serve" {
+		t.Fatalf("ExecStart is not `bootstrap gitsnap serve`: %q", execStart)
+	}
+	repo := t.TempDir()
+	for i, a := range args {
+		if strings.HasPrefix(a, "--repo=") {
+			args[i] = "--repo=" + repo // the example path does not exist here
+		}
+	}
+	f, err := parseServeArgs(args[1:])
+	if err != nil {
+		t.Fatalf("the unit's ExecStart does not parse: %v", err)
+	}
+	if _, err := repoPathOf(f.URL); err != nil || f.Listen == "" {
+		t.Errorf("the unit's URL/listen are unusable: %q %q %v", f.URL, f.Listen, err)
+	}
+	if !strings.Contains(execReload, "-HUP $MAINPID") {
+		t.Errorf("ExecReload does not send SIGHUP: %q", execReload)
+	}
+}

@@ -1,0 +1,453 @@
+// Package gitsnap turns a local work tree into a deterministic, single-commit
+// git snapshot and serves it read-only over git smart HTTP, so Flux can pull
+// the homelab repository (uncommitted edits included) without a remote.
+// It also manages a detached `bootstrap gitsnap serve` process that outlives
+// `bootstrap run`.
+package gitsnap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-git/go-billy/v5/osfs"
+	gogit "github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/storage/memory"
+)
+
+// DefaultBranch is the branch a snapshot is published under when none is set.
+const DefaultBranch = "main"
+
+// The commit identity and time are fixed so identical content always gives
+// the identical commit hash, and Flux sees no new revision when nothing changed.
+var (
+	snapshotSignature = object.Signature{
+		Name:  "bootstrap gitsnap",
+		Email: "gitsnap@bootstrap.invalid",
+		When:  time.Unix(946684800, 0).UTC(), // 2000-01-01T00:00:00Z
+	}
+)
+
+const snapshotMessage = "bootstrap snapshot of the local work tree\n"
+
+// BuildOptions says which work tree to snapshot and how.
+type BuildOptions struct {
+	// Dir is the work tree (or any directory inside it).
+	Dir string
+	// Branch the commit is published under (refs/heads/<Branch>); DefaultBranch if empty.
+	Branch string
+	// Excludes are extra gitignore-style patterns, applied on top of the
+	// built-in exclusions (which cannot be turned off).
+	Excludes []string
+}
+
+// Snapshot is one immutable commit built from a work tree, held in memory.
+// It is safe for concurrent readers.
+type Snapshot struct {
+	// Hash is the commit hash; the same content always yields the same hash.
+	Hash plumbing.Hash
+	// Tree is the root tree hash.
+	Tree plumbing.Hash
+	// Branch is the branch the commit is published under.
+	Branch string
+	// Files is the number of files (blobs and symlinks) in the commit.
+	Files int
+	// Excluded counts the files left out, by rule; it never holds names or content.
+	Excluded Exclusions
+	// Skipped counts candidate paths that could not be represented
+	// (submodules, nested repositories, sockets, files that vanished).
+	Skipped int
+
+	storage *memory.Storage
+}
+
+// Ref is the full reference name of the snapshot's branch.
+func (s *Snapshot) Ref() plumbing.ReferenceName {
+	return plumbing.NewBranchReferenceName(s.Branch)
+}
+
+// Revision is the snapshot in the form Flux reports applied revisions:
+// "<branch>@sha1:<hash>".
+func (s *Snapshot) Revision() string {
+	return fmt.Sprintf("%s@sha1:%s", s.Branch, s.Hash)
+}
+
+func (s *Snapshot) has(h plumbing.Hash) bool {
+	return s.storage.HasEncodedObject(h) == nil
+}
+
+// Build snapshots the work tree at opts.Dir: every tracked file plus every
+// untracked file git would not ignore, with its current content on disk,
+// minus the built-in and configured exclusions. Nothing in the repository
+// is modified.
+func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
+	branch := opts.Branch
+	if branch == "" {
+		branch = DefaultBranch
+	}
+	ref := plumbing.NewBranchReferenceName(branch)
+	if err := ref.Validate(); err != nil {
+		return nil, fmt.Errorf("snapshot branch %q: %w", branch, err)
+	}
+	ex, err := newExcluder(opts.Excludes)
+	if err != nil {
+		return nil, err
+	}
+	repo, err := gogit.PlainOpenWithOptions(opts.Dir, &gogit.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
+	if err != nil {
+		return nil, fmt.Errorf("opening git repository at %s: %w", opts.Dir, err)
+	}
+	wt, err := repo.Worktree()
+	if err != nil {
+		return nil, fmt.Errorf("opening work tree of %s: %w", opts.Dir, err)
+	}
+	root := wt.Filesystem.Root()
+
+	candidates, skipped, err := listCandidates(ctx, repo, root)
+	if err != nil {
+		return nil, err
+	}
+
+	snap := &Snapshot{Branch: branch, Excluded: Exclusions{}, Skipped: skipped, storage: memory.NewStorage()}
+	files := map[string]treeFile{}
+	for _, p := range candidates {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("building snapshot of %s: %w", root, err)
+		}
+		full := filepath.Join(root, filepath.FromSlash(p))
+		fi, err := os.Lstat(full)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Deleted on disk but still in the index: the snapshot follows the disk.
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", p, err)
+		}
+		if fi.IsDir() {
+			// A tracked path that became a directory: its files are candidates of their own.
+			continue
+		}
+		if rule := ex.byPath(p); rule != "" {
+			snap.Excluded[rule]++
+			continue
+		}
+		var (
+			data []byte
+			mode filemode.FileMode
+		)
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(full)
+			if err != nil {
+				return nil, fmt.Errorf("reading symlink %s: %w", p, err)
+			}
+			data, mode = []byte(filepath.ToSlash(target)), filemode.Symlink
+		case fi.Mode().IsRegular():
+			data, err = os.ReadFile(full)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("reading %s: %w", p, err)
+			}
+			if rule := ex.byContent(data); rule != "" {
+				snap.Excluded[rule]++
+				continue
+			}
+			mode = filemode.Regular
+			if fi.Mode().Perm()&0o100 != 0 {
+				mode = filemode.Executable
+			}
+		default:
+			snap.Skipped++
+			continue
+		}
+		h, err := storeObject(snap.storage, plumbing.BlobObject, data)
+		if err != nil {
+			return nil, fmt.Errorf("storing %s: %w", p, err)
+		}
+		files[p] = treeFile{mode: mode, hash: h}
+	}
+	snap.Files = len(files)
+
+	tree, err := writeTrees(snap.storage, files)
+	if err != nil {
+		return nil, err
+	}
+	commit := &object.Commit{
+		Author:    snapshotSignature,
+		Committer: snapshotSignature,
+		Message:   snapshotMessage,
+		TreeHash:  tree,
+	}
+	obj := snap.storage.NewEncodedObject()
+	if err := commit.Encode(obj); err != nil {
+		return nil, fmt.Errorf("encoding snapshot commit: %w", err)
+	}
+	h, err := snap.storage.SetEncodedObject(obj)
+	if err != nil {
+		return nil, fmt.Errorf("storing snapshot commit: %w", err)
+	}
+	snap.Hash, snap.Tree = h, tree
+	if err := snap.storage.SetReference(plumbing.NewHashReference(ref, h)); err != nil {
+		return nil, err
+	}
+	if err := snap.storage.SetReference(plumbing.NewSymbolicReference(plumbing.HEAD, ref)); err != nil {
+		return nil, err
+	}
+	return snap, nil
+}
+
+// listCandidates returns the sorted slash-separated paths of tracked files
+// and of untracked files that git would not ignore, and how many paths were
+// skipped because a snapshot cannot carry them.
+func listCandidates(ctx context.Context, repo *gogit.Repository, root string) ([]string, int, error) {
+	idx, err := repo.Storer.Index()
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading the git index of %s: %w", root, err)
+	}
+	set := map[string]bool{}
+	skipped := 0
+	for _, e := range idx.Entries {
+		if e.Mode == filemode.Submodule {
+			skipped++
+			continue
+		}
+		set[e.Name] = true
+	}
+
+	ignore, err := ignoreMatcher(root)
+	if err != nil {
+		return nil, 0, err
+	}
+	err = filepath.WalkDir(root, func(full string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if full == root {
+			return nil
+		}
+		rel, err := filepath.Rel(root, full)
+		if err != nil {
+			return err
+		}
+		p := filepath.ToSlash(rel)
+		parts := strings.Split(p, "/")
+		if d.IsDir() {
+			if d.Name() == ".git" || ignore.Match(parts, true) {
+				return filepath.SkipDir
+			}
+			// A nested repository is its own project, not part of this tree.
+			if _, err := os.Lstat(filepath.Join(full, ".git")); err == nil {
+				skipped++
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !set[p] && !ignore.Match(parts, false) {
+			set[p] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("walking %s: %w", root, err)
+	}
+	out := make([]string, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out, skipped, nil
+}
+
+// ignoreMatcher combines what `git status` honours: .gitignore files,
+// info/exclude (also for linked work trees) and the user's and system's
+// core.excludesFile.
+func ignoreMatcher(root string) (gitignore.Matcher, error) {
+	wtfs := osfs.New(root)
+	ps, err := gitignore.ReadPatterns(wtfs, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading .gitignore files under %s: %w", root, err)
+	}
+	// Later patterns win, so the order is lowest priority first, as in git.
+	var all []gitignore.Pattern
+	rootfs := osfs.New("/")
+	if global, err := gitignore.LoadGlobalPatterns(rootfs); err == nil && len(global) > 0 {
+		all = append(all, global...)
+	} else if sys, err := gitignore.LoadSystemPatterns(rootfs); err == nil && len(sys) > 0 {
+		all = append(all, sys...)
+	} else if file := defaultExcludesFile(); file != "" {
+		all = append(all, readPatternFile(file)...)
+	}
+	if common := linkedCommonDir(root); common != "" {
+		all = append(all, readPatternFile(filepath.Join(common, "info", "exclude"))...)
+	}
+	return gitignore.NewMatcher(append(all, ps...)), nil
+}
+
+// defaultExcludesFile is where git looks for global ignore patterns when
+// core.excludesFile is not set.
+func defaultExcludesFile() string {
+	if x := os.Getenv("XDG_CONFIG_HOME"); x != "" {
+		return filepath.Join(x, "git", "ignore")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".config", "git", "ignore")
+	}
+	return ""
+}
+
+// linkedCommonDir returns the common git directory of a linked work tree
+// (where .git is a "gitdir:" file), or "" for an ordinary repository.
+func linkedCommonDir(root string) string {
+	b, err := os.ReadFile(filepath.Join(root, ".git"))
+	if err != nil {
+		return ""
+	}
+	gitdir, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir:")
+	if !ok {
+		return ""
+	}
+	gitdir = strings.TrimSpace(gitdir)
+	if !filepath.IsAbs(gitdir) {
+		gitdir = filepath.Join(root, gitdir)
+	}
+	c, err := os.ReadFile(filepath.Join(gitdir, "commondir"))
+	if err != nil {
+		return ""
+	}
+	common := strings.TrimSpace(string(c))
+	if !filepath.IsAbs(common) {
+		common = filepath.Join(gitdir, common)
+	}
+	return common
+}
+
+func readPatternFile(file string) []gitignore.Pattern {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	var ps []gitignore.Pattern
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimRight(line, "\r")
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		ps = append(ps, gitignore.ParsePattern(line, nil))
+	}
+	return ps
+}
+
+type treeFile struct {
+	mode filemode.FileMode
+	hash plumbing.Hash
+}
+
+// writeTrees stores the tree objects for files bottom-up and returns the root tree hash.
+func writeTrees(sto *memory.Storage, files map[string]treeFile) (plumbing.Hash, error) {
+	type dir struct {
+		files map[string]treeFile
+		dirs  map[string]bool
+	}
+	dirs := map[string]*dir{"": {files: map[string]treeFile{}, dirs: map[string]bool{}}}
+	var ensure func(d string) *dir
+	ensure = func(d string) *dir {
+		if x, ok := dirs[d]; ok {
+			return x
+		}
+		x := &dir{files: map[string]treeFile{}, dirs: map[string]bool{}}
+		dirs[d] = x
+		parent, name := path.Split(d)
+		parent = strings.TrimSuffix(parent, "/")
+		ensure(parent).dirs[name] = true
+		return x
+	}
+	for p, f := range files {
+		parent, name := path.Split(p)
+		ensure(strings.TrimSuffix(parent, "/")).files[name] = f
+	}
+
+	// Deepest directories first, so every subtree hash exists before its parent needs it.
+	names := make([]string, 0, len(dirs))
+	for d := range dirs {
+		names = append(names, d)
+	}
+	depth := func(d string) int {
+		if d == "" {
+			return 0
+		}
+		return strings.Count(d, "/") + 1
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if di, dj := depth(names[i]), depth(names[j]); di != dj {
+			return di > dj
+		}
+		return names[i] < names[j]
+	})
+	hashes := map[string]plumbing.Hash{}
+	for _, d := range names {
+		x := dirs[d]
+		var entries []object.TreeEntry
+		for name, f := range x.files {
+			entries = append(entries, object.TreeEntry{Name: name, Mode: f.mode, Hash: f.hash})
+		}
+		for name := range x.dirs {
+			entries = append(entries, object.TreeEntry{Name: name, Mode: filemode.Dir, Hash: hashes[path.Join(d, name)]})
+		}
+		sortTreeEntries(entries)
+		obj := sto.NewEncodedObject()
+		if err := (&object.Tree{Entries: entries}).Encode(obj); err != nil {
+			return plumbing.ZeroHash, fmt.Errorf("encoding tree %q: %w", d, err)
+		}
+		h, err := sto.SetEncodedObject(obj)
+		if err != nil {
+			return plumbing.ZeroHash, fmt.Errorf("storing tree %q: %w", d, err)
+		}
+		hashes[d] = h
+	}
+	return hashes[""], nil
+}
+
+// sortTreeEntries orders entries the way git does: by name, with directory
+// names compared as if they ended in "/".
+func sortTreeEntries(entries []object.TreeEntry) {
+	key := func(e object.TreeEntry) string {
+		if e.Mode == filemode.Dir {
+			return e.Name + "/"
+		}
+		return e.Name
+	}
+	sort.Slice(entries, func(i, j int) bool { return key(entries[i]) < key(entries[j]) })
+}
+
+func storeObject(sto *memory.Storage, t plumbing.ObjectType, data []byte) (plumbing.Hash, error) {
+	obj := sto.NewEncodedObject()
+	obj.SetType(t)
+	obj.SetSize(int64(len(data)))
+	w, err := obj.Writer()
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if _, err := w.Write(data); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if err := w.Close(); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return sto.SetEncodedObject(obj)
+}

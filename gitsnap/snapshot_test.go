@@ -1,0 +1,376 @@
+package gitsnap
+
+import (
+	"context"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/object"
+)
+
+const (
+	kubeconfigWithToken = `apiVersion: v1
+kind: Config
+clusters:
+- name: homelab
+  cluster: {server: "https://10.0.0.10:6443"}
+users:
+- name: admin
+  user:
+    token: not-a-real-token
+contexts:
+- name: admin@homelab
+  context: {cluster: homelab, user: admin}
+current-context: admin@homelab
+`
+	kubeconfigJSON = `{"apiVersion":"v1","kind":"Config","clusters":[],"users":[{"name":"a","user":{"client-key-data":"Zm9v"}}]}`
+	// A kubeconfig without credentials (e.g. one relying on an external login) is harmless.
+	kubeconfigNoCredentials = `apiVersion: v1
+kind: Config
+clusters:
+- name: homelab
+  cluster: {server: "https://10.0.0.10:6443"}
+users:
+- name: viewer
+  user: {}
+`
+	talosconfigWithKey = `context: homelab
+contexts:
+  homelab:
+    endpoints: [10.0.0.10]
+    ca: Zm9v
+    crt: Zm9v
+    key: Zm9vLWtleQ==
+`
+	privateKey = "-----BEGIN OPENSSH PRIVATE KEY-----\nZm9vIGJhciBiYXo=\n-----END OPENSSH PRIVATE KEY-----\n"
+	// Mentions users and Config but is an ordinary manifest.
+	configMap = `apiVersion: v1
+kind: ConfigMap
+metadata: {name: users}
+data: {note: "Config for users"}
+`
+)
+
+// fixture describes a work tree and what its snapshot must hold.
+type fixture struct {
+	dir string
+	// included maps each path expected in the snapshot to its content
+	// (symlink target for symlinks).
+	included map[string]string
+	// modes of included paths that are not plain files.
+	modes map[string]filemode.FileMode
+	// excluded maps each path that exists in the work tree but must not be in
+	// the snapshot to the rule expected to exclude it ("" for ignored or
+	// skipped paths).
+	excluded map[string]string
+	excludes []string
+}
+
+func newFixture(t *testing.T) fixture {
+	t.Helper()
+	requireGit(t)
+	dir := t.TempDir()
+	git(t, dir, "init", "-q", "-b", testRepoBranch)
+	fx := fixture{
+		dir:      dir,
+		included: map[string]string{},
+		modes:    map[string]filemode.FileMode{},
+		excluded: map[string]string{},
+		excludes: []string{"private/", "*.secret"},
+	}
+	add := func(rel, content string, perm os.FileMode) {
+		writeFile(t, dir, rel, content, perm)
+		fx.included[rel] = content
+	}
+	exclude := func(rel, content, rule string) {
+		writeFile(t, dir, rel, content, 0o644)
+		fx.excluded[rel] = rule
+	}
+
+	// Committed content.
+	add(".gitignore", "*.log\nbuild/\n", 0o644)
+	writeFile(t, dir, "README.md", "committed readme\n", 0o644)
+	add("infra/kustomization.yaml", "resources: [app.yaml]\n", 0o644)
+	add("infra/app.yaml", configMap, 0o644)
+	add("scripts/run.sh", "#!/bin/sh\necho run\n", 0o755)
+	fx.modes["scripts/run.sh"] = filemode.Executable
+	if err := os.Symlink("infra/app.yaml", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	fx.included["link"] = "infra/app.yaml"
+	fx.modes["link"] = filemode.Symlink
+	writeFile(t, dir, "gone.txt", "deleted after the commit\n", 0o644)
+	exclude("clusters/x/kubeconfig", kubeconfigWithToken, RuleKubeconfig)
+	exclude(".talos/homelab/notes.txt", "talos notes\n", RuleTalosDir)
+	exclude("secrets.yaml", "cluster: {secret: x}\n", RuleSecretsBundle)
+	add("keep.log", "tracked although ignored\n", 0o644)
+	git(t, dir, "add", ".")
+	git(t, dir, "add", "-f", "keep.log")
+	git(t, dir, "commit", "-q", "-m", "initial")
+
+	// Uncommitted state of the work tree.
+	add("README.md", "edited, not committed\n", 0o644)
+	if err := os.Remove(filepath.Join(dir, "gone.txt")); err != nil {
+		t.Fatal(err)
+	}
+	add("infra/new.yaml", "untracked: yes\n", 0o644)
+	add("configs/cm.yaml", configMap, 0o644)
+	add("configs/anon-kubeconfig.yaml", kubeconfigNoCredentials, 0o644)
+	add("docs/age.md", "about age keys\n", 0o644)
+	add("environment.env", "NOT_A_SECRET=1\n", 0o644)
+	exclude("build/out.bin", "ignored build output\n", "")
+	exclude("debug.log", "ignored log\n", "")
+
+	exclude("kubeconfig", kubeconfigWithToken, RuleKubeconfig)
+	exclude("admin.kubeconfig", "anything\n", RuleKubeconfig)
+	exclude("configs/admin.yaml", kubeconfigWithToken, RuleKubeconfig)
+	exclude("configs/admin.json", kubeconfigJSON, RuleKubeconfig)
+	exclude("talosconfig", talosconfigWithKey, RuleTalosconfig)
+	exclude("clusters/x/talosconfig", "anything\n", RuleTalosconfig)
+	exclude("configs/talos.yaml", talosconfigWithKey, RuleTalosconfig)
+	exclude(".talos/talosconfig", talosconfigWithKey, RuleTalosDir)
+	exclude("ai/state/homelab/state.json", "{}\n", RuleStateDir)
+	exclude("sub/ai/state/x.json", "{}\n", RuleStateDir)
+	exclude("sub/secrets.yaml", "x: y\n", RuleSecretsBundle)
+	exclude("key.age", "AGE-SECRET-KEY-1NOTREAL\n", RuleAgeKey)
+	exclude("sub/keys.agekey", "AGE-SECRET-KEY-1NOTREAL\n", RuleAgeKey)
+	exclude(".env", "TOKEN=x\n", RuleDotEnv)
+	exclude("sub/.env", "TOKEN=x\n", RuleDotEnv)
+	exclude(".env.local", "TOKEN=x\n", RuleDotEnv)
+	exclude("id_ed25519", privateKey, RulePrivateKey)
+	exclude("private/notes.txt", "configured exclude\n", RuleConfiguredExclude)
+	exclude("a/b/c.secret", "configured exclude\n", RuleConfiguredExclude)
+
+	// A nested repository is its own project.
+	nested := filepath.Join(dir, "vendor", "other")
+	if err := os.MkdirAll(nested, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	git(t, nested, "init", "-q")
+	exclude("vendor/other/file.txt", "nested repository\n", "")
+	return fx
+}
+
+func (fx fixture) expectedExclusions() Exclusions {
+	want := Exclusions{}
+	for _, rule := range fx.excluded {
+		if rule != "" {
+			want[rule]++
+		}
+	}
+	return want
+}
+
+func (fx fixture) build(t *testing.T) *Snapshot {
+	t.Helper()
+	snap, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes})
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	return snap
+}
+
+// snapshotFiles reads the snapshot's commit back: path → content and mode.
+func snapshotFiles(t *testing.T, snap *Snapshot) (map[string]string, map[string]filemode.FileMode, *object.Commit) {
+	t.Helper()
+	c, err := object.GetCommit(snap.storage, snap.Hash)
+	if err != nil {
+		t.Fatalf("reading snapshot commit: %v", err)
+	}
+	files := map[string]string{}
+	modes := map[string]filemode.FileMode{}
+	iter, err := c.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = iter.ForEach(func(f *object.File) error {
+		s, err := f.Contents()
+		files[f.Name] = s
+		modes[f.Name] = f.Mode
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files, modes, c
+}
+
+func TestBuildTakesWorkTreeMinusExclusions(t *testing.T) {
+	fx := newFixture(t)
+	snap := fx.build(t)
+	files, modes, commit := snapshotFiles(t, snap)
+
+	if !maps.Equal(files, fx.included) {
+		t.Errorf("snapshot files:\n got  %v\n want %v", sortedKeys(files), sortedKeys(fx.included))
+		for p, want := range fx.included {
+			if files[p] != want {
+				t.Errorf("%s: got %q, want %q", p, files[p], want)
+			}
+		}
+	}
+	for p, m := range modes {
+		want := fx.modes[p]
+		if want == 0 {
+			want = filemode.Regular
+		}
+		if m != want {
+			t.Errorf("%s: mode %v, want %v", p, m, want)
+		}
+	}
+	if snap.Files != len(fx.included) {
+		t.Errorf("Files = %d, want %d", snap.Files, len(fx.included))
+	}
+	if want := fx.expectedExclusions(); !maps.Equal(snap.Excluded, want) {
+		t.Errorf("Excluded = %v, want %v", snap.Excluded, want)
+	}
+	if snap.Skipped < 1 {
+		t.Errorf("Skipped = %d, want the nested repository counted", snap.Skipped)
+	}
+	if len(commit.ParentHashes) != 0 {
+		t.Errorf("snapshot commit has parents %v", commit.ParentHashes)
+	}
+	if !commit.Author.When.Equal(snapshotSignature.When) || commit.Author.Email != snapshotSignature.Email {
+		t.Errorf("author = %v, want the fixed snapshot identity", commit.Author)
+	}
+	if ref, err := snap.storage.Reference("HEAD"); err != nil || ref.Target() != snap.Ref() {
+		t.Errorf("HEAD = %v (%v), want symbolic to %s", ref, err, snap.Ref())
+	}
+	if got := snap.Revision(); got != "main@sha1:"+snap.Hash.String() {
+		t.Errorf("Revision() = %q", got)
+	}
+}
+
+func TestBuildIsDeterministic(t *testing.T) {
+	fx := newFixture(t)
+	first := fx.build(t)
+	if again := fx.build(t); again.Hash != first.Hash {
+		t.Fatalf("same tree twice: %s then %s", first.Hash, again.Hash)
+	}
+
+	// Metadata git does not record changes nothing.
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(filepath.Join(fx.dir, "README.md"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	if again := fx.build(t); again.Hash != first.Hash {
+		t.Errorf("an mtime change altered the hash: %s -> %s", first.Hash, again.Hash)
+	}
+
+	// The same content elsewhere, cloned fresh, gives the same commit.
+	copyDir := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", fx.dir, copyDir).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+	other, err := Build(context.Background(), BuildOptions{Dir: copyDir, Branch: testRepoBranch, Excludes: fx.excludes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.Hash != first.Hash {
+		t.Errorf("a copy of the tree gave %s, want %s", other.Hash, first.Hash)
+	}
+
+	// An edit gives a new hash; reverting it gives the old one back.
+	readme := filepath.Join(fx.dir, "README.md")
+	writeFile(t, fx.dir, "README.md", "edited again\n", 0o644)
+	edited := fx.build(t)
+	if edited.Hash == first.Hash {
+		t.Fatalf("an edit kept the hash %s", first.Hash)
+	}
+	writeFile(t, fx.dir, "README.md", fx.included["README.md"], 0o644)
+	if again := fx.build(t); again.Hash != first.Hash {
+		t.Errorf("reverting the edit gave %s, want %s", again.Hash, first.Hash)
+	}
+
+	// The exec bit is content too.
+	if err := os.Chmod(readme, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if again := fx.build(t); again.Hash == first.Hash {
+		t.Errorf("chmod +x kept the hash")
+	}
+	if err := os.Chmod(readme, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// A new excluded file changes nothing; a new ordinary file does.
+	writeFile(t, fx.dir, "deep/er/.env", "TOKEN=y\n", 0o600)
+	if again := fx.build(t); again.Hash != first.Hash {
+		t.Errorf("adding an excluded file changed the hash")
+	}
+	writeFile(t, fx.dir, "deep/er/new.yaml", "a: b\n", 0o644)
+	if again := fx.build(t); again.Hash == first.Hash {
+		t.Errorf("adding a file kept the hash")
+	}
+
+	// A different branch name publishes the same commit under another ref.
+	if err := os.RemoveAll(filepath.Join(fx.dir, "deep")); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: "dev", Excludes: fx.excludes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev.Hash != first.Hash || dev.Ref() != "refs/heads/dev" {
+		t.Errorf("branch dev: %s %s, want %s refs/heads/dev", dev.Hash, dev.Ref(), first.Hash)
+	}
+}
+
+func TestBuildHonoursGitIgnoreSources(t *testing.T) {
+	fx := newFixture(t)
+	before := fx.build(t)
+	writeFile(t, fx.dir, "scratch/a.txt", "a\n", 0o644)
+	writeFile(t, fx.dir, "infra/b.tmp", "b\n", 0o644)
+	withScratch := fx.build(t)
+	if withScratch.Hash == before.Hash {
+		t.Fatal("untracked files did not change the snapshot")
+	}
+	// Patterns from info/exclude and from the default global excludes file
+	// ($XDG_CONFIG_HOME/git/ignore) hide them again, as for git status.
+	writeFile(t, fx.dir, ".git/info/exclude", "scratch/\n", 0o644)
+	writeFile(t, os.Getenv("XDG_CONFIG_HOME"), "git/ignore", "*.tmp\n", 0o644)
+	defer os.Remove(filepath.Join(os.Getenv("XDG_CONFIG_HOME"), "git", "ignore"))
+	if status := git(t, fx.dir, "status", "--porcelain", "--untracked-files=all"); strings.Contains(status, "scratch/") || strings.Contains(status, "b.tmp") {
+		t.Fatalf("git itself still lists the files:\n%s", status)
+	}
+	if got := fx.build(t); got.Hash != before.Hash {
+		t.Errorf("ignored files changed the snapshot: %s, want %s", got.Hash, before.Hash)
+	}
+}
+
+func TestBuildRejectsBadInput(t *testing.T) {
+	requireGit(t)
+	if _, err := Build(context.Background(), BuildOptions{Dir: t.TempDir()}); err == nil {
+		t.Error("Build of a directory that is not a git repository succeeded")
+	}
+	fx := newFixture(t)
+	if _, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: "bad..branch"}); err == nil {
+		t.Error("Build with an invalid branch name succeeded")
+	}
+	if _, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Excludes: []string{" "}}); err == nil {
+		t.Error("Build with an empty exclude pattern succeeded")
+	}
+}
+
+func TestExclusionsString(t *testing.T) {
+	e := Exclusions{RuleKubeconfig: 2, RuleDotEnv: 1}
+	if got, want := e.String(), "3 (.env: 1, kubeconfig: 2)"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	if got := (Exclusions{}).String(); got != "0" {
+		t.Errorf("empty String() = %q", got)
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := slices.Collect(maps.Keys(m))
+	sort.Strings(ks)
+	return ks
+}

@@ -1,0 +1,171 @@
+// Package kube holds the client-go plumbing the stages share: clients from a
+// kubeconfig file, and bounded waits for nodes and Deployments that report
+// what they wait for.
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/homelab/bootstrap/internal/retry"
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// RESTConfig loads a kubeconfig file (its current context) with a request
+// timeout, so no API call can hang a stage.
+func RESTConfig(kubeconfigPath string) (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfigPath, err)
+	}
+	cfg.Timeout = 30 * time.Second
+	cfg.QPS, cfg.Burst = 50, 100
+	return cfg, nil
+}
+
+// Clientset builds a typed client from a kubeconfig file.
+func Clientset(kubeconfigPath string) (*kubernetes.Clientset, *rest.Config, error) {
+	cfg, err := RESTConfig(kubeconfigPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cs, cfg, nil
+}
+
+// Classify marks Kubernetes errors that a retry can cure (conflicts,
+// timeouts, throttling, unavailable servers) as retryable.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if apierrors.IsConflict(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+		apierrors.IsTooManyRequests(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) ||
+		isConnectionError(err) {
+		return retry.Retryable(err)
+	}
+	return err
+}
+
+func isConnectionError(err error) bool {
+	s := err.Error()
+	for _, frag := range []string{"connection refused", "connection reset", "i/o timeout", "EOF", "TLS handshake timeout"} {
+		if strings.Contains(s, frag) {
+			return true
+		}
+	}
+	return false
+}
+
+// NodeReady reports whether a node's Ready condition is True.
+func NodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// NodeStatus compares the registered nodes with the expected names and
+// returns the ones missing and the ones registered but not Ready.
+func NodeStatus(ctx context.Context, cs kubernetes.Interface, names []string) (missing, notReady []string, err error) {
+	list, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, Classify(err)
+	}
+	byName := map[string]*corev1.Node{}
+	for i := range list.Items {
+		byName[list.Items[i].Name] = &list.Items[i]
+	}
+	for _, n := range names {
+		node, ok := byName[n]
+		switch {
+		case !ok:
+			missing = append(missing, n)
+		case !NodeReady(node):
+			notReady = append(notReady, n)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(notReady)
+	return missing, notReady, nil
+}
+
+// WaitNodesReady waits until every named node is registered and Ready.
+func WaitNodesReady(ctx context.Context, cs kubernetes.Interface, names []string, timeout time.Duration, log zerolog.Logger) error {
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("%d node(s) Ready", len(names)), Timeout: timeout, Interval: time.Second, Log: log},
+		func(ctx context.Context) (bool, string, error) {
+			missing, notReady, err := NodeStatus(ctx, cs, names)
+			if err != nil {
+				if retry.IsRetryable(err) {
+					return false, "API not answering: " + err.Error(), nil
+				}
+				return false, "", err
+			}
+			ready := len(names) - len(missing) - len(notReady)
+			st := fmt.Sprintf("%d/%d Ready", ready, len(names))
+			if len(missing) > 0 {
+				st += ", not registered: " + strings.Join(missing, ", ")
+			}
+			if len(notReady) > 0 {
+				st += ", NotReady: " + strings.Join(notReady, ", ")
+			}
+			return ready == len(names), st, nil
+		})
+}
+
+// DeploymentAvailable reports whether a Deployment has rolled out its
+// current generation and has its Available condition True.
+func DeploymentAvailable(d *appsv1.Deployment) (bool, string) {
+	if d.Status.ObservedGeneration < d.Generation {
+		return false, "rollout not observed yet"
+	}
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	if d.Status.UpdatedReplicas < want || d.Status.AvailableReplicas < want {
+		return false, fmt.Sprintf("%d/%d replicas available", d.Status.AvailableReplicas, want)
+	}
+	for _, c := range d.Status.Conditions {
+		if c.Type == appsv1.DeploymentAvailable {
+			return c.Status == corev1.ConditionTrue, fmt.Sprintf("%d/%d replicas available", d.Status.AvailableReplicas, want)
+		}
+	}
+	return false, "no Available condition yet"
+}
+
+// WaitDeploymentAvailable waits for ns/name to be Available.
+func WaitDeploymentAvailable(ctx context.Context, cs kubernetes.Interface, ns, name string, timeout time.Duration, log zerolog.Logger) error {
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Deployment %s/%s Available", ns, name), Timeout: timeout, Interval: time.Second, Log: log},
+		func(ctx context.Context) (bool, string, error) {
+			d, err := cs.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, "not created yet", nil
+			}
+			if err != nil {
+				if retry.IsRetryable(Classify(err)) {
+					return false, err.Error(), nil
+				}
+				return false, "", err
+			}
+			ok, st := DeploymentAvailable(d)
+			return ok, st, nil
+		})
+}

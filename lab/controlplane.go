@@ -1,0 +1,158 @@
+// Package lab is a homelab without hardware: it composes the Proxmox and
+// Talos simulators, a real Kubernetes control plane and the local services
+// (NFS, chart repository, Flux manifests, git) so that `bootstrap run` can
+// be rehearsed, tested and benchmarked on one machine.
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/rs/zerolog"
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+
+	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/talos/talossim"
+)
+
+// ControlPlane is the Kubernetes side of simulated Talos nodes: the
+// simulator's Bootstrap on the first control plane starts a real control
+// plane (lab/kube) whose CAs and endpoint come from that node's machine
+// config, as Talos would; nodes that reach configured mode register as Node
+// objects that kwok keeps Ready. It implements talossim.Cluster.
+type ControlPlane struct {
+	// Options are applied over what the machine config says (BinDir, Log,
+	// Flux…); the identity fields come from the config.
+	opts kube.Options
+	log  zerolog.Logger
+
+	mu      sync.Mutex
+	cluster *kube.Cluster
+	pending []talossim.NodeInfo
+	failed  error
+	// started is closed once Bootstrap succeeded or failed.
+	started   chan struct{}
+	startOnce sync.Once
+}
+
+var _ talossim.Cluster = (*ControlPlane)(nil)
+
+// NewControlPlane returns a control plane that starts on Bootstrap. base
+// carries the lab settings (binaries, logging, whether Flux runs).
+func NewControlPlane(base kube.Options) *ControlPlane {
+	return &ControlPlane{opts: base, log: base.Log, started: make(chan struct{})}
+}
+
+// Bootstrap starts the control plane from the bootstrap node's config.
+func (c *ControlPlane) Bootstrap(ctx context.Context, machineConfig []byte) error {
+	cfg, err := configloader.NewFromBytes(machineConfig)
+	if err != nil {
+		return c.fail(fmt.Errorf("reading the bootstrap node's machine config: %w", err))
+	}
+	id, err := kube.OptionsFromMachineConfig(cfg)
+	if err != nil {
+		return c.fail(err)
+	}
+	o := c.opts
+	o.ClusterName, o.Endpoint, o.CertSANs, o.PKI, o.ScheduleOnControlPlanes = id.ClusterName, id.Endpoint, id.CertSANs, id.PKI, id.ScheduleOnControlPlanes
+	if id.ServiceCIDR != "" {
+		o.ServiceCIDR = id.ServiceCIDR
+	}
+	kc, err := kube.Start(ctx, o)
+	if err != nil {
+		return c.fail(fmt.Errorf("starting the lab control plane: %w", err))
+	}
+	c.mu.Lock()
+	c.cluster = kc
+	pending := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	c.startOnce.Do(func() { close(c.started) })
+	for _, n := range pending {
+		if err := c.register(ctx, kc, n); err != nil {
+			c.log.Warn().Err(err).Str("node", n.Hostname).Msg("registering node")
+		}
+	}
+	return nil
+}
+
+func (c *ControlPlane) fail(err error) error {
+	c.mu.Lock()
+	c.failed = err
+	c.mu.Unlock()
+	c.startOnce.Do(func() { close(c.started) })
+	return err
+}
+
+// NodeConfigured registers the node, or remembers it until Bootstrap.
+func (c *ControlPlane) NodeConfigured(ctx context.Context, n talossim.NodeInfo) error {
+	c.mu.Lock()
+	kc := c.cluster
+	if kc == nil {
+		c.pending = append(c.pending, n)
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Unlock()
+	return c.register(ctx, kc, n)
+}
+
+func (c *ControlPlane) register(ctx context.Context, kc *kube.Cluster, n talossim.NodeInfo) error {
+	role := kube.RoleWorker
+	if n.Role == "controlplane" {
+		role = kube.RoleControlPlane
+	}
+	return kc.RegisterNode(ctx, n.Hostname, n.IP, role)
+}
+
+// Kubeconfig returns the admin kubeconfig for the running control plane.
+func (c *ControlPlane) Kubeconfig(ctx context.Context) ([]byte, error) {
+	kc, err := c.Cluster()
+	if err != nil {
+		return nil, err
+	}
+	return kc.Kubeconfig()
+}
+
+// Healthy reports whether the API server and its companions answer.
+func (c *ControlPlane) Healthy(ctx context.Context) bool {
+	kc, err := c.Cluster()
+	return err == nil && kc.Healthy(ctx) == nil
+}
+
+// Cluster returns the running control plane, or why there is none.
+func (c *ControlPlane) Cluster() (*kube.Cluster, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.cluster != nil:
+		return c.cluster, nil
+	case c.failed != nil:
+		return nil, c.failed
+	}
+	return nil, errors.New("the control plane is not bootstrapped yet")
+}
+
+// WaitStarted waits until Bootstrap has started the control plane (or
+// failed to).
+func (c *ControlPlane) WaitStarted(ctx context.Context) (*kube.Cluster, error) {
+	select {
+	case <-c.started:
+		return c.Cluster()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Stop stops the control plane if it runs.
+func (c *ControlPlane) Stop() error {
+	c.mu.Lock()
+	kc := c.cluster
+	c.mu.Unlock()
+	if kc == nil {
+		return nil
+	}
+	return kc.Stop()
+}

@@ -1,0 +1,522 @@
+package postcheck
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	talosconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/flux"
+	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/kube"
+)
+
+// Names of the checks, stable across releases (dashboards key on them).
+const (
+	CheckKubeconfig   = "kubeconfig"
+	CheckNodesReady   = "nodes-ready"
+	CheckDefaultClass = "default-storageclass"
+	CheckFlux         = "flux-ready"
+	CheckNFS          = "nfs-provisioning"
+	CheckEtcd         = "talos-etcd"
+	CheckTalosAPI     = "talos-api"
+	CheckCerts        = "cert-expiry"
+	CheckVMs          = "proxmox-vms"
+)
+
+// TestPVCLabel marks the PVCs postcheck creates, so leftovers of a killed
+// run are recognised and removed.
+const TestPVCLabel = "bootstrap.homelab/postcheck"
+
+// TalosProbe is what the Talos checks need from the Talos API.
+type TalosProbe interface {
+	// EtcdMembers lists etcd member names as seen from a control plane and
+	// whether etcd reports healthy there.
+	EtcdMembers(ctx context.Context) (members []string, healthy bool, err error)
+	// Ping calls the Talos API of one node (Version) with mutual TLS.
+	Ping(ctx context.Context, node string) error
+}
+
+// VMProbe lists the cluster's VMs that are not running.
+type VMProbe interface {
+	NotRunning(ctx context.Context) ([]string, error)
+}
+
+// Node is a node the config expects.
+type Node struct {
+	Name string
+	Role string
+}
+
+// Options configure the checks.
+type Options struct {
+	Cluster         string
+	KubeconfigPath  string
+	TalosconfigPath string
+	Nodes           []Node
+	StorageClass    string
+	PVCNamespace    string
+	PVCTimeout      time.Duration
+	FluxNamespace   string
+	FluxName        string
+	CertWarnDays    int
+	// Talos and Proxmox are optional; a nil probe makes its checks warn.
+	Talos   TalosProbe
+	Proxmox VMProbe
+	Now     func() time.Time
+	Log     zerolog.Logger
+	// DryRun skips the test PVC: a dry run changes nothing, not even that.
+	DryRun bool
+}
+
+func (o Options) now() time.Time {
+	if o.Now != nil {
+		return o.Now()
+	}
+	return time.Now()
+}
+
+// Checks returns the exit criteria as checks. They all run; none depends on
+// another having passed.
+func Checks(o Options) []check.Check {
+	c := &checker{o: o}
+	return []check.Check{
+		{Name: CheckKubeconfig, Run: c.kubeconfig},
+		{Name: CheckNodesReady, Run: c.nodesReady},
+		{Name: CheckDefaultClass, Run: c.defaultClass},
+		{Name: CheckFlux, Run: c.flux},
+		{Name: CheckNFS, Run: c.nfsProvisioning},
+		{Name: CheckEtcd, Run: c.etcd},
+		{Name: CheckTalosAPI, Run: c.talosAPI},
+		{Name: CheckCerts, Run: c.certs},
+		{Name: CheckVMs, Run: c.vms},
+	}
+}
+
+type checker struct {
+	o Options
+}
+
+func (c *checker) client() (*kubernetes.Clientset, dynamic.Interface, error) {
+	if _, err := os.Stat(c.o.KubeconfigPath); err != nil {
+		return nil, nil, fmt.Errorf("kubeconfig %s: %w", c.o.KubeconfigPath, errors.Unwrap(err))
+	}
+	cs, cfg, err := kube.Clientset(c.o.KubeconfigPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	return cs, dyn, err
+}
+
+func (c *checker) kubeconfig(ctx context.Context) (check.Status, string) {
+	cs, _, err := c.client()
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return check.Failf("API at %s does not answer: %v", apiHost(c.o.KubeconfigPath), err)
+	}
+	return check.Passf("API at %s answers; %d node(s) listed", apiHost(c.o.KubeconfigPath), len(nodes.Items))
+}
+
+func (c *checker) nodesReady(ctx context.Context) (check.Status, string) {
+	cs, _, err := c.client()
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	names := make([]string, len(c.o.Nodes))
+	for i, n := range c.o.Nodes {
+		names[i] = n.Name
+	}
+	missing, notReady, err := kube.NodeStatus(ctx, cs, names)
+	if err != nil {
+		return check.Failf("listing nodes: %v", err)
+	}
+	var problems []string
+	if len(missing) > 0 {
+		problems = append(problems, "not registered: "+strings.Join(missing, ", "))
+	}
+	if len(notReady) > 0 {
+		problems = append(problems, "NotReady: "+strings.Join(notReady, ", "))
+	}
+	if len(problems) > 0 {
+		return check.Failf("%d/%d Ready; %s", len(names)-len(missing)-len(notReady), len(names), strings.Join(problems, "; "))
+	}
+	return check.Passf("all %d node(s) Ready", len(names))
+}
+
+// IsDefaultClass reports whether a StorageClass claims to be the default.
+func IsDefaultClass(sc *storagev1.StorageClass) bool {
+	return sc.Annotations["storageclass.kubernetes.io/is-default-class"] == "true" ||
+		sc.Annotations["storageclass.beta.kubernetes.io/is-default-class"] == "true"
+}
+
+func (c *checker) defaultClass(ctx context.Context) (check.Status, string) {
+	cs, _, err := c.client()
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	list, err := cs.StorageV1().StorageClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return check.Failf("listing StorageClasses: %v", err)
+	}
+	var defaults []string
+	found := false
+	for i := range list.Items {
+		sc := &list.Items[i]
+		if sc.Name == c.o.StorageClass {
+			found = true
+		}
+		if IsDefaultClass(sc) {
+			defaults = append(defaults, sc.Name)
+		}
+	}
+	sort.Strings(defaults)
+	switch {
+	case !found:
+		return check.Failf("StorageClass %s does not exist", c.o.StorageClass)
+	case len(defaults) == 0:
+		return check.Failf("no default StorageClass: %s lacks the is-default-class annotation", c.o.StorageClass)
+	case len(defaults) > 1:
+		return check.Failf("%d default StorageClasses (%s): only %s may be default", len(defaults), strings.Join(defaults, ", "), c.o.StorageClass)
+	case defaults[0] != c.o.StorageClass:
+		return check.Failf("the default StorageClass is %s, not %s", defaults[0], c.o.StorageClass)
+	}
+	return check.Passf("%s is the only default StorageClass", c.o.StorageClass)
+}
+
+func (c *checker) flux(ctx context.Context) (check.Status, string) {
+	_, dyn, err := c.client()
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	var parts []string
+	ok := true
+	for _, k := range []struct {
+		kind string
+		gvr  schema.GroupVersionResource
+	}{{"GitRepository", flux.GitRepositoryGVR}, {"Kustomization", flux.KustomizationGVR}} {
+		u, err := dyn.Resource(k.gvr).Namespace(c.o.FluxNamespace).Get(ctx, c.o.FluxName, metav1.GetOptions{})
+		if err != nil {
+			ok = false
+			if apierrors.IsNotFound(err) {
+				parts = append(parts, fmt.Sprintf("%s %s/%s not found", k.kind, c.o.FluxNamespace, c.o.FluxName))
+			} else {
+				parts = append(parts, fmt.Sprintf("%s: %v", k.kind, err))
+			}
+			continue
+		}
+		r := flux.ReadinessOf(u)
+		ok = ok && r.Ready
+		if r.Ready {
+			parts = append(parts, fmt.Sprintf("%s Ready (revision %s)", k.kind, r.Revision))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s not Ready (%s)", k.kind, r.Detail))
+		}
+	}
+	if !ok {
+		return check.Failf("%s", strings.Join(parts, "; "))
+	}
+	return check.Passf("%s", strings.Join(parts, "; "))
+}
+
+// nfsProvisioning creates a uniquely named PVC on the default class, waits
+// for it to bind, and always deletes it and waits for its volume to go,
+// also when the check fails or the run is interrupted.
+func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
+	if c.o.DryRun {
+		return check.Warnf("not run in a dry run: it would create a test PVC in %s on the default StorageClass", c.o.PVCNamespace)
+	}
+	cs, _, err := c.client()
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	pvcs := cs.CoreV1().PersistentVolumeClaims(c.o.PVCNamespace)
+	// Leftovers of a killed postcheck go first.
+	if old, err := pvcs.List(ctx, metav1.ListOptions{LabelSelector: TestPVCLabel + "=true"}); err == nil {
+		for _, p := range old.Items {
+			c.o.Log.Info().Str("pvc", p.Name).Msg("removing a test PVC left by an earlier postcheck")
+			_ = pvcs.Delete(ctx, p.Name, metav1.DeleteOptions{})
+		}
+	}
+	name := "postcheck-" + c.o.now().UTC().Format("20060102-150405") + "-" + randHex(3)
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{TestPVCLabel: "true"}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			// No class: this is what proves the default class provisions.
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}},
+		},
+	}
+	if _, err := pvcs.Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		return check.Failf("creating test PVC %s/%s: %v", c.o.PVCNamespace, name, err)
+	}
+	var volume string
+	defer func() {
+		// Clean up even when ctx was cancelled (Ctrl-C, postcheck timeout).
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.o.PVCTimeout+30*time.Second)
+		defer cancel()
+		if err := c.deletePVC(cctx, cs, name, volume); err != nil {
+			c.o.Log.Error().Err(err).Str("pvc", name).Msg("test PVC cleanup incomplete")
+		}
+	}()
+	start := c.o.now()
+	var class string
+	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s/%s Bound", c.o.PVCNamespace, name), Timeout: c.o.PVCTimeout, Interval: 250 * time.Millisecond, Log: c.o.Log},
+		func(ctx context.Context) (bool, string, error) {
+			p, err := pvcs.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			volume = p.Spec.VolumeName
+			if p.Spec.StorageClassName != nil {
+				class = *p.Spec.StorageClassName
+			}
+			return p.Status.Phase == corev1.ClaimBound, "phase " + string(p.Status.Phase) + c.pvcEvents(ctx, cs, name), nil
+		})
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	if class != c.o.StorageClass {
+		return check.Failf("test PVC bound through class %q, not %s", class, c.o.StorageClass)
+	}
+	return check.Passf("test PVC %s bound to %s via %s in %s", name, volume, class, wait.Round(c.o.now().Sub(start)))
+}
+
+// pvcEvents quotes the newest event about the PVC, which is usually why it
+// is still Pending.
+func (c *checker) pvcEvents(ctx context.Context, cs kubernetes.Interface, name string) string {
+	ev, err := cs.CoreV1().Events(c.o.PVCNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	if err != nil || len(ev.Items) == 0 {
+		return ""
+	}
+	sort.Slice(ev.Items, func(i, j int) bool { return ev.Items[i].LastTimestamp.Before(&ev.Items[j].LastTimestamp) })
+	last := ev.Items[len(ev.Items)-1]
+	return fmt.Sprintf(" (%s: %s)", last.Reason, strings.TrimSpace(last.Message))
+}
+
+func (c *checker) deletePVC(ctx context.Context, cs kubernetes.Interface, name, volume string) error {
+	err := cs.CoreV1().PersistentVolumeClaims(c.o.PVCNamespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s and its volume deleted", name), Timeout: c.o.PVCTimeout, Interval: 250 * time.Millisecond, Log: c.o.Log},
+		func(ctx context.Context) (bool, string, error) {
+			if _, err := cs.CoreV1().PersistentVolumeClaims(c.o.PVCNamespace).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, "PVC still present", nil
+			}
+			if volume == "" {
+				return true, "", nil
+			}
+			if _, err := cs.CoreV1().PersistentVolumes().Get(ctx, volume, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, "PV " + volume + " still present", nil
+			}
+			return true, "", nil
+		})
+}
+
+func (c *checker) etcd(ctx context.Context) (check.Status, string) {
+	if c.o.Talos == nil {
+		return check.Warnf("no talosconfig to reach the Talos API with")
+	}
+	members, healthy, err := c.o.Talos.EtcdMembers(ctx)
+	if err != nil {
+		return check.Failf("listing etcd members: %v", err)
+	}
+	want := map[string]bool{}
+	for _, n := range c.o.Nodes {
+		if n.Role == "controlplane" {
+			want[n.Name] = true
+		}
+	}
+	var extra, missing []string
+	have := map[string]bool{}
+	for _, m := range members {
+		have[m] = true
+		if !want[m] {
+			extra = append(extra, m)
+		}
+	}
+	for n := range want {
+		if !have[n] {
+			missing = append(missing, n)
+		}
+	}
+	sort.Strings(missing)
+	switch {
+	case len(missing) > 0 || len(extra) > 0:
+		return check.Failf("etcd has %d member(s) for %d control plane(s); missing: %s; unexpected: %s", len(members), len(want), listOrNone(missing), listOrNone(extra))
+	case !healthy:
+		return check.Failf("etcd has one member per control plane but is not healthy")
+	}
+	return check.Passf("etcd healthy with %d member(s), one per control plane", len(members))
+}
+
+func (c *checker) talosAPI(ctx context.Context) (check.Status, string) {
+	if c.o.Talos == nil {
+		return check.Warnf("no talosconfig to reach the Talos API with")
+	}
+	var down []string
+	for _, n := range c.o.Nodes {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := c.o.Talos.Ping(pctx, n.Name); err != nil {
+			down = append(down, fmt.Sprintf("%s (%v)", n.Name, err))
+		}
+		cancel()
+	}
+	if len(down) > 0 {
+		return check.Failf("Talos API not answering on %s", strings.Join(down, ", "))
+	}
+	return check.Passf("Talos API answers on all %d node(s)", len(c.o.Nodes))
+}
+
+// certs warns when the client certificates in the talosconfig and the
+// kubeconfig expire within CertWarnDays (Talos issues them for one year).
+func (c *checker) certs(ctx context.Context) (check.Status, string) {
+	type cert struct {
+		what string
+		exp  time.Time
+	}
+	var certs []cert
+	var problems []string
+	if exp, err := kubeconfigCertExpiry(c.o.KubeconfigPath); err != nil {
+		problems = append(problems, "kubeconfig: "+err.Error())
+	} else {
+		certs = append(certs, cert{"kubeconfig admin cert", exp})
+	}
+	if c.o.TalosconfigPath != "" {
+		if exp, err := talosconfigCertExpiry(c.o.TalosconfigPath); err != nil {
+			problems = append(problems, "talosconfig: "+err.Error())
+		} else {
+			certs = append(certs, cert{"talosconfig client cert", exp})
+		}
+	}
+	now := c.o.now()
+	limit := now.Add(time.Duration(c.o.CertWarnDays) * 24 * time.Hour)
+	var soon, expired, fine []string
+	for _, ct := range certs {
+		s := fmt.Sprintf("%s expires %s", ct.what, ct.exp.UTC().Format("2006-01-02"))
+		switch {
+		case ct.exp.Before(now):
+			expired = append(expired, s)
+		case ct.exp.Before(limit):
+			soon = append(soon, fmt.Sprintf("%s (in %d days)", s, int(ct.exp.Sub(now).Hours()/24)))
+		default:
+			fine = append(fine, s)
+		}
+	}
+	switch {
+	case len(expired) > 0:
+		return check.Failf("expired: %s", strings.Join(expired, "; "))
+	case len(soon) > 0 || len(problems) > 0:
+		return check.Warnf("%s", strings.Join(append(soon, problems...), "; "))
+	}
+	return check.Passf("%s", strings.Join(fine, "; "))
+}
+
+func (c *checker) vms(ctx context.Context) (check.Status, string) {
+	if c.o.Proxmox == nil {
+		return check.Warnf("Proxmox not checked (no API token available to this run)")
+	}
+	down, err := c.o.Proxmox.NotRunning(ctx)
+	if err != nil {
+		return check.Warnf("could not list the cluster's VMs: %v", err)
+	}
+	if len(down) > 0 {
+		return check.Warnf("VMs not running: %s", strings.Join(down, ", "))
+	}
+	return check.Passf("all of the cluster's VMs are running")
+}
+
+func kubeconfigCertExpiry(path string) (time.Time, error) {
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return time.Time{}, err
+	}
+	ctx, ok := cfg.Contexts[cfg.CurrentContext]
+	if !ok {
+		return time.Time{}, fmt.Errorf("no current context")
+	}
+	ai, ok := cfg.AuthInfos[ctx.AuthInfo]
+	if !ok || len(ai.ClientCertificateData) == 0 {
+		return time.Time{}, fmt.Errorf("no client certificate in context %s", cfg.CurrentContext)
+	}
+	return certExpiry(ai.ClientCertificateData)
+}
+
+func talosconfigCertExpiry(path string) (time.Time, error) {
+	cfg, err := talosconfig.Open(path)
+	if err != nil {
+		return time.Time{}, err
+	}
+	ctx, ok := cfg.Contexts[cfg.Context]
+	if !ok {
+		return time.Time{}, fmt.Errorf("no current context")
+	}
+	pemBytes, err := base64.StdEncoding.DecodeString(ctx.Crt)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("client cert: %w", err)
+	}
+	return certExpiry(pemBytes)
+}
+
+func certExpiry(pemBytes []byte) (time.Time, error) {
+	block, _ := pem.Decode(pemBytes)
+	if block == nil {
+		return time.Time{}, fmt.Errorf("client cert is not PEM")
+	}
+	crt, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return crt.NotAfter, nil
+}
+
+func apiHost(kubeconfigPath string) string {
+	cfg, err := clientcmd.LoadFromFile(kubeconfigPath)
+	if err != nil {
+		return "?"
+	}
+	if ctx, ok := cfg.Contexts[cfg.CurrentContext]; ok {
+		if cl, ok := cfg.Clusters[ctx.Cluster]; ok {
+			return cl.Server
+		}
+	}
+	return "?"
+}
+
+func listOrNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

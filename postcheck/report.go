@@ -1,0 +1,195 @@
+// Package postcheck turns the exit criteria of a bootstrapped cluster into
+// checks, and their results into reports: report.json, JUnit XML, a
+// Prometheus textfile, and a tar.gz archive with the evidence.
+package postcheck
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"encoding/xml"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/state"
+)
+
+// SchemaVersion versions report.json.
+const SchemaVersion = 1
+
+// Report is the outcome of one postcheck.
+type Report struct {
+	SchemaVersion   int           `json:"schema_version"`
+	Cluster         string        `json:"cluster"`
+	Started         time.Time     `json:"started"`
+	DurationSeconds float64       `json:"duration_seconds"`
+	Overall         check.Status  `json:"overall"`
+	Checks          []CheckReport `json:"checks"`
+}
+
+// CheckReport is one check in report.json.
+type CheckReport struct {
+	Name            string       `json:"name"`
+	Status          check.Status `json:"status"`
+	Reason          string       `json:"reason"`
+	DurationSeconds float64      `json:"duration_seconds"`
+}
+
+// NewReport builds a report from check results.
+func NewReport(cluster string, started time.Time, duration time.Duration, results []check.Result) Report {
+	r := Report{SchemaVersion: SchemaVersion, Cluster: cluster, Started: started.UTC(), DurationSeconds: duration.Seconds(), Overall: check.Overall(results)}
+	for _, res := range results {
+		r.Checks = append(r.Checks, CheckReport{Name: res.Name, Status: res.Status, Reason: res.Reason, DurationSeconds: res.Duration.Seconds()})
+	}
+	return r
+}
+
+// Passed is true when no check failed (warnings allowed).
+func (r Report) Passed() bool { return r.Overall != check.Fail }
+
+// JSON renders report.json.
+func (r Report) JSON() ([]byte, error) {
+	b, err := json.MarshalIndent(r, "", "  ")
+	return append(b, '\n'), err
+}
+
+type junitSuites struct {
+	XMLName xml.Name     `xml:"testsuites"`
+	Suites  []junitSuite `xml:"testsuite"`
+}
+
+type junitSuite struct {
+	Name      string      `xml:"name,attr"`
+	Tests     int         `xml:"tests,attr"`
+	Failures  int         `xml:"failures,attr"`
+	Time      string      `xml:"time,attr"`
+	Timestamp string      `xml:"timestamp,attr"`
+	Cases     []junitCase `xml:"testcase"`
+}
+
+type junitCase struct {
+	Name      string        `xml:"name,attr"`
+	ClassName string        `xml:"classname,attr"`
+	Time      string        `xml:"time,attr"`
+	Failure   *junitFailure `xml:"failure,omitempty"`
+	SystemOut string        `xml:"system-out,omitempty"`
+}
+
+type junitFailure struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+// JUnit renders the report as JUnit XML for CI dashboards. Warnings pass,
+// with the reason in system-out.
+func (r Report) JUnit() ([]byte, error) {
+	s := junitSuite{Name: "postcheck." + r.Cluster, Tests: len(r.Checks), Time: fmt.Sprintf("%.3f", r.DurationSeconds), Timestamp: r.Started.Format(time.RFC3339)}
+	for _, c := range r.Checks {
+		jc := junitCase{Name: c.Name, ClassName: "postcheck." + r.Cluster, Time: fmt.Sprintf("%.3f", c.DurationSeconds)}
+		switch c.Status {
+		case check.Fail:
+			s.Failures++
+			jc.Failure = &junitFailure{Message: c.Reason, Text: c.Reason}
+		case check.Warn:
+			jc.SystemOut = "WARNING: " + c.Reason
+		default:
+			jc.SystemOut = c.Reason
+		}
+		s.Cases = append(s.Cases, jc)
+	}
+	b, err := xml.MarshalIndent(junitSuites{Suites: []junitSuite{s}}, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(xml.Header), append(b, '\n')...), nil
+}
+
+// Prometheus renders the report in the text exposition format for node
+// exporter's textfile collector.
+func (r Report) Prometheus() []byte {
+	var b strings.Builder
+	cl := promLabel(r.Cluster)
+	gauge := func(name, help string) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
+	}
+	gauge("bootstrap_postcheck_success", "1 when the last postcheck passed (warnings allowed), else 0.")
+	fmt.Fprintf(&b, "bootstrap_postcheck_success{cluster=%s} %d\n", cl, boolInt(r.Passed()))
+	gauge("bootstrap_postcheck_check_success", "1 when the check did not fail (pass or warn).")
+	for _, c := range r.Checks {
+		fmt.Fprintf(&b, "bootstrap_postcheck_check_success{cluster=%s,check=%s} %d\n", cl, promLabel(c.Name), boolInt(c.Status != check.Fail))
+	}
+	gauge("bootstrap_postcheck_check_warning", "1 when the check passed with a warning.")
+	for _, c := range r.Checks {
+		fmt.Fprintf(&b, "bootstrap_postcheck_check_warning{cluster=%s,check=%s} %d\n", cl, promLabel(c.Name), boolInt(c.Status == check.Warn))
+	}
+	gauge("bootstrap_postcheck_duration_seconds", "Wall time of the last postcheck.")
+	fmt.Fprintf(&b, "bootstrap_postcheck_duration_seconds{cluster=%s} %.3f\n", cl, r.DurationSeconds)
+	gauge("bootstrap_postcheck_timestamp_seconds", "Start of the last postcheck, Unix time.")
+	fmt.Fprintf(&b, "bootstrap_postcheck_timestamp_seconds{cluster=%s} %d\n", cl, r.Started.Unix())
+	return []byte(b.String())
+}
+
+// WritePrometheus writes the textfile atomically, so the collector never
+// reads half a file.
+func WritePrometheus(path string, r Report) error {
+	return fsutil.WriteAtomic(path, r.Prometheus(), 0o644)
+}
+
+func promLabel(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ArchiveName is the file inside each postcheck/<UTC-timestamp>/ directory.
+const ArchiveName = "postcheck.tar.gz"
+
+// WriteArchive stores files (name → content) as one tar.gz in
+// dir/<UTC-timestamp>/ and returns the archive's path. Files are sorted by
+// name so archives of equal content are equal.
+func WriteArchive(dir string, started time.Time, files map[string][]byte) (string, error) {
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		hdr := &tar.Header{Name: n, Mode: 0o600, Size: int64(len(files[n])), ModTime: started.UTC(), Typeflag: tar.TypeReg}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return "", err
+		}
+		if _, err := tw.Write(files[n]); err != nil {
+			return "", err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return "", err
+	}
+	if err := gz.Close(); err != nil {
+		return "", err
+	}
+	sub := filepath.Join(dir, started.UTC().Format(state.TimestampLayout))
+	if err := os.MkdirAll(sub, 0o700); err != nil {
+		return "", err
+	}
+	path := filepath.Join(sub, ArchiveName)
+	if err := fsutil.WriteAtomic(path, buf.Bytes(), 0o600); err != nil {
+		return "", err
+	}
+	return path, nil
+}

@@ -1,0 +1,177 @@
+package postcheck
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"encoding/xml"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/homelab/bootstrap/check"
+)
+
+func sampleReport() Report {
+	start := time.Date(2026, 11, 21, 3, 0, 0, 0, time.UTC)
+	return NewReport("homelab", start, 2500*time.Millisecond, []check.Result{
+		{Name: CheckKubeconfig, Status: check.Pass, Reason: "API answers", Duration: 20 * time.Millisecond},
+		{Name: CheckCerts, Status: check.Warn, Reason: "kubeconfig admin cert expires 2026-12-01 (in 10 days)"},
+		{Name: CheckNFS, Status: check.Fail, Reason: `waiting for test PVC Bound: timed out "x"`},
+	})
+}
+
+func TestReportJSON(t *testing.T) {
+	b, err := sampleReport().JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"schema_version", "cluster", "started", "duration_seconds", "overall", "checks"} {
+		if _, ok := m[k]; !ok {
+			t.Fatalf("report.json lacks %s", k)
+		}
+	}
+	if m["overall"] != "fail" || m["schema_version"].(float64) != 1 || len(m["checks"].([]any)) != 3 {
+		t.Fatalf("report: %s", b)
+	}
+}
+
+func TestReportJUnit(t *testing.T) {
+	b, err := sampleReport().JUnit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s junitSuites
+	if err := xml.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	suite := s.Suites[0]
+	if suite.Tests != 3 || suite.Failures != 1 || suite.Cases[2].Failure == nil || !strings.HasPrefix(suite.Cases[1].SystemOut, "WARNING:") {
+		t.Fatalf("junit: %s", b)
+	}
+}
+
+func TestReportPrometheus(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "bootstrap.prom")
+	if err := WritePrometheus(p, sampleReport()); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	out := string(b)
+	for _, want := range []string{
+		`bootstrap_postcheck_success{cluster="homelab"} 0`,
+		`bootstrap_postcheck_check_success{cluster="homelab",check="kubeconfig"} 1`,
+		`bootstrap_postcheck_check_success{cluster="homelab",check="nfs-provisioning"} 0`,
+		`bootstrap_postcheck_check_warning{cluster="homelab",check="cert-expiry"} 1`,
+		`bootstrap_postcheck_duration_seconds{cluster="homelab"} 2.500`,
+		`bootstrap_postcheck_timestamp_seconds{cluster="homelab"} ` + strconv.FormatInt(time.Date(2026, 11, 21, 3, 0, 0, 0, time.UTC).Unix(), 10),
+		"# TYPE bootstrap_postcheck_success gauge",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("prometheus output lacks %q:\n%s", want, out)
+		}
+	}
+	// Every sample line is "name{labels} value".
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.HasPrefix(line, "#") && len(strings.Fields(line)) != 2 {
+			t.Fatalf("malformed sample %q", line)
+		}
+	}
+}
+
+func TestArchive(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Date(2026, 11, 21, 3, 0, 0, 0, time.UTC)
+	p, err := WriteArchive(dir, start, map[string][]byte{"report.json": []byte("{}"), "evidence/nodes.yaml": []byte("items: []")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != filepath.Join(dir, "20261121T030000Z", ArchiveName) {
+		t.Fatalf("archive at %s", p)
+	}
+	f, _ := os.Open(p)
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
+	if strings.Join(names, ",") != "evidence/nodes.yaml,report.json" {
+		t.Fatalf("archive holds %v", names)
+	}
+}
+
+func selfSigned(t *testing.T, notAfter time.Time) []byte {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "admin", Organization: []string{"system:masters"}},
+		NotBefore: notAfter.Add(-365 * 24 * time.Hour), NotAfter: notAfter}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+func writeKubeconfig(t *testing.T, dir string, certPEM []byte) string {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: "https://127.0.0.1:1"}
+	cfg.AuthInfos["admin@c"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: []byte("k")}
+	cfg.Contexts["admin@c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "admin@c"}
+	cfg.CurrentContext = "admin@c"
+	p := filepath.Join(dir, "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestCertExpiryWarns(t *testing.T) {
+	now := time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)
+	cases := []struct {
+		notAfter time.Time
+		want     check.Status
+		reason   string
+	}{
+		{now.Add(200 * 24 * time.Hour), check.Pass, "expires 2027-06-09"},
+		{now.Add(10 * 24 * time.Hour), check.Warn, "expires 2026-12-01 (in 10 days)"},
+		{now.Add(-24 * time.Hour), check.Fail, "expired: kubeconfig admin cert expires 2026-11-20"},
+	}
+	for _, tc := range cases {
+		p := writeKubeconfig(t, t.TempDir(), selfSigned(t, tc.notAfter))
+		c := &checker{o: Options{KubeconfigPath: p, CertWarnDays: 30, Now: func() time.Time { return now }}}
+		st, reason := c.certs(t.Context())
+		if st != tc.want || !strings.Contains(reason, tc.reason) {
+			t.Errorf("notAfter %s: got %s %q", tc.notAfter, st, reason)
+		}
+	}
+}

@@ -1,0 +1,446 @@
+package proxmox
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/homelab/bootstrap/internal/retry"
+)
+
+// DriftKind says what ensure does about a difference between spec and VM.
+type DriftKind string
+
+// The drift kinds.
+const (
+	// DriftFix differences are safe to change and are changed.
+	DriftFix DriftKind = "fix"
+	// DriftReport differences are shown and left alone (harmless once the
+	// node is installed: ISO, nameservers, CPU model, ...).
+	DriftReport DriftKind = "report"
+	// DriftRefuse differences would break the node or lose data (disk
+	// shrink, other storage, other network identity); ensure stops.
+	DriftRefuse DriftKind = "refuse"
+)
+
+// Drift is one difference between the spec and the existing VM.
+type Drift struct {
+	Field string
+	Want  string
+	Have  string
+	Kind  DriftKind
+	// Pending means the wanted value is already set and waits for the VM's
+	// next restart.
+	Pending bool
+	Why     string
+}
+
+func (d Drift) String() string {
+	s := fmt.Sprintf("%s: have %s, want %s", d.Field, d.Have, d.Want)
+	if d.Pending {
+		s = fmt.Sprintf("%s: %s set, applies at next restart (running with %s)", d.Field, d.Want, d.Have)
+	}
+	if d.Why != "" {
+		s += " (" + d.Why + ")"
+	}
+	return s
+}
+
+// ForeignVMError means a VMID or name the spec needs is held by a VM that
+// is not this cluster's (or not this node's).
+type ForeignVMError struct {
+	Spec  VMSpec
+	Other VMSummary
+	What  string
+}
+
+func (e *ForeignVMError) Error() string {
+	return fmt.Sprintf("VM %s (vmid %d): %s; refusing to touch it", e.Spec.Name, e.Spec.VMID, e.What)
+}
+
+// UnsafeDriftError lists differences ensure will not change by itself.
+type UnsafeDriftError struct {
+	Spec  VMSpec
+	Drift []Drift
+}
+
+func (e *UnsafeDriftError) Error() string {
+	parts := make([]string, len(e.Drift))
+	for i, d := range e.Drift {
+		parts[i] = d.String()
+	}
+	return fmt.Sprintf("VM %d %s differs from the config in ways bootstrap will not change by itself: %s; change the VM in Proxmox to match, or fix the config (bootstrap never deletes or recreates a VM on its own)",
+		e.Spec.VMID, e.Spec.Name, strings.Join(parts, "; "))
+}
+
+// Plan is what ensuring one VM would do. Computing it only reads.
+type Plan struct {
+	Spec VMSpec
+	// Create: the VM does not exist yet.
+	Create bool
+	// Adopt: a VM of this cluster with the spec's VMID and name exists.
+	Adopt bool
+	// WaitCreate: PVE is still creating the VM (lock "create"), e.g. for a
+	// run that was interrupted; apply waits and plans again.
+	WaitCreate bool
+	// Update holds config options to change (PUT .../config).
+	Update map[string]string
+	// GrowDisk is the new install disk size in bytes (0: unchanged).
+	GrowDisk int64
+	// Start: the VM exists (or will) and is not running.
+	Start  bool
+	Drift  []Drift
+	Status string
+	Config *VMConfig
+}
+
+// Refused returns the unsafe drift as an error, or nil.
+func (p Plan) Refused() error {
+	var bad []Drift
+	for _, d := range p.Drift {
+		if d.Kind == DriftRefuse {
+			bad = append(bad, d)
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return &UnsafeDriftError{Spec: p.Spec, Drift: bad}
+}
+
+// Changes describes the mutations apply would make (start not included),
+// one line each, for dry runs and change records.
+func (p Plan) Changes() []string {
+	s := p.Spec
+	var out []string
+	switch {
+	case p.Create:
+		out = append(out, fmt.Sprintf("create VM %d %s (%d cores, %d MiB, %d GiB %s disk on %s, %s on %s%s, MAC %s)",
+			s.VMID, s.Name, s.Cores, s.MemoryMiB, s.DiskGiB, s.Bus(), s.DiskStorage, s.IPv4, s.Bridge, vlanSuffix(s.VLAN), s.EffectiveMAC()))
+	case p.WaitCreate:
+		out = append(out, fmt.Sprintf("wait for PVE to finish creating VM %d %s, then adopt it", s.VMID, s.Name))
+	}
+	if len(p.Update) > 0 {
+		var parts []string
+		for _, d := range p.Drift {
+			if d.Kind == DriftFix && !d.Pending && d.Field != "disk size" {
+				parts = append(parts, fmt.Sprintf("%s %s → %s", d.Field, d.Have, d.Want))
+			}
+		}
+		out = append(out, fmt.Sprintf("update VM %d %s: %s", s.VMID, s.Name, strings.Join(parts, ", ")))
+	}
+	if p.GrowDisk > 0 {
+		out = append(out, fmt.Sprintf("grow VM %d %s disk %s to %s", s.VMID, s.Name, s.DiskSlot(), sizeString(p.GrowDisk)))
+	}
+	return out
+}
+
+func vlanSuffix(v int) string {
+	if v == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" VLAN %d", v)
+}
+
+// PlanVM decides how to bring one VM to spec, reading only. vms is the
+// cluster-wide VM list (ListVMs), shared between the specs of one run.
+func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan, error) {
+	p := Plan{Spec: spec}
+	if err := spec.Validate(); err != nil {
+		return p, err
+	}
+	tag := ClusterTag(spec.Cluster)
+	var byID *VMSummary
+	for i := range vms {
+		v := vms[i]
+		if v.VMID == spec.VMID {
+			byID = &vms[i]
+			continue
+		}
+		if v.Name == spec.Name {
+			if v.HasTag(tag) {
+				return p, &ForeignVMError{Spec: spec, Other: v, What: fmt.Sprintf("this cluster's VM named %s already exists with vmid %d; set that vmid in the config or destroy VM %d", spec.Name, v.VMID, v.VMID)}
+			}
+			return p, &ForeignVMError{Spec: spec, Other: v, What: fmt.Sprintf("the name %s is used by VM %d, which is not part of cluster %s (no tag %s)", spec.Name, v.VMID, spec.Cluster, tag)}
+		}
+	}
+	if byID == nil {
+		p.Create, p.Start = true, true
+		return p, nil
+	}
+	if !byID.HasTag(tag) {
+		if byID.Lock == "create" && byID.Name == "" {
+			p.WaitCreate, p.Start = true, true
+			return p, nil
+		}
+		return p, &ForeignVMError{Spec: spec, Other: *byID, What: fmt.Sprintf("vmid %d is used by VM %q (tags %q), which is not part of cluster %s (no tag %s); pick another vmid", byID.VMID, byID.Name, strings.Join(byID.Tags, ";"), spec.Cluster, tag)}
+	}
+	cfg, err := c.VMConfig(ctx, spec.VMID)
+	if err != nil {
+		return p, fmt.Errorf("reading VM %d config: %w", spec.VMID, err)
+	}
+	p.Adopt, p.Config, p.Status = true, cfg, byID.Status
+	p.Start = byID.Status != "running"
+	p.Drift, p.Update, p.GrowDisk = diff(spec, cfg)
+	return p, nil
+}
+
+// diff compares spec with the VM's effective config.
+func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
+	var drift []Drift
+	update := map[string]string{}
+	// fix compares the effective value (with pending changes) and notes
+	// when the wanted value only waits for a restart, so a re-run of a
+	// running VM does not send the same change again.
+	fix := func(field, key, want string, norm func(string) string) {
+		cur, eff := norm(cfg.Current[key]), norm(cfg.Effective[key])
+		switch {
+		case eff == want && cur == want:
+		case eff == want:
+			drift = append(drift, Drift{Field: field, Want: want, Have: cur, Kind: DriftFix, Pending: true})
+		default:
+			drift = append(drift, Drift{Field: field, Want: want, Have: eff, Kind: DriftFix})
+			update[key] = want
+		}
+	}
+	same := func(v string) string { return v }
+	intOr := func(def int) func(string) string {
+		return func(v string) string { return strconv.Itoa(atoiOr(strings.TrimPrefix(v, "current="), def)) }
+	}
+	agentOn := func(v string) string {
+		if v == "" || v == "0" || strings.HasPrefix(v, "0,") || strings.Contains(v, "enabled=0") {
+			return "0"
+		}
+		return "1"
+	}
+	report := func(field, want, have, why string) {
+		if want != have {
+			drift = append(drift, Drift{Field: field, Want: want, Have: have, Kind: DriftReport, Why: why})
+		}
+	}
+	refuse := func(field, want, have, why string) {
+		if want != have {
+			drift = append(drift, Drift{Field: field, Want: want, Have: have, Kind: DriftRefuse, Why: why})
+		}
+	}
+
+	fix("name", "name", s.Name, same)
+	fix("cores", "cores", strconv.Itoa(s.Cores), intOr(1))
+	fix("memory", "memory", strconv.Itoa(s.MemoryMiB), intOr(512))
+	fix("qemu agent", "agent", "1", agentOn)
+	// Required tags must be present; tags someone added by hand stay.
+	have := map[string]bool{}
+	for _, t := range cfg.Tags {
+		have[strings.ToLower(t)] = true
+	}
+	union := append([]string(nil), cfg.Tags...)
+	missing := false
+	for _, t := range s.Tags() {
+		if !have[t] {
+			union = append(union, t)
+			missing = true
+		}
+	}
+	if missing {
+		sort.Strings(union)
+		drift = append(drift, Drift{Field: "tags", Want: strings.Join(union, ";"), Have: strings.Join(cfg.Tags, ";"), Kind: DriftFix})
+		update["tags"] = strings.Join(union, ";")
+	}
+
+	var grow int64
+	want := int64(s.DiskGiB) << 30
+	switch d := cfg.Disk; {
+	case d == nil:
+		refuse("install disk", s.DiskSlot(), "none", "the VM has no disk")
+	case d.Slot != s.DiskSlot():
+		refuse("install disk", s.DiskSlot(), d.Slot, "another bus changes the device Talos installs to")
+	default:
+		refuse("disk storage", s.DiskStorage, d.Storage, "moving a disk is not done automatically")
+		switch {
+		case d.SizeBytes > want:
+			refuse("disk size", sizeString(want), sizeString(d.SizeBytes), "disks are never shrunk")
+		case d.SizeBytes < want && d.Storage == s.DiskStorage:
+			drift = append(drift, Drift{Field: "disk size", Want: sizeString(want), Have: sizeString(d.SizeBytes), Kind: DriftFix})
+			grow = want
+		}
+	}
+	refuse("MAC", s.EffectiveMAC(), cfg.Net.MAC, "the node's network identity")
+	refuse("bridge", s.Bridge, cfg.Net.Bridge, "the node's network")
+	refuse("VLAN", strconv.Itoa(s.VLAN), strconv.Itoa(cfg.Net.VLAN), "the node's network")
+	refuse("ipconfig0", s.ipconfig0(), cfg.IPConfig0, "the node's address")
+	report("nameservers", strings.Join(s.Nameservers, " "), strings.Join(cfg.Nameservers, " "), "only read by a node without config")
+	report("ISO", s.ISOStorage+":iso/"+s.ISOFile, cfg.CDROM, "only used until Talos is installed")
+	report("CPU type", "host", cfg.CPU, "")
+	return drift, update, grow
+}
+
+func sizeString(b int64) string {
+	if b%(1<<30) == 0 {
+		return fmt.Sprintf("%dG", b>>30)
+	}
+	return fmt.Sprintf("%dM", b>>20)
+}
+
+// Result is the outcome of ensuring one VM.
+type Result struct {
+	VMID        int
+	Name        string
+	MAC         string
+	IP          string
+	DiskBus     string
+	InstallDisk string
+	Created     bool
+	Adopted     bool
+	// Changed lists what was changed, one line each.
+	Changed []string
+	Drift   []Drift
+}
+
+func resultFor(p Plan) Result {
+	return Result{VMID: p.Spec.VMID, Name: p.Spec.Name, MAC: p.Spec.EffectiveMAC(), IP: p.Spec.IPv4.Addr().String(),
+		DiskBus: p.Spec.Bus(), InstallDisk: p.Spec.InstallDisk(), Drift: p.Drift}
+}
+
+// ApplyPlan carries out a plan's create or update (not the start); it
+// refuses unsafe drift. Safe to repeat: a lost answer to a create is
+// recovered by adopting the VM it made.
+func (c *Client) ApplyPlan(ctx context.Context, p Plan) (Result, error) {
+	unlock, err := c.lockVM(ctx, p.Spec.VMID)
+	if err != nil {
+		return Result{}, err
+	}
+	defer unlock()
+	return c.applyLocked(ctx, p, 0)
+}
+
+func (c *Client) applyLocked(ctx context.Context, p Plan, depth int) (Result, error) {
+	res := resultFor(p)
+	if depth > 2 {
+		return res, fmt.Errorf("VM %d %s: state keeps changing under bootstrap; giving up", p.Spec.VMID, p.Spec.Name)
+	}
+	replan := func() (Result, error) {
+		vms, err := c.ListVMs(ctx)
+		if err != nil {
+			return res, err
+		}
+		np, err := c.PlanVM(ctx, p.Spec, vms)
+		if err != nil {
+			return res, err
+		}
+		return c.applyLocked(ctx, np, depth+1)
+	}
+	if p.WaitCreate {
+		c.log.Info().Int("vmid", p.Spec.VMID).Msg("PVE is still creating this VM (interrupted run?); waiting for it")
+		if _, err := c.waitUnlocked(ctx, p.Spec.VMID, "create"); err != nil {
+			return res, err
+		}
+		return replan()
+	}
+	if err := p.Refused(); err != nil {
+		return res, err
+	}
+	s := p.Spec
+	if p.Create {
+		what := fmt.Sprintf("VM %d %s create", s.VMID, s.Name)
+		err := retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+			upid, err := c.post(ctx, "/nodes/"+c.node+"/qemu", s.createParams())
+			if err != nil {
+				return err
+			}
+			return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
+		})
+		if IsAlreadyExists(err) {
+			// Our earlier attempt may have created it with its answer lost,
+			// or another VM took the ID since we listed: look again.
+			c.log.Warn().Int("vmid", s.VMID).Msg("VMID already taken at create; checking whose VM it is")
+			if _, werr := c.waitUnlocked(ctx, s.VMID, "create"); werr != nil {
+				return res, werr
+			}
+			return replan()
+		}
+		if IsForbidden(err) {
+			return res, fmt.Errorf("creating VM %d %s: %w (the token needs VM.Allocate on /vms/%d; run precheck for the full list)", s.VMID, s.Name, err, s.VMID)
+		}
+		if err != nil {
+			return res, fmt.Errorf("creating VM %d %s: %w", s.VMID, s.Name, err)
+		}
+		res.Created = true
+		res.Changed = append(res.Changed, p.Changes()...)
+		return res, nil
+	}
+	res.Adopted = true
+	if len(p.Update) > 0 {
+		params := map[string]any{}
+		for k, v := range p.Update {
+			params[k] = v
+		}
+		what := fmt.Sprintf("VM %d %s config update", s.VMID, s.Name)
+		err := retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+			upid, err := c.put(ctx, c.vmPath(s.VMID)+"/config", params)
+			if err != nil {
+				return err
+			}
+			return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
+		})
+		if err != nil {
+			return res, fmt.Errorf("updating VM %d %s: %w", s.VMID, s.Name, err)
+		}
+	}
+	if p.GrowDisk > 0 {
+		what := fmt.Sprintf("VM %d %s disk resize", s.VMID, s.Name)
+		params := map[string]any{"disk": s.DiskSlot(), "size": sizeString(p.GrowDisk)}
+		err := retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+			upid, err := c.put(ctx, c.vmPath(s.VMID)+"/resize", params)
+			if err != nil {
+				return err
+			}
+			return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
+		})
+		if err != nil {
+			return res, fmt.Errorf("growing VM %d %s disk: %w", s.VMID, s.Name, err)
+		}
+	}
+	res.Changed = append(res.Changed, p.Changes()...)
+	return res, nil
+}
+
+// EnsureVM plans and applies one spec (without starting the VM).
+func (c *Client) EnsureVM(ctx context.Context, spec VMSpec) (Result, error) {
+	vms, err := c.ListVMs(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	p, err := c.PlanVM(ctx, spec, vms)
+	if err != nil {
+		return resultFor(p), err
+	}
+	return c.ApplyPlan(ctx, p)
+}
+
+// ISOSource is the Talos ISO a run needs on a storage.
+type ISOSource struct {
+	Storage           string
+	Filename          string
+	URL               string
+	Checksum          string
+	ChecksumAlgorithm string
+}
+
+// EnsureISO downloads the ISO unless it is already on the storage; it
+// reports whether it downloaded.
+func (c *Client) EnsureISO(ctx context.Context, src ISOSource) (bool, error) {
+	_, ok, err := c.FindISO(ctx, src.Storage, src.Filename)
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		return false, nil
+	}
+	if src.URL == "" {
+		return false, fmt.Errorf("ISO %s is not on storage %s and no download URL is configured", src.Filename, src.Storage)
+	}
+	err = c.DownloadISO(ctx, DownloadRequest{Storage: src.Storage, URL: src.URL, Filename: src.Filename, Checksum: src.Checksum, ChecksumAlgorithm: src.ChecksumAlgorithm})
+	return err == nil, err
+}

@@ -1,0 +1,290 @@
+package proxmox
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+
+	pxapi "github.com/Telmate/proxmox-api-go/proxmox"
+
+	"github.com/homelab/bootstrap/internal/retry"
+)
+
+// Version is the pve-manager version.
+type Version struct {
+	Major, Minor, Patch int
+	// Release is "8.2"; Full the whole string ("8.2.4").
+	Release string
+	Full    string
+}
+
+func (v Version) String() string { return v.Full }
+
+// AtLeast reports whether v >= major.minor.
+func (v Version) AtLeast(major, minor int) bool {
+	return v.Major > major || (v.Major == major && v.Minor >= minor)
+}
+
+// Version reads the API's version (GET /version).
+func (c *Client) Version(ctx context.Context) (Version, error) {
+	m, err := c.getMap(ctx, "/version")
+	if err != nil {
+		return Version{}, err
+	}
+	full, _ := m["version"].(string)
+	v := Version{Full: full}
+	v.Release, _ = m["release"].(string)
+	parts := strings.Split(full, ".")
+	nums := []*int{&v.Major, &v.Minor, &v.Patch}
+	for i := 0; i < len(parts) && i < 3; i++ {
+		n, err := strconv.Atoi(strings.TrimFunc(parts[i], func(r rune) bool { return r < '0' || r > '9' }))
+		if err != nil {
+			return v, fmt.Errorf("unreadable Proxmox version %q", full)
+		}
+		*nums[i] = n
+	}
+	return v, nil
+}
+
+// NodeInfo is one cluster member from GET /nodes.
+type NodeInfo struct {
+	Name   string
+	Online bool
+	Status string
+}
+
+// Nodes lists the cluster's nodes and whether they are online.
+func (c *Client) Nodes(ctx context.Context) ([]NodeInfo, error) {
+	list, err := c.getList(ctx, "/nodes")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]NodeInfo, 0, len(list))
+	for _, e := range list {
+		st := str(e["status"])
+		out = append(out, NodeInfo{Name: str(e["node"]), Status: st, Online: st == "online"})
+	}
+	return out, nil
+}
+
+// NodeStatus is the capacity of the node.
+type NodeStatus struct {
+	CPUs        int
+	CPUModel    string
+	MemoryTotal int64
+	MemoryUsed  int64
+	MemoryFree  int64
+	Uptime      int64
+}
+
+// NodeStatus reads GET /nodes/{node}/status.
+func (c *Client) NodeStatus(ctx context.Context) (NodeStatus, error) {
+	m, err := c.getMap(ctx, "/nodes/"+c.node+"/status")
+	if err != nil {
+		return NodeStatus{}, err
+	}
+	ns := NodeStatus{Uptime: num(m["uptime"])}
+	if mem, ok := m["memory"].(map[string]any); ok {
+		ns.MemoryTotal, ns.MemoryUsed, ns.MemoryFree = num(mem["total"]), num(mem["used"]), num(mem["free"])
+	}
+	if ci, ok := m["cpuinfo"].(map[string]any); ok {
+		ns.CPUs, ns.CPUModel = int(num(ci["cpus"])), str(ci["model"])
+	}
+	return ns, nil
+}
+
+// Storage is one storage as the node sees it.
+type Storage struct {
+	Name    string
+	Type    string
+	Content []string
+	Active  bool
+	Enabled bool
+	Shared  bool
+	Total   int64
+	Used    int64
+	Avail   int64
+}
+
+// HasContent reports whether the storage holds content type ct ("images", "iso").
+func (s Storage) HasContent(ct string) bool {
+	for _, c := range s.Content {
+		if c == ct {
+			return true
+		}
+	}
+	return false
+}
+
+// Storages lists the node's storages the token can see (GET /nodes/{node}/storage).
+func (c *Client) Storages(ctx context.Context) ([]Storage, error) {
+	list, err := c.getList(ctx, "/nodes/"+c.node+"/storage")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Storage, 0, len(list))
+	for _, e := range list {
+		st := Storage{
+			Name: str(e["storage"]), Type: str(e["type"]),
+			Active: num(e["active"]) == 1, Enabled: num(e["enabled"]) == 1, Shared: num(e["shared"]) == 1,
+			Total: num(e["total"]), Used: num(e["used"]), Avail: num(e["avail"]),
+		}
+		for _, ct := range strings.Split(str(e["content"]), ",") {
+			if ct = strings.TrimSpace(ct); ct != "" {
+				st.Content = append(st.Content, ct)
+			}
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Bridge is a Linux bridge on the node.
+type Bridge struct {
+	Name      string
+	VLANAware bool
+	Active    bool
+	CIDR      string
+}
+
+// Bridges lists the node's bridges (GET /nodes/{node}/network?type=any_bridge).
+func (c *Client) Bridges(ctx context.Context) ([]Bridge, error) {
+	list, err := c.getList(ctx, "/nodes/"+c.node+"/network?type=any_bridge")
+	if err != nil {
+		return nil, err
+	}
+	var out []Bridge
+	for _, e := range list {
+		out = append(out, Bridge{Name: str(e["iface"]), VLANAware: num(e["bridge_vlan_aware"]) == 1, Active: num(e["active"]) == 1, CIDR: str(e["cidr"])})
+	}
+	return out, nil
+}
+
+// ISOFile is an ISO on a storage.
+type ISOFile struct {
+	Storage string
+	Name    string
+	Size    int64
+}
+
+// VolID is "storage:iso/name".
+func (f ISOFile) VolID() string { return f.Storage + ":iso/" + f.Name }
+
+// FindISO reports whether file is on storage, using Telmate's content listing.
+func (c *Client) FindISO(ctx context.Context, storage, file string) (ISOFile, bool, error) {
+	var found ISOFile
+	var ok bool
+	path := "/nodes/" + c.node + "/storage/" + storage + "/content?content=iso"
+	err := retry.Do(ctx, c.opts.Retry, c.log, "list ISOs on "+storage, func(ctx context.Context) error {
+		cctx, cl := withCall(ctx)
+		files, err := pxapi.ListFiles(cctx, c.px, c.node, storage, pxapi.ContentType_Iso)
+		if err != nil {
+			return cl.classify("GET", path, err)
+		}
+		ok = pxapi.CheckFileExistence(file, files)
+		for _, f := range *files {
+			if f.Name == file {
+				found = ISOFile{Storage: storage, Name: f.Name, Size: int64(f.Size)}
+			}
+		}
+		return nil
+	})
+	return found, ok, err
+}
+
+// DownloadRequest asks the node to fetch an ISO from a URL.
+type DownloadRequest struct {
+	Storage  string
+	URL      string
+	Filename string
+	// Checksum (hex) and ChecksumAlgorithm ("sha256", "sha512", ...) are
+	// verified by PVE before the file is kept.
+	Checksum          string
+	ChecksumAlgorithm string
+	// Compression ("gz", "zst", ...) decompresses after download.
+	Compression string
+}
+
+// DownloadISO runs POST /nodes/{node}/storage/{storage}/download-url and
+// waits for the download task. A failed checksum is fatal.
+func (c *Client) DownloadISO(ctx context.Context, r DownloadRequest) error {
+	params := map[string]any{"url": r.URL, "content": "iso", "filename": r.Filename}
+	if r.Checksum != "" {
+		algo := r.ChecksumAlgorithm
+		if algo == "" {
+			algo = "sha256"
+		}
+		params["checksum"], params["checksum-algorithm"] = r.Checksum, algo
+	}
+	if r.Compression != "" {
+		params["compression"] = r.Compression
+	}
+	path := "/nodes/" + c.node + "/storage/" + r.Storage + "/download-url"
+	what := fmt.Sprintf("download of %s to %s", r.Filename, r.Storage)
+	return retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+		upid, err := c.post(ctx, path, params)
+		if err != nil {
+			return err
+		}
+		return c.waitTask(ctx, upid, what, c.opts.DownloadTimeout)
+	})
+}
+
+// Privileges maps a privilege name to whether it is granted.
+type Privileges map[string]bool
+
+// Permissions returns the token's effective privileges on each path (GET
+// /access/permissions?path=...), which already accounts for inheritance
+// and privilege separation.
+func (c *Client) Permissions(ctx context.Context, paths []string) (map[string]Privileges, error) {
+	out := map[string]Privileges{}
+	for _, p := range paths {
+		if _, done := out[p]; done {
+			continue
+		}
+		m, err := c.getMap(ctx, "/access/permissions?path="+url.QueryEscape(p))
+		if err != nil {
+			return nil, err
+		}
+		privs := Privileges{}
+		if pm, ok := m[p].(map[string]any); ok {
+			for k := range pm {
+				privs[k] = true
+			}
+		}
+		out[p] = privs
+	}
+	return out, nil
+}
+
+func str(v any) string {
+	switch t := v.(type) {
+	case string:
+		return t
+	case nil:
+		return ""
+	case float64:
+		return strconv.FormatFloat(t, 'f', -1, 64)
+	default:
+		return fmt.Sprint(t)
+	}
+}
+
+func num(v any) int64 {
+	switch t := v.(type) {
+	case float64:
+		return int64(t)
+	case string:
+		n, _ := strconv.ParseInt(t, 10, 64)
+		return n
+	case bool:
+		if t {
+			return 1
+		}
+	}
+	return 0
+}

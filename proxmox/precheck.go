@@ -1,0 +1,584 @@
+package proxmox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/homelab/bootstrap/check"
+)
+
+// PrecheckInput is what a run will ask of Proxmox.
+type PrecheckInput struct {
+	Cluster string
+	VMs     []VMSpec
+	ISO     ISOSource
+	// ISOSizeBytes is the expected download size when the ISO is missing
+	// (default 150 MiB, a Talos ISO with some room).
+	ISOSizeBytes int64
+}
+
+// Grant is a set of privileges on one path.
+type Grant struct {
+	Path  string
+	Privs []string
+}
+
+func (g Grant) String() string { return strings.Join(g.Privs, "+") + " on " + g.Path }
+
+// Need is one requirement of the run: any one of Options must be fully granted.
+type Need struct {
+	Why     string
+	Options []Grant
+}
+
+func allOf(why, path string, privs ...string) Need {
+	return Need{Why: why, Options: []Grant{{Path: path, Privs: privs}}}
+}
+
+func anyOf(why, path string, privs ...string) Need {
+	n := Need{Why: why}
+	for _, p := range privs {
+		n.Options = append(n.Options, Grant{Path: path, Privs: []string{p}})
+	}
+	return n
+}
+
+// createPrivileges are what POST /nodes/{node}/qemu checks for the options
+// a Talos VM is created with (qemu-server's per-option privilege groups).
+var createPrivileges = []string{
+	"VM.Allocate", "VM.Audit", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Options",
+	"VM.Config.HWType", "VM.Config.Disk", "VM.Config.Network", "VM.PowerMgmt",
+}
+
+// RequiredPrivileges lists what this run needs given the plans (from
+// PlanVM; a spec without a plan counts as to be created) and whether the
+// ISO must be downloaded.
+func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]Plan, downloadISO bool) []Need {
+	var needs []Need
+	needs = append(needs, allOf("read node status", "/nodes/"+node, "Sys.Audit"))
+	storages := map[string]bool{}
+	for _, s := range in.VMs {
+		vmPath := "/vms/" + strconv.Itoa(s.VMID)
+		p, planned := plans[s.VMID]
+		if !planned || p.Create || p.WaitCreate {
+			needs = append(needs, allOf(fmt.Sprintf("create and start VM %d %s", s.VMID, s.Name), vmPath, createPrivileges...))
+			needs = append(needs, allOf("allocate disks for VM "+strconv.Itoa(s.VMID), "/storage/"+s.DiskStorage, "Datastore.AllocateSpace"))
+			if ci := s.cloudInitStorage(); ci != s.DiskStorage {
+				needs = append(needs, allOf("allocate the cloud-init drive of VM "+strconv.Itoa(s.VMID), "/storage/"+ci, "Datastore.AllocateSpace"))
+			}
+			if v.Major >= 8 {
+				path := "/sdn/zones/localnetwork/" + s.Bridge
+				if s.VLAN != 0 {
+					path += "/" + strconv.Itoa(s.VLAN)
+				}
+				needs = append(needs, allOf("attach VM "+strconv.Itoa(s.VMID)+" to "+s.Bridge, path, "SDN.Use"))
+			}
+			storages[s.DiskStorage] = true
+			continue
+		}
+		needs = append(needs, allOf(fmt.Sprintf("read and start VM %d %s", s.VMID, s.Name), vmPath, "VM.Audit", "VM.PowerMgmt"))
+		for k := range p.Update {
+			switch k {
+			case "cores":
+				needs = append(needs, allOf("change cores of VM "+strconv.Itoa(s.VMID), vmPath, "VM.Config.CPU"))
+			case "memory":
+				needs = append(needs, allOf("change memory of VM "+strconv.Itoa(s.VMID), vmPath, "VM.Config.Memory"))
+			default:
+				needs = append(needs, allOf("change "+k+" of VM "+strconv.Itoa(s.VMID), vmPath, "VM.Config.Options"))
+			}
+		}
+		if p.GrowDisk > 0 {
+			needs = append(needs, allOf("grow the disk of VM "+strconv.Itoa(s.VMID), vmPath, "VM.Config.Disk"))
+			needs = append(needs, allOf("grow the disk of VM "+strconv.Itoa(s.VMID), "/storage/"+s.DiskStorage, "Datastore.AllocateSpace"))
+		}
+		storages[s.DiskStorage] = true
+	}
+	for st := range storages {
+		needs = append(needs, anyOf("see capacity of "+st, "/storage/"+st, "Datastore.Audit", "Datastore.AllocateSpace"))
+	}
+	needs = append(needs, anyOf("list and attach ISOs on "+in.ISO.Storage, "/storage/"+in.ISO.Storage, "Datastore.Audit", "Datastore.AllocateSpace"))
+	if downloadISO {
+		needs = append(needs, allOf("download the Talos ISO", "/storage/"+in.ISO.Storage, "Datastore.AllocateTemplate"))
+		needs = append(needs, Need{Why: "download from a URL", Options: []Grant{
+			{Path: "/", Privs: []string{"Sys.Audit", "Sys.Modify"}},
+			{Path: "/nodes/" + node, Privs: []string{"Sys.AccessNetwork"}},
+		}})
+	}
+	return needs
+}
+
+// Missing returns, for each unmet need, what is lacking: the missing
+// privileges of its one grant, or the alternatives spelled out.
+func Missing(needs []Need, held map[string]Privileges) []Grant {
+	var out []Grant
+	for _, n := range needs {
+		var lacks [][]string
+		met := false
+		for _, opt := range n.Options {
+			var lack []string
+			for _, p := range opt.Privs {
+				if !held[opt.Path][p] {
+					lack = append(lack, p)
+				}
+			}
+			if len(lack) == 0 {
+				met = true
+				break
+			}
+			lacks = append(lacks, lack)
+		}
+		switch {
+		case met:
+		case len(n.Options) == 1:
+			out = append(out, Grant{Path: n.Options[0].Path, Privs: lacks[0]})
+		default:
+			alts := make([]string, len(n.Options))
+			for i, o := range n.Options {
+				alts[i] = o.String()
+			}
+			out = append(out, Grant{Privs: []string{"one of (" + strings.Join(alts, " or ") + ")"}})
+		}
+	}
+	return out
+}
+
+// describeMissing groups missing grants by privilege: "VM.Allocate on
+// /vms/701, /vms/702; SDN.Use on /sdn/zones/localnetwork/vmbr0".
+func describeMissing(gs []Grant) string {
+	byPriv := map[string][]string{}
+	for _, g := range gs {
+		for _, p := range g.Privs {
+			if g.Path == "" {
+				byPriv[p] = nil
+				continue
+			}
+			if !contains(byPriv[p], g.Path) {
+				byPriv[p] = append(byPriv[p], g.Path)
+			}
+		}
+	}
+	privs := make([]string, 0, len(byPriv))
+	for p := range byPriv {
+		privs = append(privs, p)
+	}
+	sort.Strings(privs)
+	parts := make([]string, 0, len(privs))
+	for _, p := range privs {
+		if byPriv[p] == nil {
+			parts = append(parts, p)
+			continue
+		}
+		sort.Strings(byPriv[p])
+		parts = append(parts, p+" on "+strings.Join(byPriv[p], ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+type lazy[T any] struct {
+	once sync.Once
+	v    T
+	err  error
+}
+
+func (l *lazy[T]) get(f func() (T, error)) (T, error) {
+	l.once.Do(func() { l.v, l.err = f() })
+	return l.v, l.err
+}
+
+// facts are the reads the checks share, each made once.
+type facts struct {
+	c        *Client
+	in       PrecheckInput
+	version  lazy[Version]
+	vms      lazy[[]VMSummary]
+	storages lazy[[]Storage]
+	status   lazy[NodeStatus]
+	plans    lazy[planSet]
+	iso      lazy[bool]
+}
+
+type planSet struct {
+	plans map[int]Plan
+	errs  map[int]error
+}
+
+func (f *facts) getVersion(ctx context.Context) (Version, error) {
+	return f.version.get(func() (Version, error) { return f.c.Version(ctx) })
+}
+
+// gate fails a check early when the API cannot be used at all, so one dead
+// or misconfigured endpoint yields one explanation and one retry sequence.
+func (f *facts) gate(ctx context.Context) (check.Status, string, bool) {
+	if _, err := f.getVersion(ctx); err != nil {
+		if IsUnauthorized(err) {
+			st, msg := check.Failf("skipped: the API rejected the credentials (see proxmox: token)")
+			return st, msg, false
+		}
+		st, msg := check.Failf("skipped: the API is unreachable (see proxmox: API and version)")
+		return st, msg, false
+	}
+	return "", "", true
+}
+
+func (f *facts) getVMs(ctx context.Context) ([]VMSummary, error) {
+	return f.vms.get(func() ([]VMSummary, error) { return f.c.ListVMs(ctx) })
+}
+
+func (f *facts) getStorages(ctx context.Context) ([]Storage, error) {
+	return f.storages.get(func() ([]Storage, error) { return f.c.Storages(ctx) })
+}
+
+func (f *facts) getPlans(ctx context.Context) (planSet, error) {
+	return f.plans.get(func() (planSet, error) {
+		vms, err := f.getVMs(ctx)
+		if err != nil {
+			return planSet{}, err
+		}
+		ps := planSet{plans: map[int]Plan{}, errs: map[int]error{}}
+		for _, s := range f.in.VMs {
+			p, err := f.c.PlanVM(ctx, s, vms)
+			if err != nil {
+				ps.errs[s.VMID] = err
+				continue
+			}
+			ps.plans[s.VMID] = p
+		}
+		return ps, nil
+	})
+}
+
+func (f *facts) isoPresent(ctx context.Context) (bool, error) {
+	return f.iso.get(func() (bool, error) {
+		_, ok, err := f.c.FindISO(ctx, f.in.ISO.Storage, f.in.ISO.Filename)
+		return ok, err
+	})
+}
+
+func gib(b int64) string {
+	return strconv.FormatFloat(float64(b)/(1<<30), 'f', 1, 64) + " GiB"
+}
+
+// Prechecks returns the Proxmox checks of a run. Each reads only; shared
+// reads are made once. All of them run even when an early one fails.
+func Prechecks(c *Client, in PrecheckInput) []check.Check {
+	f := &facts{c: c, in: in}
+	if in.ISOSizeBytes <= 0 {
+		in.ISOSizeBytes = 150 << 20
+		f.in = in
+	}
+	return []check.Check{
+		{Name: "proxmox: API and version", Run: func(ctx context.Context) (check.Status, string) {
+			v, err := f.getVersion(ctx)
+			switch {
+			case IsUnauthorized(err):
+				return check.Failf("API at %s answers but rejected the credentials: %v", c.opts.URL, err)
+			case err != nil:
+				return check.Failf("API at %s unreachable: %v", c.opts.URL, err)
+			case v.Major < 7:
+				return check.Failf("Proxmox VE %s is too old (8.x or 9.x needed)", v)
+			case v.Major == 7:
+				return check.Warnf("Proxmox VE %s is end of life and untested; 8.x or 9.x recommended", v)
+			}
+			return check.Passf("Proxmox VE %s at %s", v, c.opts.URL)
+		}},
+		{Name: "proxmox: token", Run: func(ctx context.Context) (check.Status, string) {
+			who := c.opts.TokenID
+			if who == "" {
+				who = c.opts.Username
+			}
+			if _, err := f.getVersion(ctx); err != nil && !IsUnauthorized(err) {
+				return check.Failf("skipped: the API is unreachable (see proxmox: API and version)")
+			}
+			if _, err := c.Permissions(ctx, []string{"/"}); err != nil {
+				if IsUnauthorized(err) {
+					return check.Failf("%s rejected: %v", who, err)
+				}
+				return check.Failf("cannot verify %s: %v", who, err)
+			}
+			return check.Passf("%s accepted", who)
+		}},
+		{Name: "proxmox: privileges", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			v, err := f.getVersion(ctx)
+			if err != nil {
+				return check.Failf("cannot read version: %v", err)
+			}
+			ps, err := f.getPlans(ctx)
+			if err != nil {
+				return check.Failf("cannot list VMs: %v", err)
+			}
+			present, err := f.isoPresent(ctx)
+			if err != nil && !IsForbidden(err) {
+				return check.Failf("cannot list ISOs on %s: %v", in.ISO.Storage, err)
+			}
+			needs := RequiredPrivileges(c.node, v, in, ps.plans, !present)
+			var paths []string
+			for _, n := range needs {
+				for _, o := range n.Options {
+					paths = append(paths, o.Path)
+				}
+			}
+			held, err := c.Permissions(ctx, paths)
+			if err != nil {
+				return check.Failf("cannot read the token's permissions: %v", err)
+			}
+			if miss := Missing(needs, held); len(miss) > 0 {
+				return check.Failf("missing %s", describeMissing(miss))
+			}
+			return check.Passf("every privilege this run needs is granted (%d requirements on %d paths)", len(needs), len(held))
+		}},
+		{Name: "proxmox: node", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			nodes, err := c.Nodes(ctx)
+			if err != nil {
+				return check.Failf("cannot list nodes: %v", err)
+			}
+			var names []string
+			for _, n := range nodes {
+				names = append(names, n.Name)
+				if n.Name == c.node {
+					if !n.Online {
+						return check.Failf("node %s is %s", c.node, n.Status)
+					}
+					return check.Passf("node %s online", c.node)
+				}
+			}
+			return check.Failf("node %s not in the cluster (nodes: %s)", c.node, strings.Join(names, ", "))
+		}},
+		{Name: "proxmox: disk storage", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkDiskStorage(ctx)
+		}},
+		{Name: "proxmox: ISO storage", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkISOStorage(ctx)
+		}},
+		{Name: "proxmox: bridge", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkBridges(ctx)
+		}},
+		{Name: "proxmox: RAM and CPU headroom", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkCapacity(ctx)
+		}},
+		{Name: "proxmox: VMIDs and names", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			ps, err := f.getPlans(ctx)
+			if err != nil {
+				return check.Failf("cannot list VMs: %v", err)
+			}
+			var bad []string
+			for _, s := range in.VMs {
+				if err := ps.errs[s.VMID]; err != nil {
+					var fe *ForeignVMError
+					if errors.As(err, &fe) {
+						bad = append(bad, fe.What)
+					} else {
+						bad = append(bad, fmt.Sprintf("VM %d %s: %v", s.VMID, s.Name, err))
+					}
+				}
+			}
+			if len(bad) > 0 {
+				return check.Failf("%s", strings.Join(bad, "; "))
+			}
+			var created, adopted, waiting int
+			for _, p := range ps.plans {
+				switch {
+				case p.Create:
+					created++
+				case p.WaitCreate:
+					waiting++
+				default:
+					adopted++
+				}
+			}
+			if waiting > 0 {
+				return check.Warnf("%d to create, %d of this cluster's to adopt, %d still being created by Proxmox (interrupted run?)", created, adopted, waiting)
+			}
+			return check.Passf("%d to create, %d of this cluster's to adopt, none held by other VMs", created, adopted)
+		}},
+	}
+}
+
+func (f *facts) storage(ctx context.Context, name string) (Storage, bool, error) {
+	sts, err := f.getStorages(ctx)
+	if err != nil {
+		return Storage{}, false, err
+	}
+	for _, s := range sts {
+		if s.Name == name {
+			return s, true, nil
+		}
+	}
+	return Storage{}, false, nil
+}
+
+func (f *facts) checkDiskStorage(ctx context.Context) (check.Status, string) {
+	ps, err := f.getPlans(ctx)
+	if err != nil {
+		return check.Failf("cannot list VMs: %v", err)
+	}
+	need := map[string]int64{}
+	count := map[string]int{}
+	var order []string
+	for _, s := range f.in.VMs {
+		if _, ok := need[s.DiskStorage]; !ok {
+			order = append(order, s.DiskStorage)
+			need[s.DiskStorage] = 0
+		}
+		p, ok := ps.plans[s.VMID]
+		switch {
+		case !ok || p.Create:
+			need[s.DiskStorage] += int64(s.DiskGiB) << 30
+			need[s.cloudInitStorage()] += 4 << 20
+			count[s.DiskStorage]++
+		case p.GrowDisk > 0 && p.Config != nil && p.Config.Disk != nil:
+			need[s.DiskStorage] += p.GrowDisk - p.Config.Disk.SizeBytes
+		}
+	}
+	var parts []string
+	for _, name := range order {
+		st, ok, err := f.storage(ctx, name)
+		switch {
+		case err != nil:
+			return check.Failf("cannot list storages: %v", err)
+		case !ok:
+			return check.Failf("storage %s not found on node %s (or the token cannot see it)", name, f.c.node)
+		case !st.Enabled || !st.Active:
+			return check.Failf("storage %s is not enabled and active", name)
+		case !st.HasContent("images"):
+			return check.Failf("storage %s does not hold content type images (has %s)", name, strings.Join(st.Content, ","))
+		case need[name] > st.Avail:
+			return check.Failf("storage %s: %s needed for %d new disk(s), only %s free", name, gib(need[name]), count[name], gib(st.Avail))
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s needed, %s free", name, gib(need[name]), gib(st.Avail)))
+	}
+	return check.Passf("%s", strings.Join(parts, "; "))
+}
+
+func (f *facts) checkISOStorage(ctx context.Context) (check.Status, string) {
+	in := f.in
+	st, ok, err := f.storage(ctx, in.ISO.Storage)
+	switch {
+	case err != nil:
+		return check.Failf("cannot list storages: %v", err)
+	case !ok:
+		return check.Failf("storage %s not found on node %s (or the token cannot see it)", in.ISO.Storage, f.c.node)
+	case !st.HasContent("iso"):
+		return check.Failf("storage %s does not hold content type iso (has %s)", in.ISO.Storage, strings.Join(st.Content, ","))
+	}
+	present, err := f.isoPresent(ctx)
+	switch {
+	case err != nil:
+		return check.Failf("cannot list ISOs on %s: %v", in.ISO.Storage, err)
+	case present:
+		return check.Passf("%s present on %s", in.ISO.Filename, in.ISO.Storage)
+	case in.ISO.URL == "":
+		return check.Failf("%s is not on %s and no download URL is configured", in.ISO.Filename, in.ISO.Storage)
+	case st.Avail < in.ISOSizeBytes:
+		return check.Failf("%s must be downloaded but %s has only %s free (about %s needed)", in.ISO.Filename, in.ISO.Storage, gib(st.Avail), gib(in.ISOSizeBytes))
+	case in.ISO.Checksum == "":
+		return check.Warnf("%s will be downloaded to %s without a checksum to verify it", in.ISO.Filename, in.ISO.Storage)
+	}
+	return check.Passf("%s will be downloaded to %s (%s free)", in.ISO.Filename, in.ISO.Storage, gib(st.Avail))
+}
+
+func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
+	bridges, err := f.c.Bridges(ctx)
+	if err != nil {
+		return check.Failf("cannot list bridges: %v", err)
+	}
+	have := map[string]Bridge{}
+	for _, b := range bridges {
+		have[b.Name] = b
+	}
+	seen := map[string]bool{}
+	var parts []string
+	for _, s := range f.in.VMs {
+		key := s.Bridge + "/" + strconv.Itoa(s.VLAN)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		b, ok := have[s.Bridge]
+		switch {
+		case !ok:
+			return check.Failf("bridge %s not found on node %s", s.Bridge, f.c.node)
+		case s.VLAN != 0 && !b.VLANAware:
+			return check.Failf("bridge %s is not VLAN aware but VLAN %d is configured (enable 'VLAN aware' on it)", s.Bridge, s.VLAN)
+		}
+		if s.VLAN != 0 {
+			parts = append(parts, fmt.Sprintf("%s (VLAN-aware, VLAN %d)", s.Bridge, s.VLAN))
+		} else {
+			parts = append(parts, s.Bridge)
+		}
+	}
+	return check.Passf("%s present", strings.Join(parts, ", "))
+}
+
+func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
+	ns, err := f.status.get(func() (NodeStatus, error) { return f.c.NodeStatus(ctx) })
+	if err != nil {
+		return check.Failf("cannot read node status: %v", err)
+	}
+	vms, err := f.getVMs(ctx)
+	if err != nil {
+		return check.Failf("cannot list VMs: %v", err)
+	}
+	running := map[int]bool{}
+	for _, v := range vms {
+		running[v.VMID] = v.Status == "running"
+	}
+	var needMem int64
+	vcpus := 0
+	for _, s := range f.in.VMs {
+		if s.Cores > ns.CPUs {
+			return check.Failf("VM %s wants %d cores, the node has %d CPUs", s.Name, s.Cores, ns.CPUs)
+		}
+		vcpus += s.Cores
+		if !running[s.VMID] {
+			needMem += int64(s.MemoryMiB) << 20
+		}
+	}
+	if needMem > ns.MemoryFree {
+		return check.Failf("%s RAM needed for VMs to start, only %s free of %s", gib(needMem), gib(ns.MemoryFree), gib(ns.MemoryTotal))
+	}
+	after := ns.MemoryUsed + needMem
+	pct := float64(after) * 100 / float64(ns.MemoryTotal)
+	reason := fmt.Sprintf("RAM %s of %s after start (%.0f%%), %d vCPUs on %d CPUs", gib(after), gib(ns.MemoryTotal), pct, vcpus, ns.CPUs)
+	switch {
+	case pct > 90:
+		return check.Warnf("%s: above 90%% leaves the host little room", reason)
+	case vcpus > 4*ns.CPUs:
+		return check.Warnf("%s: more than 4× CPU overcommit", reason)
+	}
+	return check.Passf("%s", reason)
+}

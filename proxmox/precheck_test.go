@@ -1,0 +1,150 @@
+package proxmox
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/proxmox/pvesim"
+)
+
+var vlanBridge = []pvesim.BridgeSpec{{Name: "vmbr0", VLANAware: true, Ports: "enp1s0"}}
+
+func precheckInput(n int) PrecheckInput {
+	src := iso
+	src.Checksum = isoSum()
+	return PrecheckInput{Cluster: "lab", VMs: specs(n), ISO: src}
+}
+
+func runPrechecks(t *testing.T, c *Client, in PrecheckInput) map[string]check.Result {
+	t.Helper()
+	ctx := ctxT(t)
+	results := check.RunAll(ctx, Prechecks(c, in), 4)
+	var table bytes.Buffer
+	_ = check.Table(&table, results)
+	t.Logf("\n%s", table.String())
+	out := map[string]check.Result{}
+	for _, r := range results {
+		out[r.Name] = r
+	}
+	return out
+}
+
+func expect(t *testing.T, rs map[string]check.Result, name string, st check.Status, reasonHas ...string) {
+	t.Helper()
+	r, ok := rs[name]
+	if !ok {
+		t.Fatalf("no check %q", name)
+	}
+	if r.Status != st {
+		t.Errorf("%s: %s (%s), want %s", name, r.Status, r.Reason, st)
+	}
+	for _, s := range reasonHas {
+		if !strings.Contains(r.Reason, s) {
+			t.Errorf("%s: reason %q lacks %q", name, r.Reason, s)
+		}
+	}
+}
+
+func TestPrechecksPassOnAReadyHost(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge})
+	rs := runPrechecks(t, e.c, precheckInput(6))
+	for name, r := range rs {
+		if r.Status != check.Pass {
+			t.Errorf("%s: %s %s", name, r.Status, r.Reason)
+		}
+	}
+	expect(t, rs, "proxmox: ISO storage", check.Pass, "will be downloaded")
+	expect(t, rs, "proxmox: disk storage", check.Pass, "local-lvm: 120.0 GiB needed")
+	expect(t, rs, "proxmox: VMIDs and names", check.Pass, "6 to create, 0")
+	if n := e.sim.MutatingCalls(); n != 0 {
+		t.Errorf("prechecks made changes: %v", e.sim.MutatingCallList())
+	}
+}
+
+func TestPrecheckNamesEveryMissingPrivilege(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Tokens: []pvesim.Token{{
+		ID: "bootstrap@pve!run", Secret: "secret",
+		ACL: []pvesim.ACE{
+			{Path: "/", Privileges: []string{"Sys.Audit", "Datastore.Audit", "VM.Audit"}},
+			{Path: "/vms", Privileges: []string{"VM.Allocate", "VM.Audit", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Options", "VM.Config.HWType", "VM.Config.Disk", "VM.Config.Network"}},
+			{Path: "/storage/local-lvm", Privileges: []string{"Datastore.AllocateSpace", "Datastore.Audit"}},
+		},
+	}}})
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "secret" })
+	rs := runPrechecks(t, c, precheckInput(2))
+	expect(t, rs, "proxmox: privileges", check.Fail,
+		"VM.PowerMgmt on /vms/701, /vms/702",
+		"SDN.Use on /sdn/zones/localnetwork/vmbr0/20",
+		"Datastore.AllocateTemplate on /storage/local",
+		"one of (Sys.Audit+Sys.Modify on / or Sys.AccessNetwork on /nodes/pve)")
+	if strings.Contains(rs["proxmox: privileges"].Reason, "VM.Allocate") {
+		t.Errorf("granted privileges must not be listed: %s", rs["proxmox: privileges"].Reason)
+	}
+	expect(t, rs, "proxmox: token", check.Pass)
+}
+
+func TestPrecheckCatchesFullStorage(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge})
+	if err := e.sim.SetStorageUsed("local-lvm", 300<<30); err != nil {
+		t.Fatal(err)
+	}
+	rs := runPrechecks(t, e.c, precheckInput(3))
+	expect(t, rs, "proxmox: disk storage", check.Fail, "storage local-lvm: 60.0 GiB needed for 3 new disk(s), only 48.0 GiB free")
+	if err := e.sim.SetStorageUsed("local", 94<<30); err != nil {
+		t.Fatal(err)
+	}
+	rs = runPrechecks(t, e.c, precheckInput(1))
+	expect(t, rs, "proxmox: ISO storage", check.Fail, "must be downloaded but local has only 0.0 GiB free")
+}
+
+func TestPrecheckHostProblems(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Node: pvesim.NodeSpec{MemoryBytes: 8 << 30}})
+	if err := e.sim.SeedVM(702, map[string]string{"name": "pihole", "scsi0": "local-lvm:8"}, false); err != nil {
+		t.Fatal(err)
+	}
+	in := precheckInput(3)
+	in.VMs[2].Cores = 8
+	e.sim.SetNodeOnline(false)
+	rs := runPrechecks(t, e.c, in)
+	expect(t, rs, "proxmox: node", check.Fail, "node pve is offline")
+	e.sim.SetNodeOnline(true)
+	rs = runPrechecks(t, e.c, in)
+	expect(t, rs, "proxmox: bridge", check.Fail, "bridge vmbr0 is not VLAN aware but VLAN 20 is configured")
+	expect(t, rs, "proxmox: VMIDs and names", check.Fail, `vmid 702 is used by VM "pihole"`)
+	expect(t, rs, "proxmox: RAM and CPU headroom", check.Fail, "VM node-3 wants 8 cores, the node has 4 CPUs")
+	in.VMs[2].Cores = 2
+	rs = runPrechecks(t, e.c, in)
+	// 1.5 GiB host + 3×2 GiB of 8 GiB.
+	expect(t, rs, "proxmox: RAM and CPU headroom", check.Warn, "above 90%")
+	in.VMs[0].MemoryMiB = 4096
+	rs = runPrechecks(t, e.c, in)
+	expect(t, rs, "proxmox: RAM and CPU headroom", check.Fail, "8.0 GiB RAM needed for VMs to start, only 6.5 GiB free")
+}
+
+func TestPrecheckAuthAndReachability(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge})
+	bad := e.client(func(o *Options) { o.TokenSecret = "nope" })
+	rs := runPrechecks(t, bad, precheckInput(1))
+	expect(t, rs, "proxmox: token", check.Fail, "rejected", "Authentication failed!")
+	_ = e.sim.Close()
+	rs = runPrechecks(t, e.c, precheckInput(1))
+	expect(t, rs, "proxmox: API and version", check.Fail, "unreachable")
+	for name, r := range rs {
+		if r.Status == check.Pass {
+			t.Errorf("%s passed against a dead API: %s", name, r.Reason)
+		}
+	}
+}
+
+func TestPrecheckAfterProvisionAdoptsAndNeedsLess(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge})
+	e.provision(context.Background(), e.c, specs(2))
+	rs := runPrechecks(t, e.c, precheckInput(2))
+	expect(t, rs, "proxmox: VMIDs and names", check.Pass, "0 to create, 2 of this cluster's to adopt")
+	expect(t, rs, "proxmox: ISO storage", check.Pass, "present on local")
+	expect(t, rs, "proxmox: disk storage", check.Pass, "local-lvm: 0.0 GiB needed")
+	expect(t, rs, "proxmox: RAM and CPU headroom", check.Pass)
+}

@@ -1,0 +1,224 @@
+package pvesim
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// VMInfo is a snapshot of one simulated VM for tests and the lab.
+type VMInfo struct {
+	VMID int
+	// Status is "stopped", "starting" or "running".
+	Status string
+	// Config is the stored config (pending changes not applied).
+	Config map[string]string
+	// Pending holds changes waiting for the next start.
+	Pending map[string]string
+	Event   VMEvent
+}
+
+// VM returns a snapshot of the VM with vmid.
+func (s *Server) VM(vmid int) (VMInfo, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.vms[vmid]
+	if v == nil {
+		return VMInfo{}, false
+	}
+	info := VMInfo{VMID: vmid, Status: v.state, Config: map[string]string{}, Pending: map[string]string{}, Event: s.eventLocked(v)}
+	for k, val := range v.conf {
+		info.Config[k] = val
+	}
+	for k, val := range v.pending {
+		info.Pending[k] = val
+	}
+	return info, true
+}
+
+// VMIDs lists the VMs that exist, sorted.
+func (s *Server) VMIDs() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.vmIDsLocked()
+}
+
+// SeedVM creates a VM out of band (no API call, no task, no counters), as
+// if someone had made it earlier, with the same option syntax as the create
+// call ("scsi0": "local-lvm:32", "net0": "virtio,bridge=vmbr0", ...).
+func (s *Server) SeedVM(vmid int, params map[string]string, running bool) error {
+	cfg := map[string]string{}
+	for k, v := range params {
+		cfg[k] = v
+	}
+	if errs := validateConfig(cfg, s.major()); len(errs) > 0 {
+		return fmt.Errorf("invalid seed config for VM %d: %v", vmid, errs)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.vms[vmid]; ok {
+		return fmt.Errorf("VM %d already exists", vmid)
+	}
+	s.addMACsLocked(cfg)
+	vols, err := s.createDisksLocked(vmid, cfg)
+	if err != nil {
+		for _, vol := range vols {
+			s.freeLocked(vol)
+		}
+		return err
+	}
+	if cfg["boot"] == "" {
+		cfg["boot"] = defaultBoot(cfg)
+	}
+	if cfg["smbios1"] == "" {
+		cfg["smbios1"] = "uuid=" + newUUID()
+	}
+	v := newVM(vmid, cfg)
+	if running {
+		s.pid++
+		v.state, v.startedAt, v.pid, v.reserved = "running", time.Now(), s.pid, memoryMiB(cfg)*mib
+	}
+	s.vms[vmid] = v
+	return nil
+}
+
+// EditVM changes a VM's config out of band, as an administrator editing it
+// in the GUI would (values in create syntax; "" deletes an option). It
+// bypasses locks and pending handling.
+func (s *Server) EditVM(vmid int, changes map[string]string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.vms[vmid]
+	if v == nil {
+		return fmt.Errorf("VM %d does not exist", vmid)
+	}
+	set := map[string]string{}
+	for k, val := range changes {
+		if val == "" {
+			delete(v.conf, k)
+			continue
+		}
+		set[k] = val
+	}
+	vols, err := s.createDisksLocked(vmid, set)
+	if err != nil {
+		for _, vol := range vols {
+			s.freeLocked(vol)
+		}
+		return err
+	}
+	for k, val := range set {
+		v.conf[k] = val
+	}
+	return nil
+}
+
+// SetLock sets the config lock of a VM ("backup", "migrate", ...) as a
+// running backup job would; for > 0 clears it again after that long.
+func (s *Server) SetLock(vmid int, lock string, clearAfter time.Duration) error {
+	s.mu.Lock()
+	v := s.vms[vmid]
+	if v == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("VM %d does not exist", vmid)
+	}
+	v.conf["lock"] = lock
+	s.mu.Unlock()
+	if clearAfter > 0 {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			select {
+			case <-time.After(clearAfter):
+			case <-s.ctx.Done():
+			}
+			s.mu.Lock()
+			if v.conf["lock"] == lock {
+				delete(v.conf, "lock")
+			}
+			s.mu.Unlock()
+		}()
+	}
+	return nil
+}
+
+// SetNodeOnline marks the node online or offline in /nodes; while offline,
+// calls to /nodes/<node>/... fail like an unreachable cluster member.
+func (s *Server) SetNodeOnline(online bool) {
+	s.mu.Lock()
+	s.nodeOnline = online
+	s.mu.Unlock()
+}
+
+// SetBridges replaces the node's bridges.
+func (s *Server) SetBridges(b []BridgeSpec) {
+	s.mu.Lock()
+	s.bridges = append([]BridgeSpec(nil), b...)
+	s.mu.Unlock()
+}
+
+// AddToken adds (or replaces) an API token.
+func (s *Server) AddToken(t Token) {
+	s.mu.Lock()
+	s.tokens[t.ID] = t
+	s.mu.Unlock()
+}
+
+// OnStart registers a listener called when a VM has started; an error
+// fails the start task with "start failed: <err>".
+func (s *Server) OnStart(fn func(VMEvent) error) {
+	s.mu.Lock()
+	s.onStart = append(s.onStart, fn)
+	s.mu.Unlock()
+}
+
+// OnStop registers a listener called when a VM has stopped.
+func (s *Server) OnStop(fn func(VMEvent)) {
+	s.mu.Lock()
+	s.onStop = append(s.onStop, fn)
+	s.mu.Unlock()
+}
+
+// eventLocked describes v as its guest would see it; s.mu must be held.
+func (s *Server) eventLocked(v *vm) VMEvent {
+	ev := VMEvent{Node: s.node.Name, VMID: v.id, Name: v.conf["name"], Tags: splitTags(v.conf["tags"]), At: time.Now()}
+	if ipc := v.conf["ipconfig0"]; ipc != "" {
+		if p, gw, err := parseIPConfig(ipc); err == nil {
+			ev.IPv4, ev.Gateway = p, gw
+		}
+	}
+	if ns := v.conf["nameserver"]; ns != "" {
+		ev.Nameservers = strings.Fields(ns)
+	}
+	if n, err := parseNet(v.conf["net0"]); err == nil && v.conf["net0"] != "" {
+		ev.MAC, ev.Bridge, ev.VLAN = strings.ToUpper(n.mac), n.bridge, n.tag
+	}
+	keys := sortedKeys(v.conf)
+	sort.SliceStable(keys, func(i, j int) bool { return driveOrder(keys[i]) < driveOrder(keys[j]) })
+	for _, k := range keys {
+		if !isDriveKey(k) {
+			continue
+		}
+		d, err := parseDrive(v.conf[k])
+		if err != nil || d.isCDROM() || d.isCloudInit() || d.file == "none" {
+			continue
+		}
+		stName, vol, _ := strings.Cut(d.file, ":")
+		size, _ := parseSize(d.get("size"))
+		ev.Disks = append(ev.Disks, Disk{Slot: k, Bus: driveBus(k), Storage: stName, Volume: vol, SizeBytes: size})
+	}
+	return ev
+}
+
+// driveOrder sorts drives the way a guest enumerates them: by bus, then index.
+func driveOrder(k string) int {
+	m := driveKeyRE.FindStringSubmatch(k)
+	if m == nil {
+		return 1 << 20
+	}
+	n, _ := strconv.Atoi(m[2])
+	bus := map[string]int{"scsi": 0, "virtio": 1, "sata": 2, "ide": 3}[m[1]]
+	return bus*100 + n
+}

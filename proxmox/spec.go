@@ -1,0 +1,201 @@
+package proxmox
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// VMSpec is what one cluster node's VM should look like.
+type VMSpec struct {
+	// Cluster names the cluster; the VM is tagged bootstrap-<Cluster>.
+	Cluster string
+	// Name is the VM (and node) name.
+	Name string
+	// Role is "controlplane" or "worker"; it becomes a tag.
+	Role string
+	// VMID comes from config: IDs are never taken from /cluster/nextid,
+	// which reserves nothing and races between parallel creates.
+	VMID      int
+	Cores     int
+	MemoryMiB int
+	// DiskStorage and DiskGiB describe the install disk.
+	DiskStorage string
+	DiskGiB     int
+	// DiskBus is "scsi" (default, on virtio-scsi-single: /dev/sda) or
+	// "virtio" (/dev/vda).
+	DiskBus string
+	Bridge  string
+	// VLAN tags net0 when non-zero.
+	VLAN int
+	// MAC of net0; empty derives a stable one from Cluster and Name.
+	MAC string
+	// ISOStorage and ISOFile are the Talos nocloud ISO on ide2.
+	ISOStorage string
+	ISOFile    string
+	// CloudInitStorage holds the cloud-init drive (default DiskStorage).
+	CloudInitStorage string
+	// IPv4 is the node's static address with prefix; Gateway its router.
+	IPv4        netip.Prefix
+	Gateway     netip.Addr
+	Nameservers []string
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+
+// Validate checks the spec before anything is sent to Proxmox.
+func (s VMSpec) Validate() error {
+	var errs []error
+	if !nameRE.MatchString(s.Cluster) {
+		errs = append(errs, fmt.Errorf("cluster name %q must be lower-case letters, digits and dashes", s.Cluster))
+	}
+	if !nameRE.MatchString(s.Name) {
+		errs = append(errs, fmt.Errorf("VM name %q must be a DNS label", s.Name))
+	}
+	if s.VMID < 100 || s.VMID > 999999999 {
+		errs = append(errs, fmt.Errorf("VM %s: vmid %d is outside 100..999999999", s.Name, s.VMID))
+	}
+	if s.Cores < 1 || s.MemoryMiB < 512 || s.DiskGiB < 1 {
+		errs = append(errs, fmt.Errorf("VM %s: needs cores >= 1, memory >= 512 MiB and a disk >= 1 GiB", s.Name))
+	}
+	if s.DiskStorage == "" || s.Bridge == "" || s.ISOStorage == "" || s.ISOFile == "" {
+		errs = append(errs, fmt.Errorf("VM %s: disk storage, bridge and ISO storage/file are required", s.Name))
+	}
+	if s.DiskBus != "" && s.DiskBus != "scsi" && s.DiskBus != "virtio" {
+		errs = append(errs, fmt.Errorf("VM %s: disk bus %q must be scsi or virtio", s.Name, s.DiskBus))
+	}
+	if s.VLAN < 0 || s.VLAN > 4094 {
+		errs = append(errs, fmt.Errorf("VM %s: VLAN %d is outside 1..4094", s.Name, s.VLAN))
+	}
+	if !s.IPv4.IsValid() || !s.IPv4.Addr().Is4() {
+		errs = append(errs, fmt.Errorf("VM %s: a static IPv4 address with prefix is required", s.Name))
+	}
+	if s.MAC != "" {
+		if _, err := normalizeMAC(s.MAC); err != nil {
+			errs = append(errs, fmt.Errorf("VM %s: %w", s.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Bus is the install disk's bus ("scsi" unless set).
+func (s VMSpec) Bus() string {
+	if s.DiskBus == "" {
+		return "scsi"
+	}
+	return s.DiskBus
+}
+
+// DiskSlot is the config key of the install disk ("scsi0").
+func (s VMSpec) DiskSlot() string { return s.Bus() + "0" }
+
+// InstallDisk is the device the guest sees the install disk as.
+func (s VMSpec) InstallDisk() string {
+	if s.Bus() == "virtio" {
+		return "/dev/vda"
+	}
+	return "/dev/sda"
+}
+
+// EffectiveMAC is the configured MAC or the derived one.
+func (s VMSpec) EffectiveMAC() string {
+	if s.MAC != "" {
+		m, _ := normalizeMAC(s.MAC)
+		return m
+	}
+	return DeriveMAC(s.Cluster, s.Name)
+}
+
+// Tags are the tags the VM must carry: talos, bootstrap-<cluster>, role.
+func (s VMSpec) Tags() []string {
+	tags := []string{"talos", ClusterTag(s.Cluster)}
+	if s.Role != "" {
+		tags = append(tags, s.Role)
+	}
+	sort.Strings(tags)
+	return tags
+}
+
+func (s VMSpec) cloudInitStorage() string {
+	if s.CloudInitStorage != "" {
+		return s.CloudInitStorage
+	}
+	return s.DiskStorage
+}
+
+func (s VMSpec) net0() string {
+	v := "virtio=" + s.EffectiveMAC() + ",bridge=" + s.Bridge
+	if s.VLAN != 0 {
+		v += fmt.Sprintf(",tag=%d", s.VLAN)
+	}
+	return v
+}
+
+func (s VMSpec) ipconfig0() string {
+	v := "ip=" + s.IPv4.String()
+	if s.Gateway.IsValid() {
+		v += ",gw=" + s.Gateway.String()
+	}
+	return v
+}
+
+// createParams is the POST /nodes/{node}/qemu body: a Talos nocloud VM
+// whose static address reaches the guest through the cloud-init drive,
+// booting from disk first and the ISO until Talos is installed.
+func (s VMSpec) createParams() map[string]any {
+	disk := fmt.Sprintf("%s:%d,discard=on", s.DiskStorage, s.DiskGiB)
+	if s.Bus() == "scsi" {
+		disk += ",iothread=1"
+	}
+	p := map[string]any{
+		"vmid":       s.VMID,
+		"name":       s.Name,
+		"cores":      s.Cores,
+		"sockets":    1,
+		"cpu":        "host",
+		"memory":     s.MemoryMiB,
+		"scsihw":     "virtio-scsi-single",
+		s.DiskSlot(): disk,
+		"ide2":       s.ISOStorage + ":iso/" + s.ISOFile + ",media=cdrom",
+		"ide3":       s.cloudInitStorage() + ":cloudinit",
+		"ipconfig0":  s.ipconfig0(),
+		"net0":       s.net0(),
+		"boot":       "order=" + s.DiskSlot() + ";ide2",
+		"agent":      "1",
+		"ostype":     "l26",
+		"tags":       strings.Join(s.Tags(), ";"),
+	}
+	if len(s.Nameservers) > 0 {
+		p["nameserver"] = strings.Join(s.Nameservers, " ")
+	}
+	return p
+}
+
+// DeriveMAC returns a stable, locally administered unicast MAC for a
+// cluster's node, so a recreated VM keeps its DHCP reservations and switch
+// entries.
+func DeriveMAC(cluster, node string) string {
+	sum := sha256.Sum256([]byte("bootstrap-mac\x00" + cluster + "\x00" + node))
+	b := sum[:6]
+	b[0] = (b[0] | 0x02) &^ 0x01
+	return fmt.Sprintf("%02X:%02X:%02X:%02X:%02X:%02X", b[0], b[1], b[2], b[3], b[4], b[5])
+}
+
+var macRE = regexp.MustCompile(`^[0-9A-Fa-f]{2}([:-][0-9A-Fa-f]{2}){5}$`)
+
+func normalizeMAC(m string) (string, error) {
+	if !macRE.MatchString(m) {
+		return "", fmt.Errorf("MAC %q is not six hex pairs", m)
+	}
+	m = strings.ToUpper(strings.ReplaceAll(m, "-", ":"))
+	var first byte
+	fmt.Sscanf(m[:2], "%02X", &first)
+	if first&1 == 1 {
+		return "", fmt.Errorf("MAC %q is a multicast address", m)
+	}
+	return m, nil
+}

@@ -1,0 +1,433 @@
+package proxmox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/homelab/bootstrap/internal/retry"
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// ClusterTag is the tag that marks a VM as belonging to cluster.
+func ClusterTag(cluster string) string { return "bootstrap-" + cluster }
+
+// VMSummary is one VM as GET /cluster/resources lists it.
+type VMSummary struct {
+	VMID   int
+	Name   string
+	Node   string
+	Status string
+	Tags   []string
+	// Lock is the config lock ("create", "backup", ...), if any.
+	Lock     string
+	Template bool
+	MaxMem   int64
+	MaxCPU   int
+}
+
+// HasTag reports whether the VM carries tag.
+func (v VMSummary) HasTag(tag string) bool {
+	for _, t := range v.Tags {
+		if strings.EqualFold(t, tag) {
+			return true
+		}
+	}
+	return false
+}
+
+// ListVMs lists every VM the token can see (VM.Audit) in the cluster.
+func (c *Client) ListVMs(ctx context.Context) ([]VMSummary, error) {
+	list, err := c.getList(ctx, "/cluster/resources?type=vm")
+	if err != nil {
+		return nil, err
+	}
+	var out []VMSummary
+	for _, e := range list {
+		if str(e["type"]) != "qemu" {
+			continue
+		}
+		out = append(out, VMSummary{
+			VMID: int(num(e["vmid"])), Name: str(e["name"]), Node: str(e["node"]), Status: str(e["status"]),
+			Tags: splitTags(str(e["tags"])), Lock: str(e["lock"]), Template: num(e["template"]) == 1,
+			MaxMem: num(e["maxmem"]), MaxCPU: int(num(e["maxcpu"])),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].VMID < out[j].VMID })
+	return out, nil
+}
+
+// FindClusterVMs lists the VMs tagged as cluster's.
+func (c *Client) FindClusterVMs(ctx context.Context, cluster string) ([]VMSummary, error) {
+	all, err := c.ListVMs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []VMSummary
+	for _, v := range all {
+		if v.HasTag(ClusterTag(cluster)) {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+func splitTags(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })
+}
+
+// VMStatus is GET .../status/current.
+type VMStatus struct {
+	VMID   int
+	Name   string
+	Status string
+	Lock   string
+	Tags   []string
+}
+
+// Running reports whether the VM runs.
+func (s VMStatus) Running() bool { return s.Status == "running" }
+
+// Status reads a VM's power state and lock.
+func (c *Client) Status(ctx context.Context, vmid int) (VMStatus, error) {
+	m, err := c.getMap(ctx, c.vmPath(vmid)+"/status/current")
+	if err != nil {
+		return VMStatus{}, err
+	}
+	return VMStatus{VMID: vmid, Name: str(m["name"]), Status: str(m["status"]), Lock: str(m["lock"]), Tags: splitTags(str(m["tags"]))}, nil
+}
+
+func (c *Client) vmPath(vmid int) string { return fmt.Sprintf("/nodes/%s/qemu/%d", c.node, vmid) }
+
+// DiskInfo is the VM's install disk.
+type DiskInfo struct {
+	Slot      string // "scsi0"
+	Bus       string // "scsi"
+	Storage   string
+	Volume    string
+	SizeBytes int64
+}
+
+// NetInfo is net0.
+type NetInfo struct {
+	Model  string
+	MAC    string
+	Bridge string
+	VLAN   int
+}
+
+// VMConfig is a VM's configuration; Current is what the VM runs with,
+// Effective includes changes pending until its next start.
+type VMConfig struct {
+	VMID      int
+	Digest    string
+	Current   map[string]string
+	Effective map[string]string
+
+	Name        string
+	Tags        []string
+	Cores       int
+	Sockets     int
+	CPU         string
+	MemoryMiB   int
+	SCSIHW      string
+	Agent       string
+	Boot        string
+	Lock        string
+	Disk        *DiskInfo
+	CDROM       string
+	CloudInit   string
+	Net         NetInfo
+	IPConfig0   string
+	IPv4        netip.Prefix
+	Gateway     netip.Addr
+	Nameservers []string
+}
+
+// PendingValue returns the effective value of key and whether it differs
+// from what the VM currently runs with.
+func (c *VMConfig) PendingValue(key string) (string, bool) {
+	return c.Effective[key], c.Effective[key] != c.Current[key]
+}
+
+// VMConfig reads a VM's config with its pending changes (GET .../pending).
+func (c *Client) VMConfig(ctx context.Context, vmid int) (*VMConfig, error) {
+	list, err := c.getList(ctx, c.vmPath(vmid)+"/pending")
+	if err != nil {
+		return nil, err
+	}
+	cfg := &VMConfig{VMID: vmid, Current: map[string]string{}, Effective: map[string]string{}}
+	for _, e := range list {
+		k := str(e["key"])
+		if k == "digest" {
+			cfg.Digest = str(e["value"])
+			continue
+		}
+		if v, ok := e["value"]; ok {
+			cfg.Current[k] = str(v)
+			cfg.Effective[k] = str(v)
+		}
+		if v, ok := e["pending"]; ok {
+			cfg.Effective[k] = str(v)
+		}
+		if num(e["delete"]) > 0 {
+			delete(cfg.Effective, k)
+		}
+	}
+	cfg.parse()
+	return cfg, nil
+}
+
+func (c *VMConfig) parse() {
+	e := c.Effective
+	c.Name, c.Tags, c.CPU, c.SCSIHW, c.Agent, c.Boot, c.Lock = e["name"], splitTags(e["tags"]), e["cpu"], e["scsihw"], e["agent"], e["boot"], e["lock"]
+	c.Cores = atoiOr(e["cores"], 1)
+	c.Sockets = atoiOr(e["sockets"], 1)
+	c.MemoryMiB = atoiOr(strings.TrimPrefix(e["memory"], "current="), 512)
+	for _, slot := range []string{"scsi0", "virtio0", "sata0", "ide0"} {
+		if v := e[slot]; v != "" {
+			d := parseDriveString(v)
+			if d.opts["media"] == "cdrom" {
+				continue
+			}
+			st, vol, _ := strings.Cut(d.file, ":")
+			size, _ := parseSize(d.opts["size"])
+			c.Disk = &DiskInfo{Slot: slot, Bus: strings.TrimRight(slot, "0123456789"), Storage: st, Volume: vol, SizeBytes: size}
+			break
+		}
+	}
+	for k, v := range e {
+		if !strings.HasPrefix(k, "ide") && !strings.HasPrefix(k, "sata") && !strings.HasPrefix(k, "scsi") {
+			continue
+		}
+		d := parseDriveString(v)
+		if d.opts["media"] != "cdrom" {
+			continue
+		}
+		st, vol, _ := strings.Cut(d.file, ":")
+		if strings.Contains(vol, "cloudinit") {
+			c.CloudInit = st
+		} else if k == "ide2" {
+			c.CDROM = d.file
+		}
+	}
+	if n := e["net0"]; n != "" {
+		for i, part := range strings.Split(n, ",") {
+			k, v, _ := strings.Cut(part, "=")
+			switch {
+			case i == 0:
+				c.Net.Model, c.Net.MAC = k, strings.ToUpper(v)
+			case k == "macaddr":
+				c.Net.MAC = strings.ToUpper(v)
+			case k == "bridge":
+				c.Net.Bridge = v
+			case k == "tag":
+				c.Net.VLAN, _ = strconv.Atoi(v)
+			}
+		}
+	}
+	c.IPConfig0 = e["ipconfig0"]
+	for _, part := range strings.Split(c.IPConfig0, ",") {
+		k, v, _ := strings.Cut(part, "=")
+		switch k {
+		case "ip":
+			c.IPv4, _ = netip.ParsePrefix(v)
+		case "gw":
+			c.Gateway, _ = netip.ParseAddr(v)
+		}
+	}
+	c.Nameservers = strings.Fields(e["nameserver"])
+}
+
+type driveString struct {
+	file string
+	opts map[string]string
+}
+
+func parseDriveString(v string) driveString {
+	d := driveString{opts: map[string]string{}}
+	for i, part := range strings.Split(v, ",") {
+		k, val, hasEq := strings.Cut(part, "=")
+		if i == 0 && !hasEq {
+			d.file = part
+			continue
+		}
+		if k == "file" {
+			d.file = val
+			continue
+		}
+		d.opts[k] = val
+	}
+	return d
+}
+
+// parseSize reads PVE sizes ("32G", "512M", "4096").
+func parseSize(v string) (int64, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	mult := int64(1)
+	switch strings.ToUpper(v[len(v)-1:]) {
+	case "K":
+		mult = 1 << 10
+	case "M":
+		mult = 1 << 20
+	case "G":
+		mult = 1 << 30
+	case "T":
+		mult = 1 << 40
+	}
+	if mult != 1 {
+		v = v[:len(v)-1]
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, false
+	}
+	return int64(f * float64(mult)), true
+}
+
+func atoiOr(v string, def int) int {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return def
+	}
+	return n
+}
+
+// Start boots a VM and waits for the start task; an already running VM is
+// left alone. Lock errors and transient failures are retried.
+func (c *Client) Start(ctx context.Context, vmid int) error {
+	unlock, err := c.lockVM(ctx, vmid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	what := fmt.Sprintf("VM %d start", vmid)
+	return retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+		st, err := c.Status(ctx, vmid)
+		if err != nil {
+			return err
+		}
+		if st.Running() {
+			return nil
+		}
+		upid, err := c.post(ctx, c.vmPath(vmid)+"/status/start", nil)
+		if err != nil {
+			return err
+		}
+		err = c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
+		var te *TaskError
+		if errors.As(err, &te) && strings.Contains(te.ExitStatus, "already running") {
+			return nil
+		}
+		return err
+	})
+}
+
+// Stop powers a VM off (like pulling the plug) and waits; a stopped VM is left alone.
+func (c *Client) Stop(ctx context.Context, vmid int) error {
+	unlock, err := c.lockVM(ctx, vmid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return c.stopLocked(ctx, vmid)
+}
+
+func (c *Client) stopLocked(ctx context.Context, vmid int) error {
+	what := fmt.Sprintf("VM %d stop", vmid)
+	return retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+		st, err := c.Status(ctx, vmid)
+		if err != nil {
+			return err
+		}
+		if !st.Running() && st.Status != "" {
+			return nil
+		}
+		upid, err := c.post(ctx, c.vmPath(vmid)+"/status/stop", nil)
+		if err != nil {
+			return err
+		}
+		return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
+	})
+}
+
+// Delete removes a stopped VM and its disks and waits; a VM that no longer
+// exists counts as deleted. It does not check ownership: see DestroyClusterVM.
+func (c *Client) Delete(ctx context.Context, vmid int) error {
+	unlock, err := c.lockVM(ctx, vmid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return c.deleteLocked(ctx, vmid)
+}
+
+func (c *Client) deleteLocked(ctx context.Context, vmid int) error {
+	what := fmt.Sprintf("VM %d delete", vmid)
+	return retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+		upid, err := c.del(ctx, c.vmPath(vmid)+"?purge=1&destroy-unreferenced-disks=1")
+		if IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
+	})
+}
+
+// DestroyClusterVM stops and deletes a VM only if it carries cluster's tag,
+// checked right before acting; a missing VM is not an error.
+func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, vmid int) error {
+	unlock, err := c.lockVM(ctx, vmid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := c.Status(ctx, vmid)
+	if IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	owned := false
+	for _, t := range st.Tags {
+		if strings.EqualFold(t, ClusterTag(cluster)) {
+			owned = true
+		}
+	}
+	if !owned {
+		return fmt.Errorf("refusing to destroy VM %d (%s): it has no tag %s", vmid, st.Name, ClusterTag(cluster))
+	}
+	if err := c.stopLocked(ctx, vmid); err != nil {
+		return err
+	}
+	return c.deleteLocked(ctx, vmid)
+}
+
+// waitUnlocked waits until a VM's config lock (e.g. "create" from a run that
+// was interrupted while PVE kept creating) clears or the VM disappears.
+func (c *Client) waitUnlocked(ctx context.Context, vmid int, lock string) (exists bool, err error) {
+	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("VM %d lock %q to clear", vmid, lock), Timeout: c.opts.TaskTimeout, Interval: c.opts.TaskPoll, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			st, err := c.Status(ctx, vmid)
+			if IsNotFound(err) {
+				exists = false
+				return true, "gone", nil
+			}
+			if err != nil {
+				return false, "", err
+			}
+			exists = true
+			return st.Lock == "", "lock " + st.Lock, nil
+		})
+	return exists, err
+}

@@ -1,0 +1,150 @@
+package stages
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/proxmox"
+)
+
+// DestroyOptions are the switches of `bootstrap destroy`.
+type DestroyOptions struct {
+	// Yes skips the confirmation prompt.
+	Yes bool
+	// PurgeSecrets also deletes the cluster's Talos directory (secrets
+	// bundle, talosconfig, generated configs); by default it is kept so a
+	// recreated cluster keeps its identity.
+	PurgeSecrets bool
+	// In answers the confirmation prompt (the terminal).
+	In io.Reader
+}
+
+// ErrAborted means the user did not confirm a destroy.
+var ErrAborted = errors.New("destroy aborted: nothing was changed")
+
+// Destroy stops and deletes the VMs tagged as this cluster's (and only
+// those: each VM's tag is checked again right before it is deleted), after
+// the user confirms by typing the cluster name unless o.Yes. In a dry run it
+// lists what it would delete. The node facts of deleted VMs are removed
+// from the state.
+func Destroy(ctx context.Context, env *Env, o DestroyOptions) error {
+	cluster := env.Config.Cluster.Name
+	c, err := proxmoxClient(ctx, env)
+	if err != nil {
+		return err
+	}
+	vms, err := c.FindClusterVMs(ctx, cluster)
+	if err != nil {
+		return err
+	}
+	if specs, err := VMSpecs(env.Config); err == nil {
+		all, err := c.ListVMs(ctx)
+		if err != nil {
+			return err
+		}
+		for _, s := range specs {
+			for _, v := range all {
+				if v.VMID == s.VMID && !v.HasTag(proxmox.ClusterTag(cluster)) {
+					env.UI.Warn("VM %d (%s) has node %s's VMID but no tag %s: left alone", v.VMID, v.Name, s.Name, proxmox.ClusterTag(cluster))
+				}
+			}
+		}
+	}
+
+	var b strings.Builder
+	if len(vms) == 0 {
+		fmt.Fprintf(&b, "No VMs on %s carry the tag %s.\n", env.Config.Proxmox.Node, proxmox.ClusterTag(cluster))
+	} else {
+		fmt.Fprintf(&b, "These VMs of cluster %s will be stopped and deleted with their disks:\n", cluster)
+		for _, v := range vms {
+			fmt.Fprintf(&b, "  %d  %-20s %-8s tags %s\n", v.VMID, v.Name, v.Status, strings.Join(v.Tags, ";"))
+		}
+	}
+	if o.PurgeSecrets {
+		fmt.Fprintf(&b, "The Talos directory %s (secrets bundle, talosconfig) will be deleted.\n", env.Paths.TalosDir)
+	} else {
+		fmt.Fprintf(&b, "The Talos directory %s (secrets) is kept; --purge-secrets deletes it.\n", env.Paths.TalosDir)
+	}
+	fmt.Fprint(env.Out, b.String())
+	if len(vms) == 0 && !o.PurgeSecrets {
+		return nil
+	}
+
+	if !env.DryRun && !o.Yes {
+		ok, err := confirm(env.Out, o.In, fmt.Sprintf("Type the cluster name (%s) to confirm: ", cluster), cluster)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return ErrAborted
+		}
+	}
+
+	par := env.Config.Proxmox.Parallelism
+	if par < 1 {
+		par = 1
+	}
+	sem := make(chan struct{}, par)
+	errs := make([]error, len(vms))
+	var wg sync.WaitGroup
+	for i, v := range vms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs[i] = env.Wet(fmt.Sprintf("stop and delete VM %d %s", v.VMID, v.Name), func() error {
+				if err := c.DestroyClusterVM(ctx, cluster, v.VMID); err != nil {
+					return err
+				}
+				env.forgetNodeVM(v.VMID)
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	if err := env.SaveState(); err != nil {
+		errs = append(errs, fmt.Errorf("writing state: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if o.PurgeSecrets {
+		return env.Wet("delete "+env.Paths.TalosDir, func() error { return os.RemoveAll(env.Paths.TalosDir) })
+	}
+	return nil
+}
+
+// forgetNodeVM drops the facts of the node whose VM was vmid.
+func (e *Env) forgetNodeVM(vmid int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for name, n := range e.State.Outputs.Nodes {
+		if n.VMID == vmid {
+			delete(e.State.Outputs.Nodes, name)
+		}
+	}
+}
+
+// confirm asks question on out and reads one line from in.
+func confirm(out io.Writer, in io.Reader, question, want string) (bool, error) {
+	if in == nil {
+		return false, config.Userf("destroy needs confirmation: run it on a terminal or pass --yes")
+	}
+	fmt.Fprint(out, question)
+	line, err := bufio.NewReader(in).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	if line == "" && errors.Is(err, io.EOF) {
+		return false, config.Userf("destroy needs confirmation: no answer on standard input (pass --yes to skip it)")
+	}
+	return strings.TrimSpace(line) == want, nil
+}

@@ -1,0 +1,160 @@
+package stages
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/ui"
+)
+
+// Env is everything a stage runs with. The runner owns it; a stage reads the
+// config, reads and updates State.Outputs, and makes changes through Wet.
+type Env struct {
+	Config *config.Config
+	Paths  config.Paths
+	State  *state.State
+	// Log carries stage=<name> while a stage runs.
+	Log zerolog.Logger
+	UI  *ui.Reporter
+	// Out is where reports and tables meant for the user go (stdout).
+	Out io.Writer
+	// DryRun makes Wet record instead of act, and SaveState a no-op.
+	DryRun bool
+	// Secrets masks every secret the run learns (tokens, keys) in all output.
+	Secrets *redact.Set
+	// Options are run-wide flags from the command line.
+	Options Options
+	// Now is the clock (time.Now in production).
+	Now func() time.Time
+	// LogPath is this run's JSON log file ("" in a dry run).
+	LogPath string
+
+	mu      sync.Mutex
+	stage   string
+	changes []Change
+
+	clientsMu sync.Mutex
+	clients   map[string]any
+}
+
+// Options are command-line switches that stages read.
+type Options struct {
+	// MergeConfigs merges talosconfig/kubeconfig into the user's home configs.
+	MergeConfigs bool
+	// Executable is the bootstrap binary detached helpers (the git snapshot
+	// server) are started from; empty means this process's executable.
+	Executable string
+}
+
+// Change is one mutation a stage made, or would make in a dry run.
+type Change struct {
+	Stage  string `json:"stage"`
+	Action string `json:"action"`
+}
+
+// Wet performs a mutation. In a dry run it only records "would <action>";
+// otherwise it reports the action, runs fn and records the change when fn
+// succeeds. Safe for concurrent use by a stage's parallel workers.
+func (e *Env) Wet(action string, fn func() error) error {
+	if e.DryRun {
+		e.UI.Would(action)
+		e.record(action)
+		return nil
+	}
+	e.UI.Change(action)
+	if err := fn(); err != nil {
+		return err
+	}
+	e.record(action)
+	return nil
+}
+
+func (e *Env) record(action string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.changes = append(e.changes, Change{Stage: e.stage, Action: action})
+}
+
+// Changes returns the changes recorded so far in this run.
+func (e *Env) Changes() []Change {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]Change(nil), e.changes...)
+}
+
+func (e *Env) changesOf(stage string) []string {
+	var out []string
+	for _, c := range e.Changes() {
+		if c.Stage == stage {
+			out = append(out, c.Action)
+		}
+	}
+	return out
+}
+
+// SaveState persists the state now, so a crash later in the stage keeps what
+// was learned (a created VM's id, an applied config). No-op in a dry run.
+func (e *Env) SaveState() error {
+	if e.DryRun {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.State.Save(e.Paths.StateDir, e.now())
+}
+
+func (e *Env) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
+}
+
+// Node returns the recorded outputs for a node, creating the entry.
+func (e *Env) Node(name string) state.Node {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.State.Outputs.Nodes == nil {
+		e.State.Outputs.Nodes = map[string]state.Node{}
+	}
+	n := e.State.Outputs.Nodes[name]
+	n.Name = name
+	return n
+}
+
+// SetNode records a node's outputs; safe for parallel workers.
+func (e *Env) SetNode(n state.Node) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.State.Outputs.Nodes == nil {
+		e.State.Outputs.Nodes = map[string]state.Node{}
+	}
+	e.State.Outputs.Nodes[n.Name] = n
+}
+
+// client returns the memoised client under key, building it on first use.
+// Stage files wrap it in typed accessors (see provision.go, talos.go).
+func client[T any](e *Env, key string, build func() (T, error)) (T, error) {
+	e.clientsMu.Lock()
+	defer e.clientsMu.Unlock()
+	if e.clients == nil {
+		e.clients = map[string]any{}
+	}
+	if c, ok := e.clients[key]; ok {
+		return c.(T), nil
+	}
+	c, err := build()
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("connecting to %s: %w", key, err)
+	}
+	e.clients[key] = c
+	return c, nil
+}

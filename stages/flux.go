@@ -1,0 +1,237 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/flux"
+	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/state"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// FluxStage installs Flux into flux-system and points a GitRepository and a
+// Kustomization at ${GIT_REPO}@${GIT_BRANCH} path ./infra, or at a local
+// git snapshot this host serves, then waits until both are Ready.
+type FluxStage struct{}
+
+// Name implements Stage.
+func (FluxStage) Name() string { return Flux }
+
+// Run implements Stage.
+func (FluxStage) Run(ctx context.Context, env *Env) error {
+	f := env.Config.Flux
+	if _, err := os.Stat(env.Paths.Kubeconfig); err != nil {
+		if env.DryRun {
+			env.UI.Warn("kubeconfig %s not there yet: the talos stage creates it", env.Paths.Kubeconfig)
+			return env.Wet(fmt.Sprintf("install Flux %s into %s and sync %s", f.Version, FluxNamespace, f.Path), nil)
+		}
+		return fmt.Errorf("kubeconfig %s: %w (run the talos stage first)", env.Paths.Kubeconfig, errors.Unwrap(err))
+	}
+	c, err := flux.NewClient(env.Paths.Kubeconfig, env.Log)
+	if err != nil {
+		return err
+	}
+
+	// 1. Flux itself.
+	inst := flux.InstallOptions{Version: f.Version, Manifests: manifestsSource(env.Config), Components: f.Components, Namespace: FluxNamespace}
+	objs, err := flux.InstallObjects(ctx, inst)
+	if err != nil {
+		return err
+	}
+	if err := applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source())); err != nil {
+		return err
+	}
+
+	// 2. Where the cluster pulls from.
+	url, revision, err := fluxSource(ctx, env)
+	if err != nil {
+		return err
+	}
+
+	// 3. The sync objects (and the credentials of a private remote).
+	sync := flux.SyncOptions{Name: FluxNamespace, Namespace: FluxNamespace, URL: url, Branch: f.Branch, Path: f.Path, Interval: f.Interval.D()}
+	var syncObjs []*unstructured.Unstructured
+	if !f.LocalSnapshot.Enabled {
+		secret, err := fluxAuthSecret(env)
+		if err != nil {
+			return err
+		}
+		if secret != nil {
+			sync.SecretName = secret.GetName()
+			syncObjs = append(syncObjs, secret)
+		}
+	}
+	more, err := flux.SyncObjects(sync)
+	if err != nil {
+		return err
+	}
+	syncObjs = append(syncObjs, more...)
+	if err := applyObjects(ctx, env, c, syncObjs, fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace)); err != nil {
+		return err
+	}
+
+	if env.DryRun {
+		return nil
+	}
+	if err := c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D()); err != nil {
+		return err
+	}
+	_, ks, err := c.Status(ctx, FluxNamespace, FluxNamespace)
+	if err != nil {
+		return err
+	}
+	env.State.Outputs.Flux = stateFlux(f, url, ks.Revision)
+	env.UI.OK("Flux synced %s at %s", f.Path, ks.Revision)
+	return nil
+}
+
+// applyObjects applies objects through Wet when a server-side dry run says
+// any of them would change; unchanged objects are not touched at all.
+func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstructured.Unstructured, what string) error {
+	changes, err := c.Plan(ctx, objs)
+	if err != nil {
+		return err
+	}
+	if len(changes) == 0 {
+		env.UI.OK("%s: no changes (%d objects up to date)", what, len(objs))
+		return nil
+	}
+	summary := map[string]int{}
+	for _, ch := range changes {
+		summary[ch.Action]++
+		env.Log.Debug().Str("object", ch.Object).Str("action", ch.Action).Msg("planned")
+	}
+	var parts []string
+	for _, a := range []string{"created", "configured"} {
+		if summary[a] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", summary[a], a))
+		}
+	}
+	return env.Wet(fmt.Sprintf("%s (%s)", what, strings.Join(parts, ", ")), func() error {
+		_, err := c.Apply(ctx, objs, env.Config.Flux.Timeout.D())
+		return err
+	})
+}
+
+// manifestsSource resolves a local manifests path against the config dir.
+func manifestsSource(cfg *config.Config) string {
+	m := cfg.Flux.Manifests
+	if m == "" || strings.HasPrefix(m, "http://") || strings.HasPrefix(m, "https://") {
+		return m
+	}
+	return cfg.Resolve(m)
+}
+
+// fluxSource returns the URL the GitRepository points at and, for a local
+// snapshot, the revision Flux must reach. It starts or refreshes the
+// snapshot server when needed.
+func fluxSource(ctx context.Context, env *Env) (url, revision string, err error) {
+	f := env.Config.Flux
+	ls := f.LocalSnapshot
+	if !ls.Enabled {
+		return f.Repo, "", nil
+	}
+	snap, err := gitsnap.Build(ctx, gitsnap.BuildOptions{Dir: env.Config.Resolve(ls.Source), Branch: f.Branch, Excludes: ls.Exclude})
+	if err != nil {
+		return "", "", fmt.Errorf("snapshotting %s: %w", ls.Source, err)
+	}
+	env.Log.Info().Str("hash", snap.Hash.String()).Int("files", snap.Files).Str("excluded", snap.Excluded.String()).Msg("local git snapshot built")
+	st, _ := gitsnap.Check(ctx, env.Paths.StateDir)
+	if st.State != nil && st.Serves(snap.Hash.String()) {
+		env.UI.OK("git snapshot server (pid %d) already serves %s at %s", st.State.PID, short(snap.Hash.String()), ls.URL)
+		recordSnapshot(env, st.State)
+		return ls.URL, snap.Revision(), nil
+	}
+	opts := gitsnap.StartOptions{
+		Flags: gitsnap.ServeFlags{Repo: env.Config.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: f.Branch,
+			Interval: ls.Refresh.D(), Exclude: ls.Exclude},
+		StateDir: env.Paths.StateDir, Executable: env.Options.Executable, Log: env.Log,
+	}
+	var served string
+	err = env.Wet(fmt.Sprintf("serve git snapshot %s of %s at %s", short(snap.Hash.String()), ls.Source, ls.URL), func() error {
+		state, action, err := gitsnap.Ensure(ctx, opts, snap.Hash.String())
+		if err != nil {
+			return err
+		}
+		env.Log.Info().Str("action", string(action)).Int("pid", state.PID).Msg("git snapshot server " + string(action))
+		served = state.Hash
+		recordSnapshot(env, state)
+		return env.SaveState()
+	})
+	if err != nil {
+		return "", "", err
+	}
+	// Wait for what the server serves: the tree may have changed since Build.
+	if served != "" {
+		return ls.URL, f.Branch + "@sha1:" + served, nil
+	}
+	return ls.URL, snap.Revision(), nil
+}
+
+func recordSnapshot(env *Env, s *gitsnap.State) {
+	env.State.Outputs.GitSnapshot.PID = s.PID
+	env.State.Outputs.GitSnapshot.Listen = s.Listen
+	env.State.Outputs.GitSnapshot.URL = s.URL
+	env.State.Outputs.GitSnapshot.Hash = s.Hash
+	env.State.Outputs.GitSnapshot.Started = s.StartedAt
+}
+
+// fluxCredentials reads the credentials of a private remote from the files
+// or environment the config names; ok is false for an anonymous repository.
+func fluxCredentials(env *Env) (cr flux.Credentials, ok bool, err error) {
+	a := env.Config.Flux.Auth
+	switch {
+	case a.SSHKeyFile != "":
+		if cr.SSHKey, err = os.ReadFile(env.Config.Resolve(a.SSHKeyFile)); err != nil {
+			return cr, false, config.Userf("flux.auth.sshKeyFile: %v", err)
+		}
+		if a.KnownHostsFile != "" {
+			if cr.KnownHosts, err = os.ReadFile(env.Config.Resolve(a.KnownHostsFile)); err != nil {
+				return cr, false, config.Userf("flux.auth.knownHostsFile: %v", err)
+			}
+		}
+	case a.TokenFile != "":
+		b, err := os.ReadFile(env.Config.Resolve(a.TokenFile))
+		if err != nil {
+			return cr, false, config.Userf("flux.auth.tokenFile: %v", err)
+		}
+		cr.Token, cr.Username = strings.TrimSpace(string(b)), a.Username
+	case a.TokenEnv != "":
+		v, set := os.LookupEnv(a.TokenEnv)
+		if !set || v == "" {
+			return cr, false, config.Userf("flux.auth.tokenEnv: environment variable %s is not set", a.TokenEnv)
+		}
+		cr.Token, cr.Username = v, a.Username
+	default:
+		return cr, false, nil
+	}
+	env.Secrets.Add(cr.Token)
+	return cr, true, nil
+}
+
+// fluxAuthSecret builds the Secret source-controller reads the credentials
+// from; nil for an anonymous repository.
+func fluxAuthSecret(env *Env) (*unstructured.Unstructured, error) {
+	cr, ok, err := fluxCredentials(env)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return flux.AuthSecret(FluxNamespace, FluxNamespace, cr)
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+func stateFlux(f config.Flux, url, revision string) (out state.Flux) {
+	out.Version, out.URL, out.Branch, out.Path, out.Revision = f.Version, url, f.Branch, f.Path, revision
+	return out
+}

@@ -1,0 +1,136 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/homelab/bootstrap/infra"
+	"github.com/homelab/bootstrap/kube"
+)
+
+// InfraStage installs the base infrastructure: Cilium first when the CNI
+// is cilium (nothing needing pods works before it), then the NFS dynamic
+// provisioner with its StorageClass as the only default.
+type InfraStage struct{}
+
+// Name implements Stage.
+func (InfraStage) Name() string { return Infra }
+
+// infraTimeout bounds each chart install/upgrade and its Deployments' wait.
+const infraTimeout = 10 * time.Minute
+
+// Run implements Stage.
+func (InfraStage) Run(ctx context.Context, env *Env) error {
+	cfg := env.Config
+	if _, err := os.Stat(env.Paths.Kubeconfig); err != nil {
+		if env.DryRun {
+			env.UI.Warn("kubeconfig %s not there yet: the talos stage creates it; infra changes cannot be planned in detail", env.Paths.Kubeconfig)
+			if cfg.CNI.Name == "cilium" {
+				_ = env.Wet(fmt.Sprintf("install cilium@%s into %s", cfg.CNI.Cilium.ChartVersion, infra.CiliumNamespace), nil)
+			}
+			return env.Wet(fmt.Sprintf("install %s@%s into %s and make %s the only default StorageClass",
+				infra.NFSChart, cfg.Storage.NFS.ChartVersion, infra.NFSNamespace, cfg.Storage.NFS.StorageClass), nil)
+		}
+		return fmt.Errorf("kubeconfig %s: %w (run the talos stage first)", env.Paths.Kubeconfig, errors.Unwrap(err))
+	}
+	h, err := infra.NewHelm(env.Paths.Kubeconfig, env.Log)
+	if err != nil {
+		return err
+	}
+	cs := h.Clientset()
+
+	if cfg.CNI.Name == "cilium" {
+		rel, err := infra.Cilium(cfg.CNI.Cilium.ChartRepo, cfg.CNI.Cilium.ChartVersion, cfg.Cluster.Endpoint, infraTimeout)
+		if err != nil {
+			return err
+		}
+		if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(cfg.CNI.Cilium.ValuesFile)); err != nil {
+			return err
+		}
+		if err := applyRelease(ctx, env, h, rel); err != nil {
+			return err
+		}
+		names := make([]string, len(cfg.Nodes))
+		for i, n := range cfg.Nodes {
+			names[i] = n.Name
+		}
+		if !env.DryRun {
+			if err := kube.WaitNodesReady(ctx, cs, names, infraTimeout, env.Log); err != nil {
+				return fmt.Errorf("after installing Cilium: %w", err)
+			}
+			env.UI.OK("all %d node(s) Ready with Cilium", len(names))
+		}
+	}
+
+	n := cfg.Storage.NFS
+	opts := infra.NFSOptions{Server: n.Server, Path: n.Path, MountOptions: n.MountOptions, StorageClass: n.StorageClass,
+		ReclaimPolicy: n.ReclaimPolicy, ArchiveOnDelete: n.ArchiveOnDelete, RepoURL: n.ChartRepo, Version: n.ChartVersion, Timeout: infraTimeout}
+	if _, err := infra.CheckClass(ctx, cs, infra.NFSClass(opts)); err != nil {
+		return err
+	}
+	rel := infra.NFSProvisioner(opts)
+	if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(n.ValuesFile)); err != nil {
+		return err
+	}
+	if err := applyRelease(ctx, env, h, rel); err != nil {
+		return err
+	}
+
+	// Exactly one default class: ours. Talos or an earlier install may have
+	// left another one claiming it, and someone may have removed ours.
+	if isDefault, err := infra.IsDefaultNamed(ctx, cs, n.StorageClass); err == nil && !isDefault {
+		if err := env.Wet(fmt.Sprintf("annotate StorageClass %s as the default", n.StorageClass), func() error {
+			return infra.MakeDefault(ctx, cs, n.StorageClass)
+		}); err != nil {
+			return err
+		}
+	} else if err != nil && !env.DryRun {
+		return fmt.Errorf("reading StorageClass %s: %w", n.StorageClass, err)
+	}
+	others, err := infra.OtherDefaults(ctx, cs, n.StorageClass)
+	if err != nil {
+		return err
+	}
+	for _, name := range others {
+		if err := env.Wet(fmt.Sprintf("remove the default annotation from StorageClass %s (only %s may be default)", name, n.StorageClass), func() error {
+			return infra.Demote(ctx, cs, name)
+		}); err != nil {
+			return err
+		}
+	}
+	env.State.Outputs.Infra.CNI = cfg.CNI.Name
+	env.State.Outputs.Infra.StorageClass = n.StorageClass
+	return nil
+}
+
+// applyRelease plans a release, reports the plan, and applies it through Wet.
+func applyRelease(ctx context.Context, env *Env, h *infra.Helm, rel infra.Release) error {
+	plan, err := h.Plan(ctx, rel)
+	if err != nil {
+		return err
+	}
+	if plan.Action == infra.ActionNone {
+		env.UI.OK("%s", plan.Reason)
+		recordRelease(env, rel, plan.Deployed.Version)
+		return nil
+	}
+	return env.Wet(plan.Reason, func() error {
+		deployed, err := h.Apply(ctx, rel, plan)
+		if err != nil {
+			return err
+		}
+		recordRelease(env, rel, deployed.Version)
+		return nil
+	})
+}
+
+func recordRelease(env *Env, rel infra.Release, revision int) {
+	if rel.Name != infra.NFSRelease {
+		return
+	}
+	o := &env.State.Outputs.Infra
+	o.Release, o.Namespace, o.ChartVersion, o.Revision = rel.Name, rel.Namespace, rel.Version, revision
+}

@@ -1,0 +1,104 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/homelab/bootstrap/check"
+)
+
+// PrecheckStage verifies, without changing anything, that a run can
+// succeed: the config, the local output directories, and each area's
+// reachability and capacity. All checks run, then one table is printed.
+type PrecheckStage struct{}
+
+// Name implements Stage.
+func (PrecheckStage) Name() string { return Precheck }
+
+// Run implements Stage.
+func (PrecheckStage) Run(ctx context.Context, env *Env) error {
+	checks := localChecks(env)
+	// Each area contributes its checks here, in pipeline order.
+	checks = append(checks, proxmoxChecks(ctx, env)...)
+	checks = append(checks, gitChecks(env)...)
+
+	results := check.RunAll(ctx, checks, 4)
+	if err := check.Table(env.Out, results); err != nil {
+		return err
+	}
+	for _, r := range results {
+		// The table already went to the user; the log keeps every verdict.
+		ev := env.Log.Debug()
+		switch r.Status {
+		case check.Warn:
+			ev = env.Log.Warn()
+		case check.Fail:
+			ev = env.Log.Error()
+		}
+		ev.Str("check", r.Name).Str("result", string(r.Status)).Dur("duration", r.Duration).Msg(r.Reason)
+	}
+	if n := check.Count(results, check.Fail); n > 0 {
+		return fmt.Errorf("%d precheck(s) failed: see the table above", n)
+	}
+	return nil
+}
+
+// localChecks cover this host: config warnings and writable output dirs.
+func localChecks(env *Env) []check.Check {
+	out := []check.Check{{
+		Name: "config",
+		Run: func(context.Context) (check.Status, string) {
+			if w := env.Config.Warnings(); len(w) > 0 {
+				return check.Warnf("%s valid with %d warning(s); first: %s", env.Config.File(), len(w), w[0].Error())
+			}
+			return check.Passf("%s valid", env.Config.File())
+		},
+	}}
+	dirs := []struct{ name, path string }{
+		{"state dir writable", env.Paths.StateDir},
+		{"talos dir writable", env.Paths.TalosDir},
+	}
+	if kd := filepath.Dir(env.Paths.Kubeconfig); kd != env.Paths.TalosDir {
+		dirs = append(dirs, struct{ name, path string }{"kubeconfig dir writable", kd})
+	}
+	for _, d := range dirs {
+		out = append(out, check.Check{Name: d.name, Run: func(context.Context) (check.Status, string) {
+			return dirWritable(d.path)
+		}})
+	}
+	return out
+}
+
+// dirWritable checks that path, or the nearest existing ancestor it would be
+// created in, is a writable directory, without creating anything.
+func dirWritable(path string) (check.Status, string) {
+	p := path
+	for {
+		st, err := os.Stat(p)
+		if err == nil {
+			if !st.IsDir() {
+				return check.Failf("%s is not a directory", p)
+			}
+			if err := unix.Access(p, unix.W_OK|unix.X_OK); err != nil {
+				return check.Failf("%s is not writable: %v", p, err)
+			}
+			if p == path {
+				return check.Passf("%s", path)
+			}
+			return check.Passf("%s (will be created under %s)", path, p)
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return check.Failf("%s: %v", p, err)
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return check.Failf("no existing parent directory for %s", path)
+		}
+		p = parent
+	}
+}

@@ -1,0 +1,237 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/proxmox"
+)
+
+// ProvisionStage makes the cluster's VMs exist on Proxmox as configured:
+// it downloads the Talos ISO when missing, creates or adopts each VM
+// (fixing safe drift, refusing unsafe drift and VMs that are not the
+// cluster's), starts them in parallel, records each node's VMID, address,
+// MAC and disk bus, and waits until every node's Talos API answers.
+type ProvisionStage struct{}
+
+// Name implements Stage.
+func (ProvisionStage) Name() string { return Provision }
+
+// proxmoxClient returns the run's Proxmox client, built on first use.
+func proxmoxClient(ctx context.Context, env *Env) (*proxmox.Client, error) {
+	return client(env, "Proxmox", func() (*proxmox.Client, error) {
+		p := env.Config.Proxmox
+		secret, err := env.Config.ProxmoxTokenSecret()
+		if err != nil {
+			return nil, err
+		}
+		env.Secrets.Add(secret)
+		return proxmox.New(ctx, proxmox.Options{
+			URL: p.URL, Node: p.Node, TokenID: p.TokenID, TokenSecret: secret,
+			Fingerprint: p.TLSFingerprint, CAFile: env.Config.Resolve(p.CAFile), Insecure: p.Insecure,
+			Log: env.Log, TaskTimeout: p.TaskTimeout.D(), DownloadTimeout: max(p.TaskTimeout.D(), 30*time.Minute),
+		})
+	})
+}
+
+// VMSpecs turns the config's nodes into VM specs. Every node gets a scsi
+// install disk on virtio-scsi-single, which the guest sees as /dev/sda.
+func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
+	pfx, err := netip.ParsePrefix(cfg.Cluster.Network.CIDR)
+	if err != nil {
+		return nil, config.Userf("cluster.network.cidr %q: %v", cfg.Cluster.Network.CIDR, err)
+	}
+	var gw netip.Addr
+	if cfg.Cluster.Network.Gateway != "" {
+		if gw, err = netip.ParseAddr(cfg.Cluster.Network.Gateway); err != nil {
+			return nil, config.Userf("cluster.network.gateway %q: %v", cfg.Cluster.Network.Gateway, err)
+		}
+	}
+	p := cfg.Proxmox
+	specs := make([]proxmox.VMSpec, 0, len(cfg.Nodes))
+	for _, n := range cfg.Nodes {
+		ip, err := netip.ParseAddr(n.IP)
+		if err != nil {
+			return nil, config.Userf("node %s: ip %q: %v", n.Name, n.IP, err)
+		}
+		specs = append(specs, proxmox.VMSpec{
+			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID,
+			Cores: n.Cores, MemoryMiB: n.MemoryMiB, DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
+			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: p.ISO.File,
+			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
+		})
+	}
+	return specs, nil
+}
+
+// ISOSource is the configured Talos ISO; the checksum is "<algorithm>:<hex>".
+func ISOSource(cfg *config.Config) proxmox.ISOSource {
+	p := cfg.Proxmox
+	src := proxmox.ISOSource{Storage: p.ISOStorage, Filename: p.ISO.File, URL: p.ISO.URL}
+	if algo, sum, ok := strings.Cut(p.ISO.Checksum, ":"); ok {
+		src.ChecksumAlgorithm, src.Checksum = algo, sum
+	}
+	return src
+}
+
+// proxmoxChecks are the Proxmox area's prechecks.
+func proxmoxChecks(ctx context.Context, env *Env) []check.Check {
+	c, err := proxmoxClient(ctx, env)
+	if err != nil {
+		return []check.Check{{Name: "proxmox: client", Run: func(context.Context) (check.Status, string) {
+			return check.Failf("%v", err)
+		}}}
+	}
+	specs, err := VMSpecs(env.Config)
+	if err != nil {
+		return []check.Check{{Name: "proxmox: VM specs", Run: func(context.Context) (check.Status, string) {
+			return check.Failf("%v", err)
+		}}}
+	}
+	return proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config)})
+}
+
+// Run implements Stage.
+func (ProvisionStage) Run(ctx context.Context, env *Env) error {
+	cfg := env.Config
+	c, err := proxmoxClient(ctx, env)
+	if err != nil {
+		return err
+	}
+	specs, err := VMSpecs(cfg)
+	if err != nil {
+		return err
+	}
+
+	// 1. The Talos ISO every VM boots from until it is installed.
+	src := ISOSource(cfg)
+	if _, present, err := c.FindISO(ctx, src.Storage, src.Filename); err != nil {
+		return fmt.Errorf("looking for %s on %s: %w", src.Filename, src.Storage, err)
+	} else if present {
+		env.UI.OK("ISO %s present on %s", src.Filename, src.Storage)
+	} else {
+		if src.URL == "" {
+			return config.Userf("ISO %s is not on storage %s and proxmox.iso.url is empty", src.Filename, src.Storage)
+		}
+		verify := "unverified"
+		if src.Checksum != "" {
+			verify = src.ChecksumAlgorithm + " verified"
+		}
+		if err := env.Wet(fmt.Sprintf("download %s to %s from %s (%s)", src.Filename, src.Storage, src.URL, verify), func() error {
+			_, err := c.EnsureISO(ctx, src)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+
+	// 2. Plan every VM before changing any: a VMID held by another VM or
+	// unsafe drift stops the stage with nothing half done.
+	vms, err := c.ListVMs(ctx)
+	if err != nil {
+		return err
+	}
+	plans := make([]proxmox.Plan, len(specs))
+	var problems []error
+	for i, s := range specs {
+		p, err := c.PlanVM(ctx, s, vms)
+		if err == nil {
+			err = p.Refused()
+		}
+		if err != nil {
+			problems = append(problems, err)
+			continue
+		}
+		plans[i] = p
+		for _, d := range p.Drift {
+			switch {
+			case d.Pending:
+				env.UI.Warn("VM %d %s: %s", s.VMID, s.Name, d)
+			case d.Kind == proxmox.DriftReport:
+				env.UI.Warn("VM %d %s differs from the config, left as is: %s", s.VMID, s.Name, d)
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return errors.Join(problems...)
+	}
+
+	// 3. Create or adopt, then start, a bounded number of VMs at a time.
+	par := cfg.Proxmox.Parallelism
+	if par < 1 {
+		par = 1
+	}
+	sem := make(chan struct{}, par)
+	errs := make([]error, len(plans))
+	var wg sync.WaitGroup
+	for i, p := range plans {
+		if env.DryRun {
+			// Recording only: in order, so the plan reads like the config.
+			errs[i] = provisionVM(ctx, env, c, p)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs[i] = provisionVM(ctx, env, c, p)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if env.DryRun {
+		return nil
+	}
+
+	// 4. Every node up in Talos maintenance mode (or already configured).
+	nodes := map[string]string{}
+	for _, s := range specs {
+		nodes[s.Name] = s.IPv4.Addr().String()
+	}
+	if err := proxmox.WaitTalosAPI(ctx, proxmox.TalosWait{Nodes: nodes, Timeout: cfg.Proxmox.BootTimeout.D(), Log: env.Log}); err != nil {
+		return fmt.Errorf("%w (is the VLAN/bridge right, and does the ISO boot?)", err)
+	}
+	env.UI.OK("Talos API answers on all %d node(s)", len(nodes))
+	return nil
+}
+
+// provisionVM creates or updates one VM as planned, records its facts and
+// starts it.
+func provisionVM(ctx context.Context, env *Env, c *proxmox.Client, p proxmox.Plan) error {
+	s := p.Spec
+	changes := p.Changes()
+	if len(changes) > 0 {
+		if err := env.Wet(strings.Join(changes, "; "), func() error {
+			_, err := c.ApplyPlan(ctx, p)
+			return err
+		}); err != nil {
+			return err
+		}
+	} else {
+		env.UI.OK("VM %d %s matches the config", s.VMID, s.Name)
+	}
+	if !env.DryRun {
+		n := env.Node(s.Name)
+		n.Role, n.VMID, n.IP, n.MAC, n.DiskBus = s.Role, s.VMID, s.IPv4.Addr().String(), s.EffectiveMAC(), s.Bus()
+		env.SetNode(n)
+		if err := env.SaveState(); err != nil {
+			return fmt.Errorf("writing state: %w", err)
+		}
+	}
+	if !p.Start {
+		return nil
+	}
+	return env.Wet(fmt.Sprintf("start VM %d %s", s.VMID, s.Name), func() error {
+		return c.Start(ctx, s.VMID)
+	})
+}

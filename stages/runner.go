@@ -1,0 +1,175 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/state"
+)
+
+// StageError is the outcome of a run that stopped in a stage.
+type StageError struct {
+	Stage string
+	Err   error
+	// Interrupted is true when the run was cancelled (Ctrl-C, SIGTERM).
+	Interrupted bool
+	// Usage is true when the stage stopped on bad input before changing
+	// anything (e.g. no Proxmox token secret): exit 2, like a config error.
+	Usage bool
+}
+
+func (e *StageError) Error() string {
+	if e.Interrupted {
+		return fmt.Sprintf("stage %s interrupted: %v", e.Stage, e.Err)
+	}
+	return fmt.Sprintf("stage %s failed: %v", e.Stage, e.Err)
+}
+
+func (e *StageError) Unwrap() error { return e.Err }
+
+// RunInfo describes the invocation for the state's last-run record.
+type RunInfo struct {
+	ID      string
+	Command string
+	LogPath string
+}
+
+// Run executes the selected stages in order and stops at the first failure.
+// Outside a dry run it records every stage in the state file atomically: as
+// running when it starts (so a killed process leaves a resumable trace) and
+// ok / failed / interrupted when it ends. A dry run writes nothing and
+// prints the plan grouped by stage.
+func Run(ctx context.Context, env *Env, selected []Stage, info RunInfo) error {
+	names := make([]string, len(selected))
+	for i, s := range selected {
+		names[i] = s.Name()
+	}
+	base, baseUI := env.Log, env.UI
+	defer func() { env.Log, env.UI = base, baseUI }()
+
+	if !env.DryRun {
+		env.State.LastRun = &state.Run{ID: info.ID, Command: info.Command, Started: env.now().UTC(), Stages: names, LogPath: info.LogPath}
+		if err := env.SaveState(); err != nil {
+			return fmt.Errorf("writing state: %w", err)
+		}
+	}
+	var runErr error
+	for _, s := range selected {
+		name := s.Name()
+		env.mu.Lock()
+		env.stage = name
+		env.mu.Unlock()
+		env.Log = base.With().Str("stage", name).Logger()
+		env.UI = baseUI.With(env.Log)
+		env.UI.StageStart(Position(name), len(Order), name)
+
+		rec := env.State.Stage(name)
+		start := env.now()
+		if !env.DryRun {
+			rec.Status, rec.Started, rec.Finished, rec.Error, rec.Changes = state.Running, start.UTC(), time.Time{}, "", nil
+			rec.Attempts++
+			if err := env.SaveState(); err != nil {
+				return fmt.Errorf("writing state: %w", err)
+			}
+		}
+
+		err := runStage(ctx, env, s)
+		dur := env.now().Sub(start)
+		interrupted := err != nil && ctx.Err() != nil
+		changes := env.changesOf(name)
+		env.UI.StageDone(name, dur, len(changes), err, interrupted)
+
+		if !env.DryRun {
+			rec.Finished, rec.DurationSeconds, rec.Changes = env.now().UTC(), dur.Seconds(), changes
+			switch {
+			case interrupted:
+				rec.Status, rec.Error = state.Interrupted, env.Secrets.String(err.Error())
+			case err != nil:
+				rec.Status, rec.Error = state.Failed, env.Secrets.String(err.Error())
+			default:
+				rec.Status = state.OK
+			}
+			if serr := env.SaveState(); serr != nil && err == nil {
+				err = fmt.Errorf("writing state: %w", serr)
+			}
+		}
+		if err != nil {
+			usage := !interrupted && len(changes) == 0 && config.IsUserError(err)
+			runErr = &StageError{Stage: name, Err: err, Interrupted: interrupted, Usage: usage}
+			break
+		}
+	}
+	if env.DryRun {
+		env.printPlan(names)
+		return runErr
+	}
+	env.State.LastRun.Finished = env.now().UTC()
+	env.State.LastRun.ExitCode = ExitCode(runErr)
+	if err := env.SaveState(); err != nil && runErr == nil {
+		return fmt.Errorf("writing state: %w", err)
+	}
+	return runErr
+}
+
+// runStage runs one stage and turns a panic into a failure with its stack in
+// the log, so a bug is recorded in the state instead of losing the record.
+func runStage(ctx context.Context, env *Env, s Stage) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			env.Log.Error().Str("stack", string(debug.Stack())).Msgf("stage %s panicked: %v", s.Name(), r)
+			err = fmt.Errorf("internal error (panic): %v", r)
+		}
+	}()
+	return s.Run(ctx, env)
+}
+
+func (e *Env) printPlan(names []string) {
+	var b strings.Builder
+	b.WriteString("Plan (dry run: nothing was changed)\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "  %s:\n", n)
+		ch := e.changesOf(n)
+		if len(ch) == 0 {
+			b.WriteString("    no changes\n")
+		}
+		for _, c := range ch {
+			fmt.Fprintf(&b, "    would %s\n", c)
+		}
+	}
+	fmt.Fprint(e.Out, b.String())
+}
+
+// Exit codes of the bootstrap command.
+const (
+	ExitOK          = 0
+	ExitFailed      = 1
+	ExitUsage       = 2
+	ExitLocked      = 3
+	ExitInterrupted = 130
+)
+
+// ExitCode maps a run's error to the process exit code.
+func ExitCode(err error) int {
+	var se *StageError
+	var le *state.LockedError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &le):
+		return ExitLocked
+	case errors.As(err, &se) && se.Interrupted:
+		return ExitInterrupted
+	case errors.As(err, &se) && se.Usage:
+		return ExitUsage
+	case errors.Is(err, context.Canceled):
+		return ExitInterrupted
+	case isUserError(err):
+		return ExitUsage
+	}
+	return ExitFailed
+}

@@ -1,0 +1,331 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/talos"
+)
+
+// TalosStage renders the cluster's Talos configs from its one secrets
+// bundle, takes every node to its config (maintenance install or drift
+// apply), bootstraps etcd once on the first control plane, waits for etcd
+// membership and etcd/kubelet health, and keeps a kubeconfig that reaches
+// the API server. With --merge-configs it merges the talosconfig and
+// kubeconfig into the user's ~/.talos/config and ~/.kube/config.
+type TalosStage struct {
+	// Ops tunes the Talos API timing (poll interval, timeouts); zero
+	// values take the talos package's defaults. Tests and the lab use it.
+	Ops talos.OpsOptions
+}
+
+// Name implements Stage.
+func (TalosStage) Name() string { return Talos }
+
+// Run implements Stage.
+func (s TalosStage) Run(ctx context.Context, env *Env) error {
+	gen, err := talosGenerateOptions(env)
+	if err != nil {
+		return err
+	}
+	res, err := renderTalos(env, gen)
+	if err != nil {
+		return err
+	}
+	if env.Secrets != nil {
+		for _, v := range talos.SecretValues(res.Bundle) {
+			env.Secrets.Add(v)
+		}
+	}
+	out := &env.State.Outputs.Talos
+	out.SecretsPath, out.TalosconfigPath, out.KubeconfigPath = res.SecretsPath, res.TalosconfigPath, env.Paths.Kubeconfig
+
+	ops, err := talosOps(env, res.Talosconfig, s.Ops)
+	if err != nil {
+		return err
+	}
+	targets := make([]talos.Target, 0, len(res.Nodes))
+	for _, n := range res.Nodes {
+		targets = append(targets, talos.Target{Name: n.Name, IP: n.IP, Role: n.Role, Config: n.Config, InstallDisk: n.InstallDisk})
+	}
+	conv, err := ops.Converge(ctx, talos.ConvergeOptions{
+		Nodes:          targets,
+		BootstrapNode:  out.BootstrapNode,
+		KubeconfigPath: env.Paths.Kubeconfig,
+		Mutate:         env.Wet,
+		DryRun:         env.DryRun,
+		OnNodeConverged: func(t talos.Target, r talos.EnsureResult) {
+			recordTalosNode(env, res, t, r)
+		},
+		OnBootstrapped: func(node string) {
+			if env.DryRun {
+				return
+			}
+			if out.BootstrapNode == "" {
+				out.BootstrapNode, out.BootstrappedAt = node, env.now().UTC()
+			}
+			if err := env.SaveState(); err != nil {
+				env.Log.Warn().Err(err).Msg("saving state after bootstrap")
+			}
+		},
+	})
+	if env.DryRun {
+		if conv != nil {
+			printTalosPlan(env, res, conv)
+		}
+		if err != nil {
+			return err
+		}
+		return mergeUserConfigs(env, res.Talosconfig)
+	}
+	if err != nil {
+		return err
+	}
+	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
+		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), conv.APIServerVersion, env.Paths.Kubeconfig)
+	return mergeUserConfigs(env, res.Talosconfig)
+}
+
+// talosGenerateOptions maps the config onto the talos package's options.
+// Addresses, MACs and disk buses come from what provision recorded for
+// each VM, with the config as fallback.
+func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
+	cfg := env.Config
+	c := cfg.Cluster
+	opts := talos.GenerateOptions{
+		Dir:               env.Paths.TalosDir,
+		ClusterName:       c.Name,
+		Endpoint:          c.Endpoint,
+		TalosVersion:      c.TalosVersion,
+		KubernetesVersion: c.KubernetesVersion,
+		InstallImage:      c.InstallImage,
+		VIP:               c.VIP,
+		CertSANs:          c.SANs,
+		CNI:               cfg.CNI.Name,
+		Network:           talos.Network{Gateway: c.Network.Gateway, Nameservers: c.Network.Nameservers},
+		Patches: talos.Patches{
+			Global:       resolveAll(cfg, c.Patches.All),
+			ControlPlane: resolveAll(cfg, c.Patches.ControlPlane),
+			Worker:       resolveAll(cfg, c.Patches.Worker),
+		},
+		Now: env.now,
+		Log: env.Log,
+	}
+	if opts.InstallImage == "" {
+		opts.InstallImage = "ghcr.io/siderolabs/installer:" + c.TalosVersion
+	}
+	if c.AllowSchedulingOnControlPlanes {
+		opts.AllowSchedulingOnControlPlanes = new(true)
+	}
+	if c.Network.CIDR != "" {
+		p, err := netip.ParsePrefix(c.Network.CIDR)
+		if err != nil {
+			return opts, config.Userf("cluster.network.cidr %q: %v", c.Network.CIDR, err)
+		}
+		opts.Network.PrefixLen = p.Bits()
+	}
+	for _, n := range cfg.Nodes {
+		rec := env.State.Outputs.Nodes[n.Name]
+		node := talos.Node{
+			Name:    n.Name,
+			Role:    talos.Role(n.Role),
+			IP:      firstNonEmpty(rec.IP, n.IP),
+			MAC:     firstNonEmpty(rec.MAC, n.MAC),
+			DiskBus: rec.DiskBus,
+			Patches: resolveAll(cfg, c.Patches.Nodes[n.Name]),
+		}
+		opts.Nodes = append(opts.Nodes, node)
+	}
+	return opts, nil
+}
+
+func resolveAll(cfg *config.Config, paths []string) []string {
+	out := make([]string, 0, len(paths))
+	for _, p := range paths {
+		out = append(out, cfg.Resolve(p))
+	}
+	return out
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// renderTalos plans the generation and, in a real run, writes what changed
+// through Wet. Unchanged inputs write nothing and record no change.
+func renderTalos(env *Env, opts talos.GenerateOptions) (*talos.Result, error) {
+	plan, err := talos.Plan(opts)
+	if err != nil {
+		return nil, err
+	}
+	if len(plan.Changes) == 0 {
+		env.UI.OK("talos: configs in %s are up to date", opts.Dir)
+		return plan, nil
+	}
+	var files []string
+	for _, c := range plan.Changes {
+		rel, err := filepath.Rel(opts.Dir, c.Path)
+		if err != nil {
+			rel = c.Path
+		}
+		files = append(files, rel)
+	}
+	what := fmt.Sprintf("write Talos configs in %s: %s", opts.Dir, strings.Join(files, ", "))
+	if plan.SecretsCreated {
+		what = fmt.Sprintf("create the secrets bundle %s (kept forever) and %s", plan.SecretsPath, what)
+	}
+	res := plan
+	err = env.Wet(what, func() error {
+		var err error
+		res, err = talos.Generate(opts)
+		return err
+	})
+	return res, err
+}
+
+// talosOps is the stage's Talos API client, built once per run.
+func talosOps(env *Env, talosconfig []byte, tuning talos.OpsOptions) (*talos.Ops, error) {
+	return client(env, "the Talos API", func() (*talos.Ops, error) {
+		o := tuning
+		o.Talosconfig = talosconfig
+		o.Context = env.Config.Cluster.Name
+		o.SecretsPath = env.Paths.Secrets
+		o.Log = env.Log
+		return talos.NewOps(o)
+	})
+}
+
+// recordTalosNode keeps what the node now runs in state, saved at once so
+// a crash later in the stage keeps it.
+func recordTalosNode(env *Env, res *talos.Result, t talos.Target, r talos.EnsureResult) {
+	if env.DryRun {
+		return
+	}
+	rn, _ := res.Node(t.Name)
+	n := env.Node(t.Name)
+	n.Role, n.IP, n.InstallDisk, n.ConfigSHA256 = string(t.Role), t.IP, rn.InstallDisk, rn.SHA256
+	if r.Action == talos.ActionInstalled || r.Action == talos.ActionUpdated || n.AppliedAt.IsZero() {
+		n.AppliedAt = env.now().UTC()
+	}
+	env.SetNode(n)
+	if err := env.SaveState(); err != nil {
+		env.Log.Warn().Err(err).Str("node", t.Name).Msg("saving state after configuring the node")
+	}
+}
+
+// printTalosPlan shows, per node, the diff a real run would apply: the
+// node's own dry-run diff when it runs a config, else the rendered file's
+// diff against what was rendered last.
+func printTalosPlan(env *Env, res *talos.Result, conv *talos.ConvergeResult) {
+	w := env.Out
+	if env.Secrets != nil {
+		w = env.Secrets.Writer(env.Out)
+	}
+	fileDiff := map[string]talos.FileChange{}
+	for _, c := range res.Changes {
+		fileDiff[c.Path] = c
+	}
+	changed := false
+	for _, n := range res.Nodes {
+		r := conv.Nodes[n.Name]
+		fc, fileChanged := fileDiff[talos.NodeConfigPath(res.Dir, n.Name)]
+		switch {
+		case r.Found == talos.ModeConfigured && r.Diff != "":
+			fmt.Fprintf(w, "talos: node %s (%s) runs a config that differs (node's own diff):\n%s\n", n.Name, n.IP, indent(r.Diff))
+		case r.Found == talos.ModeConfigured:
+			if fileChanged {
+				fmt.Fprintf(w, "talos: node %s (%s) already runs the rendered config (only the local file changes)\n", n.Name, n.IP)
+			}
+			continue
+		case fileChanged && fc.Diff != "":
+			fmt.Fprintf(w, "talos: node %s (%s) is %s; its rendered config changes:\n%s\n", n.Name, n.IP, r.Found, indent(fc.Diff))
+		default:
+			fmt.Fprintf(w, "talos: node %s (%s) is %s; it would get its config (install disk %s)\n", n.Name, n.IP, r.Found, n.InstallDisk)
+		}
+		changed = true
+	}
+	if !changed && !conv.Planned && len(res.Changes) == 0 {
+		fmt.Fprintln(w, "talos: no changes")
+	}
+}
+
+func indent(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = "    " + l
+	}
+	return strings.Join(lines, "\n")
+}
+
+// mergeUserConfigs merges the cluster's talosconfig and kubeconfig into
+// the user's when asked (--merge-configs or cluster.mergeConfigs): backed
+// up first, same-named contexts replaced, others kept.
+func mergeUserConfigs(env *Env, talosconfig []byte) error {
+	if !env.Options.MergeConfigs {
+		return nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return fmt.Errorf("finding the home directory for --merge-configs: %w", err)
+	}
+	type merge struct {
+		path   string
+		data   []byte
+		needed func(string, []byte) (bool, error)
+		do     func(string, []byte, time.Time) (talos.MergeResult, error)
+	}
+	merges := []merge{{filepath.Join(home, ".talos", "config"), talosconfig, talos.TalosconfigMergeNeeded, talos.MergeTalosconfig}}
+	kubePath := filepath.Join(home, ".kube", "config")
+	kube, err := os.ReadFile(env.Paths.Kubeconfig)
+	switch {
+	case err == nil:
+		merges = append(merges, merge{kubePath, kube, talos.KubeconfigMergeNeeded, talos.MergeKubeconfig})
+	case env.DryRun:
+		merges = append(merges, merge{path: kubePath})
+	default:
+		return fmt.Errorf("reading %s to merge it: %w", env.Paths.Kubeconfig, err)
+	}
+	for _, m := range merges {
+		if m.data == nil {
+			if err := env.Wet(fmt.Sprintf("merge the kubeconfig into %s once it exists", m.path), noop); err != nil {
+				return err
+			}
+			continue
+		}
+		needed, err := m.needed(m.path, m.data)
+		if err != nil {
+			return err
+		}
+		if !needed {
+			env.UI.OK("%s already holds this cluster's context", m.path)
+			continue
+		}
+		what := fmt.Sprintf("merge this cluster's context into %s", m.path)
+		if _, err := os.Stat(m.path); err == nil {
+			what += " (backed up first)"
+		}
+		if err := env.Wet(what, func() error {
+			r, err := m.do(m.path, m.data, env.now())
+			if err == nil && r.Backup != "" {
+				env.UI.OK("backed up %s to %s", m.path, r.Backup)
+			}
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func noop() error { return nil }

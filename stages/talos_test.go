@@ -1,0 +1,271 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	stdx509 "crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/siderolabs/crypto/x509"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/talos"
+	"github.com/homelab/bootstrap/talos/talossim"
+	"github.com/homelab/bootstrap/ui"
+)
+
+// talosLab is a config for a 1 CP + 1 worker cluster on a random loopback
+// /24, its VMs booted in talossim, and a stand-in API server whose CA is the
+// bundle's Kubernetes CA.
+type talosLab struct {
+	cfg     *config.Config
+	st      *state.State
+	sim     *talossim.Sim
+	ips     map[string]string
+	out     bytes.Buffer
+	tunings TalosStage
+}
+
+func newTalosLab(t *testing.T) *talosLab {
+	t.Helper()
+	prefix, err := talossim.RandomLoopbackPrefix(50000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := func(last byte) string {
+		b := prefix.Addr().As4()
+		b[3] = last
+		return netip.AddrFrom4(b).String()
+	}
+	l := &talosLab{ips: map[string]string{"cp-1": ip(11), "wk-1": ip(21)}}
+	dir := t.TempDir()
+	yaml := fmt.Sprintf(`cluster:
+  name: lab
+  endpoint: https://%[1]s:6443
+  network: {cidr: %[3]s, gateway: %[4]s, nameservers: [%[4]s]}
+  patches:
+    worker: [patches/worker.yaml]
+nodes:
+  - {name: cp-1, role: controlplane, vmid: 701, ip: %[1]s, cores: 2, memoryMiB: 4096, diskGiB: 32}
+  - {name: wk-1, role: worker, vmid: 711, ip: %[2]s, cores: 2, memoryMiB: 4096, diskGiB: 32}
+`, l.ips["cp-1"], l.ips["wk-1"], prefix, ip(1))
+	path := filepath.Join(dir, "bootstrap.yaml")
+	os.MkdirAll(filepath.Join(dir, "patches"), 0o755)
+	os.WriteFile(filepath.Join(dir, "patches", "worker.yaml"), []byte("machine:\n  sysctls:\n    fs.inotify.max_user_watches: \"524288\"\n"), 0o644)
+	l.cfg, err = config.Parse(path, []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := l.cfg.Paths()
+	// The bundle fixture stands for one generated earlier, so the API
+	// server below can use its Kubernetes CA.
+	os.MkdirAll(paths.TalosDir, 0o700)
+	bundle, err := os.ReadFile(filepath.Join("..", "talos", "testdata", "secrets.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(paths.Secrets, bundle, 0o600)
+
+	// What provision recorded: wk-1's disk is virtio; cp-1 has no record.
+	l.st = state.New("lab")
+	l.st.Outputs.Nodes = map[string]state.Node{"wk-1": {Name: "wk-1", Role: "worker", VMID: 711, IP: l.ips["wk-1"], DiskBus: "virtio"}}
+
+	b, err := talos.LoadSecrets(paths.Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := talossim.NewMemoryCluster(stubAPIServer(t, b.Certs.K8s.Crt, b.Certs.K8s.Key))
+	l.sim = talossim.New(talossim.Options{Cluster: cluster, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	t.Cleanup(func() { l.sim.Close() })
+	for name, bus := range map[string]string{"cp-1": "scsi", "wk-1": "virtio"} {
+		n, err := l.sim.BootNode(context.Background(), talossim.NodeSpec{IP: l.ips[name], Hostname: name, Disks: []talossim.Disk{{Bus: bus, Size: 32 << 30}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = n.WaitPhase(ctx, talossim.PhaseMaintenance)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.tunings = TalosStage{Ops: talos.OpsOptions{PollInterval: 10 * time.Millisecond, CallTimeout: 3 * time.Second,
+		InstallTimeout: 15 * time.Second, BootstrapTimeout: 15 * time.Second, HealthTimeout: 15 * time.Second, ProgressEvery: time.Second}}
+	return l
+}
+
+func (l *talosLab) env(t *testing.T, dryRun, merge bool) *Env {
+	log := zerolog.New(zerolog.NewTestWriter(t))
+	l.out.Reset()
+	return &Env{Config: l.cfg, Paths: l.cfg.Paths(), State: l.st, Log: log, UI: ui.NewReporter(log), Out: &l.out,
+		DryRun: dryRun, Options: Options{MergeConfigs: merge}, Now: time.Now}
+}
+
+func (l *talosLab) applies() (applies, bootstraps int) {
+	for _, n := range l.sim.Nodes() {
+		c := n.Counters()
+		applies += c.Applies
+		bootstraps += c.Bootstraps
+	}
+	return applies, bootstraps
+}
+
+func actions(env *Env) string {
+	var out []string
+	for _, c := range env.Changes() {
+		out = append(out, c.Action)
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestTalosStage(t *testing.T) {
+	l := newTalosLab(t)
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	paths := l.cfg.Paths()
+
+	// Dry run on fresh VMs: a plan, nothing touched.
+	env := l.env(t, true, true)
+	if err := (l.tunings).Run(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	plan := actions(env)
+	for _, want := range []string{"write Talos configs in " + paths.TalosDir, "apply config to cp-1", "apply config to wk-1", "(installs Talos to /dev/vda", "bootstrap etcd on cp-1", "fetch the kubeconfig", "merge this cluster's context into " + filepath.Join(home, ".talos", "config"), "merge the kubeconfig into"} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("dry-run plan lacks %q:\n%s", want, plan)
+		}
+	}
+	if !strings.Contains(l.out.String(), "node wk-1") {
+		t.Errorf("dry run printed no per-node plan:\n%s", l.out.String())
+	}
+	if a, b := l.applies(); a+b != 0 {
+		t.Fatalf("dry run applied %d / bootstrapped %d", a, b)
+	}
+	if _, err := os.Stat(paths.Talosconfig); err == nil {
+		t.Fatal("dry run wrote the talosconfig")
+	}
+
+	// First real run converges and records what it did.
+	env = l.env(t, false, true)
+	if err := l.tunings.Run(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := l.applies(); a != 2 || b != 1 {
+		t.Errorf("first run: %d applies, %d bootstraps", a, b)
+	}
+	wk := l.st.Outputs.Nodes["wk-1"]
+	if wk.InstallDisk != "/dev/vda" || wk.ConfigSHA256 == "" || wk.AppliedAt.IsZero() || wk.VMID != 711 {
+		t.Errorf("wk-1 state %+v", wk)
+	}
+	if cp := l.st.Outputs.Nodes["cp-1"]; cp.InstallDisk != "/dev/sda" || cp.IP != l.ips["cp-1"] {
+		t.Errorf("cp-1 state %+v", cp)
+	}
+	if l.st.Outputs.Talos.BootstrapNode != "cp-1" || l.st.Outputs.Talos.KubeconfigPath != paths.Kubeconfig {
+		t.Errorf("talos outputs %+v", l.st.Outputs.Talos)
+	}
+	saved, err := state.Load(paths.StateDir, "lab")
+	if err != nil || saved.Outputs.Talos.BootstrapNode != "cp-1" || saved.Outputs.Nodes["wk-1"].ConfigSHA256 == "" {
+		t.Errorf("state not saved mid-stage: %+v %v", saved, err)
+	}
+	if fi, err := os.Stat(paths.Kubeconfig); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("kubeconfig: %v", err)
+	}
+	kc, err := clientcmd.LoadFromFile(filepath.Join(home, ".kube", "config"))
+	if err != nil || kc.CurrentContext != "admin@lab" {
+		t.Errorf("merged kubeconfig: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(home, ".talos", "config")); err != nil {
+		t.Errorf("merged talosconfig: %v", err)
+	}
+
+	// Second run: nothing to do, nothing recorded.
+	env = l.env(t, false, true)
+	if err := l.tunings.Run(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	if got := actions(env); got != "" {
+		t.Errorf("second run changed:\n%s", got)
+	}
+	if a, b := l.applies(); a != 2 || b != 1 {
+		t.Errorf("second run: %d applies, %d bootstraps in total", a, b)
+	}
+
+	// A changed worker patch: the dry run shows the node's own diff.
+	os.WriteFile(filepath.Join(paths.Base, "patches", "worker.yaml"), []byte("machine:\n  sysctls:\n    fs.inotify.max_user_watches: \"1048576\"\n"), 0o644)
+	// An extra SAN changes cp-1's machine.certSANs, right below its CA key:
+	// the diff's context must not show the key.
+	l.cfg.Cluster.SANs = []string{"lab.example"}
+	env = l.env(t, true, false)
+	env.Secrets = &redact.Set{}
+	if err := l.tunings.Run(ctx, env); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dry-run output:\n%s", l.out.String())
+	if !strings.Contains(l.out.String(), "node wk-1") || !strings.Contains(l.out.String(), `+        fs.inotify.max_user_watches: "1048576"`) {
+		t.Errorf("dry run output:\n%s", l.out.String())
+	}
+	b, _ := talos.LoadSecrets(paths.Secrets)
+	osKey := base64.StdEncoding.EncodeToString(b.Certs.OS.Key)
+	if !strings.Contains(l.out.String(), "node cp-1 (") || !strings.Contains(l.out.String(), "+        - lab.example") {
+		t.Errorf("cp-1's diff missing:\n%s", l.out.String())
+	}
+	if strings.Contains(l.out.String(), osKey) || !strings.Contains(l.out.String(), redact.Mask) {
+		t.Error("the dry-run diff shows the OS CA key")
+	}
+	if !strings.Contains(actions(env), "apply changed config to wk-1") || !strings.Contains(actions(env), "apply changed config to cp-1") || strings.Contains(actions(env), "bootstrap") {
+		t.Errorf("plan:\n%s", actions(env))
+	}
+	if a, _ := l.applies(); a != 2 {
+		t.Error("dry run applied")
+	}
+}
+
+// stubAPIServer serves /version over TLS with a certificate from the given
+// Kubernetes CA, requires client certificates from it, and returns an admin
+// kubeconfig for it.
+func stubAPIServer(t *testing.T, caCrt, caKey []byte) []byte {
+	t.Helper()
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(&x509.PEMEncodedCertificateAndKey{Crt: caCrt, Key: caKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := x509.NewKeyPair(ca, x509.IPAddresses([]net.IP{net.ParseIP("127.0.0.1")}), x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageServerAuth}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := x509.NewKeyPair(ca, x509.CommonName("admin"), x509.Organization("system:masters"), x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := stdx509.NewCertPool()
+	pool.AppendCertsFromPEM(caCrt)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"major":"1","minor":"36","gitVersion":"v1.36.1"}`)
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*serving.Certificate}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	b64 := base64.StdEncoding.EncodeToString
+	return fmt.Appendf(nil, "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster: {server: %q, certificate-authority-data: %s}\n"+
+		"users:\n- name: admin@lab\n  user: {client-certificate-data: %s, client-key-data: %s}\n"+
+		"contexts:\n- name: admin@lab\n  context: {cluster: lab, user: admin@lab}\ncurrent-context: admin@lab\n",
+		srv.URL, b64(caCrt), b64(admin.CrtPEM), b64(admin.KeyPEM))
+}

@@ -1,0 +1,354 @@
+package talos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	"github.com/siderolabs/talos/pkg/machinery/resources/block"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// Target is one node to converge.
+type Target struct {
+	Name string
+	IP   string
+	Role Role
+	// Config is the rendered machine config.
+	Config []byte
+	// InstallDisk is checked against the node's disks before a maintenance apply.
+	InstallDisk string
+}
+
+// String is "name (ip)", as nodes are named in messages.
+func (t Target) String() string { return fmt.Sprintf("%s (%s)", t.Name, t.IP) }
+
+// Mutator runs fn as a change described by what, or, in a dry run, only
+// records it. The stage passes env.Wet.
+type Mutator func(what string, fn func() error) error
+
+// Execute is the Mutator of a real run: it always runs fn.
+func Execute(_ string, fn func() error) error { return fn() }
+
+// noop is what a dry run records without anything to run.
+func noop() error { return nil }
+
+// Action is what EnsureConfig did to a node.
+type Action string
+
+// Actions reported by EnsureConfig.
+const (
+	ActionUnchanged Action = "unchanged"
+	// ActionInstalled: applied in maintenance mode; installed and rebooted.
+	ActionInstalled Action = "installed"
+	// ActionUpdated: applied a changed config to a configured node.
+	ActionUpdated Action = "updated"
+	// ActionPlanned: a dry run recorded the apply without doing it.
+	ActionPlanned Action = "planned"
+)
+
+// EnsureOptions controls EnsureConfig.
+type EnsureOptions struct {
+	// Mutate wraps every apply (env.Wet in the stage); nil executes.
+	Mutate Mutator
+	// DryRun plans instead of waiting: a node that does not answer is
+	// reported as planned at once.
+	DryRun bool
+}
+
+// EnsureResult reports one node's convergence.
+type EnsureResult struct {
+	Action Action
+	// Mode the node was found in.
+	Found NodeMode
+	// Diff is the node's own dry-run diff for a configured node ("" if none).
+	Diff string
+	// Reboot is true when the applied change needed a reboot.
+	Reboot bool
+	// Attempts counts maintenance applies (more than one after an install crash).
+	Attempts int
+}
+
+// rebootObserveWindow is how many poll intervals EnsureConfig watches for a
+// node to go down after an apply that needs a reboot.
+const rebootObserveWindow = 30
+
+// maxInstallAttempts bounds re-applying after a node came back in
+// maintenance mode (an install that failed and rebooted into the ISO).
+const maxInstallAttempts = 3
+
+// EnsureConfig brings one node to its rendered config:
+//   - maintenance: check the install disk exists (COSI disks), apply without
+//     credentials, then wait out install and reboot until the node answers
+//     with this cluster's CA;
+//   - configured with our CA: ask the node for a dry-run diff and apply (AUTO)
+//     only if it differs, waiting out a reboot when the node needs one;
+//   - configured by another cluster: refuse (ForeignNodeError);
+//   - down: wait for it, bounded by InstallTimeout.
+//
+// Every apply goes through opts.Mutate, so a dry run records "would apply"
+// and stops.
+func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (EnsureResult, error) {
+	mutate := opts.Mutate
+	if mutate == nil {
+		mutate = Execute
+	}
+	log := o.opts.Log.With().Str("node", t.Name).Str("ip", t.IP).Logger()
+	var (
+		res        EnsureResult
+		found      = false
+		applied    = false // applied in maintenance mode during this call
+		sawDown    = false // the node went away after that apply
+		rebootWait = false
+		rebootAt   time.Time
+	)
+	spec := wait.Spec{
+		What:          fmt.Sprintf("node %s to run its config", t),
+		Timeout:       o.opts.InstallTimeout,
+		Interval:      o.opts.PollInterval,
+		ProgressEvery: o.opts.ProgressEvery,
+		Log:           log,
+	}
+	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		p, err := o.Probe(ctx, t.IP)
+		if err != nil {
+			return false, "", err
+		}
+		if !found {
+			found, res.Found = true, p.Mode
+			log.Info().Str("mode", p.Mode.String()).Str("version", p.Version).Str("detail", p.Detail).Msgf("node %s is %s", t, p.Mode)
+		}
+		switch p.Mode {
+		case ModeForeign:
+			return false, "", &ForeignNodeError{Name: t.Name, IP: t.IP, SecretsPath: o.opts.SecretsPath}
+		case ModeDown:
+			if applied {
+				sawDown = true
+			}
+			if opts.DryRun && !applied {
+				res.Action = ActionPlanned
+				return true, "", mutate(fmt.Sprintf("apply config to %s once it answers (unreachable now: %s)", t, p.Detail), noop)
+			}
+			return false, "unreachable: " + p.Detail, nil
+		case ModeMaintenance:
+			if applied && !sawDown {
+				return false, "config accepted, install starting", nil
+			}
+			if applied {
+				if res.Attempts >= maxInstallAttempts {
+					return false, "", fmt.Errorf("node %s came back in maintenance mode %d times after applying its config: the install keeps failing (check the VM console)", t, res.Attempts)
+				}
+				log.Warn().Int("attempt", res.Attempts+1).Msgf("node %s came back in maintenance mode: the install did not complete; applying again", t)
+			}
+			if err := o.checkInstallDisk(ctx, t); err != nil {
+				return false, "", err
+			}
+			ran := false
+			what := fmt.Sprintf("apply config to %s in maintenance mode (installs Talos to %s and reboots)", t, t.InstallDisk)
+			if err := mutate(what, func() error {
+				ran = true
+				return o.applyMaintenance(ctx, t)
+			}); err != nil {
+				return false, "", err
+			}
+			if !ran {
+				res.Action = ActionPlanned
+				return true, "", nil
+			}
+			applied, sawDown = true, false
+			res.Attempts++
+			return false, "config applied, installing", nil
+		case ModeConfigured:
+			// A reboot can be quicker than our polls; after a while without
+			// seeing the node go down, trust the node's own diff.
+			if rebootWait && !sawDown && time.Since(rebootAt) < rebootObserveWindow*o.opts.PollInterval {
+				return false, "waiting for the node to reboot", nil
+			}
+			diff, changed, err := o.DiffConfig(ctx, t)
+			if err != nil {
+				return false, "", err
+			}
+			if !changed {
+				if applied {
+					res.Action = ActionInstalled
+				} else if res.Action == "" {
+					res.Action = ActionUnchanged
+				}
+				return true, "", nil
+			}
+			if applied || res.Action == ActionUpdated {
+				return false, "", fmt.Errorf("node %s still differs from its config after applying it:\n%s", t, diff)
+			}
+			res.Diff = diff
+			ran := false
+			var reboot bool
+			if err := mutate(fmt.Sprintf("apply changed config to %s", t), func() error {
+				ran = true
+				var err error
+				reboot, err = o.applyConfigured(ctx, t)
+				return err
+			}); err != nil {
+				return false, "", err
+			}
+			if !ran {
+				res.Action = ActionPlanned
+				return true, "", nil
+			}
+			res.Action, res.Reboot = ActionUpdated, reboot
+			if reboot {
+				rebootWait, sawDown, rebootAt = true, false, time.Now()
+				return false, "config applied, rebooting", nil
+			}
+			return false, "config applied", nil
+		}
+		return false, "", fmt.Errorf("node %s: unexpected mode %s", t, p.Mode)
+	})
+	if err != nil {
+		return res, fmt.Errorf("converging node %s: %w", t, err)
+	}
+	return res, nil
+}
+
+func (o *Ops) applyMaintenance(ctx context.Context, t Target) error {
+	err := o.call(ctx, t.IP, false, o.opts.ApplyTimeout, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{
+			Data: t.Config,
+			Mode: machine.ApplyConfigurationRequest_AUTO,
+		})
+		return err
+	})
+	if err != nil {
+		if isDown(err) {
+			// The node may have taken the config and gone into install
+			// before answering; the next probe tells.
+			o.opts.Log.Warn().Str("node", t.Name).Err(err).Msg("maintenance apply got no answer; checking the node again")
+			return nil
+		}
+		return fmt.Errorf("applying config to %s in maintenance mode: %w", t, err)
+	}
+	o.opts.Log.Info().Str("node", t.Name).Msgf("applied config to %s in maintenance mode", t)
+	return nil
+}
+
+// DiffConfig asks a configured node for a dry-run apply of t.Config and
+// returns the node's own diff. changed is false when the node reports no
+// changes.
+func (o *Ops) DiffConfig(ctx context.Context, t Target) (diff string, changed bool, err error) {
+	var details string
+	err = o.call(ctx, t.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{
+			Data:   t.Config,
+			Mode:   machine.ApplyConfigurationRequest_AUTO,
+			DryRun: true,
+		})
+		if err != nil {
+			return err
+		}
+		for _, m := range resp.GetMessages() {
+			details = m.GetModeDetails()
+		}
+		return nil
+	})
+	if err != nil {
+		return "", false, fmt.Errorf("dry-run apply on %s: %w", t, err)
+	}
+	diff, changed = parseDryRun(details)
+	return diff, changed, nil
+}
+
+// parseDryRun reads apid's dry-run summary: "Dry run summary:\n<mode>
+// (skipped in dry-run).\nConfig diff:\n\n<diff or No changes.>".
+func parseDryRun(details string) (string, bool) {
+	const marker = "Config diff:\n\n"
+	i := strings.Index(details, marker)
+	if i < 0 {
+		// No diff section: treat as changed so we never skip an apply silently.
+		return details, true
+	}
+	d := strings.TrimSpace(details[i+len(marker):])
+	if d == "No changes." || d == "" {
+		return "", false
+	}
+	return d, true
+}
+
+func (o *Ops) applyConfigured(ctx context.Context, t Target) (reboot bool, err error) {
+	err = o.call(ctx, t.IP, true, o.opts.ApplyTimeout, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{
+			Data: t.Config,
+			Mode: machine.ApplyConfigurationRequest_AUTO,
+		})
+		if err != nil {
+			return err
+		}
+		for _, m := range resp.GetMessages() {
+			reboot = m.GetMode() == machine.ApplyConfigurationRequest_REBOOT
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("applying config to %s: %w", t, err)
+	}
+	o.opts.Log.Info().Str("node", t.Name).Bool("reboot", reboot).Msgf("applied changed config to %s", t)
+	return reboot, nil
+}
+
+// Disk is one block device a node reports.
+type Disk struct {
+	DevPath   string
+	Size      uint64
+	Model     string
+	Transport string
+	Readonly  bool
+	CDROM     bool
+}
+
+// Disks lists the node's disks over COSI (as `talosctl get disks`);
+// insecure for a node in maintenance mode.
+func (o *Ops) Disks(ctx context.Context, ip string, insecure bool) ([]Disk, error) {
+	var out []Disk
+	err := o.call(ctx, ip, !insecure, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		list, err := safe.StateListAll[*block.Disk](ctx, c.COSI)
+		if err != nil {
+			return err
+		}
+		for d := range list.All() {
+			s := d.TypedSpec()
+			out = append(out, Disk{DevPath: s.DevPath, Size: s.Size, Model: s.Model, Transport: s.Transport, Readonly: s.Readonly, CDROM: s.CDROM})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing disks of %s: %w", ip, err)
+	}
+	slices.SortFunc(out, func(a, b Disk) int { return strings.Compare(a.DevPath, b.DevPath) })
+	return out, nil
+}
+
+func (o *Ops) checkInstallDisk(ctx context.Context, t Target) error {
+	if t.InstallDisk == "" {
+		return nil
+	}
+	disks, err := o.Disks(ctx, t.IP, true)
+	if err != nil {
+		if isDown(err) {
+			return nil // the next probe waits for it
+		}
+		return err
+	}
+	var seen []string
+	for _, d := range disks {
+		if d.DevPath == t.InstallDisk && !d.Readonly && !d.CDROM {
+			return nil
+		}
+		seen = append(seen, fmt.Sprintf("%s (%d GiB%s)", d.DevPath, d.Size>>30, map[bool]string{true: ", read-only", false: ""}[d.Readonly || d.CDROM]))
+	}
+	return fmt.Errorf("node %s has no writable install disk %s; it reports: %s (check the VM's disk bus: scsi ⇒ /dev/sda, virtio ⇒ /dev/vda)",
+		t, t.InstallDisk, strings.Join(seen, ", "))
+}

@@ -1,0 +1,280 @@
+package talos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	"google.golang.org/grpc/codes"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// Bootstrap starts etcd on the node at ip, the first control plane. It is
+// called for that node only, ever: bootstrapping a second control plane
+// that has not joined etcd would start a second cluster. AlreadyExists
+// ("etcd data directory is not empty") from this node means an earlier run
+// bootstrapped it and counts as success (already = true). FailedPrecondition
+// (not ready, time not in sync) and unreachable are retried until
+// BootstrapTimeout.
+func (o *Ops) Bootstrap(ctx context.Context, name, ip string) (already bool, err error) {
+	log := o.opts.Log.With().Str("node", name).Str("ip", ip).Logger()
+	spec := wait.Spec{
+		What:          fmt.Sprintf("etcd bootstrap on %s (%s) to be accepted", name, ip),
+		Timeout:       o.opts.BootstrapTimeout,
+		Interval:      o.opts.PollInterval,
+		ProgressEvery: o.opts.ProgressEvery,
+		Log:           log,
+	}
+	err = wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+			return c.Bootstrap(ctx, &machine.BootstrapRequest{})
+		})
+		switch {
+		case err == nil:
+			return true, "", nil
+		case client.StatusCode(err) == codes.AlreadyExists:
+			already = true
+			return true, "", nil
+		case isUntrustedServer(err) || isCertRequired(err),
+			strings.Contains(err.Error(), "only be performed on a control plane"):
+			return false, "", fmt.Errorf("bootstrapping %s: %w", name, err)
+		}
+		switch client.StatusCode(err) {
+		case codes.FailedPrecondition, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+			return false, shortErr(err), nil
+		}
+		return false, "", fmt.Errorf("bootstrapping %s: %w", name, err)
+	})
+	if err != nil {
+		return false, err
+	}
+	if already {
+		log.Info().Msgf("etcd on %s was already bootstrapped", name)
+	} else {
+		log.Info().Msgf("bootstrapped etcd on %s", name)
+	}
+	return already, nil
+}
+
+// EtcdMember is one member of the etcd cluster.
+type EtcdMember struct {
+	ID       uint64
+	Hostname string
+	Learner  bool
+}
+
+// EtcdMembers lists etcd members as the node at ip sees them.
+func (o *Ops) EtcdMembers(ctx context.Context, ip string) ([]EtcdMember, error) {
+	var out []EtcdMember
+	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
+		if err != nil {
+			return err
+		}
+		for _, m := range resp.GetMessages() {
+			for _, mem := range m.GetMembers() {
+				out = append(out, EtcdMember{ID: mem.GetId(), Hostname: mem.GetHostname(), Learner: mem.GetIsLearner()})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing etcd members via %s: %w", ip, err)
+	}
+	return out, nil
+}
+
+// Service is one Talos service's state on a node.
+type Service struct {
+	ID    string
+	State string
+	// Healthy is true when the service runs and its last health check passed.
+	Healthy bool
+	// LastEvent is the message of the service's last event.
+	LastEvent string
+}
+
+// Services lists the services of the node at ip.
+func (o *Ops) Services(ctx context.Context, ip string) ([]Service, error) {
+	var out []Service
+	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.ServiceList(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range resp.GetMessages() {
+			for _, s := range m.GetServices() {
+				svc := Service{ID: s.GetId(), State: s.GetState()}
+				if ev := s.GetEvents().GetEvents(); len(ev) > 0 {
+					last := ev[len(ev)-1]
+					svc.LastEvent = last.GetMsg()
+					svc.State = last.GetState()
+				}
+				h := s.GetHealth()
+				svc.Healthy = svc.State == "Running" && h != nil && !h.GetUnknown() && h.GetHealthy()
+				out = append(out, svc)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing services of %s: %w", ip, err)
+	}
+	return out, nil
+}
+
+// WaitEtcdMembers waits until the etcd cluster, seen from the node at ip,
+// has exactly the given control planes as full (non-learner) members.
+func (o *Ops) WaitEtcdMembers(ctx context.Context, ip string, controlPlanes []string) error {
+	want := slices.Sorted(slices.Values(controlPlanes))
+	spec := wait.Spec{
+		What:          fmt.Sprintf("etcd members to be the %d control planes (%s)", len(want), strings.Join(want, ", ")),
+		Timeout:       o.opts.HealthTimeout,
+		Interval:      o.opts.PollInterval,
+		ProgressEvery: o.opts.ProgressEvery,
+		Log:           o.opts.Log,
+	}
+	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		members, err := o.EtcdMembers(ctx, ip)
+		if err != nil {
+			return false, shortErr(err), fatalWhileWaiting(err)
+		}
+		var got []string
+		for _, m := range members {
+			name := m.Hostname
+			if m.Learner {
+				name += " (learner)"
+			}
+			got = append(got, name)
+		}
+		slices.Sort(got)
+		status := fmt.Sprintf("%d/%d members: %s", len(got), len(want), strings.Join(got, ", "))
+		return slices.Equal(got, want), status, nil
+	})
+}
+
+// HealthTarget is a node whose services must be healthy.
+type HealthTarget struct {
+	Name string
+	IP   string
+	Role Role
+}
+
+// WaitServicesHealthy waits, for all nodes in parallel, until kubelet and,
+// on control planes, etcd are running and healthy.
+func (o *Ops) WaitServicesHealthy(ctx context.Context, nodes []HealthTarget) error {
+	names := make([]string, 0, len(nodes))
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	tr := wait.NewTracker(o.opts.Log, "node services healthy (etcd, kubelet)", names)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go tr.Report(rctx, o.opts.ProgressEvery)
+
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []string
+	)
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			required := []string{"kubelet"}
+			if n.Role == RoleControlPlane {
+				required = []string{"etcd", "kubelet"}
+			}
+			spec := wait.Spec{
+				What:          fmt.Sprintf("%s healthy on %s (%s)", strings.Join(required, " and "), n.Name, n.IP),
+				Timeout:       o.opts.HealthTimeout,
+				Interval:      o.opts.PollInterval,
+				ProgressEvery: o.opts.ProgressEvery,
+				Log:           o.opts.Log.With().Str("node", n.Name).Logger(),
+			}
+			err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+				svcs, err := o.Services(ctx, n.IP)
+				if err != nil {
+					return false, shortErr(err), fatalWhileWaiting(err)
+				}
+				var pending []string
+				for _, id := range required {
+					i := slices.IndexFunc(svcs, func(s Service) bool { return s.ID == id })
+					switch {
+					case i < 0:
+						pending = append(pending, id+": absent")
+					case !svcs[i].Healthy:
+						pending = append(pending, fmt.Sprintf("%s: %s %s", id, svcs[i].State, svcs[i].LastEvent))
+					}
+				}
+				return len(pending) == 0, strings.Join(pending, "; "), nil
+			})
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err.Error())
+				mu.Unlock()
+				return
+			}
+			tr.Done(n.Name)
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		slices.Sort(errs)
+		return fmt.Errorf("node services not healthy:\n  %s", strings.Join(errs, "\n  "))
+	}
+	return nil
+}
+
+// Kubeconfig fetches the admin kubeconfig from the control plane at ip
+// (as `talosctl kubeconfig`), retrying while the node is not ready.
+func (o *Ops) Kubeconfig(ctx context.Context, name, ip string) ([]byte, error) {
+	var data []byte
+	spec := wait.Spec{
+		What:          fmt.Sprintf("kubeconfig from %s (%s)", name, ip),
+		Timeout:       o.opts.HealthTimeout,
+		Interval:      o.opts.PollInterval,
+		ProgressEvery: o.opts.ProgressEvery,
+		Log:           o.opts.Log,
+	}
+	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+			var err error
+			data, err = c.Kubeconfig(ctx)
+			return err
+		})
+		if err == nil {
+			if len(data) == 0 {
+				return false, "", fmt.Errorf("kubeconfig from %s is empty", name)
+			}
+			return true, "", nil
+		}
+		// A stream cut short (node rebooting, deadline) leaves a truncated archive.
+		if retryableCall(err) != err || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return false, shortErr(err), nil
+		}
+		return false, "", fmt.Errorf("fetching kubeconfig from %s: %w", name, err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// fatalWhileWaiting keeps a health wait going through whatever a node that
+// is still starting answers (apid relays etcd's own errors as Unknown),
+// and stops it only for what waiting cannot fix: a node that does not
+// trust us or that we do not trust.
+func fatalWhileWaiting(err error) error {
+	if isUntrustedServer(err) || isCertRequired(err) || client.StatusCode(err) == codes.PermissionDenied {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,309 @@
+package talos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// ConvergeOptions is one run of the talos stage's cluster work.
+type ConvergeOptions struct {
+	// Nodes in configuration order, with their rendered configs.
+	Nodes []Target
+	// BootstrapNode names the control plane to bootstrap etcd on: the one
+	// recorded by an earlier run, else empty for the first control plane.
+	BootstrapNode string
+	// KubeconfigPath is where the admin kubeconfig is kept (0600).
+	KubeconfigPath string
+	// Mutate wraps every change (apply, bootstrap, kubeconfig write); the
+	// stage passes env.Wet. Nil executes.
+	Mutate Mutator
+	// DryRun reads what it can (probes, the nodes' own dry-run diffs, etcd)
+	// and records the rest through Mutate without waiting on anything.
+	DryRun bool
+	// OnNodeConverged is called as each node reaches its config (to record
+	// progress in state mid-stage). Optional.
+	OnNodeConverged func(t Target, res EnsureResult)
+	// OnBootstrapped is called once etcd is bootstrapped (or found so).
+	OnBootstrapped func(node string)
+}
+
+// ConvergeResult reports a Converge run.
+type ConvergeResult struct {
+	Nodes map[string]EnsureResult
+	// BootstrapNode is the control plane etcd runs from.
+	BootstrapNode string
+	// Bootstrapped is true when this run bootstrapped etcd (false when it
+	// already ran).
+	Bootstrapped bool
+	// Planned is true when changes were only recorded (a dry run).
+	Planned          bool
+	KubeconfigPath   string
+	KubeconfigWrote  bool
+	APIServerVersion string
+}
+
+// Converge takes the nodes to a healthy cluster: every node to its config
+// in parallel, etcd bootstrapped once on the bootstrap control plane, etcd
+// members equal to the control planes, etcd and kubelet healthy, and a
+// kubeconfig in Dir that reaches the API server.
+func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResult, error) {
+	mutate := opts.Mutate
+	if mutate == nil {
+		mutate = Execute
+	}
+	boot, err := bootstrapTarget(opts.Nodes, opts.BootstrapNode)
+	if err != nil {
+		return nil, err
+	}
+	res := &ConvergeResult{Nodes: map[string]EnsureResult{}, BootstrapNode: boot.Name}
+
+	if err := o.convergeNodes(ctx, opts, mutate, res); err != nil {
+		return res, err
+	}
+	for _, r := range res.Nodes {
+		if r.Action == ActionPlanned {
+			res.Planned = true
+		}
+	}
+	if opts.DryRun || res.Planned {
+		return res, o.planCluster(ctx, opts, boot, mutate, res)
+	}
+
+	// Bootstrap only when etcd has not started anywhere: a cluster that
+	// runs is left alone (even if the config's first control plane changed
+	// since), and an interrupted earlier bootstrap answers AlreadyExists.
+	started, err := o.etcdStartedOn(ctx, opts.Nodes, boot)
+	if err != nil {
+		return res, err
+	}
+	if started != nil && started.Name != boot.Name {
+		o.opts.Log.Warn().Str("node", started.Name).Msgf("etcd already runs on %s; not bootstrapping %s", started, boot)
+		boot, res.BootstrapNode = *started, started.Name
+	}
+	if started == nil {
+		ran := false
+		if err := mutate(fmt.Sprintf("bootstrap etcd on %s", boot), func() error {
+			ran = true
+			already, err := o.Bootstrap(ctx, boot.Name, boot.IP)
+			res.Bootstrapped = !already
+			return err
+		}); err != nil {
+			return res, err
+		}
+		if !ran {
+			res.Planned = true
+			return res, nil
+		}
+	}
+	if opts.OnBootstrapped != nil {
+		opts.OnBootstrapped(boot.Name)
+	}
+
+	var cps []string
+	var health []HealthTarget
+	for _, t := range opts.Nodes {
+		if t.Role == RoleControlPlane {
+			cps = append(cps, t.Name)
+		}
+		health = append(health, HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
+	}
+	if err := o.WaitEtcdMembers(ctx, boot.IP, cps); err != nil {
+		return res, err
+	}
+	if err := o.WaitServicesHealthy(ctx, health); err != nil {
+		return res, err
+	}
+	if err := o.ensureKubeconfig(ctx, opts, boot, mutate, res); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// etcdStartedOn returns a control plane whose etcd has started (boot
+// first), or nil when none has: then, and only then, bootstrapping is safe.
+// A node that Talos has not bootstrapped or joined keeps etcd "Preparing".
+func (o *Ops) etcdStartedOn(ctx context.Context, nodes []Target, boot Target) (*Target, error) {
+	order := []Target{boot}
+	for _, t := range nodes {
+		if t.Role == RoleControlPlane && t.Name != boot.Name {
+			order = append(order, t)
+		}
+	}
+	for _, t := range order {
+		if members, err := o.EtcdMembers(ctx, t.IP); err == nil && len(members) > 0 {
+			return &t, nil
+		}
+		svcs, err := o.Services(ctx, t.IP)
+		if err != nil {
+			if fatalWhileWaiting(err) != nil {
+				return nil, err
+			}
+			continue
+		}
+		for _, s := range svcs {
+			if s.ID == "etcd" && s.State != "" && s.State != "Preparing" && s.State != "Waiting" {
+				return &t, nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// planCluster records what a real run would still do after the nodes.
+func (o *Ops) planCluster(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
+	etcdRuns := false
+	if r := res.Nodes[boot.Name]; r.Found == ModeConfigured {
+		members, err := o.EtcdMembers(ctx, boot.IP)
+		etcdRuns = err == nil && len(members) > 0
+	}
+	if !etcdRuns {
+		if err := mutate(fmt.Sprintf("bootstrap etcd on %s and wait for etcd and kubelet health", boot), noop); err != nil {
+			return err
+		}
+		res.Planned = true
+	}
+	if existing, err := os.ReadFile(opts.KubeconfigPath); err == nil {
+		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
+			res.APIServerVersion = v
+			return nil
+		}
+	}
+	res.Planned = true
+	return mutate(fmt.Sprintf("fetch the kubeconfig from %s into %s", boot, opts.KubeconfigPath), noop)
+}
+
+func bootstrapTarget(nodes []Target, name string) (Target, error) {
+	for _, t := range nodes {
+		if t.Role != RoleControlPlane {
+			continue
+		}
+		if name == "" || t.Name == name {
+			return t, nil
+		}
+	}
+	if name != "" {
+		return Target{}, fmt.Errorf("etcd was bootstrapped on %s, which is no longer a control plane in the config; refusing to bootstrap another node", name)
+	}
+	return Target{}, errors.New("no control-plane node to bootstrap")
+}
+
+func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mutator, res *ConvergeResult) error {
+	names := make([]string, 0, len(opts.Nodes))
+	for _, t := range opts.Nodes {
+		names = append(names, t.Name)
+	}
+	tr := wait.NewTracker(o.opts.Log, "nodes configured", names)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go tr.Report(rctx, o.opts.ProgressEvery)
+
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, t := range opts.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := o.EnsureConfig(ctx, t, EnsureOptions{Mutate: mutate, DryRun: opts.DryRun})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			res.Nodes[t.Name] = r
+			tr.Done(t.Name)
+			if opts.OnNodeConverged != nil {
+				opts.OnNodeConverged(t, r)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) == 0 {
+		return nil
+	}
+	// Another cluster's node is the most useful thing to say first.
+	slices.SortStableFunc(errs, func(a, b error) int {
+		var fa, fb *ForeignNodeError
+		return boolRank(errors.As(b, &fb)) - boolRank(errors.As(a, &fa))
+	})
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	msgs := make([]string, 0, len(errs))
+	for _, e := range errs {
+		msgs = append(msgs, e.Error())
+	}
+	return fmt.Errorf("%d nodes failed:\n  %s: %w", len(errs), strings.Join(msgs[1:], "\n  "), errs[0])
+}
+
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ensureKubeconfig keeps a kubeconfig that already reaches the API server
+// (Talos mints a new client certificate on every fetch, so fetching each
+// run would rewrite the file), else fetches one from the bootstrap node,
+// writes it (0600) and checks that it reaches the API server.
+func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
+	path := opts.KubeconfigPath
+	res.KubeconfigPath = path
+	if existing, err := os.ReadFile(path); err == nil {
+		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
+			res.APIServerVersion = v
+			return nil
+		} else {
+			o.opts.Log.Info().Err(err).Msg("existing kubeconfig does not reach the API server; fetching a new one")
+		}
+	}
+	data, err := o.Kubeconfig(ctx, boot.Name, boot.IP)
+	if err != nil {
+		return err
+	}
+	ran := false
+	if err := mutate("write kubeconfig "+path, func() error {
+		ran = true
+		wrote, err := WriteKubeconfig(path, data)
+		res.KubeconfigWrote = wrote
+		return err
+	}); err != nil {
+		return err
+	}
+	if !ran {
+		return nil
+	}
+	spec := wait.Spec{
+		What:          "the Kubernetes API server to answer with the fetched kubeconfig",
+		Timeout:       o.opts.HealthTimeout,
+		Interval:      o.opts.PollInterval,
+		ProgressEvery: o.opts.ProgressEvery,
+		Log:           o.opts.Log,
+	}
+	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		v, err := CheckAPIServer(ctx, data, o.opts.CallTimeout)
+		if err != nil {
+			// Wrong credentials do not heal by waiting; an API server that
+			// is still starting does.
+			if apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err) || strings.Contains(err.Error(), "x509:") || strings.Contains(err.Error(), "remote error: tls:") {
+				return false, "", fmt.Errorf("the kubeconfig from %s does not work: %w", boot, err)
+			}
+			return false, err.Error(), nil
+		}
+		res.APIServerVersion = v
+		return true, "", nil
+	})
+}

@@ -1,0 +1,514 @@
+package talos
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/siderolabs/talos/pkg/machinery/cel"
+	"github.com/siderolabs/talos/pkg/machinery/cel/celenv"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	configdoc "github.com/siderolabs/talos/pkg/machinery/config/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
+	"github.com/siderolabs/talos/pkg/machinery/config/container"
+	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
+	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/network"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/siderolabs/talos/pkg/machinery/nethelpers"
+	"github.com/siderolabs/talos/pkg/machinery/textdiff"
+
+	"github.com/homelab/bootstrap/internal/fsutil"
+)
+
+// File names inside the cluster directory.
+const (
+	ControlPlaneFile = "controlplane.yaml"
+	WorkerFile       = "worker.yaml"
+	TalosconfigFile  = "talosconfig"
+	NodesDir         = "nodes"
+)
+
+// RenderedNode is one node's final machine config.
+type RenderedNode struct {
+	Name string
+	Role Role
+	// IP is the node's address without prefix.
+	IP          string
+	InstallDisk string
+	// Config is the complete machine config to apply.
+	Config []byte
+	// Patch is the node patch generated from the inputs (for display).
+	Patch []byte
+	// SHA256 of Config, recorded in state as the applied config's hash.
+	SHA256 string
+}
+
+// Rendered is the full output of generation, in memory.
+type Rendered struct {
+	Endpoint     string
+	ControlPlane []byte
+	Worker       []byte
+	Talosconfig  []byte
+	// Nodes in configuration order.
+	Nodes []RenderedNode
+}
+
+// Node returns the rendered node called name.
+func (r *Rendered) Node(name string) (RenderedNode, bool) {
+	for _, n := range r.Nodes {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return RenderedNode{}, false
+}
+
+// FileChange is one output file that generation would write or wrote.
+type FileChange struct {
+	Path string
+	// Diff against the file on disk ("" for a new file or a secret).
+	Diff string
+	New  bool
+}
+
+// Result describes a generation run.
+type Result struct {
+	*Rendered
+	Dir             string
+	SecretsPath     string
+	TalosconfigPath string
+	// SecretsCreated is true when this run minted the bundle. In a plan it
+	// means the bundle would be created (the rendered configs then use a
+	// throw-away bundle).
+	SecretsCreated bool
+	// Changes lists files rewritten (Generate) or that would be (Plan).
+	// Unchanged files are absent.
+	Changes []FileChange
+	// Bundle is the secrets bundle the configs were rendered with.
+	Bundle *secrets.Bundle
+}
+
+// NodeConfigPath is where a node's rendered config lives.
+func NodeConfigPath(dir, name string) string {
+	return filepath.Join(dir, NodesDir, name+".yaml")
+}
+
+// Generate loads (or creates, once) the secrets bundle in opts.Dir, renders
+// every config and writes those whose bytes changed. Unchanged inputs leave
+// every file, and its mtime, untouched.
+func Generate(opts GenerateOptions) (*Result, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	secretsPath := filepath.Join(opts.Dir, SecretsFile)
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", opts.Dir, err)
+	}
+	bundle, created, err := LoadOrCreateSecrets(secretsPath, opts.TalosVersion, opts.Now())
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		opts.Log.Info().Str("path", secretsPath).Msg("created the cluster secrets bundle (kept forever; back it up)")
+	}
+	res, err := render(opts, bundle, secretsPath)
+	if err != nil {
+		return nil, err
+	}
+	res.SecretsCreated = created
+	for _, f := range res.files() {
+		written, err := fsutil.WriteIfChanged(f.path, f.data, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("writing %s: %w", f.path, err)
+		}
+		if written {
+			res.Changes = append(res.Changes, FileChange{Path: f.path})
+			opts.Log.Debug().Str("path", f.path).Msg("wrote")
+		}
+	}
+	return res, nil
+}
+
+// Plan renders like Generate but writes nothing. When no bundle exists yet
+// it renders with a throw-away one and says so (SecretsCreated); the diffs
+// against files on disk are then meaningless for certificates and tokens.
+func Plan(opts GenerateOptions) (*Result, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	secretsPath := filepath.Join(opts.Dir, SecretsFile)
+	bundle, err := LoadSecrets(secretsPath)
+	created := false
+	if errors.Is(err, fs.ErrNotExist) {
+		bundle, err = NewSecrets(opts.TalosVersion, opts.Now())
+		created = true
+	}
+	if err != nil {
+		return nil, err
+	}
+	res, err := render(opts, bundle, secretsPath)
+	if err != nil {
+		return nil, err
+	}
+	res.SecretsCreated = created
+	if created {
+		res.Changes = append(res.Changes, FileChange{Path: secretsPath, New: true})
+	}
+	for _, f := range res.files() {
+		old, err := os.ReadFile(f.path)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			res.Changes = append(res.Changes, FileChange{Path: f.path, New: true})
+		case err != nil:
+			return nil, fmt.Errorf("reading %s: %w", f.path, err)
+		case !bytes.Equal(old, f.data):
+			diff := ""
+			if filepath.Base(f.path) != TalosconfigFile {
+				diff, err = textdiff.Diff(string(old), string(f.data))
+				if err != nil {
+					return nil, fmt.Errorf("diffing %s: %w", f.path, err)
+				}
+			}
+			res.Changes = append(res.Changes, FileChange{Path: f.path, Diff: diff})
+		}
+	}
+	return res, nil
+}
+
+type outFile struct {
+	path string
+	data []byte
+}
+
+func (r *Result) files() []outFile {
+	out := []outFile{
+		{filepath.Join(r.Dir, ControlPlaneFile), r.ControlPlane},
+		{filepath.Join(r.Dir, WorkerFile), r.Worker},
+	}
+	for _, n := range r.Nodes {
+		out = append(out, outFile{NodeConfigPath(r.Dir, n.Name), n.Config})
+	}
+	return append(out, outFile{r.TalosconfigPath, r.Talosconfig})
+}
+
+func render(opts GenerateOptions, bundle *secrets.Bundle, secretsPath string) (*Result, error) {
+	talosconfigPath := filepath.Join(opts.Dir, TalosconfigFile)
+	existing, err := os.ReadFile(talosconfigPath)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("reading %s: %w", talosconfigPath, err)
+	}
+	rendered, err := Render(opts, bundle, existing)
+	if err != nil {
+		return nil, err
+	}
+	return &Result{
+		Rendered:        rendered,
+		Dir:             opts.Dir,
+		SecretsPath:     secretsPath,
+		TalosconfigPath: talosconfigPath,
+		Bundle:          bundle,
+	}, nil
+}
+
+// Render produces every config in memory from opts and the bundle. The
+// talosconfig reuses the client certificate of existingTalosconfig when it
+// is still good (see RenderTalosconfig), so re-rendering is byte-stable.
+// Every rendered config is validated for metal; all failures are reported
+// together, each with the node (or template) it belongs to.
+func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []byte) (*Rendered, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	contract, err := config.ParseContractFromVersion(opts.TalosVersion)
+	if err != nil {
+		return nil, fmt.Errorf("parsing Talos version %q: %w", opts.TalosVersion, err)
+	}
+	cps := opts.ControlPlanes()
+	var cpIPs []string
+	for _, n := range cps {
+		a, _ := NodeAddr(n.IP)
+		cpIPs = append(cpIPs, a.String())
+	}
+	endpoint := opts.Endpoint
+	if endpoint == "" {
+		host := cpIPs[0]
+		if opts.VIP != "" {
+			host = opts.VIP
+		}
+		endpoint = "https://" + hostPort(host, "6443")
+	}
+	defaultDisk, err := InstallDiskForBus(opts.DefaultDiskBus)
+	if err != nil {
+		return nil, err
+	}
+	allowCP := len(opts.Workers()) == 0
+	if opts.AllowSchedulingOnControlPlanes != nil {
+		allowCP = *opts.AllowSchedulingOnControlPlanes
+	}
+	inputOpts := []generate.Option{
+		generate.WithVersionContract(contract),
+		generate.WithSecretsBundle(bundle),
+		generate.WithInstallDisk(defaultDisk),
+		generate.WithEndpointList(cpIPs),
+		generate.WithAllowSchedulingOnControlPlanes(allowCP),
+	}
+	if opts.InstallImage != "" {
+		inputOpts = append(inputOpts, generate.WithInstallImage(opts.InstallImage))
+	}
+	sans := slices.Clone(opts.CertSANs)
+	if opts.VIP != "" && !strings.Contains(endpoint, opts.VIP) && !slices.Contains(sans, opts.VIP) {
+		sans = append(sans, opts.VIP)
+	}
+	if len(sans) > 0 {
+		inputOpts = append(inputOpts, generate.WithAdditionalSubjectAltNames(sans))
+	}
+	input, err := generate.NewInput(opts.ClusterName, endpoint, opts.KubernetesVersion, inputOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("preparing config input: %w", err)
+	}
+
+	builtin, err := builtinPatches(opts)
+	if err != nil {
+		return nil, err
+	}
+	global, err := loadPatchFiles(opts.Patches.Global)
+	if err != nil {
+		return nil, err
+	}
+	rolePatches := map[Role][]namedPatch{}
+	if rolePatches[RoleControlPlane], err = loadPatchFiles(opts.Patches.ControlPlane); err != nil {
+		return nil, err
+	}
+	if rolePatches[RoleWorker], err = loadPatchFiles(opts.Patches.Worker); err != nil {
+		return nil, err
+	}
+
+	var verrs ValidationErrors
+	roleConfigs := map[Role]config.Provider{}
+	roleBytes := map[Role][]byte{}
+	for _, r := range []Role{RoleControlPlane, RoleWorker} {
+		t := machine.TypeControlPlane
+		file := ControlPlaneFile
+		if r == RoleWorker {
+			t, file = machine.TypeWorker, WorkerFile
+		}
+		base, err := input.Config(t)
+		if err != nil {
+			return nil, fmt.Errorf("generating %s config: %w", r, err)
+		}
+		cfg, err := applyPatches(base, slices.Concat(builtin, global, rolePatches[r]))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		verrs = append(verrs, validateMetal(file, cfg)...)
+		if roleBytes[r], err = encode(cfg); err != nil {
+			return nil, fmt.Errorf("encoding %s: %w", file, err)
+		}
+		roleConfigs[r] = cfg
+	}
+
+	out := &Rendered{Endpoint: endpoint, ControlPlane: roleBytes[RoleControlPlane], Worker: roleBytes[RoleWorker]}
+	for _, n := range opts.Nodes {
+		nodeFiles, err := loadPatchFiles(n.Patches)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		generated, patchBytes, disk, err := nodePatch(opts, n)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		cfg, err := applyPatches(roleConfigs[n.Role], append(nodeFiles, generated))
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		verrs = append(verrs, validateMetal("node "+n.Name, cfg)...)
+		data, err := encode(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("encoding node %s config: %w", n.Name, err)
+		}
+		addr, _ := NodeAddr(n.IP)
+		sum := sha256.Sum256(data)
+		out.Nodes = append(out.Nodes, RenderedNode{
+			Name: n.Name, Role: n.Role, IP: addr.String(), InstallDisk: disk,
+			Config: data, Patch: patchBytes, SHA256: hex.EncodeToString(sum[:]),
+		})
+	}
+	if len(verrs) > 0 {
+		return nil, verrs
+	}
+
+	var nodes []string
+	if len(cpIPs) > 0 {
+		nodes = cpIPs[:1]
+	}
+	out.Talosconfig, err = RenderTalosconfig(bundle, opts.ClusterName, cpIPs, nodes, existingTalosconfig, opts.Now())
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func hostPort(host, port string) string {
+	if a, err := netip.ParseAddr(host); err == nil && a.Is6() {
+		return "[" + host + "]:" + port
+	}
+	return host + ":" + port
+}
+
+func encode(cfg config.Provider) ([]byte, error) {
+	return cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+}
+
+// namedPatch is a loaded patch and where it came from, for error messages.
+type namedPatch struct {
+	source string
+	patch  configpatcher.Patch
+}
+
+func loadPatchFiles(paths []string) ([]namedPatch, error) {
+	out := make([]namedPatch, 0, len(paths))
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("reading patch file %s: %w", p, err)
+		}
+		patch, err := configpatcher.LoadPatch(data)
+		if err != nil {
+			return nil, fmt.Errorf("loading patch file %s: %w", p, err)
+		}
+		out = append(out, namedPatch{source: "patch file " + p, patch: patch})
+	}
+	return out, nil
+}
+
+// applyPatches applies patches one at a time so a failure names its source.
+func applyPatches(cfg config.Provider, patches []namedPatch) (config.Provider, error) {
+	for _, p := range patches {
+		out, err := configpatcher.Apply(configpatcher.WithConfig(cfg), []configpatcher.Patch{p.patch})
+		if err != nil {
+			return nil, fmt.Errorf("applying %s: %w", p.source, err)
+		}
+		if cfg, err = out.Config(); err != nil {
+			return nil, fmt.Errorf("applying %s: %w", p.source, err)
+		}
+	}
+	return cfg, nil
+}
+
+func builtinPatches(opts GenerateOptions) ([]namedPatch, error) {
+	var out []namedPatch
+	add := func(source, text string) error {
+		p, err := configpatcher.LoadPatch([]byte(text))
+		if err != nil {
+			return fmt.Errorf("loading %s: %w", source, err)
+		}
+		out = append(out, namedPatch{source: source, patch: p})
+		return nil
+	}
+	switch opts.CNI {
+	case CNICilium:
+		// Cilium is installed by the infra stage and replaces kube-proxy.
+		if err := add("built-in patch (cni: cilium)", "cluster:\n  network:\n    cni:\n      name: none\n  proxy:\n    disabled: true\n"); err != nil {
+			return nil, err
+		}
+	case CNINone:
+		if err := add("built-in patch (cni: none)", "cluster:\n  network:\n    cni:\n      name: none\n"); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// nodePatch builds the documents that make a role config this node's:
+// install disk and image, hostname, static address, resolvers and, on
+// control planes, the shared VIP. It uses the multi-document network
+// configs of Talos 1.13, not the deprecated machine.network.
+func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error) {
+	disk := n.InstallDisk
+	if disk == "" {
+		bus := n.DiskBus
+		if bus == "" {
+			bus = opts.DefaultDiskBus
+		}
+		var err error
+		if disk, err = InstallDiskForBus(bus); err != nil {
+			return namedPatch{}, nil, "", err
+		}
+	}
+	prefix, err := nodePrefix(n.IP, opts.Network.PrefixLen)
+	if err != nil {
+		return namedPatch{}, nil, "", err
+	}
+
+	docs := []configdoc.Document{&v1alpha1.Config{
+		MachineConfig: &v1alpha1.MachineConfig{
+			MachineInstall: &v1alpha1.InstallConfig{InstallDisk: disk, InstallImage: opts.InstallImage},
+		},
+	}}
+
+	hostname := network.NewHostnameConfigV1Alpha1()
+	off := nethelpers.AutoHostnameKindOff
+	hostname.ConfigAuto = &off
+	hostname.ConfigHostname = n.Name
+	docs = append(docs, hostname)
+
+	linkName := opts.Network.Interface
+	if n.MAC != "" {
+		// Interface names differ between kernels and NIC models; the MAC
+		// Proxmox assigned does not.
+		expr, err := cel.ParseBooleanExpression(
+			fmt.Sprintf("mac(link.permanent_addr) == %q", strings.ToLower(n.MAC)), celenv.LinkLocator())
+		if err != nil {
+			return namedPatch{}, nil, "", fmt.Errorf("link selector for MAC %s: %w", n.MAC, err)
+		}
+		alias := network.NewLinkAliasConfigV1Alpha1(LinkAliasName)
+		alias.Selector.Match = expr
+		docs = append(docs, alias)
+		linkName = LinkAliasName
+	}
+	link := network.NewLinkConfigV1Alpha1(linkName)
+	link.LinkAddresses = []network.AddressConfig{{AddressAddress: prefix}}
+	if opts.Network.Gateway != "" {
+		gw := netip.MustParseAddr(opts.Network.Gateway)
+		link.LinkRoutes = []network.RouteConfig{{RouteGateway: network.Addr{Addr: gw}}}
+	}
+	docs = append(docs, link)
+
+	if n.Role == RoleControlPlane && opts.VIP != "" {
+		vip := network.NewLayer2VIPConfigV1Alpha1(opts.VIP)
+		vip.LinkName = linkName
+		docs = append(docs, vip)
+	}
+	if len(opts.Network.Nameservers) > 0 {
+		resolver := network.NewResolverConfigV1Alpha1()
+		for _, ns := range opts.Network.Nameservers {
+			resolver.ResolverNameservers = append(resolver.ResolverNameservers,
+				network.NameserverConfig{Address: network.Addr{Addr: netip.MustParseAddr(ns)}})
+		}
+		docs = append(docs, resolver)
+	}
+
+	c, err := container.New(docs...)
+	if err != nil {
+		return namedPatch{}, nil, "", fmt.Errorf("building node patch: %w", err)
+	}
+	text, err := encode(c)
+	if err != nil {
+		return namedPatch{}, nil, "", fmt.Errorf("encoding node patch: %w", err)
+	}
+	return namedPatch{source: "generated node patch", patch: configpatcher.NewStrategicMergePatch(c)}, text, disk, nil
+}

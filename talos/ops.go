@@ -1,0 +1,304 @@
+package talos
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+
+	"github.com/homelab/bootstrap/internal/retry"
+)
+
+// OpsOptions configures the Talos API operations.
+type OpsOptions struct {
+	// Talosconfig is the cluster's admin talosconfig (as rendered).
+	Talosconfig []byte
+	// Context selects the talosconfig context; default its current one.
+	Context string
+	// SecretsPath is only quoted in error messages (how to recover).
+	SecretsPath string
+
+	// CallTimeout bounds every single API call (default 30s).
+	CallTimeout time.Duration
+	// ApplyTimeout bounds one ApplyConfiguration call (default 2m): an
+	// apply that changes the node's network can hang.
+	ApplyTimeout time.Duration
+	// PollInterval spaces the polls of every wait (default 2s).
+	PollInterval time.Duration
+	// InstallTimeout bounds maintenance apply → install → reboot →
+	// configured (default 20m).
+	InstallTimeout time.Duration
+	// RebootTimeout bounds a reboot after a configured-mode apply (default 10m).
+	RebootTimeout time.Duration
+	// BootstrapTimeout bounds waiting for Bootstrap to be accepted (default 10m).
+	BootstrapTimeout time.Duration
+	// HealthTimeout bounds waiting for etcd members and service health (default 15m).
+	HealthTimeout time.Duration
+	// ProgressEvery spaces progress lines of long waits (default 10s).
+	ProgressEvery time.Duration
+
+	Log zerolog.Logger
+}
+
+func (o OpsOptions) withDefaults() OpsOptions {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.CallTimeout, 30*time.Second)
+	def(&o.ApplyTimeout, 2*time.Minute)
+	def(&o.PollInterval, 2*time.Second)
+	def(&o.InstallTimeout, 20*time.Minute)
+	def(&o.RebootTimeout, 10*time.Minute)
+	def(&o.BootstrapTimeout, 10*time.Minute)
+	def(&o.HealthTimeout, 15*time.Minute)
+	def(&o.ProgressEvery, 10*time.Second)
+	return o
+}
+
+// Ops drives the Talos API of one cluster's nodes through the machinery
+// client. Every call opens its own connection to the node it targets (the
+// node's IP is the endpoint, as talosctl -e <ip> -n <ip> does), so a node
+// that rebooted is reached again at once instead of after gRPC's reconnect
+// backoff.
+type Ops struct {
+	opts    OpsOptions
+	cfg     *clientconfig.Config
+	context string
+	caPEM   []byte
+}
+
+// NewOps prepares operations with the cluster's talosconfig.
+func NewOps(opts OpsOptions) (*Ops, error) {
+	opts = opts.withDefaults()
+	cfg, err := clientconfig.FromBytes(opts.Talosconfig)
+	if err != nil {
+		return nil, fmt.Errorf("reading talosconfig: %w", err)
+	}
+	name := opts.Context
+	if name == "" {
+		name = cfg.Context
+	}
+	tctx := cfg.Contexts[name]
+	if tctx == nil {
+		return nil, fmt.Errorf("talosconfig has no context %q", name)
+	}
+	ca, err := base64.StdEncoding.DecodeString(tctx.CA)
+	if err != nil || len(ca) == 0 {
+		return nil, fmt.Errorf("talosconfig context %q has no usable CA", name)
+	}
+	// Target nodes only through the endpoint; a context's default nodes
+	// would make apid proxy elsewhere.
+	ctxCopy := *tctx
+	ctxCopy.Nodes = nil
+	cfg = &clientconfig.Config{Context: name, Contexts: map[string]*clientconfig.Context{name: &ctxCopy}}
+	return &Ops{opts: opts, cfg: cfg, context: name, caPEM: ca}, nil
+}
+
+// Options returns the effective options (defaults filled in).
+func (o *Ops) Options() OpsOptions { return o.opts }
+
+var dialOpts = []grpc.DialOption{
+	grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, MaxDelay: 2 * time.Second},
+		MinConnectTimeout: 5 * time.Second,
+	}),
+}
+
+// call runs fn with a fresh client to ip, bounded by timeout. secure uses
+// the talosconfig (mutual TLS); otherwise the maintenance-mode client that
+// skips server verification and presents no certificate.
+func (o *Ops) call(ctx context.Context, ip string, secure bool, timeout time.Duration, fn func(context.Context, *client.Client) error) error {
+	opts := []client.OptionFunc{client.WithEndpoints(ip), client.WithGRPCDialOptions(dialOpts...)}
+	if secure {
+		opts = append(opts, client.WithConfig(o.cfg), client.WithContextName(o.context))
+	} else {
+		opts = append(opts, client.WithTLSConfig(&tls.Config{InsecureSkipVerify: true})) //nolint:gosec // maintenance mode has no identity to verify
+	}
+	c, err := client.New(ctx, opts...)
+	if err != nil {
+		return fmt.Errorf("creating Talos client for %s: %w", ip, err)
+	}
+	defer c.Close() //nolint:errcheck
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return fn(cctx, c)
+}
+
+// NodeMode is what a probe found at a node's address.
+type NodeMode int
+
+// Node modes.
+const (
+	// ModeDown: nothing answers (booting, installing, rebooting, off).
+	ModeDown NodeMode = iota
+	// ModeMaintenance: Talos runs from the ISO without a config.
+	ModeMaintenance
+	// ModeConfigured: configured with this cluster's CA.
+	ModeConfigured
+	// ModeForeign: configured with another CA (another cluster).
+	ModeForeign
+)
+
+// String names the mode.
+func (m NodeMode) String() string {
+	switch m {
+	case ModeDown:
+		return "down"
+	case ModeMaintenance:
+		return "maintenance"
+	case ModeConfigured:
+		return "configured"
+	case ModeForeign:
+		return "foreign"
+	}
+	return fmt.Sprintf("NodeMode(%d)", int(m))
+}
+
+// Probe is the result of probing one node.
+type Probe struct {
+	Mode NodeMode
+	// Version is the Talos version tag the node reports (when reachable).
+	Version string
+	// Detail says why a node was classified down (the last error).
+	Detail string
+}
+
+// Probe classifies the node at ip by how its API answers: with the
+// cluster's credentials (configured), without credentials (maintenance),
+// refusing credentials-less clients while not trusting ours (another
+// cluster), or not at all (down). Errors are returned only when the answer
+// fits none of these.
+func (o *Ops) Probe(ctx context.Context, ip string) (Probe, error) {
+	var version string
+	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.Version(ctx)
+		if err == nil {
+			version = versionTag(resp.GetMessages())
+		}
+		return err
+	})
+	if err == nil {
+		return Probe{Mode: ModeConfigured, Version: version}, nil
+	}
+	if isDown(err) {
+		return Probe{Mode: ModeDown, Detail: shortErr(err)}, nil
+	}
+	if !isUntrustedServer(err) {
+		return Probe{}, fmt.Errorf("probing Talos API at %s: %w", ip, err)
+	}
+	// A server that demands a client certificate may close the connection
+	// before its "certificate required" alert is read (broken pipe,
+	// reset); ask again before calling the node down.
+	var ierr error
+	for attempt := 0; attempt < 3; attempt++ {
+		ierr = o.call(ctx, ip, false, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+			resp, err := c.Version(ctx)
+			if err == nil {
+				version = versionTag(resp.GetMessages())
+			}
+			return err
+		})
+		if ierr == nil || isCertRequired(ierr) || strings.Contains(ierr.Error(), "connection refused") {
+			break
+		}
+	}
+	switch {
+	case ierr == nil:
+		return Probe{Mode: ModeMaintenance, Version: version}, nil
+	case isCertRequired(ierr):
+		return Probe{Mode: ModeForeign}, nil
+	case isDown(ierr):
+		return Probe{Mode: ModeDown, Detail: shortErr(ierr)}, nil
+	}
+	return Probe{}, fmt.Errorf("probing Talos API at %s in maintenance mode: %w", ip, ierr)
+}
+
+func versionTag[T interface{ GetVersion() V }, V interface{ GetTag() string }](msgs []T) string {
+	for _, m := range msgs {
+		return m.GetVersion().GetTag()
+	}
+	return ""
+}
+
+// ForeignNodeError reports a node configured by another cluster.
+type ForeignNodeError struct {
+	Name, IP    string
+	SecretsPath string
+}
+
+// Error says which node, why it is refused and how to recover.
+func (e *ForeignNodeError) Error() string {
+	return fmt.Sprintf("node %s (%s) is configured by another Talos cluster: its API certificate is not signed by "+
+		"this cluster's CA (%s) and it rejects unauthenticated clients. Refusing to touch it. If it should join this "+
+		"cluster, wipe it with that cluster's talosconfig (talosctl reset --graceful=false --reboot -n %s -e %s) or "+
+		"boot the VM from the Talos ISO again so it comes up in maintenance mode; if this cluster's secrets bundle "+
+		"was regenerated, restore the original %s from backup instead",
+		e.Name, e.IP, e.SecretsPath, e.IP, e.IP, e.SecretsPath)
+}
+
+// isDown: nothing usable answered (refused, reset, timed out, EOF).
+func isDown(err error) bool {
+	if err == nil || isUntrustedServer(err) || isCertRequired(err) {
+		return false
+	}
+	switch client.StatusCode(err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
+	}
+	return errors.Is(err, context.DeadlineExceeded)
+}
+
+// isUntrustedServer: the node's certificate is not from our CA (a
+// maintenance node's self-signed one, or another cluster's).
+func isUntrustedServer(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "certificate signed by unknown authority") ||
+		strings.Contains(s, "x509: certificate is not valid") ||
+		strings.Contains(s, "certificate is valid for")
+}
+
+// isCertRequired: the node demands a client certificate (configured mode).
+func isCertRequired(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "certificate required") || strings.Contains(s, "bad certificate")
+}
+
+func shortErr(err error) string {
+	s := err.Error()
+	if i := strings.LastIndex(s, "desc = "); i >= 0 {
+		s = s[i+len("desc = "):]
+	}
+	return s
+}
+
+// retryableCall marks the transient failures of a single call: node not
+// reachable yet (Unavailable, deadline) or not ready for the request yet
+// (FailedPrecondition). TLS trust failures are never retried.
+func retryableCall(err error) error {
+	if err == nil {
+		return nil
+	}
+	if isUntrustedServer(err) || isCertRequired(err) {
+		return err
+	}
+	switch client.StatusCode(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.FailedPrecondition:
+		return retry.Retryable(err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return retry.Retryable(err)
+	}
+	return err
+}

@@ -1,0 +1,69 @@
+package talos
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/hashicorp/go-multierror"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/validation"
+)
+
+// metalMode is what `talosctl validate --mode metal` checks against:
+// installed on disk, not in a container.
+type metalMode struct{}
+
+// String implements validation.RuntimeMode.
+func (metalMode) String() string { return "metal" }
+
+// RequiresInstall implements validation.RuntimeMode.
+func (metalMode) RequiresInstall() bool { return true }
+
+// InContainer implements validation.RuntimeMode.
+func (metalMode) InContainer() bool { return false }
+
+// ValidationError is one failed check of one rendered config.
+type ValidationError struct {
+	// Subject is "node cp-1" or a template file name.
+	Subject string
+	Err     error
+}
+
+// Error implements error.
+func (e ValidationError) Error() string { return e.Subject + ": " + e.Err.Error() }
+
+// ValidationErrors collects every validation failure of a render.
+type ValidationErrors []ValidationError
+
+// Error lists every failure, one per line.
+func (v ValidationErrors) Error() string {
+	lines := make([]string, 0, len(v)+1)
+	lines = append(lines, "rendered Talos configs are invalid for metal:")
+	for _, e := range v {
+		lines = append(lines, "  "+e.Error())
+	}
+	return strings.Join(lines, "\n")
+}
+
+// ValidateMetal checks a config the way a metal node will, returning the
+// warnings and one error per problem found.
+func ValidateMetal(cfg config.Provider) (warnings []string, errs []error) {
+	warnings, err := cfg.Validate(metalMode{}, validation.WithLocal())
+	if err == nil {
+		return warnings, nil
+	}
+	var merr *multierror.Error
+	if errors.As(err, &merr) {
+		return warnings, merr.Errors
+	}
+	return warnings, []error{err}
+}
+
+func validateMetal(subject string, cfg config.Provider) ValidationErrors {
+	_, errs := ValidateMetal(cfg)
+	out := make(ValidationErrors, 0, len(errs))
+	for _, e := range errs {
+		out = append(out, ValidationError{Subject: subject, Err: e})
+	}
+	return out
+}

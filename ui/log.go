@@ -1,0 +1,153 @@
+// Package ui sets up logging and human progress output: zerolog with a
+// console rendering on a terminal and JSON lines otherwise, a full JSON copy
+// in the run's log file, secrets masked on every path.
+package ui
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/internal/redact"
+)
+
+// Log formats.
+const (
+	FormatAuto    = "auto"
+	FormatConsole = "console"
+	FormatJSON    = "json"
+)
+
+// Options configure NewLogger.
+type Options struct {
+	// Format is auto (console on a TTY, JSON otherwise), console or json.
+	Format string
+	// Level is the minimum level on the terminal: debug, info, warn, error.
+	Level string
+	// Out is the terminal stream (stderr).
+	Out io.Writer
+	// File, when set, receives every event at debug level as JSON lines.
+	File io.Writer
+	// Redact masks secrets on every output.
+	Redact *redact.Set
+}
+
+// ParseLevel maps a --log-level value to a zerolog level.
+func ParseLevel(s string) (zerolog.Level, error) {
+	switch strings.ToLower(s) {
+	case "", "info":
+		return zerolog.InfoLevel, nil
+	case "debug":
+		return zerolog.DebugLevel, nil
+	case "trace":
+		return zerolog.TraceLevel, nil
+	case "warn", "warning":
+		return zerolog.WarnLevel, nil
+	case "error":
+		return zerolog.ErrorLevel, nil
+	}
+	return zerolog.NoLevel, fmt.Errorf("unknown log level %q: use debug, info, warn or error", s)
+}
+
+// IsTerminal reports whether w is a terminal.
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}
+
+// NewLogger builds the run's logger.
+func NewLogger(o Options) (zerolog.Logger, error) {
+	lvl, err := ParseLevel(o.Level)
+	if err != nil {
+		return zerolog.Nop(), err
+	}
+	if o.Out == nil {
+		o.Out = os.Stderr
+	}
+	red := o.Redact
+	if red == nil {
+		red = &redact.Set{}
+	}
+	var term io.Writer
+	switch o.Format {
+	case "", FormatAuto:
+		if IsTerminal(o.Out) {
+			term = Console(red.Writer(o.Out), false)
+		} else {
+			term = red.Writer(o.Out)
+		}
+	case FormatConsole:
+		term = Console(red.Writer(o.Out), !IsTerminal(o.Out))
+	case FormatJSON:
+		term = red.Writer(o.Out)
+	default:
+		return zerolog.Nop(), fmt.Errorf("unknown log format %q: use auto, console or json", o.Format)
+	}
+	writers := []io.Writer{&levelFilter{w: term, min: lvl}}
+	min := lvl
+	if o.File != nil {
+		writers = append(writers, &levelFilter{w: red.Writer(o.File), min: zerolog.DebugLevel})
+		if zerolog.DebugLevel < min {
+			min = zerolog.DebugLevel
+		}
+	}
+	return zerolog.New(zerolog.MultiLevelWriter(writers...)).Level(min).With().Timestamp().Logger(), nil
+}
+
+// levelFilter drops events below min for one output.
+type levelFilter struct {
+	w   io.Writer
+	min zerolog.Level
+}
+
+func (f *levelFilter) Write(p []byte) (int, error) { return f.w.Write(p) }
+
+func (f *levelFilter) WriteLevel(l zerolog.Level, p []byte) (int, error) {
+	if l < f.min {
+		return len(p), nil
+	}
+	return f.w.Write(p)
+}
+
+// Glyphs mark the kinds of progress lines on the console.
+var glyphs = map[string]string{
+	kindHeader: "▶",
+	kindChange: "✚",
+	kindWould:  "◇",
+	kindWait:   "◎",
+	kindOK:     "✔",
+	kindWarn:   "⚠",
+	kindFail:   "✗",
+}
+
+// Console renders JSON events for humans: time, a glyph, the message and the
+// few fields that matter.
+func Console(w io.Writer, noColor bool) io.Writer {
+	cw := zerolog.ConsoleWriter{Out: w, NoColor: noColor, TimeFormat: time.TimeOnly,
+		FieldsExclude: []string{FieldUI, "stage", "wait", "elapsed", "status", "item", "done", "total", "duration", "pos", "of", "check", "result", "field"}}
+	cw.FormatLevel = func(i any) string {
+		switch fmt.Sprint(i) {
+		case "debug":
+			return "·"
+		case "warn":
+			return glyphs[kindWarn]
+		case "error", "fatal", "panic":
+			return glyphs[kindFail]
+		}
+		return " "
+	}
+	cw.FormatPrepare = func(ev map[string]any) error {
+		if k, ok := ev[FieldUI].(string); ok {
+			if g, ok := glyphs[k]; ok {
+				ev[zerolog.MessageFieldName] = g + " " + fmt.Sprint(ev[zerolog.MessageFieldName])
+			}
+		}
+		return nil
+	}
+	return cw
+}
