@@ -4,11 +4,12 @@
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
 # the repository root). Does nothing when they are already built for the pinned
 # versions. Builds one binary at a time: the machines this runs on are small.
+# Usage: build.sh [bin dir]   (the argument wins over $BOOTSTRAP_LAB_BIN)
 set -euo pipefail
 
 tools_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$tools_dir/../.." && pwd)
-bin_dir=${BOOTSTRAP_LAB_BIN:-$repo_root/.lab/bin}
+bin_dir=${1:-${BOOTSTRAP_LAB_BIN:-$repo_root/.lab/bin}}
 manifest=$bin_dir/manifest.json
 
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
