@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -144,6 +145,13 @@ func (p *nfsProbe) run(ctx context.Context) NFSProbeResult {
 	}
 	defer mc.Close()
 	exports, err := exportList(mc)
+	listing := true
+	var rerr *rpcError
+	if errors.As(err, &rerr) {
+		// Some servers do not list exports (EXPORT disabled or not
+		// implemented): the mount below still tells whether the path works.
+		listing, err = false, nil
+	}
 	if err != nil {
 		return NFSProbeResult{Verdict: NFSError, Detail: fmt.Sprintf("reading the export list: %v", err)}
 	}
@@ -160,6 +168,9 @@ func (p *nfsProbe) run(ctx context.Context) NFSProbeResult {
 	switch {
 	case err != nil:
 		res.Verdict, res.Detail = NFSError, fmt.Sprintf("mounting %s: %v", p.o.Path, err)
+		return res
+	case status != 0 && !listing:
+		res.Verdict, res.Detail = NFSNotExported, fmt.Sprintf("%s refuses to mount %s for this host (MNT3 status %d; the server does not list its exports)", p.o.Server, p.o.Path, status)
 		return res
 	case status != 0 && listed == nil:
 		// Servers differ: Linux mountd lists every export with its clients,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/lab/ganesha"
+	labnfs "github.com/homelab/bootstrap/lab/nfs"
 )
 
 func requireGanesha(t *testing.T) {
@@ -146,5 +147,28 @@ func TestProbeNFSv4Only(t *testing.T) {
 	st, reason := NFSCheck(NFSProbeOptions{Server: "127.0.0.1", Path: "/export", PortmapperPort: noPM, NFSPort: nfsPort, Timeout: 2 * time.Second}).Run(context.Background())
 	if st != check.Warn || !strings.Contains(reason, "NFSv4-only") {
 		t.Fatalf("check: %s %s", st, reason)
+	}
+}
+
+// TestProbeNFSAgainstLabServer: the lab's go-nfs server has no portmapper
+// and no export listing; with fixed ports the probe still mounts, writes
+// and removes its test file, and a wrong path is refused.
+func TestProbeNFSAgainstLabServer(t *testing.T) {
+	srv, err := labnfs.Start(labnfs.Options{ExportPath: "/export/k8s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	o := NFSProbeOptions{Server: srv.Host(), Path: "/export/k8s", MountPort: srv.Port(), NFSPort: srv.Port(), WriteTest: true, Timeout: 5 * time.Second}
+	if r := ProbeNFS(context.Background(), o); r.Verdict != NFSOK || !strings.Contains(r.Detail, "writable as root") {
+		t.Fatalf("lab server: %s %s", r.Verdict, r.Detail)
+	}
+	entries, _ := os.ReadDir(srv.Dir())
+	if len(entries) != 0 {
+		t.Fatalf("probe left files: %v", entries)
+	}
+	o.Path = "/export/other"
+	if r := ProbeNFS(context.Background(), o); r.Verdict != NFSNotExported || !strings.Contains(r.Detail, "does not list its exports") {
+		t.Fatalf("wrong path: %s %s", r.Verdict, r.Detail)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/infra"
 	"github.com/homelab/bootstrap/kube"
 )
@@ -133,4 +134,13 @@ func recordRelease(env *Env, rel infra.Release, revision int) {
 	}
 	o := &env.State.Outputs.Infra
 	o.Release, o.Namespace, o.ChartVersion, o.Revision = rel.Name, rel.Namespace, rel.Version, revision
+}
+
+// nfsChecks probe the NFS export the provisioner will use.
+func nfsChecks(env *Env) []check.Check {
+	n := env.Config.Storage.NFS
+	return []check.Check{infra.NFSCheck(infra.NFSProbeOptions{
+		Server: n.Server, Path: n.Path, PortmapperPort: n.Probe.PortmapperPort, MountPort: n.Probe.MountPort,
+		NFSPort: n.Probe.NFSPort, WriteTest: n.Probe.WriteTest, Timeout: n.Probe.Timeout.D(),
+	})}
 }

@@ -25,6 +25,7 @@ func (PrecheckStage) Run(ctx context.Context, env *Env) error {
 	checks := localChecks(env)
 	// Each area contributes its checks here, in pipeline order.
 	checks = append(checks, proxmoxChecks(ctx, env)...)
+	checks = append(checks, nfsChecks(env)...)
 	checks = append(checks, gitChecks(env)...)
 
 	results := check.RunAll(ctx, checks, 4)
