@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/homelab/bootstrap/internal/wait"
@@ -113,3 +114,18 @@ func (c *Client) Status(ctx context.Context, namespace, name string) (repo, ks R
 }
 
 func joinStatus(s []string) string { return strings.Join(s, "; ") }
+
+// ReconcileRequestAnnotation asks a Flux controller to reconcile now, as
+// `flux reconcile` does.
+const ReconcileRequestAnnotation = "reconcile.fluxcd.io/requestedAt"
+
+// RequestReconcile annotates a Flux object so its controller reconciles it
+// at once instead of at its next interval.
+func (c *Client) RequestReconcile(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string, now time.Time) error {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, ReconcileRequestAnnotation, now.UTC().Format(time.RFC3339Nano))
+	return c.kube.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch)))
+}

@@ -81,6 +81,14 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	if env.DryRun {
 		return nil
 	}
+	// A new snapshot would otherwise wait for the next interval.
+	if repo, _, err := c.Status(ctx, FluxNamespace, FluxNamespace); err == nil && revision != "" && repo.Revision != "" && repo.Revision != revision {
+		if err := env.Wet(fmt.Sprintf("ask Flux to fetch %s now (it serves %s)", revision, repo.Revision), func() error {
+			return c.RequestReconcile(ctx, flux.GitRepositoryGVK, FluxNamespace, FluxNamespace, env.now())
+		}); err != nil {
+			return err
+		}
+	}
 	if err := c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D()); err != nil {
 		return err
 	}

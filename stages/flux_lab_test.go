@@ -1,0 +1,83 @@
+package stages
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/homelab/bootstrap/gitsnap"
+)
+
+// TestFluxStageOnTheLab covers issue 8's flux part against the real Flux
+// controllers: install from the manifests source, serve the local tree as
+// a snapshot, sync ./infra, and a re-run that applies nothing.
+func TestFluxStageOnTheLab(t *testing.T) {
+	l := newKubeLab(t, kubeLabOptions{flux: true})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		gitsnap.Stop(ctx, l.cfg.Paths().StateDir, 5*time.Second, zerolog.Nop())
+	})
+	ctx := context.Background()
+
+	env, err := l.runStage(FluxStage{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := changeList(env); !strings.Contains(got, "install Flux v2.9.5 (source-controller, kustomize-controller) from "+l.flux.URL()) || !strings.Contains(got, "serve git snapshot") {
+		t.Fatalf("dry-run plan:\n%s", got)
+	}
+	if st, _ := gitsnap.Check(ctx, l.cfg.Paths().StateDir); st.State != nil {
+		t.Fatal("a dry run started the snapshot server")
+	}
+
+	env, err = l.runStage(FluxStage{}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := changeList(env)
+	for _, want := range []string{"install Flux v2.9.5", "serve git snapshot", "sync http://127.0.0.1:"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("first run lacks %q:\n%s", want, got)
+		}
+	}
+	if _, err := l.client().CoreV1().Namespaces().Get(ctx, "from-git", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the object under ./infra of the snapshot is not in the cluster: %v", err)
+	}
+	snap := l.st.Outputs.GitSnapshot
+	if snap.PID == 0 || l.st.Outputs.Flux.Revision != "main@sha1:"+snap.Hash {
+		t.Fatalf("outputs: flux %+v snapshot %+v", l.st.Outputs.Flux, snap)
+	}
+
+	// Converged: nothing applied, the same server reused.
+	env, err = l.runStage(FluxStage{}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := changeList(env); got != "" {
+		t.Fatalf("re-run changed things:\n%s", got)
+	}
+	if l.st.Outputs.GitSnapshot.PID != snap.PID {
+		t.Fatal("re-run replaced the snapshot server")
+	}
+
+	// An edit in the work tree: a new snapshot, and Flux applies it.
+	os.WriteFile(filepath.Join(l.git, "infra", "kustomization.yaml"), []byte("resources: [namespace.yaml, second.yaml]\n"), 0o644)
+	os.WriteFile(filepath.Join(l.git, "infra", "second.yaml"), []byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: from-git-2\n"), 0o644)
+	env, err = l.runStage(FluxStage{}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := changeList(env); !strings.Contains(got, "serve git snapshot") || !strings.Contains(got, "ask Flux to fetch") || strings.Contains(got, "install Flux") {
+		t.Fatalf("after an edit:\n%s", got)
+	}
+	if _, err := l.client().CoreV1().Namespaces().Get(ctx, "from-git-2", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the edit was not applied: %v", err)
+	}
+}
