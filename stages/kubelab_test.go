@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/internal/testbin"
 	"github.com/homelab/bootstrap/lab/chartrepo"
 	"github.com/homelab/bootstrap/lab/fluxmanifests"
 	labkube "github.com/homelab/bootstrap/lab/kube"
@@ -168,7 +168,7 @@ func (l *kubeLab) env(dryRun bool) *Env {
 	l.out.Reset()
 	exe := ""
 	if l.flux != nil {
-		exe = bootstrapBinary(l.t)
+		exe = testbin.Bootstrap(l.t)
 	}
 	return &Env{Config: l.cfg, Paths: l.cfg.Paths(), State: l.st, Log: log, UI: ui.NewReporter(log), Out: &l.out,
 		DryRun: dryRun, Secrets: &redact.Set{}, Now: time.Now, Options: Options{Executable: exe}}
@@ -197,32 +197,4 @@ func freeLoopbackPort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
-
-// bootstrapBinary builds the real bootstrap command once per test binary:
-// the flux stage starts the git snapshot server as `bootstrap gitsnap serve`.
-func bootstrapBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "bootstrap-bin-")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "bootstrap")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/homelab/bootstrap/cmd/bootstrap").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
 }

@@ -1,0 +1,393 @@
+package lab
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/lab/chartrepo"
+	"github.com/homelab/bootstrap/lab/fluxmanifests"
+	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/lab/nfs"
+	"github.com/homelab/bootstrap/lab/nfsprovisioner"
+	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/talos/talossim"
+)
+
+// Options shape a lab.
+type Options struct {
+	// Dir holds the generated config, the token file, the demo git work
+	// tree and the lab's own state (default "lab").
+	Dir string
+	// ConfigPath is where the cluster config is written (default
+	// <Dir>/bootstrap.yaml).
+	ConfigPath string
+	// ControlPlanes and Workers size the cluster (default 1 and 0).
+	ControlPlanes int
+	Workers       int
+	// VIP gives the control planes a shared address (as a Talos Layer2 VIP).
+	VIP bool
+	// Profile is the latency model of the Proxmox host and Talos nodes:
+	// "instant" or "n100"; TimeScale multiplies its durations (n100 at
+	// 0.1 runs ten times faster than the real box).
+	Profile   string
+	TimeScale float64
+	// CNI is written into the config: flannel (default) or cilium.
+	CNI string
+	// BinDir holds the lab binaries (default: kube.DefaultBinDir()).
+	BinDir string
+	Log    zerolog.Logger
+}
+
+// Lab is a running homelab without hardware.
+type Lab struct {
+	opts   Options
+	prefix netip.Prefix
+	log    zerolog.Logger
+
+	PVE      *pvesim.Server
+	Talos    *talossim.Sim
+	Kube     *ControlPlane
+	NFS      *nfs.Server
+	Charts   *chartrepo.Repo
+	Manifest *fluxmanifests.Server
+
+	provMu sync.Mutex
+	prov   *nfsprovisioner.StandIn
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	configPath string
+	gitDir     string
+}
+
+// Subnet returns the node network's /24 on loopback.
+func (l *Lab) Subnet() netip.Prefix { return l.prefix }
+
+// ConfigPath is the generated cluster config.
+func (l *Lab) ConfigPath() string { return l.configPath }
+
+// GitDir is the demo work tree Flux syncs ./infra from.
+func (l *Lab) GitDir() string { return l.gitDir }
+
+func (o Options) withDefaults() Options {
+	if o.Dir == "" {
+		o.Dir = "lab"
+	}
+	if o.ConfigPath == "" {
+		o.ConfigPath = filepath.Join(o.Dir, config.DefaultFile)
+	}
+	if o.ControlPlanes <= 0 {
+		o.ControlPlanes = 1
+	}
+	if o.Profile == "" {
+		o.Profile = "instant"
+	}
+	if o.TimeScale <= 0 {
+		o.TimeScale = 1
+	}
+	if o.CNI == "" {
+		o.CNI = "flannel"
+	}
+	return o
+}
+
+// The lab's Talos ISO: pvesim serves it at this URL for download-url.
+const (
+	isoURL  = "https://factory.talos.dev/image/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba/v1.13.3/nocloud-amd64.iso"
+	isoFile = "talos-v1.13.3-nocloud-amd64.iso"
+	isoSize = 100 << 20
+)
+
+// isoSHA256 is the checksum pvesim reports for the lab ISO.
+var isoSHA256 = func() string { s := sha256.Sum256([]byte("bootstrap lab talos iso")); return hex.EncodeToString(s[:]) }()
+
+// Start brings up every lab service and writes the cluster config. The
+// Kubernetes control plane starts later, when the talos stage bootstraps
+// etcd on the first control plane, as on real hardware.
+func Start(ctx context.Context, o Options) (_ *Lab, err error) {
+	o = o.withDefaults()
+	l := &Lab{opts: o, log: o.Log.With().Str("component", "lab").Logger(), done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			l.Stop()
+		}
+	}()
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if l.prefix, err = talossim.RandomLoopbackPrefix(50000); err != nil {
+		return nil, err
+	}
+	pveProfile, err := pvesim.ProfileByName(o.Profile)
+	if err != nil {
+		return nil, err
+	}
+	talosProfile, err := talossim.ProfileByName(o.Profile)
+	if err != nil {
+		return nil, err
+	}
+	bins := o.BinDir
+	if bins == "" {
+		if bins, err = kube.DefaultBinDir(); err != nil {
+			return nil, err
+		}
+	}
+	kb, err := kube.LoadBinaries(bins)
+	if err != nil {
+		return nil, err
+	}
+
+	// The Kubernetes side: started by the first control plane's bootstrap.
+	l.Kube = NewControlPlane(kube.Options{BinDir: bins, Log: o.Log, Flux: true})
+	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, Log: o.Log})
+
+	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
+	l.PVE, err = pvesim.New(pvesim.Options{
+		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log,
+		RemoteFiles: map[string]pvesim.RemoteFile{isoURL: {Size: isoSize, SHA256: isoSHA256}},
+		OnStart:     []func(pvesim.VMEvent) error{l.bootNode},
+		OnStop:      []func(pvesim.VMEvent){l.stopNode},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting the Proxmox simulator: %w", err)
+	}
+
+	if l.NFS, err = nfs.Start(nfs.Options{Dir: filepath.Join(o.Dir, "nfs-export"), ExportPath: "/export/k8s", Log: o.Log}); err != nil {
+		return nil, fmt.Errorf("starting the NFS server: %w", err)
+	}
+	if l.Charts, err = chartrepo.Start(chartrepo.Options{Log: o.Log}); err != nil {
+		return nil, fmt.Errorf("starting the chart repository: %w", err)
+	}
+	src, err := fluxmanifests.SourcesFromBinaries(ctx, kb)
+	if err != nil {
+		return nil, err
+	}
+	tarball, err := fluxmanifests.Build(src)
+	if err != nil {
+		return nil, err
+	}
+	if l.Manifest, err = fluxmanifests.Serve(fluxmanifests.ServeOptions{Version: config.DefaultFluxVersion, Tarball: tarball, Log: o.Log}); err != nil {
+		return nil, err
+	}
+	if l.gitDir, err = demoRepo(filepath.Join(o.Dir, "homelab")); err != nil {
+		return nil, err
+	}
+	if l.configPath, err = l.writeConfig(); err != nil {
+		return nil, err
+	}
+
+	// The provisioner runs once there is an API server to watch.
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l.cancel = cancel
+	go func() {
+		defer close(l.done)
+		kc, err := l.Kube.WaitStarted(bg)
+		if err != nil {
+			return
+		}
+		p, err := nfsprovisioner.Start(bg, nfsprovisioner.Options{Client: kc.Client(), NFSPort: l.NFS.Port(), Log: o.Log})
+		if err != nil {
+			l.log.Error().Err(err).Msg("starting the NFS provisioner stand-in")
+			return
+		}
+		l.provMu.Lock()
+		l.prov = p
+		l.provMu.Unlock()
+	}()
+	l.log.Info().Str("config", l.configPath).Str("subnet", l.prefix.String()).Str("proxmox", l.PVE.APIURL()).Msg("lab up")
+	return l, nil
+}
+
+func (l *Lab) bootNode(ev pvesim.VMEvent) error {
+	if !ev.IPv4.IsValid() {
+		return fmt.Errorf("VM %d has no static cloud-init address: Talos' nocloud image would have no IP", ev.VMID)
+	}
+	disks := make([]talossim.Disk, 0, len(ev.Disks))
+	for _, d := range ev.Disks {
+		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes)})
+	}
+	_, err := l.Talos.BootNode(context.Background(), talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID})
+	return err
+}
+
+func (l *Lab) stopNode(ev pvesim.VMEvent) {
+	if ev.IPv4.IsValid() {
+		_ = l.Talos.StopNode(ev.IPv4.Addr().String())
+	}
+}
+
+func (l *Lab) addr(last byte) string {
+	b := l.prefix.Addr().As4()
+	b[3] = last
+	return netip.AddrFrom4(b).String()
+}
+
+// writeConfig writes the cluster config pointing at the lab, and the API
+// token into a 0600 file next to it (never into the config).
+func (l *Lab) writeConfig() (string, error) {
+	o := l.opts
+	id, secret := l.PVE.Token()
+	tokenFile := filepath.Join(o.Dir, "pve-token")
+	if err := fsutil.WriteAtomic(tokenFile, []byte(secret+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	endpointHost, vip := l.addr(11), ""
+	if o.VIP {
+		endpointHost, vip = l.addr(10), l.addr(10)
+	}
+	var nodes strings.Builder
+	for i := 0; i < o.ControlPlanes; i++ {
+		fmt.Fprintf(&nodes, "  - {name: cp-%d, role: controlplane, vmid: %d, ip: %s, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", i+1, 701+i, l.addr(byte(11+i)))
+	}
+	for i := 0; i < o.Workers; i++ {
+		fmt.Fprintf(&nodes, "  - {name: wk-%d, role: worker, vmid: %d, ip: %s, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", i+1, 711+i, l.addr(byte(21+i)))
+	}
+	snapPort, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	cfg := fmt.Sprintf(`# Written by "bootstrap lab up": a homelab without hardware. Proxmox and
+# Talos are simulated on %[1]s; the Kubernetes control plane, the Flux
+# controllers, the NFS server and the chart repository are real local
+# processes. Run: bootstrap run --config %[2]s --stage all
+cluster:
+  name: lab
+  endpoint: https://%[3]s:6443
+  vip: %[4]q
+  network:
+    cidr: %[1]s
+    gateway: %[5]s
+    nameservers: [%[5]s]
+proxmox:
+  url: %[6]s
+  node: %[7]s
+  tokenID: %[8]s
+  tokenSecretFile: %[20]s
+  tlsFingerprint: %[9]q
+  diskStorage: local-lvm
+  isoStorage: local
+  bridge: vmbr0
+  iso:
+    url: %[10]s
+    file: %[11]s
+    checksum: sha256:%[12]s
+nodes:
+%[13]sstorage:
+  nfs:
+    server: %[14]s
+    path: /export/k8s
+    chartRepo: %[15]s
+    probe: {mountPort: %[16]d, nfsPort: %[16]d, timeout: 10s}
+cni:
+  name: %[17]s
+  cilium: {chartRepo: %[15]s}
+flux:
+  manifests: %[18]s
+  localSnapshot:
+    enabled: true
+    source: %[21]s
+    listen: 127.0.0.1:%[19]d
+    url: http://127.0.0.1:%[19]d/homelab.git
+    refresh: 0s
+postcheck:
+  pvcTimeout: 1m
+  timeout: 3m
+`, l.prefix, filepath.Base(o.ConfigPath), endpointHost, vip, l.addr(1), l.PVE.APIURL(), l.PVE.NodeName(), id, l.PVE.Fingerprint(),
+		isoURL, isoFile, isoSHA256, nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
+		abs(tokenFile), abs(l.gitDir))
+	if err := fsutil.WriteAtomic(o.ConfigPath, []byte(cfg), 0o644); err != nil {
+		return "", err
+	}
+	return o.ConfigPath, nil
+}
+
+// demoRepo creates the git work tree Flux syncs from (./infra with a
+// namespace and a ConfigMap), once.
+func demoRepo(dir string) (string, error) {
+	if _, err := os.Stat(filepath.Join(dir, ".git")); err == nil {
+		return dir, nil
+	}
+	files := map[string]string{
+		"infra/kustomization.yaml": "resources:\n  - namespace.yaml\n  - welcome.yaml\n",
+		"infra/namespace.yaml":     "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: homelab\n",
+		"infra/welcome.yaml":       "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: welcome\n  namespace: homelab\ndata:\n  message: synced by Flux from the lab's git snapshot\n",
+		"README.md":                "Demo homelab repository for `bootstrap lab`. Flux applies ./infra.\n",
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return "", err
+		}
+	}
+	if out, err := exec.Command("git", "-C", dir, "init", "-q", "-b", "main").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("git init %s: %v: %s", dir, err, out)
+	}
+	return dir, nil
+}
+
+// Stop stops everything the lab started; it is safe to call twice.
+func (l *Lab) Stop() error {
+	var errs []error
+	if l.cancel != nil {
+		l.cancel()
+		<-l.done
+	}
+	l.provMu.Lock()
+	if l.prov != nil {
+		l.prov.Stop()
+		l.prov = nil
+	}
+	l.provMu.Unlock()
+	if l.Kube != nil {
+		errs = append(errs, l.Kube.Stop())
+	}
+	if l.Talos != nil {
+		errs = append(errs, l.Talos.Close())
+	}
+	if l.PVE != nil {
+		errs = append(errs, l.PVE.Close())
+	}
+	if l.NFS != nil {
+		errs = append(errs, l.NFS.Close())
+	}
+	if l.Charts != nil {
+		errs = append(errs, l.Charts.Close())
+	}
+	if l.Manifest != nil {
+		errs = append(errs, l.Manifest.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func abs(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
