@@ -27,6 +27,15 @@ test: lab-bins
 test-unit:
 	$(GO) test -count=1 ./...
 
+# The quick start: build, start a lab, run the whole pipeline against it,
+# show the result, tear the lab down.
+DEMO_DIR ?= lab
+demo: build lab-bins
+	@trap '$(BIN) lab down --dir $(DEMO_DIR)' EXIT; \
+	$(BIN) lab up --detach --dir $(DEMO_DIR) --control-planes $${CONTROL_PLANES:-1} --workers $${WORKERS:-1} && \
+	$(BIN) run --config $(DEMO_DIR)/bootstrap.yaml --stage all && \
+	$(BIN) status --config $(DEMO_DIR)/bootstrap.yaml
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...

@@ -129,7 +129,7 @@ var glyphs = map[string]string{
 // few fields that matter.
 func Console(w io.Writer, noColor bool) io.Writer {
 	cw := zerolog.ConsoleWriter{Out: w, NoColor: noColor, TimeFormat: time.TimeOnly,
-		FieldsExclude: []string{FieldUI, "stage", "wait", "elapsed", "status", "item", "done", "total", "duration", "pos", "of", "check", "result", "field"}}
+		FieldsExclude: []string{FieldUI, "stage", "wait", "elapsed", "status", "item", "done", "total", "duration", "pos", "of", "check", "result", "field", "changes"}}
 	cw.FormatLevel = func(i any) string {
 		switch fmt.Sprint(i) {
 		case "debug":

@@ -32,6 +32,7 @@ type CLI struct {
 	Destroy DestroyCmd `cmd:"" help:"Stop and delete this cluster's VMs (only those tagged bootstrap-<cluster>)."`
 	Cfg     ConfigCmd  `cmd:"" name:"config" help:"Write, validate or describe the config file."`
 	Gitsnap GitsnapCmd `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
+	Lab     LabCmd     `cmd:"" help:"A homelab without hardware: rehearse the whole pipeline on this machine."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
 }
 
@@ -141,3 +142,5 @@ func hostname() string {
 	h, _ := os.Hostname()
 	return h
 }
+
+func nopLogger() zerolog.Logger { return zerolog.Nop() }
