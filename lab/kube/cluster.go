@@ -121,7 +121,26 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting the lab control plane: %w", err)
 	}
-	c := &Cluster{opts: opts, bins: bins, log: opts.Log.With().Str("component", "lab-kube").Logger(), ports: map[string]int{}, startedAt: time.Now()}
+	log := opts.Log.With().Str("component", "lab-kube").Logger()
+	// Free ports are picked, then bound by the children: in between, another
+	// process (or an outgoing connection) may take one. That costs a retry.
+	for attempt := 1; ; attempt++ {
+		c, err := startAttempt(ctx, opts, bins, log)
+		if err == nil {
+			return c, nil
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 3 || ctx.Err() != nil {
+			return nil, err
+		}
+		log.Warn().Err(err).Int("attempt", attempt).Msg("a lab port was taken before its server bound it; starting again")
+	}
+}
+
+// errPortTaken marks a start that failed because a server could not bind.
+var errPortTaken = errors.New("a port picked for the lab was taken")
+
+func startAttempt(ctx context.Context, opts Options, bins *Binaries, log zerolog.Logger) (*Cluster, error) {
+	c := &Cluster{opts: opts, bins: bins, log: log, ports: map[string]int{}, startedAt: time.Now()}
 	if opts.DataDir == "" {
 		removeStaleDataDirs(c.log)
 		d, err := os.MkdirTemp("", tempDirPrefix+"*")
@@ -134,6 +153,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 	} else {
 		c.dataDir = opts.DataDir
+		// A retry, or an earlier lab in the same dir: etcd starts empty.
+		if err := os.RemoveAll(filepath.Join(c.dataDir, "etcd")); err != nil {
+			return nil, fmt.Errorf("starting the lab control plane: %w", err)
+		}
 	}
 	for _, d := range []string{"etcd", "pki", "logs", "flux/storage"} {
 		if err := os.MkdirAll(filepath.Join(c.dataDir, d), 0o700); err != nil {
@@ -144,6 +167,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := c.start(ctx); err != nil {
 		tails := c.LogTail(25)
 		_ = c.Stop()
+		if strings.Contains(tails, "address already in use") {
+			err = fmt.Errorf("%w: %w", errPortTaken, err)
+		}
 		return nil, fmt.Errorf("starting the lab control plane: %w\n%s", err, tails)
 	}
 	c.readyIn = time.Since(c.startedAt)
@@ -232,7 +258,7 @@ func (c *Cluster) listenAddress() (host string, port int, ips []net.IP, dns []st
 		}
 	}
 	if port == 0 {
-		if port, err = freePort(host); err != nil {
+		if port, err = pickPort(host); err != nil {
 			return "", 0, nil, nil, err
 		}
 	} else if err := portFree(host, port); err != nil {
@@ -313,11 +339,11 @@ func (c *Cluster) run(name, bin string, args []string, env ...string) (*process,
 }
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
-	client, err := freePort("127.0.0.1")
+	client, err := pickPort("127.0.0.1")
 	if err != nil {
 		return err
 	}
-	peer, err := freePort("127.0.0.1")
+	peer, err := pickPort("127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -383,15 +409,15 @@ func (c *Cluster) startAPIServer(ctx context.Context, host string, port int) err
 }
 
 func (c *Cluster) startControllers(ctx context.Context) error {
-	kcmPort, err := freePort("127.0.0.1")
+	kcmPort, err := pickPort("127.0.0.1")
 	if err != nil {
 		return err
 	}
-	schedPort, err := freePort("127.0.0.1")
+	schedPort, err := pickPort("127.0.0.1")
 	if err != nil {
 		return err
 	}
-	kwokPort, err := freePort("127.0.0.1")
+	kwokPort, err := pickPort("127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -664,6 +690,9 @@ func (c *Cluster) Healthy(ctx context.Context) error {
 	}
 	return nil
 }
+
+// pickPort is freePort; tests replace it to provoke a taken port.
+var pickPort = freePort
 
 func freePort(host string) (int, error) {
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))

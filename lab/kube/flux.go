@@ -79,7 +79,7 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 
 	ports := map[string]int{}
 	for _, n := range []string{"storage", "sc-metrics", "sc-health", "kc-metrics", "kc-health"} {
-		p, err := freePort("127.0.0.1")
+		p, err := pickPort("127.0.0.1")
 		if err != nil {
 			return err
 		}

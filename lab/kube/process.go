@@ -88,7 +88,7 @@ func (s *spawner) close() {
 // startProcess runs bin with args (and extra environment) from the spawner,
 // logging to logPath.
 func startProcess(sp *spawner, name, bin string, args, env []string, logPath string) (*process, error) {
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("starting %s: opening its log: %w", name, err)
 	}

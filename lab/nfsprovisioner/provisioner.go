@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/go-logr/logr"
 	"github.com/rs/zerolog"
@@ -21,15 +22,54 @@ import (
 )
 
 // provisioner does what nfs-subdir-external-provisioner's pod does, over the
-// NFS protocol instead of a kernel mount.
+// NFS protocol instead of a kernel mount, while its Deployment is Available
+// (active); otherwise it provisions and deletes nothing.
 type provisioner struct {
-	target target
+	name   string
 	port   int
 	client kubernetes.Interface
 	log    zerolog.Logger
+
+	mu     sync.Mutex
+	active bool
+	target target
 }
 
-var _ controller.Provisioner = (*provisioner)(nil)
+var (
+	_ controller.Provisioner = (*provisioner)(nil)
+	_ controller.Qualifier   = (*provisioner)(nil)
+)
+
+func (p *provisioner) current() (target, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.target, p.active
+}
+
+func (p *provisioner) activate(tg target) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target, p.active = tg, true
+}
+
+func (p *provisioner) deactivate() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.active = false
+}
+
+// errNotRunning is what a claim or volume meets while the provisioner's
+// Deployment is not Available (the library retries).
+func (p *provisioner) errNotRunning() error {
+	return fmt.Errorf("provisioner %s is not running", p.name)
+}
+
+// ShouldProvision keeps claims waiting, without events, while the
+// provisioner is not running, as when its pod is down.
+func (p *provisioner) ShouldProvision(context.Context, *corev1.PersistentVolumeClaim) bool {
+	_, active := p.current()
+	return active
+}
 
 // Provision creates the claim's directory in the export and returns an NFS
 // PersistentVolume for it.
@@ -44,7 +84,11 @@ func (p *provisioner) Provision(ctx context.Context, o controller.ProvisionOptio
 			return nil, controller.ProvisioningFinished, fmt.Errorf("pathPattern %q expands to nothing", pattern)
 		}
 	}
-	m, err := nfs.Dial(ctx, p.target.server, p.port, p.target.path)
+	tg, active := p.current()
+	if !active {
+		return nil, controller.ProvisioningNoChange, p.errNotRunning()
+	}
+	m, err := nfs.Dial(ctx, tg.server, p.port, tg.path)
 	if err != nil {
 		return nil, controller.ProvisioningFinished, fmt.Errorf("mounting the NFS export: %w", err)
 	}
@@ -64,7 +108,7 @@ func (p *provisioner) Provision(ctx context.Context, o controller.ProvisionOptio
 			MountOptions:                  o.StorageClass.MountOptions,
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: o.PVC.Spec.Resources.Requests[corev1.ResourceStorage]},
 			PersistentVolumeSource: corev1.PersistentVolumeSource{
-				NFS: &corev1.NFSVolumeSource{Server: p.target.server, Path: path.Join(p.target.path, dir)},
+				NFS: &corev1.NFSVolumeSource{Server: tg.server, Path: path.Join(tg.path, dir)},
 			},
 		},
 	}
@@ -78,9 +122,13 @@ func (p *provisioner) Delete(ctx context.Context, pv *corev1.PersistentVolume) e
 	if pv.Spec.NFS == nil {
 		return &controller.IgnoredError{Reason: "not an NFS volume"}
 	}
-	dir, ok := strings.CutPrefix(path.Clean(pv.Spec.NFS.Path), path.Clean(p.target.path)+"/")
+	tg, active := p.current()
+	if !active {
+		return p.errNotRunning()
+	}
+	dir, ok := strings.CutPrefix(path.Clean(pv.Spec.NFS.Path), path.Clean(tg.path)+"/")
 	if !ok || dir == "" || strings.Contains(dir, "..") {
-		return fmt.Errorf("volume path %s is not below the export %s", pv.Spec.NFS.Path, p.target.path)
+		return fmt.Errorf("volume path %s is not below the export %s", pv.Spec.NFS.Path, tg.path)
 	}
 	params := map[string]string{}
 	if name := pv.Spec.StorageClassName; name != "" {
@@ -92,7 +140,7 @@ func (p *provisioner) Delete(ctx context.Context, pv *corev1.PersistentVolume) e
 			return fmt.Errorf("reading StorageClass %s: %w", name, err)
 		}
 	}
-	m, err := nfs.Dial(ctx, p.target.server, p.port, p.target.path)
+	m, err := nfs.Dial(ctx, tg.server, p.port, tg.path)
 	if err != nil {
 		return fmt.Errorf("mounting the NFS export: %w", err)
 	}

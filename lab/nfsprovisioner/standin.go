@@ -53,8 +53,13 @@ type target struct {
 	deployment  string // namespace/name
 }
 
+// served is the provisioning controller of one provisioner name. It is made
+// once and kept: the library's constructor registers types into client-go's
+// global scheme, a map other goroutines read while decoding, so making
+// controllers again and again would race with every client in the process.
+// Whether it provisions is decided by its provisioner's active target.
 type served struct {
-	target target
+	p      *provisioner
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -66,8 +71,8 @@ type StandIn struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu      sync.Mutex
-	serving map[string]*served // by provisioner name
+	mu          sync.Mutex
+	controllers map[string]*served // by provisioner name
 	// why a Deployment is not served, so a change is logged once
 	notServing map[string]string
 	mountRetry map[target]time.Time
@@ -88,7 +93,7 @@ func Start(ctx context.Context, opts Options) (*StandIn, error) {
 	s := &StandIn{
 		opts: opts, log: opts.Log.With().Str("component", "lab-nfs-provisioner").Logger(),
 		cancel: cancel, done: make(chan struct{}),
-		serving: map[string]*served{}, notServing: map[string]string{}, mountRetry: map[target]time.Time{},
+		controllers: map[string]*served{}, notServing: map[string]string{}, mountRetry: map[target]time.Time{},
 	}
 	go s.loop(ctx)
 	return s, nil
@@ -116,9 +121,11 @@ func (s *StandIn) NotServing() map[string]string {
 func (s *StandIn) Serving() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.serving))
-	for name := range s.serving {
-		out = append(out, name)
+	var out []string
+	for name, sv := range s.controllers {
+		if _, active := sv.p.current(); active {
+			out = append(out, name)
+		}
 	}
 	sort.Strings(out)
 	return out
@@ -133,10 +140,10 @@ func (s *StandIn) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			s.mu.Lock()
-			for name, sv := range s.serving {
+			for name, sv := range s.controllers {
 				sv.cancel()
 				<-sv.done
-				delete(s.serving, name)
+				delete(s.controllers, name)
 			}
 			s.mu.Unlock()
 			return
@@ -177,20 +184,25 @@ func (s *StandIn) reconcile(ctx context.Context) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for name, sv := range s.serving {
-		if tg, ok := want[name]; !ok || tg != sv.target {
-			sv.cancel()
-			<-sv.done
-			delete(s.serving, name)
-			s.log.Info().Str("provisioner", name).Str("deployment", sv.target.deployment).Msg("stopped serving")
+	for name, sv := range s.controllers {
+		tg, ok := want[name]
+		if prev, active := sv.p.current(); active && (!ok || prev != tg) {
+			s.log.Info().Str("provisioner", name).Str("deployment", prev.deployment).Msg("stopped serving")
+		}
+		if !ok {
+			sv.p.deactivate()
 		}
 	}
 	for name, tg := range want {
-		if _, ok := s.serving[name]; ok {
-			continue
+		sv, ok := s.controllers[name]
+		if !ok {
+			sv = s.newController(ctx, name)
+			s.controllers[name] = sv
 		}
-		s.serving[name] = s.serve(ctx, tg)
-		s.log.Info().Str("provisioner", name).Str("deployment", tg.deployment).Str("nfs", tg.server+":"+tg.path).Msg("serving")
+		if prev, active := sv.p.current(); !active || prev != tg {
+			sv.p.activate(tg)
+			s.log.Info().Str("provisioner", name).Str("deployment", tg.deployment).Str("nfs", tg.server+":"+tg.path).Msg("serving")
+		}
 	}
 }
 
@@ -247,9 +259,11 @@ func targetOf(d *appsv1.Deployment) (target, string) {
 // NFS volume cannot be mounted never runs. Failures are retried every 5s.
 func (s *StandIn) checkMount(ctx context.Context, tg target) string {
 	s.mu.Lock()
-	if sv, ok := s.serving[tg.provisioner]; ok && sv.target == tg {
-		s.mu.Unlock()
-		return ""
+	if sv, ok := s.controllers[tg.provisioner]; ok {
+		if cur, active := sv.p.current(); active && cur == tg {
+			s.mu.Unlock()
+			return ""
+		}
 	}
 	if next, ok := s.mountRetry[tg]; ok && time.Now().Before(next) {
 		s.mu.Unlock()
@@ -270,16 +284,17 @@ func (s *StandIn) checkMount(ctx context.Context, tg target) string {
 	return ""
 }
 
-func (s *StandIn) serve(ctx context.Context, tg target) *served {
+func (s *StandIn) newController(ctx context.Context, name string) *served {
 	ctx, cancel := context.WithCancel(ctx)
-	sv := &served{target: tg, cancel: cancel, done: make(chan struct{})}
-	log := s.log.With().Str("provisioner", tg.provisioner).Logger()
-	p := &provisioner{target: tg, port: s.opts.NFSPort, client: s.opts.Client, log: log}
+	log := s.log.With().Str("provisioner", name).Logger()
+	sv := &served{p: &provisioner{name: name, port: s.opts.NFSPort, client: s.opts.Client, log: log}, cancel: cancel, done: make(chan struct{})}
 	logger := logr.New(zerologSink{log: log})
-	pc := controller.NewProvisionController(logger, s.opts.Client, tg.provisioner, p,
+	pc := controller.NewProvisionController(logger, s.opts.Client, name, sv.p,
 		controller.LeaderElection(false),
 		controller.ExponentialBackOffOnError(false),
-		controller.ResyncPeriod(30*time.Second),
+		// Claims skipped while the provisioner was not running are looked
+		// at again on every resync.
+		controller.ResyncPeriod(2*time.Second),
 	)
 	go func() {
 		defer close(sv.done)

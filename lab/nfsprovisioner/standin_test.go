@@ -161,12 +161,6 @@ func TestStandInProvisionsForTheChart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer repo.Close()
-	si, err := nfsprovisioner.Start(ctx, nfsprovisioner.Options{Client: cs, Log: kubetest.Logger(t), NFSPort: srv.Port()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer si.Stop()
-
 	hs := helmSettings(t, c.AdminKubeconfigPath(), ns)
 	vals := map[string]any{
 		"nfs":          map[string]any{"server": nfsHost, "path": nfs.DefaultExportPath},
@@ -178,6 +172,14 @@ func TestStandInProvisionsForTheChart(t *testing.T) {
 	if repo.Requests("/index.yaml") == 0 || repo.Requests("/"+chartName+"-"+chartVer+".tgz") == 0 {
 		t.Errorf("the chart was not fetched from the lab repository by URL")
 	}
+	// Started once the chart is in: the provisioning library registers types
+	// in client-go's global scheme when it makes a controller, so nothing
+	// else here talks to the API server until it serves (keeps -race quiet).
+	si, err := nfsprovisioner.Start(ctx, nfsprovisioner.Options{Client: cs, Log: kubetest.Logger(t), NFSPort: srv.Port()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer si.Stop()
 	poll(t, "stand-in serving "+provName, 20*time.Second, func(context.Context) (bool, string, error) {
 		return serving(si) == provName, "serving: " + serving(si), nil
 	})
