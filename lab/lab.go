@@ -49,7 +49,15 @@ type Options struct {
 	CNI string
 	// BinDir holds the lab binaries (default: kube.DefaultBinDir()).
 	BinDir string
-	Log    zerolog.Logger
+	// Audit makes the API server keep an audit log of every write (who,
+	// with which user agent, what) at AuditLogPath; see kube.ReadAuditLog.
+	Audit bool
+	// Seed makes pvesim's probabilistic faults reproducible.
+	Seed int64
+	// OnNodeBoot is called with each Talos node as its VM starts, before its
+	// API comes up (to inject talossim faults).
+	OnNodeBoot func(*talossim.Node)
+	Log        zerolog.Logger
 }
 
 // Lab is a running homelab without hardware.
@@ -79,6 +87,13 @@ func (l *Lab) Subnet() netip.Prefix { return l.prefix }
 
 // ConfigPath is the generated cluster config.
 func (l *Lab) ConfigPath() string { return l.configPath }
+
+// AuditLogPath is where the API server writes its audit log when
+// Options.Audit is set.
+func (l *Lab) AuditLogPath() string { return abs(filepath.Join(l.opts.Dir, "audit.log")) }
+
+// Options returns the lab's effective options.
+func (l *Lab) Options() Options { return l.opts }
 
 // GitDir is the demo work tree Flux syncs ./infra from.
 func (l *Lab) GitDir() string { return l.gitDir }
@@ -152,12 +167,22 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 
 	// The Kubernetes side: started by the first control plane's bootstrap.
-	l.Kube = NewControlPlane(kube.Options{BinDir: bins, Log: o.Log, Flux: true})
+	ko := kube.Options{BinDir: bins, Log: o.Log, Flux: true}
+	if o.Audit {
+		ko.AuditPolicyFile, ko.AuditLogPath = filepath.Join(o.Dir, "audit-policy.yaml"), l.AuditLogPath()
+		if err := fsutil.WriteAtomic(ko.AuditPolicyFile, []byte(kube.WritesAuditPolicy), 0o600); err != nil {
+			return nil, err
+		}
+		if err := os.Remove(ko.AuditLogPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	l.Kube = NewControlPlane(ko)
 	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, Log: o.Log})
 
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
 	l.PVE, err = pvesim.New(pvesim.Options{
-		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log,
+		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,
 		RemoteFiles: map[string]pvesim.RemoteFile{isoURL: {Size: isoSize, SHA256: isoSHA256}},
 		OnStart:     []func(pvesim.VMEvent) error{l.bootNode},
 		OnStop:      []func(pvesim.VMEvent){l.stopNode},
@@ -220,7 +245,10 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 	for _, d := range ev.Disks {
 		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes)})
 	}
-	_, err := l.Talos.BootNode(context.Background(), talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID})
+	n, err := l.Talos.BootNode(context.Background(), talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID})
+	if err == nil && l.opts.OnNodeBoot != nil {
+		l.opts.OnNodeBoot(n)
+	}
 	return err
 }
 
