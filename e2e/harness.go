@@ -145,7 +145,9 @@ type KillPoint struct {
 	After time.Duration
 }
 
-func (k KillPoint) String() string { return fmt.Sprintf("%s+%s", k.Stage, k.After.Round(time.Millisecond)) }
+func (k KillPoint) String() string {
+	return fmt.Sprintf("%s+%s", k.Stage, k.After.Round(time.Millisecond))
+}
 
 // Result is one invocation of the binary.
 type Result struct {
