@@ -60,6 +60,7 @@ func (s TalosStage) Run(ctx context.Context, env *Env) error {
 		KubeconfigPath: env.Paths.Kubeconfig,
 		Mutate:         env.Wet,
 		DryRun:         env.DryRun,
+		Parallelism:    env.Config.Cluster.Parallelism,
 		OnNodeConverged: func(t talos.Target, r talos.EnsureResult) {
 			recordTalosNode(env, res, t, r)
 		},

@@ -34,6 +34,9 @@ type ConvergeOptions struct {
 	OnNodeConverged func(t Target, res EnsureResult)
 	// OnBootstrapped is called once etcd is bootstrapped (or found so).
 	OnBootstrapped func(node string)
+	// Parallelism bounds how many nodes are taken to their config at once
+	// (0: all).
+	Parallelism int
 }
 
 // ConvergeResult reports a Converge run.
@@ -211,10 +214,19 @@ func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mu
 		mu   sync.Mutex
 		errs []error
 	)
+	par := opts.Parallelism
+	if par <= 0 || par > len(opts.Nodes) {
+		par = len(opts.Nodes)
+	}
+	sem := make(chan struct{}, max(par, 1))
 	for _, t := range opts.Nodes {
+		// Taken in configuration order, so that with a bound the first
+		// control plane (the bootstrap node) goes first.
+		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { <-sem }()
 			r, err := o.EnsureConfig(ctx, t, EnsureOptions{Mutate: mutate, DryRun: opts.DryRun})
 			mu.Lock()
 			defer mu.Unlock()

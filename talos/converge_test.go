@@ -507,3 +507,45 @@ func TestNeverBootstrapsASecondNode(t *testing.T) {
 		t.Errorf("%d bootstraps", total.Bootstraps)
 	}
 }
+
+// TestConvergeParallelism takes one node after another with Parallelism 1
+// (in configuration order, each applied only once the one before runs its
+// config), and all at once by default.
+func TestConvergeParallelism(t *testing.T) {
+	t.Parallel()
+	for _, par := range []int{1, 0} {
+		h := newHarness(t, harnessOptions{controlPlanes: 2, workers: 2,
+			profile: talossim.Profile{Name: "slow-install", Install: 150 * time.Millisecond, Reboot: 50 * time.Millisecond, KubeletReady: 10 * time.Millisecond, EtcdStart: 10 * time.Millisecond, EtcdJoin: 10 * time.Millisecond}})
+		var (
+			mu     sync.Mutex
+			events []string
+		)
+		record := func(e string) {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}
+		_, err := h.ops.Converge(testCtx(t), ConvergeOptions{
+			Nodes: h.targets(), KubeconfigPath: filepath.Join(h.dir, KubeconfigFile), Parallelism: par,
+			Mutate: func(what string, fn func() error) error {
+				if strings.Contains(what, "in maintenance mode") {
+					record("apply " + strings.Fields(what)[3])
+				}
+				return fn()
+			},
+			OnNodeConverged: func(tg Target, _ EnsureResult) { record("done " + tg.Name) },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(events, ", ")
+		if par == 1 {
+			want := "apply cp-1, done cp-1, apply cp-2, done cp-2, apply wk-1, done wk-1, apply wk-2, done wk-2"
+			if got != want {
+				t.Errorf("parallelism 1: %s\nwant %s", got, want)
+			}
+		} else if !strings.HasPrefix(got, "apply") || strings.Index(got, "done") < strings.LastIndex(got, "apply") {
+			t.Errorf("parallelism 0: nodes were not configured at once: %s", got)
+		}
+	}
+}
