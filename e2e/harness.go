@@ -112,6 +112,9 @@ func (h *Harness) Stop() error {
 	return errors.Join(serr, h.Lab.Stop())
 }
 
+// Binary is the bootstrap executable under test.
+func (h *Harness) Binary() string { return h.opts.Binary }
+
 // ConfigPath is the cluster config the binary runs with.
 func (h *Harness) ConfigPath() string { return h.Lab.ConfigPath() }
 
