@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -547,5 +548,47 @@ func TestConvergeParallelism(t *testing.T) {
 		} else if !strings.HasPrefix(got, "apply") || strings.Index(got, "done") < strings.LastIndex(got, "apply") {
 			t.Errorf("parallelism 0: nodes were not configured at once: %s", got)
 		}
+	}
+}
+
+// TestMaintenanceApplyRefusedIsRetried drops the node's connections just
+// as the maintenance apply is sent: the config never reached the node, so
+// it must be applied again once the node answers, not waited on forever.
+func TestMaintenanceApplyRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	// Polls slower than the drop: the next probe finds the node in
+	// maintenance mode again, as if nothing had happened.
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1, ops: OpsOptions{PollInterval: 400 * time.Millisecond, InstallTimeout: 8 * time.Second}})
+	var (
+		once     sync.Once
+		recorded atomic.Int32
+	)
+	ctx := testCtx(t)
+	_, err := h.ops.Converge(ctx, ConvergeOptions{
+		Nodes: h.targets(), KubeconfigPath: filepath.Join(h.dir, KubeconfigFile),
+		Mutate: func(what string, fn func() error) error {
+			if !strings.Contains(what, "wk-1") || !strings.Contains(what, "maintenance mode") {
+				return fn()
+			}
+			once.Do(func() {
+				n := h.node("wk-1")
+				n.SetFaults(talossim.Faults{RefuseConnections: true})
+				time.AfterFunc(100*time.Millisecond, func() { n.SetFaults(talossim.Faults{}) })
+			})
+			err := fn()
+			if err == nil {
+				recorded.Add(1)
+			}
+			return err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := recorded.Load(); n != 1 {
+		t.Errorf("the maintenance apply of wk-1 was recorded as done %d times, want once", n)
+	}
+	if c := h.node("wk-1").Counters(); c.MaintenanceApplies != 1 || c.Installs != 1 {
+		t.Errorf("wk-1: %d maintenance applies, %d installs; want 1 each", c.MaintenanceApplies, c.Installs)
 	}
 }

@@ -260,6 +260,16 @@ func isDown(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded)
 }
 
+// notSent: the call failed while connecting, so the request never
+// reached the node.
+func notSent(err error) bool {
+	if client.StatusCode(err) != codes.Unavailable {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "connection refused") || strings.Contains(s, "no route to host") || strings.Contains(s, "network is unreachable")
+}
+
 // isUntrustedServer: the node's certificate is not from our CA (a
 // maintenance node's self-signed one, or another cluster's).
 func isUntrustedServer(err error) bool {
