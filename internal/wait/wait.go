@@ -44,7 +44,9 @@ func (s Spec) withDefaults() Spec {
 // Until polls cond until it reports done, returns an error (fatal, returned
 // as is), or the wait's timeout or ctx ends. The status string cond returns
 // is kept and quoted in progress lines and in the timeout error, so a user
-// sees what the last poll saw.
+// sees what the last poll saw. Every poll that is not done is logged at
+// debug level with what it saw: a failed call that the next poll retries
+// is on record in the run log.
 func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool, status string, err error)) error {
 	spec = spec.withDefaults()
 	if spec.Timeout <= 0 {
@@ -55,7 +57,7 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 	defer cancel()
 	lastProgress := start
 	var status string
-	for {
+	for poll := 1; ; poll++ {
 		done, st, err := cond(ctx)
 		if st != "" {
 			status = st
@@ -67,6 +69,8 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 			spec.Log.Debug().Str("wait", spec.What).Dur("elapsed", time.Since(start)).Msgf("done waiting for %s", spec.What)
 			return nil
 		}
+		spec.Log.Debug().Str("wait", spec.What).Str("status", st).Int("poll", poll).
+			Msgf("waiting for %s: poll %d not done%s", spec.What, poll, suffix(st))
 		if time.Since(lastProgress) >= spec.ProgressEvery {
 			lastProgress = time.Now()
 			spec.Log.Info().Str("wait", spec.What).Str("status", status).

@@ -61,3 +61,32 @@ func TestTracker(t *testing.T) {
 		t.Fatalf("log: %s", buf.String())
 	}
 }
+
+// TestUntilLogsEveryPollNotDone: each retried poll is on record at debug
+// level with what it saw.
+func TestUntilLogsEveryPollNotDone(t *testing.T) {
+	var buf bytes.Buffer
+	statuses := []string{"connection refused", "connection refused", "1/3 members"}
+	n := 0
+	err := Until(context.Background(), Spec{What: "etcd", Timeout: time.Second, Interval: time.Millisecond, Log: zerolog.New(&buf)},
+		func(context.Context) (bool, string, error) {
+			if n == len(statuses) {
+				return true, "", nil
+			}
+			n++
+			return false, statuses[n-1], nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	var polls []string
+	for _, l := range lines {
+		if strings.Contains(l, "not done") {
+			polls = append(polls, l)
+		}
+	}
+	if len(polls) != 3 || !strings.Contains(polls[1], `"poll":2`) || !strings.Contains(polls[1], "connection refused") || !strings.Contains(polls[2], "1/3 members") {
+		t.Fatalf("want one debug line per poll not done, got:\n%s", buf.String())
+	}
+}
