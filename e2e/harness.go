@@ -195,6 +195,21 @@ func (h *Harness) Run(ctx context.Context, args ...string) (*Result, error) {
 // RunKill runs the binary like Run and, when kill is set, kills it with
 // SIGKILL at that point of the pipeline (if the run gets there).
 func (h *Harness) RunKill(ctx context.Context, kill *KillPoint, args ...string) (*Result, error) {
+	return h.RunWith(ctx, RunOptions{Kill: kill}, args...)
+}
+
+// RunOptions are what RunWith does beside running the binary.
+type RunOptions struct {
+	// Kill, when set, kills the run with SIGKILL at that point.
+	Kill *KillPoint
+	// OnStage is called as each stage starts.
+	OnStage func(stage string)
+}
+
+// RunWith runs `bootstrap <args> --config <lab config> --log-format json`
+// with the given options.
+func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*Result, error) {
+	kill := ro.Kill
 	h.mu.Lock()
 	h.runs++
 	n := h.runs
@@ -250,6 +265,9 @@ func (h *Harness) RunKill(ctx context.Context, kill *KillPoint, args ...string) 
 		}
 		if json.Unmarshal(line, &ev) != nil || ev.UI != "header" || ev.Stage == "" {
 			continue
+		}
+		if ro.OnStage != nil {
+			ro.OnStage(ev.Stage)
 		}
 		killMu.Lock()
 		current, stageAt = ev.Stage, time.Now()
