@@ -228,4 +228,3 @@ func (d *dropper) stop() {
 	d.mu.Unlock()
 	d.wg.Wait()
 }
-
