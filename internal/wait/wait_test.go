@@ -3,6 +3,7 @@ package wait
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -62,11 +63,12 @@ func TestTracker(t *testing.T) {
 	}
 }
 
-// TestUntilLogsEveryPollNotDone: each retried poll is on record at debug
-// level with what it saw.
+// TestUntilLogsEveryPollNotDone: each retried poll is accounted for at
+// debug level, one line per change of status, with how many polls it
+// stands for.
 func TestUntilLogsEveryPollNotDone(t *testing.T) {
 	var buf bytes.Buffer
-	statuses := []string{"connection refused", "connection refused", "1/3 members"}
+	statuses := []string{"connection refused", "connection refused", "connection refused", "1/3 members", "connection refused"}
 	n := 0
 	err := Until(context.Background(), Spec{What: "etcd", Timeout: time.Second, Interval: time.Millisecond, Log: zerolog.New(&buf)},
 		func(context.Context) (bool, string, error) {
@@ -79,14 +81,22 @@ func TestUntilLogsEveryPollNotDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	var polls []string
-	for _, l := range lines {
-		if strings.Contains(l, "not done") {
-			polls = append(polls, l)
+	polls := map[string]int{}
+	lines := 0
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var ev struct {
+			Status string
+			Polls  int
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Polls > 0 {
+			polls[ev.Status] += ev.Polls
+			lines++
 		}
 	}
-	if len(polls) != 3 || !strings.Contains(polls[1], `"poll":2`) || !strings.Contains(polls[1], "connection refused") || !strings.Contains(polls[2], "1/3 members") {
-		t.Fatalf("want one debug line per poll not done, got:\n%s", buf.String())
+	if polls["connection refused"] != 4 || polls["1/3 members"] != 1 || lines != 4 {
+		t.Fatalf("want 4 refused and 1 other poll on 4 lines (a run of 3 is 2 lines), got %v on %d lines:\n%s", polls, lines, buf.String())
 	}
 }
