@@ -77,8 +77,9 @@ type EnsureResult struct {
 }
 
 // rebootObserveWindow is how many poll intervals EnsureConfig watches for a
-// node to go down after an apply that needs a reboot.
-const rebootObserveWindow = 30
+// node to go down after an apply that needs a reboot (a minute at the
+// default interval).
+const rebootObserveWindow = 240
 
 // maxInstallAttempts bounds re-applying after a node came back in
 // maintenance mode (an install that failed and rebooted into the ISO).
