@@ -127,6 +127,9 @@ const (
 	isoSize = 100 << 20
 )
 
+// ISOBytes is the size of the Talos ISO the lab's Proxmox downloads.
+const ISOBytes = isoSize
+
 // isoSHA256 is the checksum pvesim reports for the lab ISO.
 var isoSHA256 = func() string { s := sha256.Sum256([]byte("bootstrap lab talos iso")); return hex.EncodeToString(s[:]) }()
 
