@@ -107,9 +107,13 @@ func NodeStatus(ctx context.Context, cs kubernetes.Interface, names []string) (m
 	return missing, notReady, nil
 }
 
+// pollInterval spaces the reads of a wait: a GET against the API server
+// is cheap, and a Deployment is often Available within a second.
+const pollInterval = 250 * time.Millisecond
+
 // WaitNodesReady waits until every named node is registered and Ready.
 func WaitNodesReady(ctx context.Context, cs kubernetes.Interface, names []string, timeout time.Duration, log zerolog.Logger) error {
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("%d node(s) Ready", len(names)), Timeout: timeout, Interval: time.Second, Log: log},
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("%d node(s) Ready", len(names)), Timeout: timeout, Interval: pollInterval, Log: log},
 		func(ctx context.Context) (bool, string, error) {
 			missing, notReady, err := NodeStatus(ctx, cs, names)
 			if err != nil {
@@ -153,7 +157,7 @@ func DeploymentAvailable(d *appsv1.Deployment) (bool, string) {
 
 // WaitDeploymentAvailable waits for ns/name to be Available.
 func WaitDeploymentAvailable(ctx context.Context, cs kubernetes.Interface, ns, name string, timeout time.Duration, log zerolog.Logger) error {
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Deployment %s/%s Available", ns, name), Timeout: timeout, Interval: time.Second, Log: log},
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Deployment %s/%s Available", ns, name), Timeout: timeout, Interval: pollInterval, Log: log},
 		func(ctx context.Context) (bool, string, error) {
 			d, err := cs.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
