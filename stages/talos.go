@@ -187,6 +187,11 @@ func renderTalos(env *Env, opts talos.GenerateOptions) (*talos.Result, error) {
 		what = fmt.Sprintf("create the secrets bundle %s (kept forever) and %s", plan.SecretsPath, what)
 	}
 	res := plan
+	if plan.SecretsCreated {
+		// The bundle the plan rendered with becomes the cluster's: minting
+		// another costs a second RSA-4096 key.
+		opts.NewBundle = plan.Bundle
+	}
 	err = env.Wet(what, func() error {
 		var err error
 		res, err = talos.Generate(opts)
