@@ -88,6 +88,12 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 	add("boot", s(t.Boot))
 	nodeRounds := batches(in.Nodes, in.TalosParallelism)
 	add(fmt.Sprintf("install+reboot×%d", nodeRounds), time.Duration(nodeRounds)*s(t.ApplyLatency+t.Install+t.Reboot))
+	// A worker's API needs its certificate from a control plane's trustd:
+	// rebooting alongside the control planes, it finds none up yet and
+	// tries again a quarter of a reboot later (talossim's model).
+	if in.Nodes > in.ControlPlanes && nodeRounds == 1 {
+		add("worker certificate", s(t.Reboot)/4)
+	}
 	// Bootstrap is allowed BootstrapReady after the first control plane's
 	// configured boot; with several rounds that has long passed.
 	sinceFirst := time.Duration(nodeRounds-1) * s(t.ApplyLatency+t.Install+t.Reboot)
