@@ -10,7 +10,9 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"math/rand/v2"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -414,11 +416,42 @@ func abs(p string) string {
 	return p
 }
 
+// freePort returns a port that is free now and stays so for a while: the
+// snapshot server binds it long after the lab wrote it into the config. A
+// port from the kernel's ephemeral range (what :0 gives) is soon taken by
+// some outgoing connection, so it is picked below that range.
 func freePort() (int, error) {
+	lo, _ := ephemeralRange()
+	for range 200 {
+		port := 10000 + rand.IntN(max(lo-10000, 1))
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralRange is the kernel's range for outgoing connections' local
+// ports (Linux's default when it cannot be read).
+func ephemeralRange() (lo, hi int) {
+	lo, hi = 32768, 60999
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if l, err := strconv.Atoi(f[0]); err == nil && l > 10000 {
+				lo = l
+			}
+			if h, err := strconv.Atoi(f[1]); err == nil {
+				hi = h
+			}
+		}
+	}
+	return lo, hi
 }
