@@ -52,6 +52,9 @@ type Options struct {
 	Seed          int64
 	// BinDir holds the lab binaries (default kube.DefaultBinDir()).
 	BinDir string
+	// KeepKubeData keeps the control plane's data and server logs in
+	// Dir/kube after Stop.
+	KeepKubeData bool
 	// OnNodeBoot sees every Talos node as its VM starts (to inject faults).
 	OnNodeBoot func(*talossim.Node)
 	// Log receives the lab's own lines (keep it out of a test's output:
@@ -78,7 +81,11 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	l, err := lab.Start(ctx, lab.Options{
+	kubeData := ""
+	if o.KeepKubeData {
+		kubeData = filepath.Join(o.Dir, "kube")
+	}
+	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
 		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
 		OnNodeBoot: o.OnNodeBoot, Log: o.Log,

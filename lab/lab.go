@@ -56,6 +56,9 @@ type Options struct {
 	Audit bool
 	// Seed makes pvesim's probabilistic faults reproducible.
 	Seed int64
+	// KubeDataDir keeps the control plane's data, certificates and server
+	// logs there instead of in a temporary directory removed at Stop.
+	KubeDataDir string
 	// OnNodeBoot is called with each Talos node as its VM starts, before its
 	// API comes up (to inject talossim faults).
 	OnNodeBoot func(*talossim.Node)
@@ -172,7 +175,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 
 	// The Kubernetes side: started by the first control plane's bootstrap.
-	ko := kube.Options{BinDir: bins, Log: o.Log, Flux: true}
+	ko := kube.Options{BinDir: bins, Log: o.Log, Flux: true, DataDir: o.KubeDataDir}
 	if o.Audit {
 		ko.AuditPolicyFile, ko.AuditLogPath = filepath.Join(o.Dir, "audit-policy.yaml"), l.AuditLogPath()
 		if err := fsutil.WriteAtomic(ko.AuditPolicyFile, []byte(kube.WritesAuditPolicy), 0o600); err != nil {

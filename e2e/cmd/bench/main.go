@@ -190,7 +190,7 @@ func startLab(ctx context.Context, o options, sz size, name string) (*e2e.Harnes
 		return nil, nil, err
 	}
 	h, err := e2e.Start(ctx, e2e.Options{Dir: dir, Binary: o.binary, ControlPlanes: sz.controlPlanes, Workers: sz.workers,
-		Profile: o.profile, TimeScale: o.scale, Log: zerolog.New(logFile).With().Timestamp().Logger()})
+		Profile: o.profile, TimeScale: o.scale, KeepKubeData: o.keep, Log: zerolog.New(logFile).With().Timestamp().Logger()})
 	if err != nil {
 		logFile.Close()
 		return nil, nil, err
