@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -49,7 +50,10 @@ type Options struct {
 	CNI string
 	// BinDir holds the lab binaries (default: kube.DefaultBinDir()).
 	BinDir string
-	Log    zerolog.Logger
+	// NodeMonitorGracePeriod is how long a node may miss heartbeats before
+	// it turns NotReady (lab/kube's default when zero).
+	NodeMonitorGracePeriod time.Duration
+	Log                    zerolog.Logger
 }
 
 // Lab is a running homelab without hardware.
@@ -72,6 +76,14 @@ type Lab struct {
 
 	configPath string
 	gitDir     string
+}
+
+// Provisioner returns the NFS provisioner stand-in once the control plane
+// runs (nil before).
+func (l *Lab) Provisioner() *nfsprovisioner.StandIn {
+	l.provMu.Lock()
+	defer l.provMu.Unlock()
+	return l.prov
 }
 
 // Subnet returns the node network's /24 on loopback.
@@ -152,7 +164,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 
 	// The Kubernetes side: started by the first control plane's bootstrap.
-	l.Kube = NewControlPlane(kube.Options{BinDir: bins, Log: o.Log, Flux: true})
+	l.Kube = NewControlPlane(kube.Options{BinDir: bins, Log: o.Log, Flux: true, NodeMonitorGracePeriod: o.NodeMonitorGracePeriod})
 	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, Log: o.Log})
 
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.

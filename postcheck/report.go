@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -156,7 +155,7 @@ func boolInt(b bool) int {
 // ArchiveName is the file inside each postcheck/<UTC-timestamp>/ directory.
 const ArchiveName = "postcheck.tar.gz"
 
-// WriteArchive stores files (name → content) as one tar.gz in
+// WriteArchive stores files (name → content) as one tar.gz in a new
 // dir/<UTC-timestamp>/ and returns the archive's path. Files are sorted by
 // name so archives of equal content are equal.
 func WriteArchive(dir string, started time.Time, files map[string][]byte) (string, error) {
@@ -183,8 +182,8 @@ func WriteArchive(dir string, started time.Time, files map[string][]byte) (strin
 	if err := gz.Close(); err != nil {
 		return "", err
 	}
-	sub := filepath.Join(dir, started.UTC().Format(state.TimestampLayout))
-	if err := os.MkdirAll(sub, 0o700); err != nil {
+	sub, err := state.NewTimestampDir(dir, started)
+	if err != nil {
 		return "", err
 	}
 	path := filepath.Join(sub, ArchiveName)
