@@ -63,14 +63,9 @@ func (a *App) Main(ctx context.Context, args []string) (code int) {
 	a.args = args
 	a.cli = CLI{}
 	exited := -1
-	parser, err := kong.New(&a.cli,
-		kong.Name("bootstrap"),
-		kong.Description("Take a bare Proxmox host to a healthy Talos Kubernetes cluster managed by Flux."),
+	parser, err := newParser(&a.cli,
 		kong.Writers(a.Stdout, a.Stderr),
 		kong.Exit(func(c int) { exited = c; panic(exitPanic{}) }),
-		kong.UsageOnError(),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Vars{"stages": strings.Join(stages.Order, ", ")},
 	)
 	if err != nil {
 		fmt.Fprintln(a.Stderr, "bootstrap:", err)
@@ -93,6 +88,17 @@ func (a *App) Main(ctx context.Context, args []string) (code int) {
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	err = kctx.Run(a)
 	return a.exitCode(err)
+}
+
+// newParser builds the command-line parser for cli.
+func newParser(cli *CLI, opts ...kong.Option) (*kong.Kong, error) {
+	return kong.New(cli, append([]kong.Option{
+		kong.Name("bootstrap"),
+		kong.Description("Take a bare Proxmox host to a healthy Talos Kubernetes cluster managed by Flux."),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"stages": strings.Join(stages.Order, ", ")},
+	}, opts...)...)
 }
 
 // exitPanic unwinds kong's Exit (help, --version) back into Main.
