@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/ui"
 )
 
@@ -150,3 +152,58 @@ func hostname() string {
 }
 
 func nopLogger() zerolog.Logger { return zerolog.Nop() }
+
+// session is a command holding the cluster lock with its run log open: the
+// state read under the lock and a logger that also writes the run log.
+type session struct {
+	lock    *state.Lock
+	file    *os.File
+	State   *state.State
+	Log     zerolog.Logger
+	LogPath string
+	RunID   string
+}
+
+// lockAndLog takes the cluster lock (a *state.LockedError when held),
+// re-reads the state under it, opens runs/<UTC-timestamp>/run.log and
+// prunes run logs beyond state.keepRuns.
+func (a *App) lockAndLog(cfg *config.Config, secrets *redact.Set) (*session, error) {
+	paths := cfg.Paths()
+	lock, err := state.Acquire(paths.StateDir, state.Holder{PID: os.Getpid(), Command: a.commandLine(), Started: a.now().UTC(), Host: hostname()})
+	if err != nil {
+		return nil, err
+	}
+	s := &session{lock: lock}
+	fail := func(err error) (*session, error) {
+		s.Close()
+		return nil, err
+	}
+	if s.State, err = state.Load(paths.StateDir, cfg.Cluster.Name); err != nil {
+		return fail(err)
+	}
+	runDir, err := state.NewRunDir(paths.StateDir, a.now())
+	if err != nil {
+		return fail(err)
+	}
+	s.RunID, s.LogPath = filepath.Base(runDir), filepath.Join(runDir, "run.log")
+	if s.file, err = os.OpenFile(s.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+		return fail(err)
+	}
+	if s.Log, err = a.logger(s.file, secrets); err != nil {
+		return fail(err)
+	}
+	if removed, err := state.KeepNewest(filepath.Join(paths.StateDir, state.RunsDirName), cfg.State.KeepRuns); err != nil {
+		s.Log.Warn().Err(err).Msg("pruning old run logs")
+	} else if len(removed) > 0 {
+		s.Log.Debug().Strs("removed", removed).Msg("pruned old run logs")
+	}
+	return s, nil
+}
+
+// Close closes the run log and releases the lock.
+func (s *session) Close() {
+	if s.file != nil {
+		s.file.Close()
+	}
+	s.lock.Release()
+}
