@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -268,7 +267,7 @@ func (l *Lab) writeConfig() (string, error) {
 	for i := 0; i < o.Workers; i++ {
 		fmt.Fprintf(&nodes, "  - {name: wk-%d, role: worker, vmid: %d, ip: %s, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", i+1, 711+i, l.addr(byte(21+i)))
 	}
-	snapPort, err := freePort()
+	snapPort, err := kube.FreePort("127.0.0.1")
 	if err != nil {
 		return "", err
 	}
@@ -393,13 +392,4 @@ func abs(p string) string {
 		return a
 	}
 	return p
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
