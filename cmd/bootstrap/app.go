@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/posener/complete"
 	"github.com/rs/zerolog"
+	"github.com/willabides/kongplete"
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
@@ -35,7 +37,9 @@ type CLI struct {
 	Cfg     ConfigCmd  `cmd:"" name:"config" help:"Write, validate or describe the config file."`
 	Gitsnap GitsnapCmd `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
 	Lab     LabCmd     `cmd:"" help:"A homelab without hardware: rehearse the whole pipeline on this machine."`
-	Version VersionCmd `cmd:"" help:"Print the version."`
+
+	InstallCompletions kongplete.InstallCompletions `cmd:"" help:"Print the shell snippet that enables tab completion (eval it in your shell's rc file)."`
+	Version            VersionCmd                   `cmd:"" help:"Print the version."`
 }
 
 // App holds what commands need from the process; tests build their own.
@@ -82,6 +86,10 @@ func (a *App) Main(ctx context.Context, args []string) (code int) {
 			panic(r)
 		}
 	}()
+	// Answers the shell's tab completion (COMP_LINE set) and exits.
+	kongplete.Complete(parser,
+		kongplete.WithPredictor("file", complete.PredictFiles("*")),
+		kongplete.WithPredictor("stage", complete.PredictSet(append([]string{stages.All}, stages.Order...)...)))
 	kctx, err := parser.Parse(args)
 	if err != nil {
 		fmt.Fprintln(a.Stderr, "bootstrap:", err)

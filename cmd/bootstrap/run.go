@@ -11,8 +11,8 @@ import (
 
 // RunCmd is `bootstrap run`.
 type RunCmd struct {
-	Stage        string `default:"all" help:"Stage to run: all, ${stages} (aliases k3s, apps)." placeholder:"STAGE"`
-	From         string `help:"Run STAGE and every stage after it." placeholder:"STAGE"`
+	Stage        string `default:"all" help:"Stage to run: all, ${stages} (aliases k3s, apps)." placeholder:"STAGE" predictor:"stage"`
+	From         string `help:"Run STAGE and every stage after it." placeholder:"STAGE" predictor:"stage"`
 	Resume       bool   `help:"Start at the stage that failed or was interrupted last time."`
 	DryRun       bool   `help:"Show what each stage would change; change nothing, write nothing."`
 	MergeConfigs bool   `help:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
