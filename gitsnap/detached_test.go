@@ -310,7 +310,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // TestSystemdUnitExample keeps the shipped unit in step with ServeFlags.
 func TestSystemdUnitExample(t *testing.T) {
-	b, err := os.ReadFile("bootstrap-gitsnap.service")
+	b, err := os.ReadFile(filepath.Join("..", "deploy", "systemd", "bootstrap-gitsnap.service"))
 	if err != nil {
 		t.Fatal(err)
 	}

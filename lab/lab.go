@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -62,7 +63,10 @@ type Options struct {
 	// OnNodeBoot is called with each Talos node as its VM starts, before its
 	// API comes up (to inject talossim faults).
 	OnNodeBoot func(*talossim.Node)
-	Log        zerolog.Logger
+	// NodeMonitorGracePeriod is how long a node may miss heartbeats before
+	// it turns NotReady (lab/kube's default when zero).
+	NodeMonitorGracePeriod time.Duration
+	Log                    zerolog.Logger
 }
 
 // Lab is a running homelab without hardware.
@@ -85,6 +89,14 @@ type Lab struct {
 
 	configPath string
 	gitDir     string
+}
+
+// Provisioner returns the NFS provisioner stand-in once the control plane
+// runs (nil before).
+func (l *Lab) Provisioner() *nfsprovisioner.StandIn {
+	l.provMu.Lock()
+	defer l.provMu.Unlock()
+	return l.prov
 }
 
 // Subnet returns the node network's /24 on loopback.
@@ -175,7 +187,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 
 	// The Kubernetes side: started by the first control plane's bootstrap.
-	ko := kube.Options{BinDir: bins, Log: o.Log, Flux: true, DataDir: o.KubeDataDir}
+	ko := kube.Options{BinDir: bins, Log: o.Log, Flux: true, DataDir: o.KubeDataDir, NodeMonitorGracePeriod: o.NodeMonitorGracePeriod}
 	if o.Audit {
 		ko.AuditPolicyFile, ko.AuditLogPath = filepath.Join(o.Dir, "audit-policy.yaml"), l.AuditLogPath()
 		if err := fsutil.WriteAtomic(ko.AuditPolicyFile, []byte(kube.WritesAuditPolicy), 0o600); err != nil {
@@ -292,7 +304,7 @@ func (l *Lab) writeConfig() (string, error) {
 	for i := 0; i < o.Workers; i++ {
 		fmt.Fprintf(&nodes, "  - {name: wk-%d, role: worker, vmid: %d, ip: %s, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", i+1, 711+i, l.addr(byte(21+i)))
 	}
-	snapPort, err := freePort()
+	snapPort, err := stablePort()
 	if err != nil {
 		return "", err
 	}
@@ -419,11 +431,11 @@ func abs(p string) string {
 	return p
 }
 
-// freePort returns a port that is free now and stays so for a while: the
+// stablePort returns a port that is free now and stays so for a while: the
 // snapshot server binds it long after the lab wrote it into the config. A
 // port from the kernel's ephemeral range (what :0 gives) is soon taken by
 // some outgoing connection, so it is picked below that range.
-func freePort() (int, error) {
+func stablePort() (int, error) {
 	lo, _ := ephemeralRange()
 	for range 200 {
 		port := 10000 + rand.IntN(max(lo-10000, 1))

@@ -4,20 +4,16 @@
 package postcheck
 
 import (
-	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
-	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/internal/targz"
 	"github.com/homelab/bootstrap/state"
 )
 
@@ -156,39 +152,20 @@ func boolInt(b bool) int {
 // ArchiveName is the file inside each postcheck/<UTC-timestamp>/ directory.
 const ArchiveName = "postcheck.tar.gz"
 
-// WriteArchive stores files (name → content) as one tar.gz in
+// WriteArchive stores files (name → content) as one tar.gz in a new
 // dir/<UTC-timestamp>/ and returns the archive's path. Files are sorted by
 // name so archives of equal content are equal.
 func WriteArchive(dir string, started time.Time, files map[string][]byte) (string, error) {
-	var buf bytes.Buffer
-	gz := gzip.NewWriter(&buf)
-	tw := tar.NewWriter(gz)
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		hdr := &tar.Header{Name: n, Mode: 0o600, Size: int64(len(files[n])), ModTime: started.UTC(), Typeflag: tar.TypeReg}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return "", err
-		}
-		if _, err := tw.Write(files[n]); err != nil {
-			return "", err
-		}
-	}
-	if err := tw.Close(); err != nil {
+	data, err := targz.Pack(files, 0o600, started)
+	if err != nil {
 		return "", err
 	}
-	if err := gz.Close(); err != nil {
-		return "", err
-	}
-	sub := filepath.Join(dir, started.UTC().Format(state.TimestampLayout))
-	if err := os.MkdirAll(sub, 0o700); err != nil {
+	sub, err := state.NewTimestampDir(dir, started)
+	if err != nil {
 		return "", err
 	}
 	path := filepath.Join(sub, ArchiveName)
-	if err := fsutil.WriteAtomic(path, buf.Bytes(), 0o600); err != nil {
+	if err := fsutil.WriteAtomic(path, data, 0o600); err != nil {
 		return "", err
 	}
 	return path, nil

@@ -8,7 +8,6 @@ import (
 	"net"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -58,38 +57,18 @@ func WaitTalosAPI(ctx context.Context, w TalosWait) error {
 	}
 	sort.Strings(names)
 	what := fmt.Sprintf("Talos API on :%d of %d node(s)", w.Port, len(names))
-	tr := wait.NewTracker(w.Log, what, names)
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go tr.Report(rctx, 5*time.Second)
-
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for _, name := range names {
+	errs := wait.Each(ctx, w.Log, what, 5*time.Second, names, func(ctx context.Context, name string) error {
 		addr := net.JoinHostPort(w.Nodes[name], strconv.Itoa(w.Port))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Talos API of %s at %s", name, addr), Timeout: w.Timeout, Interval: w.Interval, Log: w.Log},
-				func(ctx context.Context) (bool, string, error) {
-					if err := ProbeTLS(ctx, addr); err != nil {
-						return false, err.Error(), nil
-					}
-					return true, "TLS handshake done", nil
-				})
-			if err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-				return
-			}
-			tr.Done(name)
-		}()
-	}
-	wg.Wait()
+		return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Talos API of %s at %s", name, addr), Timeout: w.Timeout, Interval: w.Interval, Log: w.Log},
+			func(ctx context.Context) (bool, string, error) {
+				if err := ProbeTLS(ctx, addr); err != nil {
+					return false, err.Error(), nil
+				}
+				return true, "TLS handshake done", nil
+			})
+	})
 	if len(errs) > 0 {
-		return fmt.Errorf("waiting for %s (%s): %w", what, tr.Status(), errors.Join(errs...))
+		return fmt.Errorf("waiting for %s (%d/%d answered): %w", what, len(names)-len(errs), len(names), errors.Join(wait.Errors(errs)...))
 	}
 	return nil
 }

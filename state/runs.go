@@ -14,10 +14,16 @@ const RunsDirName = "runs"
 // TimestampLayout names run and archive directories; it sorts in time order.
 const TimestampLayout = "20060102T150405Z"
 
-// NewRunDir creates runs/<UTC-timestamp>/ under dir and returns its path. A
-// second run within the same second gets a numeric suffix.
+// NewRunDir creates runs/<UTC-timestamp>/ under dir and returns its path.
 func NewRunDir(dir string, now time.Time) (string, error) {
-	base := filepath.Join(dir, RunsDirName, now.UTC().Format(TimestampLayout))
+	return NewTimestampDir(filepath.Join(dir, RunsDirName), now)
+}
+
+// NewTimestampDir creates parent/<UTC-timestamp>/ and returns its path; a
+// second one within the same second gets a numeric suffix, so nothing is
+// ever overwritten.
+func NewTimestampDir(parent string, now time.Time) (string, error) {
+	base := filepath.Join(parent, now.UTC().Format(TimestampLayout))
 	path := base
 	for i := 1; ; i++ {
 		err := os.MkdirAll(filepath.Dir(path), 0o700)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
@@ -171,62 +170,47 @@ type HealthTarget struct {
 // on control planes, etcd are running and healthy.
 func (o *Ops) WaitServicesHealthy(ctx context.Context, nodes []HealthTarget) error {
 	names := make([]string, 0, len(nodes))
+	byName := map[string]HealthTarget{}
 	for _, n := range nodes {
 		names = append(names, n.Name)
+		byName[n.Name] = n
 	}
-	tr := wait.NewTracker(o.opts.Log, "node services healthy (etcd, kubelet)", names)
-	rctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go tr.Report(rctx, o.opts.ProgressEvery)
-
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []string
-	)
-	for _, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			required := []string{"kubelet"}
-			if n.Role == RoleControlPlane {
-				required = []string{"etcd", "kubelet"}
-			}
-			spec := wait.Spec{
-				What:          fmt.Sprintf("%s healthy on %s (%s)", strings.Join(required, " and "), n.Name, n.IP),
-				Timeout:       o.opts.HealthTimeout,
-				Interval:      o.opts.PollInterval,
-				ProgressEvery: o.opts.ProgressEvery,
-				Log:           o.opts.Log.With().Str("node", n.Name).Logger(),
-			}
-			err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
-				svcs, err := o.Services(ctx, n.IP)
-				if err != nil {
-					return false, shortErr(err), fatalWhileWaiting(err)
-				}
-				var pending []string
-				for _, id := range required {
-					i := slices.IndexFunc(svcs, func(s Service) bool { return s.ID == id })
-					switch {
-					case i < 0:
-						pending = append(pending, id+": absent")
-					case !svcs[i].Healthy:
-						pending = append(pending, fmt.Sprintf("%s: %s %s", id, svcs[i].State, svcs[i].LastEvent))
-					}
-				}
-				return len(pending) == 0, strings.Join(pending, "; "), nil
-			})
+	failed := wait.Each(ctx, o.opts.Log, "node services healthy (etcd, kubelet)", o.opts.ProgressEvery, names, func(ctx context.Context, name string) error {
+		n := byName[name]
+		required := []string{"kubelet"}
+		if n.Role == RoleControlPlane {
+			required = []string{"etcd", "kubelet"}
+		}
+		spec := wait.Spec{
+			What:          fmt.Sprintf("%s healthy on %s (%s)", strings.Join(required, " and "), n.Name, n.IP),
+			Timeout:       o.opts.HealthTimeout,
+			Interval:      o.opts.PollInterval,
+			ProgressEvery: o.opts.ProgressEvery,
+			Log:           o.opts.Log.With().Str("node", n.Name).Logger(),
+		}
+		return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+			svcs, err := o.Services(ctx, n.IP)
 			if err != nil {
-				mu.Lock()
-				errs = append(errs, err.Error())
-				mu.Unlock()
-				return
+				return false, shortErr(err), fatalWhileWaiting(err)
 			}
-			tr.Done(n.Name)
-		}()
-	}
-	wg.Wait()
-	if len(errs) > 0 {
+			var pending []string
+			for _, id := range required {
+				i := slices.IndexFunc(svcs, func(s Service) bool { return s.ID == id })
+				switch {
+				case i < 0:
+					pending = append(pending, id+": absent")
+				case !svcs[i].Healthy:
+					pending = append(pending, fmt.Sprintf("%s: %s %s", id, svcs[i].State, svcs[i].LastEvent))
+				}
+			}
+			return len(pending) == 0, strings.Join(pending, "; "), nil
+		})
+	})
+	if len(failed) > 0 {
+		errs := make([]string, 0, len(failed))
+		for _, err := range wait.Errors(failed) {
+			errs = append(errs, err.Error())
+		}
 		slices.Sort(errs)
 		return fmt.Errorf("node services not healthy:\n  %s", strings.Join(errs, "\n  "))
 	}

@@ -201,50 +201,59 @@ func bootstrapTarget(nodes []Target, name string) (Target, error) {
 
 func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mutator, res *ConvergeResult) error {
 	names := make([]string, 0, len(opts.Nodes))
+	byName := map[string]Target{}
 	for _, t := range opts.Nodes {
 		names = append(names, t.Name)
+		byName[t.Name] = t
 	}
-	tr := wait.NewTracker(o.opts.Log, "nodes configured", names)
-	rctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go tr.Report(rctx, o.opts.ProgressEvery)
-
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
+	// At most Parallelism nodes at a time, started in configuration order
+	// so that the first control plane (the bootstrap node) goes first.
 	par := opts.Parallelism
 	if par <= 0 || par > len(opts.Nodes) {
 		par = len(opts.Nodes)
 	}
-	sem := make(chan struct{}, max(par, 1))
-	for _, t := range opts.Nodes {
-		// Taken in configuration order, so that with a bound the first
-		// control plane (the bootstrap node) goes first.
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			r, err := o.EnsureConfig(ctx, t, EnsureOptions{Mutate: mutate, DryRun: opts.DryRun})
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
+	turn := map[string]chan struct{}{}
+	for _, n := range names {
+		turn[n] = make(chan struct{})
+	}
+	slots := make(chan struct{}, max(par, 1))
+	dctx, stopDispatch := context.WithCancel(ctx)
+	defer stopDispatch()
+	go func() {
+		for _, n := range names {
+			select {
+			case slots <- struct{}{}:
+				close(turn[n])
+			case <-dctx.Done():
 				return
 			}
-			res.Nodes[t.Name] = r
-			tr.Done(t.Name)
-			if opts.OnNodeConverged != nil {
-				opts.OnNodeConverged(t, r)
-			}
-		}()
-	}
-	wg.Wait()
-	if len(errs) == 0 {
+		}
+	}()
+	var mu sync.Mutex
+	failed := wait.Each(ctx, o.opts.Log, "nodes configured", o.opts.ProgressEvery, names, func(ctx context.Context, name string) error {
+		select {
+		case <-turn[name]:
+			defer func() { <-slots }()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		t := byName[name]
+		r, err := o.EnsureConfig(ctx, t, EnsureOptions{Mutate: mutate, DryRun: opts.DryRun})
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		res.Nodes[t.Name] = r
+		if opts.OnNodeConverged != nil {
+			opts.OnNodeConverged(t, r)
+		}
+		return nil
+	})
+	if len(failed) == 0 {
 		return nil
 	}
+	errs := wait.Errors(failed)
 	// Another cluster's node is the most useful thing to say first.
 	slices.SortStableFunc(errs, func(a, b error) int {
 		var fa, fb *ForeignNodeError

@@ -6,15 +6,19 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/posener/complete"
 	"github.com/rs/zerolog"
+	"github.com/willabides/kongplete"
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/ui"
 )
 
@@ -33,7 +37,9 @@ type CLI struct {
 	Cfg     ConfigCmd  `cmd:"" name:"config" help:"Write, validate or describe the config file."`
 	Gitsnap GitsnapCmd `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
 	Lab     LabCmd     `cmd:"" help:"A homelab without hardware: rehearse the whole pipeline on this machine."`
-	Version VersionCmd `cmd:"" help:"Print the version."`
+
+	InstallCompletions kongplete.InstallCompletions `cmd:"" help:"Print the shell snippet that enables tab completion (eval it in your shell's rc file)."`
+	Version            VersionCmd                   `cmd:"" help:"Print the version."`
 }
 
 // App holds what commands need from the process; tests build their own.
@@ -63,14 +69,9 @@ func (a *App) Main(ctx context.Context, args []string) (code int) {
 	a.args = args
 	a.cli = CLI{}
 	exited := -1
-	parser, err := kong.New(&a.cli,
-		kong.Name("bootstrap"),
-		kong.Description("Take a bare Proxmox host to a healthy Talos Kubernetes cluster managed by Flux."),
+	parser, err := newParser(&a.cli,
 		kong.Writers(a.Stdout, a.Stderr),
 		kong.Exit(func(c int) { exited = c; panic(exitPanic{}) }),
-		kong.UsageOnError(),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Vars{"stages": strings.Join(stages.Order, ", ")},
 	)
 	if err != nil {
 		fmt.Fprintln(a.Stderr, "bootstrap:", err)
@@ -85,6 +86,10 @@ func (a *App) Main(ctx context.Context, args []string) (code int) {
 			panic(r)
 		}
 	}()
+	// Answers the shell's tab completion (COMP_LINE set) and exits.
+	kongplete.Complete(parser,
+		kongplete.WithPredictor("file", complete.PredictFiles("*")),
+		kongplete.WithPredictor("stage", complete.PredictSet(append([]string{stages.All}, stages.Order...)...)))
 	kctx, err := parser.Parse(args)
 	if err != nil {
 		fmt.Fprintln(a.Stderr, "bootstrap:", err)
@@ -93,6 +98,17 @@ func (a *App) Main(ctx context.Context, args []string) (code int) {
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	err = kctx.Run(a)
 	return a.exitCode(err)
+}
+
+// newParser builds the command-line parser for cli.
+func newParser(cli *CLI, opts ...kong.Option) (*kong.Kong, error) {
+	return kong.New(cli, append([]kong.Option{
+		kong.Name("bootstrap"),
+		kong.Description("Take a bare Proxmox host to a healthy Talos Kubernetes cluster managed by Flux."),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"stages": strings.Join(stages.Order, ", ")},
+	}, opts...)...)
 }
 
 // exitPanic unwinds kong's Exit (help, --version) back into Main.
@@ -144,3 +160,58 @@ func hostname() string {
 }
 
 func nopLogger() zerolog.Logger { return zerolog.Nop() }
+
+// session is a command holding the cluster lock with its run log open: the
+// state read under the lock and a logger that also writes the run log.
+type session struct {
+	lock    *state.Lock
+	file    *os.File
+	State   *state.State
+	Log     zerolog.Logger
+	LogPath string
+	RunID   string
+}
+
+// lockAndLog takes the cluster lock (a *state.LockedError when held),
+// re-reads the state under it, opens runs/<UTC-timestamp>/run.log and
+// prunes run logs beyond state.keepRuns.
+func (a *App) lockAndLog(cfg *config.Config, secrets *redact.Set) (*session, error) {
+	paths := cfg.Paths()
+	lock, err := state.Acquire(paths.StateDir, state.Holder{PID: os.Getpid(), Command: a.commandLine(), Started: a.now().UTC(), Host: hostname()})
+	if err != nil {
+		return nil, err
+	}
+	s := &session{lock: lock}
+	fail := func(err error) (*session, error) {
+		s.Close()
+		return nil, err
+	}
+	if s.State, err = state.Load(paths.StateDir, cfg.Cluster.Name); err != nil {
+		return fail(err)
+	}
+	runDir, err := state.NewRunDir(paths.StateDir, a.now())
+	if err != nil {
+		return fail(err)
+	}
+	s.RunID, s.LogPath = filepath.Base(runDir), filepath.Join(runDir, "run.log")
+	if s.file, err = os.OpenFile(s.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+		return fail(err)
+	}
+	if s.Log, err = a.logger(s.file, secrets); err != nil {
+		return fail(err)
+	}
+	if removed, err := state.KeepNewest(filepath.Join(paths.StateDir, state.RunsDirName), cfg.State.KeepRuns); err != nil {
+		s.Log.Warn().Err(err).Msg("pruning old run logs")
+	} else if len(removed) > 0 {
+		s.Log.Debug().Strs("removed", removed).Msg("pruned old run logs")
+	}
+	return s, nil
+}
+
+// Close closes the run log and releases the lock.
+func (s *session) Close() {
+	if s.file != nil {
+		s.file.Close()
+	}
+	s.lock.Release()
+}

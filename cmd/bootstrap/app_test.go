@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -317,3 +318,22 @@ func TestGitsnapServeCommand(t *testing.T) {
 		t.Fatal("a kubeconfig was served")
 	}
 }
+
+func TestShellCompletion(t *testing.T) {
+	h := newHarness(t)
+	for line, want := range map[string]string{
+		"bootstrap ru":            "run\n",
+		"bootstrap run --from ta": "talos\n",
+		"bootstrap lab d":         "down\n",
+	} {
+		t.Setenv("COMP_LINE", line)
+		t.Setenv("COMP_POINT", strconv.Itoa(len(line)))
+		h.stdout.Reset()
+		app := &App{Stdout: &h.stdout, Stderr: &h.stderr, LookupEnv: func(string) (string, bool) { return "", false }, Stages: registeredStagesForTest}
+		if code := app.Main(context.Background(), nil); code != 0 || h.stdout.String() != want {
+			t.Errorf("%q: code %d, completed %q, want %q", line, code, h.stdout.String(), want)
+		}
+	}
+}
+
+func registeredStagesForTest() []stages.Stage { return nil }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
@@ -39,29 +37,13 @@ func (d *DestroyCmd) Run(ctx context.Context, a *App) error {
 		env.Log, env.UI = log, ui.NewReporter(log)
 		return stages.Destroy(ctx, env, opts)
 	}
-	lock, err := state.Acquire(paths.StateDir, state.Holder{PID: os.Getpid(), Command: a.commandLine(), Started: a.now().UTC(), Host: hostname()})
+	sess, err := a.lockAndLog(cfg, secrets)
 	if err != nil {
 		return err
 	}
-	defer lock.Release()
-	if env.State, err = state.Load(paths.StateDir, cfg.Cluster.Name); err != nil {
-		return err
-	}
-	runDir, err := state.NewRunDir(paths.StateDir, a.now())
-	if err != nil {
-		return err
-	}
-	logPath := filepath.Join(runDir, "run.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
-	log, err := a.logger(logFile, secrets)
-	if err != nil {
-		return err
-	}
-	env.Log, env.UI, env.LogPath = log, ui.NewReporter(log), logPath
+	defer sess.Close()
+	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
+	log, logPath := sess.Log, sess.LogPath
 	log.Info().Str("version", version).Str("config", cfg.File()).Str("log", logPath).Msg("destroy started")
 	if err := stages.Destroy(ctx, env, opts); err != nil {
 		log.Error().Err(err).Str("log", logPath).Msg("destroy stopped; full log in " + logPath)

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
@@ -13,8 +11,8 @@ import (
 
 // RunCmd is `bootstrap run`.
 type RunCmd struct {
-	Stage        string `default:"all" help:"Stage to run: all, ${stages} (aliases k3s, apps)." placeholder:"STAGE"`
-	From         string `help:"Run STAGE and every stage after it." placeholder:"STAGE"`
+	Stage        string `default:"all" help:"Stage to run: all, ${stages} (aliases k3s, apps)." placeholder:"STAGE" predictor:"stage"`
+	From         string `help:"Run STAGE and every stage after it." placeholder:"STAGE" predictor:"stage"`
 	Resume       bool   `help:"Start at the stage that failed or was interrupted last time."`
 	DryRun       bool   `help:"Show what each stage would change; change nothing, write nothing."`
 	MergeConfigs bool   `help:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
@@ -67,32 +65,15 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 		return stages.Run(ctx, env, selected, stages.RunInfo{})
 	}
 
-	lock, err := state.Acquire(paths.StateDir, state.Holder{PID: os.Getpid(), Command: a.commandLine(), Started: a.now().UTC(), Host: hostname()})
+	sess, err := a.lockAndLog(cfg, secrets)
 	if err != nil {
 		return err
 	}
-	defer lock.Release()
-	// Re-read the state under the lock: another run may have finished
+	defer sess.Close()
+	// The state read under the lock wins: another run may have finished
 	// between the first read and taking the lock.
-	if env.State, err = state.Load(paths.StateDir, cfg.Cluster.Name); err != nil {
-		return err
-	}
-
-	runDir, err := state.NewRunDir(paths.StateDir, a.now())
-	if err != nil {
-		return err
-	}
-	logPath := filepath.Join(runDir, "run.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
-	log, err := a.logger(logFile, secrets)
-	if err != nil {
-		return err
-	}
-	env.Log, env.UI, env.LogPath = log, ui.NewReporter(log), logPath
+	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
+	log, logPath := sess.Log, sess.LogPath
 	names := make([]string, len(selected))
 	for i, s := range selected {
 		names[i] = s.Name()
@@ -101,13 +82,8 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 	for _, w := range cfg.Warnings() {
 		log.Warn().Str("field", w.Path).Msg(w.Error())
 	}
-	if removed, err := state.KeepNewest(filepath.Join(paths.StateDir, state.RunsDirName), cfg.State.KeepRuns); err != nil {
-		log.Warn().Err(err).Msg("pruning old run logs")
-	} else if len(removed) > 0 {
-		log.Debug().Strs("removed", removed).Msg("pruned old run logs")
-	}
 
-	err = stages.Run(ctx, env, selected, stages.RunInfo{ID: filepath.Base(runDir), Command: a.commandLine(), LogPath: logPath})
+	err = stages.Run(ctx, env, selected, stages.RunInfo{ID: sess.RunID, Command: a.commandLine(), LogPath: logPath})
 	if err != nil {
 		log.Error().Err(err).Int("exit_code", stages.ExitCode(err)).Str("log", logPath).Msg("run stopped; full log in " + logPath)
 		return silentError{err}

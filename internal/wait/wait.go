@@ -220,3 +220,51 @@ func (t *Tracker) Report(ctx context.Context, every time.Duration) {
 		}
 	}
 }
+
+// Each runs fn for every name at once, tracking the group as what ("n/m
+// done, pending: …", a progress line every `every`) and marking a name done
+// when its fn succeeds. It returns the errors of the names that failed, nil
+// when none did.
+func Each(ctx context.Context, log zerolog.Logger, what string, every time.Duration, names []string, fn func(ctx context.Context, name string) error) map[string]error {
+	tr := NewTracker(log, what, names)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go tr.Report(rctx, every)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs map[string]error
+	)
+	for _, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(ctx, name); err != nil {
+				mu.Lock()
+				if errs == nil {
+					errs = map[string]error{}
+				}
+				errs[name] = err
+				mu.Unlock()
+				return
+			}
+			tr.Done(name)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// Errors lists the errors of Each by name, sorted.
+func Errors(errs map[string]error) []error {
+	names := make([]string, 0, len(errs))
+	for n := range errs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := make([]error, len(names))
+	for i, n := range names {
+		out[i] = errs[n]
+	}
+	return out
+}

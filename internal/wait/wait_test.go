@@ -100,3 +100,23 @@ func TestUntilLogsEveryPollNotDone(t *testing.T) {
 		t.Fatalf("want 4 refused and 1 other poll on 4 lines (a run of 3 is 2 lines), got %v on %d lines:\n%s", polls, lines, buf.String())
 	}
 }
+
+func TestEach(t *testing.T) {
+	var buf bytes.Buffer
+	boom := errors.New("boom")
+	errs := Each(context.Background(), zerolog.New(&buf), "nodes up", time.Second, []string{"a", "b", "c"}, func(_ context.Context, name string) error {
+		if name == "b" {
+			return boom
+		}
+		return nil
+	})
+	if len(errs) != 1 || errs["b"] != boom {
+		t.Fatalf("errs %v", errs)
+	}
+	if got := Errors(map[string]error{"z": boom, "a": ErrTimeout}); got[0] != ErrTimeout || got[1] != boom {
+		t.Fatalf("order %v", got)
+	}
+	if !strings.Contains(buf.String(), "nodes up: a ready") || strings.Contains(buf.String(), "b ready") {
+		t.Fatalf("progress: %s", buf.String())
+	}
+}

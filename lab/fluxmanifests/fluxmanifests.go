@@ -11,9 +11,7 @@
 package fluxmanifests
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -22,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +28,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/homelab/bootstrap/internal/targz"
 	"github.com/homelab/bootstrap/lab/kube"
 )
 
@@ -97,7 +95,7 @@ func Build(src Sources) ([]byte, error) {
 		}
 		files[name+".yaml"] = out
 	}
-	return tarGz(files)
+	return targz.Pack(files, 0o644, time.Unix(0, 0))
 }
 
 // buildComponent builds manifests/bases/<c> of the Flux distribution with
@@ -178,36 +176,6 @@ func kustomizeBuild(dir string) ([]byte, error) {
 		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
 	}
 	return m.AsYaml()
-}
-
-// tarGz packs files at the archive root with fixed metadata, so the same
-// inputs give the same bytes.
-func tarGz(files map[string][]byte) ([]byte, error) {
-	var buf bytes.Buffer
-	gz := gzip.NewWriter(&buf)
-	tw := tar.NewWriter(gz)
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	epoch := time.Unix(0, 0).UTC()
-	for _, n := range names {
-		hdr := &tar.Header{Name: n, Mode: 0o644, Size: int64(len(files[n])), ModTime: epoch, Typeflag: tar.TypeReg, Format: tar.FormatPAX}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(files[n]); err != nil {
-			return nil, err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	if err := gz.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
 }
 
 // Server serves a manifests tarball at the paths a Flux release has:

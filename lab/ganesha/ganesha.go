@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/lab/kube"
 )
 
 // ErrNotInstalled is returned when ganesha.nfsd or rpcbind is missing.
@@ -112,10 +113,10 @@ func (s *Server) start(ctx context.Context, exports []Export) error {
 		}
 	}
 	var err error
-	if s.MountPort, err = freePort(); err != nil {
+	if s.MountPort, err = kube.FreePort("127.0.0.1"); err != nil {
 		return err
 	}
-	if s.NFSPort, err = freePort(); err != nil {
+	if s.NFSPort, err = kube.FreePort("127.0.0.1"); err != nil {
 		return err
 	}
 	var b strings.Builder
@@ -190,13 +191,4 @@ func portOpen(addr string) bool {
 	}
 	c.Close()
 	return true
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -708,10 +708,11 @@ func (c *Cluster) Healthy(ctx context.Context) error {
 	return nil
 }
 
-// pickPort is freePort; tests replace it to provoke a taken port.
-var pickPort = freePort
+// pickPort is FreePort; tests replace it to provoke a taken port.
+var pickPort = FreePort
 
-func freePort(host string) (int, error) {
+// FreePort returns a port on host that nothing listens on right now.
+func FreePort(host string) (int, error) {
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, fmt.Errorf("finding a free port on %s: %w", host, err)

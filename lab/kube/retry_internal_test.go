@@ -61,9 +61,9 @@ func TestStartRetriesWhenAPortIsTaken(t *testing.T) {
 		if p != 0 {
 			return p, nil
 		}
-		return freePort(host)
+		return FreePort(host)
 	}
-	defer func() { pickPort = freePort }()
+	defer func() { pickPort = FreePort }()
 
 	var logs syncBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

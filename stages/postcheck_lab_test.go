@@ -1,0 +1,293 @@
+package stages_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/flux"
+	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/infra"
+	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/internal/testbin"
+	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/lab"
+	"github.com/homelab/bootstrap/lab/kube/kubetest"
+	"github.com/homelab/bootstrap/postcheck"
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/ui"
+)
+
+type postcheckLab struct {
+	t    *testing.T
+	lab  *lab.Lab
+	cfg  *config.Config
+	st   *state.State
+	cs   kubernetes.Interface
+	log  string
+	out  bytes.Buffer
+	runs int
+}
+
+func (p *postcheckLab) env() *stages.Env {
+	log := kubetest.Logger(p.t)
+	p.out.Reset()
+	return &stages.Env{Config: p.cfg, Paths: p.cfg.Paths(), State: p.st, Log: log, UI: ui.NewReporter(log), Out: &p.out,
+		Secrets: &redact.Set{}, Now: time.Now, LogPath: p.log, Options: stages.Options{Executable: testbin.Bootstrap(p.t)}}
+}
+
+// postcheck runs the stage and returns the report from its archive.
+func (p *postcheckLab) postcheck() (postcheck.Report, map[string][]byte, error) {
+	p.t.Helper()
+	p.runs++
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	runErr := stages.PostcheckStage{}.Run(ctx, p.env())
+	files := untar(p.t, p.st.Outputs.Postcheck.Archive)
+	var rep postcheck.Report
+	if err := json.Unmarshal(files["report.json"], &rep); err != nil {
+		p.t.Fatalf("report.json: %v", err)
+	}
+	return rep, files, runErr
+}
+
+func untar(t *testing.T, path string) map[string][]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	tr := tar.NewReader(gz)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(tr)
+		out[h.Name] = b
+	}
+}
+
+// expectOnly asserts that exactly the named check failed, with reason.
+func (p *postcheckLab) expectOnly(rep postcheck.Report, runErr error, failing, reason string) {
+	p.t.Helper()
+	for _, c := range rep.Checks {
+		switch {
+		case c.Name == failing && (c.Status != check.Fail || !strings.Contains(c.Reason, reason)):
+			p.t.Errorf("%s: got %s %q, want fail containing %q", c.Name, c.Status, c.Reason, reason)
+		case c.Name != failing && c.Status == check.Fail:
+			p.t.Errorf("%s failed too: %s", c.Name, c.Reason)
+		}
+	}
+	if failing == "" && runErr != nil || failing != "" && runErr == nil {
+		p.t.Errorf("stage error %v with failing check %q", runErr, failing)
+	}
+	// Never a test PVC left behind, pass or fail.
+	pvcs, err := p.cs.CoreV1().PersistentVolumeClaims(stages.NFSNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: postcheck.TestPVCLabel + "=true"})
+	if err != nil || len(pvcs.Items) != 0 {
+		p.t.Errorf("test PVCs left behind: %v %d", err, len(pvcs.Items))
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func(context.Context) (bool, string, error)) {
+	t.Helper()
+	if err := wait.Until(context.Background(), wait.Spec{What: what, Timeout: 90 * time.Second, Interval: 250 * time.Millisecond}, cond); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPostcheckCriteriaOnTheLab is issue 9 against a converged lab cluster.
+func TestPostcheckCriteriaOnTheLab(t *testing.T) {
+	bins := kubetest.Binaries(t)
+	for _, k := range []string{"HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"} {
+		t.Setenv(k, filepath.Join(t.TempDir(), k))
+	}
+	ctx := context.Background()
+	l, err := lab.Start(ctx, lab.Options{Dir: t.TempDir(), BinDir: bins.Dir, Log: kubetest.Logger(t), Workers: 2, NodeMonitorGracePeriod: 8 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Stop() })
+	cfg, err := config.Load(l.ConfigPath(), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gitsnap.Stop(context.Background(), cfg.Paths().StateDir, 5*time.Second, zerolog.Nop()) })
+	cfg.Postcheck.Keep = 2
+	cfg.Postcheck.PVCTimeout = config.Duration(6 * time.Second)
+	p := &postcheckLab{t: t, lab: l, cfg: cfg, st: state.New(cfg.Cluster.Name), log: filepath.Join(t.TempDir(), "run.log")}
+	os.WriteFile(p.log, []byte(`{"level":"info","message":"run started"}`+"\n"), 0o600)
+	pipeline := []stages.Stage{stages.PrecheckStage{}, stages.ProvisionStage{}, stages.TalosStage{}, stages.InfraStage{}, stages.FluxStage{}}
+	if err := stages.Run(ctx, p.env(), pipeline, stages.RunInfo{ID: "converge"}); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	cs, _, err := kube.Clientset(cfg.Paths().Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cs = cs
+
+	// Converged: every check passes, and the archive holds what is promised.
+	rep, files, err := p.postcheck()
+	p.expectOnly(rep, err, "", "")
+	for _, name := range []string{"report.json", "junit.xml", "metrics.prom", "run.log", "evidence/nodes.yaml", "evidence/storageclasses.yaml",
+		"evidence/persistentvolumes.yaml", "evidence/nfs-provisioner/persistentvolumeclaims.yaml", "evidence/nfs-provisioner/events.yaml",
+		"evidence/flux-system/gitrepositories.yaml", "evidence/flux-system/kustomizations.yaml", "evidence/flux-system/events.yaml"} {
+		if len(files[name]) == 0 {
+			t.Errorf("archive lacks %s", name)
+		}
+	}
+	if !bytes.Contains(files["evidence/nodes.yaml"], []byte("name: wk-1")) || !bytes.Contains(files["evidence/flux-system/gitrepositories.yaml"], []byte("kind: GitRepository")) {
+		t.Error("evidence does not show the cluster")
+	}
+	for name := range files {
+		if strings.Contains(strings.ToLower(name), "secret") {
+			t.Errorf("archive holds %s", name)
+		}
+	}
+
+	t.Run("node heartbeat stopped", func(t *testing.T) {
+		// A worker that does not run the provisioner: losing that one
+		// would rightly fail provisioning too.
+		pods, err := cs.CoreV1().Pods(stages.NFSNamespace).List(ctx, metav1.ListOptions{})
+		if err != nil || len(pods.Items) != 1 {
+			t.Fatalf("provisioner pod: %v", err)
+		}
+		victim := "wk-1"
+		if pods.Items[0].Spec.NodeName == victim {
+			victim = "wk-2"
+		}
+		kc, _ := l.Kube.Cluster()
+		if err := kc.StopHeartbeat(ctx, victim); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, victim+" NotReady", func(ctx context.Context) (bool, string, error) {
+			_, notReady, err := kube.NodeStatus(ctx, cs, []string{victim})
+			return len(notReady) == 1, "", err
+		})
+		rep, _, err := p.postcheck()
+		p.expectOnly(rep, err, postcheck.CheckNodesReady, "NotReady: "+victim)
+		kc.ResumeHeartbeat(ctx, victim)
+		waitFor(t, victim+" Ready again", func(ctx context.Context) (bool, string, error) {
+			_, notReady, err := kube.NodeStatus(ctx, cs, []string{victim})
+			return len(notReady) == 0, "", err
+		})
+	})
+
+	t.Run("default annotation removed", func(t *testing.T) {
+		if err := infra.Demote(ctx, cs, "nfs-storage"); err != nil {
+			t.Fatal(err)
+		}
+		rep, _, err := p.postcheck()
+		p.expectOnly(rep, err, postcheck.CheckDefaultClass, "no default StorageClass: nfs-storage lacks the is-default-class annotation")
+		infra.MakeDefault(ctx, cs, "nfs-storage")
+	})
+
+	t.Run("GitRepository on a missing branch", func(t *testing.T) {
+		rc, _ := kube.RESTConfig(cfg.Paths().Kubeconfig)
+		dyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		repos := dyn.Resource(flux.GitRepositoryGVR).Namespace("flux-system")
+		patch := func(branch string) {
+			body := fmt.Sprintf(`{"spec":{"ref":{"branch":%q}}}`, branch)
+			if _, err := repos.Patch(ctx, "flux-system", types.MergePatchType, []byte(body), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		readyIs := func(want bool) func(context.Context) (bool, string, error) {
+			return func(ctx context.Context) (bool, string, error) {
+				u, err := repos.Get(ctx, "flux-system", metav1.GetOptions{})
+				if err != nil {
+					return false, "", err
+				}
+				r := flux.ReadinessOf(u)
+				return r.Ready == want && (want || r.Detail != "no Ready condition yet"), r.Detail, nil
+			}
+		}
+		patch("does-not-exist")
+		waitFor(t, "GitRepository not Ready", readyIs(false))
+		rep, _, err := p.postcheck()
+		p.expectOnly(rep, err, postcheck.CheckFlux, "GitRepository not Ready")
+		patch("main")
+		waitFor(t, "GitRepository Ready again", readyIs(true))
+	})
+
+	t.Run("provisioner scaled to 0", func(t *testing.T) {
+		scale := func(n int) {
+			deps, err := cs.AppsV1().Deployments(stages.NFSNamespace).List(ctx, metav1.ListOptions{})
+			if err != nil || len(deps.Items) != 1 {
+				t.Fatalf("provisioner Deployment: %v", err)
+			}
+			body := fmt.Sprintf(`{"spec":{"replicas":%d}}`, n)
+			if _, err := cs.AppsV1().Deployments(stages.NFSNamespace).Patch(ctx, deps.Items[0].Name, types.MergePatchType, []byte(body), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		scale(0)
+		waitFor(t, "the provisioner to stop serving", func(context.Context) (bool, string, error) {
+			return len(l.Provisioner().Serving()) == 0, fmt.Sprint(l.Provisioner().NotServing()), nil
+		})
+		rep, _, err := p.postcheck()
+		p.expectOnly(rep, err, postcheck.CheckNFS, "phase Pending")
+		scale(1)
+		waitFor(t, "the provisioner Available again", func(ctx context.Context) (bool, string, error) {
+			deps, err := cs.AppsV1().Deployments(stages.NFSNamespace).List(ctx, metav1.ListOptions{})
+			if err != nil || len(deps.Items) != 1 {
+				return false, "", err
+			}
+			ok, st := kube.DeploymentAvailable(&deps.Items[0])
+			return ok, st, nil
+		})
+		rep, _, err = p.postcheck()
+		p.expectOnly(rep, err, "", "")
+	})
+
+	// Retention: postcheck.keep archives and no more.
+	dirs, _ := os.ReadDir(filepath.Join(cfg.Paths().StateDir, "postcheck"))
+	if p.runs < 3 || len(dirs) != 2 {
+		t.Errorf("%d postchecks left %d archives, want 2", p.runs, len(dirs))
+	}
+
+	// Cron overlap: a nightly postcheck while a run holds the lock exits 3.
+	lock, err := state.Acquire(cfg.Paths().StateDir, state.Holder{PID: os.Getpid(), Command: "bootstrap run --stage all", Started: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testbin.Bootstrap(t), "run", "--config", l.ConfigPath(), "--stage", "postcheck")
+	out, err := cmd.CombinedOutput()
+	lock.Release()
+	if cmd.ProcessState.ExitCode() != 3 || !strings.Contains(string(out), "another bootstrap run holds the lock") {
+		t.Fatalf("cron overlap: exit %d: %v\n%s", cmd.ProcessState.ExitCode(), err, out)
+	}
+}
