@@ -127,6 +127,7 @@ type row struct {
 	size                      size
 	wall, bringUp             time.Duration
 	crit                      e2e.CriticalPath
+	critIn                    e2e.PathInput
 	seqBringUp                time.Duration
 	seqCrit                   e2e.CriticalPath
 	rerun                     time.Duration
@@ -200,37 +201,37 @@ func startLab(ctx context.Context, o options, sz size, name string) (*e2e.Harnes
 
 // converge runs the whole pipeline and returns the run, its stage times
 // and the critical path for the lab's settings.
-func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossim.Profile, scale float64) (*e2e.Result, map[string]time.Duration, e2e.CriticalPath, error) {
+func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossim.Profile, scale float64) (*e2e.Result, map[string]time.Duration, e2e.PathInput, error) {
 	res, err := h.Run(ctx, "run", "--stage", "all")
 	if err != nil {
-		return nil, nil, e2e.CriticalPath{}, err
+		return nil, nil, e2e.PathInput{}, err
 	}
 	if res.ExitCode != 0 {
-		return nil, nil, e2e.CriticalPath{}, fmt.Errorf("run failed:\n%s", res.Tail(30))
+		return nil, nil, e2e.PathInput{}, fmt.Errorf("run failed:\n%s", res.Tail(30))
 	}
 	if err := h.PostcheckGreen(); err != nil {
-		return nil, nil, e2e.CriticalPath{}, err
+		return nil, nil, e2e.PathInput{}, err
 	}
 	starts, durs, err := h.StageTimes()
 	if err != nil {
-		return nil, nil, e2e.CriticalPath{}, err
+		return nil, nil, e2e.PathInput{}, err
 	}
 	kubeStart, err := h.KubeStartTime()
 	if err != nil {
-		return nil, nil, e2e.CriticalPath{}, err
+		return nil, nil, e2e.PathInput{}, err
 	}
 	flux, err := h.FluxReconcileTime(starts[stages.Flux].Add(durs[stages.Flux]))
 	if err != nil {
-		return nil, nil, e2e.CriticalPath{}, err
+		return nil, nil, e2e.PathInput{}, err
 	}
 	cfg := h.Config()
-	crit := e2e.ComputeCriticalPath(e2e.PathInput{
+	in := e2e.PathInput{
 		Proxmox: pp, Talos: tp, Scale: scale, ISOBytes: lab.ISOBytes,
 		Nodes: len(cfg.Nodes), ControlPlanes: len(cfg.ControlPlanes()),
 		ProxmoxParallelism: cfg.Proxmox.Parallelism, TalosParallelism: cfg.Cluster.Parallelism,
 		KubeStart: kubeStart, FluxReconcile: flux,
-	})
-	return res, durs, crit, nil
+	}
+	return res, durs, in, nil
 }
 
 func measureParallel(ctx context.Context, o options, r *row, pp pvesim.Profile, tp talossim.Profile) error {
@@ -239,11 +240,12 @@ func measureParallel(ctx context.Context, o options, r *row, pp pvesim.Profile, 
 		return err
 	}
 	defer stop()
-	res, durs, crit, err := converge(ctx, h, pp, tp, o.scale)
+	res, durs, in, err := converge(ctx, h, pp, tp, o.scale)
 	if err != nil {
 		return err
 	}
-	r.wall, r.bringUp, r.crit, r.stageTimes, r.rssKiB = res.Wall, res.Wall-durs[stages.Postcheck], crit, durs, res.MaxRSSKiB
+	r.wall, r.bringUp, r.critIn, r.stageTimes, r.rssKiB = res.Wall, res.Wall-durs[stages.Postcheck], in, durs, res.MaxRSSKiB
+	r.crit = e2e.ComputeCriticalPath(in)
 	c1, err := h.Counters(ctx)
 	if err != nil {
 		return err
@@ -289,11 +291,11 @@ func measureSequential(ctx context.Context, o options, r *row, pp pvesim.Profile
 	if err := h.SetParallelism(1, 1); err != nil {
 		return err
 	}
-	res, durs, crit, err := converge(ctx, h, pp, tp, o.scale)
+	res, durs, in, err := converge(ctx, h, pp, tp, o.scale)
 	if err != nil {
 		return err
 	}
-	r.seqBringUp, r.seqCrit, r.seqStageTimes = res.Wall-durs[stages.Postcheck], crit, durs
+	r.seqBringUp, r.seqCrit, r.seqStageTimes = res.Wall-durs[stages.Postcheck], e2e.ComputeCriticalPath(in), durs
 	return nil
 }
 
@@ -302,8 +304,8 @@ func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
 func render(o options, rows []row, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Profile %s at time scale %g (%d CPUs, %s/%s); bench took %s.\n\n", o.profile, o.scale, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, took.Round(time.Second))
-	b.WriteString("| nodes | wall to Flux synced | critical path | ratio | parallelism 1: wall | its critical path | ratio | re-run | re-run mutations | postcheck (PVC bind) | peak RSS | Proxmox calls | Talos calls |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| nodes | wall to Flux synced | critical path | ratio | overhead | parallelism 1: wall | its critical path | ratio | re-run | re-run mutations | postcheck (PVC bind) | peak RSS | Proxmox calls | Talos calls |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		seq, seqCrit, seqRatio := "–", "–", "–"
 		if o.sequential {
@@ -314,12 +316,23 @@ func render(o options, rows []row, took time.Duration) string {
 		if len(r.rerunWhat) > 0 {
 			muts += " (" + strings.Join(r.rerunWhat, ", ") + ")"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %s | %s | %s | %s | %s | %s (%s) | %d MiB | %d | %d |\n",
-			r.size, secs(r.bringUp), secs(r.crit.Total), r.bringUp.Seconds()/r.crit.Total.Seconds(), seq, seqCrit, seqRatio,
+		fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s (%s) | %d MiB | %d | %d |\n",
+			r.size, secs(r.bringUp), secs(r.crit.Total), r.bringUp.Seconds()/r.crit.Total.Seconds(), secs(r.bringUp-r.crit.Total), seq, seqCrit, seqRatio,
 			secs(r.rerun), muts, secs(r.postcheck), r.pvcBind.Round(10*time.Millisecond), r.rssKiB>>10, r.proxmoxCalls, r.talosCalls)
 	}
 	if len(rows) > 0 {
-		fmt.Fprintf(&b, "\nCritical path of %s: %s.\n", rows[len(rows)-1].size, rows[len(rows)-1].crit)
+		last := rows[len(rows)-1]
+		fmt.Fprintf(&b, "\nCritical path of %s: %s.\n", last.size, last.crit)
+		if o.scale != 1 {
+			// The overhead is the product's own work and waits: it does not
+			// shrink with the profile. On the real box the path is 1/scale
+			// times longer for the hardware part.
+			in := last.critIn
+			in.Scale = 1
+			real := e2e.ComputeCriticalPath(in).Total
+			fmt.Fprintf(&b, "At scale 1 (the real box) that path is %s; with the same %s overhead the ratio would be %.3f.\n",
+				secs(real), secs(last.bringUp-last.crit.Total), (real+last.bringUp-last.crit.Total).Seconds()/real.Seconds())
+		}
 	}
 	return b.String()
 }
