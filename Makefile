@@ -33,7 +33,7 @@ e2e: lab-bins
 # n100 profile, re-run, postcheck, RSS and API calls for 1, 3+2 and 3+3 nodes.
 BENCH_ARGS ?=
 bench: build lab-bins
-	$(GO) run ./e2e/cmd/bench -binary $(BIN) $(BENCH_ARGS)
+	$(GO) run ./e2e/cmd/bench -binary $(BIN) -readme README.md $(BENCH_ARGS)
 
 # Quick unit tests without the lab requirement.
 test-unit:

@@ -320,6 +320,10 @@ func render(o options, rows []row, took time.Duration) string {
 			r.size, secs(r.bringUp), secs(r.crit.Total), r.bringUp.Seconds()/r.crit.Total.Seconds(), secs(r.bringUp-r.crit.Total), seq, seqCrit, seqRatio,
 			secs(r.rerun), muts, secs(r.postcheck), r.pvcBind.Round(10*time.Millisecond), r.rssKiB>>10, r.proxmoxCalls, r.talosCalls)
 	}
+	b.WriteString("\nStage times (parallel run):\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "- %s: %s\n", r.size, stageLine(r.stageTimes))
+	}
 	if len(rows) > 0 {
 		last := rows[len(rows)-1]
 		fmt.Fprintf(&b, "\nCritical path of %s: %s.\n", last.size, last.crit)
