@@ -345,9 +345,8 @@ func (h *Harness) State() (*state.State, error) {
 // first.
 func (h *Harness) RunLogs() ([]string, error) {
 	m, err := filepath.Glob(filepath.Join(h.paths.StateDir, state.RunsDirName, "*", "run.log"))
-	sort := slices.Clone(m)
-	slices.Sort(sort)
-	return sort, err
+	slices.Sort(m)
+	return m, err
 }
 
 // Counters is what the lab counted so far.
@@ -356,7 +355,8 @@ type Counters struct {
 	// and DELETE (logins excepted).
 	ProxmoxCalls    int
 	ProxmoxMutating int
-	ProxmoxList     []string
+	// ProxmoxList names the mutating calls ("POST /nodes/pve/qemu ×2").
+	ProxmoxList []string
 	// TalosCalls, TalosApplies (not dry runs) and TalosBootstraps
 	// (accepted) summed over the nodes that run.
 	TalosCalls      int
@@ -434,7 +434,7 @@ func (h *Harness) helmReleases(ctx context.Context) (map[string]HelmRelease, err
 	return out, nil
 }
 
-// NewWrites returns the runner's writes after the first n.
+// NewWrites returns the runner's writes made since before was read.
 func (c Counters) NewWrites(before Counters) []kube.AuditEvent {
 	if len(c.RunnerWrites) < len(before.RunnerWrites) {
 		return c.RunnerWrites

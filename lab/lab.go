@@ -436,7 +436,7 @@ func abs(p string) string {
 // port from the kernel's ephemeral range (what :0 gives) is soon taken by
 // some outgoing connection, so it is picked below that range.
 func stablePort() (int, error) {
-	lo, _ := ephemeralRange()
+	lo := ephemeralLow()
 	for range 200 {
 		port := 10000 + rand.IntN(max(lo-10000, 1))
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
@@ -454,19 +454,15 @@ func stablePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// ephemeralRange is the kernel's range for outgoing connections' local
-// ports (Linux's default when it cannot be read).
-func ephemeralRange() (lo, hi int) {
-	lo, hi = 32768, 60999
+// ephemeralLow is the lowest local port the kernel gives outgoing
+// connections (Linux's default when it cannot be read).
+func ephemeralLow() int {
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
-			if l, err := strconv.Atoi(f[0]); err == nil && l > 10000 {
-				lo = l
-			}
-			if h, err := strconv.Atoi(f[1]); err == nil {
-				hi = h
+			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 10000 {
+				return lo
 			}
 		}
 	}
-	return lo, hi
+	return 32768
 }
