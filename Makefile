@@ -23,6 +23,18 @@ lab-bins:
 test: lab-bins
 	BOOTSTRAP_REQUIRE_LAB=1 $(GO) test -count=1 -timeout 45m ./...
 
+# End to end as a user runs it: the built binary against a lab (also part of
+# `make test`). 100 kill points instead of 20: make e2e E2E_KILL_CASES=100
+E2E_RUN ?= .
+e2e: lab-bins
+	BOOTSTRAP_REQUIRE_LAB=1 $(GO) test -count=1 -timeout 40m -v -run '$(E2E_RUN)' ./e2e/
+
+# The benchmark table of README: wall time against the critical path of the
+# n100 profile, re-run, postcheck, RSS and API calls for 1, 3+2 and 3+3 nodes.
+BENCH_ARGS ?=
+bench: build lab-bins
+	$(GO) run ./e2e/cmd/bench -binary $(BIN) -readme README.md $(BENCH_ARGS)
+
 # Quick unit tests without the lab requirement.
 test-unit:
 	$(GO) test -count=1 ./...

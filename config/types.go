@@ -31,6 +31,8 @@ type Cluster struct {
 	AllowSchedulingOnControlPlanes bool `yaml:"allowSchedulingOnControlPlanes" doc:"Run workloads on control planes too (automatic when there are no workers)."`
 	// MergeConfigs merges the talosconfig and kubeconfig into ~/.talos/config and ~/.kube/config.
 	MergeConfigs bool `yaml:"mergeConfigs" doc:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
+	// Parallelism bounds how many nodes the talos stage configures at once.
+	Parallelism int `yaml:"parallelism" doc:"How many nodes the talos stage configures (installs, reboots) at once; 0 means all."`
 }
 
 // Network is the node network.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/fluxcd/cli-utils/pkg/kstatus/polling"
@@ -66,21 +67,40 @@ type Change struct {
 // returns the objects that would change. Objects whose CRD is not
 // installed yet count as created.
 func (c *Client) Plan(ctx context.Context, objs []*unstructured.Unstructured) ([]Change, error) {
+	// The dry runs are independent reads: a few at a time, not one round
+	// trip after another.
+	changes := make([]*Change, len(objs))
+	sem := make(chan struct{}, planConcurrency)
+	var wg sync.WaitGroup
+	for i, o := range objs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			entry, _, _, err := c.rm.Diff(ctx, o, ssa.DefaultDiffOptions())
+			switch {
+			case err != nil:
+				// A custom resource whose CRD is not there yet cannot be dry-run.
+				changes[i] = &Change{Object: ssautil.FmtUnstructured(o), Action: string(ssa.CreatedAction)}
+			case entry.Action != ssa.UnchangedAction:
+				changes[i] = &Change{Object: entry.Subject, Action: string(entry.Action)}
+			}
+		}()
+	}
+	wg.Wait()
 	var out []Change
-	for _, o := range objs {
-		entry, _, _, err := c.rm.Diff(ctx, o, ssa.DefaultDiffOptions())
-		if err != nil {
-			// A custom resource whose CRD is not there yet cannot be dry-run.
-			out = append(out, Change{Object: ssautil.FmtUnstructured(o), Action: string(ssa.CreatedAction)})
-			continue
-		}
-		if entry.Action != ssa.UnchangedAction {
-			out = append(out, Change{Object: entry.Subject, Action: string(entry.Action)})
+	for _, ch := range changes {
+		if ch != nil {
+			out = append(out, *ch)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Object < out[j].Object })
 	return out, nil
 }
+
+// planConcurrency bounds the dry runs of Plan in flight at once.
+const planConcurrency = 8
 
 // Apply applies objects in stages (CRDs and namespaces first, then the
 // rest), then waits until every applied object is current (kstatus).
@@ -98,7 +118,7 @@ func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, t
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := c.rm.WaitForSetWithContext(wctx, cs.ToObjMetadataSet(), ssa.WaitOptions{Interval: time.Second, Timeout: timeout}); err != nil {
+	if err := c.rm.WaitForSetWithContext(wctx, cs.ToObjMetadataSet(), ssa.WaitOptions{Interval: 250 * time.Millisecond, Timeout: timeout}); err != nil {
 		return cs, fmt.Errorf("waiting for %d object(s) to become ready: %w", len(cs.Entries), err)
 	}
 	return cs, nil

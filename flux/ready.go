@@ -68,7 +68,7 @@ func (c *Client) WaitReady(ctx context.Context, namespace, name, wantRevision st
 	if wantRevision != "" {
 		what += " at " + wantRevision
 	}
-	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: 500 * time.Millisecond, Log: c.log},
+	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: 250 * time.Millisecond, Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
 			var status []string
 			done := true

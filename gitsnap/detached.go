@@ -250,7 +250,7 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 		Str("log", logPath).Msg("started the git snapshot server")
 
 	var hash plumbing.Hash
-	err = wait.Until(ctx, wait.Spec{What: "git snapshot server at " + opts.Flags.URL + " to answer", Timeout: opts.Timeout, Interval: 200 * time.Millisecond, Log: opts.Log},
+	err = wait.Until(ctx, wait.Spec{What: "git snapshot server at " + opts.Flags.URL + " to answer", Timeout: opts.Timeout, Interval: 50 * time.Millisecond, Log: opts.Log},
 		func(ctx context.Context) (bool, string, error) {
 			// A probe must not outlive the child: if it exits, say so at once.
 			pctx, cancel := context.WithCancel(ctx)
@@ -490,7 +490,7 @@ func refreshRunning(ctx context.Context, opts StartOptions, st *State, wantHash 
 	if err := syscall.Kill(st.PID, syscall.SIGHUP); err != nil {
 		return fmt.Errorf("signalling the git snapshot server (pid %d): %w", st.PID, err)
 	}
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("git snapshot server at %s to serve %s", st.URL, wantHash), Timeout: opts.Timeout, Interval: 200 * time.Millisecond, Log: opts.Log},
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("git snapshot server at %s to serve %s", st.URL, wantHash), Timeout: opts.Timeout, Interval: 50 * time.Millisecond, Log: opts.Log},
 		func(ctx context.Context) (bool, string, error) {
 			h, err := Probe(ctx, st.URL, st.Branch)
 			if err != nil {

@@ -6,6 +6,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -107,11 +108,24 @@ func NodeStatus(ctx context.Context, cs kubernetes.Interface, names []string) (m
 	return missing, notReady, nil
 }
 
-// WaitNodesReady waits until every named node is registered and Ready.
+// pollInterval spaces the reads of a wait: a GET against the API server
+// is cheap, and a Deployment is often Available within a second.
+const pollInterval = 250 * time.Millisecond
+
+// WaitNodesReady waits until every named node is registered, Ready, and
+// rid of the not-ready taint the node lifecycle controller lifts a moment
+// after: a pod created before that is unschedulable and waits out the
+// scheduler's backoff even once the node is fine.
 func WaitNodesReady(ctx context.Context, cs kubernetes.Interface, names []string, timeout time.Duration, log zerolog.Logger) error {
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("%d node(s) Ready", len(names)), Timeout: timeout, Interval: time.Second, Log: log},
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("%d node(s) Ready", len(names)), Timeout: timeout, Interval: pollInterval, Log: log},
 		func(ctx context.Context) (bool, string, error) {
 			missing, notReady, err := NodeStatus(ctx, cs, names)
+			if err == nil && len(missing)+len(notReady) == 0 {
+				var tainted []string
+				if tainted, err = taintedNotReady(ctx, cs, names); err == nil && len(tainted) > 0 {
+					return false, "Ready, still tainted not-ready: " + strings.Join(tainted, ", "), nil
+				}
+			}
 			if err != nil {
 				if retry.IsRetryable(err) {
 					return false, "API not answering: " + err.Error(), nil
@@ -128,6 +142,29 @@ func WaitNodesReady(ctx context.Context, cs kubernetes.Interface, names []string
 			}
 			return ready == len(names), st, nil
 		})
+}
+
+// taintedNotReady lists the named nodes that still carry the not-ready or
+// unreachable NoSchedule taint.
+func taintedNotReady(ctx context.Context, cs kubernetes.Interface, names []string) ([]string, error) {
+	list, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, Classify(err)
+	}
+	var out []string
+	for _, n := range list.Items {
+		if !slices.Contains(names, n.Name) {
+			continue
+		}
+		for _, t := range n.Spec.Taints {
+			if t.Effect == corev1.TaintEffectNoSchedule && (t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable) {
+				out = append(out, n.Name)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // DeploymentAvailable reports whether a Deployment has rolled out its
@@ -153,7 +190,7 @@ func DeploymentAvailable(d *appsv1.Deployment) (bool, string) {
 
 // WaitDeploymentAvailable waits for ns/name to be Available.
 func WaitDeploymentAvailable(ctx context.Context, cs kubernetes.Interface, ns, name string, timeout time.Duration, log zerolog.Logger) error {
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Deployment %s/%s Available", ns, name), Timeout: timeout, Interval: time.Second, Log: log},
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Deployment %s/%s Available", ns, name), Timeout: timeout, Interval: pollInterval, Log: log},
 		func(ctx context.Context) (bool, string, error) {
 			d, err := cs.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {

@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -49,6 +52,17 @@ type Options struct {
 	CNI string
 	// BinDir holds the lab binaries (default: kube.DefaultBinDir()).
 	BinDir string
+	// Audit makes the API server keep an audit log of every write (who,
+	// with which user agent, what) at AuditLogPath; see kube.ReadAuditLog.
+	Audit bool
+	// Seed makes pvesim's probabilistic faults reproducible.
+	Seed int64
+	// KubeDataDir keeps the control plane's data, certificates and server
+	// logs there instead of in a temporary directory removed at Stop.
+	KubeDataDir string
+	// OnNodeBoot is called with each Talos node as its VM starts, before its
+	// API comes up (to inject talossim faults).
+	OnNodeBoot func(*talossim.Node)
 	// NodeMonitorGracePeriod is how long a node may miss heartbeats before
 	// it turns NotReady (lab/kube's default when zero).
 	NodeMonitorGracePeriod time.Duration
@@ -91,6 +105,13 @@ func (l *Lab) Subnet() netip.Prefix { return l.prefix }
 // ConfigPath is the generated cluster config.
 func (l *Lab) ConfigPath() string { return l.configPath }
 
+// AuditLogPath is where the API server writes its audit log when
+// Options.Audit is set.
+func (l *Lab) AuditLogPath() string { return abs(filepath.Join(l.opts.Dir, "audit.log")) }
+
+// Options returns the lab's effective options.
+func (l *Lab) Options() Options { return l.opts }
+
 // GitDir is the demo work tree Flux syncs ./infra from.
 func (l *Lab) GitDir() string { return l.gitDir }
 
@@ -122,6 +143,9 @@ const (
 	isoFile = "talos-v1.13.3-nocloud-amd64.iso"
 	isoSize = 100 << 20
 )
+
+// ISOBytes is the size of the Talos ISO the lab's Proxmox downloads.
+const ISOBytes = isoSize
 
 // isoSHA256 is the checksum pvesim reports for the lab ISO.
 var isoSHA256 = func() string { s := sha256.Sum256([]byte("bootstrap lab talos iso")); return hex.EncodeToString(s[:]) }()
@@ -163,12 +187,22 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 
 	// The Kubernetes side: started by the first control plane's bootstrap.
-	l.Kube = NewControlPlane(kube.Options{BinDir: bins, Log: o.Log, Flux: true, NodeMonitorGracePeriod: o.NodeMonitorGracePeriod})
+	ko := kube.Options{BinDir: bins, Log: o.Log, Flux: true, DataDir: o.KubeDataDir, NodeMonitorGracePeriod: o.NodeMonitorGracePeriod}
+	if o.Audit {
+		ko.AuditPolicyFile, ko.AuditLogPath = filepath.Join(o.Dir, "audit-policy.yaml"), l.AuditLogPath()
+		if err := fsutil.WriteAtomic(ko.AuditPolicyFile, []byte(kube.WritesAuditPolicy), 0o600); err != nil {
+			return nil, err
+		}
+		if err := os.Remove(ko.AuditLogPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	l.Kube = NewControlPlane(ko)
 	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, Log: o.Log})
 
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
 	l.PVE, err = pvesim.New(pvesim.Options{
-		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log,
+		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,
 		RemoteFiles: map[string]pvesim.RemoteFile{isoURL: {Size: isoSize, SHA256: isoSHA256}},
 		OnStart:     []func(pvesim.VMEvent) error{l.bootNode},
 		OnStop:      []func(pvesim.VMEvent){l.stopNode},
@@ -231,7 +265,10 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 	for _, d := range ev.Disks {
 		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes)})
 	}
-	_, err := l.Talos.BootNode(context.Background(), talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID})
+	n, err := l.Talos.BootNode(context.Background(), talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID})
+	if err == nil && l.opts.OnNodeBoot != nil {
+		l.opts.OnNodeBoot(n)
+	}
 	return err
 }
 
@@ -267,7 +304,7 @@ func (l *Lab) writeConfig() (string, error) {
 	for i := 0; i < o.Workers; i++ {
 		fmt.Fprintf(&nodes, "  - {name: wk-%d, role: worker, vmid: %d, ip: %s, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", i+1, 711+i, l.addr(byte(21+i)))
 	}
-	snapPort, err := kube.FreePort("127.0.0.1")
+	snapPort, err := stablePort()
 	if err != nil {
 		return "", err
 	}
@@ -392,4 +429,40 @@ func abs(p string) string {
 		return a
 	}
 	return p
+}
+
+// stablePort returns a port that is free now and stays so for a while: the
+// snapshot server binds it long after the lab wrote it into the config. A
+// port from the kernel's ephemeral range (what :0 gives) is soon taken by
+// some outgoing connection, so it is picked below that range.
+func stablePort() (int, error) {
+	lo := ephemeralLow()
+	for range 200 {
+		port := 10000 + rand.IntN(max(lo-10000, 1))
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralLow is the lowest local port the kernel gives outgoing
+// connections (Linux's default when it cannot be read).
+func ephemeralLow() int {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 10000 {
+				return lo
+			}
+		}
+	}
+	return 32768
 }

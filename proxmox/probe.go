@@ -37,7 +37,7 @@ type TalosWait struct {
 	// Port defaults to TalosAPIPort.
 	Port    int
 	Timeout time.Duration
-	// Interval between probes of one node (default 1s).
+	// Interval between probes of one node (default 250ms).
 	Interval time.Duration
 	Log      zerolog.Logger
 }
@@ -49,7 +49,7 @@ func WaitTalosAPI(ctx context.Context, w TalosWait) error {
 		w.Port = TalosAPIPort
 	}
 	if w.Interval <= 0 {
-		w.Interval = time.Second
+		w.Interval = 250 * time.Millisecond
 	}
 	names := make([]string, 0, len(w.Nodes))
 	for n := range w.Nodes {

@@ -43,7 +43,12 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 	}
 	cs := h.Clientset()
 
-	if cfg.CNI.Name == "cilium" {
+	names := make([]string, len(cfg.Nodes))
+	for i, n := range cfg.Nodes {
+		names[i] = n.Name
+	}
+	switch cfg.CNI.Name {
+	case "cilium":
 		rel, err := infra.Cilium(cfg.CNI.Cilium.ChartRepo, cfg.CNI.Cilium.ChartVersion, cfg.Cluster.Endpoint, infraTimeout)
 		if err != nil {
 			return err
@@ -54,15 +59,22 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 		if err := applyRelease(ctx, env, h, rel); err != nil {
 			return err
 		}
-		names := make([]string, len(cfg.Nodes))
-		for i, n := range cfg.Nodes {
-			names[i] = n.Name
-		}
 		if !env.DryRun {
 			if err := kube.WaitNodesReady(ctx, cs, names, infraTimeout, env.Log); err != nil {
 				return fmt.Errorf("after installing Cilium: %w", err)
 			}
 			env.UI.OK("all %d node(s) Ready with Cilium", len(names))
+		}
+	case "flannel":
+		// Talos brings flannel up itself. A pod created while its node is
+		// still tainted not-ready waits out the scheduler's backoff (14s
+		// seen in the lab) even once the node is Ready: install onto Ready
+		// nodes. With "none" they wait for the user's CNI: nothing to wait for.
+		if !env.DryRun {
+			if err := kube.WaitNodesReady(ctx, cs, names, infraTimeout, env.Log); err != nil {
+				return fmt.Errorf("before installing the NFS provisioner: %w", err)
+			}
+			env.UI.OK("all %d node(s) Ready", len(names))
 		}
 	}
 

@@ -60,6 +60,7 @@ func (s TalosStage) Run(ctx context.Context, env *Env) error {
 		KubeconfigPath: env.Paths.Kubeconfig,
 		Mutate:         env.Wet,
 		DryRun:         env.DryRun,
+		Parallelism:    env.Config.Cluster.Parallelism,
 		OnNodeConverged: func(t talos.Target, r talos.EnsureResult) {
 			recordTalosNode(env, res, t, r)
 		},
@@ -186,6 +187,11 @@ func renderTalos(env *Env, opts talos.GenerateOptions) (*talos.Result, error) {
 		what = fmt.Sprintf("create the secrets bundle %s (kept forever) and %s", plan.SecretsPath, what)
 	}
 	res := plan
+	if plan.SecretsCreated {
+		// The bundle the plan rendered with becomes the cluster's: minting
+		// another costs a second RSA-4096 key.
+		opts.NewBundle = plan.Bundle
+	}
 	err = env.Wet(what, func() error {
 		var err error
 		res, err = talos.Generate(opts)

@@ -2,6 +2,7 @@ package talos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -76,8 +77,9 @@ type EnsureResult struct {
 }
 
 // rebootObserveWindow is how many poll intervals EnsureConfig watches for a
-// node to go down after an apply that needs a reboot.
-const rebootObserveWindow = 30
+// node to go down after an apply that needs a reboot (a minute at the
+// default interval).
+const rebootObserveWindow = 240
 
 // maxInstallAttempts bounds re-applying after a node came back in
 // maintenance mode (an install that failed and rebooted into the ISO).
@@ -154,7 +156,9 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 			if err := mutate(what, func() error {
 				ran = true
 				return o.applyMaintenance(ctx, t)
-			}); err != nil {
+			}); errors.Is(err, errNotDelivered) {
+				return false, "apply not delivered: node unreachable", nil
+			} else if err != nil {
 				return false, "", err
 			}
 			if !ran {
@@ -172,6 +176,11 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 			}
 			diff, changed, err := o.DiffConfig(ctx, t)
 			if err != nil {
+				if isDown(err) {
+					// Gone again since the probe (a dropped connection, a
+					// reboot): ask again on the next poll.
+					return false, "unreachable: " + shortErr(err), nil
+				}
 				return false, "", err
 			}
 			if !changed {
@@ -193,7 +202,9 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 				var err error
 				reboot, err = o.applyConfigured(ctx, t)
 				return err
-			}); err != nil {
+			}); errors.Is(err, errNotDelivered) {
+				return false, "apply not delivered: node unreachable", nil
+			} else if err != nil {
 				return false, "", err
 			}
 			if !ran {
@@ -215,6 +226,15 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 	return res, nil
 }
 
+// errNotDelivered marks an apply whose request never reached the node
+// (the connection was refused): nothing changed, and the caller applies
+// again on its next poll.
+var errNotDelivered = errors.New("apply not delivered")
+
+// applyMaintenance sends the config to a node in maintenance mode. A call
+// that may have reached the node (no answer in time, a connection cut)
+// counts as done: the node may have taken the config and gone into install
+// before answering, and the next probe tells.
 func (o *Ops) applyMaintenance(ctx context.Context, t Target) error {
 	err := o.call(ctx, t.IP, false, o.opts.ApplyTimeout, func(ctx context.Context, c *client.Client) error {
 		_, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{
@@ -223,17 +243,18 @@ func (o *Ops) applyMaintenance(ctx context.Context, t Target) error {
 		})
 		return err
 	})
-	if err != nil {
-		if isDown(err) {
-			// The node may have taken the config and gone into install
-			// before answering; the next probe tells.
-			o.opts.Log.Warn().Str("node", t.Name).Err(err).Msg("maintenance apply got no answer; checking the node again")
-			return nil
-		}
-		return fmt.Errorf("applying config to %s in maintenance mode: %w", t, err)
+	switch {
+	case err == nil:
+		o.opts.Log.Info().Str("node", t.Name).Msgf("applied config to %s in maintenance mode", t)
+		return nil
+	case notSent(err):
+		o.opts.Log.Warn().Str("node", t.Name).Err(err).Msg("maintenance apply not delivered (connection refused); retrying on the next poll")
+		return fmt.Errorf("%w to %s: %w", errNotDelivered, t, err)
+	case isDown(err):
+		o.opts.Log.Warn().Str("node", t.Name).Err(err).Msg("maintenance apply got no answer; checking the node again")
+		return nil
 	}
-	o.opts.Log.Info().Str("node", t.Name).Msgf("applied config to %s in maintenance mode", t)
-	return nil
+	return fmt.Errorf("applying config to %s in maintenance mode: %w", t, err)
 }
 
 // DiffConfig asks a configured node for a dry-run apply of t.Config and
@@ -292,6 +313,10 @@ func (o *Ops) applyConfigured(ctx context.Context, t Target) (reboot bool, err e
 		}
 		return nil
 	})
+	if notSent(err) {
+		o.opts.Log.Warn().Str("node", t.Name).Err(err).Msg("apply not delivered (connection refused); retrying on the next poll")
+		return false, fmt.Errorf("%w to %s: %w", errNotDelivered, t, err)
+	}
 	if err != nil {
 		return false, fmt.Errorf("applying config to %s: %w", t, err)
 	}

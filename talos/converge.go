@@ -34,6 +34,9 @@ type ConvergeOptions struct {
 	OnNodeConverged func(t Target, res EnsureResult)
 	// OnBootstrapped is called once etcd is bootstrapped (or found so).
 	OnBootstrapped func(node string)
+	// Parallelism bounds how many nodes are taken to their config at once
+	// (0: all).
+	Parallelism int
 }
 
 // ConvergeResult reports a Converge run.
@@ -203,8 +206,37 @@ func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mu
 		names = append(names, t.Name)
 		byName[t.Name] = t
 	}
+	// At most Parallelism nodes at a time, started in configuration order
+	// so that the first control plane (the bootstrap node) goes first.
+	par := opts.Parallelism
+	if par <= 0 || par > len(opts.Nodes) {
+		par = len(opts.Nodes)
+	}
+	turn := map[string]chan struct{}{}
+	for _, n := range names {
+		turn[n] = make(chan struct{})
+	}
+	slots := make(chan struct{}, max(par, 1))
+	dctx, stopDispatch := context.WithCancel(ctx)
+	defer stopDispatch()
+	go func() {
+		for _, n := range names {
+			select {
+			case slots <- struct{}{}:
+				close(turn[n])
+			case <-dctx.Done():
+				return
+			}
+		}
+	}()
 	var mu sync.Mutex
 	failed := wait.Each(ctx, o.opts.Log, "nodes configured", o.opts.ProgressEvery, names, func(ctx context.Context, name string) error {
+		select {
+		case <-turn[name]:
+			defer func() { <-slots }()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		t := byName[name]
 		r, err := o.EnsureConfig(ctx, t, EnsureOptions{Mutate: mutate, DryRun: opts.DryRun})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -505,5 +506,89 @@ func TestNeverBootstrapsASecondNode(t *testing.T) {
 	}
 	if total, _ := h.counters(); total.Bootstraps != 1 {
 		t.Errorf("%d bootstraps", total.Bootstraps)
+	}
+}
+
+// TestConvergeParallelism takes one node after another with Parallelism 1
+// (in configuration order, each applied only once the one before runs its
+// config), and all at once by default.
+func TestConvergeParallelism(t *testing.T) {
+	t.Parallel()
+	for _, par := range []int{1, 0} {
+		h := newHarness(t, harnessOptions{controlPlanes: 2, workers: 2,
+			profile: talossim.Profile{Name: "slow-install", Install: 150 * time.Millisecond, Reboot: 50 * time.Millisecond, KubeletReady: 10 * time.Millisecond, EtcdStart: 10 * time.Millisecond, EtcdJoin: 10 * time.Millisecond}})
+		var (
+			mu     sync.Mutex
+			events []string
+		)
+		record := func(e string) {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}
+		_, err := h.ops.Converge(testCtx(t), ConvergeOptions{
+			Nodes: h.targets(), KubeconfigPath: filepath.Join(h.dir, KubeconfigFile), Parallelism: par,
+			Mutate: func(what string, fn func() error) error {
+				if strings.Contains(what, "in maintenance mode") {
+					record("apply " + strings.Fields(what)[3])
+				}
+				return fn()
+			},
+			OnNodeConverged: func(tg Target, _ EnsureResult) { record("done " + tg.Name) },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(events, ", ")
+		if par == 1 {
+			want := "apply cp-1, done cp-1, apply cp-2, done cp-2, apply wk-1, done wk-1, apply wk-2, done wk-2"
+			if got != want {
+				t.Errorf("parallelism 1: %s\nwant %s", got, want)
+			}
+		} else if !strings.HasPrefix(got, "apply") || strings.Index(got, "done") < strings.LastIndex(got, "apply") {
+			t.Errorf("parallelism 0: nodes were not configured at once: %s", got)
+		}
+	}
+}
+
+// TestMaintenanceApplyRefusedIsRetried drops the node's connections just
+// as the maintenance apply is sent: the config never reached the node, so
+// it must be applied again once the node answers, not waited on forever.
+func TestMaintenanceApplyRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	// Polls slower than the drop: the next probe finds the node in
+	// maintenance mode again, as if nothing had happened.
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1, ops: OpsOptions{PollInterval: 400 * time.Millisecond, InstallTimeout: 8 * time.Second}})
+	var (
+		once     sync.Once
+		recorded atomic.Int32
+	)
+	ctx := testCtx(t)
+	_, err := h.ops.Converge(ctx, ConvergeOptions{
+		Nodes: h.targets(), KubeconfigPath: filepath.Join(h.dir, KubeconfigFile),
+		Mutate: func(what string, fn func() error) error {
+			if !strings.Contains(what, "wk-1") || !strings.Contains(what, "maintenance mode") {
+				return fn()
+			}
+			once.Do(func() {
+				n := h.node("wk-1")
+				n.SetFaults(talossim.Faults{RefuseConnections: true})
+				time.AfterFunc(100*time.Millisecond, func() { n.SetFaults(talossim.Faults{}) })
+			})
+			err := fn()
+			if err == nil {
+				recorded.Add(1)
+			}
+			return err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := recorded.Load(); n != 1 {
+		t.Errorf("the maintenance apply of wk-1 was recorded as done %d times, want once", n)
+	}
+	if c := h.node("wk-1").Counters(); c.MaintenanceApplies != 1 || c.Installs != 1 {
+		t.Errorf("wk-1: %d maintenance applies, %d installs; want 1 each", c.MaintenanceApplies, c.Installs)
 	}
 }

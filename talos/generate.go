@@ -116,7 +116,12 @@ func Generate(opts GenerateOptions) (*Result, error) {
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", opts.Dir, err)
 	}
-	bundle, created, err := LoadOrCreateSecrets(secretsPath, opts.TalosVersion, opts.Now())
+	bundle, created, err := loadOrStoreSecrets(secretsPath, func() (*secrets.Bundle, error) {
+		if opts.NewBundle != nil {
+			return opts.NewBundle, nil
+		}
+		return NewSecrets(opts.TalosVersion, opts.Now())
+	})
 	if err != nil {
 		return nil, err
 	}

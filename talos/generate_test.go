@@ -592,6 +592,31 @@ func TestSecretsWriteOnce(t *testing.T) {
 			t.Errorf("plan created %s", dir)
 		}
 	})
+	t.Run("the plan's bundle is stored, not minted again; never over an existing one", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "lab")
+		plan, err := Plan(oneCP(dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := oneCP(dir)
+		opts.NewBundle = plan.Bundle
+		res, err := Generate(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.SecretsCreated || res.Bundle.Cluster.Secret != plan.Bundle.Cluster.Secret || !bytes.Equal(res.Nodes[0].Config, plan.Nodes[0].Config) {
+			t.Fatal("Generate did not store the planned bundle (or rendered other configs)")
+		}
+		stored := mustRead(t, res.SecretsPath)
+		other, err := Plan(oneCP(filepath.Join(t.TempDir(), "other")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.NewBundle = other.Bundle
+		if res, err = Generate(opts); err != nil || res.SecretsCreated || !bytes.Equal(stored, mustRead(t, res.SecretsPath)) {
+			t.Fatalf("an existing bundle was replaced (%v)", err)
+		}
+	})
 }
 
 func TestOptionsRejected(t *testing.T) {

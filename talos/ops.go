@@ -33,7 +33,9 @@ type OpsOptions struct {
 	// ApplyTimeout bounds one ApplyConfiguration call (default 2m): an
 	// apply that changes the node's network can hang.
 	ApplyTimeout time.Duration
-	// PollInterval spaces the polls of every wait (default 2s).
+	// PollInterval spaces the polls of every wait (default 250ms: a poll is
+	// one cheap call, and each wait on the way to a cluster loses half an
+	// interval on average).
 	PollInterval time.Duration
 	// InstallTimeout bounds maintenance apply → install → reboot →
 	// configured (default 20m).
@@ -58,7 +60,7 @@ func (o OpsOptions) withDefaults() OpsOptions {
 	}
 	def(&o.CallTimeout, 30*time.Second)
 	def(&o.ApplyTimeout, 2*time.Minute)
-	def(&o.PollInterval, 2*time.Second)
+	def(&o.PollInterval, 250*time.Millisecond)
 	def(&o.InstallTimeout, 20*time.Minute)
 	def(&o.RebootTimeout, 10*time.Minute)
 	def(&o.BootstrapTimeout, 10*time.Minute)
@@ -258,6 +260,16 @@ func isDown(err error) bool {
 		return true
 	}
 	return errors.Is(err, context.DeadlineExceeded)
+}
+
+// notSent: the call failed while connecting, so the request never
+// reached the node.
+func notSent(err error) bool {
+	if client.StatusCode(err) != codes.Unavailable {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "connection refused") || strings.Contains(s, "no route to host") || strings.Contains(s, "network is unreachable")
 }
 
 // isUntrustedServer: the node's certificate is not from our CA (a

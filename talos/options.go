@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 )
 
@@ -119,7 +120,12 @@ type GenerateOptions struct {
 	// run, a talosconfig client certificate when none can be reused).
 	// Default time.Now.
 	Now func() time.Time
-	Log zerolog.Logger
+	// NewBundle, when set, is stored by Generate if the cluster has no
+	// bundle yet, instead of minting another: Plan's throw-away bundle, so
+	// that a first run pays for the RSA-4096 key once. Ignored when a
+	// bundle exists.
+	NewBundle *secrets.Bundle
+	Log       zerolog.Logger
 }
 
 func (o GenerateOptions) withDefaults() GenerateOptions {

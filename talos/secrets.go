@@ -66,6 +66,11 @@ func EncodeSecrets(b *secrets.Bundle) ([]byte, error) {
 // node configured with the first, so an existing file is never replaced,
 // even if it fails to load: that is an error for a human to look at.
 func LoadOrCreateSecrets(path, talosVersion string, now time.Time) (b *secrets.Bundle, created bool, err error) {
+	return loadOrStoreSecrets(path, func() (*secrets.Bundle, error) { return NewSecrets(talosVersion, now) })
+}
+
+// loadOrStoreSecrets is LoadOrCreateSecrets with the new bundle from fresh.
+func loadOrStoreSecrets(path string, fresh func() (*secrets.Bundle, error)) (b *secrets.Bundle, created bool, err error) {
 	b, err = LoadSecrets(path)
 	if err == nil {
 		return b, false, nil
@@ -73,7 +78,7 @@ func LoadOrCreateSecrets(path, talosVersion string, now time.Time) (b *secrets.B
 	if !errors.Is(err, fs.ErrNotExist) {
 		return nil, false, err
 	}
-	b, err = NewSecrets(talosVersion, now)
+	b, err = fresh()
 	if err != nil {
 		return nil, false, err
 	}

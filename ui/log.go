@@ -96,7 +96,16 @@ func NewLogger(o Options) (zerolog.Logger, error) {
 			min = zerolog.DebugLevel
 		}
 	}
-	return zerolog.New(zerolog.MultiLevelWriter(writers...)).Level(min).With().Timestamp().Logger(), nil
+	return zerolog.New(zerolog.MultiLevelWriter(writers...)).Level(min).Hook(millisTimestamp{}), nil
+}
+
+// millisTimestamp stamps every event with the time to the millisecond
+// (zerolog's default is whole seconds): the run log is what the timing of
+// a run's waits is read from.
+type millisTimestamp struct{}
+
+func (millisTimestamp) Run(e *zerolog.Event, _ zerolog.Level, _ string) {
+	e.Str(zerolog.TimestampFieldName, time.Now().UTC().Format("2006-01-02T15:04:05.000Z07:00"))
 }
 
 // levelFilter drops events below min for one output.

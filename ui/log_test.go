@@ -3,6 +3,7 @@ package ui
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -33,6 +34,10 @@ func TestLoggerJSONFileAndRedaction(t *testing.T) {
 	}
 	if !strings.Contains(term.String(), `"ui":"change"`) {
 		t.Fatalf("change not tagged: %s", term.String())
+	}
+	var ev struct{ Time string }
+	if err := json.Unmarshal([]byte(lines[0]), &ev); err != nil || !regexp.MustCompile(`T\d\d:\d\d:\d\d\.\d{3}Z$`).MatchString(ev.Time) {
+		t.Fatalf("time %q: want UTC to the millisecond (%v)", ev.Time, err)
 	}
 }
 

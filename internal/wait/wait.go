@@ -44,7 +44,9 @@ func (s Spec) withDefaults() Spec {
 // Until polls cond until it reports done, returns an error (fatal, returned
 // as is), or the wait's timeout or ctx ends. The status string cond returns
 // is kept and quoted in progress lines and in the timeout error, so a user
-// sees what the last poll saw.
+// sees what the last poll saw. Every poll that is not done is accounted for
+// at debug level (see pollLog): a failed call that the next poll retries is
+// on record in the run log.
 func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool, status string, err error)) error {
 	spec = spec.withDefaults()
 	if spec.Timeout <= 0 {
@@ -55,7 +57,9 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 	defer cancel()
 	lastProgress := start
 	var status string
-	for {
+	polls := pollLog{spec: spec}
+	defer polls.flush()
+	for poll := 1; ; poll++ {
 		done, st, err := cond(ctx)
 		if st != "" {
 			status = st
@@ -64,9 +68,11 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 			return err
 		}
 		if done {
+			polls.flush()
 			spec.Log.Debug().Str("wait", spec.What).Dur("elapsed", time.Since(start)).Msgf("done waiting for %s", spec.What)
 			return nil
 		}
+		polls.notDone(poll, st)
 		if time.Since(lastProgress) >= spec.ProgressEvery {
 			lastProgress = time.Now()
 			spec.Log.Info().Str("wait", spec.What).Str("status", status).
@@ -81,6 +87,38 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 		case <-t.C:
 		}
 	}
+}
+
+// pollLog records the polls of a wait that were not done, one debug line
+// per change of what they saw rather than one per poll: the first poll of
+// a run of equal statuses is logged as it happens, and the rest of the run
+// when it ends ("polls" counts the polls a line stands for). Summing
+// "polls" over a status gives how often it was seen, at any poll rate.
+type pollLog struct {
+	spec   Spec
+	status string
+	first  int
+	n      int
+}
+
+func (p *pollLog) notDone(poll int, status string) {
+	if p.n > 0 && status == p.status {
+		p.n++
+		return
+	}
+	p.flush()
+	p.status, p.first, p.n = status, poll, 1
+	p.spec.Log.Debug().Str("wait", p.spec.What).Str("status", status).Int("poll", poll).Int("polls", 1).
+		Msgf("waiting for %s: poll %d not done%s", p.spec.What, poll, suffix(status))
+}
+
+func (p *pollLog) flush() {
+	if p.n > 1 {
+		last := p.first + p.n - 1
+		p.spec.Log.Debug().Str("wait", p.spec.What).Str("status", p.status).Int("poll", last).Int("polls", p.n-1).
+			Msgf("waiting for %s: polls %d-%d not done either%s", p.spec.What, p.first+1, last, suffix(p.status))
+	}
+	p.n = 0
 }
 
 func timeoutError(ctx context.Context, spec Spec, start time.Time, status string) error {

@@ -3,6 +3,7 @@ package wait
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -59,6 +60,44 @@ func TestTracker(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), "(1/3") {
 		t.Fatalf("log: %s", buf.String())
+	}
+}
+
+// TestUntilLogsEveryPollNotDone: each retried poll is accounted for at
+// debug level, one line per change of status, with how many polls it
+// stands for.
+func TestUntilLogsEveryPollNotDone(t *testing.T) {
+	var buf bytes.Buffer
+	statuses := []string{"connection refused", "connection refused", "connection refused", "1/3 members", "connection refused"}
+	n := 0
+	err := Until(context.Background(), Spec{What: "etcd", Timeout: time.Second, Interval: time.Millisecond, Log: zerolog.New(&buf)},
+		func(context.Context) (bool, string, error) {
+			if n == len(statuses) {
+				return true, "", nil
+			}
+			n++
+			return false, statuses[n-1], nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	polls := map[string]int{}
+	lines := 0
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var ev struct {
+			Status string
+			Polls  int
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Polls > 0 {
+			polls[ev.Status] += ev.Polls
+			lines++
+		}
+	}
+	if polls["connection refused"] != 4 || polls["1/3 members"] != 1 || lines != 4 {
+		t.Fatalf("want 4 refused and 1 other poll on 4 lines (a run of 3 is 2 lines), got %v on %d lines:\n%s", polls, lines, buf.String())
 	}
 }
 

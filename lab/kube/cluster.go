@@ -80,6 +80,12 @@ type Options struct {
 	// NodeMonitorGracePeriod is how long a node may go without a heartbeat
 	// before the controller manager marks it NotReady (default 16s).
 	NodeMonitorGracePeriod time.Duration
+	// AuditPolicyFile and AuditLogPath, both set, make the API server write
+	// an audit log (--audit-policy-file, --audit-log-path): one JSON event
+	// per line, read back with ReadAuditLog. WritesAuditPolicy is a policy
+	// that records who wrote what.
+	AuditPolicyFile string
+	AuditLogPath    string
 }
 
 // Cluster is a running lab control plane.
@@ -291,9 +297,12 @@ func (c *Cluster) writePKI(ips []net.IP, dns []string) error {
 	// Each component gets its own identity. The controller manager runs all
 	// its controllers under it (not one service account each, as Talos does):
 	// fetching ~40 tokens one by one costs about 4s of every lab start. So it,
-	// and kwok, which stands in for every kubelet, get cluster-admin.
+	// and kwok, which stands in for every kubelet, get cluster-admin. The
+	// lab's own clients and the Flux controllers are "lab-admin", so that
+	// "admin" (what Kubeconfig issues, as Talos does) is only ever a user
+	// of the cluster: an audit log tells their writes apart.
 	identities := map[string][2]string{
-		"admin.conf":     {adminCommonName, adminOrganization},
+		"admin.conf":     {LabAdminUser, adminOrganization},
 		"kcm.conf":       {"system:kube-controller-manager", adminOrganization},
 		"scheduler.conf": {"system:kube-scheduler", ""},
 		"kwok.conf":      {"kwok", adminOrganization},
@@ -371,7 +380,15 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 }
 
 func (c *Cluster) startAPIServer(ctx context.Context, host string, port int) error {
-	p, err := c.run("kube-apiserver", "kube-apiserver", []string{
+	var audit []string
+	switch o := c.opts; {
+	case o.AuditPolicyFile != "" && o.AuditLogPath != "":
+		audit = []string{"--audit-policy-file=" + o.AuditPolicyFile, "--audit-log-path=" + o.AuditLogPath,
+			"--audit-log-format=json", "--audit-log-mode=blocking"}
+	case o.AuditPolicyFile != "" || o.AuditLogPath != "":
+		return errors.New("audit logging needs both Options.AuditPolicyFile and Options.AuditLogPath")
+	}
+	p, err := c.run("kube-apiserver", "kube-apiserver", append([]string{
 		"--etcd-servers=" + c.etcdURL,
 		"--bind-address=" + host,
 		"--advertise-address=" + host,
@@ -391,7 +408,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, host string, port int) err
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",
-	})
+	}, audit...))
 	if err != nil {
 		return err
 	}

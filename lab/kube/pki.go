@@ -19,6 +19,12 @@ import (
 const (
 	adminCommonName   = "admin"
 	adminOrganization = "system:masters"
+	// AdminUser is the user name of the kubeconfigs Kubeconfig and
+	// IssueKubeconfig issue.
+	AdminUser = adminCommonName
+	// LabAdminUser is the lab's own cluster-admin identity (its in-process
+	// clients, AdminKubeconfigPath, the Flux controllers).
+	LabAdminUser = "lab-admin"
 	// AdminCertLifetime is Talos' default admin kubeconfig certificate lifetime.
 	AdminCertLifetime = 365 * 24 * time.Hour
 )

@@ -1,0 +1,187 @@
+package e2e_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/e2e"
+)
+
+// corpusDir is the bad-config corpus of the config package.
+const corpusDir = "../config/testdata"
+
+// TestBadConfigCorpus runs `bootstrap run --stage all` on every config of
+// the bad-config corpus. The corpus points at pve.lan, which nothing here
+// answers, so "no call reached Proxmox" would hold whatever the binary did.
+// Each case's proxmox section (url host, node, tokenID, tlsFingerprint) is
+// therefore pointed at a running lab's pvesim, with the token secret in
+// PROXMOX_TOKEN_SECRET, except for the keys that are the case's own
+// mistake (those its golden file names): values are replaced in place, so
+// every line and column of the golden stays valid. Each case must exit 2,
+// print exactly its golden (with the same substitutions) and make no call
+// at all to the simulators. A control run of the corpus's good config,
+// rewritten the same way, must reach pvesim: the redirection works.
+func TestBadConfigCorpus(t *testing.T) {
+	ctx := testContext(t, 3*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1})
+	pve := h.Lab.PVE
+	id, secret := pve.Token()
+	base := strings.TrimSuffix(pve.APIURL(), "/api2/json")
+	sub := func(golden string) string { return strings.ReplaceAll(golden, "https://pve.lan:8006", base) }
+
+	work := t.TempDir()
+	for _, d := range []string{"bad", "good"} {
+		if err := os.CopyFS(filepath.Join(work, "testdata", d), os.DirFS(filepath.Join(corpusDir, d))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases, _ := filepath.Glob(filepath.Join(work, "testdata", "bad", "*.yaml"))
+	if len(cases) < 40 {
+		t.Fatalf("the corpus has %d cases", len(cases))
+	}
+	env := append(cleanEnv(), "PROXMOX_TOKEN_SECRET="+secret)
+	binary := h.Binary()
+	before := pve.Counts()
+
+	redirect := func(t *testing.T, path string, golden []byte) {
+		t.Helper()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(b), "\n")
+		inProxmox := false
+		for i, l := range lines {
+			if len(l) > 0 && l[0] != ' ' && l[0] != '#' {
+				inProxmox = strings.HasPrefix(l, "proxmox:")
+				continue
+			}
+			if !inProxmox {
+				continue
+			}
+			key, _, ok := strings.Cut(strings.TrimSpace(l), ":")
+			if !ok || bytes.Contains(golden, []byte("proxmox."+key)) && key != "url" {
+				continue // the case's own mistake stays
+			}
+			indent := l[:len(l)-len(strings.TrimLeft(l, " "))]
+			switch key {
+			case "url":
+				lines[i] = sub(l)
+			case "node":
+				lines[i] = indent + "node: " + pve.NodeName()
+			case "tokenID":
+				lines[i] = indent + "tokenID: " + id
+			case "tlsFingerprint":
+				lines[i] = indent + "tlsFingerprint: " + pve.Fingerprint()
+			}
+		}
+		if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fieldPath := regexp.MustCompile(`:\d+(?::\d+)?: ([A-Za-z0-9_.\[\]-]+):`)
+
+	for _, path := range cases {
+		name := strings.TrimSuffix(filepath.Base(path), ".yaml")
+		t.Run(name, func(t *testing.T) {
+			golden, err := os.ReadFile(strings.TrimSuffix(path, ".yaml") + ".golden")
+			if err != nil {
+				t.Fatal(err)
+			}
+			redirect(t, path, golden)
+			rel, _ := filepath.Rel(work, path)
+			cmd := exec.CommandContext(ctx, binary, "run", "--stage", "all", "--config", rel)
+			cmd.Dir, cmd.Env = work, env
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			_ = cmd.Run()
+			if code := cmd.ProcessState.ExitCode(); code != 2 {
+				t.Errorf("exit %d, want 2\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+			}
+			want := "bootstrap: " + sub(string(golden))
+			if got := stderr.String(); got != want {
+				t.Errorf("stderr:\n%s\nwant:\n%s", got, want)
+			}
+			paths := fieldPath.FindAllStringSubmatch(string(golden), -1)
+			if len(paths) == 0 && !strings.Contains(string(golden), "empty") && !strings.Contains(string(golden), "tab character") {
+				t.Errorf("golden names no field path:\n%s", golden)
+			}
+			for _, p := range paths {
+				if !strings.Contains(stderr.String(), p[1]+":") {
+					t.Errorf("field path %s not reported", p[1])
+				}
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout not empty:\n%s", stdout.String())
+			}
+		})
+	}
+	if after := pve.Counts(); !equalCounts(before, after) {
+		t.Errorf("the bad configs reached Proxmox: %v → %v", before, after)
+	}
+	if n := len(h.Lab.Talos.Nodes()); n != 0 {
+		t.Errorf("%d Talos nodes run", n)
+	}
+	if _, err := h.Lab.Kube.Cluster(); err == nil {
+		t.Errorf("a control plane was bootstrapped")
+	}
+	if _, err := os.Stat(filepath.Join(work, "ai")); err == nil {
+		t.Errorf("a bad config left state behind in %s", filepath.Join(work, "ai"))
+	}
+
+	// The control: the good config, redirected the same way, reaches pvesim.
+	good := filepath.Join(work, "testdata", "good", "three-plus-two.yaml")
+	redirect(t, good, nil)
+	cmd := exec.CommandContext(ctx, binary, "run", "--stage", "provision", "--dry-run", "--config", good)
+	cmd.Dir, cmd.Env = work, env
+	out, _ := cmd.CombinedOutput()
+	if total(pve.Counts()) == total(before) {
+		t.Fatalf("the redirected good config did not reach pvesim, so the zero above proves nothing:\n%s", out)
+	}
+	if pve.MutatingCalls() != 0 {
+		t.Errorf("a dry run mutated: %v", pve.MutatingCallList())
+	}
+}
+
+func total(counts map[string]int) int {
+	n := 0
+	for _, v := range counts {
+		n += v
+	}
+	return n
+}
+
+func equalCounts(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// cleanEnv is the environment without anything that overrides the config.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		for _, p := range []string{"PROXMOX_TOKEN_SECRET=", "TALOS_", "GIT_REPO=", "GIT_BRANCH=", "USE_LOCAL_GIT_SNAPSHOT=", "BOOTSTRAP_CONFIG="} {
+			if strings.HasPrefix(kv, p) {
+				kv = ""
+				break
+			}
+		}
+		if kv != "" {
+			env = append(env, kv)
+		}
+	}
+	return env
+}

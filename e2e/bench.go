@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/talos/talossim"
+)
+
+// PathInput is what the critical path of a bring-up depends on: the
+// simulated hardware's profile and the parts of the lab that run for real.
+type PathInput struct {
+	Proxmox pvesim.Profile
+	Talos   talossim.Profile
+	// Scale multiplies every profile duration, as the lab does.
+	Scale float64
+	// ISOBytes is the size of the Talos ISO downloaded first.
+	ISOBytes int64
+	// Nodes and ControlPlanes size the cluster.
+	Nodes, ControlPlanes int
+	// ProxmoxParallelism and TalosParallelism are the config's
+	// proxmox.parallelism and cluster.parallelism (0: all at once).
+	ProxmoxParallelism, TalosParallelism int
+	// KubeStart is how long the lab's real control plane takes to start
+	// once etcd is bootstrapped (Talos starts it in the same window).
+	KubeStart time.Duration
+	// CNI is the time to bring the pod network up (0 for flannel: Talos
+	// deploys it with the control plane).
+	CNI time.Duration
+	// FluxReconcile is the time the Flux controllers take from the
+	// GitRepository's creation to the Kustomization applied and Ready.
+	FluxReconcile time.Duration
+}
+
+// PathPart is one step of the critical path.
+type PathPart struct {
+	Name string
+	D    time.Duration
+}
+
+// CriticalPath is the shortest possible bring-up: what no orchestrator
+// can avoid waiting for.
+type CriticalPath struct {
+	Total time.Duration
+	Parts []PathPart
+}
+
+func (c CriticalPath) String() string {
+	var b strings.Builder
+	for i, p := range c.Parts {
+		if i > 0 {
+			b.WriteString(" + ")
+		}
+		fmt.Fprintf(&b, "%s %s", p.Name, p.D.Round(10*time.Millisecond))
+	}
+	return b.String()
+}
+
+func batches(n, par int) int {
+	if par <= 0 || par >= n {
+		return 1
+	}
+	return (n + par - 1) / par
+}
+
+// ComputeCriticalPath walks the slowest node's way from the ISO download
+// through create, start, boot, install and reboot (in as many rounds as
+// the parallelism settings need), then the etcd bootstrap with the control
+// plane start, the CNI and the Flux reconcile.
+func ComputeCriticalPath(in PathInput) CriticalPath {
+	s := func(d time.Duration) time.Duration { return time.Duration(float64(d) * in.Scale) }
+	p, t := in.Proxmox, in.Talos
+	var parts []PathPart
+	add := func(name string, d time.Duration) {
+		if d > 0 {
+			parts = append(parts, PathPart{name, d})
+		}
+	}
+	add("ISO download", s(p.DownloadPerMiB*time.Duration(in.ISOBytes>>20)))
+	vmRounds := batches(in.Nodes, in.ProxmoxParallelism)
+	add(fmt.Sprintf("create+start×%d", vmRounds), time.Duration(vmRounds)*s(p.Create+p.Start))
+	add("boot", s(t.Boot))
+	nodeRounds := batches(in.Nodes, in.TalosParallelism)
+	add(fmt.Sprintf("install+reboot×%d", nodeRounds), time.Duration(nodeRounds)*s(t.ApplyLatency+t.Install+t.Reboot))
+	// A worker's API needs its certificate from a control plane's trustd:
+	// rebooting alongside the control planes, it finds none up yet and
+	// tries again a quarter of a reboot later (talossim's model).
+	if in.Nodes > in.ControlPlanes && nodeRounds == 1 {
+		add("worker certificate", s(t.Reboot)/4)
+	}
+	// Bootstrap is allowed BootstrapReady after the first control plane's
+	// configured boot; with several rounds that has long passed.
+	sinceFirst := time.Duration(nodeRounds-1) * s(t.ApplyLatency+t.Install+t.Reboot)
+	bootstrapWait := max(0, s(t.BootstrapReady)-sinceFirst)
+	add("bootstrap ready", bootstrapWait)
+	etcd := s(t.EtcdStart)
+	if in.ControlPlanes > 1 {
+		etcd += s(t.EtcdJoin)
+	}
+	// The last kubelet becomes healthy KubeletReady after the last
+	// configured boot, in parallel with the bootstrap.
+	cluster := max(etcd, in.KubeStart, s(t.KubeletReady)-bootstrapWait)
+	name := "etcd"
+	if in.KubeStart >= etcd {
+		name = "control plane start"
+	}
+	add(name, cluster)
+	add("CNI", in.CNI)
+	add("Flux reconcile", in.FluxReconcile)
+	var total time.Duration
+	for _, x := range parts {
+		total += x.D
+	}
+	return CriticalPath{Total: total, Parts: parts}
+}
+
+// FluxReconcileTime reads, from the API server's audit log, how long the
+// Flux controllers took from the runner's first write of the GitRepository
+// to the Kustomization's last status update before the run's flux stage
+// ended.
+func (h *Harness) FluxReconcileTime(fluxEnd time.Time) (time.Duration, error) {
+	evs, err := kube.ReadAuditLog(h.Lab.AuditLogPath())
+	if err != nil {
+		return 0, err
+	}
+	var start, end time.Time
+	for _, e := range evs {
+		switch {
+		case start.IsZero() && e.User.Username == kube.AdminUser && !e.DryRun() && e.ObjectRef.Resource == "gitrepositories" && e.ObjectRef.Subresource == "":
+			start = e.RequestReceivedTimestamp
+		case !start.IsZero() && e.User.Username == kube.LabAdminUser && e.ObjectRef.Resource == "kustomizations" && e.ObjectRef.Subresource == "status" &&
+			!e.RequestReceivedTimestamp.After(fluxEnd):
+			end = e.RequestReceivedTimestamp
+		}
+	}
+	if start.IsZero() || end.IsZero() {
+		return 0, errors.New("no GitRepository write by the runner, or no Kustomization status update after it, in the audit log")
+	}
+	return end.Sub(start), nil
+}
+
+// StageTimes returns when each stage of the last run started and how long
+// it took, from state.json.
+func (h *Harness) StageTimes() (map[string]time.Time, map[string]time.Duration, error) {
+	st, err := h.State()
+	if err != nil {
+		return nil, nil, err
+	}
+	starts, durs := map[string]time.Time{}, map[string]time.Duration{}
+	for _, name := range stages.Order {
+		r := st.Stage(name)
+		starts[name], durs[name] = r.Started, time.Duration(r.DurationSeconds*float64(time.Second))
+	}
+	return starts, durs, nil
+}
+
+var pvcBound = regexp.MustCompile(`bound to \S+ via \S+ in (\S+)`)
+
+// PVCBindTime is how long the postcheck's test PVC took to bind, from the
+// postcheck table in a run's output.
+func PVCBindTime(stdout string) (time.Duration, error) {
+	m := pvcBound.FindStringSubmatch(stdout)
+	if m == nil {
+		return 0, errors.New("no nfs-provisioning row with a bind time")
+	}
+	return time.ParseDuration(m[1])
+}
+
+// SetParallelism writes proxmox.parallelism and cluster.parallelism into
+// the lab's config (0 leaves a key out).
+func (h *Harness) SetParallelism(proxmox, talos int) error {
+	return h.EditConfig(func(s string) (string, error) {
+		if proxmox > 0 {
+			if !strings.Contains(s, "\nproxmox:\n") {
+				return "", errors.New("no proxmox section")
+			}
+			s = strings.Replace(s, "\nproxmox:\n", fmt.Sprintf("\nproxmox:\n  parallelism: %d\n", proxmox), 1)
+		}
+		if talos > 0 {
+			if !strings.Contains(s, "\ncluster:\n") {
+				return "", errors.New("no cluster section")
+			}
+			s = strings.Replace(s, "\ncluster:\n", fmt.Sprintf("\ncluster:\n  parallelism: %d\n", talos), 1)
+		}
+		return s, nil
+	})
+}
+
+// RunMutations counts what a run changed, from counters read before and
+// after it: Proxmox POST/PUT/DELETE, Talos applies and bootstraps, new
+// Helm revisions, and API server writes by the runner other than the
+// postcheck's test PVC.
+func RunMutations(before, after Counters) (int, []string) {
+	var what []string
+	add := func(n int, format string, a ...any) {
+		if n > 0 {
+			what = append(what, fmt.Sprintf(format, a...))
+		}
+	}
+	add(after.ProxmoxMutating-before.ProxmoxMutating, "%d Proxmox", after.ProxmoxMutating-before.ProxmoxMutating)
+	add(after.TalosApplies-before.TalosApplies, "%d Talos applies", after.TalosApplies-before.TalosApplies)
+	add(after.TalosBootstraps-before.TalosBootstraps, "%d bootstraps", after.TalosBootstraps-before.TalosBootstraps)
+	helm := 0
+	for k, r := range after.HelmReleases {
+		if r.Revision != before.HelmReleases[k].Revision {
+			helm++
+		}
+	}
+	add(helm, "%d Helm releases", helm)
+	writes := 0
+	for _, e := range after.NewWrites(before) {
+		if !IsPostcheckPVC(e) {
+			writes++
+		}
+	}
+	add(writes, "%d API writes", writes)
+	n := after.ProxmoxMutating - before.ProxmoxMutating + after.TalosApplies - before.TalosApplies +
+		after.TalosBootstraps - before.TalosBootstraps + helm + writes
+	return n, what
+}
+
+// KubeStartTime is how long the lab's control plane took to start.
+func (h *Harness) KubeStartTime() (time.Duration, error) {
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		return 0, err
+	}
+	return kc.StartupTime(), nil
+}

@@ -1,0 +1,362 @@
+// Command bench measures bootstrap end to end against the lab and prints
+// the table kept in README: for each cluster size, the wall time of
+// `bootstrap run --stage all` against the critical path of the latency
+// profile, the same with parallelism 1 (one node after another), the
+// converged re-run, the postcheck alone, the peak RSS of the process and
+// the Proxmox and Talos API calls it made.
+//
+//	go run ./e2e/cmd/bench -binary bin/bootstrap [-scale 0.1] [-sizes 1,3+2,3+3]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"k8s.io/klog/v2"
+
+	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/lab"
+	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/talos/talossim"
+)
+
+type options struct {
+	binary, profile, dir, readme string
+	scale                        float64
+	sizes                        []size
+	sequential, keep, verbose    bool
+}
+
+type size struct {
+	controlPlanes, workers int
+}
+
+func (s size) String() string {
+	if s.workers == 0 {
+		return strconv.Itoa(s.controlPlanes)
+	}
+	return fmt.Sprintf("%d+%d", s.controlPlanes, s.workers)
+}
+
+func parseSizes(v string) ([]size, error) {
+	var out []size
+	for _, f := range strings.Split(v, ",") {
+		cp, wk, _ := strings.Cut(strings.TrimSpace(f), "+")
+		c, err := strconv.Atoi(cp)
+		if err != nil || c < 1 {
+			return nil, fmt.Errorf("size %q: want <control planes>[+<workers>]", f)
+		}
+		w := 0
+		if wk != "" {
+			if w, err = strconv.Atoi(wk); err != nil {
+				return nil, fmt.Errorf("size %q: want <control planes>[+<workers>]", f)
+			}
+		}
+		out = append(out, size{c, w})
+	}
+	return out, nil
+}
+
+func main() {
+	var o options
+	var sizes string
+	flag.StringVar(&o.binary, "binary", "bin/bootstrap", "bootstrap binary to measure")
+	flag.StringVar(&o.profile, "profile", "n100", "latency profile of the simulated host and nodes")
+	flag.Float64Var(&o.scale, "scale", 0.1, "time scale of the profile (0.1: ten times faster than the real box)")
+	flag.StringVar(&sizes, "sizes", "1,3+2,3+3", "cluster sizes: control planes[+workers], comma separated")
+	flag.BoolVar(&o.sequential, "sequential", true, "also measure parallelism 1 (the one-node-after-another reference)")
+	flag.StringVar(&o.dir, "dir", "", "work directory (default: a temporary one, removed unless -keep)")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (labs, state, run logs)")
+	flag.BoolVar(&o.verbose, "v", false, "print the critical path and stage timings of every run")
+	flag.StringVar(&o.readme, "readme", "", "replace the table between the bench markers in this README")
+	flag.Parse()
+	// The lab runs in this process: keep client-go's and the NFS server's
+	// own loggers off the table.
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	log.SetOutput(io.Discard)
+	var err error
+	if o.sizes, err = parseSizes(sizes); err != nil {
+		fatal(err)
+	}
+	if o.binary, err = filepath.Abs(o.binary); err != nil {
+		fatal(err)
+	}
+	if _, err := os.Stat(o.binary); err != nil {
+		fatal(fmt.Errorf("%v (make build first)", err))
+	}
+	if o.dir == "" {
+		if o.dir, err = os.MkdirTemp("", "bootstrap-bench-"); err != nil {
+			fatal(err)
+		}
+		if !o.keep {
+			defer os.RemoveAll(o.dir)
+		}
+	}
+	table, err := bench(context.Background(), o, os.Stderr)
+	if err != nil {
+		fatal(err)
+	}
+	fmt.Print(table)
+	if o.readme != "" {
+		if err := updateReadme(o.readme, table); err != nil {
+			fatal(err)
+		}
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+// row is one cluster size's measurements.
+type row struct {
+	size                      size
+	wall, bringUp             time.Duration
+	crit                      e2e.CriticalPath
+	critIn                    e2e.PathInput
+	seqBringUp                time.Duration
+	seqCrit                   e2e.CriticalPath
+	rerun                     time.Duration
+	rerunMutations            int
+	rerunWhat                 []string
+	postcheck, pvcBind        time.Duration
+	rssKiB                    int64
+	proxmoxCalls, talosCalls  int
+	stageTimes, seqStageTimes map[string]time.Duration
+}
+
+func bench(ctx context.Context, o options, progress io.Writer) (string, error) {
+	pveProfile, err := pvesim.ProfileByName(o.profile)
+	if err != nil {
+		return "", err
+	}
+	talosProfile, err := talossim.ProfileByName(o.profile)
+	if err != nil {
+		return "", err
+	}
+	started := time.Now()
+	var rows []row
+	for _, sz := range o.sizes {
+		r := row{size: sz}
+		fmt.Fprintf(progress, "bench %s: parallel run…\n", sz)
+		if err := measureParallel(ctx, o, &r, pveProfile, talosProfile); err != nil {
+			return "", fmt.Errorf("%s: %w", sz, err)
+		}
+		if o.sequential {
+			fmt.Fprintf(progress, "bench %s: parallelism 1…\n", sz)
+			if err := measureSequential(ctx, o, &r, pveProfile, talosProfile); err != nil {
+				return "", fmt.Errorf("%s parallelism 1: %w", sz, err)
+			}
+		}
+		if o.verbose {
+			fmt.Fprintf(progress, "  critical path %s = %s\n  stages %s\n", r.crit.Total.Round(10*time.Millisecond), r.crit, stageLine(r.stageTimes))
+			if o.sequential {
+				fmt.Fprintf(progress, "  parallelism 1: critical path %s = %s\n  stages %s\n", r.seqCrit.Total.Round(10*time.Millisecond), r.seqCrit, stageLine(r.seqStageTimes))
+			}
+		}
+		rows = append(rows, r)
+	}
+	return render(o, rows, time.Since(started)), nil
+}
+
+func stageLine(d map[string]time.Duration) string {
+	var parts []string
+	for _, s := range stages.Order {
+		parts = append(parts, fmt.Sprintf("%s %s", s, d[s].Round(10*time.Millisecond)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func startLab(ctx context.Context, o options, sz size, name string) (*e2e.Harness, func(), error) {
+	dir := filepath.Join(o.dir, sz.String()+"-"+name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	logFile, err := os.Create(filepath.Join(dir, "lab.log"))
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := e2e.Start(ctx, e2e.Options{Dir: dir, Binary: o.binary, ControlPlanes: sz.controlPlanes, Workers: sz.workers,
+		Profile: o.profile, TimeScale: o.scale, KeepKubeData: o.keep, Log: zerolog.New(logFile).With().Timestamp().Logger()})
+	if err != nil {
+		logFile.Close()
+		return nil, nil, err
+	}
+	return h, func() { h.Stop(); logFile.Close() }, nil
+}
+
+// converge runs the whole pipeline and returns the run, its stage times
+// and the critical path for the lab's settings.
+func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossim.Profile, scale float64) (*e2e.Result, map[string]time.Duration, e2e.PathInput, error) {
+	res, err := h.Run(ctx, "run", "--stage", "all")
+	if err != nil {
+		return nil, nil, e2e.PathInput{}, err
+	}
+	if res.ExitCode != 0 {
+		return nil, nil, e2e.PathInput{}, fmt.Errorf("run failed:\n%s", res.Tail(30))
+	}
+	if err := h.PostcheckGreen(); err != nil {
+		return nil, nil, e2e.PathInput{}, err
+	}
+	starts, durs, err := h.StageTimes()
+	if err != nil {
+		return nil, nil, e2e.PathInput{}, err
+	}
+	kubeStart, err := h.KubeStartTime()
+	if err != nil {
+		return nil, nil, e2e.PathInput{}, err
+	}
+	flux, err := h.FluxReconcileTime(starts[stages.Flux].Add(durs[stages.Flux]))
+	if err != nil {
+		return nil, nil, e2e.PathInput{}, err
+	}
+	cfg := h.Config()
+	in := e2e.PathInput{
+		Proxmox: pp, Talos: tp, Scale: scale, ISOBytes: lab.ISOBytes,
+		Nodes: len(cfg.Nodes), ControlPlanes: len(cfg.ControlPlanes()),
+		ProxmoxParallelism: cfg.Proxmox.Parallelism, TalosParallelism: cfg.Cluster.Parallelism,
+		KubeStart: kubeStart, FluxReconcile: flux,
+	}
+	return res, durs, in, nil
+}
+
+func measureParallel(ctx context.Context, o options, r *row, pp pvesim.Profile, tp talossim.Profile) error {
+	h, stop, err := startLab(ctx, o, r.size, "parallel")
+	if err != nil {
+		return err
+	}
+	defer stop()
+	res, durs, in, err := converge(ctx, h, pp, tp, o.scale)
+	if err != nil {
+		return err
+	}
+	r.wall, r.bringUp, r.critIn, r.stageTimes, r.rssKiB = res.Wall, res.Wall-durs[stages.Postcheck], in, durs, res.MaxRSSKiB
+	r.crit = e2e.ComputeCriticalPath(in)
+	c1, err := h.Counters(ctx)
+	if err != nil {
+		return err
+	}
+	r.proxmoxCalls, r.talosCalls = c1.ProxmoxCalls, c1.TalosCalls
+
+	again, err := h.Run(ctx, "run", "--stage", "all")
+	if err != nil {
+		return err
+	}
+	if again.ExitCode != 0 {
+		return fmt.Errorf("re-run failed:\n%s", again.Tail(30))
+	}
+	c2, err := h.Counters(ctx)
+	if err != nil {
+		return err
+	}
+	r.rerun = again.Wall
+	r.rerunMutations, r.rerunWhat = e2e.RunMutations(c1, c2)
+	r.rssKiB = max(r.rssKiB, again.MaxRSSKiB)
+
+	pc, err := h.Run(ctx, "run", "--stage", "postcheck")
+	if err != nil {
+		return err
+	}
+	if pc.ExitCode != 0 {
+		return fmt.Errorf("postcheck failed:\n%s", pc.Tail(30))
+	}
+	r.postcheck = pc.Wall
+	r.rssKiB = max(r.rssKiB, pc.MaxRSSKiB)
+	if r.pvcBind, err = e2e.PVCBindTime(pc.Stdout); err != nil {
+		return err
+	}
+	return nil
+}
+
+func measureSequential(ctx context.Context, o options, r *row, pp pvesim.Profile, tp talossim.Profile) error {
+	h, stop, err := startLab(ctx, o, r.size, "parallelism1")
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if err := h.SetParallelism(1, 1); err != nil {
+		return err
+	}
+	res, durs, in, err := converge(ctx, h, pp, tp, o.scale)
+	if err != nil {
+		return err
+	}
+	r.seqBringUp, r.seqCrit, r.seqStageTimes = res.Wall-durs[stages.Postcheck], e2e.ComputeCriticalPath(in), durs
+	return nil
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+
+func render(o options, rows []row, took time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Profile %s at time scale %g (%d CPUs, %s/%s); bench took %s.\n\n", o.profile, o.scale, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, took.Round(time.Second))
+	b.WriteString("| nodes | wall to Flux synced | critical path | ratio | overhead | parallelism 1: wall | its critical path | ratio | re-run | re-run mutations | postcheck (PVC bind) | peak RSS | Proxmox calls | Talos calls |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		seq, seqCrit, seqRatio := "–", "–", "–"
+		if o.sequential {
+			seq, seqCrit = secs(r.seqBringUp), secs(r.seqCrit.Total)
+			seqRatio = fmt.Sprintf("%.2f", r.seqBringUp.Seconds()/r.seqCrit.Total.Seconds())
+		}
+		muts := strconv.Itoa(r.rerunMutations)
+		if len(r.rerunWhat) > 0 {
+			muts += " (" + strings.Join(r.rerunWhat, ", ") + ")"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s (%s) | %d MiB | %d | %d |\n",
+			r.size, secs(r.bringUp), secs(r.crit.Total), r.bringUp.Seconds()/r.crit.Total.Seconds(), secs(r.bringUp-r.crit.Total), seq, seqCrit, seqRatio,
+			secs(r.rerun), muts, secs(r.postcheck), r.pvcBind.Round(10*time.Millisecond), r.rssKiB>>10, r.proxmoxCalls, r.talosCalls)
+	}
+	b.WriteString("\nStage times (parallel run):\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "- %s: %s\n", r.size, stageLine(r.stageTimes))
+	}
+	if len(rows) > 0 {
+		last := rows[len(rows)-1]
+		fmt.Fprintf(&b, "\nCritical path of %s: %s.\n", last.size, last.crit)
+		if o.scale != 1 {
+			// The overhead is the product's own work and waits: it does not
+			// shrink with the profile. On the real box the path is 1/scale
+			// times longer for the hardware part.
+			in := last.critIn
+			in.Scale = 1
+			real := e2e.ComputeCriticalPath(in).Total
+			fmt.Fprintf(&b, "At scale 1 (the real box) that path is %s; with the same %s overhead the ratio would be %.3f.\n",
+				secs(real), secs(last.bringUp-last.crit.Total), (real+last.bringUp-last.crit.Total).Seconds()/real.Seconds())
+		}
+	}
+	return b.String()
+}
+
+const (
+	beginMarker = "<!-- bench:begin -->"
+	endMarker   = "<!-- bench:end -->"
+)
+
+// updateReadme replaces what lies between the bench markers.
+func updateReadme(path, table string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s := string(b)
+	i, j := strings.Index(s, beginMarker), strings.Index(s, endMarker)
+	if i < 0 || j < i {
+		return errors.New(path + " has no " + beginMarker + " … " + endMarker + " block")
+	}
+	s = s[:i+len(beginMarker)] + "\n" + table + s[j:]
+	return os.WriteFile(path, []byte(s), 0o644)
+}

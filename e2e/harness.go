@@ -1,0 +1,486 @@
+// Package e2e runs bootstrap the way a user does: the built binary, a
+// config file, and the lab standing in for the N100 host. The lab runs in
+// this process so that its counters (Proxmox calls, Talos applies and
+// bootstraps, the API server's audit log, Helm releases) can be read
+// between runs. The tests prove the pipeline end to end (convergence,
+// no-op re-runs, kill and resume, faults, bad input); cmd/bench measures it.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/lab"
+	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/talos/talossim"
+)
+
+// Options shape a harness: a lab plus the binary that runs against it.
+type Options struct {
+	// Dir holds the lab (config, token file, NFS export, git tree), the
+	// cluster's state and every run's output.
+	Dir string
+	// Binary is the bootstrap executable under test.
+	Binary string
+	// Lab sizing and timing (see lab.Options).
+	ControlPlanes int
+	Workers       int
+	VIP           bool
+	Profile       string
+	TimeScale     float64
+	Seed          int64
+	// BinDir holds the lab binaries (default kube.DefaultBinDir()).
+	BinDir string
+	// KeepKubeData keeps the control plane's data and server logs in
+	// Dir/kube after Stop.
+	KeepKubeData bool
+	// OnNodeBoot sees every Talos node as its VM starts (to inject faults).
+	OnNodeBoot func(*talossim.Node)
+	// Log receives the lab's own lines (keep it out of a test's output:
+	// a file is best).
+	Log zerolog.Logger
+}
+
+// Harness is a running lab and the way to run bootstrap against it.
+type Harness struct {
+	Lab   *lab.Lab
+	opts  Options
+	cfg   *config.Config
+	paths config.Paths
+
+	mu   sync.Mutex
+	runs int
+}
+
+// Start brings up a lab with an audit log for the harness.
+func Start(ctx context.Context, o Options) (*Harness, error) {
+	if o.Binary == "" {
+		return nil, errors.New("e2e: Options.Binary is required")
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	kubeData := ""
+	if o.KeepKubeData {
+		kubeData = filepath.Join(o.Dir, "kube")
+	}
+	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
+		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP,
+		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
+		OnNodeBoot: o.OnNodeBoot, Log: o.Log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	h := &Harness{Lab: l, opts: o}
+	if err := h.reload(); err != nil {
+		l.Stop()
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *Harness) reload() error {
+	cfg, err := config.Load(h.Lab.ConfigPath(), func(string) (string, bool) { return "", false })
+	if err != nil {
+		return fmt.Errorf("loading the lab's config: %w", err)
+	}
+	h.cfg, h.paths = cfg, cfg.Paths()
+	return nil
+}
+
+// Stop stops the cluster's git snapshot server (started by the flux stage,
+// it outlives bootstrap on purpose) and the lab.
+func (h *Harness) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	_, serr := gitsnap.Stop(ctx, h.paths.StateDir, 5*time.Second, zerolog.Nop())
+	return errors.Join(serr, h.Lab.Stop())
+}
+
+// Binary is the bootstrap executable under test.
+func (h *Harness) Binary() string { return h.opts.Binary }
+
+// ConfigPath is the cluster config the binary runs with.
+func (h *Harness) ConfigPath() string { return h.Lab.ConfigPath() }
+
+// Config is the loaded cluster config.
+func (h *Harness) Config() *config.Config { return h.cfg }
+
+// Paths are the cluster's resolved locations (state dir, Talos dir…).
+func (h *Harness) Paths() config.Paths { return h.paths }
+
+// EditConfig rewrites the cluster config's text (e.g. to set a key the lab
+// does not write) and reloads it.
+func (h *Harness) EditConfig(edit func(string) (string, error)) error {
+	b, err := os.ReadFile(h.ConfigPath())
+	if err != nil {
+		return err
+	}
+	out, err := edit(string(b))
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(h.ConfigPath(), []byte(out), 0o644); err != nil {
+		return err
+	}
+	return h.reload()
+}
+
+// KillPoint says when to kill -9 a run: After into the first stage whose
+// position in the pipeline is at least Stage's.
+type KillPoint struct {
+	Stage string
+	After time.Duration
+}
+
+func (k KillPoint) String() string {
+	return fmt.Sprintf("%s+%s", k.Stage, k.After.Round(time.Millisecond))
+}
+
+// Result is one invocation of the binary.
+type Result struct {
+	Args     []string
+	ExitCode int
+	Wall     time.Duration
+	// MaxRSSKiB is the process's peak resident set size.
+	MaxRSSKiB int64
+	Stdout    string
+	// Stderr holds the log lines (JSON).
+	Stderr string
+	// Killed is true when the harness killed the process; KilledIn is the
+	// stage that was running then and KilledAfter how long it had run.
+	Killed      bool
+	KilledIn    string
+	KilledAfter time.Duration
+	// Stages lists the stage headers the run printed, in order.
+	Stages []string
+	// Dir holds stdout.txt and stderr.log of this run.
+	Dir string
+}
+
+// Tail returns the last n lines of the run's output, for failure messages.
+func (r *Result) Tail(n int) string {
+	return fmt.Sprintf("bootstrap %s → exit %d in %s\n--- stdout\n%s\n--- stderr (last %d lines)\n%s",
+		strings.Join(r.Args, " "), r.ExitCode, r.Wall.Round(time.Millisecond), r.Stdout, n, lastLines(r.Stderr, n))
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Run runs `bootstrap <args> --config <lab config> --log-format json`.
+func (h *Harness) Run(ctx context.Context, args ...string) (*Result, error) {
+	return h.RunKill(ctx, nil, args...)
+}
+
+// RunKill runs the binary like Run and, when kill is set, kills it with
+// SIGKILL at that point of the pipeline (if the run gets there).
+func (h *Harness) RunKill(ctx context.Context, kill *KillPoint, args ...string) (*Result, error) {
+	return h.RunWith(ctx, RunOptions{Kill: kill}, args...)
+}
+
+// RunOptions are what RunWith does beside running the binary.
+type RunOptions struct {
+	// Kill, when set, kills the run with SIGKILL at that point.
+	Kill *KillPoint
+	// OnStage is called as each stage starts.
+	OnStage func(stage string)
+}
+
+// RunWith runs `bootstrap <args> --config <lab config> --log-format json`
+// with the given options.
+func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*Result, error) {
+	kill := ro.Kill
+	h.mu.Lock()
+	h.runs++
+	n := h.runs
+	h.mu.Unlock()
+	res := &Result{Args: args, Dir: filepath.Join(h.opts.Dir, "runs", fmt.Sprintf("%03d-%s", n, argsName(args)))}
+	if err := os.MkdirAll(res.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	full := append(slices.Clone(args), "--config", h.ConfigPath(), "--log-format", "json")
+	cmd := exec.CommandContext(ctx, h.opts.Binary, full...)
+	cmd.Dir = h.opts.Dir
+	cmd.Env = h.childEnv()
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	stderrPipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	errFile, err := os.Create(filepath.Join(res.Dir, "stderr.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer errFile.Close()
+
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", h.opts.Binary, err)
+	}
+	var (
+		stderr   bytes.Buffer
+		killMu   sync.Mutex
+		timer    *time.Timer
+		current  string
+		stageAt  time.Time
+		armedFor string
+	)
+	doKill := func() {
+		killMu.Lock()
+		defer killMu.Unlock()
+		if cmd.Process.Signal(syscall.SIGKILL) == nil {
+			res.KilledIn, res.KilledAfter = current, time.Since(stageAt)
+		}
+	}
+	sc := bufio.NewScanner(io.TeeReader(stderrPipe, errFile))
+	sc.Buffer(make([]byte, 0, 64<<10), 8<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		stderr.Write(line)
+		stderr.WriteByte('\n')
+		var ev struct {
+			UI    string `json:"ui"`
+			Stage string `json:"stage"`
+		}
+		if json.Unmarshal(line, &ev) != nil || ev.UI != "header" || ev.Stage == "" {
+			continue
+		}
+		if ro.OnStage != nil {
+			ro.OnStage(ev.Stage)
+		}
+		killMu.Lock()
+		current, stageAt = ev.Stage, time.Now()
+		res.Stages = append(res.Stages, ev.Stage)
+		if kill != nil && armedFor == "" && stages.Position(ev.Stage) >= stages.Position(kill.Stage) {
+			armedFor = ev.Stage
+			timer = time.AfterFunc(kill.After, doKill)
+		}
+		killMu.Unlock()
+	}
+	werr := cmd.Wait()
+	res.Wall = time.Since(start)
+	if timer != nil {
+		timer.Stop()
+	}
+	killMu.Lock()
+	defer killMu.Unlock()
+	res.Stdout, res.Stderr = stdout.String(), stderr.String()
+	_ = os.WriteFile(filepath.Join(res.Dir, "stdout.txt"), stdout.Bytes(), 0o644)
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		res.MaxRSSKiB = ru.Maxrss
+	}
+	res.ExitCode = cmd.ProcessState.ExitCode()
+	var ee *exec.ExitError
+	if werr != nil && !errors.As(werr, &ee) {
+		return res, werr
+	}
+	// A kill that reached a process that had just exited changed nothing.
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		res.Killed, res.ExitCode = true, -9
+	} else {
+		res.KilledIn, res.KilledAfter = "", 0
+	}
+	return res, nil
+}
+
+func argsName(args []string) string {
+	s := strings.Join(args, "_")
+	s = strings.NewReplacer("-", "", "/", "_", " ", "_").Replace(s)
+	if len(s) > 40 {
+		s = s[:40]
+	}
+	return s
+}
+
+// childEnv is this process's environment without anything that would
+// change what the binary does (config overrides, a token, kubeconfigs),
+// with Helm's directories inside the harness dir.
+func (h *Harness) childEnv() []string {
+	drop := []string{"PROXMOX_TOKEN_SECRET=", "TALOS_", "GIT_REPO=", "GIT_BRANCH=", "USE_LOCAL_GIT_SNAPSHOT=",
+		"BOOTSTRAP_CONFIG=", "KUBECONFIG=", "TALOSCONFIG=", "HELM_"}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !slices.ContainsFunc(drop, func(p string) bool { return strings.HasPrefix(kv, p) }) {
+			env = append(env, kv)
+		}
+	}
+	helm := filepath.Join(h.opts.Dir, "helm")
+	return append(env, "HELM_CACHE_HOME="+helm+"/cache", "HELM_CONFIG_HOME="+helm+"/config", "HELM_DATA_HOME="+helm+"/data")
+}
+
+// State reads the cluster's state.json.
+func (h *Harness) State() (*state.State, error) {
+	return state.Load(h.paths.StateDir, h.cfg.Cluster.Name)
+}
+
+// RunLogs returns the run logs (ai/state/<cluster>/runs/*/run.log), oldest
+// first.
+func (h *Harness) RunLogs() ([]string, error) {
+	m, err := filepath.Glob(filepath.Join(h.paths.StateDir, state.RunsDirName, "*", "run.log"))
+	slices.Sort(m)
+	return m, err
+}
+
+// Counters is what the lab counted so far.
+type Counters struct {
+	// ProxmoxCalls counts every API request; ProxmoxMutating POST, PUT
+	// and DELETE (logins excepted).
+	ProxmoxCalls    int
+	ProxmoxMutating int
+	// ProxmoxList names the mutating calls ("POST /nodes/pve/qemu ×2").
+	ProxmoxList []string
+	// TalosCalls, TalosApplies (not dry runs) and TalosBootstraps
+	// (accepted) summed over the nodes that run.
+	TalosCalls      int
+	TalosApplies    int
+	TalosBootstraps int
+	// EtcdBootstraps counts etcd clusters started, including second ones
+	// (split brains), over every node that ever ran.
+	EtcdBootstraps int
+	// HelmReleases maps namespace/name to the latest revision and its status.
+	HelmReleases map[string]HelmRelease
+	// RunnerWrites are the API server writes (not dry runs) made with an
+	// issued admin kubeconfig: the runner's.
+	RunnerWrites []kube.AuditEvent
+}
+
+// HelmRelease is one release's latest revision as Helm stores it.
+type HelmRelease struct {
+	Revision int
+	Status   string
+	// Pending lists revisions in a pending-* state (history included).
+	Pending []int
+}
+
+// Counters reads the lab's counters now.
+func (h *Harness) Counters(ctx context.Context) (Counters, error) {
+	l := h.Lab
+	c := Counters{ProxmoxMutating: l.PVE.MutatingCalls(), ProxmoxList: l.PVE.MutatingCallList(), EtcdBootstraps: l.Talos.Bootstraps()}
+	for _, v := range l.PVE.Counts() {
+		c.ProxmoxCalls += v
+	}
+	for _, n := range l.Talos.Nodes() {
+		nc := n.Counters()
+		c.TalosCalls += nc.Calls
+		c.TalosApplies += nc.Applies
+		c.TalosBootstraps += nc.Bootstraps
+	}
+	evs, err := kube.ReadAuditLog(l.AuditLogPath())
+	if err != nil {
+		return c, err
+	}
+	for _, e := range evs {
+		if e.User.Username == kube.AdminUser && !e.DryRun() {
+			c.RunnerWrites = append(c.RunnerWrites, e)
+		}
+	}
+	c.HelmReleases, err = h.helmReleases(ctx)
+	return c, err
+}
+
+// helmReleases reads Helm's release records (Secrets owned by helm).
+func (h *Harness) helmReleases(ctx context.Context) (map[string]HelmRelease, error) {
+	out := map[string]HelmRelease{}
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		return out, nil // not bootstrapped yet: no releases
+	}
+	list, err := kc.Client().CoreV1().Secrets(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: "owner=helm"})
+	if err != nil {
+		return nil, fmt.Errorf("listing Helm release secrets: %w", err)
+	}
+	for _, s := range list.Items {
+		key := s.Namespace + "/" + s.Labels["name"]
+		rel := out[key]
+		var rev int
+		fmt.Sscan(s.Labels["version"], &rev)
+		st := s.Labels["status"]
+		if strings.HasPrefix(st, "pending") {
+			rel.Pending = append(rel.Pending, rev)
+		}
+		if rev > rel.Revision {
+			rel.Revision, rel.Status = rev, st
+		}
+		out[key] = rel
+	}
+	return out, nil
+}
+
+// NewWrites returns the runner's writes made since before was read.
+func (c Counters) NewWrites(before Counters) []kube.AuditEvent {
+	if len(c.RunnerWrites) < len(before.RunnerWrites) {
+		return c.RunnerWrites
+	}
+	return c.RunnerWrites[len(before.RunnerWrites):]
+}
+
+// IsPostcheckPVC tells the postcheck's own test PVC (its create and
+// delete) from any other write.
+func IsPostcheckPVC(e kube.AuditEvent) bool {
+	return e.ObjectRef.Resource == "persistentvolumeclaims" && e.ObjectRef.Namespace == stages.NFSNamespace &&
+		strings.HasPrefix(e.ObjectRef.Name, "postcheck-") && (e.Verb == "create" || e.Verb == "delete")
+}
+
+// PostcheckGreen says whether the last postcheck recorded in state passed
+// (warnings allowed) with every stage of the pipeline ok.
+func (h *Harness) PostcheckGreen() error {
+	st, err := h.State()
+	if err != nil {
+		return err
+	}
+	for _, name := range stages.Order {
+		if s := st.Stage(name).EffectiveStatus(); s != state.OK {
+			return fmt.Errorf("stage %s is %s", name, s)
+		}
+	}
+	pc := st.Outputs.Postcheck
+	if pc == nil {
+		return errors.New("no postcheck recorded")
+	}
+	if pc.Failed != 0 || pc.Overall != "pass" && pc.Overall != "warn" {
+		return fmt.Errorf("postcheck %s: %d passed, %d warned, %d failed", pc.Overall, pc.Passed, pc.Warned, pc.Failed)
+	}
+	return nil
+}
+
+// PVCs lists the claims in the postcheck's namespace (the test PVC must
+// not be left behind).
+func (h *Harness) PVCs(ctx context.Context) ([]corev1.PersistentVolumeClaim, error) {
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		return nil, err
+	}
+	l, err := kc.Client().CoreV1().PersistentVolumeClaims(stages.NFSNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}

@@ -1,0 +1,159 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"maps"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/stages"
+)
+
+// TestPipeline runs `bootstrap run --stage all` as a user would against a
+// fresh lab, for one control plane and for three control planes and two
+// workers behind a VIP: it must end with postcheck green. A second run on
+// the converged cluster must exit 0 and change nothing: no Proxmox POST,
+// PUT or DELETE, no Talos apply or bootstrap, no new Helm revision, and no
+// API server write by the runner except the postcheck's test PVC.
+func TestPipeline(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		controlPlanes, wks int
+		vip                bool
+	}{
+		{"1cp", 1, 0, false},
+		{"3cp+2w-vip", 3, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testContext(t, 5*time.Minute)
+			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip})
+			nodes := tc.controlPlanes + tc.wks
+
+			first := run(t, ctx, h, "run", "--stage", "all")
+			if first.ExitCode != 0 {
+				t.Fatalf("first run failed:\n%s", first.Tail(40))
+			}
+			if err := h.PostcheckGreen(); err != nil {
+				t.Fatalf("after the first run: %v\n%s", err, first.Tail(20))
+			}
+			checkPostcheckTable(t, first)
+			after1 := counters(t, ctx, h)
+			t.Logf("first run: %s; %d Proxmox calls (%d mutating), %d Talos calls, %d runner writes to the API server",
+				first.Wall.Round(100*time.Millisecond), after1.ProxmoxCalls, after1.ProxmoxMutating, after1.TalosCalls, len(after1.RunnerWrites))
+			// The counters must see the first run at all, or a zero below proves nothing.
+			if after1.ProxmoxMutating < 2*nodes || after1.TalosApplies != nodes || after1.TalosBootstraps != 1 || after1.EtcdBootstraps != 1 {
+				t.Fatalf("first run: %d Proxmox mutations (want ≥ %d), %d Talos applies (want %d), %d bootstraps (want 1), %d etcd clusters (want 1)",
+					after1.ProxmoxMutating, 2*nodes, after1.TalosApplies, nodes, after1.TalosBootstraps, after1.EtcdBootstraps)
+			}
+			if len(after1.RunnerWrites) < 20 {
+				t.Fatalf("the audit log shows only %d writes by the runner in the first run: %v", len(after1.RunnerWrites), after1.RunnerWrites)
+			}
+			if r := after1.HelmReleases["nfs-provisioner/nfs-provisioner"]; r.Revision != 1 || r.Status != "deployed" {
+				t.Fatalf("Helm release after the first run: %+v (all: %v)", r, after1.HelmReleases)
+			}
+
+			again := run(t, ctx, h, "run", "--stage", "all")
+			if again.ExitCode != 0 {
+				t.Fatalf("re-run failed:\n%s", again.Tail(40))
+			}
+			if err := h.PostcheckGreen(); err != nil {
+				t.Fatalf("after the re-run: %v", err)
+			}
+			after2 := counters(t, ctx, h)
+			t.Logf("converged re-run: %s, peak RSS %d MiB", again.Wall.Round(100*time.Millisecond), again.MaxRSSKiB>>10)
+			if n := after2.ProxmoxMutating - after1.ProxmoxMutating; n != 0 {
+				t.Errorf("re-run made %d mutating Proxmox calls: %v", n, after2.ProxmoxList)
+			}
+			if after2.ProxmoxCalls == after1.ProxmoxCalls {
+				t.Errorf("re-run made no Proxmox call at all: the counters do not see the run")
+			}
+			if n := after2.TalosApplies - after1.TalosApplies; n != 0 {
+				t.Errorf("re-run applied Talos configs %d times", n)
+			}
+			if n := after2.TalosBootstraps - after1.TalosBootstraps; n != 0 || after2.EtcdBootstraps != 1 {
+				t.Errorf("re-run bootstrapped %d times (%d etcd clusters)", n, after2.EtcdBootstraps)
+			}
+			if !maps.EqualFunc(after1.HelmReleases, after2.HelmReleases, func(a, b e2e.HelmRelease) bool { return reflect.DeepEqual(a, b) }) {
+				t.Errorf("Helm releases changed: %v → %v", after1.HelmReleases, after2.HelmReleases)
+			}
+			var pvc, other []string
+			for _, e := range after2.NewWrites(after1) {
+				if e2e.IsPostcheckPVC(e) {
+					pvc = append(pvc, e.Verb)
+				} else {
+					other = append(other, e.String())
+				}
+			}
+			if len(other) > 0 {
+				t.Errorf("re-run wrote to the API server beyond the postcheck PVC:\n  %s", strings.Join(other, "\n  "))
+			}
+			if strings.Join(pvc, ",") != "create,delete" {
+				t.Errorf("postcheck PVC writes in the re-run = %v, want create then delete (the audit log must see the runner)", pvc)
+			}
+			checkNoChanges(t, again)
+			left, err := h.PVCs(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range left {
+				if strings.HasPrefix(p.Name, "postcheck-") {
+					t.Errorf("postcheck's test PVC left behind: %s (%s)", p.Name, p.Status.Phase)
+				}
+			}
+		})
+	}
+}
+
+// checkPostcheckTable wants every postcheck row to pass.
+func checkPostcheckTable(t *testing.T, r *e2e.Result) {
+	t.Helper()
+	for _, name := range []string{"kubeconfig", "nodes-ready", "default-storageclass", "flux-ready", "nfs-provisioning", "talos-etcd", "talos-api", "proxmox-vms"} {
+		found := false
+		for _, line := range strings.Split(r.Stdout, "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 2 && f[0] == name {
+				found = true
+				if f[1] != "PASS" {
+					t.Errorf("postcheck %s: %s", name, line)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("postcheck table has no %s row:\n%s", name, r.Stdout)
+		}
+	}
+}
+
+// checkNoChanges wants every stage of the run to report no changes.
+func checkNoChanges(t *testing.T, r *e2e.Result) {
+	t.Helper()
+	done := map[string]bool{}
+	for _, line := range strings.Split(r.Stderr, "\n") {
+		var ev struct {
+			UI, Stage, Message string
+			Changes            int `json:"changes"`
+		}
+		if json.Unmarshal([]byte(line), &ev) != nil || ev.UI == "" {
+			continue
+		}
+		switch ev.UI {
+		case "change":
+			t.Errorf("re-run changed something in %s: %s", ev.Stage, ev.Message)
+		case "ok":
+			if strings.HasPrefix(ev.Message, ev.Stage+" done in ") {
+				done[ev.Stage] = true
+				if ev.Changes != 0 {
+					t.Errorf("re-run: %s", ev.Message)
+				}
+			}
+		}
+	}
+	for _, s := range stages.Order {
+		if !done[s] {
+			t.Errorf("re-run: no completion line for stage %s", s)
+		}
+	}
+}
