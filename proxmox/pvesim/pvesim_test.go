@@ -210,6 +210,14 @@ func TestAuthAndPrivileges(t *testing.T) {
 	if a.code != 403 || a.msg != "Permission check failed (/vms/701, VM.PowerMgmt)\n" {
 		t.Fatalf("start without VM.PowerMgmt: %s %s", a.status, a.body)
 	}
+	// The permission is checked before the VM is looked up: a missing VMID
+	// answers 403 to a caller without the privilege, 500 to one with it.
+	if a := c.do("POST", "/nodes/pve/qemu/799/status/start", nil); a.code != 403 || a.msg != "Permission check failed (/vms/799, VM.PowerMgmt)\n" {
+		t.Fatalf("start a missing VM without VM.PowerMgmt: %s %s", a.status, a.body)
+	}
+	if a := c.do("GET", "/nodes/pve/qemu/799/status/current", nil); a.code != 500 || !strings.Contains(a.msg, "799.conf' does not exist") {
+		t.Fatalf("status of a missing VM with VM.Audit: %s %s", a.status, a.body)
+	}
 	perms := c.ok("GET", "/access/permissions", url.Values{"path": {"/vms/701"}}).(map[string]any)
 	p := perms["/vms/701"].(map[string]any)
 	if p["VM.Allocate"] == nil || p["Sys.Audit"] != nil {

@@ -71,6 +71,20 @@ func (s *Server) vmFor(idStr string) (*vm, int, *apiError) {
 	return v, id, nil
 }
 
+// vmAllowed resolves the VM for a caller that needs priv on it. PVE checks
+// the permission of the API schema before the handler looks the VM up, so
+// a caller without priv gets 403 even for a VMID that does not exist.
+func (s *Server) vmAllowed(r *request, idStr, priv string) (*vm, int, *apiError) {
+	id, err := parseVMID(idStr)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := r.who.check("/vms/"+strconv.Itoa(id), priv); err != nil {
+		return nil, id, err
+	}
+	return s.vmFor(idStr)
+}
+
 // flock takes the per-VM config lock like PVE's lock_config, waiting up
 // to timeout before failing with PVE's text.
 func (s *Server) flock(ctx context.Context, v *vm, timeout time.Duration) error {
@@ -424,14 +438,8 @@ func defaultBoot(cfg map[string]string) string {
 }
 
 func (s *Server) getConfig(r *request, idStr string) (any, *apiError) {
-	v, id, aerr := s.vmFor(idStr)
+	v, _, aerr := s.vmAllowed(r, idStr, "VM.Audit")
 	if aerr != nil {
-		if perr := r.who.check("/vms/"+idStr, "VM.Audit"); perr != nil {
-			return nil, perr
-		}
-		return nil, aerr
-	}
-	if aerr := r.who.check("/vms/"+strconv.Itoa(id), "VM.Audit"); aerr != nil {
 		return nil, aerr
 	}
 	major := s.major()
@@ -460,11 +468,8 @@ func (s *Server) getConfig(r *request, idStr string) (any, *apiError) {
 }
 
 func (s *Server) getPending(r *request, idStr string) (any, *apiError) {
-	v, id, aerr := s.vmFor(idStr)
+	v, _, aerr := s.vmAllowed(r, idStr, "VM.Audit")
 	if aerr != nil {
-		return nil, aerr
-	}
-	if aerr := r.who.check("/vms/"+strconv.Itoa(id), "VM.Audit"); aerr != nil {
 		return nil, aerr
 	}
 	major := s.major()
@@ -653,11 +658,8 @@ func applyPendingLocked(v *vm) {
 }
 
 func (s *Server) resize(r *request, idStr string) (any, *apiError) {
-	v, id, aerr := s.vmFor(idStr)
+	v, id, aerr := s.vmAllowed(r, idStr, "VM.Config.Disk")
 	if aerr != nil {
-		return nil, aerr
-	}
-	if aerr := r.who.check("/vms/"+strconv.Itoa(id), "VM.Config.Disk"); aerr != nil {
 		return nil, aerr
 	}
 	disk, sizeArg := r.param("disk"), r.param("size")
@@ -738,11 +740,8 @@ func (s *Server) resize(r *request, idStr string) (any, *apiError) {
 }
 
 func (s *Server) statusCurrent(r *request, idStr string) (any, *apiError) {
-	v, id, aerr := s.vmFor(idStr)
+	v, _, aerr := s.vmAllowed(r, idStr, "VM.Audit")
 	if aerr != nil {
-		return nil, aerr
-	}
-	if aerr := r.who.check("/vms/"+strconv.Itoa(id), "VM.Audit"); aerr != nil {
 		return nil, aerr
 	}
 	s.mu.Lock()
@@ -810,14 +809,8 @@ func bootDiskSize(s *Server, conf map[string]string) int64 {
 }
 
 func (s *Server) powerAction(r *request, idStr, action string) (any, *apiError) {
-	v, id, aerr := s.vmFor(idStr)
+	v, id, aerr := s.vmAllowed(r, idStr, "VM.PowerMgmt")
 	if aerr != nil {
-		if perr := r.who.check("/vms/"+idStr, "VM.PowerMgmt"); perr != nil {
-			return nil, perr
-		}
-		return nil, aerr
-	}
-	if aerr := r.who.check("/vms/"+strconv.Itoa(id), "VM.PowerMgmt"); aerr != nil {
 		return nil, aerr
 	}
 	skiplock := r.param("skiplock") == "1"
@@ -987,14 +980,8 @@ func (s *Server) freeMemoryLocked() int64 {
 }
 
 func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
-	v, id, aerr := s.vmFor(idStr)
+	v, id, aerr := s.vmAllowed(r, idStr, "VM.Allocate")
 	if aerr != nil {
-		if perr := r.who.check("/vms/"+idStr, "VM.Allocate"); perr != nil {
-			return nil, perr
-		}
-		return nil, aerr
-	}
-	if aerr := r.who.check("/vms/"+strconv.Itoa(id), "VM.Allocate"); aerr != nil {
 		return nil, aerr
 	}
 	skiplock := r.param("skiplock") == "1"
@@ -1054,15 +1041,12 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 }
 
 func (s *Server) agentInterfaces(r *request, idStr string) (any, *apiError) {
-	v, id, aerr := s.vmFor(idStr)
-	if aerr != nil {
-		return nil, aerr
-	}
 	priv := "VM.Monitor"
 	if s.major() >= 9 {
 		priv = "VM.GuestAgent.Audit"
 	}
-	if aerr := r.who.check("/vms/"+strconv.Itoa(id), priv); aerr != nil {
+	v, id, aerr := s.vmAllowed(r, idStr, priv)
+	if aerr != nil {
 		return nil, aerr
 	}
 	s.mu.Lock()
