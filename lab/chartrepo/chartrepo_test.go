@@ -117,6 +117,10 @@ func TestChartRendersLikeUpstream(t *testing.T) {
 	if get(objs["PersistentVolume"][0], "spec", "nfs", "server") != "10.0.0.5" {
 		t.Errorf("root PV %v", objs["PersistentVolume"][0])
 	}
+	vols := get(objs["Deployment"][0], "spec", "template", "spec", "volumes").([]any)
+	if get(vols[0].(map[string]any), "persistentVolumeClaim", "claimName") != "pvc-nfs-provisioner-nfs-subdir-external-provisioner" {
+		t.Errorf("Deployment volume with mountOptions %v", vols[0])
+	}
 
 	// The provisioner name is pinned by a value, and nfs.server is required.
 	objs, err = render(t, map[string]any{
@@ -128,6 +132,15 @@ func TestChartRendersLikeUpstream(t *testing.T) {
 	}
 	if get(objs["StorageClass"][0], "provisioner") != "homelab.local/nfs" || get(objs["StorageClass"][0], "metadata", "name") != "nfs" {
 		t.Errorf("StorageClass %v", objs["StorageClass"][0])
+	}
+	// Without mount options, as upstream: no root PV/PVC pair; the pod
+	// mounts the export itself (nothing waits on a claim to bind).
+	if len(objs["PersistentVolume"])+len(objs["PersistentVolumeClaim"]) != 0 {
+		t.Errorf("root PV/PVC rendered without mountOptions: %v %v", objs["PersistentVolume"], objs["PersistentVolumeClaim"])
+	}
+	vols = get(objs["Deployment"][0], "spec", "template", "spec", "volumes").([]any)
+	if v := vols[0].(map[string]any); get(v, "nfs", "server") != "nas.lan" || v["persistentVolumeClaim"] != nil {
+		t.Errorf("Deployment volume without mountOptions %v", v)
 	}
 	if _, err := render(t, map[string]any{}); err == nil || !strings.Contains(err.Error(), "nfs.server is required") {
 		t.Errorf("render without nfs.server: %v", err)
