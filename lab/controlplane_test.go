@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -39,11 +38,7 @@ func TestTalosStageStartsRealControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ip := func(last byte) string {
-		b := prefix.Addr().As4()
-		b[3] = last
-		return netip.AddrFrom4(b).String()
-	}
+	ip := func(last byte) string { return talossim.HostAddr(prefix, last) }
 	dir := t.TempDir()
 	yaml := fmt.Sprintf(`cluster:
   name: rehearsal

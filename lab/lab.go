@@ -278,11 +278,7 @@ func (l *Lab) stopNode(ev pvesim.VMEvent) {
 	}
 }
 
-func (l *Lab) addr(last byte) string {
-	b := l.prefix.Addr().As4()
-	b[3] = last
-	return netip.AddrFrom4(b).String()
-}
+func (l *Lab) addr(last byte) string { return talossim.HostAddr(l.prefix, last) }
 
 // writeConfig writes the cluster config pointing at the lab, and the API
 // token into a 0600 file next to it (never into the config).

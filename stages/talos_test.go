@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,11 +46,7 @@ func newTalosLab(t *testing.T) *talosLab {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ip := func(last byte) string {
-		b := prefix.Addr().As4()
-		b[3] = last
-		return netip.AddrFrom4(b).String()
-	}
+	ip := func(last byte) string { return talossim.HostAddr(prefix, last) }
 	l := &talosLab{ips: map[string]string{"cp-1": ip(11), "wk-1": ip(21)}}
 	dir := t.TempDir()
 	yaml := fmt.Sprintf(`cluster:

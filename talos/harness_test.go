@@ -65,11 +65,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if ho.profile.Name == "" {
 		ho.profile = talossim.ProfileInstant
 	}
-	ip := func(i int) string {
-		b := prefix.Addr().As4()
-		b[3] = byte(i)
-		return netip.AddrFrom4(b).String()
-	}
+	ip := func(i int) string { return talossim.HostAddr(prefix, byte(i)) }
 	var nodes []Node
 	for i := 1; i <= ho.controlPlanes; i++ {
 		nodes = append(nodes, Node{Name: fmt.Sprintf("cp-%d", i), Role: RoleControlPlane, IP: ip(10 + i), DiskBus: "scsi"})

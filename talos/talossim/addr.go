@@ -27,3 +27,11 @@ func RandomLoopbackPrefix(port int) (netip.Prefix, error) {
 	}
 	return netip.Prefix{}, fmt.Errorf("no free 127.X.Y.0/24 for port %d: %w", port, last)
 }
+
+// HostAddr is the address with the last octet host in the /24 that
+// RandomLoopbackPrefix picked: the nodes of a simulated cluster live there.
+func HostAddr(prefix netip.Prefix, host byte) string {
+	b := prefix.Addr().As4()
+	b[3] = host
+	return netip.AddrFrom4(b).String()
+}

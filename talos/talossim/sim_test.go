@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,11 +47,7 @@ func newFixture(t *testing.T, bundle string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ip := func(last byte) string {
-		b := prefix.Addr().As4()
-		b[3] = last
-		return netip.AddrFrom4(b).String()
-	}
+	ip := func(last byte) string { return talossim.HostAddr(prefix, last) }
 	dir := filepath.Join(t.TempDir(), "lab")
 	os.MkdirAll(dir, 0o700)
 	data, err := os.ReadFile(filepath.Join("..", "testdata", bundle))
