@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -117,6 +118,29 @@ func (h *Harness) Stop() error {
 	defer cancel()
 	_, serr := gitsnap.Stop(ctx, h.paths.StateDir, 5*time.Second, zerolog.Nop())
 	return errors.Join(serr, h.Lab.Stop())
+}
+
+// Leftovers lists the processes still running with the harness directory in
+// their command line ("pid: cmdline"): after Stop there must be none, or a
+// run (or a run killed halfway) left something behind that nothing records.
+func (h *Harness) Leftovers() []string {
+	entries, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(b, []byte(h.opts.Dir)) {
+			continue
+		}
+		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && bytes.Contains(st, []byte(") Z ")) {
+			continue // a zombie: already exited
+		}
+		out = append(out, fmt.Sprintf("%d: %s", pid, strings.TrimSpace(string(bytes.ReplaceAll(b, []byte{0}, []byte{' '})))))
+	}
+	return out
 }
 
 // Binary is the bootstrap executable under test.

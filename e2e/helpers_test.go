@@ -52,6 +52,9 @@ func startHarness(t *testing.T, o e2e.Options) *e2e.Harness {
 		if err := h.Stop(); err != nil {
 			t.Errorf("stopping the lab: %v", err)
 		}
+		if left := h.Leftovers(); len(left) > 0 {
+			t.Errorf("processes left running after the lab stopped:\n  %s", strings.Join(left, "\n  "))
+		}
 		f.Close()
 	})
 	return h

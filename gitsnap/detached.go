@@ -210,7 +210,8 @@ func (o *StartOptions) normalize() error {
 // Start runs `bootstrap gitsnap serve` as a detached child (its own session,
 // so it outlives the caller and its terminal), waits until the URL answers
 // with the branch, and records pid, listen address, URL and served hash in
-// the state file. If the child exits or does not answer in time, the error
+// the state file (the pid as soon as the child runs, the hash once it
+// answers). If the child exits or does not answer in time, the error
 // quotes the end of its log.
 func Start(ctx context.Context, opts StartOptions) (*State, error) {
 	if err := opts.normalize(); err != nil {
@@ -248,6 +249,19 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 	go func() { exitErr = cmd.Wait(); close(exited) }()
 	opts.Log.Info().Int("pid", pid).Str("url", opts.Flags.URL).Str("listen", opts.Flags.Listen).
 		Str("log", logPath).Msg("started the git snapshot server")
+	// Recorded at once, without a hash yet: a caller killed while it waits
+	// below leaves a server that Stop can end and Ensure can adopt, not an
+	// orphan answering at the URL that nothing knows to stop.
+	now := time.Now().UTC()
+	st := &State{
+		PID: pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL,
+		Branch: opts.Flags.Branch, Repo: opts.Flags.Repo, Interval: opts.Flags.Interval,
+		Excludes: opts.Flags.Exclude, LogFile: logPath, StartedAt: now, UpdatedAt: now,
+	}
+	if err := writeState(opts.StateDir, st); err != nil {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("recording the git snapshot server: %w", err)
+	}
 
 	var hash plumbing.Hash
 	err = wait.Until(ctx, wait.Spec{What: "git snapshot server at " + opts.Flags.URL + " to answer", Timeout: opts.Timeout, Interval: 50 * time.Millisecond, Log: opts.Log},
@@ -279,14 +293,10 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 		})
 	if err != nil {
 		_ = cmd.Process.Kill()
+		removeStateIfOwned(opts.StateDir, pid)
 		return nil, fmt.Errorf("%w%s", err, logTail(logPath, logStart))
 	}
-	now := time.Now().UTC()
-	st := &State{
-		PID: pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL, Hash: hash.String(),
-		Branch: opts.Flags.Branch, Repo: opts.Flags.Repo, Interval: opts.Flags.Interval,
-		Excludes: opts.Flags.Exclude, LogFile: logPath, StartedAt: now, UpdatedAt: now,
-	}
+	st.Hash, st.UpdatedAt = hash.String(), time.Now().UTC()
 	if err := writeState(opts.StateDir, st); err != nil {
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("recording the git snapshot server: %w", err)
@@ -464,6 +474,13 @@ func Ensure(ctx context.Context, opts StartOptions, wantHash string) (*State, En
 			return st, EnsureRestarted, err
 		}
 		if status.Serves(wantHash) {
+			if st.Hash != wantHash {
+				// Recorded by a Start whose caller died before the server answered.
+				st.Hash = wantHash
+				if err := recordRefresh(opts.StateDir, st.PID, wantHash); err != nil {
+					return nil, "", fmt.Errorf("recording the git snapshot server: %w", err)
+				}
+			}
 			return st, EnsureReused, nil
 		}
 		if err := refreshRunning(ctx, opts, st, wantHash); err != nil {

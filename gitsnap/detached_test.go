@@ -345,3 +345,63 @@ func TestSystemdUnitExample(t *testing.T) {
 		t.Errorf("ExecReload does not send SIGHUP: %q", execReload)
 	}
 }
+
+// A caller killed while Start waits for its server to answer must leave the
+// server recorded (Stop can end it, Ensure adopts it), not an orphan that
+// answers at the URL with nothing to stop it.
+func TestDetachedServerRecordedBeforeItAnswers(t *testing.T) {
+	fx := newFixture(t)
+	opts := detachedOptions(t, fx, serveDelayEnv+"=1500ms")
+	ctx := context.Background()
+	type started struct {
+		st  *State
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		st, err := Start(ctx, opts)
+		done <- started{st, err}
+	}()
+	var rec *State
+	for deadline := time.Now().Add(10 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var err error
+		if rec, err = ReadState(opts.StateDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec == nil {
+		t.Fatal("no server recorded within 10s of Start")
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("Start returned (%v) before the delayed server could answer: the early record was not seen", r.err)
+	default:
+	}
+	if rec.Hash != "" || rec.URL != opts.Flags.URL || !processAlive(rec.PID) {
+		t.Fatalf("record while starting: %+v (alive %v), want the live pid, the URL and no hash yet", rec, processAlive(rec.PID))
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Start: %v", r.err)
+	}
+	if r.st.PID != rec.PID || r.st.Hash == "" {
+		t.Fatalf("Start returned %+v; recorded pid %d", r.st, rec.PID)
+	}
+	if now, _ := ReadState(opts.StateDir); now == nil || now.Hash != r.st.Hash {
+		t.Fatalf("record once serving: %+v, want hash %s", now, r.st.Hash)
+	}
+
+	// As a resumed run finds it after its predecessor died mid-Start.
+	hashless := *r.st
+	hashless.Hash = ""
+	if err := writeState(opts.StateDir, &hashless); err != nil {
+		t.Fatal(err)
+	}
+	st, action, err := Ensure(ctx, opts, r.st.Hash)
+	if err != nil || action != EnsureReused || st.PID != r.st.PID {
+		t.Fatalf("Ensure on the recorded server: %v %s %+v", err, action, st)
+	}
+	if now, _ := ReadState(opts.StateDir); now == nil || now.Hash != r.st.Hash {
+		t.Fatalf("Ensure did not record the hash it found served: %+v", now)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/alecthomas/kong"
 	"github.com/rs/zerolog"
@@ -19,8 +20,10 @@ import (
 // serveEnv switches the test binary into `bootstrap gitsnap serve`, so the
 // detached-server tests run the real flag parsing and Serve in a child.
 const (
-	serveEnv       = "GITSNAP_TEST_SERVE"
-	ignoreTermEnv  = "GITSNAP_TEST_IGNORE_SIGTERM"
+	serveEnv      = "GITSNAP_TEST_SERVE"
+	ignoreTermEnv = "GITSNAP_TEST_IGNORE_SIGTERM"
+	// serveDelayEnv makes the test server wait this long before serving.
+	serveDelayEnv  = "GITSNAP_TEST_SERVE_DELAY"
 	requireLabEnv  = "BOOTSTRAP_REQUIRE_LAB"
 	testRepoBranch = "main"
 )
@@ -63,6 +66,13 @@ func serveMain(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
+	if d, err := time.ParseDuration(os.Getenv(serveDelayEnv)); err == nil {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return 0
+		}
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	if err := Serve(ctx, flags, log, hup); err != nil {
