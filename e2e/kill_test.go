@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
 )
 
 var (
@@ -247,6 +249,16 @@ func checkChainEnd(t *testing.T, ctx context.Context, h *e2e.Harness, secrets []
 	}
 	if b, err := os.ReadFile(h.Paths().Secrets); err != nil || !bytes.Equal(b, secrets) {
 		t.Errorf("secrets bundle not as first written (%v)", err)
+	}
+	// The snapshot server the cluster pulls from is the one recorded, at the
+	// recorded hash, even when a run was killed while starting it.
+	st, err := state.Load(h.Paths().StateDir, h.Config().Cluster.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := st.Outputs.GitSnapshot
+	if snap, err := gitsnap.Check(ctx, h.Paths().StateDir); err != nil || snap.State == nil || snap.State.PID != rec.PID || !snap.Serves(rec.Hash) {
+		t.Errorf("git snapshot server: the run recorded %+v; found %+v (%v)", rec, snap, err)
 	}
 	if len(c.HelmReleases) == 0 {
 		t.Errorf("no Helm release found")

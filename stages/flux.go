@@ -155,7 +155,11 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	st, _ := gitsnap.Check(ctx, env.Paths.StateDir)
 	if st.State != nil && st.Serves(snap.Hash.String()) {
 		env.UI.OK("git snapshot server (pid %d) already serves %s at %s", st.State.PID, short(snap.Hash.String()), ls.URL)
-		recordSnapshot(env, st.State)
+		// Serves checked the hash; a server whose starting run was killed
+		// is recorded without one.
+		rec := *st.State
+		rec.Hash = snap.Hash.String()
+		recordSnapshot(env, &rec)
 		return ls.URL, snap.Revision(), nil
 	}
 	opts := gitsnap.StartOptions{

@@ -82,7 +82,11 @@ func (c *GitsnapStatusCmd) Run(ctx context.Context, a *App) error {
 		return nil
 	}
 	fmt.Fprintf(a.Stdout, "pid %d alive=%v url %s listen %s\n", st.State.PID, st.Alive, st.State.URL, st.State.Listen)
-	fmt.Fprintf(a.Stdout, "recorded snapshot %s\n", st.State.Hash)
+	if st.State.Hash != "" {
+		fmt.Fprintf(a.Stdout, "recorded snapshot %s\n", st.State.Hash)
+	} else {
+		fmt.Fprintln(a.Stdout, "recorded snapshot: none yet (the server was starting)")
+	}
 	if st.ProbeError != nil {
 		fmt.Fprintf(a.Stdout, "not answering: %v\n", st.ProbeError)
 	} else {
