@@ -473,6 +473,19 @@ func Ensure(ctx context.Context, opts StartOptions, wantHash string) (*State, En
 			st, err := Start(ctx, opts)
 			return st, EnsureRestarted, err
 		}
+		if status.ProbeError != nil {
+			// Alive but not answering: a server whose starting run was
+			// killed may still be starting. A SIGHUP now could end it before
+			// it listens for one, so wait for it as Start would.
+			if status, err = awaitAnswer(ctx, opts, st); err != nil {
+				opts.Log.Warn().Err(err).Int("pid", st.PID).Msg("the recorded git snapshot server does not answer; replacing it")
+				if _, err := Stop(ctx, opts.StateDir, 0, opts.Log); err != nil {
+					return nil, "", err
+				}
+				st, err := Start(ctx, opts)
+				return st, EnsureRestarted, err
+			}
+		}
 		if status.Serves(wantHash) {
 			if st.Hash != wantHash {
 				// Recorded by a Start whose caller died before the server answered.
@@ -500,6 +513,27 @@ func Ensure(ctx context.Context, opts StartOptions, wantHash string) (*State, En
 	}
 	st, err := Start(ctx, opts)
 	return st, EnsureStarted, err
+}
+
+// awaitAnswer waits up to opts.Timeout for the recorded server st to answer
+// at its URL itself, and returns what it serves.
+func awaitAnswer(ctx context.Context, opts StartOptions, st *State) (Status, error) {
+	out := Status{State: st, Alive: true}
+	err := wait.Until(ctx, wait.Spec{What: fmt.Sprintf("git snapshot server (pid %d) at %s to answer", st.PID, st.URL), Timeout: opts.Timeout, Interval: 50 * time.Millisecond, Log: opts.Log},
+		func(ctx context.Context) (bool, string, error) {
+			if !processAlive(st.PID) {
+				return false, "", fmt.Errorf("the git snapshot server (pid %d) exited", st.PID)
+			}
+			out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch)
+			if out.ProbeError != nil {
+				return false, out.ProbeError.Error(), nil
+			}
+			if out.ServedByPID != st.PID {
+				return false, "", fmt.Errorf("%s is answered by another process (pid %d)", st.URL, out.ServedByPID)
+			}
+			return true, "", nil
+		})
+	return out, err
 }
 
 func refreshRunning(ctx context.Context, opts StartOptions, st *State, wantHash string) error {

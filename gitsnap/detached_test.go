@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -403,5 +404,43 @@ func TestDetachedServerRecordedBeforeItAnswers(t *testing.T) {
 	}
 	if now, _ := ReadState(opts.StateDir); now == nil || now.Hash != r.st.Hash {
 		t.Fatalf("Ensure did not record the hash it found served: %+v", now)
+	}
+}
+
+// Ensure finds a recorded server alive but not answering yet (its starting
+// run was killed): it waits for it instead of signalling it, adopts it and
+// records the hash.
+func TestEnsureWaitsForARecordedServerStillStarting(t *testing.T) {
+	fx := newFixture(t)
+	opts := detachedOptions(t, fx, serveDelayEnv+"=1s")
+	if err := opts.normalize(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(opts.Executable, opts.Flags.Args()...)
+	cmd.Env = append(os.Environ(), opts.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec := &State{PID: cmd.Process.Pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL, Branch: opts.Flags.Branch,
+		Repo: opts.Flags.Repo, Interval: opts.Flags.Interval, Excludes: opts.Flags.Exclude}
+	if err := writeState(opts.StateDir, rec); err != nil {
+		t.Fatal(err)
+	}
+	// The hash the server will serve: what Build makes of the same options.
+	snap, err := Build(context.Background(), BuildOptions{Dir: opts.Flags.Repo, Branch: opts.Flags.Branch, Excludes: opts.Flags.Exclude})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, action, err := Ensure(context.Background(), opts, snap.Hash.String())
+	if err != nil || action != EnsureReused || st.PID != rec.PID {
+		t.Fatalf("Ensure on a server still starting: %v %s %+v (recorded pid %d)", err, action, st, rec.PID)
+	}
+	if now, _ := ReadState(opts.StateDir); now == nil || now.Hash != snap.Hash.String() {
+		t.Fatalf("Ensure did not record the hash: %+v", now)
 	}
 }
