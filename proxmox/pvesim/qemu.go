@@ -62,6 +62,10 @@ func (s *Server) vmFor(idStr string) (*vm, int, *apiError) {
 	if err != nil {
 		return nil, 0, err
 	}
+	return s.vmByID(id)
+}
+
+func (s *Server) vmByID(id int) (*vm, int, *apiError) {
 	s.mu.Lock()
 	v := s.vms[id]
 	s.mu.Unlock()
@@ -82,7 +86,7 @@ func (s *Server) vmAllowed(r *request, idStr, priv string) (*vm, int, *apiError)
 	if err := r.who.check("/vms/"+strconv.Itoa(id), priv); err != nil {
 		return nil, id, err
 	}
-	return s.vmFor(idStr)
+	return s.vmByID(id)
 }
 
 // flock takes the per-VM config lock like PVE's lock_config, waiting up
