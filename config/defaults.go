@@ -24,6 +24,13 @@ func Default() *Config {
 			TalosVersion:      DefaultTalosVersion,
 			KubernetesVersion: DefaultKubernetesVersion,
 			Patches:           Patches{Nodes: map[string][]string{}},
+			Timeouts: TalosTimeouts{
+				Call:      Duration(30 * time.Second),
+				Install:   Duration(20 * time.Minute),
+				Reboot:    Duration(10 * time.Minute),
+				Bootstrap: Duration(10 * time.Minute),
+				Health:    Duration(15 * time.Minute),
+			},
 		},
 		Proxmox: Proxmox{
 			Node:        "pve",

@@ -16,7 +16,7 @@ import (
 
 	"reflect"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // DefaultFile is the config file used when --config is not given.

@@ -33,6 +33,17 @@ type Cluster struct {
 	MergeConfigs bool `yaml:"mergeConfigs" doc:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
 	// Parallelism bounds how many nodes the talos stage configures at once.
 	Parallelism int `yaml:"parallelism" doc:"How many nodes the talos stage configures (installs, reboots) at once; 0 means all."`
+	// Timeouts bound the talos stage's waits; slow hardware raises them.
+	Timeouts TalosTimeouts `yaml:"timeouts" doc:"Bounds on the talos stage's waits (raise them for slow disks or networks)."`
+}
+
+// TalosTimeouts bound the waits of the talos stage and of the Talos checks.
+type TalosTimeouts struct {
+	Call      Duration `yaml:"call" doc:"Bound on one Talos API call."`
+	Install   Duration `yaml:"install" doc:"Bound on a node's maintenance apply → install → reboot → configured."`
+	Reboot    Duration `yaml:"reboot" doc:"Bound on a reboot after a configured node's config changed."`
+	Bootstrap Duration `yaml:"bootstrap" doc:"Bound on waiting for the etcd bootstrap to be accepted."`
+	Health    Duration `yaml:"health" doc:"Bound on waiting for etcd membership, service health and the Kubernetes API."`
 }
 
 // Network is the node network.

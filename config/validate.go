@@ -51,6 +51,7 @@ func (c *Config) Validate() error { return c.validate() }
 func (c *Config) validate() error {
 	v := &validator{c: c, errs: &Errors{File: c.src.file}}
 	v.cluster()
+	v.talosTimeouts(c.Cluster.Timeouts)
 	v.nodes()
 	v.proxmox()
 	v.storage()
@@ -88,14 +89,7 @@ func (v *validator) cluster() {
 	c := &v.c.Cluster
 	v.requireLabel("cluster.name", c.Name, "cluster name")
 
-	if _, err := semver.StrictNewVersion(strings.TrimPrefix(c.TalosVersion, "v")); err != nil || !strings.HasPrefix(c.TalosVersion, "v") {
-		v.errf("cluster.talosVersion", "%q is not a Talos version: use the form v1.13.3", c.TalosVersion)
-	} else if tv := semver.MustParse(c.TalosVersion); tv.Major() != 1 || tv.Minor() < 8 || tv.Minor() > 13 {
-		v.errf("cluster.talosVersion", "%s is not supported: this bootstrap generates configs for Talos v1.8 to v1.13", c.TalosVersion)
-	}
-	if _, err := semver.StrictNewVersion(strings.TrimPrefix(c.KubernetesVersion, "v")); err != nil {
-		v.errf("cluster.kubernetesVersion", "%q is not a Kubernetes version: use the form 1.36.1", c.KubernetesVersion)
-	}
+	v.talosVersions()
 
 	prefix, okCIDR := v.cidr()
 	n := c.Network
@@ -379,11 +373,7 @@ func (v *validator) proxmox() {
 	if p.VLAN < 0 || p.VLAN > 4094 {
 		v.errf("proxmox.vlan", "%d is not a VLAN id: use 1-4094, or 0 for untagged", p.VLAN)
 	}
-	if p.ISO.File == "" {
-		v.errf("proxmox.iso.file", "is required: the ISO's file name on %s, e.g. talos-%s-nocloud-amd64.iso", orDefault(p.ISOStorage, "the ISO storage"), v.c.Cluster.TalosVersion)
-	} else if !strings.HasSuffix(p.ISO.File, ".iso") && !strings.HasSuffix(p.ISO.File, ".img") {
-		v.errf("proxmox.iso.file", "%q must end in .iso or .img (Proxmox refuses other names)", p.ISO.File)
-	}
+	v.isoFile(p.ISO.File)
 	if p.ISO.URL != "" {
 		if u, err := url.Parse(p.ISO.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.errf("proxmox.iso.url", "%q is not an http(s) URL", p.ISO.URL)
@@ -400,6 +390,14 @@ func (v *validator) proxmox() {
 	}
 	v.positive("proxmox.taskTimeout", p.TaskTimeout)
 	v.positive("proxmox.bootTimeout", p.BootTimeout)
+}
+
+func (v *validator) talosTimeouts(t TalosTimeouts) {
+	v.positive("cluster.timeouts.call", t.Call)
+	v.positive("cluster.timeouts.install", t.Install)
+	v.positive("cluster.timeouts.reboot", t.Reboot)
+	v.positive("cluster.timeouts.bootstrap", t.Bootstrap)
+	v.positive("cluster.timeouts.health", t.Health)
 }
 
 func (v *validator) positive(path string, d Duration) {

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/lab/kube"
-	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/lab/pvesim"
+	"github.com/homelab/bootstrap/lab/talossim"
 	"github.com/homelab/bootstrap/stages"
-	"github.com/homelab/bootstrap/talos/talossim"
 )
 
 // PathInput is what the critical path of a bring-up depends on: the

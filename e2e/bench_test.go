@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/homelab/bootstrap/proxmox/pvesim"
-	"github.com/homelab/bootstrap/talos/talossim"
+	"github.com/homelab/bootstrap/lab/pvesim"
+	"github.com/homelab/bootstrap/lab/talossim"
 )
 
 func TestCriticalPath(t *testing.T) {

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/e2e"
-	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/lab/pvesim"
+	"github.com/homelab/bootstrap/lab/talossim"
 	"github.com/homelab/bootstrap/stages"
-	"github.com/homelab/bootstrap/talos/talossim"
 )
 
 // injected503 marks the 5xx answers this test injects, so that their

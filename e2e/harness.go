@@ -32,9 +32,9 @@ import (
 	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/lab"
 	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/lab/talossim"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
-	"github.com/homelab/bootstrap/talos/talossim"
 )
 
 // Options shape a harness: a lab plus the binary that runs against it.

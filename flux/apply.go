@@ -113,7 +113,7 @@ func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, t
 	}
 	for _, e := range cs.Entries {
 		if e.Action != ssa.UnchangedAction {
-			c.log.Info().Str("object", e.Subject).Str("action", string(e.Action)).Msg(e.String())
+			c.log.Debug().Str("object", e.Subject).Str("action", string(e.Action)).Msg(e.String())
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)

@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/internal/proc"
 	"github.com/homelab/bootstrap/internal/wait"
 )
 
@@ -236,17 +237,12 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 	cmd.Dir = "/"
 	cmd.Env = append(os.Environ(), opts.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
+	child, err := proc.StartDetached(cmd)
 	logf.Close()
 	if err != nil {
 		return nil, fmt.Errorf("starting %s gitsnap serve: %w", opts.Executable, err)
 	}
-	pid := cmd.Process.Pid
-	var exitErr error
-	exited := make(chan struct{})
-	// Reap the child if it dies while we live, so it never lingers as a zombie.
-	go func() { exitErr = cmd.Wait(); close(exited) }()
+	pid := child.PID
 	opts.Log.Info().Int("pid", pid).Str("url", opts.Flags.URL).Str("listen", opts.Flags.Listen).
 		Str("log", logPath).Msg("started the git snapshot server")
 	// Recorded at once, without a hash yet: a caller killed while it waits
@@ -270,7 +266,7 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 			pctx, cancel := context.WithCancel(ctx)
 			go func() {
 				select {
-				case <-exited:
+				case <-child.Exited:
 					cancel()
 				case <-pctx.Done():
 				}
@@ -278,8 +274,8 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 			h, servedBy, err := probe(pctx, opts.Flags.URL, opts.Flags.Branch)
 			cancel()
 			select {
-			case <-exited:
-				return false, "", fmt.Errorf("the git snapshot server (pid %d) exited: %v", pid, exitErr)
+			case <-child.Exited:
+				return false, "", fmt.Errorf("the git snapshot server (pid %d) exited: %v", pid, child.Err())
 			default:
 			}
 			if err != nil {
@@ -403,34 +399,17 @@ func Stop(ctx context.Context, stateDir string, grace time.Duration, log zerolog
 	if grace <= 0 {
 		grace = 10 * time.Second
 	}
-	stopped := false
-	if processAlive(st.PID) {
-		stopped = true
-		if err := syscall.Kill(st.PID, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return false, fmt.Errorf("stopping the git snapshot server (pid %d): %w", st.PID, err)
-		}
-		err := waitExit(ctx, st.PID, grace, log)
-		if errors.Is(err, wait.ErrTimeout) {
-			log.Warn().Int("pid", st.PID).Msgf("the git snapshot server did not exit within %s of SIGTERM; killing it", grace)
-			if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-				return false, fmt.Errorf("killing the git snapshot server (pid %d): %w", st.PID, err)
-			}
-			err = waitExit(ctx, st.PID, 5*time.Second, log)
-		}
-		if err != nil {
-			return false, err
-		}
+	stopped, err := proc.Stop(ctx, st.PID, "git snapshot server", isServe, grace, log)
+	if err != nil {
+		return stopped, err
+	}
+	if stopped {
 		log.Info().Int("pid", st.PID).Str("url", st.URL).Msg("stopped the git snapshot server")
 	}
 	if err := os.Remove(filepath.Join(stateDir, StateFileName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return stopped, fmt.Errorf("removing the git snapshot server state: %w", err)
 	}
 	return stopped, nil
-}
-
-func waitExit(ctx context.Context, pid int, timeout time.Duration, log zerolog.Logger) error {
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("git snapshot server pid %d to exit", pid), Timeout: timeout, Interval: 100 * time.Millisecond, Log: log},
-		func(context.Context) (bool, string, error) { return !processAlive(pid), "", nil })
 }
 
 // EnsureAction says what Ensure did.
@@ -551,33 +530,9 @@ func refreshRunning(ctx context.Context, opts StartOptions, st *State, wantHash 
 		})
 }
 
-// processAlive reports whether pid is a live (not zombie) `gitsnap serve`
-// process; a reused pid running something else does not count.
-func processAlive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	if _, err := os.Stat("/proc/self"); err != nil {
-		return syscall.Kill(pid, 0) == nil
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
-		if s := stat[i+2]; s == 'Z' || s == 'X' {
-			return false
-		}
-	}
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil {
-		return false
-	}
-	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-	for i := 1; i+1 < len(args); i++ {
-		if args[i] == "gitsnap" && args[i+1] == "serve" {
-			return true
-		}
-	}
-	return false
-}
+// isServe tells a `bootstrap gitsnap serve` process by its command line: a
+// recorded pid reused by something else is not our server.
+var isServe = proc.HasSubcommand("gitsnap", "serve")
+
+// processAlive reports whether pid is a live `gitsnap serve` process.
+func processAlive(pid int) bool { return proc.Alive(pid, isServe) }

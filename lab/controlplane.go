@@ -14,7 +14,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 
 	"github.com/homelab/bootstrap/lab/kube"
-	"github.com/homelab/bootstrap/talos/talossim"
+	"github.com/homelab/bootstrap/lab/talossim"
 )
 
 // ControlPlane is the Kubernetes side of simulated Talos nodes: the

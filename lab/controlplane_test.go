@@ -22,10 +22,9 @@ import (
 	"github.com/homelab/bootstrap/lab"
 	labkube "github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
+	"github.com/homelab/bootstrap/lab/talossim"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
-	"github.com/homelab/bootstrap/talos"
-	"github.com/homelab/bootstrap/talos/talossim"
 	"github.com/homelab/bootstrap/ui"
 )
 
@@ -43,6 +42,7 @@ func TestTalosStageStartsRealControlPlane(t *testing.T) {
 	yaml := fmt.Sprintf(`cluster:
   name: rehearsal
   endpoint: https://%[1]s:6443
+  timeouts: {call: 5s, install: 30s, bootstrap: 90s, health: 90s}
   network: {cidr: %[4]s, gateway: %[5]s, nameservers: [%[5]s]}
 nodes:
   - {name: cp-1, role: controlplane, vmid: 701, ip: %[1]s, cores: 2, memoryMiB: 4096, diskGiB: 32}
@@ -69,8 +69,7 @@ nodes:
 		Secrets: &redact.Set{}, Now: time.Now}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	stage := stages.TalosStage{Ops: talos.OpsOptions{PollInterval: 50 * time.Millisecond, CallTimeout: 5 * time.Second,
-		InstallTimeout: 30 * time.Second, BootstrapTimeout: 90 * time.Second, HealthTimeout: 90 * time.Second}}
+	stage := stages.TalosStage{}
 	started := time.Now()
 	var kc *labkube.Cluster
 	t.Cleanup(func() {

@@ -26,8 +26,8 @@ import (
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/nfs"
 	"github.com/homelab/bootstrap/lab/nfsprovisioner"
-	"github.com/homelab/bootstrap/proxmox/pvesim"
-	"github.com/homelab/bootstrap/talos/talossim"
+	"github.com/homelab/bootstrap/lab/pvesim"
+	"github.com/homelab/bootstrap/lab/talossim"
 )
 
 // Options shape a lab.
@@ -198,7 +198,10 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 		}
 	}
 	l.Kube = NewControlPlane(ko)
-	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, Log: o.Log})
+	// The lab has no way out to the discovery service (discovery.talos.dev):
+	// workers find trustd through the cluster endpoint only, as in an
+	// offline homelab, so a VIP endpoint makes them wait for etcd.
+	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, DiscoveryUnreachable: true, Log: o.Log})
 
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
 	l.PVE, err = pvesim.New(pvesim.Options{
@@ -304,7 +307,7 @@ func (l *Lab) writeConfig() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cfg := fmt.Sprintf(`# Written by "bootstrap lab up": a homelab without hardware. Proxmox and
+	cfg := fmt.Sprintf(`# Written by "bootstrap-lab up": a homelab without hardware. Proxmox and
 # Talos are simulated on %[1]s; the Kubernetes control plane, the Flux
 # controllers, the NFS server and the chart repository are real local
 # processes. Run: bootstrap run --config %[2]s --stage all
@@ -369,7 +372,7 @@ func demoRepo(dir string) (string, error) {
 		"infra/kustomization.yaml": "resources:\n  - namespace.yaml\n  - welcome.yaml\n",
 		"infra/namespace.yaml":     "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: homelab\n",
 		"infra/welcome.yaml":       "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: welcome\n  namespace: homelab\ndata:\n  message: synced by Flux from the lab's git snapshot\n",
-		"README.md":                "Demo homelab repository for `bootstrap lab`. Flux applies ./infra.\n",
+		"README.md":                "Demo homelab repository for `bootstrap-lab`. Flux applies ./infra.\n",
 	}
 	for name, content := range files {
 		p := filepath.Join(dir, name)

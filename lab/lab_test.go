@@ -13,7 +13,6 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/internal/redact"
-	"github.com/homelab/bootstrap/internal/testbin"
 	"github.com/homelab/bootstrap/lab"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 	"github.com/homelab/bootstrap/stages"
@@ -57,7 +56,7 @@ func TestFullPipelineOnTheLab(t *testing.T) {
 		log := kubetest.Logger(t)
 		out.Reset()
 		env := &stages.Env{Config: cfg, Paths: cfg.Paths(), State: st, Log: log, UI: ui.NewReporter(log), Out: &out,
-			Secrets: &redact.Set{}, Now: time.Now, Options: stages.Options{Executable: testbin.Bootstrap(t)}}
+			Secrets: &redact.Set{}, Now: time.Now}
 		if err := stages.Run(ctx, env, pipeline(), stages.RunInfo{ID: "test"}); err != nil {
 			t.Fatalf("%v\n%s", err, out.String())
 		}

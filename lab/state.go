@@ -1,16 +1,19 @@
 package lab
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/internal/proc"
 )
 
 // StateFileName records a running lab in its directory.
@@ -76,45 +79,14 @@ func RemoveRecord(dir string) error {
 	return err
 }
 
-func alive(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	// A zombie is dead for our purposes.
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	for i := 0; i+2 < len(b); i++ {
-		if b[i] == ')' && b[i+1] == ' ' {
-			return b[i+2] != 'Z'
-		}
-	}
-	return true
-}
+// isLab tells a `bootstrap-lab up` process by its command line: a recorded
+// pid reused by something else is not our lab.
+var isLab = proc.HasSubcommand("up")
+
+func alive(pid int) bool { return proc.Alive(pid, isLab) }
 
 // StopProcess sends SIGTERM to the lab process and waits up to grace for
 // it to exit, then SIGKILLs it. It reports whether a process was stopped.
-func StopProcess(pid int, grace time.Duration) (bool, error) {
-	if !alive(pid) {
-		return false, nil
-	}
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
-		return false, err
-	}
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		if !alive(pid) {
-			return true, nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
-	for i := 0; i < 50 && alive(pid); i++ {
-		time.Sleep(100 * time.Millisecond)
-	}
-	if alive(pid) {
-		return true, fmt.Errorf("lab process %d did not exit", pid)
-	}
-	return true, nil
+func StopProcess(ctx context.Context, pid int, grace time.Duration) (bool, error) {
+	return proc.Stop(ctx, pid, "lab", isLab, grace, zerolog.Nop())
 }

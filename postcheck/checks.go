@@ -12,6 +12,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -30,6 +31,7 @@ import (
 	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/talos"
 )
 
 // Names of the checks, stable across releases (dashboards key on them).
@@ -41,6 +43,8 @@ const (
 	CheckNFS          = "nfs-provisioning"
 	CheckEtcd         = "talos-etcd"
 	CheckTalosAPI     = "talos-api"
+	CheckTalosHealth  = "talos-health"
+	CheckTalosVersion = "talos-version"
 	CheckCerts        = "cert-expiry"
 	CheckVMs          = "proxmox-vms"
 )
@@ -51,11 +55,11 @@ const TestPVCLabel = "bootstrap.homelab/postcheck"
 
 // TalosProbe is what the Talos checks need from the Talos API.
 type TalosProbe interface {
-	// EtcdMembers lists etcd member names as seen from a control plane and
-	// whether etcd reports healthy there.
-	EtcdMembers(ctx context.Context) (members []string, healthy bool, err error)
-	// Ping calls the Talos API of one node (Version) with mutual TLS.
-	Ping(ctx context.Context, node string) error
+	// Health judges the cluster as `talosctl health` does: the same
+	// condition the talos stage waits on (talos.Ops.Health).
+	Health(ctx context.Context) talos.HealthReport
+	// Versions reports the Talos version each node runs, by node name.
+	Versions(ctx context.Context) (map[string]string, error)
 }
 
 // VMProbe lists the cluster's VMs that are not running.
@@ -81,6 +85,9 @@ type Options struct {
 	FluxNamespace   string
 	FluxName        string
 	CertWarnDays    int
+	// TalosVersion is the version the config names; nodes that run another
+	// are reported (a warning: an apply never changes it).
+	TalosVersion string
 	// Talos and Proxmox are optional; a nil probe makes its checks warn.
 	Talos   TalosProbe
 	Proxmox VMProbe
@@ -109,6 +116,8 @@ func Checks(o Options) []check.Check {
 		{Name: CheckNFS, Run: c.nfsProvisioning},
 		{Name: CheckEtcd, Run: c.etcd},
 		{Name: CheckTalosAPI, Run: c.talosAPI},
+		{Name: CheckTalosHealth, Run: c.talosHealth},
+		{Name: CheckTalosVersion, Run: c.talosVersion},
 		{Name: CheckCerts, Run: c.certs},
 		{Name: CheckVMs, Run: c.vms},
 	}
@@ -116,6 +125,37 @@ func Checks(o Options) []check.Check {
 
 type checker struct {
 	o Options
+
+	healthOnce sync.Once
+	health     talos.HealthReport
+}
+
+// talosReport runs the cluster health once for the checks that read it.
+func (c *checker) talosReport(ctx context.Context) talos.HealthReport {
+	c.healthOnce.Do(func() { c.health = c.o.Talos.Health(ctx) })
+	return c.health
+}
+
+// healthVerdict passes when every named assertion passed (or was skipped).
+func (c *checker) healthVerdict(ctx context.Context, ok string, names ...string) (check.Status, string) {
+	if c.o.Talos == nil {
+		return check.Warnf("no talosconfig to reach the Talos API with")
+	}
+	r := c.talosReport(ctx)
+	var failing []string
+	for _, name := range names {
+		h, found := r.Get(name)
+		switch {
+		case !found:
+			failing = append(failing, name+": not checked")
+		case !h.OK:
+			failing = append(failing, name+": "+h.Detail)
+		}
+	}
+	if len(failing) > 0 {
+		return check.Failf("%s", strings.Join(failing, "; "))
+	}
+	return check.Passf("%s", ok)
 }
 
 func (c *checker) client() (*kubernetes.Clientset, dynamic.Interface, error) {
@@ -336,58 +376,48 @@ func (c *checker) deletePVC(ctx context.Context, cs kubernetes.Interface, name, 
 }
 
 func (c *checker) etcd(ctx context.Context) (check.Status, string) {
-	if c.o.Talos == nil {
-		return check.Warnf("no talosconfig to reach the Talos API with")
-	}
-	members, healthy, err := c.o.Talos.EtcdMembers(ctx)
-	if err != nil {
-		return check.Failf("listing etcd members: %v", err)
-	}
-	want := map[string]bool{}
+	cps := 0
 	for _, n := range c.o.Nodes {
 		if n.Role == "controlplane" {
-			want[n.Name] = true
+			cps++
 		}
 	}
-	var extra, missing []string
-	have := map[string]bool{}
-	for _, m := range members {
-		have[m] = true
-		if !want[m] {
-			extra = append(extra, m)
-		}
-	}
-	for n := range want {
-		if !have[n] {
-			missing = append(missing, n)
-		}
-	}
-	sort.Strings(missing)
-	switch {
-	case len(missing) > 0 || len(extra) > 0:
-		return check.Failf("etcd has %d member(s) for %d control plane(s); missing: %s; unexpected: %s", len(members), len(want), listOrNone(missing), listOrNone(extra))
-	case !healthy:
-		return check.Failf("etcd has one member per control plane but is not healthy")
-	}
-	return check.Passf("etcd healthy with %d member(s), one per control plane", len(members))
+	return c.healthVerdict(ctx, fmt.Sprintf("etcd healthy with %d member(s), one per control plane, the same on every control plane", cps),
+		talos.HealthEtcdHealthy, talos.HealthEtcdConsistent, talos.HealthEtcdControlPlanes)
 }
 
 func (c *checker) talosAPI(ctx context.Context) (check.Status, string) {
+	return c.healthVerdict(ctx, fmt.Sprintf("Talos API answers on all %d node(s)", len(c.o.Nodes)), talos.HealthApidReady)
+}
+
+// talosHealth is the rest of `talosctl health`: boot sequences, kubelets,
+// static pods, registration, kube-proxy and CoreDNS where deployed.
+func (c *checker) talosHealth(ctx context.Context) (check.Status, string) {
+	return c.healthVerdict(ctx, "every node finished its boot sequence; kubelet, control-plane static pods, kube-proxy and CoreDNS (where deployed) ready",
+		talos.HealthKubeletHealthy, talos.HealthBootFinished, talos.HealthK8sNodesReported, talos.HealthStaticPods,
+		talos.HealthKubeProxyReady, talos.HealthCoreDNSReady, talos.HealthK8sNodesSchedulable)
+}
+
+// talosVersion warns when a node runs another Talos than the config names.
+func (c *checker) talosVersion(ctx context.Context) (check.Status, string) {
 	if c.o.Talos == nil {
 		return check.Warnf("no talosconfig to reach the Talos API with")
 	}
-	var down []string
+	versions, err := c.o.Talos.Versions(ctx)
+	if err != nil {
+		return check.Warnf("reading node versions: %v", err)
+	}
+	var drift []string
 	for _, n := range c.o.Nodes {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := c.o.Talos.Ping(pctx, n.Name); err != nil {
-			down = append(down, fmt.Sprintf("%s (%v)", n.Name, err))
+		if v := versions[n.Name]; v != "" && v != c.o.TalosVersion {
+			drift = append(drift, fmt.Sprintf("%s runs %s", n.Name, v))
 		}
-		cancel()
 	}
-	if len(down) > 0 {
-		return check.Failf("Talos API not answering on %s", strings.Join(down, ", "))
+	sort.Strings(drift)
+	if len(drift) > 0 {
+		return check.Warnf("the config says %s but %s (an upgrade changes the running Talos; an apply does not)", c.o.TalosVersion, strings.Join(drift, ", "))
 	}
-	return check.Passf("Talos API answers on all %d node(s)", len(c.o.Nodes))
+	return check.Passf("every node runs Talos %s", c.o.TalosVersion)
 }
 
 // certs warns when the client certificates in the talosconfig and the
@@ -503,13 +533,6 @@ func apiHost(kubeconfigPath string) string {
 		}
 	}
 	return "?"
-}
-
-func listOrNone(s []string) string {
-	if len(s) == 0 {
-		return "none"
-	}
-	return strings.Join(s, ", ")
 }
 
 func randHex(n int) string {

@@ -61,6 +61,9 @@ type Options struct {
 	DownloadTimeout time.Duration
 	// RequestTimeout bounds one HTTP request (default 30s).
 	RequestTimeout time.Duration
+	// TicketRenewAfter is the age at which a password login's ticket is
+	// renewed (default 1h; PVE's tickets last 2h).
+	TicketRenewAfter time.Duration
 }
 
 // Client talks to one Proxmox VE node. It is safe for concurrent use;
@@ -110,13 +113,15 @@ func New(ctx context.Context, o Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: %w", err)
 	}
-	hc := &http.Client{
-		Timeout: o.RequestTimeout,
-		Transport: &transport{
-			base: &http.Transport{TLSClientConfig: tlsCfg, DisableCompression: true, MaxIdleConnsPerHost: 16, ForceAttemptHTTP2: false},
-			log:  log,
-		},
+	if o.TicketRenewAfter <= 0 {
+		o.TicketRenewAfter = time.Hour
 	}
+	base := &http.Transport{TLSClientConfig: tlsCfg, DisableCompression: true, MaxIdleConnsPerHost: 16, ForceAttemptHTTP2: false}
+	tr := &transport{base: base, log: log}
+	if o.TokenID == "" && o.Username != "" {
+		tr.auth = &ticketAuth{user: o.Username, password: o.Password, loginURL: u.String() + "/access/ticket", base: base, renewAfter: o.TicketRenewAfter}
+	}
+	hc := &http.Client{Timeout: o.RequestTimeout, Transport: tr}
 	// TaskTimeout here only bounds Telmate's own waits, which this package
 	// does not use for tasks (see waitTask).
 	px, err := pxapi.NewClient(u.String(), hc, "", nil, "", int(o.TaskTimeout/time.Second), false)
@@ -132,9 +137,11 @@ func New(ctx context.Context, o Options) (*Client, error) {
 		}
 		px.SetAPIToken(id, pxapi.ApiTokenSecret(o.TokenSecret))
 	case o.Username != "":
+		// The first login, so that bad credentials fail here; the
+		// transport renews the ticket from then on.
 		err := retry.Do(ctx, o.Retry, log, "log in to Proxmox", func(ctx context.Context) error {
-			cctx, cl := withCall(ctx)
-			return cl.classify("POST", "/access/ticket", px.Login(cctx, o.Username, o.Password, ""))
+			_, _, err := tr.auth.current(ctx)
+			return classify("POST", "/access/ticket", err)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("proxmox: logging in as %s: %w", o.Username, err)
@@ -159,6 +166,8 @@ func (c *Client) Node() string { return c.node }
 type transport struct {
 	base http.RoundTripper
 	log  zerolog.Logger
+	// auth, with password login, keeps the ticket fresh (nil with a token).
+	auth *ticketAuth
 }
 
 type callKey struct{}
@@ -194,20 +203,28 @@ func (cl *call) classify(method, path string, err error) error {
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	start := time.Now()
 	cl, _ := req.Context().Value(callKey{}).(*call)
-	resp, err := t.base.RoundTrip(req)
-	if err != nil {
-		t.log.Debug().Str("method", req.Method).Str("path", req.URL.Path).Err(err).Msg("proxmox request failed")
-		if cl == nil {
-			return nil, err
+	authed, err := t.auth.authorize(req)
+	if err == nil {
+		var resp *http.Response
+		if resp, err = t.base.RoundTrip(authed); err == nil {
+			return t.answer(authed, cl, resp, start)
 		}
-		cl.netErr = err
-		body := []byte(`{"data":null,"message":"network error (see the recorded error)"}`)
-		return &http.Response{
-			StatusCode: 599, Status: "599 network error", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-			Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(body)),
-			ContentLength: int64(len(body)), Request: req,
-		}, nil
 	}
+	t.log.Debug().Str("method", req.Method).Str("path", req.URL.Path).Err(err).Msg("proxmox request failed")
+	if cl == nil {
+		return nil, err
+	}
+	cl.netErr = err
+	body := []byte(`{"data":null,"message":"network error (see the recorded error)"}`)
+	return &http.Response{
+		StatusCode: 599, Status: "599 network error", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(body)),
+		ContentLength: int64(len(body)), Request: req,
+	}, nil
+}
+
+// answer adapts a received answer (see transport).
+func (t *transport) answer(req *http.Request, cl *call, resp *http.Response, start time.Time) (*http.Response, error) {
 	t.log.Trace().Str("method", req.Method).Str("path", req.URL.Path).Int("status", resp.StatusCode).
 		Dur("took", time.Since(start)).Msg("proxmox request")
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {

@@ -2,6 +2,7 @@ package proxmox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -159,7 +160,14 @@ func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan
 			byID = &vms[i]
 			continue
 		}
-		if v.Name == spec.Name {
+		if v.Type != "qemu" {
+			continue
+		}
+		name, err := c.guestName(ctx, v)
+		if err != nil {
+			return p, err
+		}
+		if name == spec.Name {
 			if v.HasTag(tag) {
 				return p, &ForeignVMError{Spec: spec, Other: v, What: fmt.Sprintf("this cluster's VM named %s already exists with vmid %d; set that vmid in the config or destroy VM %d", spec.Name, v.VMID, v.VMID)}
 			}
@@ -167,8 +175,25 @@ func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan
 		}
 	}
 	if byID == nil {
+		// /cluster/resources leaves out guests the token cannot VM.Audit;
+		// /cluster/nextid?vmid= checks the whole cluster's VMID list for
+		// any user (pve-manager PVE/API2/Cluster.pm nextid).
+		if taken, err := c.VMIDTaken(ctx, spec.VMID); err != nil {
+			return p, err
+		} else if taken {
+			return p, &ForeignVMError{Spec: spec, What: fmt.Sprintf("VMID %d is taken by a VM or container this token cannot audit (it needs VM.Audit on /vms/%d to see which); pick another vmid", spec.VMID, spec.VMID)}
+		}
 		p.Create, p.Start = true, true
 		return p, nil
+	}
+	if byID.Type == "lxc" {
+		return p, &ForeignVMError{Spec: spec, Other: *byID, What: fmt.Sprintf("CT %d exists (container %q on node %s): a container holds the vmid; pick another vmid", byID.VMID, byID.Name, byID.Node)}
+	}
+	if byID.Node != "" && byID.Node != c.node {
+		if byID.HasTag(tag) {
+			return p, &ForeignVMError{Spec: spec, Other: *byID, What: fmt.Sprintf("VM %d carries this cluster's tag but runs on node %s, not %s: migrate it back to %s (bootstrap places every VM on proxmox.node)", byID.VMID, byID.Node, c.node, c.node)}
+		}
+		return p, &ForeignVMError{Spec: spec, Other: *byID, What: fmt.Sprintf("vmid %d is used by VM %q on node %s, which is not part of cluster %s; pick another vmid", byID.VMID, byID.Name, byID.Node, spec.Cluster)}
 	}
 	if !byID.HasTag(tag) {
 		if byID.Lock == "create" && byID.Name == "" {
@@ -181,10 +206,46 @@ func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan
 	if err != nil {
 		return p, fmt.Errorf("reading VM %d config: %w", spec.VMID, err)
 	}
-	p.Adopt, p.Config, p.Status = true, cfg, byID.Status
-	p.Start = byID.Status != "running"
+	// The listed status lags the VM by up to one pvestatd broadcast (10 s);
+	// status/current is the VM's own.
+	st, err := c.Status(ctx, spec.VMID)
+	if err != nil {
+		return p, fmt.Errorf("reading VM %d status: %w", spec.VMID, err)
+	}
+	p.Adopt, p.Config, p.Status = true, cfg, st.Status
+	p.Start = !st.Running()
 	p.Drift, p.Update, p.GrowDisk = diff(spec, cfg)
 	return p, nil
+}
+
+// guestName is a listed VM's name; a VM not yet in a pvestatd broadcast
+// is listed without one, so its config tells.
+func (c *Client) guestName(ctx context.Context, v VMSummary) (string, error) {
+	if v.Name != "" || v.Node != c.node {
+		return v.Name, nil
+	}
+	st, err := c.Status(ctx, v.VMID)
+	if err != nil {
+		if IsNotFound(err) {
+			return "", nil // gone since it was listed
+		}
+		return "", fmt.Errorf("reading the name of VM %d: %w", v.VMID, err)
+	}
+	return st.Name, nil
+}
+
+// VMIDTaken reports whether any guest in the cluster holds vmid, whether or
+// not this token may see it.
+func (c *Client) VMIDTaken(ctx context.Context, vmid int) (bool, error) {
+	_, err := c.getData(ctx, fmt.Sprintf("/cluster/nextid?vmid=%d", vmid))
+	if err == nil {
+		return false, nil
+	}
+	// raise_param_exc({vmid => "VM <id> already exists"}): a 400.
+	if pe := (*APIError)(nil); errors.As(err, &pe) && strings.Contains(pe.Params["vmid"], "already exists") {
+		return true, nil
+	}
+	return false, fmt.Errorf("checking whether VMID %d is free: %w", vmid, err)
 }
 
 // diff compares spec with the VM's effective config.

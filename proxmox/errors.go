@@ -58,8 +58,11 @@ func (e *TaskError) Error() string {
 }
 
 // lockText matches PVE's texts for a VM that is busy with something else;
-// these clear by themselves, so they are retried.
-var lockText = regexp.MustCompile(`VM is locked|can't lock file|got timeout|resource busy|cfs-lock .* timeout`)
+// these clear by themselves, so they are retried: "VM is locked (…)"
+// (qemu-server PVE::QemuConfig check_lock), "can't lock file '…' - got
+// timeout" (pve-common PVE::Tools lock_file_full), "cfs-lock '…' error: got
+// lock request timeout" (pve-cluster PVE::Cluster cfs_lock).
+var lockText = regexp.MustCompile(`VM is locked|can't lock file|got timeout|cfs-lock .* timeout`)
 
 // permanent500 matches 500 answers that describe a state, not a hiccup:
 // PVE uses 500 for almost everything, and retrying these only delays the

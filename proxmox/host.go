@@ -76,8 +76,13 @@ type NodeStatus struct {
 	CPUModel    string
 	MemoryTotal int64
 	MemoryUsed  int64
-	MemoryFree  int64
-	Uptime      int64
+	// MemoryAvailable is what new VMs can have: the kernel's MemAvailable,
+	// which counts the page cache it can drop. PVE 9 reports it as
+	// memory.available; before, used is total − MemAvailable (since
+	// pve-common 8.3.1), so total − used. memory.free is the raw MemFree
+	// and far too low on a host with a warm cache.
+	MemoryAvailable int64
+	Uptime          int64
 }
 
 // NodeStatus reads GET /nodes/{node}/status.
@@ -88,7 +93,12 @@ func (c *Client) NodeStatus(ctx context.Context) (NodeStatus, error) {
 	}
 	ns := NodeStatus{Uptime: num(m["uptime"])}
 	if mem, ok := m["memory"].(map[string]any); ok {
-		ns.MemoryTotal, ns.MemoryUsed, ns.MemoryFree = num(mem["total"]), num(mem["used"]), num(mem["free"])
+		ns.MemoryTotal, ns.MemoryUsed = num(mem["total"]), num(mem["used"])
+		if avail, ok := mem["available"]; ok {
+			ns.MemoryAvailable = num(avail)
+		} else {
+			ns.MemoryAvailable = ns.MemoryTotal - ns.MemoryUsed
+		}
 	}
 	if ci, ok := m["cpuinfo"].(map[string]any); ok {
 		ns.CPUs, ns.CPUModel = int(num(ci["cpus"])), str(ci["model"])
@@ -143,15 +153,26 @@ func (c *Client) Storages(ctx context.Context) ([]Storage, error) {
 	return out, nil
 }
 
-// Bridge is a Linux bridge on the node.
+// Bridge is a Linux bridge, or an SDN VNet, on the node.
 type Bridge struct {
 	Name      string
 	VLANAware bool
 	Active    bool
 	CIDR      string
+	// Zone is the SDN zone whose privileges govern it: localnetwork for a
+	// plain bridge, the VNet's zone for a VNet ("" when the token cannot
+	// read the VNet's config).
+	Zone string
+	VNet bool
 }
 
-// Bridges lists the node's bridges (GET /nodes/{node}/network?type=any_bridge).
+// LocalZone is the SDN zone of plain bridges.
+const LocalZone = "localnetwork"
+
+// Bridges lists the node's bridges and SDN VNets (GET
+// /nodes/{node}/network?type=any_bridge). On PVE 8+ the list leaves out
+// what the token may neither audit nor use (SDN.Audit/SDN.Use on
+// /sdn/zones/<zone>/<bridge>, pve-manager PVE/API2/Network.pm), silently.
 func (c *Client) Bridges(ctx context.Context) ([]Bridge, error) {
 	list, err := c.getList(ctx, "/nodes/"+c.node+"/network?type=any_bridge")
 	if err != nil {
@@ -159,7 +180,21 @@ func (c *Client) Bridges(ctx context.Context) ([]Bridge, error) {
 	}
 	var out []Bridge
 	for _, e := range list {
-		out = append(out, Bridge{Name: str(e["iface"]), VLANAware: num(e["bridge_vlan_aware"]) == 1, Active: num(e["active"]) == 1, CIDR: str(e["cidr"])})
+		b := Bridge{Name: str(e["iface"]), Active: num(e["active"]) == 1, CIDR: str(e["cidr"]), Zone: LocalZone}
+		if str(e["type"]) == "vnet" {
+			// A VNet's privileges live under its own zone
+			// (check_vnet_access, pve-guest-common GuestHelpers.pm); only
+			// its config names the zone.
+			b.VNet, b.VLANAware, b.Zone = true, num(e["vlanaware"]) == 1, ""
+			if m, err := c.getMap(ctx, "/cluster/sdn/vnets/"+url.PathEscape(b.Name)); err == nil {
+				b.Zone = str(m["zone"])
+			} else if !IsForbidden(err) {
+				return nil, err
+			}
+		} else {
+			b.VLANAware = num(e["bridge_vlan_aware"]) == 1
+		}
+		out = append(out, b)
 	}
 	return out, nil
 }
@@ -287,4 +322,70 @@ func num(v any) int64 {
 		}
 	}
 	return 0
+}
+
+// TagPolicy is datacenter.cfg's tag policy as the token sees it (GET
+// /cluster/options, pve-manager PVE/API2/Cluster.pm get_options).
+type TagPolicy struct {
+	// Known is true when the token could read user-tag-access and
+	// registered-tags (Sys.Audit on /).
+	Known bool
+	// UserAllow is user-tag-access's user-allow (default free).
+	UserAllow string
+	// Registered tags need Sys.Modify on /.
+	Registered map[string]bool
+	// Allowed are the tags the token may set besides free-form ones
+	// (allowed-tags: existing ones, the allow-list).
+	Allowed map[string]bool
+}
+
+// Allows reports whether a user without Sys.Modify on / may set tag
+// (get_allowed_tags and assert_tag_permissions in pve-guest-common
+// src/PVE/GuestHelpers.pm): not registered, and free-form or allowed.
+func (p TagPolicy) Allows(tag string) bool {
+	if p.Registered[tag] {
+		return false
+	}
+	return (p.Known && p.UserAllow == "free") || p.Allowed[tag]
+}
+
+// TagPolicy reads the datacenter's tag policy.
+func (c *Client) TagPolicy(ctx context.Context) (TagPolicy, error) {
+	m, err := c.getMap(ctx, "/cluster/options")
+	if err != nil {
+		return TagPolicy{}, err
+	}
+	p := TagPolicy{UserAllow: "free", Registered: map[string]bool{}, Allowed: map[string]bool{}}
+	for _, t := range list(m["allowed-tags"]) {
+		p.Allowed[t] = true
+	}
+	for _, t := range list(m["registered-tags"]) {
+		p.Registered[t] = true
+	}
+	// Without Sys.Audit on / only console and tag-style come back.
+	held, err := c.Permissions(ctx, []string{"/"})
+	if err != nil {
+		return p, err
+	}
+	p.Known = held["/"]["Sys.Audit"]
+	if uta, ok := m["user-tag-access"].(map[string]any); ok {
+		if a := str(uta["user-allow"]); a != "" {
+			p.UserAllow = a
+		}
+	}
+	return p, nil
+}
+
+func list(v any) []string {
+	switch t := v.(type) {
+	case []any:
+		out := make([]string, 0, len(t))
+		for _, e := range t {
+			out = append(out, str(e))
+		}
+		return out
+	case string:
+		return strings.FieldsFunc(t, func(r rune) bool { return r == ';' || r == ',' })
+	}
+	return nil
 }

@@ -20,6 +20,16 @@ type PrecheckInput struct {
 	// ISOSizeBytes is the expected download size when the ISO is missing
 	// (default 150 MiB, a Talos ISO with some room).
 	ISOSizeBytes int64
+	// Zones maps a VNet to its SDN zone; bridges not in it belong to
+	// localnetwork.
+	Zones map[string]string
+}
+
+func (in PrecheckInput) zone(bridge string) string {
+	if z, ok := in.Zones[bridge]; ok {
+		return z
+	}
+	return LocalZone
 }
 
 // Grant is a set of privileges on one path.
@@ -67,12 +77,14 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 		p, planned := plans[s.VMID]
 		if !planned || p.Create || p.WaitCreate {
 			needs = append(needs, allOf(fmt.Sprintf("create and start VM %d %s", s.VMID, s.Name), vmPath, createPrivileges...))
+			// A cloudinit volume needs no Datastore.AllocateSpace
+			// (qemu-server PVE/API2/Qemu.pm check_storage_access: "nothing
+			// to check"), only the disks do.
 			needs = append(needs, allOf("allocate disks for VM "+strconv.Itoa(s.VMID), "/storage/"+s.DiskStorage, "Datastore.AllocateSpace"))
-			if ci := s.cloudInitStorage(); ci != s.DiskStorage {
-				needs = append(needs, allOf("allocate the cloud-init drive of VM "+strconv.Itoa(s.VMID), "/storage/"+ci, "Datastore.AllocateSpace"))
-			}
-			if v.Major >= 8 {
-				path := "/sdn/zones/localnetwork/" + s.Bridge
+			if zone := in.zone(s.Bridge); v.Major >= 8 && zone != "" {
+				// check_vnet_access (pve-guest-common GuestHelpers.pm):
+				// SDN.Use on the bridge's zone path, and its VLAN when tagged.
+				path := "/sdn/zones/" + zone + "/" + s.Bridge
 				if s.VLAN != 0 {
 					path += "/" + strconv.Itoa(s.VLAN)
 				}
@@ -104,10 +116,14 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 	needs = append(needs, anyOf("list and attach ISOs on "+in.ISO.Storage, "/storage/"+in.ISO.Storage, "Datastore.Audit", "Datastore.AllocateSpace"))
 	if downloadISO {
 		needs = append(needs, allOf("download the Talos ISO", "/storage/"+in.ISO.Storage, "Datastore.AllocateTemplate"))
-		needs = append(needs, Need{Why: "download from a URL", Options: []Grant{
-			{Path: "/", Privs: []string{"Sys.Audit", "Sys.Modify"}},
-			{Path: "/nodes/" + node, Privs: []string{"Sys.AccessNetwork"}},
-		}})
+		// download-url (pve-storage src/PVE/API2/Storage/Status.pm): Sys.Audit
+		// and Sys.Modify on /, or Sys.AccessNetwork on the node, a privilege
+		// pve-access-control only has since 8.1.2 (shipped with PVE 8.2).
+		web := Need{Why: "download from a URL", Options: []Grant{{Path: "/", Privs: []string{"Sys.Audit", "Sys.Modify"}}}}
+		if v.AtLeast(8, 2) {
+			web.Options = append(web.Options, Grant{Path: "/nodes/" + node, Privs: []string{"Sys.AccessNetwork"}})
+		}
+		needs = append(needs, web)
 	}
 	return needs
 }
@@ -209,6 +225,11 @@ type facts struct {
 	status   lazy[NodeStatus]
 	plans    lazy[planSet]
 	iso      lazy[bool]
+	bridges  lazy[[]Bridge]
+}
+
+func (f *facts) getBridges(ctx context.Context) ([]Bridge, error) {
+	return f.bridges.get(func() ([]Bridge, error) { return f.c.Bridges(ctx) })
 }
 
 type planSet struct {
@@ -327,6 +348,17 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			if err != nil && !IsForbidden(err) {
 				return check.Failf("cannot list ISOs on %s: %v", in.ISO.Storage, err)
 			}
+			bridges, err := f.getBridges(ctx)
+			if err != nil {
+				return check.Failf("cannot list bridges: %v", err)
+			}
+			in := in
+			in.Zones = map[string]string{}
+			for _, b := range bridges {
+				if b.VNet {
+					in.Zones[b.Name] = b.Zone
+				}
+			}
 			needs := RequiredPrivileges(c.node, v, in, ps.plans, !present)
 			var paths []string
 			for _, n := range needs {
@@ -380,6 +412,12 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 				return st, msg
 			}
 			return f.checkBridges(ctx)
+		}},
+		{Name: "proxmox: tags", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkTags(ctx)
 		}},
 		{Name: "proxmox: RAM and CPU headroom", Run: func(ctx context.Context) (check.Status, string) {
 			if st, msg, ok := f.gate(ctx); !ok {
@@ -512,9 +550,13 @@ func (f *facts) checkISOStorage(ctx context.Context) (check.Status, string) {
 }
 
 func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
-	bridges, err := f.c.Bridges(ctx)
+	bridges, err := f.getBridges(ctx)
 	if err != nil {
 		return check.Failf("cannot list bridges: %v", err)
+	}
+	v, err := f.getVersion(ctx)
+	if err != nil {
+		return check.Failf("cannot read version: %v", err)
 	}
 	have := map[string]Bridge{}
 	for _, b := range bridges {
@@ -530,8 +572,19 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 		seen[key] = true
 		b, ok := have[s.Bridge]
 		switch {
+		case !ok && v.Major >= 8:
+			// PVE 8+ lists only the bridges the token may audit or use:
+			// tell a missing privilege from a missing bridge.
+			path := "/sdn/zones/" + LocalZone + "/" + s.Bridge
+			held, err := f.c.Permissions(ctx, []string{path})
+			if err == nil && !held[path]["SDN.Audit"] && !held[path]["SDN.Use"] {
+				return check.Failf("bridge %s is not visible to the token: it needs SDN.Use (or at least SDN.Audit) on %s (Proxmox VE 8+ lists only the bridges a token may use)", s.Bridge, path)
+			}
+			return check.Failf("bridge %s not found on node %s", s.Bridge, f.c.node)
 		case !ok:
 			return check.Failf("bridge %s not found on node %s", s.Bridge, f.c.node)
+		case b.VNet && b.Zone == "":
+			return check.Warnf("%s is an SDN VNet whose zone the token cannot read (SDN.Audit on its zone): the SDN.Use it needs was not checked", s.Bridge)
 		case s.VLAN != 0 && !b.VLANAware:
 			return check.Failf("bridge %s is not VLAN aware but VLAN %d is configured (enable 'VLAN aware' on it)", s.Bridge, s.VLAN)
 		}
@@ -542,6 +595,79 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 		}
 	}
 	return check.Passf("%s present", strings.Join(parts, ", "))
+}
+
+// checkTags proves the VMs' tags can be set. Creating a VM with tags, or
+// changing them, passes assert_tag_permissions (pve-guest-common
+// src/PVE/GuestHelpers.pm): without Sys.Modify on /, each tag must be
+// allowed by datacenter.cfg's user-tag-access (free by default) and not be
+// a registered tag. GET /cluster/options tells the policy with Sys.Audit
+// on /, and to every user the tags it may set (allowed-tags).
+func (f *facts) checkTags(ctx context.Context) (check.Status, string) {
+	ps, err := f.getPlans(ctx)
+	if err != nil {
+		return check.Failf("cannot list VMs: %v", err)
+	}
+	want := map[string]bool{}
+	for _, s := range f.in.VMs {
+		p, ok := ps.plans[s.VMID]
+		if ok && !p.Create && !p.WaitCreate {
+			continue // its tags are already set
+		}
+		for _, t := range s.Tags() {
+			want[t] = true
+		}
+	}
+	if len(want) == 0 {
+		return check.Passf("no new tags to set")
+	}
+	held, err := f.c.Permissions(ctx, []string{"/"})
+	if err != nil {
+		return check.Failf("cannot read the token's permissions: %v", err)
+	}
+	if held["/"]["Sys.Modify"] {
+		return check.Passf("Sys.Modify on / allows any tag")
+	}
+	policy, err := f.c.TagPolicy(ctx)
+	if err != nil {
+		return check.Failf("cannot read the datacenter tag policy: %v", err)
+	}
+	var refused []string
+	for t := range want {
+		if !policy.Allows(t) {
+			refused = append(refused, t)
+		}
+	}
+	sort.Strings(refused)
+	switch {
+	case len(refused) > 0 && policy.Known:
+		return check.Failf("datacenter.cfg does not let the token set the tag(s) %s (user-tag-access %s%s): grant Sys.Modify on / or allow them in Datacenter → Options → User Tag Access", strings.Join(refused, ", "), policy.UserAllow, registeredNote(policy, refused))
+	case len(refused) > 0:
+		return check.Warnf("cannot tell whether the tag(s) %s may be set: they are not among the tags this token is allowed, and reading the tag policy needs Sys.Audit on / (the create fails with 'Sys.Modify for modifying tag' if they are not free-form)", strings.Join(refused, ", "))
+	}
+	return check.Passf("tags %s may be set", strings.Join(sortedKeys(want), ", "))
+}
+
+func registeredNote(p TagPolicy, tags []string) string {
+	var reg []string
+	for _, t := range tags {
+		if p.Registered[t] {
+			reg = append(reg, t)
+		}
+	}
+	if len(reg) == 0 {
+		return ""
+	}
+	return "; registered tags need Sys.Modify: " + strings.Join(reg, ", ")
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
@@ -568,8 +694,8 @@ func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
 			needMem += int64(s.MemoryMiB) << 20
 		}
 	}
-	if needMem > ns.MemoryFree {
-		return check.Failf("%s RAM needed for VMs to start, only %s free of %s", gib(needMem), gib(ns.MemoryFree), gib(ns.MemoryTotal))
+	if needMem > ns.MemoryAvailable {
+		return check.Failf("%s RAM needed for VMs to start, only %s available of %s", gib(needMem), gib(ns.MemoryAvailable), gib(ns.MemoryTotal))
 	}
 	after := ns.MemoryUsed + needMem
 	pct := float64(after) * 100 / float64(ns.MemoryTotal)

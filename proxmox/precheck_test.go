@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/homelab/bootstrap/check"
-	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/lab/pvesim"
 )
 
 var vlanBridge = []pvesim.BridgeSpec{{Name: "vmbr0", VLANAware: true, Ports: "enp1s0"}}
@@ -121,7 +121,7 @@ func TestPrecheckHostProblems(t *testing.T) {
 	expect(t, rs, "proxmox: RAM and CPU headroom", check.Warn, "above 90%")
 	in.VMs[0].MemoryMiB = 4096
 	rs = runPrechecks(t, e.c, in)
-	expect(t, rs, "proxmox: RAM and CPU headroom", check.Fail, "8.0 GiB RAM needed for VMs to start, only 6.5 GiB free")
+	expect(t, rs, "proxmox: RAM and CPU headroom", check.Fail, "8.0 GiB RAM needed for VMs to start, only 6.5 GiB available")
 }
 
 func TestPrecheckAuthAndReachability(t *testing.T) {

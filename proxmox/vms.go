@@ -18,7 +18,9 @@ func ClusterTag(cluster string) string { return "bootstrap-" + cluster }
 
 // VMSummary is one VM as GET /cluster/resources lists it.
 type VMSummary struct {
-	VMID   int
+	VMID int
+	// Type is "qemu" (a VM) or "lxc" (a container): both hold VMIDs.
+	Type   string
 	Name   string
 	Node   string
 	Status string
@@ -40,7 +42,11 @@ func (v VMSummary) HasTag(tag string) bool {
 	return false
 }
 
-// ListVMs lists every VM the token can see (VM.Audit) in the cluster.
+// ListVMs lists every guest, VM or container, the token can see
+// (VM.Audit) in the cluster. Name and status come from pvestatd's 10 s
+// broadcast (PVE::API2Tools::extract_vm_stats): a guest just created shows
+// no name and status "unknown" for a while; read its config and
+// status/current where it matters.
 func (c *Client) ListVMs(ctx context.Context) ([]VMSummary, error) {
 	list, err := c.getList(ctx, "/cluster/resources?type=vm")
 	if err != nil {
@@ -48,11 +54,12 @@ func (c *Client) ListVMs(ctx context.Context) ([]VMSummary, error) {
 	}
 	var out []VMSummary
 	for _, e := range list {
-		if str(e["type"]) != "qemu" {
+		t := str(e["type"])
+		if t != "qemu" && t != "lxc" {
 			continue
 		}
 		out = append(out, VMSummary{
-			VMID: int(num(e["vmid"])), Name: str(e["name"]), Node: str(e["node"]), Status: str(e["status"]),
+			VMID: int(num(e["vmid"])), Type: t, Name: str(e["name"]), Node: str(e["node"]), Status: str(e["status"]),
 			Tags: splitTags(str(e["tags"])), Lock: str(e["lock"]), Template: num(e["template"]) == 1,
 			MaxMem: num(e["maxmem"]), MaxCPU: int(num(e["maxcpu"])),
 		})
@@ -69,7 +76,7 @@ func (c *Client) FindClusterVMs(ctx context.Context, cluster string) ([]VMSummar
 	}
 	var out []VMSummary
 	for _, v := range all {
-		if v.HasTag(ClusterTag(cluster)) {
+		if v.Type == "qemu" && v.HasTag(ClusterTag(cluster)) {
 			out = append(out, v)
 		}
 	}

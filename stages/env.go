@@ -1,7 +1,6 @@
 package stages
 
 import (
-	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -48,9 +47,6 @@ type Env struct {
 type Options struct {
 	// MergeConfigs merges talosconfig/kubeconfig into the user's home configs.
 	MergeConfigs bool
-	// Executable is the bootstrap binary detached helpers (the git snapshot
-	// server) are started from; empty means this process's executable.
-	Executable string
 }
 
 // Change is one mutation a stage made, or would make in a dry run.
@@ -129,6 +125,18 @@ func (e *Env) Node(name string) state.Node {
 	return n
 }
 
+// ForgetVM drops the recorded outputs of the node whose VM was vmid (the
+// VM is gone); safe for parallel workers.
+func (e *Env) ForgetVM(vmid int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for name, n := range e.State.Outputs.Nodes {
+		if n.VMID == vmid {
+			delete(e.State.Outputs.Nodes, name)
+		}
+	}
+}
+
 // SetNode records a node's outputs; safe for parallel workers.
 func (e *Env) SetNode(n state.Node) {
 	e.mu.Lock()
@@ -137,24 +145,4 @@ func (e *Env) SetNode(n state.Node) {
 		e.State.Outputs.Nodes = map[string]state.Node{}
 	}
 	e.State.Outputs.Nodes[n.Name] = n
-}
-
-// client returns the memoised client under key, building it on first use.
-// Stage files wrap it in typed accessors (see provision.go, talos.go).
-func client[T any](e *Env, key string, build func() (T, error)) (T, error) {
-	e.clientsMu.Lock()
-	defer e.clientsMu.Unlock()
-	if e.clients == nil {
-		e.clients = map[string]any{}
-	}
-	if c, ok := e.clients[key]; ok {
-		return c.(T), nil
-	}
-	c, err := build()
-	if err != nil {
-		var zero T
-		return zero, fmt.Errorf("connecting to %s: %w", key, err)
-	}
-	e.clients[key] = c
-	return c, nil
 }

@@ -165,7 +165,7 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	opts := gitsnap.StartOptions{
 		Flags: gitsnap.ServeFlags{Repo: env.Config.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: f.Branch,
 			Interval: ls.Refresh.D(), Exclude: ls.Exclude},
-		StateDir: env.Paths.StateDir, Executable: env.Options.Executable, Log: env.Log,
+		StateDir: env.Paths.StateDir, Log: env.Log,
 	}
 	var served string
 	err = env.Wet(fmt.Sprintf("serve git snapshot %s of %s at %s", short(snap.Hash.String()), ls.Source, ls.URL), func() error {
@@ -251,9 +251,9 @@ func stateFlux(f config.Flux, url, revision string) (out state.Flux) {
 	return out
 }
 
-// gitChecks prove the git source Flux will pull from: a local snapshot
+// Prechecks implements Prechecker. They prove the git source Flux will pull from: a local snapshot
 // builds and its address can be served, or the remote lists the branch.
-func gitChecks(env *Env) []check.Check {
+func (FluxStage) Prechecks(_ context.Context, env *Env) []check.Check {
 	f := env.Config.Flux
 	if f.LocalSnapshot.Enabled {
 		ls := f.LocalSnapshot

@@ -148,8 +148,9 @@ func recordRelease(env *Env, rel infra.Release, revision int) {
 	o.Release, o.Namespace, o.ChartVersion, o.Revision = rel.Name, rel.Namespace, rel.Version, revision
 }
 
-// nfsChecks probe the NFS export the provisioner will use.
-func nfsChecks(env *Env) []check.Check {
+// Prechecks implements Prechecker: the NFS export the provisioner will use
+// answers, is exported to this host and takes a root write.
+func (InfraStage) Prechecks(_ context.Context, env *Env) []check.Check {
 	n := env.Config.Storage.NFS
 	return []check.Check{infra.NFSCheck(infra.NFSProbeOptions{
 		Server: n.Server, Path: n.Path, PortmapperPort: n.Probe.PortmapperPort, MountPort: n.Probe.MountPort,

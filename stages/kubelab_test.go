@@ -17,7 +17,6 @@ import (
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
-	"github.com/homelab/bootstrap/internal/testbin"
 	"github.com/homelab/bootstrap/lab/chartrepo"
 	"github.com/homelab/bootstrap/lab/fluxmanifests"
 	labkube "github.com/homelab/bootstrap/lab/kube"
@@ -166,12 +165,8 @@ func (l *kubeLab) client() kubernetes.Interface { return l.kube.Client() }
 func (l *kubeLab) env(dryRun bool) *Env {
 	log := zerolog.New(zerolog.NewTestWriter(l.t)).With().Timestamp().Logger()
 	l.out.Reset()
-	exe := ""
-	if l.flux != nil {
-		exe = testbin.Bootstrap(l.t)
-	}
 	return &Env{Config: l.cfg, Paths: l.cfg.Paths(), State: l.st, Log: log, UI: ui.NewReporter(log), Out: &l.out,
-		DryRun: dryRun, Secrets: &redact.Set{}, Now: time.Now, Options: Options{Executable: exe}}
+		DryRun: dryRun, Secrets: &redact.Set{}, Now: time.Now}
 }
 
 func prefixOf(ip string) string {

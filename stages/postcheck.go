@@ -42,7 +42,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		Cluster: cfg.Cluster.Name, KubeconfigPath: env.Paths.Kubeconfig, TalosconfigPath: env.Paths.Talosconfig,
 		Nodes: nodes, StorageClass: cfg.Storage.NFS.StorageClass, PVCNamespace: NFSNamespace,
 		PVCTimeout: cfg.Postcheck.PVCTimeout.D(), FluxNamespace: FluxNamespace, FluxName: FluxNamespace,
-		CertWarnDays: cfg.Postcheck.CertWarnDays, Now: env.Now, Log: env.Log, DryRun: env.DryRun,
+		CertWarnDays: cfg.Postcheck.CertWarnDays, TalosVersion: cfg.Cluster.TalosVersion, Now: env.Now, Log: env.Log, DryRun: env.DryRun,
 		Talos: env.postcheckTalosProbe(ctx), Proxmox: env.postcheckVMProbe(ctx),
 	}
 	results := check.RunAll(ctx, postcheck.Checks(opts), 4)

@@ -53,7 +53,7 @@ func (p *postcheckLab) env() *stages.Env {
 	log := kubetest.Logger(p.t)
 	p.out.Reset()
 	return &stages.Env{Config: p.cfg, Paths: p.cfg.Paths(), State: p.st, Log: log, UI: ui.NewReporter(log), Out: &p.out,
-		Secrets: &redact.Set{}, Now: time.Now, LogPath: p.log, Options: stages.Options{Executable: testbin.Bootstrap(p.t)}}
+		Secrets: &redact.Set{}, Now: time.Now, LogPath: p.log}
 }
 
 // postcheck runs the stage and returns the report from its archive.

@@ -2,10 +2,12 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
 
+	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/talos"
 )
@@ -17,7 +19,7 @@ func (e *Env) postcheckTalosProbe(ctx context.Context) postcheck.TalosProbe {
 	if err != nil {
 		return nil
 	}
-	ops, err := talosOps(e, tc, talos.OpsOptions{})
+	ops, err := talosOps(e, tc)
 	if err != nil {
 		return nil
 	}
@@ -29,51 +31,33 @@ type talosProbe struct {
 	ops *talos.Ops
 }
 
-// EtcdMembers asks the control planes in turn; the first that answers
-// tells the membership and its own etcd health.
-func (p talosProbe) EtcdMembers(ctx context.Context) ([]string, bool, error) {
-	var lastErr error
-	for _, n := range p.env.Config.ControlPlanes() {
-		members, err := p.ops.EtcdMembers(ctx, n.IP)
-		if err != nil {
-			lastErr = fmt.Errorf("%s: %w", n.Name, err)
-			continue
-		}
-		names := make([]string, 0, len(members))
-		for _, m := range members {
-			names = append(names, m.Hostname)
-		}
-		svcs, err := p.ops.Services(ctx, n.IP)
-		if err != nil {
-			return names, false, fmt.Errorf("%s services: %w", n.Name, err)
-		}
-		healthy := false
-		for _, s := range svcs {
-			if s.ID == "etcd" {
-				healthy = s.Healthy
-			}
-		}
-		return names, healthy, nil
+// Health runs the cluster health the talos stage waits on, with the
+// Kubernetes assertions when the kubeconfig works. By now a CNI must run,
+// so node readiness is never skipped.
+func (p talosProbe) Health(ctx context.Context) talos.HealthReport {
+	in := talos.HealthInput{}
+	for _, n := range p.env.Config.Nodes {
+		in.Nodes = append(in.Nodes, talos.HealthTarget{Name: n.Name, IP: n.IP, Role: talos.Role(n.Role)})
 	}
-	return nil, false, lastErr
+	if cs, _, err := kube.Clientset(p.env.Paths.Kubeconfig); err == nil {
+		in.Kube = cs
+	}
+	return p.ops.Health(ctx, in)
 }
 
-// Ping calls the node's Talos API with the cluster's credentials.
-func (p talosProbe) Ping(ctx context.Context, node string) error {
+// Versions asks every node for the Talos version it runs.
+func (p talosProbe) Versions(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	var errs []error
 	for _, n := range p.env.Config.Nodes {
-		if n.Name != node {
-			continue
-		}
 		pr, err := p.ops.Probe(ctx, n.IP)
 		if err != nil {
-			return err
+			errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
+			continue
 		}
-		if pr.Mode != talos.ModeConfigured {
-			return fmt.Errorf("not configured for this cluster (%s)", pr.Detail)
-		}
-		return nil
+		out[n.Name] = pr.Version
 	}
-	return fmt.Errorf("node %s is not in the config", node)
+	return out, errors.Join(errs...)
 }
 
 // postcheckVMProbe lists the cluster's VMs that are not running. Without a
@@ -89,7 +73,7 @@ func (e *Env) postcheckVMProbe(ctx context.Context) postcheck.VMProbe {
 type vmProbe struct{ env *Env }
 
 func (p vmProbe) NotRunning(ctx context.Context) ([]string, error) {
-	c, err := proxmoxClient(ctx, p.env)
+	c, err := ProxmoxClient(ctx, p.env)
 	if err != nil {
 		return nil, err
 	}
@@ -105,8 +89,14 @@ func (p vmProbe) NotRunning(ctx context.Context) ([]string, error) {
 	seen := map[int]bool{}
 	for _, v := range vms {
 		seen[v.VMID] = true
-		if v.Status != "running" {
-			down = append(down, fmt.Sprintf("%s (vmid %d, %s)", v.Name, v.VMID, v.Status))
+		// The listed status lags by up to one pvestatd broadcast (10 s):
+		// just after the pipeline started a VM it may still say stopped.
+		st, err := c.Status(ctx, v.VMID)
+		if err != nil {
+			return nil, err
+		}
+		if !st.Running() {
+			down = append(down, fmt.Sprintf("%s (vmid %d, %s)", v.Name, v.VMID, st.Status))
 		}
 	}
 	for id, name := range want {

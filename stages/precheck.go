@@ -14,19 +14,31 @@ import (
 
 // PrecheckStage verifies, without changing anything, that a run can
 // succeed: the config, the local output directories, and each area's
-// reachability and capacity. All checks run, then one table is printed.
-type PrecheckStage struct{}
+// reachability and capacity, contributed by the stages that own the areas
+// (each a Prechecker). All checks run, then one table is printed.
+type PrecheckStage struct {
+	// Areas are the stages whose Prechecks run, in pipeline order.
+	Areas []Stage
+}
+
+// Prechecker is a stage that contributes checks to the precheck stage: what
+// it will need (a reachable host, capacity, credentials), proved before any
+// stage changes anything. Checks only read.
+type Prechecker interface {
+	Prechecks(ctx context.Context, env *Env) []check.Check
+}
 
 // Name implements Stage.
 func (PrecheckStage) Name() string { return Precheck }
 
 // Run implements Stage.
-func (PrecheckStage) Run(ctx context.Context, env *Env) error {
+func (s PrecheckStage) Run(ctx context.Context, env *Env) error {
 	checks := localChecks(env)
-	// Each area contributes its checks here, in pipeline order.
-	checks = append(checks, proxmoxChecks(ctx, env)...)
-	checks = append(checks, nfsChecks(env)...)
-	checks = append(checks, gitChecks(env)...)
+	for _, a := range s.Areas {
+		if p, ok := a.(Prechecker); ok {
+			checks = append(checks, p.Prechecks(ctx, env)...)
+		}
+	}
 
 	results := check.RunAll(ctx, checks, 4)
 	if err := check.Table(env.Out, results); err != nil {

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
@@ -23,23 +22,6 @@ type ProvisionStage struct{}
 
 // Name implements Stage.
 func (ProvisionStage) Name() string { return Provision }
-
-// proxmoxClient returns the run's Proxmox client, built on first use.
-func proxmoxClient(ctx context.Context, env *Env) (*proxmox.Client, error) {
-	return client(env, "Proxmox", func() (*proxmox.Client, error) {
-		p := env.Config.Proxmox
-		secret, err := env.Config.ProxmoxTokenSecret()
-		if err != nil {
-			return nil, err
-		}
-		env.Secrets.Add(secret)
-		return proxmox.New(ctx, proxmox.Options{
-			URL: p.URL, Node: p.Node, TokenID: p.TokenID, TokenSecret: secret,
-			Fingerprint: p.TLSFingerprint, CAFile: env.Config.Resolve(p.CAFile), Insecure: p.Insecure,
-			Log: env.Log, TaskTimeout: p.TaskTimeout.D(), DownloadTimeout: max(p.TaskTimeout.D(), 30*time.Minute),
-		})
-	})
-}
 
 // VMSpecs turns the config's nodes into VM specs. Every node gets a scsi
 // install disk on virtio-scsi-single, which the guest sees as /dev/sda.
@@ -81,9 +63,9 @@ func ISOSource(cfg *config.Config) proxmox.ISOSource {
 	return src
 }
 
-// proxmoxChecks are the Proxmox area's prechecks.
-func proxmoxChecks(ctx context.Context, env *Env) []check.Check {
-	c, err := proxmoxClient(ctx, env)
+// Prechecks implements Prechecker: the Proxmox host can take the VMs.
+func (ProvisionStage) Prechecks(ctx context.Context, env *Env) []check.Check {
+	c, err := ProxmoxClient(ctx, env)
 	if err != nil {
 		return []check.Check{{Name: "proxmox: client", Run: func(context.Context) (check.Status, string) {
 			return check.Failf("%v", err)
@@ -101,7 +83,7 @@ func proxmoxChecks(ctx context.Context, env *Env) []check.Check {
 // Run implements Stage.
 func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	cfg := env.Config
-	c, err := proxmoxClient(ctx, env)
+	c, err := ProxmoxClient(ctx, env)
 	if err != nil {
 		return err
 	}

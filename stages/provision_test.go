@@ -10,7 +10,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"math/big"
 	mrand "math/rand/v2"
@@ -27,7 +26,7 @@ import (
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
-	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/lab/pvesim"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/ui"
 )
@@ -301,7 +300,7 @@ func TestProxmoxPrechecksFromConfig(t *testing.T) {
 	l := newLab(t, 2, pvesim.Options{})
 	var out bytes.Buffer
 	env := l.env(false, state.New("lab"), &out)
-	results := check.RunAll(context.Background(), proxmoxChecks(context.Background(), env), 4)
+	results := check.RunAll(context.Background(), ProvisionStage{}.Prechecks(context.Background(), env), 4)
 	if len(results) < 9 {
 		t.Fatalf("only %d checks", len(results))
 	}
@@ -316,60 +315,8 @@ func TestProxmoxPrechecksFromConfig(t *testing.T) {
 	}
 	env.Config = noSecret
 	env.clients = nil
-	results = check.RunAll(context.Background(), proxmoxChecks(context.Background(), env), 4)
+	results = check.RunAll(context.Background(), ProvisionStage{}.Prechecks(context.Background(), env), 4)
 	if len(results) != 1 || results[0].Status != check.Fail || !strings.Contains(results[0].Reason, "PROXMOX_TOKEN_SECRET") {
 		t.Errorf("missing secret: %+v", results)
-	}
-}
-
-func TestDestroyDeletesOnlyTheClustersVMs(t *testing.T) {
-	l := newLab(t, 2, pvesim.Options{})
-	if _, _, err := l.provision(false); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.sim.SeedVM(650, map[string]string{"name": "pihole", "tags": "dns", "scsi0": "local-lvm:8"}, true); err != nil {
-		t.Fatal(err)
-	}
-	talosDir := l.cfg.Paths().TalosDir
-	if err := os.MkdirAll(talosDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-
-	var out bytes.Buffer
-	err := Destroy(ctx, l.env(false, nil, &out), DestroyOptions{In: strings.NewReader("homelab\n")})
-	if !errors.Is(err, ErrAborted) || len(l.sim.VMIDs()) != 3 {
-		t.Fatalf("wrong confirmation: %v, VMs %v", err, l.sim.VMIDs())
-	}
-	if !strings.Contains(out.String(), "701  node-1") || strings.Contains(out.String(), "pihole") {
-		t.Errorf("listing:\n%s", out.String())
-	}
-
-	l.sim.ResetCounters()
-	out.Reset()
-	if err := Destroy(ctx, l.env(true, nil, &out), DestroyOptions{}); err != nil || l.sim.MutatingCalls() != 0 {
-		t.Fatalf("dry run: %v %v", err, l.sim.MutatingCallList())
-	}
-
-	out.Reset()
-	env := l.env(false, nil, &out)
-	if err := Destroy(ctx, env, DestroyOptions{In: strings.NewReader("lab\n")}); err != nil {
-		t.Fatal(err)
-	}
-	if got := l.sim.VMIDs(); len(got) != 1 || got[0] != 650 {
-		t.Fatalf("left: %v", got)
-	}
-	st, _ := state.Load(l.cfg.Paths().StateDir, "lab")
-	if len(st.Outputs.Nodes) != 0 {
-		t.Errorf("node facts must go with their VMs: %+v", st.Outputs.Nodes)
-	}
-	if _, err := os.Stat(talosDir); err != nil {
-		t.Errorf("secrets must be kept without --purge-secrets: %v", err)
-	}
-	if err := Destroy(ctx, l.env(false, nil, &out), DestroyOptions{Yes: true, PurgeSecrets: true}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(talosDir); !os.IsNotExist(err) {
-		t.Errorf("--purge-secrets must delete %s: %v", talosDir, err)
 	}
 }

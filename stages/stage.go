@@ -37,6 +37,13 @@ const (
 // Order is the pipeline.
 var Order = []string{Precheck, Provision, Talos, Infra, Flux, Postcheck}
 
+// Pipeline returns the stages in pipeline order, the precheck walking the
+// others' Prechecks.
+func Pipeline() []Stage {
+	areas := []Stage{ProvisionStage{}, TalosStage{}, InfraStage{}, FluxStage{}, PostcheckStage{}}
+	return append([]Stage{PrecheckStage{Areas: areas}}, areas...)
+}
+
 // Aliases maps the old script's stage names to ours.
 var Aliases = map[string]string{"k3s": Talos, "apps": Flux}
 

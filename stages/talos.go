@@ -19,17 +19,13 @@ import (
 // membership and etcd/kubelet health, and keeps a kubeconfig that reaches
 // the API server. With --merge-configs it merges the talosconfig and
 // kubeconfig into the user's ~/.talos/config and ~/.kube/config.
-type TalosStage struct {
-	// Ops tunes the Talos API timing (poll interval, timeouts); zero
-	// values take the talos package's defaults. Tests and the lab use it.
-	Ops talos.OpsOptions
-}
+type TalosStage struct{}
 
 // Name implements Stage.
 func (TalosStage) Name() string { return Talos }
 
 // Run implements Stage.
-func (s TalosStage) Run(ctx context.Context, env *Env) error {
+func (TalosStage) Run(ctx context.Context, env *Env) error {
 	gen, err := talosGenerateOptions(env)
 	if err != nil {
 		return err
@@ -46,7 +42,7 @@ func (s TalosStage) Run(ctx context.Context, env *Env) error {
 	out := &env.State.Outputs.Talos
 	out.SecretsPath, out.TalosconfigPath, out.KubeconfigPath = res.SecretsPath, res.TalosconfigPath, env.Paths.Kubeconfig
 
-	ops, err := talosOps(env, res.Talosconfig, s.Ops)
+	ops, err := talosOps(env, res.Talosconfig)
 	if err != nil {
 		return err
 	}
@@ -61,6 +57,7 @@ func (s TalosStage) Run(ctx context.Context, env *Env) error {
 		Mutate:         env.Wet,
 		DryRun:         env.DryRun,
 		Parallelism:    env.Config.Cluster.Parallelism,
+		CNIDisabled:    env.Config.CNI.Name == "cilium",
 		OnNodeConverged: func(t talos.Target, r talos.EnsureResult) {
 			recordTalosNode(env, res, t, r)
 		},
@@ -88,6 +85,7 @@ func (s TalosStage) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	reportVersionDrift(env, conv)
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
 		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), conv.APIServerVersion, env.Paths.Kubeconfig)
 	return mergeUserConfigs(env, res.Talosconfig)
@@ -200,16 +198,19 @@ func renderTalos(env *Env, opts talos.GenerateOptions) (*talos.Result, error) {
 	return res, err
 }
 
-// talosOps is the stage's Talos API client, built once per run.
-func talosOps(env *Env, talosconfig []byte, tuning talos.OpsOptions) (*talos.Ops, error) {
-	return client(env, "the Talos API", func() (*talos.Ops, error) {
-		o := tuning
-		o.Talosconfig = talosconfig
-		o.Context = env.Config.Cluster.Name
-		o.SecretsPath = env.Paths.Secrets
-		o.Log = env.Log
-		return talos.NewOps(o)
-	})
+// reportVersionDrift warns about nodes that run another Talos than the
+// config names. An apply never changes the running Talos: the install
+// image is applied at once without reinstalling (CanApplyImmediate), so a
+// bumped cluster.talosVersion only takes effect through an upgrade.
+func reportVersionDrift(env *Env, conv *talos.ConvergeResult) {
+	want := env.Config.Cluster.TalosVersion
+	for _, n := range env.Config.Nodes {
+		r, ok := conv.Nodes[n.Name]
+		if !ok || r.Version == "" || r.Version == want {
+			continue
+		}
+		env.UI.Warn("node %s runs Talos %s, the config says %s: applying a config does not upgrade Talos; the node keeps %s until it is upgraded", n.Name, r.Version, want, r.Version)
+	}
 }
 
 // recordTalosNode keeps what the node now runs in state, saved at once so
@@ -221,6 +222,9 @@ func recordTalosNode(env *Env, res *talos.Result, t talos.Target, r talos.Ensure
 	rn, _ := res.Node(t.Name)
 	n := env.Node(t.Name)
 	n.Role, n.IP, n.InstallDisk, n.ConfigSHA256 = string(t.Role), t.IP, rn.InstallDisk, rn.SHA256
+	if r.Version != "" {
+		n.TalosVersion = r.Version
+	}
 	if r.Action == talos.ActionInstalled || r.Action == talos.ActionUpdated || n.AppliedAt.IsZero() {
 		n.AppliedAt = env.now().UTC()
 	}

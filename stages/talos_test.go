@@ -3,13 +3,8 @@ package stages
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	stdx509 "crypto/x509"
 	"encoding/base64"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,14 +12,14 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/siderolabs/crypto/x509"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/lab/talossim"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/talos"
-	"github.com/homelab/bootstrap/talos/talossim"
+	"github.com/homelab/bootstrap/talos/talostest"
 	"github.com/homelab/bootstrap/ui"
 )
 
@@ -32,12 +27,11 @@ import (
 // /24, its VMs booted in talossim, and a stand-in API server whose CA is the
 // bundle's Kubernetes CA.
 type talosLab struct {
-	cfg     *config.Config
-	st      *state.State
-	sim     *talossim.Sim
-	ips     map[string]string
-	out     bytes.Buffer
-	tunings TalosStage
+	cfg *config.Config
+	st  *state.State
+	sim *talossim.Sim
+	ips map[string]string
+	out bytes.Buffer
 }
 
 func newTalosLab(t *testing.T) *talosLab {
@@ -52,6 +46,7 @@ func newTalosLab(t *testing.T) *talosLab {
 	yaml := fmt.Sprintf(`cluster:
   name: lab
   endpoint: https://%[1]s:6443
+  timeouts: {call: 3s, install: 15s, bootstrap: 15s, health: 15s}
   network: {cidr: %[3]s, gateway: %[4]s, nameservers: [%[4]s]}
   patches:
     worker: [patches/worker.yaml]
@@ -84,7 +79,8 @@ nodes:
 	if err != nil {
 		t.Fatal(err)
 	}
-	cluster := talossim.NewMemoryCluster(stubAPIServer(t, b.Certs.K8s.Crt, b.Certs.K8s.Key))
+	api := talostest.NewAPIServer(t, b.Certs.K8s.Crt, b.Certs.K8s.Key, "cp-1", "wk-1")
+	cluster := talossim.NewMemoryCluster(api.Kubeconfig("lab", b.Certs.K8s.Crt, b.Certs.K8s.Key))
 	l.sim = talossim.New(talossim.Options{Cluster: cluster, Log: zerolog.New(zerolog.NewTestWriter(t))})
 	t.Cleanup(func() { l.sim.Close() })
 	for name, bus := range map[string]string{"cp-1": "scsi", "wk-1": "virtio"} {
@@ -99,8 +95,6 @@ nodes:
 			t.Fatal(err)
 		}
 	}
-	l.tunings = TalosStage{Ops: talos.OpsOptions{PollInterval: 10 * time.Millisecond, CallTimeout: 3 * time.Second,
-		InstallTimeout: 15 * time.Second, BootstrapTimeout: 15 * time.Second, HealthTimeout: 15 * time.Second, ProgressEvery: time.Second}}
 	return l
 }
 
@@ -138,7 +132,7 @@ func TestTalosStage(t *testing.T) {
 
 	// Dry run on fresh VMs: a plan, nothing touched.
 	env := l.env(t, true, true)
-	if err := (l.tunings).Run(ctx, env); err != nil {
+	if err := (TalosStage{}).Run(ctx, env); err != nil {
 		t.Fatal(err)
 	}
 	plan := actions(env)
@@ -159,7 +153,7 @@ func TestTalosStage(t *testing.T) {
 
 	// First real run converges and records what it did.
 	env = l.env(t, false, true)
-	if err := l.tunings.Run(ctx, env); err != nil {
+	if err := (TalosStage{}).Run(ctx, env); err != nil {
 		t.Fatal(err)
 	}
 	if a, b := l.applies(); a != 2 || b != 1 {
@@ -192,7 +186,7 @@ func TestTalosStage(t *testing.T) {
 
 	// Second run: nothing to do, nothing recorded.
 	env = l.env(t, false, true)
-	if err := l.tunings.Run(ctx, env); err != nil {
+	if err := (TalosStage{}).Run(ctx, env); err != nil {
 		t.Fatal(err)
 	}
 	if got := actions(env); got != "" {
@@ -209,7 +203,7 @@ func TestTalosStage(t *testing.T) {
 	l.cfg.Cluster.SANs = []string{"lab.example"}
 	env = l.env(t, true, false)
 	env.Secrets = &redact.Set{}
-	if err := l.tunings.Run(ctx, env); err != nil {
+	if err := (TalosStage{}).Run(ctx, env); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("dry-run output:\n%s", l.out.String())
@@ -232,35 +226,33 @@ func TestTalosStage(t *testing.T) {
 	}
 }
 
-// stubAPIServer serves /version over TLS with a certificate from the given
-// Kubernetes CA, requires client certificates from it, and returns an admin
-// kubeconfig for it.
-func stubAPIServer(t *testing.T, caCrt, caKey []byte) []byte {
-	t.Helper()
-	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(&x509.PEMEncodedCertificateAndKey{Crt: caCrt, Key: caKey})
-	if err != nil {
+// TestTalosVersionBumpIsReportedAsDrift: a new cluster.talosVersion only
+// rewrites the install image, which real Talos applies at once without
+// reinstalling (CanApplyImmediate), so the node keeps its Talos. The stage
+// must say so, not report the change as done.
+func TestTalosVersionBumpIsReportedAsDrift(t *testing.T) {
+	l := newTalosLab(t)
+	t.Setenv("HOME", t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := (TalosStage{}).Run(ctx, l.env(t, false, false)); err != nil {
 		t.Fatal(err)
 	}
-	serving, err := x509.NewKeyPair(ca, x509.IPAddresses([]net.IP{net.ParseIP("127.0.0.1")}), x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageServerAuth}))
-	if err != nil {
+	l.cfg.Cluster.TalosVersion = "v1.13.9"
+	env := l.env(t, false, false)
+	var log bytes.Buffer
+	env.Log = zerolog.New(&log)
+	env.UI = ui.NewReporter(env.Log)
+	if err := (TalosStage{}).Run(ctx, env); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := x509.NewKeyPair(ca, x509.CommonName("admin"), x509.Organization("system:masters"), x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}))
-	if err != nil {
-		t.Fatal(err)
+	if !strings.Contains(actions(env), "apply changed config to cp-1") {
+		t.Fatalf("the new install image was not applied:\n%s", actions(env))
 	}
-	pool := stdx509.NewCertPool()
-	pool.AppendCertsFromPEM(caCrt)
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"major":"1","minor":"36","gitVersion":"v1.36.1"}`)
-	}))
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*serving.Certificate}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	b64 := base64.StdEncoding.EncodeToString
-	return fmt.Appendf(nil, "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster: {server: %q, certificate-authority-data: %s}\n"+
-		"users:\n- name: admin@lab\n  user: {client-certificate-data: %s, client-key-data: %s}\n"+
-		"contexts:\n- name: admin@lab\n  context: {cluster: lab, user: admin@lab}\ncurrent-context: admin@lab\n",
-		srv.URL, b64(caCrt), b64(admin.CrtPEM), b64(admin.KeyPEM))
+	if !strings.Contains(log.String(), "node cp-1 runs Talos v1.13.3, the config says v1.13.9") {
+		t.Errorf("no drift warning:\n%s", log.String())
+	}
+	if v := l.st.Outputs.Nodes["cp-1"].TalosVersion; v != "v1.13.3" {
+		t.Errorf("recorded version %q, want the one the node runs", v)
+	}
 }

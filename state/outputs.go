@@ -29,6 +29,9 @@ type Node struct {
 	// ConfigSHA256 is the hash of the machine config last applied to the node.
 	ConfigSHA256 string    `json:"config_sha256,omitempty"`
 	AppliedAt    time.Time `json:"applied_at,omitzero"`
+	// TalosVersion is the Talos version the node reported when the talos
+	// stage last converged it.
+	TalosVersion string `json:"talos_version,omitempty"`
 }
 
 // Talos records the talos stage's outputs.

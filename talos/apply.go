@@ -12,6 +12,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/resources/block"
+	"google.golang.org/grpc/codes"
 
 	"github.com/homelab/bootstrap/internal/wait"
 )
@@ -72,13 +73,15 @@ type EnsureResult struct {
 	Diff string
 	// Reboot is true when the applied change needed a reboot.
 	Reboot bool
-	// Attempts counts maintenance applies (more than one after an install crash).
+	// Attempts counts maintenance applies (more than one after a failed install).
 	Attempts int
+	// Version is the Talos version the node runs (as its Version RPC says).
+	Version string
 }
 
 // rebootObserveWindow is how many poll intervals EnsureConfig watches for a
-// node to go down after an apply that needs a reboot (a minute at the
-// default interval).
+// node to go down (or report a reboot) after an apply that needs a reboot
+// (a minute at the default interval).
 const rebootObserveWindow = 240
 
 // maxInstallAttempts bounds re-applying after a node came back in
@@ -87,15 +90,20 @@ const maxInstallAttempts = 3
 
 // EnsureConfig brings one node to its rendered config:
 //   - maintenance: check the install disk exists (COSI disks), apply without
-//     credentials, then wait out install and reboot until the node answers
-//     with this cluster's CA;
-//   - configured with our CA: ask the node for a dry-run diff and apply (AUTO)
-//     only if it differs, waiting out a reboot when the node needs one;
+//     credentials, then wait while the node restarts its API with this
+//     cluster's CA, installs and reboots, until it runs its installed
+//     system; a node that falls back to maintenance mode (the install
+//     failed) gets the config again, a bounded number of times;
+//   - configured with our CA: wait until it runs its installed system (not
+//     while it installs or reboots), then ask it for a dry-run diff and
+//     apply (AUTO) only if it differs, waiting out a reboot when needed;
 //   - configured by another cluster: refuse (ForeignNodeError);
 //   - down: wait for it, bounded by InstallTimeout.
 //
-// Every apply goes through opts.Mutate, so a dry run records "would apply"
-// and stops.
+// An apply the node refuses for now (FailedPrecondition: another apply in
+// progress, a reboot already under way) is waited out, not fatal. Every
+// apply goes through opts.Mutate, so a dry run records "would apply" and
+// stops.
 func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (EnsureResult, error) {
 	mutate := opts.Mutate
 	if mutate == nil {
@@ -106,8 +114,9 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 		res        EnsureResult
 		found      = false
 		applied    = false // applied in maintenance mode during this call
-		sawDown    = false // the node went away after that apply
+		sawLeft    = false // since then, the node left maintenance mode (down or configured)
 		rebootWait = false
+		sawReboot  = false
 		rebootAt   time.Time
 	)
 	spec := wait.Spec{
@@ -130,23 +139,22 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 		case ModeForeign:
 			return false, "", &ForeignNodeError{Name: t.Name, IP: t.IP, SecretsPath: o.opts.SecretsPath}
 		case ModeDown:
-			if applied {
-				sawDown = true
-			}
+			sawLeft = sawLeft || applied
+			sawReboot = sawReboot || rebootWait
 			if opts.DryRun && !applied {
 				res.Action = ActionPlanned
 				return true, "", mutate(fmt.Sprintf("apply config to %s once it answers (unreachable now: %s)", t, p.Detail), noop)
 			}
 			return false, "unreachable: " + p.Detail, nil
 		case ModeMaintenance:
-			if applied && !sawDown {
+			if applied && !sawLeft {
 				return false, "config accepted, install starting", nil
 			}
 			if applied {
 				if res.Attempts >= maxInstallAttempts {
-					return false, "", fmt.Errorf("node %s came back in maintenance mode %d times after applying its config: the install keeps failing (check the VM console)", t, res.Attempts)
+					return false, "", fmt.Errorf("node %s came back in maintenance mode %d times after applying its config: the install keeps failing (check the VM console: installer image pull, install disk)", t, res.Attempts)
 				}
-				log.Warn().Int("attempt", res.Attempts+1).Msgf("node %s came back in maintenance mode: the install did not complete; applying again", t)
+				log.Warn().Int("attempt", res.Attempts+1).Msgf("node %s came back in maintenance mode: the install failed; applying its config again", t)
 			}
 			if err := o.checkInstallDisk(ctx, t); err != nil {
 				return false, "", err
@@ -158,6 +166,8 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 				return o.applyMaintenance(ctx, t)
 			}); errors.Is(err, errNotDelivered) {
 				return false, "apply not delivered: node unreachable", nil
+			} else if busy := nodeBusy(err); busy != "" {
+				return false, busy, nil
 			} else if err != nil {
 				return false, "", err
 			}
@@ -165,21 +175,41 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 				res.Action = ActionPlanned
 				return true, "", nil
 			}
-			applied, sawDown = true, false
+			applied, sawLeft = true, false
 			res.Attempts++
 			return false, "config applied, installing", nil
 		case ModeConfigured:
+			sawLeft = sawLeft || applied
+			up, err := o.InstalledSystemUp(ctx, t.IP)
+			if err != nil {
+				if isDown(err) {
+					return false, "unreachable: " + shortErr(err), nil
+				}
+				return false, "", err
+			}
+			if !up.Installed {
+				sawReboot = sawReboot || (rebootWait && up.Stage == StageRebooting)
+				if opts.DryRun {
+					res.Action = ActionPlanned
+					return true, "", mutate(fmt.Sprintf("wait for %s to finish installing (%s)", t, up.Detail), noop)
+				}
+				return false, up.Detail, nil
+			}
 			// A reboot can be quicker than our polls; after a while without
-			// seeing the node go down, trust the node's own diff.
-			if rebootWait && !sawDown && time.Since(rebootAt) < rebootObserveWindow*o.opts.PollInterval {
+			// seeing it, trust the node's own diff.
+			if rebootWait && !sawReboot && time.Since(rebootAt) < rebootObserveWindow*o.opts.PollInterval {
 				return false, "waiting for the node to reboot", nil
 			}
+			res.Version = p.Version
 			diff, changed, err := o.DiffConfig(ctx, t)
 			if err != nil {
 				if isDown(err) {
 					// Gone again since the probe (a dropped connection, a
 					// reboot): ask again on the next poll.
 					return false, "unreachable: " + shortErr(err), nil
+				}
+				if busy := nodeBusy(err); busy != "" {
+					return false, busy, nil
 				}
 				return false, "", err
 			}
@@ -204,6 +234,8 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 				return err
 			}); errors.Is(err, errNotDelivered) {
 				return false, "apply not delivered: node unreachable", nil
+			} else if busy := nodeBusy(err); busy != "" {
+				return false, busy, nil
 			} else if err != nil {
 				return false, "", err
 			}
@@ -213,7 +245,7 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 			}
 			res.Action, res.Reboot = ActionUpdated, reboot
 			if reboot {
-				rebootWait, sawDown, rebootAt = true, false, time.Now()
+				rebootWait, sawReboot, rebootAt = true, false, time.Now()
 				return false, "config applied, rebooting", nil
 			}
 			return false, "config applied", nil
@@ -224,6 +256,17 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 		return res, fmt.Errorf("converging node %s: %w", t, err)
 	}
 	return res, nil
+}
+
+// nodeBusy returns what to wait for when the node refused an apply for now:
+// apid answers FailedPrecondition while another apply runs or once a
+// reboot was accepted ("configuration was already applied and node is
+// rebooting", v1alpha1_server.go ApplyConfiguration). "" otherwise.
+func nodeBusy(err error) string {
+	if err == nil || client.StatusCode(err) != codes.FailedPrecondition {
+		return ""
+	}
+	return "node busy: " + shortErr(err)
 }
 
 // errNotDelivered marks an apply whose request never reached the node

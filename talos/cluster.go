@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"strings"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
@@ -42,7 +40,9 @@ func (o *Ops) Bootstrap(ctx context.Context, name, ip string) (already bool, err
 			already = true
 			return true, "", nil
 		case isUntrustedServer(err) || isCertRequired(err),
-			strings.Contains(err.Error(), "only be performed on a control plane"):
+			// "bootstrap is only available on control plane nodes"
+			// (machinehelper.CheckControlplane): not a control plane.
+			client.StatusCode(err) == codes.Unimplemented:
 			return false, "", fmt.Errorf("bootstrapping %s: %w", name, err)
 		}
 		switch client.StatusCode(err) {
@@ -72,20 +72,26 @@ type EtcdMember struct {
 // EtcdMembers lists etcd members as the node at ip sees them.
 func (o *Ops) EtcdMembers(ctx context.Context, ip string) ([]EtcdMember, error) {
 	var out []EtcdMember
-	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-		resp, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
-		if err != nil {
-			return err
-		}
-		for _, m := range resp.GetMessages() {
-			for _, mem := range m.GetMembers() {
-				out = append(out, EtcdMember{ID: mem.GetId(), Hostname: mem.GetHostname(), Learner: mem.GetIsLearner()})
-			}
-		}
-		return nil
+	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) (err error) {
+		out, err = etcdMembersOn(ctx, c)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd members via %s: %w", ip, err)
+	}
+	return out, nil
+}
+
+func etcdMembersOn(ctx context.Context, c *client.Client) ([]EtcdMember, error) {
+	resp, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
+	if err != nil {
+		return nil, err
+	}
+	var out []EtcdMember
+	for _, m := range resp.GetMessages() {
+		for _, mem := range m.GetMembers() {
+			out = append(out, EtcdMember{ID: mem.GetId(), Hostname: mem.GetHostname(), Learner: mem.GetIsLearner()})
+		}
 	}
 	return out, nil
 }
@@ -103,25 +109,9 @@ type Service struct {
 // Services lists the services of the node at ip.
 func (o *Ops) Services(ctx context.Context, ip string) ([]Service, error) {
 	var out []Service
-	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-		resp, err := c.ServiceList(ctx)
-		if err != nil {
-			return err
-		}
-		for _, m := range resp.GetMessages() {
-			for _, s := range m.GetServices() {
-				svc := Service{ID: s.GetId(), State: s.GetState()}
-				if ev := s.GetEvents().GetEvents(); len(ev) > 0 {
-					last := ev[len(ev)-1]
-					svc.LastEvent = last.GetMsg()
-					svc.State = last.GetState()
-				}
-				h := s.GetHealth()
-				svc.Healthy = svc.State == "Running" && h != nil && !h.GetUnknown() && h.GetHealthy()
-				out = append(out, svc)
-			}
-		}
-		return nil
+	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) (err error) {
+		out, err = servicesOn(ctx, c)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing services of %s: %w", ip, err)
@@ -129,92 +119,33 @@ func (o *Ops) Services(ctx context.Context, ip string) ([]Service, error) {
 	return out, nil
 }
 
-// WaitEtcdMembers waits until the etcd cluster, seen from the node at ip,
-// has exactly the given control planes as full (non-learner) members.
-func (o *Ops) WaitEtcdMembers(ctx context.Context, ip string, controlPlanes []string) error {
-	want := slices.Sorted(slices.Values(controlPlanes))
-	spec := wait.Spec{
-		What:          fmt.Sprintf("etcd members to be the %d control planes (%s)", len(want), strings.Join(want, ", ")),
-		Timeout:       o.opts.HealthTimeout,
-		Interval:      o.opts.PollInterval,
-		ProgressEvery: o.opts.ProgressEvery,
-		Log:           o.opts.Log,
+func servicesOn(ctx context.Context, c *client.Client) ([]Service, error) {
+	resp, err := c.ServiceList(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
-		members, err := o.EtcdMembers(ctx, ip)
-		if err != nil {
-			return false, shortErr(err), fatalWhileWaiting(err)
-		}
-		var got []string
-		for _, m := range members {
-			name := m.Hostname
-			if m.Learner {
-				name += " (learner)"
+	var out []Service
+	for _, m := range resp.GetMessages() {
+		for _, s := range m.GetServices() {
+			svc := Service{ID: s.GetId(), State: s.GetState()}
+			if ev := s.GetEvents().GetEvents(); len(ev) > 0 {
+				last := ev[len(ev)-1]
+				svc.LastEvent = last.GetMsg()
+				svc.State = last.GetState()
 			}
-			got = append(got, name)
+			h := s.GetHealth()
+			svc.Healthy = svc.State == "Running" && h != nil && !h.GetUnknown() && h.GetHealthy()
+			out = append(out, svc)
 		}
-		slices.Sort(got)
-		status := fmt.Sprintf("%d/%d members: %s", len(got), len(want), strings.Join(got, ", "))
-		return slices.Equal(got, want), status, nil
-	})
+	}
+	return out, nil
 }
 
-// HealthTarget is a node whose services must be healthy.
+// HealthTarget is a node whose health is checked.
 type HealthTarget struct {
 	Name string
 	IP   string
 	Role Role
-}
-
-// WaitServicesHealthy waits, for all nodes in parallel, until kubelet and,
-// on control planes, etcd are running and healthy.
-func (o *Ops) WaitServicesHealthy(ctx context.Context, nodes []HealthTarget) error {
-	names := make([]string, 0, len(nodes))
-	byName := map[string]HealthTarget{}
-	for _, n := range nodes {
-		names = append(names, n.Name)
-		byName[n.Name] = n
-	}
-	failed := wait.Each(ctx, o.opts.Log, "node services healthy (etcd, kubelet)", o.opts.ProgressEvery, names, func(ctx context.Context, name string) error {
-		n := byName[name]
-		required := []string{"kubelet"}
-		if n.Role == RoleControlPlane {
-			required = []string{"etcd", "kubelet"}
-		}
-		spec := wait.Spec{
-			What:          fmt.Sprintf("%s healthy on %s (%s)", strings.Join(required, " and "), n.Name, n.IP),
-			Timeout:       o.opts.HealthTimeout,
-			Interval:      o.opts.PollInterval,
-			ProgressEvery: o.opts.ProgressEvery,
-			Log:           o.opts.Log.With().Str("node", n.Name).Logger(),
-		}
-		return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
-			svcs, err := o.Services(ctx, n.IP)
-			if err != nil {
-				return false, shortErr(err), fatalWhileWaiting(err)
-			}
-			var pending []string
-			for _, id := range required {
-				i := slices.IndexFunc(svcs, func(s Service) bool { return s.ID == id })
-				switch {
-				case i < 0:
-					pending = append(pending, id+": absent")
-				case !svcs[i].Healthy:
-					pending = append(pending, fmt.Sprintf("%s: %s %s", id, svcs[i].State, svcs[i].LastEvent))
-				}
-			}
-			return len(pending) == 0, strings.Join(pending, "; "), nil
-		})
-	})
-	if len(failed) > 0 {
-		errs := make([]string, 0, len(failed))
-		for _, err := range wait.Errors(failed) {
-			errs = append(errs, err.Error())
-		}
-		slices.Sort(errs)
-		return fmt.Errorf("node services not healthy:\n  %s", strings.Join(errs, "\n  "))
-	}
-	return nil
 }
 
 // Kubeconfig fetches the admin kubeconfig from the control plane at ip

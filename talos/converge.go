@@ -37,6 +37,9 @@ type ConvergeOptions struct {
 	// Parallelism bounds how many nodes are taken to their config at once
 	// (0: all).
 	Parallelism int
+	// CNIDisabled: Talos deploys no CNI (cluster.network.cni none); nodes
+	// are not Ready until one is installed, and the health wait skips that.
+	CNIDisabled bool
 }
 
 // ConvergeResult reports a Converge run.
@@ -52,12 +55,18 @@ type ConvergeResult struct {
 	KubeconfigPath   string
 	KubeconfigWrote  bool
 	APIServerVersion string
+
+	kubeconfig []byte
 }
 
 // Converge takes the nodes to a healthy cluster: every node to its config
-// in parallel, etcd bootstrapped once on the bootstrap control plane, etcd
-// members equal to the control planes, etcd and kubelet healthy, and a
-// kubeconfig in Dir that reaches the API server.
+// (control planes dispatched first), etcd bootstrapped once on the
+// bootstrap control plane as soon as the control planes run their
+// installed systems — workers are not waited for: their API certificate
+// comes from a control plane's trustd, which a VIP endpoint only reaches
+// once etcd runs —, control planes whose etcd gave up joining rebooted,
+// then the workers, the cluster healthy as `talosctl health` judges it, and
+// a kubeconfig that reaches the API server.
 func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResult, error) {
 	mutate := opts.Mutate
 	if mutate == nil {
@@ -68,23 +77,40 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 		return nil, err
 	}
 	res := &ConvergeResult{Nodes: map[string]EnsureResult{}, BootstrapNode: boot.Name}
+	opts.Nodes = controlPlanesFirst(opts.Nodes)
 
-	if err := o.convergeNodes(ctx, opts, mutate, res); err != nil {
-		return res, err
-	}
-	for _, r := range res.Nodes {
-		if r.Action == ActionPlanned {
-			res.Planned = true
+	if opts.DryRun {
+		if err := o.convergeNodes(ctx, opts, mutate, res, nil); err != nil {
+			return res, err
 		}
-	}
-	if opts.DryRun || res.Planned {
+		for _, r := range res.Nodes {
+			res.Planned = res.Planned || r.Action == ActionPlanned
+		}
 		return res, o.planCluster(ctx, opts, boot, mutate, res)
 	}
 
-	// Bootstrap only when etcd has not started anywhere: a cluster that
-	// runs is left alone (even if the config's first control plane changed
-	// since), and an interrupted earlier bootstrap answers AlreadyExists.
-	started, err := o.etcdStartedOn(ctx, opts.Nodes, boot)
+	cps := make(chan bool, 1)
+	nodesDone := make(chan error, 1)
+	nctx, cancelNodes := context.WithCancel(ctx)
+	defer cancelNodes()
+	go func() { nodesDone <- o.convergeNodes(nctx, opts, mutate, res, cps) }()
+	select {
+	case ok := <-cps:
+		if !ok {
+			// A control plane failed: no bootstrap; report once the others
+			// are done too.
+			return res, <-nodesDone
+		}
+	case err := <-nodesDone:
+		if err != nil {
+			return res, err
+		}
+	}
+
+	// Bootstrap only when etcd runs nowhere: a cluster that runs is left
+	// alone (even if the config's first control plane changed since), and
+	// an interrupted earlier bootstrap answers AlreadyExists.
+	started, err := o.etcdMemberOf(ctx, opts.Nodes, boot)
 	if err != nil {
 		return res, err
 	}
@@ -93,48 +119,73 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 		boot, res.BootstrapNode = *started, started.Name
 	}
 	if started == nil {
-		ran := false
 		if err := mutate(fmt.Sprintf("bootstrap etcd on %s", boot), func() error {
-			ran = true
 			already, err := o.Bootstrap(ctx, boot.Name, boot.IP)
 			res.Bootstrapped = !already
 			return err
 		}); err != nil {
 			return res, err
 		}
-		if !ran {
-			res.Planned = true
-			return res, nil
-		}
 	}
 	if opts.OnBootstrapped != nil {
 		opts.OnBootstrapped(boot.Name)
 	}
-
-	var cps []string
-	var health []HealthTarget
-	for _, t := range opts.Nodes {
-		if t.Role == RoleControlPlane {
-			cps = append(cps, t.Name)
-		}
-		health = append(health, HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
-	}
-	if err := o.WaitEtcdMembers(ctx, boot.IP, cps); err != nil {
+	if err := o.recoverFailedEtcd(ctx, opts.Nodes, mutate); err != nil {
 		return res, err
 	}
-	if err := o.WaitServicesHealthy(ctx, health); err != nil {
+	if err := <-nodesDone; err != nil {
+		return res, err
+	}
+
+	var health []HealthTarget
+	for _, t := range opts.Nodes {
+		health = append(health, HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
+	}
+	in := HealthInput{Nodes: health, CNIDisabled: opts.CNIDisabled}
+	if err := o.WaitHealthy(ctx, fmt.Sprintf("the cluster's Talos side healthy (etcd on %d control plane(s), apid, kubelet, boot sequences)", len(opts.Nodes)-workers(opts.Nodes)), in); err != nil {
 		return res, err
 	}
 	if err := o.ensureKubeconfig(ctx, opts, boot, mutate, res); err != nil {
 		return res, err
 	}
-	return res, nil
+	cs, err := kubeClient(res.kubeconfig)
+	if err != nil {
+		return res, err
+	}
+	in.Kube = cs
+	return res, o.WaitHealthy(ctx, "the cluster healthy as talosctl health judges it", in)
 }
 
-// etcdStartedOn returns a control plane whose etcd has started (boot
-// first), or nil when none has: then, and only then, bootstrapping is safe.
-// A node that Talos has not bootstrapped or joined keeps etcd "Preparing".
-func (o *Ops) etcdStartedOn(ctx context.Context, nodes []Target, boot Target) (*Target, error) {
+func workers(nodes []Target) int {
+	n := 0
+	for _, t := range nodes {
+		if t.Role != RoleControlPlane {
+			n++
+		}
+	}
+	return n
+}
+
+// controlPlanesFirst orders the nodes control planes first, each group in
+// configuration order.
+func controlPlanesFirst(nodes []Target) []Target {
+	out := slices.Clone(nodes)
+	slices.SortStableFunc(out, func(a, b Target) int {
+		return boolRank(b.Role == RoleControlPlane) - boolRank(a.Role == RoleControlPlane)
+	})
+	return out
+}
+
+// etcdMemberOf returns a control plane (boot first) that is an etcd
+// member, or nil when none is: then, and only then, bootstrapping is safe.
+// A node is a member when its etcd lists members (EtcdMemberList asks etcd
+// through the control planes' endpoints, so it answers for the cluster) or
+// when its etcd service is Running: the service only runs once its pre
+// stage has initialised (bootstrap) or joined the member, even before it is
+// healthy. Any other state says nothing: a control plane never bootstrapped
+// shows Waiting, then Preparing while it tries to join for EtcdJoinTimeout,
+// then Failed (services/etcd.go buildInitialCluster at v1.13.3).
+func (o *Ops) etcdMemberOf(ctx context.Context, nodes []Target, boot Target) (*Target, error) {
 	order := []Target{boot}
 	for _, t := range nodes {
 		if t.Role == RoleControlPlane && t.Name != boot.Name {
@@ -142,8 +193,18 @@ func (o *Ops) etcdStartedOn(ctx context.Context, nodes []Target, boot Target) (*
 		}
 	}
 	for _, t := range order {
-		if members, err := o.EtcdMembers(ctx, t.IP); err == nil && len(members) > 0 {
+		members, err := o.EtcdMembers(ctx, t.IP)
+		if err == nil && len(members) > 0 {
+			// Any control plane answers for the cluster: name a member.
+			for _, c := range order {
+				if slices.ContainsFunc(members, func(m EtcdMember) bool { return m.Hostname == c.Name && !m.Learner }) {
+					return &c, nil
+				}
+			}
 			return &t, nil
+		}
+		if err != nil && fatalWhileWaiting(err) != nil {
+			return nil, err
 		}
 		svcs, err := o.Services(ctx, t.IP)
 		if err != nil {
@@ -152,13 +213,38 @@ func (o *Ops) etcdStartedOn(ctx context.Context, nodes []Target, boot Target) (*
 			}
 			continue
 		}
-		for _, s := range svcs {
-			if s.ID == "etcd" && s.State != "" && s.State != "Preparing" && s.State != "Waiting" {
-				return &t, nil
-			}
+		if s, ok := findService(svcs, "etcd"); ok && s.State == "Running" {
+			return &t, nil
 		}
 	}
 	return nil, nil
+}
+
+// recoverFailedEtcd reboots the control planes whose etcd service gave up
+// joining (it tries for EtcdJoinTimeout, 30 min, and then stays Failed
+// until the boot sequence times out and the node reboots): after a reboot
+// it joins the cluster that now exists.
+func (o *Ops) recoverFailedEtcd(ctx context.Context, nodes []Target, mutate Mutator) error {
+	for _, t := range nodes {
+		if t.Role != RoleControlPlane {
+			continue
+		}
+		svcs, err := o.Services(ctx, t.IP)
+		if err != nil {
+			continue // the health wait reports it
+		}
+		s, ok := findService(svcs, "etcd")
+		if !ok || s.State != "Failed" {
+			continue
+		}
+		o.opts.Log.Warn().Str("node", t.Name).Str("event", s.LastEvent).Msgf("etcd on %s gave up joining before etcd was bootstrapped", t)
+		if err := mutate(fmt.Sprintf("reboot %s: its etcd service failed waiting for a cluster to join (%s)", t, s.LastEvent), func() error {
+			return o.Reboot(ctx, t)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // planCluster records what a real run would still do after the nodes.
@@ -199,7 +285,11 @@ func bootstrapTarget(nodes []Target, name string) (Target, error) {
 	return Target{}, errors.New("no control-plane node to bootstrap")
 }
 
-func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mutator, res *ConvergeResult) error {
+// convergeNodes takes every node to its config, at most Parallelism at a
+// time in the order given. When cps is set it receives, once, whether every
+// control plane converged, as soon as the last one is done (the workers may
+// still be converging).
+func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mutator, res *ConvergeResult, cps chan<- bool) error {
 	names := make([]string, 0, len(opts.Nodes))
 	byName := map[string]Target{}
 	for _, t := range opts.Nodes {
@@ -230,14 +320,31 @@ func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mu
 		}
 	}()
 	var mu sync.Mutex
-	failed := wait.Each(ctx, o.opts.Log, "nodes configured", o.opts.ProgressEvery, names, func(ctx context.Context, name string) error {
+	cpsLeft, cpsOK := 0, true
+	for _, t := range opts.Nodes {
+		if t.Role == RoleControlPlane {
+			cpsLeft++
+		}
+	}
+	cpDone := func(ok bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		cpsOK = cpsOK && ok
+		if cpsLeft--; cpsLeft == 0 && cps != nil {
+			cps <- cpsOK
+		}
+	}
+	failed := wait.Each(ctx, o.opts.Log, "nodes configured", o.opts.ProgressEvery, names, func(ctx context.Context, name string) (err error) {
+		t := byName[name]
+		if t.Role == RoleControlPlane {
+			defer func() { cpDone(err == nil) }()
+		}
 		select {
 		case <-turn[name]:
 			defer func() { <-slots }()
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		t := byName[name]
 		r, err := o.EnsureConfig(ctx, t, EnsureOptions{Mutate: mutate, DryRun: opts.DryRun})
 		if err != nil {
 			return err
@@ -285,7 +392,7 @@ func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot T
 	res.KubeconfigPath = path
 	if existing, err := os.ReadFile(path); err == nil {
 		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
-			res.APIServerVersion = v
+			res.APIServerVersion, res.kubeconfig = v, existing
 			return nil
 		} else {
 			o.opts.Log.Info().Err(err).Msg("existing kubeconfig does not reach the API server; fetching a new one")
@@ -295,6 +402,7 @@ func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot T
 	if err != nil {
 		return err
 	}
+	res.kubeconfig = data
 	ran := false
 	if err := mutate("write kubeconfig "+path, func() error {
 		ran = true

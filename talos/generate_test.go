@@ -2,6 +2,7 @@ package talos
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"errors"
 	"flag"
@@ -15,6 +16,8 @@ import (
 
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+
+	"github.com/homelab/bootstrap/lab/talossim"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -632,5 +635,59 @@ func TestOptionsRejected(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}
+	}
+}
+
+// TestGenerateForTalos112 renders for the oldest Talos generated for
+// (v1.12, whose contract has the multi-document network configs) with a
+// Kubernetes it supports: the configs validate, and a node of that version
+// takes them; with Kubernetes 1.36 the node's runtime validation refuses
+// them, which is why `config validate` refuses that pair.
+func TestGenerateForTalos112(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		k8s    string
+		refuse string
+	}{
+		{k8s: "1.35.2"},
+		{k8s: "1.36.1", refuse: "kubelet image is not valid: version of Kubernetes 1.36.1 is too new to be used with Talos 1.12.4"},
+	} {
+		t.Run(tc.k8s, func(t *testing.T) {
+			t.Parallel()
+			opts := oneCP(clusterDir(t, "secrets.yaml"))
+			opts.TalosVersion, opts.KubernetesVersion = "v1.12.4", tc.k8s
+			prefix, err := talossim.RandomLoopbackPrefix(50000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ip := talossim.HostAddr(prefix, 11)
+			opts.Nodes[0].IP = ip
+			res, err := Generate(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sim := talossim.New(talossim.Options{TalosVersion: "v1.12.4", Log: testLogger(t)})
+			defer sim.Close()
+			node, err := sim.BootNode(context.Background(), talossim.NodeSpec{IP: ip})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := node.WaitPhase(ctx, talossim.PhaseMaintenance); err != nil {
+				t.Fatal(err)
+			}
+			ops, err := NewOps(OpsOptions{Talosconfig: res.Talosconfig, Log: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = ops.applyMaintenance(ctx, Target{Name: "cp-1", IP: ip, Config: res.Nodes[0].Config})
+			switch {
+			case tc.refuse == "" && err != nil:
+				t.Fatalf("a v1.12.4 node refused its config: %v", err)
+			case tc.refuse != "" && (err == nil || !strings.Contains(err.Error(), tc.refuse)):
+				t.Fatalf("err = %v, want %q", err, tc.refuse)
+			}
+		})
 	}
 }

@@ -2,24 +2,16 @@ package talos
 
 import (
 	"context"
-	"crypto/tls"
-	stdx509 "crypto/x509"
-	"encoding/base64"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/siderolabs/crypto/x509"
-	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 
-	"github.com/homelab/bootstrap/talos/talossim"
+	"github.com/homelab/bootstrap/lab/talossim"
+	"github.com/homelab/bootstrap/talos/talostest"
 )
 
 // harness is a cluster directory with rendered configs, a talossim node per
@@ -32,7 +24,7 @@ type harness struct {
 	res     *Result
 	sim     *talossim.Sim
 	cluster *talossim.MemoryCluster
-	api     *testAPIServer
+	api     *talostest.APIServer
 	ops     *Ops
 	prefix  netip.Prefix
 }
@@ -46,6 +38,9 @@ type harnessOptions struct {
 	faults map[string]talossim.Faults
 	// workerBus is the disk bus of workers (default virtio).
 	workerBus string
+	// noDiscovery makes the discovery service unreachable: workers find
+	// trustd only through the cluster endpoint.
+	noDiscovery bool
 }
 
 func testLogger(t *testing.T) zerolog.Logger {
@@ -86,9 +81,14 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.api = newTestAPIServer(t, h.res.Bundle)
-	h.cluster = talossim.NewMemoryCluster(h.api.kubeconfig("lab", h.res.Bundle))
-	h.sim = talossim.New(talossim.Options{Profile: ho.profile, TimeScale: ho.timeScale, Cluster: h.cluster, Log: testLogger(t)})
+	names := make([]string, 0, len(nodes))
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	k8sCA := h.res.Bundle.Certs.K8s
+	h.api = talostest.NewAPIServer(t, k8sCA.Crt, k8sCA.Key, names...)
+	h.cluster = talossim.NewMemoryCluster(h.api.Kubeconfig("lab", k8sCA.Crt, k8sCA.Key))
+	h.sim = talossim.New(talossim.Options{Profile: ho.profile, TimeScale: ho.timeScale, Cluster: h.cluster, DiscoveryUnreachable: ho.noDiscovery, Log: testLogger(t)})
 	t.Cleanup(func() { h.sim.Close() })
 	for _, n := range nodes {
 		disk := talossim.Disk{Bus: n.DiskBus, Size: 64 << 30}
@@ -173,81 +173,4 @@ func (h *harness) counters() (total talossim.Counters, byNode map[string]talossi
 		total.Installs += c.Installs
 	}
 	return total, byNode
-}
-
-// testAPIServer stands in for kube-apiserver: TLS with a serving
-// certificate from the bundle's Kubernetes CA, and client certificates
-// required and verified against that CA.
-type testAPIServer struct {
-	srv        *httptest.Server
-	authorized atomic.Int64
-}
-
-func newTestAPIServer(t *testing.T, bundle *secrets.Bundle) *testAPIServer {
-	t.Helper()
-	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(bundle.Certs.K8s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serving, err := x509.NewKeyPair(ca, x509.IPAddresses([]net.IP{net.ParseIP("127.0.0.1")}), x509.CommonName("kube-apiserver"),
-		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageServerAuth}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := stdx509.NewCertPool()
-	pool.AppendCertsFromPEM(bundle.Certs.K8s.Crt)
-	a := &testAPIServer{}
-	a.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-			http.Error(w, "Unauthorized", http.StatusUnauthorized)
-			return
-		}
-		a.authorized.Add(1)
-		switch r.URL.Path {
-		case "/version":
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprint(w, `{"major":"1","minor":"36","gitVersion":"v1.36.1","platform":"linux/amd64"}`)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	a.srv.TLS = &tls.Config{Certificates: []tls.Certificate{*serving.Certificate}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
-	a.srv.StartTLS()
-	t.Cleanup(a.srv.Close)
-	return a
-}
-
-// kubeconfig returns an admin kubeconfig for the server with a client
-// certificate issued by the given bundle's Kubernetes CA, as Talos mints.
-func (a *testAPIServer) kubeconfig(cluster string, bundle *secrets.Bundle) []byte {
-	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(bundle.Certs.K8s)
-	if err != nil {
-		panic(err)
-	}
-	admin, err := x509.NewKeyPair(ca, x509.CommonName("admin"), x509.Organization("system:masters"),
-		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}))
-	if err != nil {
-		panic(err)
-	}
-	b64 := base64.StdEncoding.EncodeToString
-	return fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters:
-- name: %[1]s
-  cluster:
-    server: %[2]s
-    certificate-authority-data: %[3]s
-users:
-- name: admin@%[1]s
-  user:
-    client-certificate-data: %[4]s
-    client-key-data: %[5]s
-contexts:
-- name: admin@%[1]s
-  context:
-    cluster: %[1]s
-    namespace: default
-    user: admin@%[1]s
-current-context: admin@%[1]s
-`, cluster, a.srv.URL, b64(bundle.Certs.K8s.Crt), b64(admin.CrtPEM), b64(admin.KeyPEM))
 }

@@ -11,6 +11,7 @@ import (
 
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -63,6 +64,15 @@ type MergeResult struct {
 	// Backup is the copy made before changing Path ("" when unchanged or new).
 	Backup  string
 	Changed bool
+}
+
+// kubeClient is a Kubernetes client for the admin kubeconfig.
+func kubeClient(kubeconfig []byte) (kubernetes.Interface, error) {
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("reading the kubeconfig: %w", err)
+	}
+	return kubernetes.NewForConfig(rc)
 }
 
 // MergeTalosconfig merges the cluster's talosconfig into the file at path

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/internal/wait"
 )
 
 // Log formats.
@@ -74,22 +75,27 @@ func NewLogger(o Options) (zerolog.Logger, error) {
 		red = &redact.Set{}
 	}
 	var term io.Writer
+	tty := IsTerminal(o.Out)
 	switch o.Format {
 	case "", FormatAuto:
-		if IsTerminal(o.Out) {
-			term = Console(red.Writer(o.Out), false)
+		if tty {
+			term = newLiveConsole(red.Writer(o.Out), o.Out, lvl, true, false)
 		} else {
-			term = red.Writer(o.Out)
+			term = &levelFilter{w: red.Writer(o.Out), min: lvl}
 		}
 	case FormatConsole:
-		term = Console(red.Writer(o.Out), !IsTerminal(o.Out))
+		term = newLiveConsole(red.Writer(o.Out), o.Out, lvl, tty, !tty)
 	case FormatJSON:
-		term = red.Writer(o.Out)
+		term = &levelFilter{w: red.Writer(o.Out), min: lvl}
 	default:
 		return zerolog.Nop(), fmt.Errorf("unknown log format %q: use auto, console or json", o.Format)
 	}
-	writers := []io.Writer{&levelFilter{w: term, min: lvl}}
+	writers := []io.Writer{term}
 	min := lvl
+	if _, live := term.(*liveConsole); live && tty {
+		// The terminal's live lines are fed by trace-level ticks.
+		min = zerolog.TraceLevel
+	}
 	if o.File != nil {
 		writers = append(writers, &levelFilter{w: red.Writer(o.File), min: zerolog.DebugLevel})
 		if zerolog.DebugLevel < min {
@@ -134,11 +140,11 @@ var glyphs = map[string]string{
 	kindFail:   "✗",
 }
 
-// Console renders JSON events for humans: time, a glyph, the message and the
-// few fields that matter.
-func Console(w io.Writer, noColor bool) io.Writer {
+// consoleWriter renders JSON events for humans: time, a glyph, the message
+// and the few fields that matter.
+func consoleWriter(w io.Writer, noColor bool) zerolog.ConsoleWriter {
 	cw := zerolog.ConsoleWriter{Out: w, NoColor: noColor, TimeFormat: time.TimeOnly,
-		FieldsExclude: []string{FieldUI, "stage", "wait", "elapsed", "status", "item", "done", "total", "duration", "pos", "of", "check", "result", "field", "changes"}}
+		FieldsExclude: []string{FieldUI, FieldStageEnd, wait.FieldLive, "stage", "wait", "elapsed", "status", "item", "done", "total", "duration", "pos", "of", "check", "result", "field", "changes"}}
 	cw.FormatLevel = func(i any) string {
 		switch fmt.Sprint(i) {
 		case "debug":

@@ -11,6 +11,9 @@ import (
 // can mark it and JSON consumers can filter it.
 const FieldUI = "ui"
 
+// FieldStageEnd marks the event that ends a stage.
+const FieldStageEnd = "stage_end"
+
 const (
 	kindHeader = "header"
 	kindChange = "change"
@@ -41,15 +44,16 @@ func (r *Reporter) StageStart(pos, total int, name string) {
 // StageDone prints a stage's outcome and duration.
 func (r *Reporter) StageDone(name string, d time.Duration, changes int, err error, interrupted bool) {
 	dur := d.Round(10 * time.Millisecond)
+	log := r.log.With().Bool(FieldStageEnd, true).Logger()
 	switch {
 	case interrupted:
-		r.log.Warn().Str(FieldUI, kindWarn).Dur("duration", d).Msgf("%s interrupted after %s", name, dur)
+		log.Warn().Str(FieldUI, kindWarn).Dur("duration", d).Msgf("%s interrupted after %s", name, dur)
 	case err != nil:
-		r.log.Error().Str(FieldUI, kindFail).Dur("duration", d).Err(err).Msgf("%s failed after %s", name, dur)
+		log.Error().Str(FieldUI, kindFail).Dur("duration", d).Err(err).Msgf("%s failed after %s", name, dur)
 	case changes == 0:
-		r.log.Info().Str(FieldUI, kindOK).Dur("duration", d).Msgf("%s done in %s, no changes", name, dur)
+		log.Info().Str(FieldUI, kindOK).Dur("duration", d).Msgf("%s done in %s, no changes", name, dur)
 	default:
-		r.log.Info().Str(FieldUI, kindOK).Dur("duration", d).Int("changes", changes).Msgf("%s done in %s, %d change(s)", name, dur, changes)
+		log.Info().Str(FieldUI, kindOK).Dur("duration", d).Int("changes", changes).Msgf("%s done in %s, %d change(s)", name, dur, changes)
 	}
 }
 

@@ -36,7 +36,6 @@ type CLI struct {
 	Destroy DestroyCmd `cmd:"" help:"Stop and delete this cluster's VMs (only those tagged bootstrap-<cluster>)."`
 	Cfg     ConfigCmd  `cmd:"" name:"config" help:"Write, validate or describe the config file."`
 	Gitsnap GitsnapCmd `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
-	Lab     LabCmd     `cmd:"" help:"A homelab without hardware: rehearse the whole pipeline on this machine."`
 
 	InstallCompletions kongplete.InstallCompletions `cmd:"" help:"Print the shell snippet that enables tab completion (eval it in your shell's rc file)."`
 	Version            VersionCmd                   `cmd:"" help:"Print the version."`
@@ -158,8 +157,6 @@ func hostname() string {
 	h, _ := os.Hostname()
 	return h
 }
-
-func nopLogger() zerolog.Logger { return zerolog.Nop() }
 
 // session is a command holding the cluster lock with its run log open: the
 // state read under the lock and a logger that also writes the run log.

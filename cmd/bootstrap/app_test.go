@@ -324,7 +324,7 @@ func TestShellCompletion(t *testing.T) {
 	for line, want := range map[string]string{
 		"bootstrap ru":            "run\n",
 		"bootstrap run --from ta": "talos\n",
-		"bootstrap lab d":         "down\n",
+		"bootstrap gitsnap se":    "serve\n",
 	} {
 		t.Setenv("COMP_LINE", line)
 		t.Setenv("COMP_POINT", strconv.Itoa(len(line)))

@@ -7,10 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/homelab/bootstrap/config"
-	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/lab/pvesim"
 	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
 )
 
 func TestDestroyCommand(t *testing.T) {
@@ -65,6 +67,21 @@ func TestDestroyCommand(t *testing.T) {
 	if got := len(sim.VMIDs()); got != 3 {
 		t.Fatalf("nothing may be deleted before confirmation: %v", sim.VMIDs())
 	}
+	// What a provisioned cluster has recorded: its nodes' facts and its
+	// Talos directory.
+	loaded, err := config.Load(path, func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := loaded.Paths()
+	st := state.New(loaded.Cluster.Name)
+	st.Outputs.Nodes = map[string]state.Node{"cp-1": {Name: "cp-1", VMID: 701}, "w-1": {Name: "w-1", VMID: 711}}
+	if err := st.Save(paths.StateDir, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(paths.TalosDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if code, out := run("", "destroy", "--dry-run"); code != 0 || !strings.Contains(out, "would stop and delete VM 701") {
 		t.Fatalf("dry run: exit %d\n%s", code, out)
 	}
@@ -77,5 +94,17 @@ func TestDestroyCommand(t *testing.T) {
 	}
 	if strings.Contains(out, secret) {
 		t.Fatal("the token secret leaked into the output")
+	}
+	if st, err := state.Load(paths.StateDir, loaded.Cluster.Name); err != nil || len(st.Outputs.Nodes) != 0 {
+		t.Errorf("node facts must go with their VMs: %v %+v", err, st.Outputs.Nodes)
+	}
+	if _, err := os.Stat(paths.TalosDir); err != nil {
+		t.Errorf("secrets must be kept without --purge-secrets: %v", err)
+	}
+	if code, out := run("", "destroy", "--yes", "--purge-secrets"); code != 0 {
+		t.Fatalf("destroy --purge-secrets: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(paths.TalosDir); !os.IsNotExist(err) {
+		t.Errorf("--purge-secrets must delete %s: %v", paths.TalosDir, err)
 	}
 }

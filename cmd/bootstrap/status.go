@@ -22,14 +22,16 @@ type StatusCmd struct {
 
 // statusReport is the JSON shape of `bootstrap status --output json`.
 type statusReport struct {
-	Cluster   string            `json:"cluster"`
-	StateFile string            `json:"state_file"`
-	Updated   time.Time         `json:"updated,omitzero"`
-	Stages    []stageStatus     `json:"stages"`
-	LastRun   *state.Run        `json:"last_run,omitempty"`
-	Outputs   state.Outputs     `json:"outputs"`
-	Paths     map[string]string `json:"paths"`
-	Next      string            `json:"next"`
+	Cluster string `json:"cluster"`
+	// TalosVersion is the version the config names (nodes report theirs).
+	TalosVersion string            `json:"talos_version"`
+	StateFile    string            `json:"state_file"`
+	Updated      time.Time         `json:"updated,omitzero"`
+	Stages       []stageStatus     `json:"stages"`
+	LastRun      *state.Run        `json:"last_run,omitempty"`
+	Outputs      state.Outputs     `json:"outputs"`
+	Paths        map[string]string `json:"paths"`
+	Next         string            `json:"next"`
 }
 
 type stageStatus struct {
@@ -54,7 +56,7 @@ func (s *StatusCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 	rep := statusReport{
-		Cluster: cfg.Cluster.Name, StateFile: filepath.Join(paths.StateDir, state.FileName), Updated: st.Updated,
+		Cluster: cfg.Cluster.Name, TalosVersion: cfg.Cluster.TalosVersion, StateFile: filepath.Join(paths.StateDir, state.FileName), Updated: st.Updated,
 		LastRun: st.LastRun, Outputs: st.Outputs, Next: nextHint(st),
 		Paths: map[string]string{"talos_dir": paths.TalosDir, "talosconfig": paths.Talosconfig, "kubeconfig": paths.Kubeconfig, "state_dir": paths.StateDir},
 	}
@@ -106,7 +108,11 @@ func writeStatus(w io.Writer, r statusReport) error {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, n := range names {
 			node := o.Nodes[n]
-			fmt.Fprintf(tw, "  %s\t%s\t%s\tvmid %d\t%s\n", node.Name, node.Role, node.IP, node.VMID, node.InstallDisk)
+			version := node.TalosVersion
+			if version != "" && version != r.TalosVersion {
+				version += " (drift: the config says " + r.TalosVersion + ")"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\tvmid %d\t%s\t%s\n", node.Name, node.Role, node.IP, node.VMID, node.InstallDisk, version)
 		}
 		tw.Flush()
 	}

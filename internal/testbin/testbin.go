@@ -1,5 +1,5 @@
-// Package testbin builds the real bootstrap command for tests that need it
-// as a separate process (the detached git snapshot server, end-to-end runs).
+// Package testbin builds the real bootstrap commands for tests that need them
+// as separate processes (end-to-end runs, the detached lab).
 package testbin
 
 import (
@@ -14,45 +14,72 @@ import (
 	"testing"
 )
 
-var (
+type build struct {
 	once sync.Once
 	path string
 	err  error
+}
+
+var (
+	mu     sync.Mutex
+	builds = map[string]*build{}
 )
 
 // Bootstrap builds ./cmd/bootstrap once per test binary and returns its path.
 func Bootstrap(t testing.TB) string {
 	t.Helper()
-	once.Do(func() {
-		// Into the module's git-ignored bin/, so runs do not pile up
-		// copies in the temp directory.
-		gomod, e := exec.Command("go", "env", "GOMOD").Output()
-		if e != nil {
-			err = e
-			return
-		}
-		path = filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), "bin", "test", fmt.Sprintf("bootstrap-%d", os.Getpid()))
-		if e := os.MkdirAll(filepath.Dir(path), 0o755); e != nil {
-			err = e
-			return
-		}
-		removeStale(filepath.Dir(path))
-		out, e := exec.Command("go", "build", "-o", path, "github.com/homelab/bootstrap/cmd/bootstrap").CombinedOutput()
-		if e != nil {
-			err = fmt.Errorf("building bootstrap: %v\n%s", e, out)
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
+	return Build(t, "bootstrap")
+}
+
+// Lab builds ./cmd/bootstrap-lab once per test binary and returns its path.
+func Lab(t testing.TB) string {
+	t.Helper()
+	return Build(t, "bootstrap-lab")
+}
+
+// Build builds the command ./cmd/<name> of this module once per test binary
+// and returns its path.
+func Build(t testing.TB, name string) string {
+	t.Helper()
+	mu.Lock()
+	b := builds[name]
+	if b == nil {
+		b = &build{}
+		builds[name] = b
 	}
-	return path
+	mu.Unlock()
+	b.once.Do(func() { b.path, b.err = goBuild(name) })
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+func goBuild(name string) (string, error) {
+	// Into the module's git-ignored bin/, so runs do not pile up copies in
+	// the temp directory.
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), "bin", "test")
+	path := filepath.Join(dir, fmt.Sprintf("%s-%d", name, os.Getpid()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	removeStale(dir, name)
+	out, err := exec.Command("go", "build", "-o", path, "github.com/homelab/bootstrap/cmd/"+name).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("building %s: %v\n%s", name, err, out)
+	}
+	return path, nil
 }
 
 // removeStale deletes binaries of test processes that are gone.
-func removeStale(dir string) {
+func removeStale(dir, name string) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		pid, convErr := strconv.Atoi(strings.TrimPrefix(e.Name(), "bootstrap-"))
+		pid, convErr := strconv.Atoi(strings.TrimPrefix(e.Name(), name+"-"))
 		if convErr != nil || pid == os.Getpid() {
 			continue
 		}

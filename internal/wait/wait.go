@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -16,6 +17,28 @@ import (
 
 // ErrTimeout is wrapped by every error returned when a wait runs out of time.
 var ErrTimeout = errors.New("timed out")
+
+// Live progress. An event that carries FieldLive is the current state of one
+// running wait, named by the field's value; an event with FieldLiveEnd says
+// that wait is over. A terminal shows one updating line per running wait
+// instead of a new line per event (see ui); other outputs print the
+// info-level ones as lines. Between those, a trace-level event every
+// liveEvery keeps the elapsed time on a terminal current, and never reaches
+// a log file.
+const (
+	FieldLive    = "live"
+	FieldLiveEnd = "live_end"
+	liveEvery    = time.Second
+)
+
+var liveSeq atomic.Int64
+
+// liveKey names one wait uniquely, even when parallel waits share What.
+func liveKey(what string) string { return fmt.Sprintf("%s#%d", what, liveSeq.Add(1)) }
+
+func liveEnd(log zerolog.Logger, key string) {
+	log.Trace().Str(FieldLive, key).Bool(FieldLiveEnd, true).Msg("")
+}
 
 // Spec describes one bounded wait.
 type Spec struct {
@@ -55,10 +78,12 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, spec.Timeout)
 	defer cancel()
-	lastProgress := start
+	lastProgress, lastLive := start, start
 	var status string
 	polls := pollLog{spec: spec}
 	defer polls.flush()
+	key := liveKey(spec.What)
+	defer liveEnd(spec.Log, key)
 	for poll := 1; ; poll++ {
 		done, st, err := cond(ctx)
 		if st != "" {
@@ -73,9 +98,15 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 			return nil
 		}
 		polls.notDone(poll, st)
-		if time.Since(lastProgress) >= spec.ProgressEvery {
-			lastProgress = time.Now()
-			spec.Log.Info().Str("wait", spec.What).Str("status", status).
+		var ev *zerolog.Event
+		switch {
+		case time.Since(lastProgress) >= spec.ProgressEvery:
+			ev, lastProgress, lastLive = spec.Log.Info(), time.Now(), time.Now()
+		case time.Since(lastLive) >= liveEvery:
+			ev, lastLive = spec.Log.Trace(), time.Now()
+		}
+		if ev != nil {
+			ev.Str(FieldLive, key).Str("wait", spec.What).Str("status", status).
 				Str("elapsed", Round(time.Since(start)).String()).
 				Msgf("waiting for %s (%s elapsed)%s", spec.What, Round(time.Since(start)), suffix(status))
 		}
@@ -147,6 +178,7 @@ func Round(d time.Duration) time.Duration {
 // parallel and reports "n/m done" with the names still pending.
 type Tracker struct {
 	what  string
+	key   string
 	log   zerolog.Logger
 	start time.Time
 
@@ -157,7 +189,7 @@ type Tracker struct {
 
 // NewTracker starts tracking names for the wait described by what.
 func NewTracker(log zerolog.Logger, what string, names []string) *Tracker {
-	t := &Tracker{what: what, log: log, start: time.Now(), pending: map[string]bool{}, total: len(names)}
+	t := &Tracker{what: what, key: liveKey(what), log: log, start: time.Now(), pending: map[string]bool{}, total: len(names)}
 	for _, n := range names {
 		t.pending[n] = true
 	}
@@ -174,9 +206,12 @@ func (t *Tracker) Done(name string) {
 	delete(t.pending, name)
 	done, total := t.total-len(t.pending), t.total
 	t.mu.Unlock()
-	t.log.Info().Str("wait", t.what).Str("item", name).Int("done", done).Int("total", total).
+	t.log.Info().Str(FieldLive, t.key).Str("wait", t.what).Str("item", name).Int("done", done).Int("total", total).
 		Msgf("%s: %s ready (%d/%d, %s elapsed)", t.what, name, done, total, Round(time.Since(t.start)))
 }
+
+// Close ends the tracker's live line (see FieldLive).
+func (t *Tracker) Close() { liveEnd(t.log, t.key) }
 
 // Pending returns the names not done yet, sorted.
 func (t *Tracker) Pending() []string {
@@ -201,13 +236,15 @@ func (t *Tracker) Status() string {
 }
 
 // Report runs until ctx ends, logging the tracker's status every interval
-// while something is pending. Start it in a goroutine beside the workers.
+// while something is pending (and keeping a terminal's live line current in
+// between). Start it in a goroutine beside the workers.
 func (t *Tracker) Report(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		every = 5 * time.Second
 	}
-	tick := time.NewTicker(every)
+	tick := time.NewTicker(min(every, liveEvery))
 	defer tick.Stop()
+	lastProgress := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -216,7 +253,11 @@ func (t *Tracker) Report(ctx context.Context, every time.Duration) {
 			if len(t.Pending()) == 0 {
 				return
 			}
-			t.log.Info().Str("wait", t.what).Msgf("waiting for %s: %s (%s elapsed)", t.what, t.Status(), Round(time.Since(t.start)))
+			ev := t.log.Trace()
+			if time.Since(lastProgress) >= every {
+				ev, lastProgress = t.log.Info(), time.Now()
+			}
+			ev.Str(FieldLive, t.key).Str("wait", t.what).Msgf("waiting for %s: %s (%s elapsed)", t.what, t.Status(), Round(time.Since(t.start)))
 		}
 	}
 }
@@ -228,8 +269,10 @@ func (t *Tracker) Report(ctx context.Context, every time.Duration) {
 func Each(ctx context.Context, log zerolog.Logger, what string, every time.Duration, names []string, fn func(ctx context.Context, name string) error) map[string]error {
 	tr := NewTracker(log, what, names)
 	rctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go tr.Report(rctx, every)
+	reported := make(chan struct{})
+	go func() { tr.Report(rctx, every); close(reported) }()
+	// The live line ends after the last report, never before it.
+	defer func() { stop(); <-reported; tr.Close() }()
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex

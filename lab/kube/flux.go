@@ -141,6 +141,7 @@ func (c *Cluster) ApplyCRDFiles(ctx context.Context, files []string) error {
 		}
 	}
 	tr := wait.NewTracker(c.log, "CRDs Established", names)
+	defer tr.Close()
 	return wait.Until(ctx, wait.Spec{What: "CRDs Established", Timeout: c.opts.ReadyTimeout, Interval: 200 * time.Millisecond, Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
 			for _, n := range tr.Pending() {

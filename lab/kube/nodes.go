@@ -127,6 +127,7 @@ func (c *Cluster) setHeartbeatLabel(ctx context.Context, name, value string) err
 // WaitNodesReady waits until every named node reports Ready=True.
 func (c *Cluster) WaitNodesReady(ctx context.Context, names []string, timeout time.Duration) error {
 	tr := wait.NewTracker(c.log, "nodes Ready", names)
+	defer tr.Close()
 	return wait.Until(ctx, wait.Spec{What: "nodes Ready", Timeout: timeout, Interval: 200 * time.Millisecond, Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
 			for _, n := range tr.Pending() {

@@ -27,9 +27,9 @@ import (
 
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/lab"
-	"github.com/homelab/bootstrap/proxmox/pvesim"
+	"github.com/homelab/bootstrap/lab/pvesim"
+	"github.com/homelab/bootstrap/lab/talossim"
 	"github.com/homelab/bootstrap/stages"
-	"github.com/homelab/bootstrap/talos/talossim"
 )
 
 type options struct {

@@ -1,0 +1,32 @@
+package config
+
+import (
+	"regexp"
+	"strings"
+)
+
+// unsafeFilenameChar is what download-url replaces with '_' in the file
+// name it stores (normalize_content_filename in pve-storage
+// src/PVE/Storage.pm at 9.1.7, which also drops any directory part).
+var unsafeFilenameChar = regexp.MustCompile(`[^a-zA-Z0-9_.-]`)
+
+// isoExt is download-url's check for content iso: a name ending in .iso or
+// .img, any case ($ISO_EXT_RE_0 in src/PVE/Storage.pm).
+var isoExt = regexp.MustCompile(`(?i)^[^/]+\.(iso|img)$`)
+
+// isoFile checks proxmox.iso.file against Proxmox's own rules: PVE would
+// store the download under another name (so the next run would not find it
+// and download again, failing with "refusing to override existing file"),
+// or refuse the extension.
+func (v *validator) isoFile(file string) {
+	switch {
+	case file == "":
+		v.errf("proxmox.iso.file", "is required: the ISO's file name on %s, e.g. talos-%s-nocloud-amd64.iso", orDefault(v.c.Proxmox.ISOStorage, "the ISO storage"), v.c.Cluster.TalosVersion)
+	case strings.ContainsAny(file, `/\`):
+		v.errf("proxmox.iso.file", "%q must be a file name without a directory: Proxmox stores downloads under the base name only", file)
+	case unsafeFilenameChar.MatchString(file):
+		v.errf("proxmox.iso.file", "%q has characters Proxmox replaces with '_' when it stores a download (only letters, digits, '_', '.' and '-' stay): use %q", file, unsafeFilenameChar.ReplaceAllString(file, "_"))
+	case !isoExt.MatchString(file):
+		v.errf("proxmox.iso.file", "%q must end in .iso or .img (Proxmox refuses other names for ISO downloads)", file)
+	}
+}

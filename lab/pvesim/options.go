@@ -1,0 +1,247 @@
+package pvesim
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Options configure a simulated Proxmox VE host. The zero value is a usable
+// N100-sized single node with the usual "local" and "local-lvm" storages, one
+// bridge and one API token with administrator privileges.
+type Options struct {
+	// Addr is the listen address (default "127.0.0.1:0").
+	Addr string
+	// Hosts are extra DNS names or IPs for the node certificate.
+	Hosts []string
+	// Node describes the host.
+	Node NodeSpec
+	// Version is the pve-manager version reported by /version (default "8.2.4").
+	Version string
+	// Storages replace the default storages when set.
+	Storages []StorageSpec
+	// Bridges replace the default vmbr0 when set.
+	Bridges []BridgeSpec
+	// ISOs are present on storage from the start.
+	ISOs []ISOSpec
+	// RemoteFiles are what download-url can fetch, by URL. Any other URL
+	// fails the download task like wget's 404.
+	RemoteFiles map[string]RemoteFile
+	// Tokens are the API tokens that authenticate. When empty, one token
+	// "root@pam!bootstrap" with a random secret and Admin privileges exists.
+	Tokens []Token
+	// Users can log in with a password (POST /access/ticket). A token's
+	// user, when listed here, bounds a privilege-separated token.
+	Users []User
+	// Guests hold VMIDs this node does not run (containers, VMs elsewhere).
+	Guests []GuestSpec
+	// Datacenter is the datacenter.cfg tag policy.
+	Datacenter Datacenter
+	// Profile is the latency model (default Instant).
+	Profile Profile
+	// TimeScale multiplies every profile duration (default 1); 0.01 runs
+	// the n100 profile a hundred times faster.
+	TimeScale float64
+	// Seed makes probabilistic faults and generated MACs reproducible.
+	Seed int64
+	// LegacyErrors answers errors like pve-http-server before 5.2: the text
+	// only in the HTTP status line, the JSON body without "message".
+	LegacyErrors bool
+	// OnStart and OnStop are called when a VM has started or stopped.
+	OnStart []func(VMEvent) error
+	OnStop  []func(VMEvent)
+	// Log receives the simulator's own lines (task starts and ends, faults).
+	Log zerolog.Logger
+}
+
+// NodeSpec describes the simulated host.
+type NodeSpec struct {
+	// Name is the node name (default "pve").
+	Name string
+	// CPUs is the number of logical CPUs (default 4).
+	CPUs int
+	// CPUModel is shown in node status (default "Intel(R) N100").
+	CPUModel string
+	// MemoryBytes is the host's RAM (default 16 GiB).
+	MemoryBytes int64
+	// HostUsedBytes is RAM the host itself uses (default 1.5 GiB).
+	HostUsedBytes int64
+	// PageCacheBytes is RAM the kernel uses for its page cache (default
+	// 3 GiB, a warm host): MemAvailable counts it, MemFree does not.
+	PageCacheBytes int64
+}
+
+// GuestSpec is a guest this node does not run for the test (a container,
+// or a VM on another cluster node): it holds its VMID cluster-wide.
+type GuestSpec struct {
+	VMID int
+	// Type is "lxc" or "qemu".
+	Type string
+	// Node runs it (default: this node).
+	Node   string
+	Name   string
+	Tags   string
+	Status string
+}
+
+// Datacenter is what datacenter.cfg says about tags
+// (pve-cluster src/PVE/DataCenterConfig.pm).
+type Datacenter struct {
+	// UserTagAccess is user-tag-access's user-allow: free (default),
+	// existing, list or none.
+	UserTagAccess string
+	// UserAllowList is user-tag-access's user-allow-list.
+	UserAllowList []string
+	// RegisteredTags need Sys.Modify on / to set.
+	RegisteredTags []string
+}
+
+// StorageSpec describes one storage.
+type StorageSpec struct {
+	// Name is the storage ID ("local", "local-lvm").
+	Name string
+	// Type is the plugin type: "dir", "lvmthin", "lvm", "zfspool", "nfs".
+	Type string
+	// Content lists content types ("images", "iso", "rootdir", "vztmpl", "backup").
+	Content []string
+	// TotalBytes is the capacity; UsedBytes what is in use before any VM.
+	TotalBytes int64
+	UsedBytes  int64
+	// Path is the mount point of file-based storages (default /var/lib/vz for "local").
+	Path string
+	// Shared marks shared storages.
+	Shared bool
+	// Disabled storages are configured but not enabled.
+	Disabled bool
+}
+
+// BridgeSpec describes one Linux bridge on the node.
+type BridgeSpec struct {
+	Name      string
+	VLANAware bool
+	Ports     string
+	// CIDR is the host address on the bridge ("10.0.20.5/24"), if any.
+	CIDR    string
+	Gateway string
+	// Zone makes it an SDN VNet of that zone (listed with type vnet);
+	// plain bridges belong to the zone localnetwork.
+	Zone string
+}
+
+// ISOSpec is an ISO already on storage.
+type ISOSpec struct {
+	Storage string
+	Name    string
+	// Content is the file's bytes; when nil, Size gives its size.
+	Content []byte
+	Size    int64
+}
+
+// RemoteFile is a file download-url can fetch. Either Content, or Size and
+// SHA256 (hex) for files too big to keep in memory.
+type RemoteFile struct {
+	Content []byte
+	Size    int64
+	SHA256  string
+}
+
+// Token is an API token. Its ACL is the token's effective privileges, i.e.
+// with privilege separation already applied.
+type Token struct {
+	// ID is "user@realm!tokenname".
+	ID     string
+	Secret string
+	ACL    []ACE
+	// NoPrivsep gives the token its user's privileges. By default, as
+	// `pveum user token add` creates them, a token is privilege-separated:
+	// it holds what its own ACL and its user's both grant.
+	NoPrivsep bool
+}
+
+// User can authenticate with a password. root@pam has every privilege
+// regardless of its ACL, as on PVE.
+type User struct {
+	ID       string
+	Password string
+	ACL      []ACE
+}
+
+// ACE grants privileges on a path. Without NoPropagate they also apply to
+// every path below; a more specific path with its own entries overrides.
+type ACE struct {
+	Path        string
+	Privileges  []string
+	NoPropagate bool
+}
+
+// VMEvent describes a VM that started or stopped, as the guest would see it:
+// its cloud-init network settings, disks and NIC.
+type VMEvent struct {
+	Node string
+	VMID int
+	Name string
+	Tags []string
+	// IPv4 is the static address from ipconfig0 ("ip=10.0.20.11/24"); not
+	// valid when the VM has no static cloud-init address.
+	IPv4        netip.Prefix
+	Gateway     netip.Addr
+	Nameservers []string
+	Disks       []Disk
+	// MAC of net0, upper case.
+	MAC    string
+	Bridge string
+	VLAN   int
+	// At is when the event happened.
+	At time.Time
+}
+
+// Disk is one VM disk (CD-ROMs and the cloud-init drive are left out).
+type Disk struct {
+	// Slot is the config key ("scsi0", "virtio0").
+	Slot string
+	// Bus is "scsi", "virtio", "sata" or "ide".
+	Bus       string
+	Storage   string
+	Volume    string
+	SizeBytes int64
+}
+
+// FaultKind selects what an injected fault does.
+type FaultKind string
+
+// The fault kinds.
+const (
+	// FaultStatus answers with Status (default 500) and Message.
+	FaultStatus FaultKind = "status"
+	// FaultLock answers 500 "can't lock file '/var/lock/qemu-server/lock-<vmid>.conf' - got timeout".
+	FaultLock FaultKind = "lock"
+	// FaultTaskError lets the request start its task, which then ends with
+	// Message as exit status instead of doing the work.
+	FaultTaskError FaultKind = "task-error"
+	// FaultSlow holds the answer for Delay, then answers normally.
+	FaultSlow FaultKind = "slow"
+	// FaultUnauthorized answers 401 as PVE does for bad credentials.
+	FaultUnauthorized FaultKind = "unauthorized"
+)
+
+// Fault is an injected failure. Faults are checked in the order injected;
+// the first that matches and fires decides.
+type Fault struct {
+	Kind FaultKind
+	// Method matches the HTTP method ("" matches any).
+	Method string
+	// Path is a glob (path.Match) on the path below /api2/json, e.g.
+	// "/nodes/*/qemu/*/status/start" ("" matches any).
+	Path    string
+	Status  int
+	Message string
+	Delay   time.Duration
+	// Skip lets the first Skip matching requests through.
+	Skip int
+	// Times is how often the fault fires; 0 means every time.
+	Times int
+	// Probability fires the fault on a matching request with this chance
+	// (0 means always).
+	Probability float64
+}

@@ -1,0 +1,467 @@
+package pvesim
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// client talks raw HTTP to the simulator, trusting its CA.
+type client struct {
+	t    *testing.T
+	s    *Server
+	hc   *http.Client
+	auth string
+}
+
+func newClient(t *testing.T, s *Server) *client {
+	t.Helper()
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(s.CACertPEM()) {
+		t.Fatal("CA PEM not parsable")
+	}
+	id, secret := s.Token()
+	return &client{t: t, s: s, hc: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}},
+		auth: "PVEAPIToken=" + id + "=" + secret}
+}
+
+type answer struct {
+	code   int
+	status string
+	body   []byte
+	data   any
+	msg    string
+	errs   map[string]any
+}
+
+func (c *client) do(method, path string, form url.Values) answer {
+	c.t.Helper()
+	var body io.Reader
+	u := c.s.APIURL() + path
+	if form != nil && (method == "POST" || method == "PUT") {
+		body = strings.NewReader(form.Encode())
+	} else if form != nil {
+		u += "?" + form.Encode()
+	}
+	req, _ := http.NewRequest(method, u, body)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if c.auth != "" {
+		req.Header.Set("Authorization", c.auth)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	a := answer{code: resp.StatusCode, status: resp.Status, body: b}
+	if len(b) > 0 {
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			c.t.Fatalf("%s %s: body not JSON: %q", method, path, b)
+		}
+		a.data = m["data"]
+		a.msg, _ = m["message"].(string)
+		a.errs, _ = m["errors"].(map[string]any)
+	}
+	return a
+}
+
+func (c *client) ok(method, path string, form url.Values) any {
+	c.t.Helper()
+	a := c.do(method, path, form)
+	if a.code != 200 {
+		c.t.Fatalf("%s %s: %s %s", method, path, a.status, a.body)
+	}
+	return a.data
+}
+
+func (c *client) waitTask(upid string) map[string]any {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		st := c.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil).(map[string]any)
+		if st["status"] == "stopped" {
+			return st
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.t.Fatalf("task %s did not finish", upid)
+	return nil
+}
+
+func newSim(t *testing.T, o Options) *Server {
+	t.Helper()
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+var talosVM = url.Values{
+	"vmid": {"701"}, "name": {"cp-1"}, "cores": {"2"}, "cpu": {"host"}, "memory": {"4096"},
+	"scsihw": {"virtio-scsi-single"}, "scsi0": {"local-lvm:32,discard=on,format=raw,iothread=1"},
+	"ide2": {"local:iso/talos.iso,media=cdrom"}, "ide3": {"local-lvm:cloudinit,format=raw"},
+	"ipconfig0": {"ip=10.0.20.11/24,gw=10.0.20.1"}, "nameserver": {"10.0.20.1 1.1.1.1"},
+	"net0": {"virtio=BC:24:11:00:00:01,bridge=vmbr0,tag=20"}, "boot": {"order=scsi0;ide2"},
+	"agent": {"1"}, "ostype": {"l26"}, "tags": {"talos;bootstrap-lab;controlplane"},
+}
+
+func TestJSONTypesAndErrors(t *testing.T) {
+	s := newSim(t, Options{ISOs: []ISOSpec{{Storage: "local", Name: "talos.iso", Size: 100 << 20}}})
+	c := newClient(t, s)
+
+	if v := c.ok("GET", "/version", nil).(map[string]any); v["version"] != "8.2.4" {
+		t.Fatalf("version = %v", v)
+	}
+	if id, ok := c.ok("GET", "/cluster/nextid", nil).(string); !ok || id != "100" {
+		t.Fatalf("nextid data must be the string \"100\", got %#v", id)
+	}
+
+	upid := c.ok("POST", "/nodes/pve/qemu", talosVM).(string)
+	if !strings.HasPrefix(upid, "UPID:pve:") || !strings.HasSuffix(upid, ":qmcreate:701:root@pam!bootstrap:") {
+		t.Fatalf("UPID %q", upid)
+	}
+	if st := c.waitTask(upid); st["exitstatus"] != "OK" {
+		t.Fatalf("create task: %v", st)
+	}
+	conf := c.ok("GET", "/nodes/pve/qemu/701/config", nil).(map[string]any)
+	if _, isNum := conf["cores"].(float64); !isNum {
+		t.Errorf("cores must be a JSON number, got %#v", conf["cores"])
+	}
+	for _, k := range []string{"agent", "cpu", "boot", "net0", "ipconfig0", "memory", "digest"} {
+		if _, isStr := conf[k].(string); !isStr {
+			t.Errorf("%s must be a JSON string, got %#v", k, conf[k])
+		}
+	}
+	if conf["scsi0"] != "local-lvm:vm-701-disk-0,discard=on,iothread=1,size=32G" {
+		t.Errorf("scsi0 = %v", conf["scsi0"])
+	}
+	if conf["ide3"] != "local-lvm:vm-701-cloudinit,media=cdrom" {
+		t.Errorf("ide3 = %v", conf["ide3"])
+	}
+	if conf["ide2"] != "local:iso/talos.iso,media=cdrom,size=100M" {
+		t.Errorf("ide2 = %v", conf["ide2"])
+	}
+
+	res := c.ok("GET", "/cluster/resources", url.Values{"type": {"vm"}}).([]any)
+	if len(res) != 1 {
+		t.Fatalf("resources: %v", res)
+	}
+	if vmid, isNum := res[0].(map[string]any)["vmid"].(float64); !isNum || vmid != 701 {
+		t.Errorf("vmid must be the number 701: %#v", res[0])
+	}
+
+	// A taken VMID: PVE's text in the status line and in the JSON message, connection closed.
+	a := c.do("POST", "/nodes/pve/qemu", talosVM)
+	want := "unable to create VM 701 - VM 701 already exists on node 'pve'"
+	if a.code != 500 || a.status != "500 "+want || a.msg != want+"\n" {
+		t.Fatalf("duplicate create: %q %q", a.status, a.body)
+	}
+	if bytes.Contains(a.body, []byte(`"errors"`)) {
+		t.Errorf("non-parameter errors carry no errors object: %s", a.body)
+	}
+
+	a = c.do("POST", "/nodes/pve/qemu", url.Values{"vmid": {"702"}, "memory": {"lots"}, "bogus": {"1"}})
+	if a.code != 400 || a.msg != "Parameter verification failed.\n" || a.errs["memory"] == nil || a.errs["bogus"] == nil {
+		t.Fatalf("param errors: %s %s", a.status, a.body)
+	}
+	a = c.do("GET", "/cluster/nextid", url.Values{"vmid": {"701"}})
+	if a.code != 400 || a.errs["vmid"] != "VM 701 already exists\n" {
+		t.Fatalf("nextid taken: %s %s", a.status, a.body)
+	}
+}
+
+func TestAuthAndPrivileges(t *testing.T) {
+	s := newSim(t, Options{Tokens: []Token{
+		{ID: "bootstrap@pve!run", Secret: "s3cret", ACL: []ACE{
+			{Path: "/", Privileges: []string{"Sys.Audit", "VM.Audit", "Datastore.Audit"}},
+			{Path: "/vms", Privileges: []string{"VM.Allocate", "VM.Audit", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Options", "VM.Config.Disk"}},
+		}},
+	}, Users: []User{{ID: "root@pam", Password: "pw"}}})
+	c := newClient(t, s)
+
+	bad := *c
+	bad.auth = "PVEAPIToken=bootstrap@pve!run=wrong"
+	if a := bad.do("GET", "/version", nil); a.code != 401 || a.status != "401 Authentication failed!" || len(a.body) != 0 {
+		t.Fatalf("bad token: %q %q", a.status, a.body)
+	}
+	bad.auth = ""
+	if a := bad.do("GET", "/version", nil); a.status != "401 No ticket" {
+		t.Fatalf("no auth: %q", a.status)
+	}
+
+	if err := s.SeedVM(701, map[string]string{"name": "cp-1", "scsi0": "local-lvm:8"}, false); err != nil {
+		t.Fatal(err)
+	}
+	a := c.do("POST", "/nodes/pve/qemu/701/status/start", nil)
+	if a.code != 403 || a.msg != "Permission check failed (/vms/701, VM.PowerMgmt)\n" {
+		t.Fatalf("start without VM.PowerMgmt: %s %s", a.status, a.body)
+	}
+	// The permission is checked before the VM is looked up: a missing VMID
+	// answers 403 to a caller without the privilege, 500 to one with it.
+	if a := c.do("POST", "/nodes/pve/qemu/799/status/start", nil); a.code != 403 || a.msg != "Permission check failed (/vms/799, VM.PowerMgmt)\n" {
+		t.Fatalf("start a missing VM without VM.PowerMgmt: %s %s", a.status, a.body)
+	}
+	if a := c.do("GET", "/nodes/pve/qemu/799/status/current", nil); a.code != 500 || !strings.Contains(a.msg, "799.conf' does not exist") {
+		t.Fatalf("status of a missing VM with VM.Audit: %s %s", a.status, a.body)
+	}
+	perms := c.ok("GET", "/access/permissions", url.Values{"path": {"/vms/701"}}).(map[string]any)
+	p := perms["/vms/701"].(map[string]any)
+	if p["VM.Allocate"] == nil || p["Sys.Audit"] != nil {
+		t.Fatalf("a more specific path replaces inherited privileges: %v", p)
+	}
+
+	// Ticket login (no Content-Type, like Telmate) and CSRF on writes.
+	req, _ := http.NewRequest("POST", s.APIURL()+"/access/ticket", strings.NewReader("username=root%40pam&password=pw"))
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var login struct {
+		Data struct{ Ticket, CSRFPreventionToken string }
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&login)
+	resp.Body.Close()
+	if login.Data.Ticket == "" {
+		t.Fatal("no ticket")
+	}
+	tc := *c
+	tc.auth = "PVEAuthCookie=" + login.Data.Ticket
+	if a := tc.do("POST", "/nodes/pve/qemu/701/status/start", nil); a.code != 401 {
+		t.Fatalf("write without CSRF token must fail: %s", a.status)
+	}
+}
+
+func TestTasksLocksCapacityAndHooks(t *testing.T) {
+	s := newSim(t, Options{Profile: N100(), TimeScale: 0.02,
+		ISOs: []ISOSpec{{Storage: "local", Name: "talos.iso", Size: 100 << 20}}})
+	c := newClient(t, s)
+	var mu sync.Mutex
+	var started []VMEvent
+	s.OnStart(func(ev VMEvent) error { mu.Lock(); started = append(started, ev); mu.Unlock(); return nil })
+
+	upid := c.ok("POST", "/nodes/pve/qemu", talosVM).(string)
+	// While the create task runs the VM exists, nameless, with lock=create.
+	res := c.ok("GET", "/cluster/resources", url.Values{"type": {"vm"}}).([]any)
+	if e := res[0].(map[string]any); e["lock"] != "create" || e["name"] != nil {
+		t.Fatalf("VM during create: %v", e)
+	}
+	if st := c.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil).(map[string]any); st["status"] != "running" || st["exitstatus"] != nil {
+		t.Fatalf("task must be running without exitstatus: %v", st)
+	}
+	c.waitTask(upid)
+
+	begin := time.Now()
+	st := c.waitTask(c.ok("POST", "/nodes/pve/qemu/701/status/start", nil).(string))
+	if st["exitstatus"] != "OK" {
+		t.Fatalf("start: %v", st)
+	}
+	if d := time.Since(begin); d < 25*time.Millisecond {
+		t.Errorf("n100 start at scale 0.02 should take ~30ms, took %s", d)
+	}
+	mu.Lock()
+	if len(started) != 1 || started[0].IPv4.String() != "10.0.20.11/24" || started[0].MAC != "BC:24:11:00:00:01" ||
+		len(started[0].Disks) != 1 || started[0].Disks[0].Bus != "scsi" || started[0].Disks[0].SizeBytes != 32<<30 ||
+		started[0].VLAN != 20 || len(started[0].Nameservers) != 2 {
+		t.Fatalf("start event: %+v", started)
+	}
+	mu.Unlock()
+
+	// Running VM: cores go to pending, tags apply at once.
+	c.ok("PUT", "/nodes/pve/qemu/701/config", url.Values{"cores": {"4"}, "tags": {"talos"}})
+	cur := c.ok("GET", "/nodes/pve/qemu/701/config", url.Values{"current": {"1"}}).(map[string]any)
+	if cur["cores"] != float64(2) || cur["tags"] != "talos" {
+		t.Fatalf("current config: cores %v tags %v", cur["cores"], cur["tags"])
+	}
+	if st := c.do("DELETE", "/nodes/pve/qemu/701", nil); st.msg != "VM 701 is running - destroy failed\n" {
+		t.Fatalf("delete running: %s", st.body)
+	}
+
+	// A backup holds the config lock: start fails in the task with PVE's text.
+	c.waitTask(c.ok("POST", "/nodes/pve/qemu/701/status/stop", nil).(string))
+	_ = s.SetLock(701, "backup", 0)
+	if st := c.waitTask(c.ok("POST", "/nodes/pve/qemu/701/status/start", nil).(string)); st["exitstatus"] != "VM is locked (backup)" {
+		t.Fatalf("start while locked: %v", st)
+	}
+	if a := c.do("PUT", "/nodes/pve/qemu/701/config", url.Values{"cores": {"4"}}); a.code != 500 || a.msg != "VM is locked (backup)\n" {
+		t.Fatalf("config while locked: %s %s", a.status, a.body)
+	}
+
+	// Storage capacity: a disk that does not fit fails the create task and leaves nothing behind.
+	_ = s.SetStorageUsed("local-lvm", 340<<30)
+	big := url.Values{"vmid": {"702"}, "scsi0": {"local-lvm:32"}}
+	st = c.waitTask(c.ok("POST", "/nodes/pve/qemu", big).(string))
+	if ex, _ := st["exitstatus"].(string); !strings.HasPrefix(ex, "unable to create VM 702 - lvcreate") {
+		t.Fatalf("full storage: %v", st)
+	}
+	if _, exists := s.VM(702); exists {
+		t.Fatal("failed create must remove the VM")
+	}
+}
+
+func TestFaultsAndCounters(t *testing.T) {
+	s := newSim(t, Options{})
+	c := newClient(t, s)
+	s.InjectFault(Fault{Kind: FaultStatus, Method: "GET", Path: "/version", Times: 1, Status: 503, Message: "service unavailable"})
+	if a := c.do("GET", "/version", nil); a.code != 503 {
+		t.Fatalf("fault: %s", a.status)
+	}
+	c.ok("GET", "/version", nil)
+	s.InjectFault(Fault{Kind: FaultLock, Method: "PUT", Path: "/nodes/*/qemu/*/config"})
+	_ = s.SeedVM(705, map[string]string{"name": "w"}, false)
+	if a := c.do("PUT", "/nodes/pve/qemu/705/config", url.Values{"cores": {"2"}}); a.msg != "can't lock file '/var/lock/qemu-server/lock-705.conf' - got timeout\n" {
+		t.Fatalf("lock fault: %s", a.body)
+	}
+	s.ClearFaults()
+	s.InjectFault(Fault{Kind: FaultTaskError, Path: "/nodes/*/qemu/*/status/start", Message: "start failed: simulated", Times: 1})
+	if st := c.waitTask(c.ok("POST", "/nodes/pve/qemu/705/status/start", nil).(string)); st["exitstatus"] != "start failed: simulated" {
+		t.Fatalf("task fault: %v", st)
+	}
+	if got := s.Count("GET", "/version"); got != 2 {
+		t.Errorf("GET /version counted %d", got)
+	}
+	if got := s.MutatingCalls(); got != 2 {
+		t.Errorf("mutating calls = %d (%v)", got, s.MutatingCallList())
+	}
+}
+
+func TestDownloadURL(t *testing.T) {
+	iso := bytes.Repeat([]byte("talos"), 1000)
+	s := newSim(t, Options{RemoteFiles: map[string]RemoteFile{"https://factory.example/talos.iso": {Content: iso}}})
+	c := newClient(t, s)
+	form := url.Values{"url": {"https://factory.example/talos.iso"}, "content": {"iso"}, "filename": {"talos.iso"},
+		"checksum": {"00"}, "checksum-algorithm": {"sha256"}}
+	st := c.waitTask(c.ok("POST", "/nodes/pve/storage/local/download-url", form).(string))
+	if ex, _ := st["exitstatus"].(string); !strings.HasPrefix(ex, "checksum mismatch: got '") {
+		t.Fatalf("bad checksum: %v", st)
+	}
+	form.Set("checksum", fileChecksum("sha256", iso, ""))
+	if st := c.waitTask(c.ok("POST", "/nodes/pve/storage/local/download-url", form).(string)); st["exitstatus"] != "OK" {
+		t.Fatalf("download: %v", st)
+	}
+	content := c.ok("GET", "/nodes/pve/storage/local/content", url.Values{"content": {"iso"}}).([]any)
+	if len(content) != 1 || content[0].(map[string]any)["volid"] != "local:iso/talos.iso" {
+		t.Fatalf("content: %v", content)
+	}
+	if a := c.do("POST", "/nodes/pve/storage/local-lvm/download-url", form); a.msg != "can't upload to storage type 'lvmthin', not a file based storage!\n" {
+		t.Fatalf("lvm download: %s", a.body)
+	}
+}
+
+func TestLegacyErrorsKeepTextInStatusLineOnly(t *testing.T) {
+	s := newSim(t, Options{LegacyErrors: true})
+	c := newClient(t, s)
+	a := c.do("GET", "/nodes/pve/qemu/999/config", nil)
+	if a.status != "500 Configuration file 'nodes/pve/qemu-server/999.conf' does not exist" || string(a.body) != `{"data":null}` {
+		t.Fatalf("legacy error: %q %s", a.status, a.body)
+	}
+}
+
+func TestSlowProbabilisticAndUnauthorizedFaultsAndStopHook(t *testing.T) {
+	s := newSim(t, Options{Seed: 7})
+	c := newClient(t, s)
+	s.InjectFault(Fault{Kind: FaultSlow, Path: "/version", Delay: 80 * time.Millisecond, Times: 1})
+	begin := time.Now()
+	c.ok("GET", "/version", nil)
+	if d := time.Since(begin); d < 80*time.Millisecond {
+		t.Errorf("slow fault answered after %s", d)
+	}
+	s.ClearFaults()
+	s.InjectFault(Fault{Kind: FaultStatus, Path: "/nodes", Status: 500, Probability: 0.5})
+	failed := 0
+	for range 200 {
+		if c.do("GET", "/nodes", nil).code == 500 {
+			failed++
+		}
+	}
+	if failed < 60 || failed > 140 {
+		t.Errorf("probability 0.5 failed %d of 200", failed)
+	}
+	s.ClearFaults()
+	s.InjectFault(Fault{Kind: FaultUnauthorized, Times: 1})
+	if a := c.do("GET", "/version", nil); a.status != "401 Authentication failed!" {
+		t.Errorf("unauthorized fault: %s", a.status)
+	}
+
+	var stopped []VMEvent
+	var mu sync.Mutex
+	s.OnStop(func(ev VMEvent) { mu.Lock(); stopped = append(stopped, ev); mu.Unlock() })
+	_ = s.SeedVM(710, map[string]string{"name": "w-1", "ipconfig0": "ip=10.1.0.5/24", "scsi0": "local-lvm:8"}, true)
+	if st := c.waitTask(c.ok("POST", "/nodes/pve/qemu/710/status/stop", nil).(string)); st["exitstatus"] != "OK" {
+		t.Fatalf("stop: %v", st)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(stopped) != 1 || stopped[0].VMID != 710 || stopped[0].IPv4.String() != "10.1.0.5/24" {
+		t.Fatalf("stop events: %+v", stopped)
+	}
+	pending := c.ok("GET", "/nodes/pve/qemu/710/pending", nil).([]any)
+	if first := pending[0].(map[string]any); first["key"] != "digest" {
+		t.Errorf("pending starts with the digest: %v", first)
+	}
+}
+
+// Behaviours read from the PVE sources (docs/fidelity.md, Proxmox VE).
+func TestProxmoxSourceBehaviours(t *testing.T) {
+	iso := bytes.Repeat([]byte("talos"), 100)
+	p := Instant()
+	p.RRDInterval = time.Hour
+	s := newSim(t, Options{Version: "9.1.2", Profile: p, Node: NodeSpec{MemoryBytes: 16 * gib, PageCacheBytes: 10 * gib},
+		RemoteFiles: map[string]RemoteFile{"https://factory.example/talos.iso": {Content: iso}},
+		Guests:      []GuestSpec{{VMID: 800, Type: "lxc", Name: "pihole"}}})
+	c := newClient(t, s)
+
+	// download-url stores the normalised name (normalize_content_filename).
+	form := url.Values{"url": {"https://factory.example/talos.iso"}, "content": {"iso"}, "filename": {"../x/talos v1 (nocloud).iso"}}
+	if st := c.waitTask(c.ok("POST", "/nodes/pve/storage/local/download-url", form).(string)); st["exitstatus"] != "OK" {
+		t.Fatalf("download: %v", st)
+	}
+	content := c.ok("GET", "/nodes/pve/storage/local/content", url.Values{"content": {"iso"}}).([]any)
+	if len(content) != 1 || content[0].(map[string]any)["volid"] != "local:iso/talos_v1__nocloud_.iso" {
+		t.Fatalf("content: %v", content)
+	}
+	// An unknown task is a parameter error (raise_param_exc): 400.
+	if a := c.do("GET", "/nodes/pve/tasks/UPID:pve:0000AAAA:00000001:6B000000:qmstart:701:root@pam:/status", nil); a.code != 400 || a.errs["upid"] != "no such task\n" {
+		t.Fatalf("unknown task: %s %s", a.status, a.body)
+	}
+	// Memory: free is MemFree (no page cache), available only on 9.x.
+	mem := c.ok("GET", "/nodes/pve/status", nil).(map[string]any)["memory"].(map[string]any)
+	if mem["available"].(float64) != float64(16*gib-3*gib/2) || mem["free"].(float64) != float64(16*gib-3*gib/2-10*gib) {
+		t.Errorf("memory %v", mem)
+	}
+	// A container holds its VMID; a new VM is listed without name and
+	// status until pvestatd's next broadcast; tags show at once.
+	if a := c.do("POST", "/nodes/pve/qemu", url.Values{"vmid": {"800"}}); a.code != 500 || !strings.Contains(a.msg, "CT 800 already exists on node 'pve'") {
+		t.Fatalf("create over a CT: %s", a.status)
+	}
+	if err := s.SeedVM(701, map[string]string{"name": "cp-1", "tags": "talos"}, true); err != nil {
+		t.Fatal(err)
+	}
+	res := c.ok("GET", "/cluster/resources", url.Values{"type": {"vm"}}).([]any)
+	var vm, ct map[string]any
+	for _, e := range res {
+		m := e.(map[string]any)
+		switch m["type"] {
+		case "qemu":
+			vm = m
+		case "lxc":
+			ct = m
+		}
+	}
+	if vm["status"] != "unknown" || vm["name"] != nil || vm["tags"] != "talos" || ct["name"] != "pihole" {
+		t.Errorf("resources: vm %v ct %v", vm, ct)
+	}
+}

@@ -1,0 +1,1301 @@
+package pvesim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type vm struct {
+	id         int
+	created    time.Time
+	rrd        map[string]any // the last pvestatd broadcast of it
+	rrdAt      time.Time
+	conf       map[string]string
+	pending    map[string]string
+	pendingDel map[string]bool
+	state      string // "stopped", "starting", "running"
+	startedAt  time.Time
+	pid        int
+	reserved   int64
+	flock      chan struct{}
+}
+
+func newVM(id int, conf map[string]string) *vm {
+	return &vm{id: id, created: time.Now(), conf: conf, pending: map[string]string{}, pendingDel: map[string]bool{}, state: "stopped", flock: make(chan struct{}, 1)}
+}
+
+func (s *Server) major() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, _ := strconv.Atoi(strings.SplitN(s.version, ".", 2)[0])
+	return m
+}
+
+func noConfig(node string, id int) *apiError {
+	return errf(500, "Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", node, id)
+}
+
+func parseVMID(v string) (int, *apiError) {
+	if v == "" {
+		return 0, paramErr(map[string]string{"vmid": "property is missing and it is not optional"})
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, paramErr(map[string]string{"vmid": "invalid format - value does not look like a valid VM ID"})
+	}
+	if n < 100 {
+		return 0, paramErr(map[string]string{"vmid": "value must have a minimum value of 100"})
+	}
+	if n > 999999999 {
+		return 0, paramErr(map[string]string{"vmid": "value must have a maximum value of 999999999"})
+	}
+	return n, nil
+}
+
+// vmFor resolves the {vmid} path segment of a request.
+func (s *Server) vmFor(idStr string) (*vm, int, *apiError) {
+	id, err := parseVMID(idStr)
+	if err != nil {
+		return nil, 0, err
+	}
+	return s.vmByID(id)
+}
+
+func (s *Server) vmByID(id int) (*vm, int, *apiError) {
+	s.mu.Lock()
+	v := s.vms[id]
+	s.mu.Unlock()
+	if v == nil {
+		return nil, id, noConfig(s.node.Name, id)
+	}
+	return v, id, nil
+}
+
+// vmAllowed resolves the VM for a caller that needs priv on it. PVE checks
+// the permission of the API schema before the handler looks the VM up, so
+// a caller without priv gets 403 even for a VMID that does not exist.
+func (s *Server) vmAllowed(r *request, idStr, priv string) (*vm, int, *apiError) {
+	id, err := parseVMID(idStr)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := r.who.check("/vms/"+strconv.Itoa(id), priv); err != nil {
+		return nil, id, err
+	}
+	return s.vmByID(id)
+}
+
+// flock takes the per-VM config lock like PVE's lock_config, waiting up
+// to timeout before failing with PVE's text.
+func (s *Server) flock(ctx context.Context, v *vm, timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case v.flock <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case v.flock <- struct{}{}:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("can't lock file '/var/lock/qemu-server/lock-%d.conf' - got timeout", v.id)
+	case <-ctx.Done():
+		return errors.New("got interrupted by signal")
+	case <-s.ctx.Done():
+		return errors.New("got interrupted by signal")
+	}
+}
+
+func funlock(v *vm) { <-v.flock }
+
+func (s *Server) lockTimeout() time.Duration { return s.scaled(s.opts.Profile.LockTimeout) }
+
+// configPerms checks qemu-server's per-option privileges for keys.
+func configPerms(who *identity, id int, keys []string) *apiError {
+	path := "/vms/" + strconv.Itoa(id)
+	for _, k := range keys {
+		var err *apiError
+		switch {
+		case isDriveKey(k) || unusedRE.MatchString(k) || serialRE.MatchString(k) || k == "cdrom":
+			continue
+		case cpuOptions[k]:
+			err = who.check(path, "VM.Config.CPU")
+		case memoryOptions[k]:
+			err = who.check(path, "VM.Config.Memory")
+		case hwtypeOptions[k]:
+			err = who.check(path, "VM.Config.HWType")
+		case generalOptions[k]:
+			err = who.check(path, "VM.Config.Options")
+		case diskOptions[k]:
+			err = who.check(path, "VM.Config.Disk")
+		case netKeyRE.MatchString(k) || ipcfgKeyRE.MatchString(k):
+			err = who.check(path, "VM.Config.Network")
+		case cloudinitOption[k]:
+			err = who.checkAny(path, "VM.Config.Cloudinit", "VM.Config.Network")
+		default:
+			if !who.root {
+				err = errf(500, "only root can set '%s' config", k)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// drivePerms checks storage access for drive options the way create and
+// update do: new disks need Datastore.AllocateSpace, ISOs read access.
+func (s *Server) drivePerms(who *identity, id int, cfg map[string]string, update bool) *apiError {
+	keys := sortedKeys(cfg)
+	for _, k := range keys {
+		if !isDriveKey(k) {
+			continue
+		}
+		d, err := parseDrive(cfg[k])
+		if err != nil {
+			return paramErr(map[string]string{k: err.Error()})
+		}
+		if update {
+			priv := "VM.Config.Disk"
+			if d.isCDROM() {
+				priv = "VM.Config.CDROM"
+			}
+			if aerr := who.check("/vms/"+strconv.Itoa(id), priv); aerr != nil {
+				return aerr
+			}
+		}
+		switch {
+		case d.file == "none" || d.isCloudInit():
+		case d.isCDROM() && d.file == "cdrom":
+			if aerr := who.check("/", "Sys.Console"); aerr != nil {
+				return aerr
+			}
+		case !d.isCDROM() && newDiskRE.MatchString(d.file):
+			m := newDiskRE.FindStringSubmatch(d.file)
+			stName := m[2]
+			if stName == "" {
+				return errf(500, "no storage ID specified (and no default storage)")
+			}
+			if aerr := who.check("/storage/"+stName, "Datastore.AllocateSpace"); aerr != nil {
+				return aerr
+			}
+			s.mu.Lock()
+			st := s.storageByName(stName)
+			images := st != nil && st.hasContent("images")
+			s.mu.Unlock()
+			if st == nil {
+				return errf(500, "storage '%s' does not exist", stName)
+			}
+			if !images {
+				return paramErr(map[string]string{"storage": fmt.Sprintf("storage '%s' does not support vm images", stName)})
+			}
+		default:
+			stName, _, ok := strings.Cut(d.file, ":")
+			if !ok {
+				return paramErr(map[string]string{k: "unable to parse drive options"})
+			}
+			if aerr := who.checkAny("/storage/"+stName, "Datastore.AllocateSpace", "Datastore.Audit"); aerr != nil {
+				return aerr
+			}
+		}
+	}
+	return nil
+}
+
+// bridgePerms is PVE 8's check_vnet_access (pve-guest-common
+// GuestHelpers.pm): SDN.Use on the bridge's zone — localnetwork, or a
+// VNet's own zone — and on its VLAN when tagged.
+func (s *Server) bridgePerms(who *identity, cfg map[string]string) *apiError {
+	for _, k := range sortedKeys(cfg) {
+		if !netKeyRE.MatchString(k) {
+			continue
+		}
+		n, err := parseNet(cfg[k])
+		if err != nil || n.bridge == "" {
+			continue
+		}
+		s.mu.Lock()
+		zone := s.zoneOf(n.bridge)
+		s.mu.Unlock()
+		path := "/sdn/zones/" + zone + "/" + n.bridge
+		if n.tag != 0 {
+			path += "/" + strconv.Itoa(n.tag)
+		}
+		if aerr := who.check(path, "SDN.Use"); aerr != nil {
+			return aerr
+		}
+	}
+	return nil
+}
+
+// randomMACLocked generates a MAC in Proxmox's BC:24:11 range; s.mu must be held.
+func (s *Server) randomMACLocked() string {
+	return fmt.Sprintf("BC:24:11:%02X:%02X:%02X", s.rng.IntN(256), s.rng.IntN(256), s.rng.IntN(256))
+}
+
+func (s *Server) addMACsLocked(cfg map[string]string) {
+	for k, v := range cfg {
+		if !netKeyRE.MatchString(k) {
+			continue
+		}
+		n, err := parseNet(v)
+		if err != nil {
+			continue
+		}
+		if n.mac == "" {
+			n.mac = s.randomMACLocked()
+		}
+		cfg[k] = n.String()
+	}
+}
+
+var createMeta = set("node", "vmid", "start", "pool", "storage", "archive", "force", "unique", "bwlimit", "live-restore")
+
+func (s *Server) createVM(r *request) (any, *apiError) {
+	id, aerr := parseVMID(r.param("vmid"))
+	if aerr != nil {
+		return nil, aerr
+	}
+	if r.param("archive") != "" {
+		return nil, paramErr(map[string]string{"archive": "pvesim does not restore backups"})
+	}
+	cfg := map[string]string{}
+	for k, vs := range r.params {
+		if createMeta[k] || len(vs) == 0 {
+			continue
+		}
+		cfg[k] = vs[0]
+	}
+	if v, ok := cfg["cdrom"]; ok {
+		if !strings.Contains(v, "media=") {
+			v += ",media=cdrom"
+		}
+		cfg["ide2"] = v
+		delete(cfg, "cdrom")
+	}
+	major := s.major()
+	if errs := validateConfig(cfg, major); len(errs) > 0 {
+		return nil, paramErr(errs)
+	}
+	if st := r.param("storage"); st != "" {
+		if aerr := r.who.check("/storage/"+st, "Datastore.AllocateSpace"); aerr != nil {
+			return nil, aerr
+		}
+	}
+	pool := r.param("pool")
+	if !r.who.has("/vms/"+strconv.Itoa(id), "VM.Allocate") && !(pool != "" && r.who.has("/pool/"+pool, "VM.Allocate")) {
+		return nil, permErr("")
+	}
+	if aerr := s.drivePerms(r.who, id, cfg, false); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := configPerms(r.who, id, sortedKeys(cfg)); aerr != nil {
+		return nil, aerr
+	}
+	if major >= 8 {
+		if aerr := s.bridgePerms(r.who, cfg); aerr != nil {
+			return nil, aerr
+		}
+	}
+	if aerr := s.tagPerms(r.who, "", cfg["tags"]); aerr != nil {
+		return nil, aerr
+	}
+
+	s.mu.Lock()
+	if kind, node := s.guestTypeLocked(id); kind != "" {
+		s.mu.Unlock()
+		return nil, errf(500, "unable to create VM %d - %s %d already exists on node '%s'", id, kind, id, node)
+	}
+	s.addMACsLocked(cfg)
+	v := newVM(id, map[string]string{"lock": "create"})
+	s.vms[id] = v
+	s.mu.Unlock()
+
+	startAfter := r.param("start") == "1"
+	upid := s.startTask(r, "qmcreate", strconv.Itoa(id), func(ctx context.Context, t *task) error {
+		if err := s.flock(ctx, v, s.scaled(time.Second)+time.Second); err != nil {
+			s.dropVM(id, nil)
+			return fmt.Errorf("unable to create VM %d - %v", id, err)
+		}
+		defer funlock(v)
+		if err := t.injected(); err != nil {
+			s.dropVM(id, nil)
+			return err
+		}
+		if err := s.pause(ctx, s.opts.Profile.Create); err != nil {
+			s.dropVM(id, nil)
+			return err
+		}
+		s.mu.Lock()
+		vols, err := s.createDisksLocked(id, cfg)
+		if err != nil {
+			s.mu.Unlock()
+			s.dropVM(id, vols)
+			return fmt.Errorf("unable to create VM %d - %v", id, err)
+		}
+		if cfg["boot"] == "" {
+			cfg["boot"] = defaultBoot(cfg)
+		}
+		if cfg["smbios1"] == "" {
+			cfg["smbios1"] = "uuid=" + newUUID()
+		}
+		if cfg["vmgenid"] == "" || cfg["vmgenid"] == "1" {
+			cfg["vmgenid"] = newUUID()
+		}
+		cfg["meta"] = fmt.Sprintf("creation-qemu=9.0.2,ctime=%d", time.Now().Unix())
+		v.conf = cfg
+		s.mu.Unlock()
+		t.logf("VM %d created", id)
+		if startAfter {
+			t.logf("Execute autostart")
+			if err := s.startWork(ctx, t, v, false); err != nil {
+				t.logf("%v", err)
+			}
+		}
+		return nil
+	})
+	return upid, nil
+}
+
+// dropVM removes a VM whose creation failed, freeing what it allocated.
+func (s *Server) dropVM(id int, vols []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, vol := range vols {
+		s.freeLocked(vol)
+	}
+	delete(s.vms, id)
+}
+
+// createDisksLocked allocates new disks and the cloud-init drive and
+// rewrites the drive options as stored; s.mu must be held.
+func (s *Server) createDisksLocked(id int, cfg map[string]string) ([]string, error) {
+	var vols []string
+	for _, k := range sortedKeys(cfg) {
+		if !isDriveKey(k) {
+			continue
+		}
+		d, _ := parseDrive(cfg[k])
+		switch {
+		case d.file == "none" || d.file == "cdrom":
+			d.del("size")
+		case d.isCloudInit():
+			stName, _, _ := strings.Cut(d.file, ":")
+			st := s.storageByName(stName)
+			if st == nil {
+				return vols, fmt.Errorf("storage '%s' does not exist", stName)
+			}
+			format := d.get("format")
+			name := fmt.Sprintf("vm-%d-cloudinit", id)
+			if fileBased(st.spec.Type) {
+				if format == "" {
+					format = "qcow2"
+				}
+				name += "." + format
+			}
+			volid, err := s.allocLocked(stName, id, name, 4*mib, format)
+			if err != nil {
+				return vols, err
+			}
+			vols = append(vols, volid)
+			d.file = volid
+			d.set("media", "cdrom")
+			d.del("format")
+			d.del("size")
+		case !d.isCDROM() && newDiskRE.MatchString(d.file):
+			m := newDiskRE.FindStringSubmatch(d.file)
+			gibs, _ := strconv.ParseFloat(m[3], 64)
+			size := int64(gibs * float64(gib))
+			volid, err := s.allocLocked(m[2], id, "", size, d.get("format"))
+			if err != nil {
+				return vols, err
+			}
+			vols = append(vols, volid)
+			d.file = volid
+			d.del("format")
+			d.set("size", formatSize(size))
+		default:
+			_, vol := s.volumeLocked(d.file)
+			if vol == nil {
+				return vols, fmt.Errorf("volume '%s' does not exist", d.file)
+			}
+			d.set("size", formatSize(vol.size))
+		}
+		cfg[k] = d.String()
+	}
+	return vols, nil
+}
+
+func defaultBoot(cfg map[string]string) string {
+	var order []string
+	for _, k := range sortedKeys(cfg) {
+		if isDriveKey(k) {
+			d, _ := parseDrive(cfg[k])
+			if d.isCloudInit() {
+				continue
+			}
+			order = append(order, k)
+		}
+	}
+	if _, ok := cfg["net0"]; ok {
+		order = append(order, "net0")
+	}
+	return "order=" + strings.Join(order, ";")
+}
+
+func (s *Server) getConfig(r *request, idStr string) (any, *apiError) {
+	v, _, aerr := s.vmAllowed(r, idStr, "VM.Audit")
+	if aerr != nil {
+		return nil, aerr
+	}
+	major := s.major()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	conf := map[string]string{}
+	for k, val := range v.conf {
+		conf[k] = val
+	}
+	if r.param("current") != "1" {
+		for k, val := range v.pending {
+			conf[k] = val
+		}
+		for k := range v.pendingDel {
+			delete(conf, k)
+		}
+	}
+	out := map[string]any{"digest": digestOf(v.conf)}
+	for k, val := range conf {
+		if k == "cipassword" {
+			val = "**********"
+		}
+		out[k] = typedValue(k, val, major)
+	}
+	return out, nil
+}
+
+func (s *Server) getPending(r *request, idStr string) (any, *apiError) {
+	v, _, aerr := s.vmAllowed(r, idStr, "VM.Audit")
+	if aerr != nil {
+		return nil, aerr
+	}
+	major := s.major()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := map[string]bool{}
+	for k := range v.conf {
+		keys[k] = true
+	}
+	for k := range v.pending {
+		keys[k] = true
+	}
+	out := []any{map[string]any{"key": "digest", "value": digestOf(v.conf)}}
+	for _, k := range sortedKeys(keys) {
+		e := map[string]any{"key": k}
+		if val, ok := v.conf[k]; ok {
+			e["value"] = typedValue(k, val, major)
+		}
+		if val, ok := v.pending[k]; ok {
+			e["pending"] = typedValue(k, val, major)
+		}
+		if v.pendingDel[k] {
+			e["delete"] = 1
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+var updateMeta = set("node", "vmid", "digest", "delete", "revert", "skiplock", "force", "background_delay")
+
+func (s *Server) updateConfig(ctx context.Context, r *request, idStr string, async bool) (any, *apiError) {
+	v, id, aerr := s.vmFor(idStr)
+	if aerr != nil {
+		return nil, aerr
+	}
+	set := map[string]string{}
+	for k, vs := range r.params {
+		if updateMeta[k] || len(vs) == 0 {
+			continue
+		}
+		set[k] = vs[0]
+	}
+	var dels []string
+	for _, k := range strings.FieldsFunc(r.param("delete"), func(c rune) bool { return c == ',' || c == ';' || c == ' ' }) {
+		if k == "cdrom" {
+			k = "ide2"
+		}
+		if !knownKey(k) {
+			return nil, paramErr(map[string]string{"delete": fmt.Sprintf("unknown option '%s'", k)})
+		}
+		if _, both := set[k]; both {
+			return nil, paramErr(map[string]string{"delete": fmt.Sprintf("you can't use '-%s' and -delete %s' at the same time", k, k)})
+		}
+		dels = append(dels, k)
+	}
+	if len(set) == 0 && len(dels) == 0 {
+		return nil, errf(500, "no options specified")
+	}
+	major := s.major()
+	if errs := validateConfig(set, major); len(errs) > 0 {
+		return nil, paramErr(errs)
+	}
+	if r.param("skiplock") == "1" && !r.who.root {
+		return nil, paramErr(map[string]string{"skiplock": "Only root may use this option."})
+	}
+	if aerr := s.drivePerms(r.who, id, set, true); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := configPerms(r.who, id, append(sortedKeys(set), dels...)); aerr != nil {
+		return nil, aerr
+	}
+	if major >= 8 {
+		if aerr := s.bridgePerms(r.who, set); aerr != nil {
+			return nil, aerr
+		}
+	}
+	if tags, ok := set["tags"]; ok || slices.Contains(dels, "tags") {
+		s.mu.Lock()
+		old := v.conf["tags"]
+		s.mu.Unlock()
+		if aerr := s.tagPerms(r.who, old, tags); aerr != nil {
+			return nil, aerr
+		}
+	}
+	digest, skiplock := r.param("digest"), r.param("skiplock") == "1"
+	apply := func(ctx context.Context) error {
+		if err := s.flock(ctx, v, s.lockTimeout()); err != nil {
+			return err
+		}
+		defer funlock(v)
+		if err := s.pause(ctx, s.opts.Profile.ConfigUpdate); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.vms[id] != v {
+			return fmt.Errorf("Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", s.node.Name, id)
+		}
+		if lock := v.conf["lock"]; lock != "" && !skiplock {
+			return fmt.Errorf("VM is locked (%s)", lock)
+		}
+		if digest != "" && digest != digestOf(v.conf) {
+			return errors.New("detected modified configuration - file changed by other user? Try again.")
+		}
+		return s.applyConfigLocked(v, set, dels)
+	}
+	if async {
+		upid := s.startTask(r, "qmconfig", strconv.Itoa(id), func(ctx context.Context, t *task) error {
+			if err := t.injected(); err != nil {
+				return err
+			}
+			return apply(ctx)
+		})
+		return upid, nil
+	}
+	if err := apply(ctx); err != nil {
+		return nil, errf(500, "%s", err.Error())
+	}
+	return nil, nil
+}
+
+// applyConfigLocked writes option changes: directly for a stopped VM and
+// for fast-plug or hotpluggable (disk, network) options, into the pending
+// section otherwise; s.mu must be held.
+func (s *Server) applyConfigLocked(v *vm, set map[string]string, dels []string) error {
+	running := v.state != "stopped"
+	s.addMACsLocked(set)
+	for _, k := range sortedKeys(set) {
+		val := set[k]
+		if isDriveKey(k) {
+			one := map[string]string{k: val}
+			vols, err := s.createDisksLocked(v.id, one)
+			if err != nil {
+				for _, vol := range vols {
+					s.freeLocked(vol)
+				}
+				return err
+			}
+			if old, ok := v.conf[k]; ok {
+				od, _ := parseDrive(old)
+				nd, _ := parseDrive(one[k])
+				if !od.isCDROM() && !od.isCloudInit() && od.file != nd.file {
+					v.conf[nextUnused(v.conf)] = od.file
+				}
+			}
+			v.conf[k] = one[k]
+			continue
+		}
+		if running && !fastPlug[k] && !netKeyRE.MatchString(k) {
+			v.pending[k] = val
+			continue
+		}
+		v.conf[k] = val
+		delete(v.pending, k)
+	}
+	for _, k := range dels {
+		if running && !fastPlug[k] && !isDriveKey(k) && !netKeyRE.MatchString(k) {
+			v.pendingDel[k] = true
+			continue
+		}
+		if isDriveKey(k) {
+			if d, err := parseDrive(v.conf[k]); err == nil && !d.isCDROM() && !d.isCloudInit() && d.file != "none" {
+				v.conf[nextUnused(v.conf)] = d.file
+			} else if err == nil && d.isCloudInit() {
+				s.freeLocked(d.file)
+			}
+		}
+		delete(v.conf, k)
+		delete(v.pending, k)
+	}
+	return nil
+}
+
+func nextUnused(conf map[string]string) string {
+	for i := 0; ; i++ {
+		k := "unused" + strconv.Itoa(i)
+		if _, ok := conf[k]; !ok {
+			return k
+		}
+	}
+}
+
+// applyPendingLocked folds pending changes into the config, as a (re)start does.
+func applyPendingLocked(v *vm) {
+	for k, val := range v.pending {
+		v.conf[k] = val
+	}
+	for k := range v.pendingDel {
+		delete(v.conf, k)
+	}
+	v.pending = map[string]string{}
+	v.pendingDel = map[string]bool{}
+}
+
+func (s *Server) resize(r *request, idStr string) (any, *apiError) {
+	v, id, aerr := s.vmAllowed(r, idStr, "VM.Config.Disk")
+	if aerr != nil {
+		return nil, aerr
+	}
+	disk, sizeArg := r.param("disk"), r.param("size")
+	if !isDriveKey(disk) {
+		return nil, paramErr(map[string]string{"disk": "value '" + disk + "' does not have a value in the enumeration"})
+	}
+	rel := strings.HasPrefix(sizeArg, "+")
+	amount, ok := parseSize(strings.TrimPrefix(sizeArg, "+"))
+	if !ok {
+		return nil, paramErr(map[string]string{"size": "value does not match the regex pattern"})
+	}
+	work := func(ctx context.Context) error {
+		if err := s.flock(ctx, v, s.lockTimeout()); err != nil {
+			return err
+		}
+		defer funlock(v)
+		s.mu.Lock()
+		if lock := v.conf["lock"]; lock != "" {
+			s.mu.Unlock()
+			return fmt.Errorf("VM is locked (%s)", lock)
+		}
+		d, err := parseDrive(v.conf[disk])
+		if err != nil || v.conf[disk] == "" {
+			s.mu.Unlock()
+			return fmt.Errorf("disk '%s' does not exist", disk)
+		}
+		if d.isCDROM() {
+			s.mu.Unlock()
+			return fmt.Errorf("you can't resize a cdrom")
+		}
+		if stName, _, _ := strings.Cut(d.file, ":"); true {
+			if aerr := r.who.check("/storage/"+stName, "Datastore.AllocateSpace"); aerr != nil {
+				s.mu.Unlock()
+				return errors.New(strings.TrimSpace(aerr.msg))
+			}
+		}
+		st, vol := s.volumeLocked(d.file)
+		if vol == nil {
+			s.mu.Unlock()
+			return fmt.Errorf("volume '%s' does not exist", d.file)
+		}
+		newSize := amount
+		if rel {
+			newSize = vol.size + amount
+		}
+		if newSize < vol.size {
+			s.mu.Unlock()
+			return errors.New("shrinking disks is not supported")
+		}
+		if newSize-vol.size > st.avail() {
+			s.mu.Unlock()
+			return fmt.Errorf("lvextend 'pve/%s' error:   Insufficient free space", vol.name)
+		}
+		s.mu.Unlock()
+		if err := s.pause(ctx, s.opts.Profile.Resize); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		st.used += newSize - vol.size
+		vol.size = newSize
+		d.set("size", formatSize(newSize))
+		v.conf[disk] = d.String()
+		s.mu.Unlock()
+		return nil
+	}
+	if s.major() < 8 {
+		if err := work(context.Background()); err != nil {
+			return nil, errf(500, "%s", err.Error())
+		}
+		return nil, nil
+	}
+	return s.startTask(r, "resize", strconv.Itoa(id), func(ctx context.Context, t *task) error {
+		if err := t.injected(); err != nil {
+			return err
+		}
+		return work(ctx)
+	}), nil
+}
+
+func (s *Server) statusCurrent(r *request, idStr string) (any, *apiError) {
+	v, _, aerr := s.vmAllowed(r, idStr, "VM.Audit")
+	if aerr != nil {
+		return nil, aerr
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.vmStatusLocked(v), nil
+}
+
+func (s *Server) vmStatusLocked(v *vm) map[string]any {
+	running := v.state == "running"
+	out := map[string]any{
+		"vmid":      v.id,
+		"status":    "stopped",
+		"qmpstatus": "stopped",
+		"cpus":      vcpus(v.conf),
+		"maxmem":    memoryMiB(v.conf) * mib,
+		"mem":       0,
+		"cpu":       0,
+		"maxdisk":   bootDiskSize(s, v.conf),
+		"disk":      0,
+		"uptime":    0,
+		"netin":     0,
+		"netout":    0,
+		"diskread":  0,
+		"diskwrite": 0,
+		"ha":        map[string]any{"managed": 0},
+	}
+	if name := v.conf["name"]; name != "" {
+		out["name"] = name
+	}
+	if tags := v.conf["tags"]; tags != "" {
+		out["tags"] = tags
+	}
+	if lock := v.conf["lock"]; lock != "" {
+		out["lock"] = lock
+	}
+	if a := v.conf["agent"]; a != "" && a != "0" && !strings.HasPrefix(a, "0,") && !strings.Contains(a, "enabled=0") {
+		out["agent"] = 1
+	}
+	if running {
+		out["status"] = "running"
+		out["qmpstatus"] = "running"
+		out["pid"] = v.pid
+		out["uptime"] = int64(time.Since(v.startedAt).Seconds())
+		out["mem"] = memoryMiB(v.conf) * mib * 3 / 10
+		out["cpu"] = 0.012
+		out["running-machine"] = "pc-i440fx-9.0+pve0"
+		out["running-qemu"] = "9.0.2"
+	}
+	return out
+}
+
+func vcpus(conf map[string]string) int {
+	return intOr(conf["cores"], 1) * intOr(conf["sockets"], 1)
+}
+
+func bootDiskSize(s *Server, conf map[string]string) int64 {
+	for _, k := range []string{"scsi0", "virtio0", "sata0", "ide0"} {
+		if d, err := parseDrive(conf[k]); err == nil && conf[k] != "" && !d.isCDROM() {
+			if n, ok := parseSize(d.get("size")); ok {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+func (s *Server) powerAction(r *request, idStr, action string) (any, *apiError) {
+	v, id, aerr := s.vmAllowed(r, idStr, "VM.PowerMgmt")
+	if aerr != nil {
+		return nil, aerr
+	}
+	skiplock := r.param("skiplock") == "1"
+	if skiplock && !r.who.root {
+		return nil, paramErr(map[string]string{"skiplock": "Only root may use this option."})
+	}
+	s.mu.Lock()
+	state := v.state
+	s.mu.Unlock()
+	sid := strconv.Itoa(id)
+	switch action {
+	case "start":
+		return s.startTask(r, "qmstart", sid, func(ctx context.Context, t *task) error {
+			if err := s.flock(ctx, v, s.lockTimeout()); err != nil {
+				return err
+			}
+			defer funlock(v)
+			if err := t.injected(); err != nil {
+				return err
+			}
+			return s.startWork(ctx, t, v, skiplock)
+		}), nil
+	case "stop":
+		return s.startTask(r, "qmstop", sid, func(ctx context.Context, t *task) error {
+			return s.stopWork(ctx, t, v, skiplock, s.opts.Profile.Stop)
+		}), nil
+	case "shutdown":
+		if state != "running" {
+			return nil, errf(500, "VM %d not running", id)
+		}
+		return s.startTask(r, "qmshutdown", sid, func(ctx context.Context, t *task) error {
+			return s.stopWork(ctx, t, v, skiplock, s.opts.Profile.Shutdown)
+		}), nil
+	case "reboot":
+		if state != "running" {
+			return nil, errf(500, "VM %d not running", id)
+		}
+		return s.startTask(r, "qmreboot", sid, func(ctx context.Context, t *task) error {
+			if err := s.stopWork(ctx, t, v, skiplock, s.opts.Profile.Reboot/2); err != nil {
+				return err
+			}
+			if err := s.flock(ctx, v, s.lockTimeout()); err != nil {
+				return err
+			}
+			defer funlock(v)
+			return s.startWork(ctx, t, v, skiplock)
+		}), nil
+	}
+	return nil, errf(http.StatusNotImplemented, "Method '%s %s' not implemented", r.method, r.path)
+}
+
+// startWork boots a stopped VM; the caller holds its flock.
+func (s *Server) startWork(ctx context.Context, t *task, v *vm, skiplock bool) error {
+	s.mu.Lock()
+	if s.vms[v.id] != v {
+		s.mu.Unlock()
+		return fmt.Errorf("Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", s.node.Name, v.id)
+	}
+	if lock := v.conf["lock"]; lock != "" && !skiplock {
+		s.mu.Unlock()
+		return fmt.Errorf("VM is locked (%s)", lock)
+	}
+	if v.state != "stopped" {
+		s.mu.Unlock()
+		return fmt.Errorf("VM %d already running", v.id)
+	}
+	applyPendingLocked(v)
+	if n := vcpus(v.conf); n > s.node.CPUs {
+		s.mu.Unlock()
+		return fmt.Errorf("MAX %d vcpus allowed per VM on this node", s.node.CPUs)
+	}
+	for _, k := range sortedKeys(v.conf) {
+		if !netKeyRE.MatchString(k) {
+			continue
+		}
+		n, err := parseNet(v.conf[k])
+		if err == nil && n.bridge != "" && !s.hasBridgeLocked(n.bridge) {
+			s.mu.Unlock()
+			return fmt.Errorf("bridge '%s' does not exist", n.bridge)
+		}
+	}
+	need := memoryMiB(v.conf) * mib
+	if need > s.freeMemoryLocked() {
+		s.mu.Unlock()
+		t.logf("kvm: cannot set up guest memory 'pc.ram': Cannot allocate memory")
+		return errors.New("start failed: QEMU exited with code 1")
+	}
+	v.state, v.reserved = "starting", need
+	s.mu.Unlock()
+
+	revert := func() {
+		s.mu.Lock()
+		v.state, v.reserved = "stopped", 0
+		s.mu.Unlock()
+	}
+	if err := s.pause(ctx, s.opts.Profile.Start); err != nil {
+		revert()
+		return err
+	}
+	s.mu.Lock()
+	s.pid++
+	v.state, v.startedAt, v.pid = "running", time.Now(), s.pid
+	ev := s.eventLocked(v)
+	hooks := slices.Clone(s.onStart)
+	s.mu.Unlock()
+	for _, h := range hooks {
+		if err := h(ev); err != nil {
+			revert()
+			return fmt.Errorf("start failed: %v", err)
+		}
+	}
+	return nil
+}
+
+// stopWork powers a VM off, waiting d; it takes the VM's flock itself.
+func (s *Server) stopWork(ctx context.Context, t *task, v *vm, skiplock bool, d time.Duration) error {
+	if err := s.flock(ctx, v, s.lockTimeout()); err != nil {
+		return err
+	}
+	defer funlock(v)
+	if err := t.injected(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if lock := v.conf["lock"]; lock != "" && !skiplock {
+		s.mu.Unlock()
+		return fmt.Errorf("VM is locked (%s)", lock)
+	}
+	running := v.state == "running"
+	s.mu.Unlock()
+	if !running {
+		return nil
+	}
+	if err := s.pause(ctx, d); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	v.state, v.reserved, v.pid = "stopped", 0, 0
+	ev := s.eventLocked(v)
+	hooks := slices.Clone(s.onStop)
+	s.mu.Unlock()
+	for _, h := range hooks {
+		h(ev)
+	}
+	return nil
+}
+
+func (s *Server) hasBridgeLocked(name string) bool {
+	for _, b := range s.bridges {
+		if b.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) usedMemoryLocked() int64 {
+	used := s.node.HostUsedBytes
+	for _, v := range s.vms {
+		used += v.reserved
+	}
+	return used
+}
+
+func (s *Server) freeMemoryLocked() int64 {
+	return s.node.MemoryBytes - s.usedMemoryLocked()
+}
+
+func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
+	v, id, aerr := s.vmAllowed(r, idStr, "VM.Allocate")
+	if aerr != nil {
+		return nil, aerr
+	}
+	skiplock := r.param("skiplock") == "1"
+	check := func() error {
+		if lock := v.conf["lock"]; lock != "" && !skiplock {
+			return fmt.Errorf("VM is locked (%s)", lock)
+		}
+		if v.state != "stopped" {
+			return fmt.Errorf("VM %d is running - destroy failed", id)
+		}
+		if p := v.conf["protection"]; p == "1" {
+			return fmt.Errorf("can't remove VM %d - protection mode enabled", id)
+		}
+		return nil
+	}
+	s.mu.Lock()
+	err := check()
+	s.mu.Unlock()
+	if err != nil {
+		return nil, errf(500, "%s", err.Error())
+	}
+	return s.startTask(r, "qmdestroy", strconv.Itoa(id), func(ctx context.Context, t *task) error {
+		if err := s.flock(ctx, v, s.lockTimeout()); err != nil {
+			return err
+		}
+		defer funlock(v)
+		if err := t.injected(); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		err := check()
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if err := s.pause(ctx, s.opts.Profile.Delete); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for k, val := range v.conf {
+			if !isDriveKey(k) && !unusedRE.MatchString(k) {
+				continue
+			}
+			d, err := parseDrive(val)
+			if err != nil || d.file == "none" {
+				continue
+			}
+			if _, vol := s.volumeLocked(d.file); vol != nil && vol.vmid == id {
+				s.freeLocked(d.file)
+			}
+		}
+		delete(s.vms, id)
+		t.logf("destroyed VM %d", id)
+		return nil
+	}), nil
+}
+
+func (s *Server) agentInterfaces(r *request, idStr string) (any, *apiError) {
+	priv := "VM.Monitor"
+	if s.major() >= 9 {
+		priv = "VM.GuestAgent.Audit"
+	}
+	v, id, aerr := s.vmAllowed(r, idStr, priv)
+	if aerr != nil {
+		return nil, aerr
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v.state != "running" {
+		return nil, errf(500, "VM %d is not running", id)
+	}
+	if a := v.conf["agent"]; a == "" || a == "0" || strings.HasPrefix(a, "0,") || strings.Contains(a, "enabled=0") {
+		return nil, errf(500, "No QEMU guest agent configured")
+	}
+	return nil, errf(500, "QEMU guest agent is not running")
+}
+
+func (s *Server) listQemu(r *request) any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []any{}
+	for _, id := range s.vmIDsLocked() {
+		if !r.who.has("/vms/"+strconv.Itoa(id), "VM.Audit") {
+			continue
+		}
+		out = append(out, s.vmStatusLocked(s.vms[id]))
+	}
+	return out
+}
+
+func (s *Server) vmIDsLocked() []int {
+	ids := make([]int, 0, len(s.vms))
+	for id := range s.vms {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	return ids
+}
+
+func (s *Server) clusterResources(r *request) (any, *apiError) {
+	typ := r.param("type")
+	if typ != "" && typ != "vm" && typ != "storage" && typ != "node" && typ != "sdn" && typ != "pool" {
+		return nil, paramErr(map[string]string{"type": "value '" + typ + "' does not have a value in the enumeration 'vm, storage, node, sdn, pool'"})
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []any{}
+	if typ == "" || typ == "vm" {
+		for _, id := range s.vmIDsLocked() {
+			if !r.who.has("/vms/"+strconv.Itoa(id), "VM.Audit") {
+				continue
+			}
+			st := s.rrdViewLocked(s.vms[id], s.vmStatusLocked(s.vms[id]), time.Now())
+			e := map[string]any{
+				"id":     "qemu/" + strconv.Itoa(id),
+				"type":   "qemu",
+				"vmid":   id,
+				"node":   s.node.Name,
+				"status": st["status"],
+			}
+			if _, broadcast := st["maxmem"]; broadcast {
+				for k, from := range map[string]string{"maxmem": "maxmem", "maxcpu": "cpus", "maxdisk": "maxdisk", "mem": "mem", "cpu": "cpu", "uptime": "uptime"} {
+					e[k] = st[from]
+				}
+				e["template"], e["disk"], e["diskread"], e["diskwrite"], e["netin"], e["netout"] = 0, 0, 0, 0, 0, 0
+			}
+			for _, k := range []string{"name", "tags", "lock"} {
+				if val, ok := st[k]; ok {
+					e[k] = val
+				}
+			}
+			out = append(out, e)
+		}
+	}
+	if typ == "" || typ == "vm" {
+		for _, id := range sortedGuestIDs(s.guests) {
+			if r.who.has("/vms/"+strconv.Itoa(id), "VM.Audit") {
+				out = append(out, guestEntry(s.guests[id]))
+			}
+		}
+	}
+	if typ == "" || typ == "node" {
+		out = append(out, s.nodeEntryLocked())
+	}
+	if typ == "" || typ == "storage" {
+		for _, st := range s.storages {
+			if !r.who.has("/storage/"+st.spec.Name, "Datastore.Audit") && !r.who.has("/storage/"+st.spec.Name, "Datastore.AllocateSpace") {
+				continue
+			}
+			status := "available"
+			if st.spec.Disabled {
+				status = "unknown"
+			}
+			content := append([]string(nil), st.spec.Content...)
+			sort.Strings(content)
+			out = append(out, map[string]any{
+				"id": "storage/" + s.node.Name + "/" + st.spec.Name, "type": "storage", "storage": st.spec.Name,
+				"node": s.node.Name, "status": status, "plugintype": st.spec.Type, "content": strings.Join(content, ","),
+				"disk": st.used, "maxdisk": st.spec.TotalBytes, "shared": boolInt(st.spec.Shared),
+			})
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) nextID(r *request) (any, *apiError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if want := r.param("vmid"); want != "" {
+		id, aerr := parseVMID(want)
+		if aerr != nil {
+			return nil, aerr
+		}
+		if kind, _ := s.guestTypeLocked(id); kind != "" {
+			return nil, paramErr(map[string]string{"vmid": fmt.Sprintf("VM %d already exists", id)})
+		}
+		return strconv.Itoa(id), nil
+	}
+	for id := 100; ; id++ {
+		if kind, _ := s.guestTypeLocked(id); kind == "" {
+			return strconv.Itoa(id), nil
+		}
+	}
+}
+
+func (s *Server) nodeEntryLocked() map[string]any {
+	status := "online"
+	if !s.nodeOnline {
+		status = "offline"
+	}
+	return map[string]any{
+		"id": "node/" + s.node.Name, "type": "node", "node": s.node.Name, "status": status,
+		"cpu": 0.03, "maxcpu": s.node.CPUs, "mem": s.usedMemoryLocked(), "maxmem": s.node.MemoryBytes,
+		"disk": 9 * gib, "maxdisk": 94 * gib, "uptime": int64(time.Since(s.bootTime).Seconds()), "level": "",
+		"ssl_fingerprint": s.certs.fingerprint,
+	}
+}
+
+func (s *Server) listNodes() any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return []any{s.nodeEntryLocked()}
+}
+
+func (s *Server) nodeStatus(r *request) (any, *apiError) {
+	if aerr := r.who.check("/nodes/"+s.node.Name, "Sys.Audit"); aerr != nil {
+		return nil, aerr
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return map[string]any{
+		"cpu":    0.03,
+		"wait":   0.0001,
+		"uptime": int64(time.Since(s.bootTime).Seconds()),
+		"memory": s.memoryLocked(),
+		"swap":   map[string]any{"total": 8 * gib, "used": 0, "free": 8 * gib},
+		"rootfs": map[string]any{"total": 94 * gib, "used": 9 * gib, "free": 85 * gib, "avail": 80 * gib},
+		"cpuinfo": map[string]any{
+			"cpus": s.node.CPUs, "cores": s.node.CPUs, "sockets": 1, "model": s.node.CPUModel,
+			"mhz": "806.000", "hvm": "1", "user_hz": 100, "flags": "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr vmx",
+		},
+		"loadavg":    []string{"0.12", "0.08", "0.05"},
+		"kversion":   "Linux 6.8.12-1-pve #1 SMP PREEMPT_DYNAMIC PMX 6.8.12-1 (2024-08-05T16:17Z)",
+		"pveversion": "pve-manager/" + s.version + "/" + s.repoid,
+		"ksm":        map[string]any{"shared": 0},
+		"boot-info":  map[string]any{"mode": "efi", "secureboot": 0},
+	}, nil
+}
+
+// listNetwork answers GET /nodes/{node}/network. Bridges (and, for
+// any_bridge, SDN VNets) the identity may neither audit nor use on their
+// zone are left out (bridgeVisible), without an error.
+func (s *Server) listNetwork(r *request) any {
+	typ := r.param("type")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []any{}
+	if typ != "" && typ != "bridge" && typ != "any_bridge" && typ != "vnet" {
+		return out
+	}
+	for i, b := range s.bridges {
+		zone := s.zoneOf(b.Name)
+		if !bridgeVisible(r.who, zone, b.Name, aclVLANs(r.who, zone, b.Name)) {
+			continue
+		}
+		if b.Zone != "" {
+			if typ == "bridge" {
+				continue
+			}
+			e := map[string]any{"iface": b.Name, "type": "vnet", "active": "1", "ipam": 0, "vlanaware": boolInt(b.VLANAware)}
+			out = append(out, e)
+			continue
+		}
+		if typ == "vnet" {
+			continue
+		}
+		e := map[string]any{
+			"iface": b.Name, "type": "bridge", "active": 1, "autostart": 1, "method": "manual", "method6": "manual",
+			"bridge_ports": b.Ports, "bridge_stp": "off", "bridge_fd": "0", "families": []string{"inet"}, "priority": i + 3,
+		}
+		if b.VLANAware {
+			e["bridge_vlan_aware"] = 1
+			e["bridge_vids"] = "2-4094"
+		}
+		if b.CIDR != "" {
+			addr, bits, _ := strings.Cut(b.CIDR, "/")
+			e["cidr"], e["address"], e["netmask"], e["method"] = b.CIDR, addr, bits, "static"
+		}
+		if b.Gateway != "" {
+			e["gateway"] = b.Gateway
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func sortedGuestIDs(m map[int]GuestSpec) []int {
+	ids := make([]int, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	return ids
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,545 @@
+package pvesim
+
+import (
+	"context"
+	"crypto/md5"
+	"crypto/sha1"
+	"crypto/sha256"
+	"crypto/sha512"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	kib = int64(1024)
+	mib = 1024 * kib
+	gib = 1024 * mib
+	tib = 1024 * gib
+)
+
+type storage struct {
+	spec StorageSpec
+	used int64
+	vols map[string]*volume
+}
+
+type volume struct {
+	name    string // volname, e.g. "iso/talos.iso" or "vm-100-disk-0"
+	content string // "iso", "images"
+	format  string
+	size    int64
+	vmid    int
+	ctime   time.Time
+	data    []byte
+	sha256  string
+}
+
+func newStorage(spec StorageSpec) *storage {
+	if spec.Path == "" && fileBased(spec.Type) {
+		spec.Path = "/mnt/pve/" + spec.Name
+		if spec.Name == "local" {
+			spec.Path = "/var/lib/vz"
+		}
+	}
+	return &storage{spec: spec, used: spec.UsedBytes, vols: map[string]*volume{}}
+}
+
+func fileBased(typ string) bool {
+	switch typ {
+	case "dir", "nfs", "cifs", "cephfs", "glusterfs", "btrfs":
+		return true
+	}
+	return false
+}
+
+func (st *storage) hasContent(c string) bool {
+	for _, x := range st.spec.Content {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+func (st *storage) avail() int64 {
+	if a := st.spec.TotalBytes - st.used; a > 0 {
+		return a
+	}
+	return 0
+}
+
+func (s *Server) storageByName(name string) *storage {
+	for _, st := range s.storages {
+		if st.spec.Name == name {
+			return st
+		}
+	}
+	return nil
+}
+
+// allocLocked allocates a disk image like vdisk_alloc; s.mu must be held.
+func (s *Server) allocLocked(stName string, vmid int, name string, size int64, format string) (string, error) {
+	st := s.storageByName(stName)
+	if st == nil {
+		return "", fmt.Errorf("storage '%s' does not exist", stName)
+	}
+	if st.spec.Disabled {
+		return "", fmt.Errorf("storage '%s' is disabled", stName)
+	}
+	if !st.hasContent("images") {
+		return "", fmt.Errorf("storage '%s' does not support vm images", stName)
+	}
+	file := fileBased(st.spec.Type)
+	if format == "" {
+		format = "raw"
+		if file {
+			format = "qcow2"
+		}
+	}
+	if name == "" {
+		for i := 0; ; i++ {
+			cand := fmt.Sprintf("vm-%d-disk-%d", vmid, i)
+			if file {
+				cand = fmt.Sprintf("%d/%s.%s", vmid, cand, format)
+			}
+			if st.vols[cand] == nil {
+				name = cand
+				break
+			}
+		}
+	} else if file {
+		name = fmt.Sprintf("%d/%s", vmid, name)
+	}
+	if st.vols[name] != nil {
+		return "", fmt.Errorf("volume '%s:%s' already exists", stName, name)
+	}
+	if size > st.avail() {
+		base := name[strings.LastIndex(name, "/")+1:]
+		switch st.spec.Type {
+		case "lvm", "lvmthin":
+			const extent = 4 * mib
+			return "", fmt.Errorf("lvcreate 'pve/%s' error:   Volume group \"pve\" has insufficient free space (%d extents): %d required.", base, st.avail()/extent, (size+extent-1)/extent)
+		case "zfspool":
+			return "", fmt.Errorf("zfs error: cannot create 'rpool/data/%s': out of space", base)
+		default:
+			return "", fmt.Errorf("unable to create image: qemu-img: %s/images/%s: Could not preallocate data for the new file: No space left on device", st.spec.Path, name)
+		}
+	}
+	st.used += size
+	st.vols[name] = &volume{name: name, content: "images", format: format, size: size, vmid: vmid, ctime: time.Now()}
+	return stName + ":" + name, nil
+}
+
+// freeLocked releases a volume; s.mu must be held.
+func (s *Server) freeLocked(volid string) {
+	stName, name, ok := strings.Cut(volid, ":")
+	if !ok {
+		return
+	}
+	st := s.storageByName(stName)
+	if st == nil {
+		return
+	}
+	if v := st.vols[name]; v != nil {
+		st.used -= v.size
+		delete(st.vols, name)
+	}
+}
+
+// volumeLocked finds a volume by volid; s.mu must be held.
+func (s *Server) volumeLocked(volid string) (*storage, *volume) {
+	stName, name, ok := strings.Cut(volid, ":")
+	if !ok {
+		return nil, nil
+	}
+	st := s.storageByName(stName)
+	if st == nil {
+		return nil, nil
+	}
+	return st, st.vols[name]
+}
+
+func (s *Server) listStorage(r *request) any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := r.param("content")
+	only := r.param("storage")
+	enabledOnly := r.param("enabled") == "1"
+	out := []any{}
+	for _, st := range s.storages {
+		if only != "" && st.spec.Name != only {
+			continue
+		}
+		if !r.who.has("/storage/"+st.spec.Name, "Datastore.Audit") && !r.who.has("/storage/"+st.spec.Name, "Datastore.AllocateSpace") {
+			continue
+		}
+		if want != "" {
+			match := false
+			for _, c := range strings.Split(want, ",") {
+				if st.hasContent(c) {
+					match = true
+				}
+			}
+			if !match {
+				continue
+			}
+		}
+		if enabledOnly && st.spec.Disabled {
+			continue
+		}
+		out = append(out, s.storageEntryLocked(st, true))
+	}
+	return out
+}
+
+func (s *Server) storageEntryLocked(st *storage, withName bool) map[string]any {
+	content := append([]string(nil), st.spec.Content...)
+	sort.Strings(content)
+	e := map[string]any{
+		"type":    st.spec.Type,
+		"content": strings.Join(content, ","),
+		"shared":  boolInt(st.spec.Shared),
+		"enabled": boolInt(!st.spec.Disabled),
+		"active":  boolInt(!st.spec.Disabled),
+	}
+	if withName {
+		e["storage"] = st.spec.Name
+	}
+	if !st.spec.Disabled {
+		e["total"] = st.spec.TotalBytes
+		e["used"] = st.used
+		e["avail"] = st.avail()
+		if st.spec.TotalBytes > 0 {
+			e["used_fraction"] = float64(st.used) / float64(st.spec.TotalBytes)
+		}
+	}
+	return e
+}
+
+func (s *Server) storageStatus(r *request, name string) (any, *apiError) {
+	if err := r.who.checkAny("/storage/"+name, "Datastore.Audit", "Datastore.AllocateSpace"); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.storageByName(name)
+	if st == nil {
+		return nil, errf(500, "storage '%s' does not exist", name)
+	}
+	return s.storageEntryLocked(st, false), nil
+}
+
+func (s *Server) storageContent(r *request, name string) (any, *apiError) {
+	if err := r.who.checkAny("/storage/"+name, "Datastore.Audit", "Datastore.AllocateSpace"); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.storageByName(name)
+	if st == nil {
+		return nil, errf(500, "storage '%s' does not exist", name)
+	}
+	if st.spec.Disabled {
+		return nil, errf(500, "storage '%s' is disabled", name)
+	}
+	want := r.param("content")
+	vmidFilter := r.param("vmid")
+	names := make([]string, 0, len(st.vols))
+	for n := range st.vols {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := []any{}
+	for _, n := range names {
+		v := st.vols[n]
+		if want != "" && v.content != want {
+			continue
+		}
+		if vmidFilter != "" && strconv.Itoa(v.vmid) != vmidFilter {
+			continue
+		}
+		e := map[string]any{
+			"volid":   name + ":" + v.name,
+			"content": v.content,
+			"format":  v.format,
+			"size":    v.size,
+			"ctime":   v.ctime.Unix(),
+		}
+		if v.vmid != 0 {
+			e["vmid"] = v.vmid
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// AddISO puts an ISO on a storage, as if uploaded earlier.
+func (s *Server) AddISO(iso ISOSpec) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.storageByName(iso.Storage)
+	if st == nil {
+		return fmt.Errorf("storage %q does not exist", iso.Storage)
+	}
+	size := iso.Size
+	sum := ""
+	if iso.Content != nil {
+		size = int64(len(iso.Content))
+		h := sha256.Sum256(iso.Content)
+		sum = hex.EncodeToString(h[:])
+	}
+	if size > st.avail() {
+		return fmt.Errorf("storage %q has no room for %s", iso.Storage, iso.Name)
+	}
+	name := "iso/" + iso.Name
+	if old := st.vols[name]; old != nil {
+		st.used -= old.size
+	}
+	st.used += size
+	st.vols[name] = &volume{name: name, content: "iso", format: "iso", size: size, ctime: time.Now(), data: iso.Content, sha256: sum}
+	return nil
+}
+
+// AddRemoteFile makes url downloadable by download-url.
+func (s *Server) AddRemoteFile(url string, f RemoteFile) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.remote[url] = f
+}
+
+// SetStorageUsed sets how many bytes of a storage are used by things other
+// than the simulator's VMs and ISOs (e.g. to fill it up).
+func (s *Server) SetStorageUsed(name string, used int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.storageByName(name)
+	if st == nil {
+		return fmt.Errorf("storage %q does not exist", name)
+	}
+	var vols int64
+	for _, v := range st.vols {
+		vols += v.size
+	}
+	st.spec.UsedBytes = used
+	st.used = used + vols
+	return nil
+}
+
+var isoExt = regexp.MustCompile(`(?i)[^/]+\.(iso|img)$`)
+
+var checksumAlgorithms = map[string]func() hash.Hash{
+	"md5": md5.New, "sha1": sha1.New, "sha224": sha256.New224, "sha256": sha256.New,
+	"sha384": sha512.New384, "sha512": sha512.New,
+}
+
+func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
+	if err := r.who.check("/storage/"+name, "Datastore.AllocateTemplate"); err != nil {
+		return nil, err
+	}
+	if !r.who.has("/", "Sys.Audit", "Sys.Modify") && !r.who.has("/nodes/"+s.node.Name, "Sys.AccessNetwork") {
+		return nil, permErr("")
+	}
+	errs := map[string]string{}
+	u, content, filename := r.param("url"), r.param("content"), r.param("filename")
+	sum, algo := r.param("checksum"), r.param("checksum-algorithm")
+	if u == "" {
+		errs["url"] = "property is missing and it is not optional"
+	} else if !regexp.MustCompile(`^https?://.*`).MatchString(u) {
+		errs["url"] = fmt.Sprintf("value does not match the regex pattern")
+	}
+	if content == "" {
+		errs["content"] = "property is missing and it is not optional"
+	} else if content != "iso" && content != "vztmpl" && content != "import" {
+		errs["content"] = "value '" + content + "' does not have a value in the enumeration 'iso, vztmpl, import'"
+	}
+	if filename == "" {
+		errs["filename"] = "property is missing and it is not optional"
+	}
+	// The file is stored under the normalised name
+	// (normalize_content_filename in pve-storage src/PVE/Storage.pm at
+	// 9.1.7): the directory part and leading/trailing space dropped, every
+	// character but [a-zA-Z0-9_.-] turned into '_'.
+	filename = normalizeContentFilename(filename)
+	if sum != "" && algo == "" {
+		errs["checksum"] = "parameter 'checksum' requires parameter 'checksum-algorithm'"
+	}
+	if algo != "" && sum == "" {
+		errs["checksum-algorithm"] = "parameter 'checksum-algorithm' requires parameter 'checksum'"
+	}
+	if algo != "" && checksumAlgorithms[algo] == nil {
+		errs["checksum-algorithm"] = "value '" + algo + "' does not have a value in the enumeration 'md5, sha1, sha224, sha256, sha384, sha512'"
+	}
+	if c := r.param("compression"); c != "" && c != "gz" && c != "lzo" && c != "zst" && c != "bz2" {
+		errs["compression"] = "value '" + c + "' does not have a value in the enumeration 'gz, lzo, zst, bz2'"
+	}
+	if len(errs) > 0 {
+		return nil, paramErr(errs)
+	}
+	s.mu.Lock()
+	st := s.storageByName(name)
+	var stPath, stType string
+	var stHasContent, stDisabled bool
+	if st != nil {
+		stPath, stType, stHasContent, stDisabled = st.spec.Path, st.spec.Type, st.hasContent(content), st.spec.Disabled
+	}
+	s.mu.Unlock()
+	switch {
+	case st == nil:
+		return nil, errf(500, "storage '%s' does not exist", name)
+	case stDisabled:
+		return nil, errf(500, "storage '%s' is disabled", name)
+	case !fileBased(stType):
+		return nil, errf(500, "can't upload to storage type '%s', not a file based storage!", stType)
+	case !stHasContent:
+		return nil, errf(500, "storage '%s' is not configured for content-type '%s'", name, content)
+	}
+	if content != "iso" {
+		return nil, paramErr(map[string]string{"content": "pvesim only downloads ISO images"})
+	}
+	if !isoExt.MatchString(filename) {
+		return nil, paramErr(map[string]string{"filename": "wrong file extension"})
+	}
+	dest := stPath + "/template/iso/" + filename
+	volname := "iso/" + filename
+	upid := s.startTask(r, "download", filename, func(ctx context.Context, t *task) error {
+		if err := t.injected(); err != nil {
+			return err
+		}
+		t.logf("downloading %s to %s", u, dest)
+		s.mu.Lock()
+		existing := st.vols[volname]
+		remote, known := s.remote[u]
+		s.mu.Unlock()
+		if existing != nil {
+			if algo == "" {
+				return fmt.Errorf("refusing to override existing file '%s'", dest)
+			}
+			got := fileChecksum(algo, existing.data, existing.sha256)
+			if strings.EqualFold(got, sum) {
+				t.logf("calculating checksum of existing file...OK, got correct file already, no need to download")
+				return nil
+			}
+			return fmt.Errorf("checksum mismatch: got '%s' != expect '%s', aborting", got, sum)
+		}
+		tmp := fmt.Sprintf("%s.tmp.%d", dest, t.pid)
+		if !known {
+			t.logf("--2024-06-01 12:00:00--  %s", u)
+			t.logf("ERROR 404: Not Found.")
+			return fmt.Errorf("download failed: command '/usr/bin/wget --progress=dot:giga -O %s %s' failed: exit code 8", tmp, u)
+		}
+		size, data, fileSum := remote.Size, remote.Content, remote.SHA256
+		if data != nil {
+			size = int64(len(data))
+			h := sha256.Sum256(data)
+			fileSum = hex.EncodeToString(h[:])
+		}
+		perMiB := s.opts.Profile.DownloadPerMiB
+		if err := s.pause(ctx, time.Duration(float64(perMiB)*float64(size)/float64(mib))); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		room := st.avail()
+		s.mu.Unlock()
+		if size > room {
+			return fmt.Errorf("download failed: command '/usr/bin/wget --progress=dot:giga -O %s %s' failed: exit code 3", tmp, u)
+		}
+		if algo != "" {
+			t.logf("calculating checksum...")
+			got := fileChecksum(algo, data, fileSum)
+			if !strings.EqualFold(got, sum) {
+				return fmt.Errorf("checksum mismatch: got '%s' != expect '%s'", got, sum)
+			}
+			t.logf("OK, checksum verified")
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if st.vols[volname] != nil {
+			return fmt.Errorf("refusing to override existing file '%s'", dest)
+		}
+		st.used += size
+		st.vols[volname] = &volume{name: volname, content: "iso", format: "iso", size: size, ctime: time.Now(), data: data, sha256: fileSum}
+		t.logf("download of '%s' to '%s' finished", u, dest)
+		return nil
+	})
+	return upid, nil
+}
+
+// normalizeContentFilename is pve-storage's normalize_content_filename.
+func normalizeContentFilename(name string) string {
+	name = strings.TrimRight(name, "\n")
+	if i := strings.LastIndexAny(name, "/\\"); i >= 0 {
+		name = name[i+1:]
+	}
+	return unsafeFilenameChar.ReplaceAllString(name, "_")
+}
+
+var unsafeFilenameChar = regexp.MustCompile(`[^a-zA-Z0-9_.-]`)
+
+// fileChecksum computes algo over data; for files kept only as size and
+// SHA-256, only sha256 can be answered.
+func fileChecksum(algo string, data []byte, sha256hex string) string {
+	if data == nil {
+		if algo == "sha256" {
+			return strings.ToLower(sha256hex)
+		}
+		return "unknown-" + algo
+	}
+	h := checksumAlgorithms[algo]()
+	h.Write(data)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// formatSize prints a byte count like PVE's format_size ("32G", "4M").
+func formatSize(b int64) string {
+	switch {
+	case b > 0 && b%tib == 0:
+		return strconv.FormatInt(b/tib, 10) + "T"
+	case b > 0 && b%gib == 0:
+		return strconv.FormatInt(b/gib, 10) + "G"
+	case b > 0 && b%mib == 0:
+		return strconv.FormatInt(b/mib, 10) + "M"
+	case b > 0 && b%kib == 0:
+		return strconv.FormatInt(b/kib, 10) + "K"
+	}
+	return strconv.FormatInt(b, 10)
+}
+
+// parseSize reads "32G", "512M", "4096" (bytes) as PVE's parse_size does.
+func parseSize(v string) (int64, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	mult := int64(1)
+	switch strings.ToUpper(v[len(v)-1:]) {
+	case "K":
+		mult = kib
+	case "M":
+		mult = mib
+	case "G":
+		mult = gib
+	case "T":
+		mult = tib
+	}
+	if mult != 1 {
+		v = v[:len(v)-1]
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 {
+		return 0, false
+	}
+	return int64(f * float64(mult)), true
+}

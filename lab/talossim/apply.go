@@ -1,0 +1,167 @@
+package talossim
+
+import (
+	"bytes"
+	stdx509 "crypto/x509"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/siderolabs/crypto/x509"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/compatibility"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/configdiff"
+	"github.com/siderolabs/talos/pkg/machinery/config/container"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// criUpLocked reports whether the installed system's boot sequence has
+// started cri (IsBootstrapAllowed waits for it: v1alpha1_runtime.go).
+func (n *Node) criUpLocked(now time.Time) bool {
+	return n.phase == PhaseRunning && !now.Before(n.bootedAt.Add(n.sim.scaled(n.sim.opts.Profile.BootstrapReady)))
+}
+
+// canApplyImmediate is Runtime.CanApplyImmediate
+// (internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_runtime.go at
+// v1.13.3): only the v1alpha1 document is compared, after copying into the
+// new config the parts that apply at once (.debug, .cluster, .machine.ca,
+// acceptedCAs, time, certSANs, install, network, sysfs, sysctls, logging,
+// controlPlane, kubelet, kernel, registries, pods, seccompProfiles, node
+// annotations/labels/taints, and five features). Everything else (the
+// machine type, the token, disks, files, env…) needs a reboot. Changing
+// .machine.install.image therefore applies without a reboot and upgrades
+// nothing.
+func canApplyImmediate(current, next config.Provider) error {
+	if current == nil {
+		return errors.New("no current config")
+	}
+	cur := current.RawV1Alpha1()
+	if cur == nil {
+		return errors.New("current config is not v1alpha1")
+	}
+	nc := next.RawV1Alpha1()
+	if nc == nil {
+		return errors.New("new config is not v1alpha1")
+	}
+	nc = nc.DeepCopy()
+	nc.ConfigDebug = cur.ConfigDebug
+	nc.ClusterConfig = cur.ClusterConfig
+	if nc.MachineConfig != nil && cur.MachineConfig != nil {
+		m, c := nc.MachineConfig, cur.MachineConfig
+		m.MachineCA = c.MachineCA
+		m.MachineAcceptedCAs = c.MachineAcceptedCAs
+		m.MachineTime = c.MachineTime //nolint:staticcheck // as the real runtime does
+		m.MachineCertSANs = c.MachineCertSANs
+		m.MachineInstall = c.MachineInstall
+		m.MachineNetwork = c.MachineNetwork //nolint:staticcheck // as the real runtime does
+		m.MachineSysfs = c.MachineSysfs
+		m.MachineSysctls = c.MachineSysctls
+		m.MachineLogging = c.MachineLogging
+		m.MachineControlPlane = c.MachineControlPlane
+		m.MachineKubelet = c.MachineKubelet
+		m.MachineKernel = c.MachineKernel
+		m.MachineRegistries = c.MachineRegistries //nolint:staticcheck // as the real runtime does
+		m.MachinePods = c.MachinePods
+		m.MachineSeccompProfiles = c.MachineSeccompProfiles
+		m.MachineNodeAnnotations = c.MachineNodeAnnotations
+		m.MachineNodeLabels = c.MachineNodeLabels
+		m.MachineNodeTaints = c.MachineNodeTaints
+		if m.MachineFeatures != nil && c.MachineFeatures != nil {
+			m.MachineFeatures.KubernetesTalosAPIAccessConfig = c.MachineFeatures.KubernetesTalosAPIAccessConfig
+			m.MachineFeatures.KubePrismSupport = c.MachineFeatures.KubePrismSupport
+			m.MachineFeatures.HostDNSSupport = c.MachineFeatures.HostDNSSupport
+			m.MachineFeatures.ImageCacheSupport = c.MachineFeatures.ImageCacheSupport
+			m.MachineFeatures.FeatureNodeAddressSortAlgorithm = c.MachineFeatures.FeatureNodeAddressSortAlgorithm
+		}
+	}
+	if reflect.DeepEqual(cur, nc) {
+		return nil
+	}
+	diff, err := configdiff.DiffConfigs(container.NewV1Alpha1(cur), container.NewV1Alpha1(nc))
+	if err != nil {
+		return fmt.Errorf("error calculating diff: %w", err)
+	}
+	return fmt.Errorf("this config change can't be applied in immediate mode\ndiff:\n%s", diff)
+}
+
+// validateKubernetesImages is the part of the v1alpha1 runtime validation
+// that ties a config to the node's Talos version
+// (pkg/machinery/config/types/v1alpha1/v1alpha1_validation.go
+// ValidateKubernetesImageTag): the kubelet image, and on control planes the
+// API server, controller manager and scheduler images, must carry a
+// Kubernetes version that Talos version supports (machinery's
+// compatibility package). A real node checks against its own build; the
+// simulated node against the version it runs.
+func validateKubernetesImages(cfg config.Provider, talosVersion string) error {
+	if cfg.Machine() == nil || cfg.RawV1Alpha1() == nil {
+		return nil
+	}
+	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: talosVersion})
+	if err != nil {
+		return fmt.Errorf("failed to parse Talos version: %w", err)
+	}
+	check := func(name, ref string) error {
+		kv, err := v1alpha1.KubernetesVersionFromImageRef(ref)
+		if err != nil {
+			return fmt.Errorf("%s image is not valid: failed to parse Kubernetes version from image reference %q: %w", name, ref, err)
+		}
+		if err := kv.SupportedWith(tv); err != nil {
+			return fmt.Errorf("%s image is not valid: %w", name, err)
+		}
+		return nil
+	}
+	var errs []error
+	errs = append(errs, check("kubelet", cfg.Machine().Kubelet().Image()))
+	if cfg.Machine().Type().IsControlPlane() && cfg.Cluster() != nil {
+		errs = append(errs,
+			check("kube-apiserver", cfg.Cluster().APIServer().Image()),
+			check("kube-controller-manager", cfg.Cluster().ControllerManager().Image()),
+			check("kube-scheduler", cfg.Cluster().Scheduler().Image()))
+	}
+	return errors.Join(errs...)
+}
+
+// generateAdminKubeconfig mints an admin kubeconfig from a control plane's
+// machine config the way Talos does (pkg/kubeconfig/generate.go
+// GenerateAdmin at v1.13.3): server = the cluster endpoint, CA = the
+// Kubernetes CA, a client certificate from that CA with the admin
+// kubeconfig's common name and organization.
+func generateAdminKubeconfig(cfg config.Provider) ([]byte, error) {
+	if cfg == nil || cfg.Cluster() == nil {
+		return nil, errors.New("no cluster config")
+	}
+	c := cfg.Cluster()
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(c.IssuingCA())
+	if err != nil {
+		return nil, fmt.Errorf("error getting Kubernetes CA: %w", err)
+	}
+	admin := c.AdminKubeconfig()
+	kp, err := x509.NewKeyPair(ca,
+		x509.CommonName(admin.CommonName()),
+		x509.Organization(admin.CertOrganization()),
+		x509.NotBefore(time.Now().Add(-10*time.Second)),
+		x509.NotAfter(time.Now().Add(admin.CertLifetime())),
+		x509.KeyUsage(stdx509.KeyUsageDigitalSignature|stdx509.KeyUsageKeyEncipherment),
+		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("error generating Kubernetes client certificate: %w", err)
+	}
+	pem := x509.NewCertificateAndKeyFromKeyPair(kp)
+	cas := [][]byte{}
+	for _, a := range c.AcceptedCAs() {
+		cas = append(cas, a.Crt)
+	}
+	cas = append(cas, c.IssuingCA().Crt)
+	name := c.Name()
+	return clientcmd.Write(clientcmdapi.Config{
+		Clusters:       map[string]*clientcmdapi.Cluster{name: {Server: c.Endpoint().String(), CertificateAuthorityData: bytes.Join(cas, nil)}},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{"admin@" + name: {ClientCertificateData: pem.Crt, ClientKeyData: pem.Key}},
+		Contexts:       map[string]*clientcmdapi.Context{"admin@" + name: {Cluster: name, Namespace: "default", AuthInfo: "admin@" + name}},
+		CurrentContext: "admin@" + name,
+	})
+}

@@ -1,0 +1,95 @@
+package talossim
+
+import (
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+)
+
+// etcdCluster is the etcd membership of one Talos cluster (by cluster.id).
+// Members become visible at readyAt: the bootstrap node after EtcdStart,
+// the other control planes EtcdJoin after both etcd and they are up.
+type etcdCluster struct {
+	bootstrapNode string // IP
+	readyAt       time.Time
+	members       map[string]*etcdMember // by IP
+	failed        error                  // the control plane failed to start
+}
+
+type etcdMember struct {
+	id       uint64
+	hostname string
+	ip       string
+	// startedAt is when etcd started on the node (data directory no longer
+	// empty): at once on the bootstrap node; half way through a join, when
+	// the node is added as a learner after discovering the cluster.
+	startedAt time.Time
+	readyAt   time.Time
+}
+
+// started reports whether etcd runs (healthy or not) on the member at now.
+func (m *etcdMember) started(now time.Time) bool { return m != nil && !now.Before(m.startedAt) }
+
+func memberID(clusterID, ip string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(clusterID + "/" + ip))
+	return h.Sum64()
+}
+
+// bootstrapEtcd starts the cluster on n; callers hold s.mu.
+func (s *Sim) bootstrapEtcd(clusterID string, n *Node, hostname string, now time.Time) {
+	c := &etcdCluster{bootstrapNode: n.ip, readyAt: now.Add(s.scaled(s.opts.Profile.EtcdStart)), members: map[string]*etcdMember{}}
+	c.members[n.ip] = &etcdMember{id: memberID(clusterID, n.ip), hostname: hostname, ip: n.ip, startedAt: now, readyAt: c.readyAt}
+	s.etcd[clusterID] = c
+}
+
+// joinEtcd adds a configured control plane to its bootstrapped cluster;
+// callers hold s.mu. Nothing happens before bootstrap: a control plane
+// without etcd data waits for one.
+func (s *Sim) joinEtcd(clusterID string, ip, hostname string, now time.Time) {
+	c := s.etcd[clusterID]
+	if c == nil {
+		return
+	}
+	if m, ok := c.members[ip]; ok {
+		m.hostname = hostname
+		return
+	}
+	start := now
+	if c.readyAt.After(start) {
+		start = c.readyAt
+	}
+	join := s.scaled(s.opts.Profile.EtcdJoin)
+	c.members[ip] = &etcdMember{id: memberID(clusterID, ip), hostname: hostname, ip: ip,
+		startedAt: start.Add(join / 2), readyAt: start.Add(join)}
+}
+
+// etcdView returns the cluster and the member at ip as of now (nil when not
+// a member); callers hold s.mu.
+func (s *Sim) etcdView(clusterID, ip string) (*etcdCluster, *etcdMember) {
+	c := s.etcd[clusterID]
+	if c == nil {
+		return nil, nil
+	}
+	return c, c.members[ip]
+}
+
+// etcdRunningLocked reports whether the cluster's etcd has a running member;
+// callers hold s.mu.
+func (s *Sim) etcdRunningLocked(clusterID string) bool {
+	c := s.etcd[clusterID]
+	return c != nil && len(c.readyMembers(time.Now())) > 0
+}
+
+// readyMembers lists members whose etcd is up, by hostname.
+func (c *etcdCluster) readyMembers(now time.Time) []*etcdMember {
+	var out []*etcdMember
+	for _, m := range c.members {
+		if !m.readyAt.After(now) {
+			out = append(out, m)
+		}
+	}
+	slices.SortFunc(out, func(a, b *etcdMember) int { return strings.Compare(a.hostname, b.hostname) })
+	return out
+}

@@ -1,0 +1,583 @@
+package talossim
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/rs/zerolog"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"google.golang.org/grpc"
+)
+
+// Phase is where a node is in its life.
+type Phase string
+
+// Node phases.
+const (
+	PhaseOff         Phase = "off"
+	PhaseBooting     Phase = "booting"
+	PhaseMaintenance Phase = "maintenance"
+	// PhaseInstalling: the config was accepted in maintenance mode; apid
+	// restarts with mutual TLS and the installer runs. A control plane
+	// answers in configured mode meanwhile; a worker only once trustd
+	// signs its certificate.
+	PhaseInstalling Phase = "installing"
+	PhaseRebooting  Phase = "rebooting"
+	// PhaseRunning is the installed system, booted (MachineStatus stage
+	// booting, then running when its boot sequence ends). A worker stays
+	// without API until a control plane of its cluster can sign its
+	// certificate (trustd).
+	PhaseRunning Phase = "running"
+)
+
+// Faults injected into a node. Durations here are real time, not scaled.
+type Faults struct {
+	// RefuseConnections closes the node's API while set (a firewall, a
+	// powered-off VM that the hypervisor thinks is on).
+	RefuseConnections bool
+	// ApplyDelay makes ApplyConfiguration answer this much later (slow
+	// apply; a caller's timeout may fire first while the node goes ahead).
+	ApplyDelay time.Duration
+	// CrashDuringInstall makes the next N installs fail: the node reboots
+	// from the ISO into maintenance mode without a config.
+	CrashDuringInstall int
+	// ExtraRebootDelay lengthens every reboot (a slow firmware/disk).
+	ExtraRebootDelay time.Duration
+	// BootstrapNotReady makes the next N Bootstrap calls answer
+	// FailedPrecondition "time is not in sync yet".
+	BootstrapNotReady int
+	// InstallerPullFails makes the next N installs fail to pull the
+	// installer image: the node reboots into the ISO (maintenance).
+	InstallerPullFails int
+}
+
+// Counters are per-node call counts.
+type Counters struct {
+	// Calls counts every RPC that reached the node.
+	Calls int
+	// Applies counts accepted ApplyConfiguration calls that were not dry runs.
+	Applies int
+	// MaintenanceApplies is the part of Applies made in maintenance mode.
+	MaintenanceApplies int
+	// DryRuns counts dry-run ApplyConfiguration calls.
+	DryRuns int
+	// BootstrapCalls counts every Bootstrap call.
+	BootstrapCalls int
+	// Bootstraps counts accepted Bootstrap calls (etcd started).
+	Bootstraps int
+	// Installs counts completed installs; InstallCrashes failed ones.
+	Installs       int
+	InstallCrashes int
+	// Reboots counts reboots (after installs and applies).
+	Reboots int
+	// KubeconfigCalls counts Kubeconfig calls.
+	KubeconfigCalls int
+	// RebootCalls counts accepted Reboot calls.
+	RebootCalls int
+}
+
+// Node is one simulated Talos machine.
+type Node struct {
+	sim  *Sim
+	ip   string
+	spec NodeSpec
+	log  zerolog.Logger
+	cosi state.State
+
+	mu       sync.Mutex
+	phase    Phase
+	gen      uint64 // bumped by every power or API transition; stale timers check it
+	powered  bool
+	wantUp   bool // the API should serve (subject to faults)
+	srv      *grpc.Server
+	lis      net.Listener
+	mode     serveMode
+	config   []byte
+	parsed   config.Provider
+	bootedAt time.Time
+	// version is the Talos version running: the ISO's until an install,
+	// then the installer image's tag.
+	version string
+	// stage is the MachineStatus stage (also published over COSI).
+	stage runtime.MachineStage
+	// etcdJoinDeadline is when a control plane's etcd stops trying to
+	// join a cluster and fails (EtcdJoinTimeout after its boot).
+	etcdJoinDeadline time.Time
+	// applying is set while an ApplyConfiguration is processed;
+	// rebootPending once a reboot-mode apply or a Reboot was accepted.
+	applying      bool
+	rebootPending bool
+	faults        Faults
+	counters      Counters
+	timers        map[*time.Timer]struct{}
+	changed       chan struct{} // closed and replaced on every phase change
+}
+
+type serveMode int
+
+const (
+	serveMaintenance serveMode = iota
+	serveConfigured
+)
+
+func newNode(s *Sim, spec NodeSpec) (*Node, error) {
+	n := &Node{
+		sim:     s,
+		ip:      spec.IP,
+		spec:    spec,
+		log:     s.opts.Log.With().Str("sim_node", spec.IP).Logger(),
+		phase:   PhaseOff,
+		version: spec.TalosVersion,
+		timers:  map[*time.Timer]struct{}{},
+		changed: make(chan struct{}),
+	}
+	st, err := newDiskState(spec.Disks)
+	if err != nil {
+		return nil, err
+	}
+	n.cosi = st
+	// Fail early when the address cannot be bound (not a local address,
+	// already taken), not later in a timer.
+	lis, err := net.Listen("tcp", n.addr())
+	if err != nil {
+		return nil, fmt.Errorf("talossim: node %s: %w", spec.IP, err)
+	}
+	lis.Close()
+	return n, nil
+}
+
+func (n *Node) addr() string { return net.JoinHostPort(n.ip, strconv.Itoa(n.sim.opts.Port)) }
+
+// IP is the node's address.
+func (n *Node) IP() string { return n.ip }
+
+// Addr is the node's API address (ip:port).
+func (n *Node) Addr() string { return n.addr() }
+
+// Phase returns the node's current phase.
+func (n *Node) Phase() Phase {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.phase
+}
+
+// WaitPhase blocks until the node is in phase p or ctx ends.
+func (n *Node) WaitPhase(ctx context.Context, p Phase) error {
+	for {
+		n.mu.Lock()
+		cur, ch := n.phase, n.changed
+		n.mu.Unlock()
+		if cur == p {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node %s: waiting for phase %s (now %s): %w", n.ip, p, cur, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// Config returns the config the node runs (nil in maintenance mode).
+func (n *Node) Config() []byte {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.config)
+}
+
+// Hostname is the configured hostname, else the VM's name.
+func (n *Node) Hostname() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.hostnameLocked()
+}
+
+func (n *Node) hostnameLocked() string {
+	if n.parsed != nil {
+		if hc := n.parsed.NetworkHostnameConfig(); hc != nil && hc.Hostname() != "" {
+			return hc.Hostname()
+		}
+	}
+	if n.spec.Hostname != "" {
+		return n.spec.Hostname
+	}
+	return "talos-" + n.ip
+}
+
+func (n *Node) roleLocked() string {
+	if n.parsed == nil || n.parsed.Machine() == nil {
+		return ""
+	}
+	return n.parsed.Machine().Type().String()
+}
+
+func (n *Node) clusterIDLocked() string {
+	if n.parsed == nil || n.parsed.Cluster() == nil {
+		return ""
+	}
+	return n.parsed.Cluster().ID()
+}
+
+// Counters returns a copy of the node's counters.
+func (n *Node) Counters() Counters {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.counters
+}
+
+// SetFaults replaces the node's faults. Clearing RefuseConnections opens
+// the API again if the node is up.
+func (n *Node) SetFaults(f Faults) {
+	n.mu.Lock()
+	n.faults = f
+	var stop *grpc.Server
+	var lis net.Listener
+	if f.RefuseConnections {
+		stop, lis = n.detachLocked()
+	} else {
+		n.serveLocked()
+	}
+	n.mu.Unlock()
+	stopServer(stop, lis, false)
+}
+
+// Faults returns the node's current faults (counts decrease as they fire).
+func (n *Node) Faults() Faults {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.faults
+}
+
+func (n *Node) setPhaseLocked(p Phase) {
+	if n.phase == p {
+		return
+	}
+	n.log.Debug().Str("from", string(n.phase)).Str("to", string(p)).Msg("talossim phase")
+	n.phase = p
+	close(n.changed)
+	n.changed = make(chan struct{})
+}
+
+// after runs fn after d unless the node moved on (gen changed) or was
+// powered off; fn runs with n.mu held.
+func (n *Node) afterLocked(d time.Duration, fn func()) {
+	gen := n.gen
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		n.mu.Lock()
+		delete(n.timers, t)
+		if n.gen != gen || !n.powered {
+			n.mu.Unlock()
+			return
+		}
+		fn()
+		n.mu.Unlock()
+	})
+	n.timers[t] = struct{}{}
+}
+
+// Version is the Talos version the node runs.
+func (n *Node) Version() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.version
+}
+
+// Stage is the node's MachineStatus stage.
+func (n *Node) Stage() runtime.MachineStage {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.stage
+}
+
+func (n *Node) powerOn(installed installedSystem) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.powered = true
+	n.gen++
+	n.setPhaseLocked(PhaseBooting)
+	n.setStageLocked(runtime.MachineStageBooting)
+	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.Boot), func() { n.bootLocked(installed) })
+}
+
+func (n *Node) powerOff() {
+	n.mu.Lock()
+	n.powered = false
+	n.wantUp = false
+	n.gen++
+	for t := range n.timers {
+		t.Stop()
+	}
+	n.timers = map[*time.Timer]struct{}{}
+	srv, lis := n.detachLocked()
+	n.setPhaseLocked(PhaseOff)
+	n.mu.Unlock()
+	stopServer(srv, lis, true)
+}
+
+// bootLocked brings the node up from what its disk holds: an installed
+// system boots configured, nothing boots the ISO's maintenance mode.
+func (n *Node) bootLocked(installed installedSystem) {
+	n.gen++
+	n.rebootPending, n.applying = false, false
+	if installed.config == nil {
+		n.config, n.parsed = nil, nil
+		n.version = n.spec.TalosVersion
+		n.mode = serveMaintenance
+		n.setPhaseLocked(PhaseMaintenance)
+		n.setStageLocked(runtime.MachineStageMaintenance)
+		n.wantUp = true
+		n.serveLocked()
+		return
+	}
+	parsed, err := configloader.NewFromBytes(installed.config)
+	if err != nil {
+		// What was installed was validated on apply; a node that cannot
+		// read its disk falls back to the ISO.
+		n.log.Error().Err(err).Msg("talossim: installed config unreadable, booting maintenance")
+		n.bootLocked(installedSystem{})
+		return
+	}
+	n.config, n.parsed = slices.Clone(installed.config), parsed
+	n.version = installed.version
+	n.mode = serveConfigured
+	n.bootedAt = time.Now()
+	n.etcdJoinDeadline = n.bootedAt.Add(n.sim.scaled(n.sim.opts.Profile.EtcdJoinTimeout))
+	n.setPhaseLocked(PhaseRunning)
+	n.setStageLocked(runtime.MachineStageBooting)
+	n.wantUp = true
+	n.serveLocked()
+
+	info := NodeInfo{Hostname: n.hostnameLocked(), IP: n.ip, Role: n.roleLocked()}
+	if info.Role == "controlplane" {
+		n.sim.mu.Lock()
+		n.sim.joinEtcd(n.clusterIDLocked(), n.ip, info.Hostname, time.Now())
+		n.sim.mu.Unlock()
+	}
+	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.BootSequence), n.finishBootLocked)
+	cluster := n.sim.opts.Cluster
+	go func() {
+		if err := cluster.NodeConfigured(context.Background(), info); err != nil {
+			n.log.Warn().Err(err).Msg("talossim: control plane did not take the node")
+		}
+	}()
+}
+
+// finishBootLocked ends the boot sequence: StartAllServices waits until
+// every service it started is up, on a control plane etcd too
+// (v1alpha1_sequencer_tasks.go), so a control plane's stage stays booting
+// until its etcd runs; it is checked again until then.
+func (n *Node) finishBootLocked() {
+	if n.phase != PhaseRunning {
+		return
+	}
+	if n.roleLocked() == "controlplane" && !n.etcdUpLocked(time.Now()) {
+		n.afterLocked(max(n.sim.scaled(n.sim.opts.Profile.BootSequence), 5*time.Millisecond), n.finishBootLocked)
+		return
+	}
+	n.setStageLocked(runtime.MachineStageRunning)
+	if n.roleLocked() == "controlplane" {
+		// kubelet runs the control plane's static pods once etcd is up.
+		publishStaticPods(n.cosi, n.hostnameLocked(), true)
+	}
+}
+
+// etcdUpLocked reports whether this control plane's etcd member runs.
+func (n *Node) etcdUpLocked(now time.Time) bool {
+	s := n.sim
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, m := s.etcdView(n.clusterIDLocked(), n.ip)
+	return m != nil && !m.readyAt.After(now)
+}
+
+// rebootLocked takes the API down for the reboot time and boots from disk.
+func (n *Node) rebootLocked() {
+	n.gen++
+	n.counters.Reboots++
+	n.wantUp = false
+	srv, lis := n.detachLocked()
+	go stopServer(srv, lis, false)
+	n.setPhaseLocked(PhaseRebooting)
+	n.setStageLocked(runtime.MachineStageRebooting)
+	publishStaticPods(n.cosi, n.hostnameLocked(), false)
+	d := n.sim.scaled(n.sim.opts.Profile.Reboot) + n.faults.ExtraRebootDelay
+	n.afterLocked(d, func() { n.bootLocked(n.sim.installedSystem(n.ip)) })
+}
+
+// scheduleRebootLocked accepts a reboot: the API keeps answering while the
+// reboot sequence stops pods and services (an apply now gets
+// FailedPrecondition), then goes down.
+func (n *Node) scheduleRebootLocked() {
+	n.rebootPending = true
+	// The reboot sequence's start sets the stage (machine_status.go).
+	n.setStageLocked(runtime.MachineStageRebooting)
+	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), n.rebootLocked)
+}
+
+// installLocked models a maintenance apply: apid restarts with mutual TLS
+// and the applied config's CA (the node answers in configured mode from
+// then on, while the installer pulls and writes), then the install either
+// completes and the node kexecs into the installed system, or fails and
+// the node reboots from the ISO into maintenance mode again.
+func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
+	n.gen++
+	n.setPhaseLocked(PhaseInstalling)
+	n.setStageLocked(runtime.MachineStageBooting) // runningMaintenance stopped
+	srv, lis := n.detachLocked()
+	go stopServer(srv, lis, false)
+	n.config, n.parsed = slices.Clone(cfg), parsed
+	n.mode = serveConfigured
+	n.wantUp = true
+	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.ApidRestart), func() {
+		n.serveLocked()
+		n.setStageLocked(runtime.MachineStageInstalling)
+	})
+	installDisk := parsed.Machine().Install().Disk()
+	image := parsed.Machine().Install().Image()
+	crash := n.faults.CrashDuringInstall > 0
+	if crash {
+		n.faults.CrashDuringInstall--
+	}
+	pullFails := n.faults.InstallerPullFails > 0
+	if pullFails {
+		n.faults.InstallerPullFails--
+	}
+	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.ApidRestart+n.sim.opts.Profile.Install), func() {
+		failed := ""
+		switch {
+		case crash:
+			failed = "install crashed (injected)"
+		case pullFails:
+			failed = fmt.Sprintf("failed to pull the installer image %q (injected)", image)
+		case !diskExists(n.spec.Disks, installDisk):
+			failed = fmt.Sprintf("install disk %s not found", installDisk)
+		}
+		if failed != "" {
+			// A failed install sequence is fatal: machined logs
+			// "rebooting in 10 seconds" and the VM boots the ISO again.
+			n.counters.InstallCrashes++
+			n.log.Warn().Msg("talossim: " + failed + "; rebooting into the ISO")
+			n.afterLocked(n.sim.scaled(n.sim.opts.Profile.FailedInstallReboot), n.rebootLocked)
+			return
+		}
+		n.counters.Installs++
+		n.sim.persist(n.ip, installedSystem{config: cfg, version: installerVersion(image, n.version)})
+		n.rebootLocked()
+	})
+}
+
+// installerVersion is the Talos version an installer image installs: its
+// tag (ghcr.io/siderolabs/installer:v1.13.3,
+// factory.talos.dev/installer/<schematic>:v1.13.3); fallback without one.
+func installerVersion(image, fallback string) string {
+	ref := image
+	if i := strings.LastIndex(ref, "@"); i >= 0 {
+		ref = ref[:i]
+	}
+	if i := strings.LastIndex(ref, ":"); i >= 0 && !strings.Contains(ref[i:], "/") {
+		return ref[i+1:]
+	}
+	return fallback
+}
+
+// serveLocked starts the API if it should run and is not running. A
+// configured worker needs its certificate signed by a control plane of its
+// cluster first; until one is up its API stays closed and it retries.
+func (n *Node) serveLocked() {
+	if !n.powered || !n.wantUp || n.faults.RefuseConnections || n.srv != nil {
+		return
+	}
+	tlsCfg, err := n.tlsConfigLocked()
+	if errors.Is(err, errNoSigner) {
+		n.afterLocked(max(n.sim.scaled(n.sim.opts.Profile.Reboot)/4, 5*time.Millisecond), n.serveLocked)
+		return
+	}
+	if err != nil {
+		n.log.Error().Err(err).Msg("talossim: cannot build the API's TLS config")
+		return
+	}
+	lis, err := net.Listen("tcp", n.addr())
+	if err != nil {
+		n.log.Warn().Err(err).Msg("talossim: listen failed, retrying")
+		n.afterLocked(20*time.Millisecond, n.serveLocked)
+		return
+	}
+	srv := newGRPCServer(n, tlsCfg, n.mode)
+	n.srv, n.lis = srv, lis
+	go func() { _ = srv.Serve(lis) }()
+}
+
+// detachLocked unhooks the running server; the caller stops it without
+// the lock. The listener is closed at once so new connections are refused.
+func (n *Node) detachLocked() (*grpc.Server, net.Listener) {
+	srv, lis := n.srv, n.lis
+	n.srv, n.lis = nil, nil
+	if lis != nil {
+		lis.Close()
+	}
+	n.sim.dropSigner(n.ip)
+	return srv, lis
+}
+
+// stopServer ends a detached server: gracefully (in-flight calls such as
+// the apply that triggered a reboot get their answer) unless hard, and
+// hard after a short grace either way.
+func stopServer(srv *grpc.Server, _ net.Listener, hard bool) {
+	if srv == nil {
+		return
+	}
+	if hard {
+		srv.Stop()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(500 * time.Millisecond):
+		srv.Stop()
+	}
+}
+
+func (n *Node) setStageLocked(st runtime.MachineStage) {
+	if n.stage == st {
+		return
+	}
+	n.stage = st
+	publishMachineStatus(n.cosi, st, st == runtime.MachineStageRunning || st == runtime.MachineStageMaintenance)
+}
+
+func diskExists(disks []Disk, devPath string) bool {
+	for i := range disks {
+		if devPathFor(disks, i) == devPath {
+			return true
+		}
+	}
+	return false
+}
+
+var errNoSigner = errors.New("no control plane of this cluster can sign the certificate yet")
+
+func (n *Node) tlsConfigLocked() (*tls.Config, error) {
+	if n.mode == serveMaintenance {
+		return maintenanceTLS(n.ip)
+	}
+	// trustd is one of the services the installed system's boot sequence
+	// starts; during the install only apid runs.
+	return configuredTLS(n.sim, n.ip, n.hostnameLocked(), n.parsed, n.phase == PhaseRunning)
+}

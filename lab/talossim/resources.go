@@ -1,0 +1,53 @@
+package talossim
+
+import (
+	"context"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+)
+
+// publishMachineStatus keeps the node's MachineStatus resource (runtime
+// namespace, ID "machine") at stage, as machined's MachineStatusController
+// does from its sequence, phase and task events
+// (internal/app/machined/pkg/controllers/runtime/machine_status.go at
+// v1.13.3): maintenance while waiting for a config, booting when that wait
+// ends and when an installed system boots, installing during the install
+// phase, rebooting from kexec/reboot, running when the boot sequence ends
+// without error. What makes Status.Ready true in each stage is unverified
+// here: running and maintenance count as ready.
+func publishMachineStatus(st state.State, stage runtime.MachineStage, ready bool) {
+	ctx := context.Background()
+	_ = safe.StateModify(ctx, st, runtime.NewMachineStatus(), func(ms *runtime.MachineStatus) error {
+		ms.TypedSpec().Stage = stage
+		ms.TypedSpec().Status.Ready = ready
+		return nil
+	})
+}
+
+// staticPods are the control-plane static pods kubelet reports on a control
+// plane once it runs them (k8s.StaticPodStatus, read by talosctl health's
+// K8sControlPlaneStaticPods in pkg/cluster/check/kubernetes.go at v1.13.3).
+var staticPods = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// publishStaticPods adds (or, with up false, removes) the control-plane
+// static pod statuses of a control plane named hostname.
+func publishStaticPods(st state.State, hostname string, up bool) {
+	ctx := context.Background()
+	for _, name := range staticPods {
+		r := k8s.NewStaticPodStatus(k8s.NamespaceName, "kube-system/"+name+"-"+hostname)
+		if !up {
+			_ = st.Destroy(ctx, r.Metadata())
+			continue
+		}
+		_ = safe.StateModify(ctx, st, r, func(p *k8s.StaticPodStatus) error {
+			p.TypedSpec().PodStatus = map[string]any{
+				"phase":      "Running",
+				"conditions": []any{map[string]any{"type": "Ready", "status": "True"}},
+			}
+			return nil
+		})
+	}
+}

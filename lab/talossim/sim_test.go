@@ -1,0 +1,563 @@
+package talossim_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	stdx509 "crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/rs/zerolog"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/block"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/homelab/bootstrap/lab/talossim"
+	"github.com/homelab/bootstrap/talos"
+)
+
+// fixture is a simulator with one control plane and one worker in
+// maintenance mode and the configs rendered for them.
+type fixture struct {
+	t       *testing.T
+	sim     *talossim.Sim
+	cluster *talossim.MemoryCluster
+	gen     *talos.Result
+	cp, wk  string // IPs
+	cfg     *clientconfig.Config
+}
+
+func newFixture(t *testing.T, bundle string) *fixture {
+	t.Helper()
+	prefix, err := talossim.RandomLoopbackPrefix(50000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := func(last byte) string { return talossim.HostAddr(prefix, last) }
+	dir := filepath.Join(t.TempDir(), "lab")
+	os.MkdirAll(dir, 0o700)
+	data, err := os.ReadFile(filepath.Join("..", "..", "talos", "testdata", bundle))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, talos.SecretsFile), data, 0o600)
+	f := &fixture{t: t, cp: ip(11), wk: ip(21)}
+	f.gen, err = talos.Generate(talos.GenerateOptions{
+		Dir: dir, ClusterName: "lab",
+		Nodes: []talos.Node{
+			{Name: "cp-1", Role: talos.RoleControlPlane, IP: f.cp, DiskBus: "scsi"},
+			{Name: "wk-1", Role: talos.RoleWorker, IP: f.wk, DiskBus: "virtio"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.cfg, err = clientconfig.FromBytes(f.gen.Talosconfig); err != nil {
+		t.Fatal(err)
+	}
+	f.cluster = talossim.NewMemoryCluster([]byte("apiVersion: v1\nkind: Config\n"))
+	f.sim = talossim.New(talossim.Options{Cluster: f.cluster, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	t.Cleanup(func() { f.sim.Close() })
+	for _, n := range []talossim.NodeSpec{
+		{IP: f.cp, Hostname: "vm-701", Disks: []talossim.Disk{{Bus: "scsi", Size: 32 << 30}, {Bus: "virtio", Size: 100 << 30}}},
+		{IP: f.wk, Hostname: "vm-702", Disks: []talossim.Disk{{Bus: "virtio", Size: 32 << 30}}},
+	} {
+		node, err := f.sim.BootNode(context.Background(), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.waitPhase(node, talossim.PhaseMaintenance)
+	}
+	return f
+}
+
+func (f *fixture) node(ip string) *talossim.Node {
+	n, ok := f.sim.Node(ip)
+	if !ok {
+		f.t.Fatalf("no node %s", ip)
+	}
+	return n
+}
+
+func (f *fixture) waitPhase(n *talossim.Node, p talossim.Phase) {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.WaitPhase(ctx, p); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) config(name string) []byte {
+	n, ok := f.gen.Node(name)
+	if !ok {
+		f.t.Fatalf("no config %s", name)
+	}
+	return n.Config
+}
+
+// insecure is `talosctl --insecure -e ip -n ip`.
+func insecure(t *testing.T, ip string) *client.Client {
+	t.Helper()
+	c, err := client.New(context.Background(), client.WithEndpoints(ip),
+		client.WithTLSConfig(&tls.Config{InsecureSkipVerify: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// secure is `talosctl --talosconfig ... -e ip -n ip`.
+func secure(t *testing.T, cfg *clientconfig.Config, ip string) *client.Client {
+	t.Helper()
+	c, err := client.New(context.Background(), client.WithConfig(cfg), client.WithEndpoints(ip))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func callCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantCode(t *testing.T, err error, code codes.Code, contains string) {
+	t.Helper()
+	if client.StatusCode(err) != code || !strings.Contains(fmt.Sprint(err), contains) {
+		t.Errorf("err = %v, want %s containing %q", err, code, contains)
+	}
+}
+
+func TestMaintenanceMode(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	c := insecure(t, f.cp)
+	ctx := callCtx(t)
+
+	v, err := c.Version(ctx)
+	if err != nil || v.GetMessages()[0].GetVersion().GetTag() != "v1.13.3" {
+		t.Fatalf("version: %v %v", v, err)
+	}
+	// The self-signed certificate is not our CA's.
+	_, err = secure(t, f.cfg, f.cp).Version(ctx)
+	if err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Errorf("talosconfig client against maintenance mode: %v", err)
+	}
+	// Without a client certificate a maintenance client holds os:reader:
+	// admin calls are refused, reads work (ServiceList), etcd and
+	// kubeconfig need a machine type first.
+	if p := v.GetMessages()[0].GetPlatform(); p.GetName() != "nocloud" || p.GetMode() != "cloud" {
+		t.Errorf("platform %v, want nocloud in cloud mode", p)
+	}
+	_, err = c.MachineClient.Bootstrap(ctx, &machine.BootstrapRequest{})
+	wantCode(t, err, codes.PermissionDenied, "os:admin")
+	_, err = c.Kubeconfig(ctx)
+	wantCode(t, err, codes.PermissionDenied, "os:admin")
+	if svcs, err := c.ServiceList(ctx); err != nil || len(svcs.GetMessages()[0].GetServices()) == 0 {
+		t.Errorf("service list in maintenance mode: %v %v", svcs, err)
+	}
+	_, err = c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
+	wantCode(t, err, codes.Unimplemented, "machine type is not set")
+	_, err = c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: []byte("machine: [garbage"), Mode: machine.ApplyConfigurationRequest_AUTO})
+	wantCode(t, err, codes.InvalidArgument, "yaml")
+	// Valid YAML that fails metal validation (no install disk).
+	noDisk := strings.Replace(string(f.config("cp-1")), "        disk: /dev/sda\n", "", 1)
+	_, err = c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: []byte(noDisk), Mode: machine.ApplyConfigurationRequest_AUTO})
+	wantCode(t, err, codes.InvalidArgument, "install disk")
+	// A Kubernetes version this Talos does not support fails the runtime
+	// validation.
+	tooNew := strings.ReplaceAll(string(f.config("cp-1")), ":v1.36.1", ":v1.99.0")
+	_, err = c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: []byte(tooNew), Mode: machine.ApplyConfigurationRequest_AUTO})
+	wantCode(t, err, codes.InvalidArgument, "kubelet image is not valid")
+	// Every mode is accepted in maintenance mode; a dry run shows the
+	// whole config as the diff.
+	dry, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_REBOOT, DryRun: true})
+	if err != nil || dry.GetMessages()[0].GetMode() != machine.ApplyConfigurationRequest_NO_REBOOT ||
+		!strings.Contains(dry.GetMessages()[0].GetModeDetails(), "Config diff:") || !strings.Contains(dry.GetMessages()[0].GetModeDetails(), "+    type: controlplane") {
+		t.Errorf("dry run: %v %v", dry, err)
+	}
+	if got := f.node(f.cp).Counters(); got.Applies != 0 || got.DryRuns != 1 || f.node(f.cp).Phase() != talossim.PhaseMaintenance {
+		t.Errorf("rejected applies changed the node: %+v, %s", got, f.node(f.cp).Phase())
+	}
+
+	// Disks over COSI, named as Linux names them on a Proxmox VM.
+	disks, err := safe.StateListAll[*block.Disk](ctx, c.COSI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for d := range disks.All() {
+		s := d.TypedSpec()
+		got = append(got, fmt.Sprintf("%s:%d:%v", s.DevPath, s.Size>>30, s.CDROM))
+	}
+	if strings.Join(got, " ") != "/dev/sda:32:false /dev/sr0:0:true /dev/vda:100:false" {
+		t.Errorf("disks %v", got)
+	}
+}
+
+func TestInstallRebootConfiguredMTLS(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	node := f.node(f.cp)
+	if _, err := insecure(t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	// apid restarts with mutual TLS before the installer runs: the node
+	// answers in configured mode with the cluster's CA while it installs,
+	// and its MachineStatus says so.
+	f.waitPhase(node, talossim.PhaseInstalling)
+	var st *runtime.MachineStatus
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		st, err = safe.StateGetByID[*runtime.MachineStatus](ctx, secure(t, f.cfg, f.cp).COSI, runtime.MachineStatusID)
+		if err == nil && st.TypedSpec().Stage == runtime.MachineStageInstalling {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no configured answer during install: %v %v", st, err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	f.waitPhase(node, talossim.PhaseRunning)
+
+	// Configured mode: mutual TLS with the CA from the applied config.
+	if _, err := secure(t, f.cfg, f.cp).Version(ctx); err != nil {
+		t.Fatalf("talosconfig client: %v", err)
+	}
+	// The server may close before its alert is read (broken pipe, more
+	// often on a loaded machine); the alert must show up within a few tries.
+	var err error
+	for range 20 {
+		if _, err = insecure(t, f.cp).Version(ctx); err != nil && strings.Contains(err.Error(), "certificate required") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), "certificate required") {
+		t.Errorf("insecure client against configured mode: %v", err)
+	}
+	// Another cluster's talosconfig: our server certificate is not theirs
+	// to trust, and their client certificate is not ours.
+	other := newFixture(t, "other-secrets.yaml")
+	_, err = secure(t, other.cfg, f.cp).Version(ctx)
+	if err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("other cluster's client: %v", err)
+	}
+	// The serving certificate chains to the OS CA of the config and names the IP.
+	conn, err := tls.Dial("tcp", node.Addr(), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec
+	if err == nil {
+		leaf := conn.ConnectionState().PeerCertificates[0]
+		conn.Close()
+		pool := stdx509.NewCertPool()
+		pool.AppendCertsFromPEM(f.gen.Bundle.Certs.OS.Crt)
+		if _, err := leaf.Verify(stdx509.VerifyOptions{Roots: pool, DNSName: f.cp, KeyUsages: []stdx509.ExtKeyUsage{stdx509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("serving certificate: %v", err)
+		}
+		if conn.ConnectionState().Version != tls.VersionTLS13 {
+			t.Error("not TLS 1.3")
+		}
+	} else if !strings.Contains(err.Error(), "certificate required") {
+		t.Errorf("tls dial: %v", err)
+	}
+	if c := node.Counters(); c.Applies != 1 || c.MaintenanceApplies != 1 || c.Installs != 1 || c.Reboots != 1 {
+		t.Errorf("counters %+v", c)
+	}
+	if string(node.Config()) != string(f.config("cp-1")) || string(f.sim.Installed(f.cp)) != string(f.config("cp-1")) {
+		t.Error("node does not run (or did not install) the applied config")
+	}
+}
+
+func TestBootstrapOnceEtcdServicesKubeconfig(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	for _, n := range []struct{ ip, name string }{{f.cp, "cp-1"}, {f.wk, "wk-1"}} {
+		if _, err := insecure(t, n.ip).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config(n.name), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.waitPhase(f.node(f.cp), talossim.PhaseRunning)
+	cp := secure(t, f.cfg, f.cp)
+
+	// Before bootstrap: etcd waits, members unavailable.
+	svc := services(t, cp)
+	if svc["etcd"] != "Preparing/unknown" {
+		t.Errorf("etcd before bootstrap: %s", svc["etcd"])
+	}
+	_, err := cp.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
+	wantCode(t, err, codes.Unavailable, "etcd")
+
+	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	err = cp.Bootstrap(ctx, &machine.BootstrapRequest{})
+	wantCode(t, err, codes.AlreadyExists, "etcd data directory is not empty")
+
+	// Health transitions to healthy; one member.
+	deadline := time.Now().Add(5 * time.Second)
+	for services(t, cp)["etcd"] != "Running/healthy" || services(t, cp)["kubelet"] != "Running/healthy" {
+		if time.Now().After(deadline) {
+			t.Fatalf("services never healthy: %v", services(t, cp))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	members, err := cp.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
+	if err != nil || len(members.GetMessages()[0].GetMembers()) != 1 || members.GetMessages()[0].GetMembers()[0].GetHostname() != "cp-1" {
+		t.Fatalf("members %v %v", members, err)
+	}
+	if f.cluster.Bootstraps() != 1 {
+		t.Errorf("control plane bootstrapped %d times", f.cluster.Bootstraps())
+	}
+
+	// The worker gets its certificate from the control plane and refuses
+	// Bootstrap and Kubeconfig.
+	f.waitPhase(f.node(f.wk), talossim.PhaseRunning)
+	wk := secure(t, f.cfg, f.wk)
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		_, err := wk.Version(ctx)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker API never came up: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	err = wk.Bootstrap(ctx, &machine.BootstrapRequest{})
+	wantCode(t, err, codes.Unimplemented, "bootstrap is only available on control plane nodes")
+	_, err = wk.Kubeconfig(ctx)
+	wantCode(t, err, codes.Unimplemented, "control plane")
+
+	// Kubeconfig: gzip'd tar with one 0600 entry "kubeconfig".
+	stream, err := cp.MachineClient.Kubeconfig(ctx, &emptypb.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gz, err := gzip.NewReader(bytes.NewReader(msg.GetBytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	hdr, err := tr.Next()
+	if err != nil || hdr.Name != "kubeconfig" || hdr.Mode != 0o600 {
+		t.Fatalf("tar entry %+v %v", hdr, err)
+	}
+	body, _ := io.ReadAll(tr)
+	if string(body) != "apiVersion: v1\nkind: Config\n" {
+		t.Errorf("kubeconfig %q", body)
+	}
+	if _, err := tr.Next(); !errors.Is(err, io.EOF) {
+		t.Errorf("more than one entry: %v", err)
+	}
+	if names := f.cluster.Nodes(); len(names) != 2 || names[0].Hostname != "cp-1" || names[0].Role != "controlplane" {
+		t.Errorf("registered nodes %+v", names)
+	}
+}
+
+func services(t *testing.T, c *client.Client) map[string]string {
+	t.Helper()
+	resp, err := c.ServiceList(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, s := range resp.GetMessages()[0].GetServices() {
+		h := "unhealthy"
+		switch {
+		case s.GetHealth().GetUnknown():
+			h = "unknown"
+		case s.GetHealth().GetHealthy():
+			h = "healthy"
+		}
+		if len(s.GetEvents().GetEvents()) == 0 {
+			t.Errorf("%s has no events", s.GetId())
+		}
+		out[s.GetId()] = s.GetState() + "/" + h
+	}
+	return out
+}
+
+func TestFaultsAndRestart(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	node := f.node(f.cp)
+
+	node.SetFaults(talossim.Faults{RefuseConnections: true})
+	_, err := insecure(t, f.cp).Version(ctx)
+	if !strings.Contains(fmt.Sprint(err), "connection refused") {
+		t.Errorf("refused: %v", err)
+	}
+	node.SetFaults(talossim.Faults{CrashDuringInstall: 1})
+	if _, err := insecure(t, f.cp).Version(ctx); err != nil {
+		t.Fatalf("after clearing the refusal: %v", err)
+	}
+	if _, err := insecure(t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(node, talossim.PhaseRebooting)
+	f.waitPhase(node, talossim.PhaseMaintenance)
+	if c := node.Counters(); c.InstallCrashes != 1 || c.Installs != 0 || f.sim.Installed(f.cp) != nil {
+		t.Errorf("after the crash: %+v", c)
+	}
+
+	// A second apply installs; stopping and booting the VM again resumes
+	// from its disk in configured mode.
+	if _, err := insecure(t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(node, talossim.PhaseRunning)
+	if err := f.sim.StopNode(f.cp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := net.DialTimeout("tcp", node.Addr(), time.Second); err == nil {
+		t.Error("stopped node still listens")
+	}
+	again, err := f.sim.BootNode(ctx, talossim.NodeSpec{IP: f.cp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(again, talossim.PhaseRunning)
+	if _, err := secure(t, f.cfg, f.cp).Version(ctx); err != nil {
+		t.Errorf("restarted node: %v", err)
+	}
+	// A reinstalled VM (wiped disk) is back in maintenance mode.
+	f.sim.StopNode(f.cp)
+	wiped, err := f.sim.BootNode(ctx, talossim.NodeSpec{IP: f.cp, Wipe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(wiped, talossim.PhaseMaintenance)
+}
+
+func TestConfiguredApplyModesAndDryRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	node := f.node(f.cp)
+	if _, err := insecure(t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(node, talossim.PhaseRunning)
+	c := secure(t, f.cfg, f.cp)
+	same, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO, DryRun: true})
+	if err != nil || !strings.HasSuffix(same.GetMessages()[0].GetModeDetails(), "Config diff:\n\nNo changes.") {
+		t.Fatalf("dry run of the same config: %v %v", same, err)
+	}
+	changed := []byte(strings.Replace(string(f.config("cp-1")), "hostname: cp-1", "hostname: cp-one", 1))
+	dry, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: changed, Mode: machine.ApplyConfigurationRequest_AUTO, DryRun: true})
+	if err != nil || !strings.Contains(dry.GetMessages()[0].GetModeDetails(), "+hostname: cp-one") || dry.GetMessages()[0].GetMode() != machine.ApplyConfigurationRequest_NO_REBOOT {
+		t.Fatalf("dry run diff: %v %v", dry, err)
+	}
+	if node.Counters().Applies != 1 {
+		t.Error("dry run applied")
+	}
+	if _, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: changed, Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	if node.Hostname() != "cp-one" || node.Phase() != talossim.PhaseRunning {
+		t.Errorf("no-reboot apply: hostname %s, phase %s", node.Hostname(), node.Phase())
+	}
+	// .machine.install applies at once (CanApplyImmediate): a new install
+	// disk and image are taken without a reboot, and the node keeps the
+	// Talos it runs.
+	before := node.Version()
+	image := []byte(strings.Replace(string(changed), "disk: /dev/sda", "disk: /dev/vda\n        image: ghcr.io/siderolabs/installer:v1.13.9", 1))
+	resp, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: image, Mode: machine.ApplyConfigurationRequest_NO_REBOOT})
+	if err != nil || resp.GetMessages()[0].GetMode() != machine.ApplyConfigurationRequest_NO_REBOOT || node.Phase() != talossim.PhaseRunning {
+		t.Fatalf("install image change: %v %v, phase %s", resp, err, node.Phase())
+	}
+	if node.Version() != before {
+		t.Errorf("version %s after an apply, want %s: only an upgrade installs a new Talos", node.Version(), before)
+	}
+	// Outside those parts a change needs a reboot: NO_REBOOT refuses, AUTO reboots.
+	rbac := []byte(strings.Replace(string(image), "diskQuotaSupport: true", "diskQuotaSupport: false", 1))
+	_, err = c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: rbac, Mode: machine.ApplyConfigurationRequest_NO_REBOOT})
+	wantCode(t, err, codes.InvalidArgument, "can't be applied in immediate mode")
+	resp, err = c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: rbac, Mode: machine.ApplyConfigurationRequest_AUTO})
+	if err != nil || resp.GetMessages()[0].GetMode() != machine.ApplyConfigurationRequest_REBOOT {
+		t.Fatalf("auto apply: %v %v", resp, err)
+	}
+	// Until the node goes down, further applies are refused.
+	_, err = c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: rbac, Mode: machine.ApplyConfigurationRequest_AUTO, DryRun: true})
+	wantCode(t, err, codes.FailedPrecondition, "node is rebooting")
+	f.waitPhase(node, talossim.PhaseRebooting)
+	f.waitPhase(node, talossim.PhaseRunning)
+	if string(node.Config()) != string(rbac) {
+		t.Error("node did not reboot into the new config")
+	}
+}
+
+func TestProfileTimeScale(t *testing.T) {
+	t.Parallel()
+	p, err := talossim.ProfileByName("n100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := talossim.ProfileByName("n200"); err == nil {
+		t.Error("unknown profile accepted")
+	}
+	prefix, err := talossim.RandomLoopbackPrefix(50000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := prefix.Addr().Next().String()
+	const scale = 0.002 // n100's 25 s boot → 50 ms, 70 s install → 140 ms, 45 s reboot → 90 ms
+	sim := talossim.New(talossim.Options{Profile: p, TimeScale: scale, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	defer sim.Close()
+	start := time.Now()
+	node, err := sim.BootNode(context.Background(), talossim.NodeSpec{IP: ip})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := callCtx(t)
+	if err := node.WaitPhase(ctx, talossim.PhaseMaintenance); err != nil {
+		t.Fatal(err)
+	}
+	scaled := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
+	if el := time.Since(start); el < scaled(p.Boot) || el > scaled(p.Boot)+time.Second {
+		t.Errorf("boot took %s, profile says %s", el, scaled(p.Boot))
+	}
+
+	f := newFixture(t, "secrets.yaml") // for a config only
+	cfg := []byte(strings.ReplaceAll(string(f.config("cp-1")), f.cp, ip))
+	start = time.Now()
+	if _, err := insecure(t, ip).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: cfg, Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < scaled(p.ApplyLatency) {
+		t.Errorf("apply answered in %s, profile latency %s", el, scaled(p.ApplyLatency))
+	}
+	if err := node.WaitPhase(ctx, talossim.PhaseRunning); err != nil {
+		t.Fatal(err)
+	}
+	if el, want := time.Since(start), scaled(p.ApplyLatency+p.Install+p.Reboot); el < want {
+		t.Errorf("apply → configured took %s, profile says at least %s", el, want)
+	}
+}

@@ -1,0 +1,219 @@
+package proxmox
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/lab/pvesim"
+)
+
+// These tests pin what real Proxmox VE does (sources in docs/fidelity.md)
+// where the product's earlier assumptions broke on a real host.
+
+// allPrivs is every privilege on /, without those listed.
+func allPrivs(without ...string) []string {
+	var out []string
+	for _, p := range pvesim.AllPrivileges("8.2.4") {
+		if !strings.Contains(strings.Join(without, " "), p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// A host with a warm page cache: MemFree is low, MemAvailable is not.
+func TestHeadroomCountsThePageCache(t *testing.T) {
+	for _, version := range []string{"8.4.1", "9.1.2"} {
+		t.Run(version, func(t *testing.T) {
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: version,
+				Node: pvesim.NodeSpec{MemoryBytes: 16 << 30, PageCacheBytes: 12 << 30}})
+			in := precheckInput(3)
+			for i := range in.VMs {
+				in.VMs[i].MemoryMiB = 4096
+			}
+			rs := runPrechecks(t, e.c, in)
+			expect(t, rs, "proxmox: RAM and CPU headroom", check.Pass, "RAM 13.5 GiB of 16.0 GiB after start")
+		})
+	}
+}
+
+// /cluster/resources lists containers too, and leaves out guests the token
+// cannot audit; a VM of this cluster on another node is not this node's.
+func TestVMIDsHeldByWhatTheListDoesNotShow(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge,
+		Guests: []pvesim.GuestSpec{
+			{VMID: 701, Type: "lxc", Name: "pihole"},
+			{VMID: 703, Type: "qemu", Node: "pve2", Name: "node-3", Tags: "talos;bootstrap-lab;controlplane"},
+			{VMID: 704, Type: "qemu", Name: "vault"},
+		},
+		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{
+			{Path: "/", Privileges: allPrivs()},
+			// No VM.Audit on 704: the list leaves it out.
+			{Path: "/vms/704", Privileges: []string{"VM.Config.Options"}},
+		}}}})
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+	rs := runPrechecks(t, c, precheckInput(4))
+	expect(t, rs, "proxmox: VMIDs and names", check.Fail,
+		"CT 701 exists",
+		"VM 703 carries this cluster's tag but runs on node pve2",
+		"VMID 704 is taken by a VM or container this token cannot audit")
+}
+
+// pvestatd broadcasts guest status every 10 s; until then a new VM is listed
+// without a name and with status unknown, a started one with its old status.
+func TestListingLagDoesNotHideNamesOrInventStarts(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Profile: func() pvesim.Profile {
+		p := pvesim.Instant()
+		p.RRDInterval = time.Hour
+		return p
+	}()})
+	ctx := ctxT(t)
+	// A foreign VM created moments ago with the name node-2.
+	if err := e.sim.SeedVM(650, map[string]string{"name": "node-2", "scsi0": "local-lvm:8"}, false); err != nil {
+		t.Fatal(err)
+	}
+	vms, err := e.c.ListVMs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.PlanVM(ctx, spec(2), vms); err == nil || !strings.Contains(err.Error(), "the name node-2 is used by VM 650") {
+		t.Fatalf("a new VM's name must be read from its config: %v", err)
+	}
+	// Our own VM, created and started: the re-run plans no start.
+	e.provision(ctx, e.c, specs(1))
+	vms, err = e.c.ListVMs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.c.PlanVM(ctx, spec(1), vms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Start || len(p.Changes()) != 0 {
+		t.Errorf("a running VM listed with a stale status must not be started again: %v", p.Changes())
+	}
+}
+
+// PVE 8+ lists only the bridges a token may audit or use; a VNet's
+// privileges live under its own zone.
+func TestBridgesAndVNetsNeedTheirZonesPrivileges(t *testing.T) {
+	e := newEnv(t, pvesim.Options{
+		Bridges: []pvesim.BridgeSpec{{Name: "vmbr0", VLANAware: true, Ports: "enp1s0"}, {Name: "homelab", Zone: "lab"}},
+		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{
+			{Path: "/", Privileges: allPrivs("SDN.Audit", "SDN.Use", "SDN.Allocate")},
+			{Path: "/sdn/zones/lab/homelab", Privileges: []string{"SDN.Use", "SDN.Audit"}},
+		}}}})
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+	rs := runPrechecks(t, c, precheckInput(1))
+	expect(t, rs, "proxmox: bridge", check.Fail, "bridge vmbr0 is not visible to the token: it needs SDN.Use (or at least SDN.Audit) on /sdn/zones/localnetwork/vmbr0")
+
+	in := precheckInput(1)
+	in.VMs[0].Bridge, in.VMs[0].VLAN = "homelab", 0
+	rs = runPrechecks(t, c, in)
+	expect(t, rs, "proxmox: bridge", check.Pass)
+	expect(t, rs, "proxmox: privileges", check.Pass)
+	if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.EnsureVM(ctxT(t), in.VMs[0]); err != nil {
+		t.Fatalf("creating a VM on the VNet: %v", err)
+	}
+}
+
+// Tags need Sys.Modify on / unless datacenter.cfg lets users set them.
+func TestTagsTheDatacenterRestricts(t *testing.T) {
+	restricted := pvesim.Datacenter{UserTagAccess: "list", UserAllowList: []string{"talos", "controlplane"}}
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Datacenter: restricted,
+		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: allPrivs("Sys.Modify")}}}}})
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+	rs := runPrechecks(t, c, precheckInput(1))
+	expect(t, rs, "proxmox: tags", check.Fail, "bootstrap-lab", "user-tag-access list", "Sys.Modify on /")
+	// What the precheck predicts is what the create does.
+	if _, err := c.EnsureVM(ctxT(t), spec(1)); err == nil || !strings.Contains(err.Error(), "Sys.Modify for modifying tag 'bootstrap-lab'") {
+		t.Fatalf("create: %v", err)
+	}
+	free := newEnv(t, pvesim.Options{Bridges: vlanBridge,
+		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: allPrivs("Sys.Modify")}}}}})
+	c = free.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+	expect(t, runPrechecks(t, c, precheckInput(1)), "proxmox: tags", check.Pass, "may be set")
+}
+
+// The cloud-init volume needs no Datastore.AllocateSpace, and
+// Sys.AccessNetwork is offered only where it exists.
+func TestPrivilegesAsProxmoxChecksThem(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: "8.1.4",
+		Storages: []pvesim.StorageSpec{
+			{Name: "local", Type: "dir", Content: []string{"iso"}, TotalBytes: 94 << 30, Path: "/var/lib/vz"},
+			{Name: "local-lvm", Type: "lvmthin", Content: []string{"images"}, TotalBytes: 348 << 30},
+			{Name: "ci", Type: "lvmthin", Content: []string{"images"}, TotalBytes: 8 << 30},
+		},
+		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{
+			{Path: "/", Privileges: allPrivs("Sys.Modify")},
+			{Path: "/storage/ci", Privileges: []string{"Datastore.Audit"}},
+		}}}})
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+	in := precheckInput(1)
+	in.VMs[0].CloudInitStorage = "ci"
+	in.ISO.URL = isoURL
+	rs := runPrechecks(t, c, in)
+	r := rs["proxmox: privileges"]
+	if strings.Contains(r.Reason, "/storage/ci") || strings.Contains(r.Reason, "Sys.AccessNetwork") || !strings.Contains(r.Reason, "Sys.Modify on /") {
+		t.Errorf("privileges: %s %s (want only Sys.Modify on / for the download: no AllocateSpace for cloud-init, no Sys.AccessNetwork before PVE 8.2)", r.Status, r.Reason)
+	}
+}
+
+// Login tickets last two hours: a long run renews its ticket.
+func TestPasswordTicketIsRenewed(t *testing.T) {
+	p := pvesim.Instant()
+	p.TicketLifetime = 400 * time.Millisecond
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Profile: p,
+		Users: []pvesim.User{{ID: "bootstrap@pve", Password: "pw", ACL: pvesim.Admin("8.2.4")}}})
+	c := e.client(func(o *Options) {
+		o.TokenID, o.TokenSecret, o.Username, o.Password = "", "", "bootstrap@pve", "pw"
+		o.TicketRenewAfter = 200 * time.Millisecond
+	})
+	ctx := ctxT(t)
+	deadline := time.Now().Add(1200 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if _, err := c.Version(ctx); err != nil {
+			t.Fatalf("after the first ticket's lifetime: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := e.sim.Count("POST", "/access/ticket"); n < 3 {
+		t.Errorf("%d logins in 1.2 s of a 0.4 s ticket: not renewed", n)
+	}
+}
+
+// Only the lock texts PVE emits are retried.
+func TestLockTextsAreProxmoxs(t *testing.T) {
+	for msg, lock := range map[string]bool{
+		"VM is locked (create)": true,
+		"can't lock file '/var/lock/qemu-server/lock-701.conf' - got timeout": true,
+		"cfs-lock 'file-user_cfg' error: got lock request timeout":            true,
+		"resource busy": false,
+	} {
+		if got := IsLockError(&APIError{Status: 500, Message: msg}); got != lock {
+			t.Errorf("%q: lock error %v, want %v", msg, got, lock)
+		}
+	}
+}
+
+// A privilege-separated token holds what both its own ACL and its user's
+// grant.
+func TestPrivsepTokenLackingOnePrivilege(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge,
+		Users:  []pvesim.User{{ID: "bootstrap@pve", ACL: []pvesim.ACE{{Path: "/", Privileges: allPrivs("VM.Allocate")}}}},
+		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: pvesim.Admin("8.2.4")}}})
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+	rs := runPrechecks(t, c, precheckInput(1))
+	expect(t, rs, "proxmox: privileges", check.Fail, "VM.Allocate on /vms/701")
+	_, err := c.EnsureVM(ctxT(t), spec(1))
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != 403 || !strings.Contains(err.Error(), "VM.Allocate") {
+		t.Fatalf("create with the privsep token: %v", err)
+	}
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Checks for the system packages the tests and the demo need, and installs
+# the missing ones with apt when it can (root on Debian/Ubuntu). Otherwise it
+# stops at once and prints the exact command to run. Go itself is expected
+# on PATH (README: Go 1.26).
+#   git              the snapshot server and Flux tests use the real git CLI
+#   nfs-ganesha, nfs-ganesha-vfs, rpcbind
+#                    the real NFS server the NFS export probe is tested against
+set -euo pipefail
+
+packages=(git nfs-ganesha nfs-ganesha-vfs rpcbind)
+
+installed() {
+	if command -v dpkg-query >/dev/null; then
+		dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+		return
+	fi
+	# Without dpkg, look for what each package provides.
+	case $1 in
+	git) command -v git >/dev/null ;;
+	nfs-ganesha) command -v ganesha.nfsd >/dev/null ;;
+	nfs-ganesha-vfs) compgen -G '/usr/lib*/**/ganesha/libfsalvfs.so' >/dev/null || compgen -G '/usr/lib*/ganesha/libfsalvfs.so' >/dev/null ;;
+	rpcbind) command -v rpcbind >/dev/null || [[ -x /usr/sbin/rpcbind || -x /sbin/rpcbind ]] ;;
+	esac
+}
+
+missing=()
+for p in "${packages[@]}"; do
+	installed "$p" || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+	exit 0
+fi
+
+cmd="apt-get install -y --no-install-recommends ${missing[*]}"
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+	echo "deps: installing ${missing[*]}" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	$cmd -qq >/dev/null
+	exit 0
+fi
+{
+	echo "deps: missing system packages: ${missing[*]}"
+	if command -v apt-get >/dev/null; then
+		echo "deps: install them with:"
+		echo "  sudo apt-get update && sudo $cmd"
+	else
+		echo "deps: this is not a Debian/Ubuntu system; install the equivalents of: ${missing[*]}"
+	fi
+} >&2
+exit 1

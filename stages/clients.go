@@ -1,0 +1,67 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/homelab/bootstrap/proxmox"
+	"github.com/homelab/bootstrap/talos"
+)
+
+// The run's clients are built lazily, on first use, and shared by every
+// stage of the run (and by commands such as destroy): a stage that needs no
+// Proxmox never asks for its token.
+
+// client returns the memoised client under key, building it on first use.
+// Stage files wrap it in typed accessors (see provision.go, talos.go).
+func client[T any](e *Env, key string, build func() (T, error)) (T, error) {
+	e.clientsMu.Lock()
+	defer e.clientsMu.Unlock()
+	if e.clients == nil {
+		e.clients = map[string]any{}
+	}
+	if c, ok := e.clients[key]; ok {
+		return c.(T), nil
+	}
+	c, err := build()
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("connecting to %s: %w", key, err)
+	}
+	e.clients[key] = c
+	return c, nil
+}
+
+// ProxmoxClient returns the run's Proxmox client, built on first use.
+func ProxmoxClient(ctx context.Context, env *Env) (*proxmox.Client, error) {
+	return client(env, "Proxmox", func() (*proxmox.Client, error) {
+		p := env.Config.Proxmox
+		secret, err := env.Config.ProxmoxTokenSecret()
+		if err != nil {
+			return nil, err
+		}
+		env.Secrets.Add(secret)
+		return proxmox.New(ctx, proxmox.Options{
+			URL: p.URL, Node: p.Node, TokenID: p.TokenID, TokenSecret: secret,
+			Fingerprint: p.TLSFingerprint, CAFile: env.Config.Resolve(p.CAFile), Insecure: p.Insecure,
+			Log: env.Log, TaskTimeout: p.TaskTimeout.D(), DownloadTimeout: max(p.TaskTimeout.D(), 30*time.Minute),
+		})
+	})
+}
+
+// talosOps is the run's Talos API client, built once per run from the
+// cluster's talosconfig, with the config's timeouts.
+func talosOps(env *Env, talosconfig []byte) (*talos.Ops, error) {
+	return client(env, "the Talos API", func() (*talos.Ops, error) {
+		t := env.Config.Cluster.Timeouts
+		return talos.NewOps(talos.OpsOptions{
+			Talosconfig: talosconfig,
+			Context:     env.Config.Cluster.Name,
+			SecretsPath: env.Paths.Secrets,
+			Log:         env.Log,
+			CallTimeout: t.Call.D(), InstallTimeout: t.Install.D(), RebootTimeout: t.Reboot.D(),
+			BootstrapTimeout: t.Bootstrap.D(), HealthTimeout: t.Health.D(),
+		})
+	})
+}

@@ -1,0 +1,208 @@
+package talos
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+
+	"github.com/homelab/bootstrap/lab/talossim"
+)
+
+// These tests pin the behaviours of real Talos (v1.13.3 source, see
+// docs/fidelity.md) that the talos stage must handle.
+
+// profile is the instant profile with some steps changed.
+func profile(change func(*talossim.Profile)) talossim.Profile {
+	p := talossim.ProfileInstant
+	p.Name = "test"
+	change(&p)
+	return p
+}
+
+// A node answers in configured mode while the installer runs (apid restarts
+// with mutual TLS before the install sequence); its install can still fail
+// and reboot it into maintenance mode. Installed means running the
+// installed system, and a node back in maintenance gets its config again.
+func TestConfiguredWhileInstallingIsNotInstalled(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1,
+		profile: profile(func(p *talossim.Profile) { p.Install = 400 * time.Millisecond }),
+		faults:  map[string]talossim.Faults{"cp-1": {InstallerPullFails: 1}}})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := h.node("cp-1").Counters()
+	if c.MaintenanceApplies != 2 || c.Installs != 1 || c.InstallCrashes != 1 {
+		t.Errorf("counters %+v: want the config applied again after the failed install, and one install", c)
+	}
+	if h.node("cp-1").Phase() != talossim.PhaseRunning || h.sim.Installed(h.node("cp-1").IP()) == nil {
+		t.Errorf("cp-1 is %s, installed %v", h.node("cp-1").Phase(), h.sim.Installed(h.node("cp-1").IP()) != nil)
+	}
+}
+
+// A control plane never bootstrapped gives up joining after
+// EtcdJoinTimeout and its etcd stays Failed: that is not "bootstrapped".
+// The resumed run bootstraps and reboots the control planes whose etcd
+// failed, so they join.
+func TestFailedEtcdIsNotBootstrappedAndIsRecovered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 3,
+		profile: profile(func(p *talossim.Profile) { p.EtcdJoinTimeout = 200 * time.Millisecond }),
+		ops:     OpsOptions{HealthTimeout: 8 * time.Second}})
+	ctx := testCtx(t)
+	kctx, kill := context.WithCancel(ctx)
+	if _, err := h.converge(kctx, killAt("bootstrap etcd", false, kill)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("killed run: %v", err)
+	}
+	// Long after the join timeout every control plane's etcd has failed.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		svcs, err := h.ops.Services(ctx, h.node("cp-2").IP())
+		if s, ok := findService(svcs, "etcd"); err == nil && ok && s.State == "Failed" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd on cp-2 never failed: %v %v", svcs, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := h.converge(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total, byNode := h.counters()
+	if total.Bootstraps != 1 || !res.Bootstrapped {
+		t.Errorf("bootstraps %d (this run: %v), want exactly one", total.Bootstraps, res.Bootstrapped)
+	}
+	if byNode["cp-2"].Reboots == 0 || byNode["cp-3"].Reboots == 0 {
+		t.Errorf("the control planes whose etcd failed were not rebooted: %+v", byNode)
+	}
+	members, err := h.ops.EtcdMembers(ctx, h.node("cp-1").IP())
+	if err != nil || len(members) != 3 {
+		t.Errorf("members %v %v", members, err)
+	}
+}
+
+// A worker gets its API certificate from a control plane's trustd, which
+// it finds through the cluster endpoint: a VIP that only comes up with
+// etcd. With discovery unreachable, waiting for the workers before the
+// bootstrap deadlocks; the control planes are bootstrapped first.
+func TestWorkersBehindTheVIPComeUpAfterTheBootstrap(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 3, workers: 2, noDiscovery: true,
+		ops: OpsOptions{InstallTimeout: 8 * time.Second}})
+	if h.opts.VIP == "" {
+		t.Fatal("the harness gives 3 control planes a VIP endpoint")
+	}
+	res, err := h.converge(testCtx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"wk-1", "wk-2"} {
+		if res.Nodes[n].Action != ActionInstalled {
+			t.Errorf("%s: %+v", n, res.Nodes[n])
+		}
+	}
+}
+
+// Once a reboot-mode apply was accepted, apid refuses every apply (dry runs
+// too) with FailedPrecondition until the node is down: a resumed run that
+// meets it waits.
+func TestApplyWhileRebootingIsWaitedOut(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1,
+		profile: profile(func(p *talossim.Profile) { p.RebootStart = 800 * time.Millisecond })})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	cp1, _ := h.res.Node("cp-1")
+	changed := []byte(strings.Replace(string(cp1.Config), "diskQuotaSupport: true", "diskQuotaSupport: false", 1))
+	target := Target{Name: "cp-1", IP: cp1.IP, Role: cp1.Role, Config: changed, InstallDisk: cp1.InstallDisk}
+	// A run applied it and was killed at once.
+	if reboot, err := h.ops.applyConfigured(ctx, target); err != nil || !reboot {
+		t.Fatalf("apply: reboot=%v %v", reboot, err)
+	}
+	err := h.ops.call(ctx, cp1.IP, true, time.Second, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: changed, DryRun: true})
+		return err
+	})
+	if !strings.Contains(err.Error(), "node is rebooting") {
+		t.Fatalf("the node must refuse applies while it reboots: %v", err)
+	}
+	res, err := h.ops.EnsureConfig(ctx, target, EnsureOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Action != ActionUnchanged || string(h.node("cp-1").Config()) != string(changed) {
+		t.Errorf("%+v: the node must come back with the applied config", res)
+	}
+}
+
+// .machine.install (and .machine.ca) apply without a reboot: a new install
+// image does not reinstall, and the node keeps the Talos it runs.
+func TestInstallImageChangeDoesNotUpgrade(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.opts.InstallImage = "ghcr.io/siderolabs/installer:v1.13.9"
+	var err error
+	if h.res, err = Generate(h.opts); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.ops.Converge(ctx, ConvergeOptions{Nodes: h.targets(), KubeconfigPath: filepath.Join(h.dir, KubeconfigFile)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.Nodes["cp-1"]
+	if r.Action != ActionUpdated || r.Reboot || r.Version != "v1.13.3" {
+		t.Errorf("cp-1: %+v, want updated without a reboot, still running v1.13.3", r)
+	}
+}
+
+// Healthy means what `talosctl health` means: a control plane still joining
+// is an etcd learner, which the member list names like any member; the
+// cluster is not healthy until it is promoted.
+func TestHealthCountsALearnerAsNotYetAMember(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 2,
+		profile: profile(func(p *talossim.Profile) { p.EtcdJoin = 3 * time.Second })})
+	ctx := testCtx(t)
+	kctx, kill := context.WithCancel(ctx)
+	if _, err := h.converge(kctx, killAt("bootstrap etcd", true, kill)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("killed run: %v", err)
+	}
+	var nodes []HealthTarget
+	for _, n := range h.res.Nodes {
+		nodes = append(nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		members, err := h.ops.EtcdMembers(ctx, h.node("cp-1").IP())
+		if err == nil && len(members) == 2 && (members[0].Learner || members[1].Learner) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cp-2 never showed as a learner: %v %v", members, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r := h.ops.Health(ctx, HealthInput{Nodes: nodes})
+	c, _ := r.Get(HealthEtcdControlPlanes)
+	if c.OK || !strings.Contains(c.Detail, "cp-2 is still a learner") {
+		t.Errorf("%s: %+v, want a failure naming the learner", HealthEtcdControlPlanes, c)
+	}
+	if r.OK() {
+		t.Error("the cluster counts as healthy with a learner")
+	}
+}

@@ -1,0 +1,454 @@
+package talos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/kube"
+)
+
+// The cluster health assertions, named and ordered as `talosctl health`
+// runs them (pkg/cluster/check/default.go at v1.13.3: PreBootSequenceChecks,
+// then K8sComponentsReadinessChecks and the rest of DefaultClusterChecks).
+const (
+	HealthEtcdHealthy         = "etcd to be healthy"
+	HealthEtcdConsistent      = "etcd members to be consistent across nodes"
+	HealthEtcdControlPlanes   = "etcd members to be control plane nodes"
+	HealthApidReady           = "apid to be ready"
+	HealthKubeletHealthy      = "kubelet to be healthy"
+	HealthBootFinished        = "all nodes to finish boot sequence"
+	HealthK8sNodesReported    = "all k8s nodes to report"
+	HealthStaticPods          = "all control plane static pods to be running"
+	HealthK8sNodesReady       = "all k8s nodes to report ready"
+	HealthKubeProxyReady      = "kube-proxy to report ready"
+	HealthCoreDNSReady        = "coredns to report ready"
+	HealthK8sNodesSchedulable = "all k8s nodes to report schedulable"
+)
+
+// HealthInput is what the cluster health is judged against.
+type HealthInput struct {
+	// Nodes of the config, with their roles.
+	Nodes []HealthTarget
+	// Kube, when set, adds the Kubernetes assertions (once a kubeconfig
+	// exists); without it only the Talos side is checked.
+	Kube kubernetes.Interface
+	// CNIDisabled is true when Talos deploys no CNI (cluster.network.cni
+	// none, e.g. for Cilium installed later): nodes cannot be Ready and
+	// CoreDNS cannot run before it, so those assertions are skipped, as
+	// talosctl does.
+	CNIDisabled bool
+}
+
+// HealthCheck is one assertion's verdict.
+type HealthCheck struct {
+	Name string
+	OK   bool
+	// Skipped is true when the assertion does not apply (no kube-proxy
+	// DaemonSet, CNI not deployed yet); Skipped checks are OK.
+	Skipped bool
+	Detail  string
+}
+
+// HealthReport is every assertion's verdict, in talosctl's order.
+type HealthReport []HealthCheck
+
+// OK reports whether every assertion passed or was skipped.
+func (r HealthReport) OK() bool {
+	return !slices.ContainsFunc(r, func(c HealthCheck) bool { return !c.OK })
+}
+
+// Failing lists the assertions that did not pass.
+func (r HealthReport) Failing() []HealthCheck {
+	var out []HealthCheck
+	for _, c := range r {
+		if !c.OK {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Get returns the verdict of the named assertion.
+func (r HealthReport) Get(name string) (HealthCheck, bool) {
+	i := slices.IndexFunc(r, func(c HealthCheck) bool { return c.Name == name })
+	if i < 0 {
+		return HealthCheck{}, false
+	}
+	return r[i], true
+}
+
+// Summary is the failing assertions on one line ("" when healthy).
+func (r HealthReport) Summary() string {
+	var parts []string
+	for _, c := range r.Failing() {
+		parts = append(parts, c.Name+": "+c.Detail)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Health judges the cluster as `talosctl health` does. It is the one
+// condition behind both the talos stage's wait (WaitHealthy) and the
+// postcheck: etcd healthy on every control plane, the membership each
+// control plane sees identical and equal to the control planes (no
+// learners), apid answering on every node, kubelet healthy on the control
+// planes, every node's boot sequence finished (MachineStatus running), and
+// with a Kubernetes client: every node registered, the control-plane static
+// pods on every control plane, nodes Ready and schedulable, kube-proxy and
+// CoreDNS ready where they are deployed. Every assertion runs; none
+// short-circuits.
+func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
+	var cps, all []HealthTarget
+	for _, n := range in.Nodes {
+		all = append(all, n)
+		if n.Role == RoleControlPlane {
+			cps = append(cps, n)
+		}
+	}
+	type nodeFacts struct {
+		svcs      []Service
+		svcErr    error
+		members   []EtcdMember
+		memberErr error
+		stage     MachineStage
+		stageErr  error
+		versionOK error
+		static    []string
+		staticErr error
+	}
+	facts := make(map[string]*nodeFacts, len(all))
+	var wg sync.WaitGroup
+	for _, n := range all {
+		f := &nodeFacts{}
+		facts[n.Name] = f
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// One connection per node for all its calls: a health poll
+			// asks every node five questions.
+			err := o.call(ctx, n.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+				if _, err := c.Version(ctx); err != nil {
+					return err
+				}
+				f.svcs, f.svcErr = servicesOn(ctx, c)
+				f.stage, _, f.stageErr = machineStatusOn(ctx, c)
+				if n.Role == RoleControlPlane {
+					f.members, f.memberErr = etcdMembersOn(ctx, c)
+					if in.Kube != nil {
+						f.static, f.staticErr = staticPodsOn(ctx, c)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				f.versionOK, f.svcErr, f.stageErr, f.memberErr, f.staticErr = err, err, err, err, err
+			}
+		}()
+	}
+	wg.Wait()
+
+	var r HealthReport
+	add := func(name string, problems []string) {
+		c := HealthCheck{Name: name, OK: len(problems) == 0}
+		c.Detail = strings.Join(problems, "; ")
+		r = append(r, c)
+	}
+	// etcd healthy on every control plane.
+	var problems []string
+	for _, n := range cps {
+		f := facts[n.Name]
+		if f.svcErr != nil {
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
+			continue
+		}
+		if s, ok := findService(f.svcs, "etcd"); !ok {
+			problems = append(problems, n.Name+": etcd absent")
+		} else if !s.Healthy {
+			problems = append(problems, fmt.Sprintf("%s: etcd %s %s", n.Name, s.State, s.LastEvent))
+		}
+	}
+	add(HealthEtcdHealthy, problems)
+
+	// The same membership on every control plane.
+	problems = nil
+	var first []string
+	firstNode := ""
+	for _, n := range cps {
+		f := facts[n.Name]
+		if f.memberErr != nil {
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.memberErr)))
+			continue
+		}
+		view := memberView(f.members)
+		if firstNode == "" {
+			first, firstNode = view, n.Name
+			continue
+		}
+		if !slices.Equal(view, first) {
+			problems = append(problems, fmt.Sprintf("%s sees %s, %s sees %s", n.Name, strings.Join(view, ", "), firstNode, strings.Join(first, ", ")))
+		}
+	}
+	add(HealthEtcdConsistent, problems)
+
+	// Members are exactly the control planes, none a learner.
+	problems = nil
+	want := make([]string, 0, len(cps))
+	for _, n := range cps {
+		want = append(want, n.Name)
+	}
+	slices.Sort(want)
+	if firstNode == "" {
+		problems = append(problems, "no control plane lists the etcd members")
+	} else {
+		var got []string
+		for _, m := range facts[firstNode].members {
+			if m.Learner {
+				problems = append(problems, m.Hostname+" is still a learner")
+			}
+			got = append(got, m.Hostname)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			problems = append(problems, fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", ")))
+		}
+	}
+	add(HealthEtcdControlPlanes, problems)
+
+	problems = nil
+	for _, n := range all {
+		if err := facts[n.Name].versionOK; err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", n.Name, err))
+		}
+	}
+	add(HealthApidReady, problems)
+
+	problems = nil
+	for _, n := range cps {
+		f := facts[n.Name]
+		if f.svcErr != nil {
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
+			continue
+		}
+		if s, ok := findService(f.svcs, "kubelet"); !ok || !s.Healthy {
+			problems = append(problems, fmt.Sprintf("%s: kubelet %s %s", n.Name, s.State, s.LastEvent))
+		}
+	}
+	add(HealthKubeletHealthy, problems)
+
+	problems = nil
+	for _, n := range all {
+		f := facts[n.Name]
+		switch {
+		case f.stageErr != nil:
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.stageErr)))
+		case f.stage != StageRunning:
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, f.stage))
+		}
+	}
+	add(HealthBootFinished, problems)
+
+	if in.Kube != nil {
+		r = append(r, o.kubeHealth(ctx, in, cps, all, func(name string) ([]string, error) {
+			f := facts[name]
+			return f.static, f.staticErr
+		})...)
+	}
+	return r
+}
+
+// memberView is one control plane's view of the membership, comparable
+// across nodes: id, hostname and learner state (EtcdConsistentAssertion).
+func memberView(members []EtcdMember) []string {
+	out := make([]string, 0, len(members))
+	for _, m := range members {
+		s := fmt.Sprintf("%s(%x)", m.Hostname, m.ID)
+		if m.Learner {
+			s += "[learner]"
+		}
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func findService(svcs []Service, id string) (Service, bool) {
+	i := slices.IndexFunc(svcs, func(s Service) bool { return s.ID == id })
+	if i < 0 {
+		return Service{}, false
+	}
+	return svcs[i], true
+}
+
+// staticPodsOn lists the static pods kubelet reports on a control plane
+// (k8s.StaticPodStatus, "namespace/name-hostname").
+func staticPodsOn(ctx context.Context, c *client.Client) ([]string, error) {
+	list, err := safe.StateListAll[*k8s.StaticPodStatus](ctx, c.COSI)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for p := range list.All() {
+		out = append(out, p.Metadata().ID())
+	}
+	return out, nil
+}
+
+func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthTarget, static func(string) ([]string, error)) HealthReport {
+	var r HealthReport
+	add := func(name string, skipped bool, problems []string) {
+		r = append(r, HealthCheck{Name: name, OK: len(problems) == 0, Skipped: skipped && len(problems) == 0, Detail: strings.Join(problems, "; ")})
+	}
+	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
+	defer cancel()
+	nodes, err := in.Kube.CoreV1().Nodes().List(cctx, metav1.ListOptions{})
+	if err != nil {
+		msg := []string{"listing nodes: " + kube.Classify(err).Error()}
+		add(HealthK8sNodesReported, false, msg)
+		add(HealthStaticPods, false, msg)
+		add(HealthK8sNodesReady, false, msg)
+		add(HealthKubeProxyReady, false, msg)
+		add(HealthCoreDNSReady, false, msg)
+		add(HealthK8sNodesSchedulable, false, msg)
+		return r
+	}
+	byName := map[string]corev1.Node{}
+	for _, n := range nodes.Items {
+		byName[n.Name] = n
+	}
+	var missing []string
+	for _, n := range all {
+		if _, ok := byName[n.Name]; !ok {
+			missing = append(missing, n.Name)
+		}
+	}
+	if len(missing) > 0 {
+		add(HealthK8sNodesReported, false, []string{"not registered: " + strings.Join(missing, ", ")})
+	} else {
+		add(HealthK8sNodesReported, false, nil)
+	}
+
+	var problems []string
+	for _, n := range cps {
+		pods, err := static(n.Name)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(err)))
+			continue
+		}
+		var absent []string
+		for _, want := range []string{"kube-system/kube-apiserver", "kube-system/kube-controller-manager", "kube-system/kube-scheduler"} {
+			if !slices.ContainsFunc(pods, func(id string) bool { return strings.HasPrefix(id, want) }) {
+				absent = append(absent, want)
+			}
+		}
+		if len(absent) > 0 {
+			problems = append(problems, fmt.Sprintf("%s: missing %s", n.Name, strings.Join(absent, ", ")))
+		}
+	}
+	add(HealthStaticPods, false, problems)
+
+	problems = nil
+	if !in.CNIDisabled {
+		for _, n := range all {
+			if kn, ok := byName[n.Name]; ok && !kube.NodeReady(&kn) {
+				problems = append(problems, n.Name+" not Ready")
+			}
+		}
+	}
+	add(HealthK8sNodesReady, in.CNIDisabled, problems)
+
+	problems, present := o.podsReady(ctx, in.Kube, "kube-system", "k8s-app=kube-proxy", true)
+	add(HealthKubeProxyReady, !present, problems)
+	if in.CNIDisabled {
+		add(HealthCoreDNSReady, true, nil)
+	} else {
+		problems, present = o.podsReady(ctx, in.Kube, "kube-system", "k8s-app=kube-dns", false)
+		add(HealthCoreDNSReady, !present, problems)
+	}
+
+	problems = nil
+	for _, n := range all {
+		if kn, ok := byName[n.Name]; ok && kn.Spec.Unschedulable {
+			problems = append(problems, n.Name+" is cordoned")
+		}
+	}
+	add(HealthK8sNodesSchedulable, false, problems)
+	return r
+}
+
+// podsReady checks the pods of the DaemonSet (or Deployment) selected by
+// selector: as many Ready as it wants (K8sPodReadyAssertion). present is
+// false when there is no such workload, and then the check is skipped.
+func (o *Ops) podsReady(ctx context.Context, cs kubernetes.Interface, ns, selector string, daemonSet bool) (problems []string, present bool) {
+	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
+	defer cancel()
+	var want int32
+	if daemonSet {
+		list, err := cs.AppsV1().DaemonSets(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return []string{kube.Classify(err).Error()}, true
+		}
+		if len(list.Items) == 0 {
+			return nil, false
+		}
+		want = list.Items[0].Status.DesiredNumberScheduled
+	} else {
+		list, err := cs.AppsV1().Deployments(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return []string{kube.Classify(err).Error()}, true
+		}
+		if len(list.Items) == 0 {
+			return nil, false
+		}
+		want = deploymentReplicas(&list.Items[0])
+	}
+	pods, err := cs.CoreV1().Pods(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return []string{kube.Classify(err).Error()}, true
+	}
+	var ready int32
+	for _, p := range pods.Items {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				ready++
+			}
+		}
+	}
+	if ready < want {
+		return []string{fmt.Sprintf("%d/%d pods Ready (%s)", ready, want, selector)}, true
+	}
+	return nil, true
+}
+
+func deploymentReplicas(d *appsv1.Deployment) int32 {
+	if d.Spec.Replicas == nil {
+		return 1
+	}
+	return *d.Spec.Replicas
+}
+
+// WaitHealthy waits, bounded by HealthTimeout, until Health passes; the
+// wait's status names the failing assertions.
+func (o *Ops) WaitHealthy(ctx context.Context, what string, in HealthInput) error {
+	spec := wait.Spec{
+		What:          what,
+		Timeout:       o.opts.HealthTimeout,
+		Interval:      o.opts.PollInterval,
+		ProgressEvery: o.opts.ProgressEvery,
+		Log:           o.opts.Log,
+	}
+	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		r := o.Health(ctx, in)
+		return r.OK(), r.Summary(), nil
+	})
+}

@@ -1,0 +1,126 @@
+// Package talostest holds test helpers for code that talks to a Talos
+// cluster: a stand-in Kubernetes API server that trusts the cluster's
+// Kubernetes CA, as the real one does.
+package talostest
+
+import (
+	"crypto/tls"
+	stdx509 "crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/siderolabs/crypto/x509"
+)
+
+// APIServer stands in for kube-apiserver for the calls the talos package
+// makes: TLS with a serving certificate from the Kubernetes CA, client
+// certificates required and verified against it, /version, the Node list
+// (every listed node Ready) and empty kube-system DaemonSet and Deployment
+// lists (no kube-proxy, no CoreDNS).
+type APIServer struct {
+	srv        *httptest.Server
+	ca         *x509.CertificateAuthority
+	caCrt      []byte
+	authorized atomic.Int64
+	nodes      atomic.Pointer[[]string]
+}
+
+// NewAPIServer starts a stand-in API server for the Kubernetes CA
+// (PEM certificate and key) that reports nodes as registered and Ready.
+func NewAPIServer(t testing.TB, caCrt, caKey []byte, nodes ...string) *APIServer {
+	t.Helper()
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(&x509.PEMEncodedCertificateAndKey{Crt: caCrt, Key: caKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := x509.NewKeyPair(ca, x509.IPAddresses([]net.IP{net.ParseIP("127.0.0.1")}), x509.CommonName("kube-apiserver"),
+		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageServerAuth}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := stdx509.NewCertPool()
+	pool.AppendCertsFromPEM(caCrt)
+	a := &APIServer{ca: ca, caCrt: caCrt}
+	a.SetNodes(nodes...)
+	a.srv = httptest.NewUnstartedServer(http.HandlerFunc(a.serve))
+	a.srv.TLS = &tls.Config{Certificates: []tls.Certificate{*serving.Certificate}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
+	a.srv.StartTLS()
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+		http.Error(w, "Unauthorized", http.StatusUnauthorized)
+		return
+	}
+	a.authorized.Add(1)
+	w.Header().Set("Content-Type", "application/json")
+	switch r.URL.Path {
+	case "/version":
+		fmt.Fprint(w, `{"major":"1","minor":"36","gitVersion":"v1.36.1","platform":"linux/amd64"}`)
+	case "/api/v1/nodes":
+		var items []string
+		for _, n := range *a.nodes.Load() {
+			items = append(items, fmt.Sprintf(`{"metadata":{"name":%q},"status":{"conditions":[{"type":"Ready","status":"True"}]}}`, n))
+		}
+		fmt.Fprintf(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
+	case "/apis/apps/v1/namespaces/kube-system/daemonsets":
+		fmt.Fprint(w, `{"kind":"DaemonSetList","apiVersion":"apps/v1","metadata":{},"items":[]}`)
+	case "/apis/apps/v1/namespaces/kube-system/deployments":
+		fmt.Fprint(w, `{"kind":"DeploymentList","apiVersion":"apps/v1","metadata":{},"items":[]}`)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// SetNodes replaces the registered nodes.
+func (a *APIServer) SetNodes(nodes ...string) {
+	names := append([]string(nil), nodes...)
+	a.nodes.Store(&names)
+}
+
+// Authorized counts requests made with a client certificate from the CA.
+func (a *APIServer) Authorized() int64 { return a.authorized.Load() }
+
+// Kubeconfig returns an admin kubeconfig for the server, with a client
+// certificate issued by the Kubernetes CA of kubeCACrt/kubeCAKey (the
+// server's own, or another cluster's to test a refusal), as Talos mints.
+func (a *APIServer) Kubeconfig(cluster string, kubeCACrt, kubeCAKey []byte) []byte {
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(&x509.PEMEncodedCertificateAndKey{Crt: kubeCACrt, Key: kubeCAKey})
+	if err != nil {
+		panic(err)
+	}
+	admin, err := x509.NewKeyPair(ca, x509.CommonName("admin"), x509.Organization("system:masters"),
+		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}))
+	if err != nil {
+		panic(err)
+	}
+	b64 := base64.StdEncoding.EncodeToString
+	return fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters:
+- name: %[1]s
+  cluster:
+    server: %[2]s
+    certificate-authority-data: %[3]s
+users:
+- name: admin@%[1]s
+  user:
+    client-certificate-data: %[4]s
+    client-key-data: %[5]s
+contexts:
+- name: admin@%[1]s
+  context:
+    cluster: %[1]s
+    namespace: default
+    user: admin@%[1]s
+current-context: admin@%[1]s
+`, cluster, a.srv.URL, b64(a.caCrt), b64(admin.CrtPEM), b64(admin.KeyPEM))
+}
