@@ -6,6 +6,7 @@
 package ganesha
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -43,9 +45,71 @@ type Server struct {
 	MountPort int
 	NFSPort   int
 	dir       string
-	cmd       *exec.Cmd
-	rpcbind   *exec.Cmd
+	cmd       *child
+	rpcbind   *child
 	lock      *os.File
+}
+
+// child is a daemon run in the foreground with its output kept, so a start
+// that fails says why instead of timing out on a port nobody opens.
+type child struct {
+	cmd  *exec.Cmd
+	out  bytes.Buffer
+	done chan struct{}
+	err  error
+}
+
+// startChild starts cmd from a goroutine locked to its own OS thread until
+// the child exits. Pdeathsig is delivered when the *thread* that forked the
+// child ends, not the process (prctl(2) PR_SET_PDEATHSIG), and the Go
+// runtime may retire threads at any time; pinning the thread keeps the
+// signal for what it is meant for: the test binary dying.
+func startChild(ctx context.Context, sig syscall.Signal, name string, args ...string) (*child, error) {
+	c := &child{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: sig}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// No UnlockOSThread: the thread ends with this goroutine, after the
+		// child has exited.
+		if err := c.cmd.Start(); err != nil {
+			started <- err
+			close(c.done)
+			return
+		}
+		started <- nil
+		c.err = c.cmd.Wait()
+		close(c.done)
+	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	return c, nil
+}
+
+// exited reports whether the child has ended, with its exit and output.
+func (c *child) exited() (bool, string) {
+	select {
+	case <-c.done:
+		return true, fmt.Sprintf("%s exited (%v): %s", filepath.Base(c.cmd.Path), c.err, strings.TrimSpace(c.out.String()))
+	default:
+		return false, ""
+	}
+}
+
+// stop ends the child's process group: TERM, then KILL after 10 s.
+func (c *child) stop() {
+	if c == nil || c.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		<-c.done
+	}
 }
 
 // Available reports whether the binaries are installed.
@@ -100,17 +164,8 @@ func flockWait(ctx context.Context, f *os.File) error {
 }
 
 func (s *Server) start(ctx context.Context, exports []Export) error {
-	if !portOpen("127.0.0.1:111") {
-		rb, _ := lookRpcbind()
-		s.rpcbind = exec.Command(rb, "-f", "-w")
-		s.rpcbind.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-		if err := s.rpcbind.Start(); err != nil {
-			return fmt.Errorf("starting rpcbind: %w", err)
-		}
-		if err := wait.Until(ctx, wait.Spec{What: "rpcbind on :111", Timeout: 10 * time.Second, Interval: 50 * time.Millisecond},
-			func(context.Context) (bool, string, error) { return portOpen("127.0.0.1:111"), "", nil }); err != nil {
-			return err
-		}
+	if err := s.startRpcbind(ctx); err != nil {
+		return err
 	}
 	var err error
 	if s.MountPort, err = kube.FreePort("127.0.0.1"); err != nil {
@@ -141,15 +196,14 @@ func (s *Server) start(ctx context.Context, exports []Export) error {
 	if err := os.WriteFile(conf, []byte(b.String()), 0o600); err != nil {
 		return err
 	}
-	s.cmd = exec.Command("ganesha.nfsd", "-F", "-f", conf, "-L", filepath.Join(s.dir, "ganesha.log"), "-p", filepath.Join(s.dir, "ganesha.pid"))
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("starting ganesha: %w", err)
+	s.cmd, err = startChild(ctx, syscall.SIGKILL, "ganesha.nfsd", "-F", "-f", conf, "-L", filepath.Join(s.dir, "ganesha.log"), "-p", filepath.Join(s.dir, "ganesha.pid"))
+	if err != nil {
+		return err
 	}
 	return wait.Until(ctx, wait.Spec{What: "ganesha MOUNT and NFS ports", Timeout: 30 * time.Second, Interval: 100 * time.Millisecond},
 		func(context.Context) (bool, string, error) {
-			if s.cmd.ProcessState != nil {
-				return false, "", fmt.Errorf("ganesha exited: %s", s.Log())
+			if gone, why := s.cmd.exited(); gone {
+				return false, "", fmt.Errorf("%s\n%s", why, s.Log())
 			}
 			return portOpen(fmt.Sprintf("127.0.0.1:%d", s.MountPort)) && portOpen(fmt.Sprintf("127.0.0.1:%d", s.NFSPort)), "", nil
 		})
@@ -163,25 +217,51 @@ func (s *Server) Log() string {
 
 // Stop ends ganesha (and rpcbind when Start started it) and frees the lock.
 func (s *Server) Stop() {
-	for _, c := range []*exec.Cmd{s.cmd, s.rpcbind} {
-		if c == nil || c.Process == nil {
-			continue
-		}
-		_ = syscall.Kill(-c.Process.Pid, syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = c.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-	}
+	s.cmd.stop()
+	s.rpcbind.stop()
 	if s.lock != nil {
 		_ = unix.Flock(int(s.lock.Fd()), unix.LOCK_UN)
 		s.lock.Close()
 		s.lock = nil
 	}
+}
+
+// startRpcbind starts a portmapper unless one already answers on :111. A
+// start that exits early is retried once without the warm-start state
+// (-w reads /run/rpcbind), and a second failure reports rpcbind's own words.
+func (s *Server) startRpcbind(ctx context.Context) error {
+	if portOpen("127.0.0.1:111") {
+		return nil
+	}
+	rb, err := lookRpcbind()
+	if err != nil {
+		return ErrNotInstalled
+	}
+	var why string
+	for _, args := range [][]string{{"-f", "-w"}, {"-f"}} {
+		c, err := startChild(ctx, syscall.SIGTERM, rb, args...)
+		if err != nil {
+			return err
+		}
+		err = wait.Until(ctx, wait.Spec{What: "rpcbind on :111", Timeout: 20 * time.Second, Interval: 50 * time.Millisecond},
+			func(context.Context) (bool, string, error) {
+				if gone, msg := c.exited(); gone {
+					return false, "", errors.New(msg)
+				}
+				return portOpen("127.0.0.1:111"), "", nil
+			})
+		if err == nil {
+			s.rpcbind = c
+			return nil
+		}
+		c.stop()
+		why = err.Error()
+		// Another process may have won the port meanwhile (it is machine-wide).
+		if portOpen("127.0.0.1:111") {
+			return nil
+		}
+	}
+	return fmt.Errorf("starting rpcbind: %s", why)
 }
 
 func portOpen(addr string) bool {
