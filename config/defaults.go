@@ -10,7 +10,7 @@ const (
 	DefaultNFSChartRepo      = "https://kubernetes-sigs.github.io/nfs-subdir-external-provisioner/"
 	DefaultNFSChartVersion   = "4.0.18"
 	DefaultCiliumChartRepo   = "https://helm.cilium.io/"
-	DefaultCiliumVersion     = "1.18.4"
+	DefaultCiliumVersion     = "1.20.2"
 	DefaultFluxVersion       = "v2.9.5"
 	DefaultFluxPath          = "./infra"
 	DefaultFluxBranch        = "main"

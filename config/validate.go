@@ -461,6 +461,8 @@ func (v *validator) cni() {
 	case "cilium":
 		v.chart("cni.cilium.chart", c.Cilium.ChartRepo, c.Cilium.ChartVersion)
 		v.file("cni.cilium.valuesFile", c.Cilium.ValuesFile)
+		v.ciliumCompatibility()
+		v.ciliumValues()
 	default:
 		v.errf("cni.name", "%q is not supported: use flannel (Talos default), cilium, or none", c.Name)
 	}
@@ -483,8 +485,11 @@ func (v *validator) flux() {
 			v.errf("flux.repo", "%q uses git://, which Flux refuses: use https:// or ssh://, or flux.localSnapshot for a local tree", f.Repo)
 		case err != nil || (u.Scheme != "https" && u.Scheme != "http" && u.Scheme != "ssh") || u.Host == "":
 			v.errf("flux.repo", "%q must be an http(s):// or ssh:// URL (scp-style git@host:repo is not accepted by Flux: write ssh://git@host/repo)", f.Repo)
-		case u.Scheme == "ssh" && f.Auth.SSHKeyFile == "":
-			v.errf("flux.auth.sshKeyFile", "is required for the ssh repository %s: a deploy key file", f.Repo)
+		case u.Scheme == "ssh":
+			if f.Auth.SSHKeyFile == "" {
+				v.errf("flux.auth.sshKeyFile", "is required for the ssh repository %s: a deploy key file", f.Repo)
+			}
+			v.knownHosts(u)
 		}
 	}
 	if f.Branch == "" {
@@ -512,7 +517,9 @@ func (v *validator) flux() {
 	v.positive("flux.interval", f.Interval)
 	v.positive("flux.timeout", f.Timeout)
 	v.file("flux.auth.sshKeyFile", f.Auth.SSHKeyFile)
-	v.file("flux.auth.knownHostsFile", f.Auth.KnownHostsFile)
+	if u, err := url.Parse(f.Repo); err != nil || u.Scheme != "ssh" {
+		v.file("flux.auth.knownHostsFile", f.Auth.KnownHostsFile)
+	}
 	v.file("flux.auth.tokenFile", f.Auth.TokenFile)
 	if f.Auth.TokenEnv != "" && f.Auth.TokenFile != "" {
 		v.errf("flux.auth", "set only one of tokenFile and tokenEnv")

@@ -2,17 +2,23 @@ package flux
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/lab/gitssh"
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 )
@@ -77,4 +83,113 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	if err != nil || !repoR.Ready || ks.Revision != want {
 		t.Fatalf("status: %+v %+v %v", repoR, ks, err)
 	}
+}
+
+// TestSSHSyncAgainstRealFlux: the real source-controller clones over
+// ssh:// from the lab's SSH git server (real `git upload-pack`) with the
+// Secret AuthSecret builds (deploy key and known_hosts), and the
+// precheck's remote lookup verifies the same host key. The same source
+// with a Secret lacking known_hosts is refused by source-controller
+// itself, which is why config validate requires the file.
+func TestSSHSyncAgainstRealFlux(t *testing.T) {
+	lab := kubetest.Start(t, kube.Options{Flux: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	repo := t.TempDir()
+	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
+	os.WriteFile(filepath.Join(repo, "infra", "kustomization.yaml"), []byte("resources: [cm.yaml]\n"), 0o644)
+	os.WriteFile(filepath.Join(repo, "infra", "cm.yaml"), []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: over-ssh\n  namespace: default\ndata:\n  via: ssh\n"), 0o644)
+	for _, args := range [][]string{{"init", "-q", "-b", "main"}, {"add", "."}, {"-c", "user.name=lab", "-c", "user.email=lab@example.invalid", "commit", "-q", "-m", "infra"}} {
+		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	head, err := exec.Command("git", "-C", repo, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := gitssh.Start(gitssh.Options{Repos: map[string]string{"/homelab.git": repo}, Log: kubetest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	key, err := srv.DeployKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := srv.URL("/homelab.git")
+
+	// The precheck's lookup: the host key is checked against known_hosts.
+	kh := filepath.Join(t.TempDir(), "known_hosts")
+	os.WriteFile(kh, srv.KnownHosts(), 0o600)
+	got, err := RemoteBranchHead(ctx, url, "main", Credentials{SSHKey: key}, kh)
+	if err != nil || got != strings.TrimSpace(string(head)) {
+		t.Fatalf("remote head over SSH: %q %v, want %s", got, err, head)
+	}
+	wrong := filepath.Join(t.TempDir(), "known_hosts")
+	other, _ := gitssh.Start(gitssh.Options{Log: kubetest.Logger(t)})
+	// Another server's key under this server's address ([127.0.0.1]:port).
+	port := func(s *gitssh.Server) string { return s.URL("")[strings.LastIndex(s.URL(""), ":"):] }
+	os.WriteFile(wrong, []byte(strings.Replace(string(other.KnownHosts()), "]"+port(other), "]"+port(srv), 1)), 0o600)
+	other.Close()
+	if _, err := RemoteBranchHead(ctx, url, "main", Credentials{SSHKey: key}, wrong); err == nil || !strings.Contains(err.Error(), "key mismatch") {
+		t.Fatalf("a host key other than the one in known_hosts: %v", err)
+	}
+	if _, err := AuthSecret("no-hosts", "flux-system", Credentials{SSHKey: key}); err == nil {
+		t.Fatal("AuthSecret wrote an SSH Secret without known_hosts")
+	}
+
+	c, err := NewClient(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, err := AuthSecret("flux-system", "flux-system", Credentials{SSHKey: key, KnownHosts: srv.KnownHosts()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := SyncObjects(SyncOptions{Name: "flux-system", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "flux-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Apply(ctx, append([]*unstructured.Unstructured{secret}, objs...), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitReady(ctx, "flux-system", "flux-system", "main@sha1:"+strings.TrimSpace(string(head)), 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if cm, err := lab.Client().CoreV1().ConfigMaps("default").Get(ctx, "over-ssh", metav1.GetOptions{}); err != nil || cm.Data["via"] != "ssh" {
+		t.Fatalf("object under ./infra not applied over SSH: %v", err)
+	}
+
+	// What a config without known_hosts would have produced.
+	bare := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "no-known-hosts", Namespace: "flux-system"}, Data: map[string][]byte{"identity": key}}
+	if _, err := lab.Client().CoreV1().Secrets("flux-system").Create(ctx, bare, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	objs, err = SyncObjects(SyncOptions{Name: "no-known-hosts", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "no-known-hosts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Created without Apply's wait: it would wait for a Ready that never comes.
+	if err := c.kube.Create(ctx, objs[0]); err != nil {
+		t.Fatal(err)
+	}
+	var verdict string
+	err = wait.Until(ctx, wait.Spec{What: "source-controller's verdict on an SSH Secret without known_hosts", Timeout: time.Minute, Interval: 250 * time.Millisecond},
+		func(ctx context.Context) (bool, string, error) {
+			r, _, err := c.Status(ctx, "flux-system", "no-known-hosts")
+			if r.Detail == "" && err != nil {
+				return false, err.Error(), nil
+			}
+			if r.Ready {
+				return false, "", fmt.Errorf("source-controller cloned over SSH without known_hosts")
+			}
+			verdict = r.Detail
+			return strings.Contains(r.Detail, "known_hosts"), r.Detail, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("source-controller without known_hosts: %s", verdict)
 }

@@ -11,7 +11,6 @@ import (
 	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 	gitssh "github.com/go-git/go-git/v5/plumbing/transport/ssh"
 	"github.com/go-git/go-git/v5/storage/memory"
-	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 )
 
@@ -47,17 +46,17 @@ func remoteAuth(url string, cr Credentials, knownHostsFile string) (transport.Au
 		if err != nil {
 			return nil, fmt.Errorf("SSH deploy key: %w", err)
 		}
-		if knownHostsFile != "" {
-			cb, err := knownhosts.New(knownHostsFile)
-			if err != nil {
-				return nil, fmt.Errorf("known_hosts: %w", err)
-			}
-			keys.HostKeyCallback = cb
-		} else {
-			// Without known_hosts the precheck can only prove reachability;
-			// source-controller verifies the host key itself.
-			keys.HostKeyCallback = gossh.InsecureIgnoreHostKey()
+		// config validate requires known_hosts for ssh:// (source-controller
+		// refuses SSH without it), and the precheck verifies the host key
+		// against the same file Flux will use.
+		if knownHostsFile == "" {
+			return nil, fmt.Errorf("an ssh:// repository needs flux.auth.knownHostsFile")
 		}
+		cb, err := knownhosts.New(knownHostsFile)
+		if err != nil {
+			return nil, fmt.Errorf("known_hosts: %w", err)
+		}
+		keys.HostKeyCallback = cb
 		return keys, nil
 	case cr.Token != "":
 		user := cr.Username

@@ -82,10 +82,12 @@ func AuthSecret(name, namespace string, c Credentials) (*unstructured.Unstructur
 	data := map[string][]byte{}
 	switch {
 	case len(c.SSHKey) > 0:
-		data["identity"] = c.SSHKey
-		if len(c.KnownHosts) > 0 {
-			data["known_hosts"] = c.KnownHosts
+		// source-controller refuses an SSH identity without known_hosts
+		// (fluxcd/pkg/git AuthOptions.Validate): never write one it cannot use.
+		if len(c.KnownHosts) == 0 {
+			return nil, fmt.Errorf("an SSH deploy key needs known_hosts: source-controller refuses SSH without them")
 		}
+		data["identity"], data["known_hosts"] = c.SSHKey, c.KnownHosts
 	case c.Token != "":
 		user := c.Username
 		if user == "" {

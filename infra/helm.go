@@ -227,6 +227,26 @@ func (h *Helm) Apply(ctx context.Context, r Release, p Plan) (*release.Release, 
 	return rel, h.waitDeployments(ctx, r, rel)
 }
 
+// Render renders the release's chart with its values as Helm would install
+// it on this cluster (client-side: nothing is sent to the API server) and
+// returns the manifest.
+func (h *Helm) Render(ctx context.Context, r Release) (string, error) {
+	ch, err := h.loadChart(r)
+	if err != nil {
+		return "", err
+	}
+	in := action.NewInstall(&action.Configuration{})
+	in.DryRun, in.ClientOnly, in.ReleaseName, in.Namespace = true, true, r.Name, r.Namespace
+	if v, err := h.cs.Discovery().ServerVersion(); err == nil {
+		in.KubeVersion = &chartutil.KubeVersion{Version: v.GitVersion, Major: v.Major, Minor: v.Minor}
+	}
+	rel, err := in.RunWithContext(ctx, ch, copyValues(r.Values))
+	if err != nil {
+		return "", fmt.Errorf("rendering %s: %w", r, err)
+	}
+	return rel.Manifest, nil
+}
+
 // loadChart downloads the pinned chart version from its repository. It
 // resolves through the repository index directly, so a local directory
 // that happens to carry the chart's name is never picked up instead.

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"helm.sh/helm/v3/pkg/repo"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/homelab/bootstrap/lab/chartrepo"
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 )
@@ -161,5 +163,100 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 	rel, err := h.Apply(ctx, h2, p)
 	if err != nil || rel.Info.Status != release.StatusDeployed {
 		t.Fatalf("recovered install: %v", err)
+	}
+}
+
+// TestCiliumOnOneNodeWithTheRealChart installs the real Cilium chart (from
+// the Cilium source the lab tools pin) with the release values onto a
+// one-node cluster with the real scheduler. With the chart's own operator
+// size (two host-network replicas with a required hostname anti-affinity)
+// the second replica never schedules and the wait says why; sized to the
+// node count it is Available at once.
+func TestCiliumOnOneNodeWithTheRealChart(t *testing.T) {
+	helmHome(t)
+	lab := kubetest.Start(t, kube.Options{ScheduleOnControlPlanes: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
+		t.Fatal(err)
+	}
+	if err := lab.WaitNodesReady(ctx, []string{"cp-1"}, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	chartDir, err := lab.Binaries().CiliumChart(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, err := chartrepo.Start(chartrepo.Options{Log: kubetest.Logger(t), Charts: []string{chartDir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer repo.Close()
+	var version string
+	for _, c := range repo.Charts() {
+		if c.Name == CiliumChart {
+			version = c.Version
+		}
+	}
+	if version == "" {
+		t.Fatalf("the lab repository serves no Cilium chart: %v", repo.Charts())
+	}
+	h, err := NewHelm(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _, err := APIEndpoint(7445, "https://10.0.20.10:6443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := Cilium(CiliumOptions{RepoURL: repo.URL(), Version: version, APIHost: host, APIPort: port, Nodes: 1, Timeout: 20 * time.Second})
+
+	// The chart's default operator size, as the release had it before.
+	chartDefault := rel
+	chartDefault.Values = copyValues(rel.Values)
+	delete(chartDefault.Values, "operator")
+	p, err := h.Plan(ctx, chartDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.Apply(ctx, chartDefault, p)
+	// The real scheduler's verdict: the operator's host ports (hostNetwork)
+	// and its required hostname anti-affinity both keep a second replica
+	// off the only node; the wait reports the scheduler's message.
+	if err == nil || !strings.Contains(err.Error(), "unschedulable: 0/1 nodes are available") {
+		t.Fatalf("the chart's two operator replicas on one node: got %v, want a wait that says why the second cannot schedule", err)
+	}
+
+	rel.Timeout = time.Minute
+	if p, err = h.Plan(ctx, rel); err != nil || p.Action != ActionUpgrade {
+		t.Fatalf("plan with the sized operator: %+v %v", p, err)
+	}
+	if _, err := h.Apply(ctx, rel, p); err != nil {
+		t.Fatalf("sized to one node: %v", err)
+	}
+	d, err := lab.Client().AppsV1().Deployments(CiliumNamespace).Get(ctx, "cilium-operator", metav1.GetOptions{})
+	if err != nil || *d.Spec.Replicas != 1 || d.Status.AvailableReplicas != 1 {
+		t.Fatalf("cilium-operator: %v %+v", err, d.Status)
+	}
+	cm, err := lab.Client().CoreV1().ConfigMaps(CiliumNamespace).Get(ctx, "cilium-config", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The real chart turns the values into the agent's settings.
+	if cm.Data["kube-proxy-replacement"] != "true" || cm.Data["ipam"] != "kubernetes" {
+		t.Fatalf("cilium-config: kube-proxy-replacement=%q ipam=%q", cm.Data["kube-proxy-replacement"], cm.Data["ipam"])
+	}
+	ds, err := lab.Client().AppsV1().DaemonSets(CiliumNamespace).Get(ctx, "cilium", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		for _, e := range c.Env {
+			env[e.Name] = e.Value
+		}
+	}
+	if env["KUBERNETES_SERVICE_HOST"] != "localhost" || env["KUBERNETES_SERVICE_PORT"] != "7445" {
+		t.Fatalf("agent API endpoint %s:%s, want KubePrism localhost:7445", env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"])
 	}
 }

@@ -36,12 +36,25 @@ func TestMergeValuesFileUserWins(t *testing.T) {
 }
 
 func TestCiliumValues(t *testing.T) {
-	r, err := Cilium("https://helm.cilium.io/", "1.18.4", "https://10.0.20.10:6443", 0)
-	if err != nil {
-		t.Fatal(err)
+	host, port, _, err := APIEndpoint(7445, "https://10.0.20.10:6443")
+	if err != nil || host != "localhost" || port != 7445 {
+		t.Fatalf("KubePrism endpoint: %s %d %v", host, port, err)
 	}
-	if r.Values["k8sServiceHost"] != "10.0.20.10" || r.Values["k8sServicePort"] != 6443 || r.Values["kubeProxyReplacement"] != true {
+	r := Cilium(CiliumOptions{RepoURL: "https://helm.cilium.io/", Version: "1.20.2", APIHost: host, APIPort: port, Nodes: 1})
+	if r.Values["k8sServiceHost"] != "localhost" || r.Values["k8sServicePort"] != 7445 || r.Values["kubeProxyReplacement"] != true {
 		t.Fatalf("values: %v", r.Values)
+	}
+	if got := r.Values["operator"].(map[string]any)["replicas"]; got != 1 {
+		t.Fatalf("single-node operator replicas = %v, want 1", got)
+	}
+	for nodes, want := range map[int]int{0: 1, 1: 1, 2: 2, 5: 2} {
+		if got := CiliumOperatorSize(nodes); got != want {
+			t.Errorf("CiliumOperatorSize(%d) = %d, want %d", nodes, got, want)
+		}
+	}
+	host, port, why, err := APIEndpoint(0, "https://10.0.20.10:6443")
+	if err != nil || host != "10.0.20.10" || port != 6443 || !strings.Contains(why, "not enabled") {
+		t.Fatalf("without KubePrism: %s %d %q %v", host, port, why, err)
 	}
 }
 

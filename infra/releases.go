@@ -1,6 +1,7 @@
 package infra
 
 import (
+	"fmt"
 	"net"
 	"net/url"
 	"strconv"
@@ -54,48 +55,90 @@ func NFSProvisioner(o NFSOptions) Release {
 	}
 }
 
-// NFSClass is the StorageClass the chart creates for these options.
-func NFSClass(o NFSOptions) ClassSpec {
-	return ClassSpec{Name: o.StorageClass, Provisioner: NFSProvisionerName, ReclaimPolicy: o.ReclaimPolicy,
-		Parameters: map[string]string{"archiveOnDelete": strconv.FormatBool(o.ArchiveOnDelete)}}
-}
-
 // The Cilium release.
 const (
 	CiliumRelease   = "cilium"
 	CiliumNamespace = "kube-system"
 	CiliumChart     = "cilium"
+	// CiliumOperatorReplicas is the chart's own operator.replicas default
+	// (install/kubernetes/cilium/values.yaml at v1.18.4 and v1.20.2).
+	CiliumOperatorReplicas = 2
 )
 
+// CiliumOptions describe the Cilium release for one cluster.
+type CiliumOptions struct {
+	RepoURL, Version string
+	// APIHost and APIPort are where the agents reach the Kubernetes API
+	// before any Service works (kube-proxy replacement): KubePrism's
+	// localhost endpoint on Talos, see APIEndpoint.
+	APIHost string
+	APIPort int
+	// Nodes is how many nodes the cluster has; it sizes the operator.
+	Nodes   int
+	Timeout time.Duration
+}
+
 // Cilium returns the Cilium release for a Talos cluster: kube-proxy
-// replacement on (Talos then runs without kube-proxy), the API server
-// reached at the cluster endpoint, and the capabilities and cgroup
-// settings Talos requires.
-func Cilium(repoURL, version, endpoint string, timeout time.Duration) (Release, error) {
-	u, err := url.Parse(endpoint)
-	if err != nil {
-		return Release{}, err
-	}
-	host, port, err := net.SplitHostPort(u.Host)
-	if err != nil {
-		return Release{}, err
-	}
-	p, err := strconv.Atoi(port)
-	if err != nil {
-		return Release{}, err
-	}
+// replacement on (Talos then runs without kube-proxy), the API reached
+// through KubePrism, and the capabilities and cgroup settings Talos
+// requires (the values Talos's own e2e installs Cilium with,
+// hack/test/e2e.sh at siderolabs/talos v1.13.3).
+//
+// The chart runs CiliumOperatorReplicas operator replicas on the host
+// network with a required hostname anti-affinity, so each needs a node of
+// its own: on fewer nodes the surplus stays Pending for ever and the
+// Deployment never has all replicas available. It gets one replica per
+// node, up to the chart's default.
+func Cilium(o CiliumOptions) Release {
 	return Release{
-		Name: CiliumRelease, Namespace: CiliumNamespace, RepoURL: repoURL, Chart: CiliumChart, Version: version, Timeout: timeout,
+		Name: CiliumRelease, Namespace: CiliumNamespace, RepoURL: o.RepoURL, Chart: CiliumChart, Version: o.Version, Timeout: o.Timeout,
 		Values: map[string]any{
 			"ipam":                 map[string]any{"mode": "kubernetes"},
 			"kubeProxyReplacement": true,
-			"k8sServiceHost":       host,
-			"k8sServicePort":       p,
+			"k8sServiceHost":       o.APIHost,
+			"k8sServicePort":       o.APIPort,
+			"operator":             map[string]any{"replicas": CiliumOperatorSize(o.Nodes)},
 			"securityContext": map[string]any{"capabilities": map[string]any{
 				"ciliumAgent":      []string{"CHOWN", "KILL", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "SYS_ADMIN", "SYS_RESOURCE", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"},
 				"cleanCiliumState": []string{"NET_ADMIN", "SYS_ADMIN", "SYS_RESOURCE"},
 			}},
 			"cgroup": map[string]any{"autoMount": map[string]any{"enabled": false}, "hostRoot": "/sys/fs/cgroup"},
 		},
-	}, nil
+	}
+}
+
+// CiliumOperatorSize is the operator replica count for a cluster of n
+// nodes: one per node (the operator tolerates every taint, so control
+// planes count), at most the chart's default.
+func CiliumOperatorSize(nodes int) int {
+	return max(1, min(nodes, CiliumOperatorReplicas))
+}
+
+// KubePrismHost is the address Talos's KubePrism load balancer listens on
+// on every node (internal/app/machined/pkg/controllers/k8s/kubeprism.go at
+// v1.13.3 binds it to localhost).
+const KubePrismHost = "localhost"
+
+// APIEndpoint is where Cilium should reach the API server: KubePrism on
+// localhost:port when every node runs it (Talos enables it by default on
+// port 7445, pkg/machinery/config/generate/init.go and
+// constants.DefaultKubePrismPort at v1.13.3), so the CNI does not hang on
+// a VIP that needs etcd and can take a minute to move; otherwise the
+// cluster endpoint, with the reason.
+func APIEndpoint(kubePrismPort int, endpoint string) (host string, port int, why string, err error) {
+	if kubePrismPort > 0 {
+		return KubePrismHost, kubePrismPort, fmt.Sprintf("KubePrism on %s:%d", KubePrismHost, kubePrismPort), nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return "", 0, "", err
+	}
+	h, p, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return "", 0, "", err
+	}
+	if port, err = strconv.Atoi(p); err != nil {
+		return "", 0, "", err
+	}
+	return h, port, "the cluster endpoint (KubePrism is not enabled on every node)", nil
 }

@@ -7,11 +7,14 @@ import (
 	"sort"
 	"strings"
 
+	"helm.sh/helm/v3/pkg/releaseutil"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 )
 
 // Annotations that mark a StorageClass as the cluster default.
@@ -34,10 +37,47 @@ type ClassSpec struct {
 	ReclaimPolicy string
 }
 
-// CheckClass looks for an existing class of that name that the chart could
-// not take over because an immutable field differs. It returns whether the
-// class exists.
-func CheckClass(ctx context.Context, cs kubernetes.Interface, want ClassSpec) (bool, error) {
+// ClassIn returns the StorageClass a rendered release manifest creates,
+// false when it creates none. The class is read from what the chart renders
+// with the merged values (a values file may set pathPattern or onDelete),
+// not rebuilt from the config.
+func ClassIn(manifest string) (ClassSpec, bool, error) {
+	for _, doc := range releaseutil.SplitManifests(manifest) {
+		var sc storagev1.StorageClass
+		if err := yaml.Unmarshal([]byte(doc), &sc); err != nil {
+			return ClassSpec{}, false, fmt.Errorf("reading the rendered manifest: %w", err)
+		}
+		if sc.Kind != "StorageClass" {
+			continue
+		}
+		spec := ClassSpec{Name: sc.Name, Provisioner: sc.Provisioner, Parameters: sc.Parameters, ReclaimPolicy: string(storagev1DefaultReclaim)}
+		if sc.ReclaimPolicy != nil {
+			spec.ReclaimPolicy = string(*sc.ReclaimPolicy)
+		}
+		return spec, true, nil
+	}
+	return ClassSpec{}, false, nil
+}
+
+// storagev1DefaultReclaim is what the API server fills in for a class
+// without reclaimPolicy (pkg/apis/storage/v1/defaults.go: Delete).
+const storagev1DefaultReclaim = corev1.PersistentVolumeReclaimDelete
+
+// Helm's ownership metadata: Helm installs over an existing object only
+// when it carries all three for the release (checkOwnership in
+// pkg/action/validate.go at helm v3.22.0).
+const (
+	HelmManagedByLabel             = "app.kubernetes.io/managed-by"
+	HelmReleaseNameAnnotation      = "meta.helm.sh/release-name"
+	HelmReleaseNamespaceAnnotation = "meta.helm.sh/release-namespace"
+)
+
+// CheckClass looks at an existing class of the wanted name before the
+// chart is installed or upgraded: one whose immutable fields differ can
+// never be updated, and one that release does not own makes Helm refuse
+// the install with its ownership error. Both are reported with what to do.
+// It returns whether the class exists.
+func CheckClass(ctx context.Context, cs kubernetes.Interface, want ClassSpec, owner Release) (bool, error) {
 	sc, err := cs.StorageV1().StorageClasses().Get(ctx, want.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil
@@ -59,6 +99,15 @@ func CheckClass(ctx context.Context, cs kubernetes.Interface, want ClassSpec) (b
 		return true, fmt.Errorf("StorageClass %s already exists with %s; these fields are immutable, so it cannot be updated: "+
 			"delete it (kubectl delete storageclass %s; existing volumes keep working) or set storage.nfs.storageClass to another name",
 			want.Name, strings.Join(diffs, ", "), want.Name)
+	}
+	if sc.Labels[HelmManagedByLabel] != "Helm" || sc.Annotations[HelmReleaseNameAnnotation] != owner.Name || sc.Annotations[HelmReleaseNamespaceAnnotation] != owner.Namespace {
+		return true, fmt.Errorf("StorageClass %s already exists but Helm release %s/%s does not own it (it lacks %s=Helm, %s=%s, %s=%s), so Helm would refuse to install over it. "+
+			"It matches what the chart creates: hand it to the release with\n"+
+			"  kubectl label storageclass %s %s=Helm --overwrite\n"+
+			"  kubectl annotate storageclass %s %s=%s %s=%s --overwrite\n"+
+			"or delete it (kubectl delete storageclass %s; existing volumes keep working), or set storage.nfs.storageClass to another name",
+			want.Name, owner.Namespace, owner.Name, HelmManagedByLabel, HelmReleaseNameAnnotation, owner.Name, HelmReleaseNamespaceAnnotation, owner.Namespace,
+			want.Name, HelmManagedByLabel, want.Name, HelmReleaseNameAnnotation, owner.Name, HelmReleaseNamespaceAnnotation, owner.Namespace, want.Name)
 	}
 	return true, nil
 }

@@ -203,6 +203,37 @@ func WaitDeploymentAvailable(ctx context.Context, cs kubernetes.Interface, ns, n
 				return false, "", err
 			}
 			ok, st := DeploymentAvailable(d)
+			if !ok {
+				if why := unschedulable(ctx, cs, d); why != "" {
+					st += "; " + why
+				}
+			}
 			return ok, st, nil
 		})
+}
+
+// unschedulable says why the scheduler leaves one of the Deployment's pods
+// Pending (its PodScheduled condition), e.g. "0/1 nodes are available: 1
+// node(s) didn't match pod anti-affinity rules", so a wait that will time
+// out says what to change instead of only counting replicas.
+func unschedulable(ctx context.Context, cs kubernetes.Interface, d *appsv1.Deployment) string {
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil || sel.Empty() {
+		return ""
+	}
+	pods, err := cs.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return ""
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodPending {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return fmt.Sprintf("pod %s unschedulable: %s", p.Name, c.Message)
+			}
+		}
+	}
+	return ""
 }

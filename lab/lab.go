@@ -217,7 +217,13 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	if l.NFS, err = nfs.Start(nfs.Options{Dir: filepath.Join(o.Dir, "nfs-export"), ExportPath: "/export/k8s", Log: o.Log}); err != nil {
 		return nil, fmt.Errorf("starting the NFS server: %w", err)
 	}
-	if l.Charts, err = chartrepo.Start(chartrepo.Options{Log: o.Log}); err != nil {
+	// The real Cilium chart from the pinned Cilium source: the real
+	// scheduler then places its pods as on a real cluster.
+	ciliumChart, err := kb.CiliumChart(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if l.Charts, err = chartrepo.Start(chartrepo.Options{Log: o.Log, Charts: []string{ciliumChart}}); err != nil {
 		return nil, fmt.Errorf("starting the chart repository: %w", err)
 	}
 	src, err := fluxmanifests.SourcesFromBinaries(ctx, kb)

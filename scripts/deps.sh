@@ -4,11 +4,12 @@
 # stops at once and prints the exact command to run. Go itself is expected
 # on PATH (README: Go 1.26).
 #   git              the snapshot server and Flux tests use the real git CLI
+#   openssh-client   the lab's SSH git server is tested with the real ssh client
 #   nfs-ganesha, nfs-ganesha-vfs, rpcbind
 #                    the real NFS server the NFS export probe is tested against
 set -euo pipefail
 
-packages=(git nfs-ganesha nfs-ganesha-vfs rpcbind)
+packages=(git openssh-client nfs-ganesha nfs-ganesha-vfs rpcbind)
 
 installed() {
 	if command -v dpkg-query >/dev/null; then
@@ -18,6 +19,7 @@ installed() {
 	# Without dpkg, look for what each package provides.
 	case $1 in
 	git) command -v git >/dev/null ;;
+	openssh-client) command -v ssh >/dev/null && command -v ssh-keygen >/dev/null ;;
 	nfs-ganesha) command -v ganesha.nfsd >/dev/null ;;
 	nfs-ganesha-vfs) compgen -G '/usr/lib*/**/ganesha/libfsalvfs.so' >/dev/null || compgen -G '/usr/lib*/ganesha/libfsalvfs.so' >/dev/null ;;
 	rpcbind) command -v rpcbind >/dev/null || [[ -x /usr/sbin/rpcbind || -x /sbin/rpcbind ]] ;;

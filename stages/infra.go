@@ -10,6 +10,7 @@ import (
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/infra"
 	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/talos"
 )
 
 // InfraStage installs the base infrastructure: Cilium first when the CNI
@@ -49,10 +50,19 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 	}
 	switch cfg.CNI.Name {
 	case "cilium":
-		rel, err := infra.Cilium(cfg.CNI.Cilium.ChartRepo, cfg.CNI.Cilium.ChartVersion, cfg.Cluster.Endpoint, infraTimeout)
+		// The agents need the API before any Service works; KubePrism
+		// serves it on every node's localhost when the configs enable it.
+		kubePrism, err := talos.KubePrismPort(env.Paths.TalosDir, names)
+		if err != nil {
+			return fmt.Errorf("deciding how Cilium reaches the API: %w", err)
+		}
+		host, port, why, err := infra.APIEndpoint(kubePrism, cfg.Cluster.Endpoint)
 		if err != nil {
 			return err
 		}
+		env.Log.Debug().Str("host", host).Int("port", port).Msg("Cilium reaches the API through " + why)
+		rel := infra.Cilium(infra.CiliumOptions{RepoURL: cfg.CNI.Cilium.ChartRepo, Version: cfg.CNI.Cilium.ChartVersion,
+			APIHost: host, APIPort: port, Nodes: len(names), Timeout: infraTimeout})
 		if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(cfg.CNI.Cilium.ValuesFile)); err != nil {
 			return err
 		}
@@ -81,12 +91,22 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 	n := cfg.Storage.NFS
 	opts := infra.NFSOptions{Server: n.Server, Path: n.Path, MountOptions: n.MountOptions, StorageClass: n.StorageClass,
 		ReclaimPolicy: n.ReclaimPolicy, ArchiveOnDelete: n.ArchiveOnDelete, RepoURL: n.ChartRepo, Version: n.ChartVersion, Timeout: infraTimeout}
-	if _, err := infra.CheckClass(ctx, cs, infra.NFSClass(opts)); err != nil {
-		return err
-	}
 	rel := infra.NFSProvisioner(opts)
 	if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(n.ValuesFile)); err != nil {
 		return err
+	}
+	// The class as the chart renders it with the merged values: a values
+	// file may add parameters (pathPattern, onDelete) to it.
+	manifest, err := h.Render(ctx, rel)
+	if err != nil {
+		return err
+	}
+	if want, ok, err := infra.ClassIn(manifest); err != nil {
+		return err
+	} else if ok {
+		if _, err := infra.CheckClass(ctx, cs, want, rel); err != nil {
+			return err
+		}
 	}
 	if err := applyRelease(ctx, env, h, rel); err != nil {
 		return err

@@ -15,7 +15,9 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/infra"
 	"github.com/homelab/bootstrap/internal/wait"
 )
@@ -179,6 +181,49 @@ func TestInfraStageOnTheLab(t *testing.T) {
 		t.Fatalf("restoring the default:\n%s", got)
 	}
 
+	// A values file that adds a class parameter: the class is checked
+	// against what the chart renders with it, so re-runs change nothing.
+	values := filepath.Join(l.dir, "nfs-values.yaml")
+	if err := os.WriteFile(values, []byte("storageClass:\n  pathPattern: \"${.PVC.namespace}/${.PVC.name}\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l.cfg.Storage.NFS.ValuesFile, l.cfg.Storage.NFS.StorageClass = values, "nfs-pattern"
+	for run := 1; run <= 2; run++ {
+		env, err := l.runStage(InfraStage{}, false)
+		if err != nil {
+			t.Fatalf("run %d with storageClass.pathPattern: %v", run, err)
+		}
+		if got := changeList(env); run == 2 && got != "" {
+			t.Fatalf("re-run with storageClass.pathPattern changed:\n%s", got)
+		}
+	}
+	pattern, err := cs.StorageV1().StorageClasses().Get(ctx, "nfs-pattern", metav1.GetOptions{})
+	if err != nil || pattern.Parameters["pathPattern"] != "${.PVC.namespace}/${.PVC.name}" {
+		t.Fatalf("class with pathPattern: %v %v", err, pattern)
+	}
+
+	// A class that matches the chart's but that the release does not own:
+	// Helm would refuse it; the stage says how to hand it over, and once
+	// that is done the release takes it.
+	unowned := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "nfs-unowned"}, Provisioner: pattern.Provisioner,
+		Parameters: pattern.Parameters, ReclaimPolicy: pattern.ReclaimPolicy}
+	if _, err := cs.StorageV1().StorageClasses().Create(ctx, unowned, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l.cfg.Storage.NFS.StorageClass = "nfs-unowned"
+	_, err = l.runStage(InfraStage{}, false)
+	if err == nil || !strings.Contains(err.Error(), "does not own it") || !strings.Contains(err.Error(), "kubectl annotate storageclass nfs-unowned meta.helm.sh/release-name=nfs-provisioner meta.helm.sh/release-namespace=nfs-provisioner --overwrite") {
+		t.Fatalf("unowned class: %v", err)
+	}
+	patch := `{"metadata":{"labels":{"app.kubernetes.io/managed-by":"Helm"},"annotations":{"meta.helm.sh/release-name":"nfs-provisioner","meta.helm.sh/release-namespace":"nfs-provisioner"}}}`
+	if _, err := cs.StorageV1().StorageClasses().Patch(ctx, "nfs-unowned", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.runStage(InfraStage{}, false); err != nil {
+		t.Fatalf("after handing the class to the release as told: %v", err)
+	}
+	l.cfg.Storage.NFS.ValuesFile = ""
+
 	// An nfs-storage class from another provisioner cannot be taken over.
 	l.cfg.Storage.NFS.StorageClass = "nfs-other"
 	foreign := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "nfs-other"}, Provisioner: "example.com/other"}
@@ -198,14 +243,18 @@ func TestInfraStageCiliumFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := changeList(env)
-	ci, ni := strings.Index(got, "install cilium@1.18.4"), strings.Index(got, "install nfs-subdir-external-provisioner")
+	ci, ni := strings.Index(got, "install cilium@"+config.DefaultCiliumVersion), strings.Index(got, "install nfs-subdir-external-provisioner")
 	if ci < 0 || ni < 0 || ci > ni {
 		t.Fatalf("Cilium must come before the NFS chart:\n%s", got)
 	}
 	cfg := helmConfig(t, l.cfg.Paths().Kubeconfig, infra.CiliumNamespace)
 	rel, err := cfg.Releases.Last(infra.CiliumRelease)
-	if err != nil || rel.Config["kubeProxyReplacement"] != true || rel.Config["k8sServiceHost"] == "" {
+	if err != nil || rel.Config["kubeProxyReplacement"] != true || rel.Config["k8sServiceHost"] != infra.KubePrismHost || rel.Config["k8sServicePort"] != float64(7445) {
 		t.Fatalf("cilium release: %v %v", err, rel.Config)
+	}
+	// Two nodes: the chart's two operator replicas fit, one per node.
+	if op, _ := rel.Config["operator"].(map[string]any); op["replicas"] != float64(2) {
+		t.Fatalf("operator values %v, want 2 replicas on 2 nodes", rel.Config["operator"])
 	}
 	nfsRel, _ := helmConfig(t, l.cfg.Paths().Kubeconfig, infra.NFSNamespace).Releases.Last(infra.NFSRelease)
 	if !rel.Info.FirstDeployed.Time.Before(nfsRel.Info.FirstDeployed.Time) && !rel.Info.FirstDeployed.Time.Equal(nfsRel.Info.FirstDeployed.Time) {

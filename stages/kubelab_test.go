@@ -24,6 +24,7 @@ import (
 	"github.com/homelab/bootstrap/lab/nfs"
 	"github.com/homelab/bootstrap/lab/nfsprovisioner"
 	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/talos"
 	"github.com/homelab/bootstrap/ui"
 )
 
@@ -63,7 +64,11 @@ func newKubeLab(t *testing.T, o kubeLabOptions) *kubeLab {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.nfs.Close() })
-	if l.repo, err = chartrepo.Start(chartrepo.Options{Log: kubetest.Logger(t)}); err != nil {
+	ciliumChart, err := l.kube.Binaries().CiliumChart(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.repo, err = chartrepo.Start(chartrepo.Options{Log: kubetest.Logger(t), Charts: []string{ciliumChart}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.repo.Close() })
@@ -143,6 +148,18 @@ flux:
 	if err := os.WriteFile(p.Kubeconfig, kc, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	l.st = state.New("lab")
+	if cni == "cilium" {
+		// The infra stage reads KubePrism from the rendered node configs,
+		// which the talos stage writes before it in a real run.
+		opts, err := talosGenerateOptions(l.env(false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := talos.Generate(opts); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i, n := range l.nodes {
 		role := labkube.RoleWorker
 		if i == 0 {
@@ -155,7 +172,6 @@ flux:
 	if err := l.kube.WaitNodesReady(ctx, l.nodes, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	l.st = state.New("lab")
 	return l
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/cel/celenv"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	configdoc "github.com/siderolabs/talos/pkg/machinery/config/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
@@ -516,4 +517,27 @@ func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error)
 		return namedPatch{}, nil, "", fmt.Errorf("encoding node patch: %w", err)
 	}
 	return namedPatch{source: "generated node patch", patch: configpatcher.NewStrategicMergePatch(c)}, text, disk, nil
+}
+
+// KubePrismPort reads the rendered configs of the named nodes from dir and
+// returns the KubePrism port they all serve the API on, or 0 when any of
+// them has KubePrism off or a different port (a user patch can change
+// either): callers then fall back to the cluster endpoint.
+func KubePrismPort(dir string, nodes []string) (int, error) {
+	port := 0
+	for i, name := range nodes {
+		cfg, err := configloader.NewFromFile(NodeConfigPath(dir, name))
+		if err != nil {
+			return 0, fmt.Errorf("reading the rendered config of %s: %w", name, err)
+		}
+		kp := cfg.Machine().Features().KubePrism()
+		if !kp.Enabled() {
+			return 0, nil
+		}
+		if i > 0 && kp.Port() != port {
+			return 0, nil
+		}
+		port = kp.Port()
+	}
+	return port, nil
 }

@@ -1,7 +1,9 @@
 // Package chartrepo serves the lab's Helm chart repository (index.yaml and
-// packaged charts over HTTP). Its charts are the project's own lab fixtures
-// under charts/, such as an nfs-subdir-external-provisioner chart with the
-// upstream 4.0.18 values interface.
+// packaged charts over HTTP). It serves real charts where they can be had
+// here (Options.Charts: the Cilium chart from the Cilium source the lab
+// tools pin) and the project's stand-ins under charts/ for the rest: an
+// nfs-subdir-external-provisioner chart that renders what upstream 4.0.18
+// renders (docs/lab.md lists the differences).
 package chartrepo
 
 import (
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/repo"
@@ -34,6 +37,9 @@ type Options struct {
 	Addr string
 	// Log receives one line per request.
 	Log zerolog.Logger
+	// Charts are chart directories served besides the stand-ins, such as
+	// the real Cilium chart (kube.Binaries.CiliumChart).
+	Charts []string
 }
 
 // Chart is one chart version the repository serves.
@@ -75,7 +81,7 @@ func Start(opts Options) (*Repo, error) {
 		return nil, fmt.Errorf("creating the chart repository dir: %w", err)
 	}
 	r := &Repo{dir: dir, url: "http://" + l.Addr().String(), log: opts.Log.With().Str("component", "lab-charts").Logger(), done: make(chan error, 1), requests: map[string]int{}}
-	if r.charts, err = Package(dir); err != nil {
+	if r.charts, err = Package(dir, opts.Charts...); err != nil {
 		l.Close()
 		os.RemoveAll(dir)
 		return nil, err
@@ -108,13 +114,14 @@ func Start(opts Options) (*Repo, error) {
 	return r, nil
 }
 
-// Package writes every lab chart as <name>-<version>.tgz into outDir.
-func Package(outDir string) ([]Chart, error) {
+// Package writes every stand-in chart under charts/, and the charts in the
+// directories dirs, as <name>-<version>.tgz into outDir.
+func Package(outDir string, dirs ...string) ([]Chart, error) {
 	entries, err := fs.ReadDir(chartSources, "charts")
 	if err != nil {
 		return nil, fmt.Errorf("listing the lab charts: %w", err)
 	}
-	var out []Chart
+	var charts []*chart.Chart
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
@@ -127,11 +134,22 @@ func Package(outDir string) ([]Chart, error) {
 		if err != nil {
 			return nil, fmt.Errorf("loading lab chart %s: %w", e.Name(), err)
 		}
+		charts = append(charts, ch)
+	}
+	for _, d := range dirs {
+		ch, err := loader.LoadDir(d)
+		if err != nil {
+			return nil, fmt.Errorf("loading chart %s: %w", d, err)
+		}
+		charts = append(charts, ch)
+	}
+	var out []Chart
+	for _, ch := range charts {
 		if err := ch.Validate(); err != nil {
-			return nil, fmt.Errorf("lab chart %s: %w", e.Name(), err)
+			return nil, fmt.Errorf("lab chart %s: %w", ch.Name(), err)
 		}
 		if _, err := chartutil.Save(ch, outDir); err != nil {
-			return nil, fmt.Errorf("packaging lab chart %s: %w", e.Name(), err)
+			return nil, fmt.Errorf("packaging lab chart %s: %w", ch.Name(), err)
 		}
 		out = append(out, Chart{Name: ch.Metadata.Name, Version: ch.Metadata.Version})
 	}

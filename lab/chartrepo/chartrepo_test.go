@@ -24,8 +24,8 @@ func render(t *testing.T, vals map[string]any) (map[string][]map[string]any, err
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(charts) != 2 || charts[0] != (chartrepo.Chart{Name: "cilium", Version: "1.18.4"}) || charts[1] != (chartrepo.Chart{Name: "nfs-subdir-external-provisioner", Version: "4.0.18"}) {
-		t.Fatalf("packaged %v, want cilium 1.18.4 and nfs-subdir-external-provisioner 4.0.18", charts)
+	if len(charts) != 1 || charts[0] != (chartrepo.Chart{Name: "nfs-subdir-external-provisioner", Version: "4.0.18"}) {
+		t.Fatalf("packaged %v, want the nfs-subdir-external-provisioner 4.0.18 stand-in", charts)
 	}
 	ch, err := loader.Load(dir + "/nfs-subdir-external-provisioner-4.0.18.tgz")
 	if err != nil {

@@ -27,6 +27,7 @@ const (
 	modKwok                = "sigs.k8s.io/kwok"
 	modSourceController    = "github.com/fluxcd/source-controller"
 	modKustomizeController = "github.com/fluxcd/kustomize-controller"
+	modCilium              = "github.com/cilium/cilium"
 )
 
 // binaryNames are the executables build.sh produces.
@@ -99,7 +100,7 @@ func LoadBinaries(dir string) (*Binaries, error) {
 			return nil, fmt.Errorf("%s missing in %s: %w", name, dir, ErrNoBinaries)
 		}
 	}
-	for _, m := range []string{modKubernetes, modEtcd, modKwok, modSourceController, modKustomizeController} {
+	for _, m := range []string{modKubernetes, modEtcd, modKwok, modSourceController, modKustomizeController, modCilium} {
 		if b.Modules[m].Version == "" {
 			return nil, fmt.Errorf("build manifest in %s names no version for %s: %w", dir, m, ErrNoBinaries)
 		}
@@ -112,6 +113,16 @@ func (b *Binaries) Path(name string) string { return filepath.Join(b.Dir, name) 
 
 // KubernetesVersion is the version of the Kubernetes servers, e.g. "v1.37.0".
 func (b *Binaries) KubernetesVersion() string { return b.Modules[modKubernetes].Version }
+
+// CiliumChart returns the directory of the real Cilium Helm chart
+// (install/kubernetes/cilium) in the Cilium source the lab tools pin.
+func (b *Binaries) CiliumChart(ctx context.Context) (string, error) {
+	dir, err := b.ModuleDir(ctx, modCilium)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "install", "kubernetes", "cilium"), nil
+}
 
 // ModuleDir returns the source directory of a pinned module. When the module
 // cache no longer holds it (it was cleaned since the build), it is

@@ -2,8 +2,10 @@
 # Builds the lab's binaries (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok, source-controller, kustomize-controller) from the Go
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
-# the repository root). Does nothing when they are already built for the pinned
-# versions. Builds one binary at a time: the machines this runs on are small.
+# the repository root), and records where the pinned Cilium source is, whose
+# real Helm chart the lab's chart repository serves. Builds nothing when the
+# binaries are already built for the pinned versions. Builds one binary at a
+# time: the machines this runs on are small.
 # Usage: build.sh [bin dir]   (the argument wins over $BOOTSTRAP_LAB_BIN)
 set -euo pipefail
 
@@ -28,6 +30,7 @@ etcd_version=$(mod_version etcd go.etcd.io/etcd/server/v3)
 kwok_version=$(mod_version kwok sigs.k8s.io/kwok)
 source_controller_version=$(mod_version flux github.com/fluxcd/source-controller)
 kustomize_controller_version=$(mod_version flux github.com/fluxcd/kustomize-controller)
+cilium_version=$(mod_version cilium github.com/cilium/cilium)
 # The Flux distribution whose manifests (manifests/ in its module) the lab
 # bundles into a release-like manifests.tar.gz: the one the product uses.
 flux2_version=$(cd "$repo_root" && go list -m -f '{{.Version}}' github.com/fluxcd/flux2/v2)
@@ -65,33 +68,47 @@ flock 9
 
 if up_to_date; then
 	log "up to date in $bin_dir (kubernetes $k8s_version, etcd $etcd_version, kwok $kwok_version, flux controllers $source_controller_version/$kustomize_controller_version)"
-	exit 0
+	fresh=1
+else
+	fresh=0
+	rm -f "$manifest"
 fi
-rm -f "$manifest"
 
 # build <module dir> <output name> <package> [ldflags]
+# A binary already built for this fingerprint (stamped beside it) is kept,
+# so an interrupted build resumes where it stopped.
 build() {
-	local start=$SECONDS
+	local start=$SECONDS stamp="$bin_dir/.$2.fingerprint"
+	if [[ -x $bin_dir/$2 && -f $stamp && $(<"$stamp") == "$fingerprint" ]]; then
+		log "$2 already built"
+		return
+	fi
 	log "building $2 ($3)"
 	(cd "$tools_dir/$1" && go build -trimpath -ldflags "-s -w ${4:-}" -o "$bin_dir/.$2.tmp" "$3")
 	mv -f "$bin_dir/.$2.tmp" "$bin_dir/$2"
+	echo "$fingerprint" >"$stamp"
 	log "built $2 in $((SECONDS - start))s"
 }
 
 total_start=$SECONDS
-build etcd etcd go.etcd.io/etcd/server/v3
-build kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
-build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
-build kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
-build kwok kwok sigs.k8s.io/kwok/cmd/kwok
-build flux source-controller github.com/fluxcd/source-controller
-build flux kustomize-controller github.com/fluxcd/kustomize-controller
+if [[ $fresh == 0 ]]; then
+	build etcd etcd go.etcd.io/etcd/server/v3
+	build kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
+	build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
+	build kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
+	build kwok kwok sigs.k8s.io/kwok/cmd/kwok
+	build flux source-controller github.com/fluxcd/source-controller
+	build flux kustomize-controller github.com/fluxcd/kustomize-controller
+fi
 
 # lab/kube reads the kwok Stage files and the Flux CRDs and config from these
 # module directories at lab start.
 kwok_dir=$(mod_dir kwok sigs.k8s.io/kwok)
 source_controller_dir=$(mod_dir flux github.com/fluxcd/source-controller)
 kustomize_controller_dir=$(mod_dir flux github.com/fluxcd/kustomize-controller)
+# The Cilium source is only read (its chart); the manifest is rewritten on
+# every run so a new pin here needs no rebuild of the binaries.
+cilium_dir=$(mod_dir cilium github.com/cilium/cilium)
 flux2_dir=$(cd "$repo_root" && go mod download -json github.com/fluxcd/flux2/v2 >/dev/null && go list -m -f '{{.Dir}}' github.com/fluxcd/flux2/v2)
 
 cat >"$manifest.tmp" <<EOF
@@ -103,9 +120,12 @@ cat >"$manifest.tmp" <<EOF
     "sigs.k8s.io/kwok": {"version": "$kwok_version", "dir": "$kwok_dir"},
     "github.com/fluxcd/source-controller": {"version": "$source_controller_version", "dir": "$source_controller_dir"},
     "github.com/fluxcd/kustomize-controller": {"version": "$kustomize_controller_version", "dir": "$kustomize_controller_dir"},
-    "github.com/fluxcd/flux2/v2": {"version": "$flux2_version", "dir": "$flux2_dir"}
+    "github.com/fluxcd/flux2/v2": {"version": "$flux2_version", "dir": "$flux2_dir"},
+    "github.com/cilium/cilium": {"version": "$cilium_version", "dir": "$cilium_dir"}
   }
 }
 EOF
 mv -f "$manifest.tmp" "$manifest"
-log "all built in $((SECONDS - total_start))s into $bin_dir"
+if [[ $fresh == 0 ]]; then
+	log "all built in $((SECONDS - total_start))s into $bin_dir (cilium chart $cilium_version from $cilium_dir)"
+fi
