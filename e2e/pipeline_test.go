@@ -13,8 +13,10 @@ import (
 )
 
 // TestPipeline runs `bootstrap run --stage all` as a user would against a
-// fresh lab, for one control plane and for three control planes and two
-// workers behind a VIP: it must end with postcheck green. A second run on
+// fresh lab, for one control plane, for one control plane with Cilium
+// (the real chart: its operator must fit on the single node), and for
+// three control planes and two workers behind a VIP: it must end with
+// postcheck green. A second run on
 // the converged cluster must exit 0 and change nothing: no Proxmox POST,
 // PUT or DELETE, no Talos apply or bootstrap, no new Helm revision, and no
 // API server write by the runner except the postcheck's test PVC.
@@ -23,13 +25,15 @@ func TestPipeline(t *testing.T) {
 		name               string
 		controlPlanes, wks int
 		vip                bool
+		cni                string
 	}{
-		{"1cp", 1, 0, false},
-		{"3cp+2w-vip", 3, 2, true},
+		{"1cp", 1, 0, false, ""},
+		{"1cp-cilium", 1, 0, false, "cilium"},
+		{"3cp+2w-vip", 3, 2, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testContext(t, 5*time.Minute)
-			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip})
+			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, CNI: tc.cni})
 			nodes := tc.controlPlanes + tc.wks
 
 			first := run(t, ctx, h, "run", "--stage", "all")
@@ -53,6 +57,9 @@ func TestPipeline(t *testing.T) {
 			}
 			if r := after1.HelmReleases["nfs-provisioner/nfs-provisioner"]; r.Revision != 1 || r.Status != "deployed" {
 				t.Fatalf("Helm release after the first run: %+v (all: %v)", r, after1.HelmReleases)
+			}
+			if r, ok := after1.HelmReleases["kube-system/cilium"]; (tc.cni == "cilium") != ok || (ok && (r.Revision != 1 || r.Status != "deployed")) {
+				t.Fatalf("Cilium release after the first run with cni %q: %+v (all: %v)", tc.cni, r, after1.HelmReleases)
 			}
 
 			again := run(t, ctx, h, "run", "--stage", "all")
