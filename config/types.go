@@ -137,7 +137,7 @@ type CNI struct {
 type Cilium struct {
 	ChartRepo    string `yaml:"chartRepo" doc:"Helm repository of Cilium."`
 	ChartVersion string `yaml:"chartVersion" doc:"Cilium chart version."`
-	ValuesFile   string `yaml:"valuesFile" doc:"Optional values merged on top (kube-proxy replacement is always on)."`
+	ValuesFile   string `yaml:"valuesFile" doc:"Optional values merged on top (kube-proxy replacement is always on; operator.replicas may not exceed the node count)."`
 }
 
 // Flux configures GitOps.
@@ -157,7 +157,7 @@ type Flux struct {
 // FluxAuth holds references to credentials, never the credentials.
 type FluxAuth struct {
 	SSHKeyFile     string `yaml:"sshKeyFile" doc:"SSH deploy key file for an ssh:// repository."`
-	KnownHostsFile string `yaml:"knownHostsFile" doc:"known_hosts for the SSH host."`
+	KnownHostsFile string `yaml:"knownHostsFile" doc:"known_hosts holding the git host's key; required for ssh:// repositories (source-controller refuses SSH without it). Write it with ssh-keyscan and check the fingerprint."`
 	TokenFile      string `yaml:"tokenFile" doc:"File holding an HTTPS token."`
 	TokenEnv       string `yaml:"tokenEnv" doc:"Environment variable holding an HTTPS token."`
 	Username       string `yaml:"username" doc:"HTTPS user name sent with the token."`
