@@ -105,7 +105,7 @@ func TestGoodConfigs(t *testing.T) {
 // error whose text (field paths, positions, fixes) matches its golden file.
 func TestBadConfigs(t *testing.T) {
 	files, _ := filepath.Glob("testdata/bad/*.yaml")
-	if len(files) < 25 {
+	if len(files) < 60 {
 		t.Fatalf("bad-config corpus has %d entries, want at least 25", len(files))
 	}
 	for _, f := range files {

@@ -53,11 +53,18 @@ func (c *Config) validate() error {
 	v.cluster()
 	v.talosTimeouts(c.Cluster.Timeouts)
 	v.nodes()
+	v.nodeResources()
 	v.proxmox()
 	v.storage()
 	v.cni()
 	v.flux()
+	v.gitBranch()
 	v.postcheck()
+	// Patches are applied to a config generated from the rest: only once
+	// the rest is valid.
+	if len(v.errs.Fatal()) == 0 {
+		v.patchContents()
+	}
 	v.errs.sortItems()
 	c.src.warnings = v.errs.Warnings()
 	if len(v.errs.Fatal()) > 0 {
@@ -90,6 +97,9 @@ func (v *validator) cluster() {
 	v.requireLabel("cluster.name", c.Name, "cluster name")
 
 	v.talosVersions()
+	v.cidrHostBits()
+	v.certSANs()
+	v.installImage()
 
 	prefix, okCIDR := v.cidr()
 	n := c.Network

@@ -42,7 +42,7 @@ func TestBadConfigCorpus(t *testing.T) {
 		}
 	}
 	cases, _ := filepath.Glob(filepath.Join(work, "testdata", "bad", "*.yaml"))
-	if len(cases) < 40 {
+	if len(cases) < 60 {
 		t.Fatalf("the corpus has %d cases", len(cases))
 	}
 	env := append(cleanEnv(), "PROXMOX_TOKEN_SECRET="+secret)
