@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -24,7 +25,36 @@ const (
 	RuleDotEnv            = ".env"
 	RulePrivateKey        = "private key"
 	RuleConfiguredExclude = "configured exclude"
+	// RuleTalosMachineConfig: a Talos v1alpha1 machine config carries the
+	// machine CA key, the cluster secret and the bootstrap token wherever
+	// it sits in the tree (rendered_configs/, backups/, ...).
+	RuleTalosMachineConfig = "talos machine config"
+	// RuleUnencryptedSecret: a Kubernetes Secret manifest with data and no
+	// sops block. Flux repositories keep Secrets SOPS-encrypted; a
+	// plaintext one is a leak once served.
+	RuleUnencryptedSecret = "unencrypted Secret"
+	// RuleTokenPrefix starts the rule of a well-known token format found in
+	// a text file: "token: github", "token: aws access key", ...
+	RuleTokenPrefix = "token: "
 )
+
+// tokenRules are the token formats looked for in every inspected file: a
+// small documented set instead of a detector library (the maintained ones,
+// such as gitleaks, would add their rule engines and dependencies to the
+// product binary). Each needs its literal prefix before the pattern runs.
+var tokenRules = []struct {
+	name, prefix string
+	re           *regexp.Regexp
+}{
+	// GitHub personal, OAuth, user-to-server, server-to-server and refresh
+	// tokens (ghp_, gho_, ghu_, ghs_, ghr_ + 36), fine-grained PATs.
+	{"github", "gh", regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{36}\b`)},
+	{"github", "github_pat_", regexp.MustCompile(`\bgithub_pat_[A-Za-z0-9_]{82}\b`)},
+	{"gitlab", "glpat-", regexp.MustCompile(`\bglpat-[A-Za-z0-9_-]{20,}`)},
+	{"aws access key", "A", regexp.MustCompile(`\b(AKIA|ASIA)[0-9A-Z]{16}\b`)},
+	{"slack", "xox", regexp.MustCompile(`\bxox[abprs]-[A-Za-z0-9-]{10,}`)},
+	{"age secret key", "AGE-SECRET-KEY-1", regexp.MustCompile(`AGE-SECRET-KEY-1[0-9A-Z]{58}`)},
+}
 
 // sniffLimit bounds the files whose content is inspected for credentials:
 // kubeconfigs, talosconfigs and keys are small, and reading past this would
@@ -124,7 +154,49 @@ func (x *excluder) byContent(data []byte) string {
 	if bytes.Contains(data, []byte("contexts")) && bytes.Contains(data, []byte("key")) && isTalosconfigWithKey(data) {
 		return RuleTalosconfig
 	}
+	if bytes.Contains(data, []byte("v1alpha1")) && bytes.Contains(data, []byte("machine")) && isTalosMachineConfig(data) {
+		return RuleTalosMachineConfig
+	}
+	if bytes.Contains(data, []byte("Secret")) && isUnencryptedSecret(data) {
+		return RuleUnencryptedSecret
+	}
+	for _, t := range tokenRules {
+		if bytes.Contains(data, []byte(t.prefix)) && t.re.Match(data) {
+			return RuleTokenPrefix + t.name
+		}
+	}
 	return ""
+}
+
+// isTalosMachineConfig: a document with version v1alpha1 and a machine
+// section, the v1alpha1 config root (talos pkg/machinery/config/types/
+// v1alpha1 Config: version, machine, cluster).
+func isTalosMachineConfig(data []byte) bool {
+	for _, doc := range yamlDocs(data) {
+		if _, ok := doc["machine"].(map[string]any); ok && doc["version"] == "v1alpha1" {
+			return true
+		}
+	}
+	return false
+}
+
+// isUnencryptedSecret: a core/v1 Secret with data or stringData and no
+// top-level sops metadata (what `sops --encrypt` adds).
+func isUnencryptedSecret(data []byte) bool {
+	for _, doc := range yamlDocs(data) {
+		if doc["kind"] != "Secret" || doc["apiVersion"] != "v1" {
+			continue
+		}
+		if _, encrypted := doc["sops"]; encrypted {
+			continue
+		}
+		d, _ := doc["data"].(map[string]any)
+		sd, _ := doc["stringData"].(map[string]any)
+		if len(d) > 0 || len(sd) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func isPrivateKey(data []byte) bool {

@@ -149,6 +149,20 @@ func newFixture(t *testing.T) fixture {
 	exclude("private/notes.txt", "configured exclude\n", RuleConfiguredExclude)
 	exclude("a/b/c.secret", "configured exclude\n", RuleConfiguredExclude)
 
+	// Secrets by content wherever they sit. Token-shaped strings are built
+	// here so no literal token sits in the source.
+	exclude("rendered_configs/controlplane.yaml", talosMachineConfig, RuleTalosMachineConfig)
+	exclude("backup/cp-1.yaml", "---\napiVersion: v1alpha1\nkind: HostnameConfig\nhostname: cp-1\n---\n"+talosMachineConfig, RuleTalosMachineConfig)
+	exclude("apps/db-secret.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2\n", RuleUnencryptedSecret)
+	exclude("apps/all.yaml", configMap+"---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: db\ndata:\n  password: aHVudGVyMg==\n", RuleUnencryptedSecret)
+	add("apps/db-secret.sops.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops:\n  age:\n    - recipient: age1xyz\n  version: 3.9.0\n", 0o644)
+	add("apps/empty-secret.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: filled-by-a-controller\n", 0o644)
+	add("docs/tokens.md", "GitHub tokens start with ghp_ and AWS keys with AKIA.\n", 0o644)
+	exclude("notes/github.txt", "token = gh"+"p_"+strings.Repeat("A1b2", 9)+"\n", RuleTokenPrefix+"github")
+	exclude("ci/aws.env.txt", "AWS_ACCESS_KEY_ID=AK"+"IA"+strings.Repeat("Q7", 8)+"\n", RuleTokenPrefix+"aws access key")
+	exclude("ci/gitlab.txt", "gl"+"pat-"+strings.Repeat("x", 20)+"\n", RuleTokenPrefix+"gitlab")
+	exclude("keys/age.txt", "# created: 2026-01-01\nAGE-SECRET-KEY-1"+strings.Repeat("Q", 58)+"\n", RuleTokenPrefix+"age secret key")
+
 	// A nested repository is its own project.
 	nested := filepath.Join(dir, "vendor", "other")
 	if err := os.MkdirAll(nested, 0o755); err != nil {
@@ -374,3 +388,18 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(ks)
 	return ks
 }
+
+// talosMachineConfig is the shape of a Talos v1alpha1 machine config (the
+// secrets are placeholders; what matters is the document's root).
+const talosMachineConfig = `version: v1alpha1
+debug: false
+persist: true
+machine:
+  type: controlplane
+  token: abcdef.0123456789abcdef
+  ca:
+    crt: LS0tLS1CRUdJTi
+    key: LS0tLS1CRUdJTi
+cluster:
+  secret: c2VjcmV0
+`
