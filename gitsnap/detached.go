@@ -48,6 +48,7 @@ type ServeFlags struct {
 	Interval time.Duration `help:"Re-snapshot interval (0 disables; SIGHUP always re-snapshots)." default:"1m"`
 	Exclude  []string      `help:"Extra gitignore-style pattern to leave out of the snapshot (repeatable)." sep:"none"`
 	StateDir string        `help:"State directory of a detached server (kept current by the server)." type:"path"`
+	AuthFile string        `help:"File holding user:password (mode 0600) that clients must present with HTTP basic auth; without it the snapshot is served to anyone who can reach the port." type:"path"`
 }
 
 // Args is the argv of `bootstrap gitsnap serve` for these flags, without
@@ -65,6 +66,9 @@ func (f ServeFlags) Args() []string {
 	}
 	if f.StateDir != "" {
 		args = append(args, "--state-dir="+f.StateDir)
+	}
+	if f.AuthFile != "" {
+		args = append(args, "--auth-file="+f.AuthFile)
 	}
 	return args
 }
@@ -92,7 +96,17 @@ func (f ServeFlags) ServerOptions(log zerolog.Logger) ServerOptions {
 // ends (the CLI cancels it on SIGTERM/SIGINT), re-snapshot on every value
 // from refresh (the CLI passes SIGHUP) and every interval.
 func Serve(ctx context.Context, f ServeFlags, log zerolog.Logger, refresh <-chan os.Signal) error {
-	srv, err := NewServer(ctx, f.ServerOptions(log))
+	opts := f.ServerOptions(log)
+	if f.AuthFile != "" {
+		a, err := ReadAuth(f.AuthFile)
+		if err != nil {
+			return fmt.Errorf("reading the snapshot credential: %w", err)
+		}
+		opts.Auth = &a
+	} else {
+		log.Warn().Msg("no --auth-file: anyone who can reach the port can clone the snapshot")
+	}
+	srv, err := NewServer(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -114,6 +128,9 @@ type State struct {
 	Repo      string        `json:"repo"`
 	Interval  time.Duration `json:"interval"`
 	Excludes  []string      `json:"excludes,omitempty"`
+	// AuthFile is the credential file the server requires (its path, never
+	// its content).
+	AuthFile  string        `json:"auth_file,omitempty"`
 	LogFile   string        `json:"log_file"`
 	StartedAt time.Time     `json:"started_at"`
 	UpdatedAt time.Time     `json:"updated_at"`
@@ -121,7 +138,7 @@ type State struct {
 
 func (s *State) sameServer(f ServeFlags) bool {
 	return s.Repo == f.Repo && s.Listen == f.Listen && s.URL == f.URL && s.Branch == f.branch() &&
-		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude)
+		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude) && s.AuthFile == f.AuthFile
 }
 
 // ReadState returns the recorded server in stateDir, or nil if none is recorded.
@@ -252,7 +269,7 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 	st := &State{
 		PID: pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL,
 		Branch: opts.Flags.Branch, Repo: opts.Flags.Repo, Interval: opts.Flags.Interval,
-		Excludes: opts.Flags.Exclude, LogFile: logPath, StartedAt: now, UpdatedAt: now,
+		Excludes: opts.Flags.Exclude, AuthFile: opts.Flags.AuthFile, LogFile: logPath, StartedAt: now, UpdatedAt: now,
 	}
 	if err := writeState(opts.StateDir, st); err != nil {
 		_ = cmd.Process.Kill()
@@ -271,7 +288,7 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 				case <-pctx.Done():
 				}
 			}()
-			h, servedBy, err := probe(pctx, opts.Flags.URL, opts.Flags.Branch)
+			h, servedBy, err := probe(pctx, opts.Flags.URL, opts.Flags.Branch, st.auth())
 			cancel()
 			select {
 			case <-child.Exited:
@@ -319,15 +336,28 @@ func logTail(path string, offset int64) string {
 var probeClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
 
 // Probe asks the git server at url for its refs, as `git ls-remote` does,
-// and returns the commit of refs/heads/<branch>.
-func Probe(ctx context.Context, url, branch string) (plumbing.Hash, error) {
-	h, _, err := probe(ctx, url, branch)
+// presenting auth when not nil, and returns the commit of refs/heads/<branch>.
+func Probe(ctx context.Context, url, branch string, auth *BasicAuth) (plumbing.Hash, error) {
+	h, _, err := probe(ctx, url, branch, auth)
 	return h, err
+}
+
+// auth is the credential the recorded server requires, nil when it
+// requires none or its file cannot be read (the probe then says 401).
+func (s *State) auth() *BasicAuth {
+	if s.AuthFile == "" {
+		return nil
+	}
+	a, err := ReadAuth(s.AuthFile)
+	if err != nil {
+		return nil
+	}
+	return &a
 }
 
 // probe also returns the pid a gitsnap server reports in its answer (0 for
 // other servers), so a recorded process is known to be the one answering.
-func probe(ctx context.Context, url, branch string) (plumbing.Hash, int, error) {
+func probe(ctx context.Context, url, branch string, auth *BasicAuth) (plumbing.Hash, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
@@ -335,6 +365,7 @@ func probe(ctx context.Context, url, branch string) (plumbing.Hash, int, error) 
 	if err != nil {
 		return plumbing.ZeroHash, 0, err
 	}
+	auth.set(req)
 	resp, err := probeClient.Do(req)
 	if err != nil {
 		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: %w", url, err)
@@ -384,7 +415,7 @@ func Check(ctx context.Context, stateDir string) (Status, error) {
 		return Status{}, err
 	}
 	out := Status{State: st, Alive: processAlive(st.PID)}
-	out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch)
+	out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch, st.auth())
 	return out, nil
 }
 
@@ -484,7 +515,7 @@ func Ensure(ctx context.Context, opts StartOptions, wantHash string) (*State, En
 	if status.State != nil {
 		_ = os.Remove(filepath.Join(opts.StateDir, StateFileName))
 	}
-	if h, err := Probe(ctx, opts.Flags.URL, opts.Flags.Branch); err == nil {
+	if h, err := Probe(ctx, opts.Flags.URL, opts.Flags.Branch, (&State{AuthFile: opts.Flags.AuthFile}).auth()); err == nil {
 		if h.String() != wantHash {
 			return nil, "", fmt.Errorf("a git server not started by bootstrap answers at %s with %s, not the current snapshot %s: reload it (SIGHUP, or systemctl reload) or stop it", opts.Flags.URL, h, wantHash)
 		}
@@ -503,7 +534,7 @@ func awaitAnswer(ctx context.Context, opts StartOptions, st *State) (Status, err
 			if !processAlive(st.PID) {
 				return false, "", fmt.Errorf("the git snapshot server (pid %d) exited", st.PID)
 			}
-			out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch)
+			out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch, st.auth())
 			if out.ProbeError != nil {
 				return false, out.ProbeError.Error(), nil
 			}
@@ -522,7 +553,7 @@ func refreshRunning(ctx context.Context, opts StartOptions, st *State, wantHash 
 	}
 	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("git snapshot server at %s to serve %s", st.URL, wantHash), Timeout: opts.Timeout, Interval: 50 * time.Millisecond, Log: opts.Log},
 		func(ctx context.Context) (bool, string, error) {
-			h, err := Probe(ctx, st.URL, st.Branch)
+			h, err := Probe(ctx, st.URL, st.Branch, st.auth())
 			if err != nil {
 				return false, err.Error(), nil
 			}

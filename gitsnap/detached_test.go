@@ -23,10 +23,16 @@ func detachedOptions(t *testing.T, fx fixture, env ...string) StartOptions {
 	t.Helper()
 	addr := freeAddr(t)
 	stateDir := filepath.Join(t.TempDir(), "ai", "state", "homelab")
+	// Detached servers run with the cluster's credential, as the flux
+	// stage starts them.
+	_, authFile, err := EnsureAuth(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := StartOptions{
 		Flags: ServeFlags{
 			Repo: fx.dir, Listen: addr, URL: "http://" + addr + "/homelab.git",
-			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes,
+			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes, AuthFile: authFile,
 		},
 		StateDir:   stateDir,
 		Executable: os.Args[0],
@@ -79,11 +85,15 @@ func TestDetachedServerLifecycle(t *testing.T) {
 	if sid := procSession(t, st.PID); sid != st.PID {
 		t.Errorf("server session = %d, want its own session %d (setsid)", sid, st.PID)
 	}
-	if out := git(t, "", "ls-remote", st.URL, "refs/heads/main"); !strings.HasPrefix(out, want) {
+	auth, err := ReadAuth(opts.Flags.AuthFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := git(t, "", "ls-remote", withAuth(st.URL, auth), "refs/heads/main"); !strings.HasPrefix(out, want) {
 		t.Errorf("ls-remote of the detached server: %s", out)
 	}
 	dst := filepath.Join(t.TempDir(), "clone")
-	git(t, "", "clone", "-q", "--depth", "1", st.URL, dst)
+	git(t, "", "clone", "-q", "--depth", "1", withAuth(st.URL, auth), dst)
 	checkClone(t, fx, dst)
 
 	status, err := Check(ctx, opts.StateDir)
@@ -112,7 +122,7 @@ func TestDetachedServerLifecycle(t *testing.T) {
 	if err != nil || action != EnsureRefreshed || got.PID != st.PID {
 		t.Fatalf("Ensure after an edit: %+v %v %v, want refreshed pid %d", got, action, err, st.PID)
 	}
-	if h, err := Probe(ctx, st.URL, testRepoBranch); err != nil || h.String() != newHash {
+	if h, err := Probe(ctx, st.URL, testRepoBranch, &auth); err != nil || h.String() != newHash {
 		t.Errorf("served after refresh: %s %v, want %s", h, err, newHash)
 	}
 	waitFor(t, "the state file to record the refreshed hash", func() bool {
@@ -141,7 +151,7 @@ func TestDetachedServerLifecycle(t *testing.T) {
 	if s, err := ReadState(opts.StateDir); s != nil || err != nil {
 		t.Errorf("state after Stop: %+v %v", s, err)
 	}
-	if _, err := Probe(ctx, st.URL, testRepoBranch); err == nil {
+	if _, err := Probe(ctx, st.URL, testRepoBranch, &auth); err == nil {
 		t.Error("the URL still answers after Stop")
 	}
 	if stopped, err := Stop(ctx, opts.StateDir, time.Second, zerolog.Nop()); stopped || err != nil {
@@ -427,7 +437,7 @@ func TestEnsureWaitsForARecordedServerStillStarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &State{PID: cmd.Process.Pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL, Branch: opts.Flags.Branch,
-		Repo: opts.Flags.Repo, Interval: opts.Flags.Interval, Excludes: opts.Flags.Exclude}
+		Repo: opts.Flags.Repo, Interval: opts.Flags.Interval, Excludes: opts.Flags.Exclude, AuthFile: opts.Flags.AuthFile}
 	if err := writeState(opts.StateDir, rec); err != nil {
 		t.Fatal(err)
 	}

@@ -58,6 +58,9 @@ type ServerOptions struct {
 	// StateDir, when set, is where a detached server's state file lives;
 	// the server keeps the recorded hash current after each refresh.
 	StateDir string
+	// Auth, when set, is required of every request (HTTP basic auth); a
+	// request without it gets 401 and nothing else.
+	Auth *BasicAuth
 	// Log receives the server's lines; the zero logger discards them.
 	Log zerolog.Logger
 }
@@ -232,6 +235,14 @@ func hostOf(raw string) string {
 // ServeHTTP implements the smart-HTTP endpoints of the one served
 // repository; every other path is 404, and pushes are 403.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Auth != nil && !s.opts.Auth.allows(r) {
+		// What git clients expect before they send credentials; no hint
+		// of what is served.
+		w.Header().Set("WWW-Authenticate", `Basic realm="bootstrap git snapshot", charset="UTF-8"`)
+		http.Error(w, "authentication required", http.StatusUnauthorized)
+		s.log.Debug().Str("remote", r.RemoteAddr).Str("path", r.URL.Path).Msg("refused a request without the snapshot credential")
+		return
+	}
 	switch r.URL.Path {
 	case s.repoPath + "/info/refs":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -205,7 +206,7 @@ func waitServed(t *testing.T, url string, ok func(plumbing.Hash) bool) {
 	deadline := time.Now().Add(10 * time.Second)
 	var last plumbing.Hash
 	for time.Now().Before(deadline) {
-		h, err := Probe(context.Background(), url, testRepoBranch)
+		h, err := Probe(context.Background(), url, testRepoBranch, nil)
 		if err == nil && ok(h) {
 			return
 		}
@@ -474,4 +475,73 @@ func TestConcurrentClonesDuringRefresh(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// withAuth puts a credential into a clone URL, as a user would for the git CLI.
+func withAuth(raw string, a BasicAuth) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		panic(err)
+	}
+	u.User = url.UserPassword(a.Username, a.Password)
+	return u.String()
+}
+
+// TestAuthRequired: with a credential set, the real git CLI cannot list or
+// clone anonymously or with a wrong password (401), and clones with the
+// right one; the credential file is created once, 0600, and kept.
+func TestAuthRequired(t *testing.T) {
+	stateDir := t.TempDir()
+	auth, path, err := EnsureAuth(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 || len(auth.Password) < 40 {
+		t.Fatalf("credential file: %v %v, password of %d characters", fi, err, len(auth.Password))
+	}
+	again, _, err := EnsureAuth(stateDir)
+	if err != nil || again != auth {
+		t.Fatalf("a second EnsureAuth rewrote the credential: %v", err)
+	}
+	fx := newFixture(t)
+	srv, _ := startServer(t, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes}, Auth: &auth})
+
+	env := append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false", "SSH_ASKPASS=/bin/false")
+	gitFails := func(what, u string) {
+		t.Helper()
+		cmd := exec.Command("git", "ls-remote", u)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "Authentication failed") && !strings.Contains(string(out), "could not read Username") {
+			t.Errorf("git ls-remote %s: %v\n%s", what, err, out)
+		}
+	}
+	gitFails("anonymously", srv.URL())
+	gitFails("with a wrong password", withAuth(srv.URL(), BasicAuth{Username: auth.Username, Password: "not-the-password-at-all"}))
+	resp, err := http.Get(srv.URL() + "/info/refs?service=git-upload-pack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" || bytes.Contains(body, []byte(testRepoBranch)) {
+		t.Fatalf("anonymous refs: %s %q %q", resp.Status, resp.Header.Get("WWW-Authenticate"), body)
+	}
+	if _, err := Probe(context.Background(), srv.URL(), testRepoBranch, nil); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("anonymous probe: %v", err)
+	}
+	if h, err := Probe(context.Background(), srv.URL(), testRepoBranch, &auth); err != nil || h != srv.Snapshot().Hash {
+		t.Errorf("probe with the credential: %s %v", h, err)
+	}
+	dst := filepath.Join(t.TempDir(), "clone")
+	git(t, "", "clone", "-q", withAuth(srv.URL(), auth), dst)
+	checkClone(t, fx, dst)
+
+	// A credential file others can read is refused.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadAuth(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("world-readable credential: %v", err)
+	}
 }

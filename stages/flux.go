@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -56,18 +58,22 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 
-	// 3. The sync objects (and the credentials of a private remote).
+	// 3. The sync objects and the credentials: the private remote's, or
+	// the snapshot server's own.
 	sync := flux.SyncOptions{Name: FluxNamespace, Namespace: FluxNamespace, URL: url, Branch: f.Branch, Path: f.Path, Interval: f.Interval.D()}
 	var syncObjs []*unstructured.Unstructured
-	if !f.LocalSnapshot.Enabled {
-		secret, err := fluxAuthSecret(env)
-		if err != nil {
-			return err
-		}
-		if secret != nil {
-			sync.SecretName = secret.GetName()
-			syncObjs = append(syncObjs, secret)
-		}
+	var secret *unstructured.Unstructured
+	if f.LocalSnapshot.Enabled {
+		secret, err = snapshotAuthSecret(env)
+	} else {
+		secret, err = fluxAuthSecret(env)
+	}
+	if err != nil {
+		return err
+	}
+	if secret != nil {
+		sync.SecretName = secret.GetName()
+		syncObjs = append(syncObjs, secret)
 	}
 	more, err := flux.SyncObjects(sync)
 	if err != nil {
@@ -164,11 +170,14 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	}
 	opts := gitsnap.StartOptions{
 		Flags: gitsnap.ServeFlags{Repo: env.Config.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: f.Branch,
-			Interval: ls.Refresh.D(), Exclude: ls.Exclude},
+			Interval: ls.Refresh.D(), Exclude: ls.Exclude, AuthFile: filepath.Join(env.Paths.StateDir, gitsnap.AuthFileName)},
 		StateDir: env.Paths.StateDir, Log: env.Log,
 	}
 	var served string
 	err = env.Wet(fmt.Sprintf("serve git snapshot %s of %s at %s", short(snap.Hash.String()), ls.Source, ls.URL), func() error {
+		if _, _, err := gitsnap.EnsureAuth(env.Paths.StateDir); err != nil {
+			return err
+		}
 		state, action, err := gitsnap.Ensure(ctx, opts, snap.Hash.String())
 		if err != nil {
 			return err
@@ -291,4 +300,26 @@ func (FluxStage) Prechecks(_ context.Context, env *Env) []check.Check {
 		}
 		return check.Passf("%s branch %s at %s", f.Repo, f.Branch, short(head))
 	}}}
+}
+
+// snapshotAuthSecret builds the Secret Flux presents to the snapshot
+// server: the cluster's credential (created once, 0600, in the state
+// directory, which no snapshot contains). A dry run creates nothing: it
+// plans with a placeholder when there is no credential yet.
+func snapshotAuthSecret(env *Env) (*unstructured.Unstructured, error) {
+	var auth gitsnap.BasicAuth
+	var err error
+	path := filepath.Join(env.Paths.StateDir, gitsnap.AuthFileName)
+	if env.DryRun {
+		if auth, err = gitsnap.ReadAuth(path); errors.Is(err, fs.ErrNotExist) {
+			auth, err = gitsnap.BasicAuth{Username: "flux", Password: "to-be-generated"}, nil
+		}
+	} else {
+		auth, _, err = gitsnap.EnsureAuth(env.Paths.StateDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the snapshot server's credential: %w", err)
+	}
+	env.Secrets.Add(auth.Password)
+	return flux.AuthSecret(FluxNamespace, FluxNamespace, flux.Credentials{Username: auth.Username, Token: auth.Password})
 }

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,6 +55,24 @@ func TestFluxStageOnTheLab(t *testing.T) {
 	if snap.PID == 0 || l.st.Outputs.Flux.Revision != "main@sha1:"+snap.Hash {
 		t.Fatalf("outputs: flux %+v snapshot %+v", l.st.Outputs.Flux, snap)
 	}
+	// Flux got there with the cluster's credential; nobody else gets in.
+	if _, err := os.Stat(filepath.Join(l.cfg.Paths().StateDir, gitsnap.AuthFileName)); err != nil {
+		t.Fatalf("no snapshot credential: %v", err)
+	}
+	resp, err := http.Get(snap.URL + "/info/refs?service=git-upload-pack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("anonymous request to the snapshot server: %s, want 401", resp.Status)
+	}
+	if sec, err := l.client().CoreV1().Secrets("flux-system").Get(ctx, "flux-system", metav1.GetOptions{}); err != nil || len(sec.Data["password"]) < 40 || string(sec.Data["username"]) != "flux" {
+		t.Fatalf("the GitRepository's Secret: %v", err)
+	}
+	if strings.Contains(l.out.String(), string(mustAuth(t, l).Password)) {
+		t.Fatal("the snapshot password is in the stage's output")
+	}
 
 	// Converged: nothing applied, the same server reused.
 	env, err = l.runStage(FluxStage{}, false)
@@ -80,4 +99,13 @@ func TestFluxStageOnTheLab(t *testing.T) {
 	if _, err := l.client().CoreV1().Namespaces().Get(ctx, "from-git-2", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the edit was not applied: %v", err)
 	}
+}
+
+func mustAuth(t *testing.T, l *kubeLab) gitsnap.BasicAuth {
+	t.Helper()
+	a, err := gitsnap.ReadAuth(filepath.Join(l.cfg.Paths().StateDir, gitsnap.AuthFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
