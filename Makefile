@@ -10,7 +10,7 @@ GOBUILD := $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 LAB_BIN ?= $(CURDIR)/.lab/bin
 export BOOTSTRAP_LAB_BIN := $(LAB_BIN)
 
-.PHONY: all build build-lab deps test test-unit lint lint-files lint-units lab-bins bench e2e demo clean
+.PHONY: all build build-lab deps test test-unit lint lint-files lint-units lab-bins bench e2e fuzz demo clean
 
 all: build
 
@@ -48,6 +48,13 @@ e2e: deps lab-bins
 BENCH_ARGS ?=
 bench: deps build lab-bins
 	$(GO) run ./e2e/cmd/bench -binary $(BIN) -readme README.md $(BENCH_ARGS)
+
+# Fuzzing (not part of `make test`): each target runs for FUZZTIME. What it
+# finds lands in the package's testdata/fuzz/<target>/ and then runs in
+# every `go test` as a regression case; keep those files.
+FUZZTIME ?= 5m
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzUploadPackRequest$$' -fuzztime $(FUZZTIME) ./gitsnap/
 
 # Quick unit tests without the lab requirement.
 test-unit:

@@ -171,6 +171,10 @@ type LocalSnapshot struct {
 	URL     string   `yaml:"url" doc:"URL the cluster uses to reach the server (this host's LAN address)."`
 	Exclude []string `yaml:"exclude" doc:"Extra path patterns never served (.talos/, ai/state/, kubeconfigs and secrets are always excluded)."`
 	Refresh Duration `yaml:"refresh" doc:"Re-snapshot interval when the tree changed (0 = only on SIGHUP)."`
+	// TLS is optional: the credential already keeps strangers out, TLS also
+	// keeps the LAN from reading the tree and the credential in transit.
+	TLSCertFile string `yaml:"tlsCertFile" doc:"Serve over HTTPS with this PEM certificate (chain); url must then be https://. Flux trusts it as its CA, so a self-signed certificate works."`
+	TLSKeyFile  string `yaml:"tlsKeyFile" doc:"PEM private key of tlsCertFile (keep it 0600)."`
 }
 
 // Postcheck configures the exit-criteria checks.

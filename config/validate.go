@@ -555,6 +555,7 @@ func (v *validator) flux() {
 		if ls.Refresh < 0 {
 			v.errf("flux.localSnapshot.refresh", "must not be negative")
 		}
+		v.snapshotTLS(u)
 	}
 }
 

@@ -3,6 +3,7 @@ package config
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/url"
@@ -81,4 +82,36 @@ func knownHostsHas(path, addr string) (bool, error) {
 	}
 	// Accepted (impossible for a fresh key) or revoked: the host is named.
 	return true, nil
+}
+
+// snapshotTLS checks the snapshot server's optional TLS: certificate and
+// key together, a pair that loads as the server will load it
+// (tls.LoadX509KeyPair), an https:// URL exactly when TLS is on, and a key
+// only its owner can read.
+func (v *validator) snapshotTLS(u *url.URL) {
+	ls := v.c.Flux.LocalSnapshot
+	on := ls.TLSCertFile != "" || ls.TLSKeyFile != ""
+	switch {
+	case on && (ls.TLSCertFile == "" || ls.TLSKeyFile == ""):
+		v.errf("flux.localSnapshot", "set both tlsCertFile and tlsKeyFile, or neither")
+		return
+	case u == nil || u.Host == "":
+		return // the URL is reported already
+	case on && u.Scheme != "https":
+		v.errf("flux.localSnapshot.url", "%s must be https:// when tlsCertFile is set (the server speaks only TLS)", ls.URL)
+	case !on && u.Scheme == "https":
+		v.errf("flux.localSnapshot.url", "%s is https:// but no tlsCertFile/tlsKeyFile is set: set them, or use http:// (the credential still keeps strangers out)", ls.URL)
+	}
+	if !on {
+		return
+	}
+	cert, key := v.c.Resolve(ls.TLSCertFile), v.c.Resolve(ls.TLSKeyFile)
+	if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+		msg := strings.ReplaceAll(strings.ReplaceAll(err.Error(), cert, ls.TLSCertFile), key, ls.TLSKeyFile)
+		v.errf("flux.localSnapshot.tlsCertFile", "%s and %s are not a certificate and its key: %s", ls.TLSCertFile, ls.TLSKeyFile, msg)
+		return
+	}
+	if st, err := os.Stat(key); err == nil && st.Mode().Perm()&0o077 != 0 {
+		v.warnf("flux.localSnapshot.tlsKeyFile", "%s is readable by others (mode %#o): chmod 600 it", ls.TLSKeyFile, st.Mode().Perm())
+	}
 }

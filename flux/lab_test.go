@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/internal/testcert"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/lab/gitssh"
 	"github.com/homelab/bootstrap/lab/kube"
@@ -192,4 +193,61 @@ func TestSSHSyncAgainstRealFlux(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("source-controller without known_hosts: %s", verdict)
+}
+
+// TestSnapshotOverTLSWithAuthAgainstRealFlux: the real source-controller
+// clones from a snapshot server that requires the credential and speaks
+// only HTTPS with a self-signed certificate, given the Secret AuthSecret
+// builds (username, password, ca.crt).
+func TestSnapshotOverTLSWithAuthAgainstRealFlux(t *testing.T) {
+	lab := kubetest.Start(t, kube.Options{Flux: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	repo := t.TempDir()
+	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
+	os.WriteFile(filepath.Join(repo, "infra", "kustomization.yaml"), []byte("resources: [cm.yaml]\n"), 0o644)
+	os.WriteFile(filepath.Join(repo, "infra", "cm.yaml"), []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: over-tls\n  namespace: default\ndata:\n  via: https\n"), 0o644)
+	if out, err := exec.Command("git", "-C", repo, "init", "-q", "-b", "main").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	dir := t.TempDir()
+	certFile, keyFile := testcert.SelfSigned(t, dir)
+	auth, _, err := gitsnap.EnsureAuth(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "https://" + l.Addr().String() + "/homelab.git"
+	srv, err := gitsnap.NewServer(ctx, gitsnap.ServerOptions{Build: gitsnap.BuildOptions{Dir: repo, Branch: "main"}, URL: url,
+		Auth: &auth, TLSCert: certFile, TLSKey: keyFile, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ctx, l, nil)
+
+	c, err := NewClient(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := os.ReadFile(certFile)
+	secret, err := AuthSecret("flux-system", "flux-system", Credentials{Username: auth.Username, Token: auth.Password, CA: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := SyncObjects(SyncOptions{Name: "flux-system", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "flux-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Apply(ctx, append([]*unstructured.Unstructured{secret}, objs...), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitReady(ctx, "flux-system", "flux-system", srv.Snapshot().Revision(), 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if cm, err := lab.Client().CoreV1().ConfigMaps("default").Get(ctx, "over-tls", metav1.GetOptions{}); err != nil || cm.Data["via"] != "https" {
+		t.Fatalf("object under ./infra not applied over HTTPS: %v", err)
+	}
 }

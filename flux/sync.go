@@ -75,6 +75,10 @@ type Credentials struct {
 	// Username and Token for https:// URLs.
 	Username string
 	Token    string
+	// CA is the PEM certificate (or CA) an https:// server must chain to,
+	// for a server with a private CA or a self-signed certificate; written
+	// as ca.crt, which source-controller reads (fluxcd/pkg/git options.go).
+	CA []byte
 }
 
 // AuthSecret returns the Secret source-controller reads credentials from.
@@ -94,6 +98,9 @@ func AuthSecret(name, namespace string, c Credentials) (*unstructured.Unstructur
 			user = "git"
 		}
 		data["username"], data["password"] = []byte(user), []byte(c.Token)
+		if len(c.CA) > 0 {
+			data["ca.crt"] = c.CA
+		}
 	default:
 		return nil, fmt.Errorf("no credentials given")
 	}

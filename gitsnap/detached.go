@@ -3,6 +3,8 @@ package gitsnap
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,6 +51,8 @@ type ServeFlags struct {
 	Exclude  []string      `help:"Extra gitignore-style pattern to leave out of the snapshot (repeatable)." sep:"none"`
 	StateDir string        `help:"State directory of a detached server (kept current by the server)." type:"path"`
 	AuthFile string        `help:"File holding user:password (mode 0600) that clients must present with HTTP basic auth; without it the snapshot is served to anyone who can reach the port." type:"path"`
+	TLSCert  string        `name:"tls-cert" help:"Serve HTTPS with this PEM certificate (chain); --url must be https://." type:"path"`
+	TLSKey   string        `name:"tls-key" help:"PEM private key of --tls-cert." type:"path"`
 }
 
 // Args is the argv of `bootstrap gitsnap serve` for these flags, without
@@ -69,6 +73,9 @@ func (f ServeFlags) Args() []string {
 	}
 	if f.AuthFile != "" {
 		args = append(args, "--auth-file="+f.AuthFile)
+	}
+	if f.TLSCert != "" {
+		args = append(args, "--tls-cert="+f.TLSCert, "--tls-key="+f.TLSKey)
 	}
 	return args
 }
@@ -106,6 +113,7 @@ func Serve(ctx context.Context, f ServeFlags, log zerolog.Logger, refresh <-chan
 	} else {
 		log.Warn().Msg("no --auth-file: anyone who can reach the port can clone the snapshot")
 	}
+	opts.TLSCert, opts.TLSKey = f.TLSCert, f.TLSKey
 	srv, err := NewServer(ctx, opts)
 	if err != nil {
 		return err
@@ -120,25 +128,28 @@ func Serve(ctx context.Context, f ServeFlags, log zerolog.Logger, refresh <-chan
 
 // State is what the state directory records about a detached server.
 type State struct {
-	PID       int           `json:"pid"`
-	Listen    string        `json:"listen"`
-	URL       string        `json:"url"`
-	Hash      string        `json:"hash"`
-	Branch    string        `json:"branch"`
-	Repo      string        `json:"repo"`
-	Interval  time.Duration `json:"interval"`
-	Excludes  []string      `json:"excludes,omitempty"`
+	PID      int           `json:"pid"`
+	Listen   string        `json:"listen"`
+	URL      string        `json:"url"`
+	Hash     string        `json:"hash"`
+	Branch   string        `json:"branch"`
+	Repo     string        `json:"repo"`
+	Interval time.Duration `json:"interval"`
+	Excludes []string      `json:"excludes,omitempty"`
 	// AuthFile is the credential file the server requires (its path, never
 	// its content).
-	AuthFile  string        `json:"auth_file,omitempty"`
-	LogFile   string        `json:"log_file"`
-	StartedAt time.Time     `json:"started_at"`
-	UpdatedAt time.Time     `json:"updated_at"`
+	AuthFile string `json:"auth_file,omitempty"`
+	// TLSCert is the certificate the server presents (its path); probes
+	// trust it.
+	TLSCert   string    `json:"tls_cert,omitempty"`
+	LogFile   string    `json:"log_file"`
+	StartedAt time.Time `json:"started_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func (s *State) sameServer(f ServeFlags) bool {
 	return s.Repo == f.Repo && s.Listen == f.Listen && s.URL == f.URL && s.Branch == f.branch() &&
-		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude) && s.AuthFile == f.AuthFile
+		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude) && s.AuthFile == f.AuthFile && s.TLSCert == f.TLSCert
 }
 
 // ReadState returns the recorded server in stateDir, or nil if none is recorded.
@@ -269,7 +280,7 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 	st := &State{
 		PID: pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL,
 		Branch: opts.Flags.Branch, Repo: opts.Flags.Repo, Interval: opts.Flags.Interval,
-		Excludes: opts.Flags.Exclude, AuthFile: opts.Flags.AuthFile, LogFile: logPath, StartedAt: now, UpdatedAt: now,
+		Excludes: opts.Flags.Exclude, AuthFile: opts.Flags.AuthFile, TLSCert: opts.Flags.TLSCert, LogFile: logPath, StartedAt: now, UpdatedAt: now,
 	}
 	if err := writeState(opts.StateDir, st); err != nil {
 		_ = cmd.Process.Kill()
@@ -288,7 +299,7 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 				case <-pctx.Done():
 				}
 			}()
-			h, servedBy, err := probe(pctx, opts.Flags.URL, opts.Flags.Branch, st.auth())
+			h, servedBy, err := probe(pctx, st.client(), opts.Flags.URL, opts.Flags.Branch, st.auth())
 			cancel()
 			select {
 			case <-child.Exited:
@@ -338,8 +349,22 @@ var probeClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKee
 // Probe asks the git server at url for its refs, as `git ls-remote` does,
 // presenting auth when not nil, and returns the commit of refs/heads/<branch>.
 func Probe(ctx context.Context, url, branch string, auth *BasicAuth) (plumbing.Hash, error) {
-	h, _, err := probe(ctx, url, branch, auth)
+	h, _, err := probe(ctx, probeClient, url, branch, auth)
 	return h, err
+}
+
+// client is the HTTP client that reaches the recorded server: it trusts
+// the server's own certificate when it serves HTTPS (a self-signed one is
+// its own CA), and uses no proxy.
+func (s *State) client() *http.Client {
+	if s.TLSCert == "" {
+		return probeClient
+	}
+	pool := x509.NewCertPool()
+	if pem, err := os.ReadFile(s.TLSCert); err == nil {
+		pool.AppendCertsFromPEM(pem)
+	}
+	return &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true, TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 }
 
 // auth is the credential the recorded server requires, nil when it
@@ -357,7 +382,7 @@ func (s *State) auth() *BasicAuth {
 
 // probe also returns the pid a gitsnap server reports in its answer (0 for
 // other servers), so a recorded process is known to be the one answering.
-func probe(ctx context.Context, url, branch string, auth *BasicAuth) (plumbing.Hash, int, error) {
+func probe(ctx context.Context, client *http.Client, url, branch string, auth *BasicAuth) (plumbing.Hash, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
@@ -366,7 +391,7 @@ func probe(ctx context.Context, url, branch string, auth *BasicAuth) (plumbing.H
 		return plumbing.ZeroHash, 0, err
 	}
 	auth.set(req)
-	resp, err := probeClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return plumbing.ZeroHash, 0, fmt.Errorf("listing refs at %s: %w", url, err)
 	}
@@ -415,7 +440,7 @@ func Check(ctx context.Context, stateDir string) (Status, error) {
 		return Status{}, err
 	}
 	out := Status{State: st, Alive: processAlive(st.PID)}
-	out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch, st.auth())
+	out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.client(), st.URL, st.Branch, st.auth())
 	return out, nil
 }
 
@@ -515,7 +540,8 @@ func Ensure(ctx context.Context, opts StartOptions, wantHash string) (*State, En
 	if status.State != nil {
 		_ = os.Remove(filepath.Join(opts.StateDir, StateFileName))
 	}
-	if h, err := Probe(ctx, opts.Flags.URL, opts.Flags.Branch, (&State{AuthFile: opts.Flags.AuthFile}).auth()); err == nil {
+	external := &State{AuthFile: opts.Flags.AuthFile, TLSCert: opts.Flags.TLSCert}
+	if h, _, err := probe(ctx, external.client(), opts.Flags.URL, opts.Flags.Branch, external.auth()); err == nil {
 		if h.String() != wantHash {
 			return nil, "", fmt.Errorf("a git server not started by bootstrap answers at %s with %s, not the current snapshot %s: reload it (SIGHUP, or systemctl reload) or stop it", opts.Flags.URL, h, wantHash)
 		}
@@ -534,7 +560,7 @@ func awaitAnswer(ctx context.Context, opts StartOptions, st *State) (Status, err
 			if !processAlive(st.PID) {
 				return false, "", fmt.Errorf("the git snapshot server (pid %d) exited", st.PID)
 			}
-			out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.URL, st.Branch, st.auth())
+			out.ServedHash, out.ServedByPID, out.ProbeError = probe(ctx, st.client(), st.URL, st.Branch, st.auth())
 			if out.ProbeError != nil {
 				return false, out.ProbeError.Error(), nil
 			}
@@ -553,7 +579,7 @@ func refreshRunning(ctx context.Context, opts StartOptions, st *State, wantHash 
 	}
 	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("git snapshot server at %s to serve %s", st.URL, wantHash), Timeout: opts.Timeout, Interval: 50 * time.Millisecond, Log: opts.Log},
 		func(ctx context.Context) (bool, string, error) {
-			h, err := Probe(ctx, st.URL, st.Branch, st.auth())
+			h, _, err := probe(ctx, st.client(), st.URL, st.Branch, st.auth())
 			if err != nil {
 				return false, err.Error(), nil
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -61,6 +62,8 @@ type ServerOptions struct {
 	// Auth, when set, is required of every request (HTTP basic auth); a
 	// request without it gets 401 and nothing else.
 	Auth *BasicAuth
+	// TLSCert and TLSKey (PEM files), when set, make the server speak HTTPS.
+	TLSCert, TLSKey string
 	// Log receives the server's lines; the zero logger discards them.
 	Log zerolog.Logger
 }
@@ -174,8 +177,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, refresh <-chan os.S
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       90 * time.Second,
 	}
+	if (s.opts.TLSCert == "") != (s.opts.TLSKey == "") {
+		return errors.New("the snapshot server needs both a TLS certificate and its key, or neither")
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	if s.opts.TLSCert != "" {
+		hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		go func() { errc <- hs.ServeTLS(ln, s.opts.TLSCert, s.opts.TLSKey) }()
+	} else {
+		go func() { errc <- hs.Serve(ln) }()
+	}
 
 	snap := s.Snapshot()
 	s.log.Info().Str("url", s.opts.URL).Str("listen", ln.Addr().String()).Str("hash", snap.Hash.String()).
@@ -221,7 +232,10 @@ func (s *Server) refreshLogged(ctx context.Context, trigger string) {
 	}
 	if !changed {
 		s.log.Debug().Str("trigger", trigger).Str("hash", snap.Hash.String()).Msg("work tree unchanged")
+		return
 	}
+	s.log.Info().Str("trigger", trigger).Str("hash", snap.Hash.String()).Int("files", snap.Files).Int("excluded", snap.Excluded.Total()).
+		Msgf("now serving snapshot %s (%d files, excluded %s)", snap.Hash, snap.Files, snap.Excluded)
 }
 
 func hostOf(raw string) string {
@@ -335,12 +349,7 @@ func (s *Server) uploadPack(w http.ResponseWriter, r *http.Request) {
 		defer gz.Close()
 		body = io.LimitReader(gz, maxRequestBody)
 	}
-	req := packp.NewUploadPackRequest()
-	if err := req.UploadRequest.Decode(body); err != nil {
-		http.Error(w, "bad upload-pack request: "+err.Error(), http.StatusBadRequest)
-		return
-	}
-	haves, done, err := readHaves(body)
+	req, haves, done, err := parseUploadPackRequest(body)
 	if err != nil {
 		http.Error(w, "bad upload-pack request: "+err.Error(), http.StatusBadRequest)
 		return
@@ -426,12 +435,43 @@ func (s *Server) snapshotWith(wants []plumbing.Hash) *Snapshot {
 	return nil
 }
 
+// Bounds of one upload-pack request. A snapshot is one commit on one
+// branch: a client has no reason to want more than a few objects, and the
+// haves of a stateless fetch are its own history, resent each round.
+const (
+	maxWants = 64
+	maxHaves = 1 << 16
+)
+
+// parseUploadPackRequest reads one stateless upload-pack request: the
+// upload-request section (wants, capabilities, shallow and deepen lines),
+// then "have" lines and an optional "done". Anything malformed or beyond
+// the bounds is an error the handler answers with 400; it never panics
+// (FuzzUploadPackRequest).
+func parseUploadPackRequest(body io.Reader) (*packp.UploadPackRequest, []plumbing.Hash, bool, error) {
+	req := packp.NewUploadPackRequest()
+	if err := req.UploadRequest.Decode(body); err != nil {
+		return nil, nil, false, err
+	}
+	if len(req.Wants) > maxWants {
+		return nil, nil, false, fmt.Errorf("%d wants: at most %d are served", len(req.Wants), maxWants)
+	}
+	haves, done, err := readHaves(body)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	return req, haves, done, nil
+}
+
 // readHaves reads the rest of an upload-pack request after the
 // upload-request section: "have" lines, flushes and an optional "done".
 func readHaves(r io.Reader) ([]plumbing.Hash, bool, error) {
 	sc := pktline.NewScanner(r)
 	var haves []plumbing.Hash
 	for sc.Scan() {
+		if len(haves) >= maxHaves {
+			return nil, false, fmt.Errorf("more than %d haves", maxHaves)
+		}
 		line := bytes.TrimSuffix(sc.Bytes(), []byte("\n"))
 		switch {
 		case len(line) == 0:

@@ -21,6 +21,8 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
+
+	"github.com/homelab/bootstrap/internal/testcert"
 )
 
 func serveFixture(t *testing.T) (fixture, *Server, chan os.Signal) {
@@ -543,5 +545,57 @@ func TestAuthRequired(t *testing.T) {
 	}
 	if _, err := ReadAuth(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("world-readable credential: %v", err)
+	}
+}
+
+// TestTLS: with a certificate the server speaks only HTTPS; the git CLI
+// clones when it trusts the certificate (and presents the credential),
+// refuses otherwise, and the detached server's probe trusts it.
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := testcert.SelfSigned(t, dir)
+	auth, _, err := EnsureAuth(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx := newFixture(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := "https://" + ln.Addr().String() + "/homelab.git"
+	srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes},
+		URL: u, Auth: &auth, TLSCert: certFile, TLSKey: keyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	env := append(os.Environ(), "GIT_TERMINAL_PROMPT=0")
+	clone := func(extra ...string) (string, error) {
+		cmd := exec.Command("git", "clone", "-q", withAuth(u, auth), filepath.Join(t.TempDir(), "clone"))
+		cmd.Env = append(env, extra...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := clone(); err == nil || !strings.Contains(out, "certificate") {
+		t.Errorf("clone without trusting the certificate: %v %s", err, out)
+	}
+	if out, err := clone("GIT_SSL_CAINFO=" + certFile); err != nil {
+		t.Fatalf("clone trusting the certificate: %v %s", err, out)
+	}
+	if resp, err := http.Get(strings.Replace(u, "https://", "http://", 1) + "/info/refs?service=git-upload-pack"); err == nil {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if bytes.Contains(body, []byte(testRepoBranch)) {
+			t.Errorf("plain HTTP was answered with refs: %s", body)
+		}
+	}
+	st := &State{URL: u, Branch: testRepoBranch, TLSCert: certFile, AuthFile: filepath.Join(dir, AuthFileName)}
+	if h, _, err := probe(context.Background(), st.client(), st.URL, st.Branch, st.auth()); err != nil || h != srv.Snapshot().Hash {
+		t.Errorf("probe of a TLS server: %s %v", h, err)
 	}
 }

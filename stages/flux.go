@@ -173,6 +173,9 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 			Interval: ls.Refresh.D(), Exclude: ls.Exclude, AuthFile: filepath.Join(env.Paths.StateDir, gitsnap.AuthFileName)},
 		StateDir: env.Paths.StateDir, Log: env.Log,
 	}
+	if ls.TLSCertFile != "" {
+		opts.Flags.TLSCert, opts.Flags.TLSKey = env.Config.Resolve(ls.TLSCertFile), env.Config.Resolve(ls.TLSKeyFile)
+	}
 	var served string
 	err = env.Wet(fmt.Sprintf("serve git snapshot %s of %s at %s", short(snap.Hash.String()), ls.Source, ls.URL), func() error {
 		if _, _, err := gitsnap.EnsureAuth(env.Paths.StateDir); err != nil {
@@ -321,5 +324,13 @@ func snapshotAuthSecret(env *Env) (*unstructured.Unstructured, error) {
 		return nil, fmt.Errorf("the snapshot server's credential: %w", err)
 	}
 	env.Secrets.Add(auth.Password)
-	return flux.AuthSecret(FluxNamespace, FluxNamespace, flux.Credentials{Username: auth.Username, Token: auth.Password})
+	cr := flux.Credentials{Username: auth.Username, Token: auth.Password}
+	if f := env.Config.Flux.LocalSnapshot.TLSCertFile; f != "" {
+		// Flux trusts the server's own certificate (a self-signed one is
+		// its own CA).
+		if cr.CA, err = os.ReadFile(env.Config.Resolve(f)); err != nil {
+			return nil, config.Userf("flux.localSnapshot.tlsCertFile: %v", err)
+		}
+	}
+	return flux.AuthSecret(FluxNamespace, FluxNamespace, cr)
 }
