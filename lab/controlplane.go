@@ -12,6 +12,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/talossim"
@@ -120,6 +122,19 @@ func (c *ControlPlane) Kubeconfig(ctx context.Context) ([]byte, error) {
 func (c *ControlPlane) Healthy(ctx context.Context) bool {
 	kc, err := c.Cluster()
 	return err == nil && kc.Healthy(ctx) == nil
+}
+
+// SetCordoned implements talossim.Cordoner: it marks the Node
+// unschedulable (or schedulable again), as Talos's controllers do around
+// an upgrade.
+func (c *ControlPlane) SetCordoned(ctx context.Context, nodeName string, cordoned bool) error {
+	kc, err := c.Cluster()
+	if err != nil {
+		return err
+	}
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, cordoned)
+	_, err = kc.Client().CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
 }
 
 // Cluster returns the running control plane, or why there is none.

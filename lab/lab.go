@@ -50,6 +50,10 @@ type Options struct {
 	TimeScale float64
 	// CNI is written into the config: flannel (default) or cilium.
 	CNI string
+	// TalosVersion is what the nodes' ISO boots and the config's
+	// cluster.talosVersion (default v1.13.3): an older one lets a test
+	// upgrade the cluster afterwards.
+	TalosVersion string
 	// BinDir holds the lab binaries (default: kube.DefaultBinDir()).
 	BinDir string
 	// Audit makes the API server keep an audit log of every write (who,
@@ -134,6 +138,9 @@ func (o Options) withDefaults() Options {
 	if o.CNI == "" {
 		o.CNI = "flannel"
 	}
+	if o.TalosVersion == "" {
+		o.TalosVersion = config.DefaultTalosVersion
+	}
 	return o
 }
 
@@ -201,7 +208,8 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// The lab has no way out to the discovery service (discovery.talos.dev):
 	// workers find trustd through the cluster endpoint only, as in an
 	// offline homelab, so a VIP endpoint makes them wait for etcd.
-	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, DiscoveryUnreachable: true, Log: o.Log})
+	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, DiscoveryUnreachable: true,
+		TalosVersion: o.TalosVersion, Log: o.Log})
 
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
 	l.PVE, err = pvesim.New(pvesim.Options{
@@ -319,6 +327,7 @@ func (l *Lab) writeConfig() (string, error) {
 # processes. Run: bootstrap run --config %[2]s --stage all
 cluster:
   name: lab
+  talosVersion: %[22]s
   endpoint: https://%[3]s:6443
   vip: %[4]q
   network:
@@ -361,7 +370,7 @@ postcheck:
   timeout: 3m
 `, l.prefix, filepath.Base(o.ConfigPath), endpointHost, vip, l.addr(1), l.PVE.APIURL(), l.PVE.NodeName(), id, l.PVE.Fingerprint(),
 		isoURL, isoFile, isoSHA256, nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
-		abs(tokenFile), abs(l.gitDir))
+		abs(tokenFile), abs(l.gitDir), o.TalosVersion)
 	if err := fsutil.WriteAtomic(o.ConfigPath, []byte(cfg), 0o644); err != nil {
 		return "", err
 	}

@@ -47,6 +47,8 @@ type Env struct {
 type Options struct {
 	// MergeConfigs merges talosconfig/kubeconfig into the user's home configs.
 	MergeConfigs bool
+	// AllowDowngrade lets the talos stage roll nodes back to an older Talos.
+	AllowDowngrade bool
 }
 
 // Change is one mutation a stage made, or would make in a dry run.

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/talos"
 )
 
@@ -26,6 +28,11 @@ func (TalosStage) Name() string { return Talos }
 
 // Run implements Stage.
 func (TalosStage) Run(ctx context.Context, env *Env) error {
+	// A downgrade the state already shows is refused before anything is
+	// written or called.
+	if err := refuseDowngrade(ctx, env, nil, nil); err != nil {
+		return err
+	}
 	gen, err := talosGenerateOptions(env)
 	if err != nil {
 		return err
@@ -49,6 +56,11 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	targets := make([]talos.Target, 0, len(res.Nodes))
 	for _, n := range res.Nodes {
 		targets = append(targets, talos.Target{Name: n.Name, IP: n.IP, Role: n.Role, Config: n.Config, InstallDisk: n.InstallDisk})
+	}
+	// And one only the nodes show (the state is older than the cluster)
+	// before anything is applied to them.
+	if err := refuseDowngrade(ctx, env, ops, targets); err != nil {
+		return err
 	}
 	conv, err := ops.Converge(ctx, talos.ConvergeOptions{
 		Nodes:          targets,
@@ -80,12 +92,17 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		if err != nil {
 			return err
 		}
+		if err := upgradeTalos(ctx, env, ops, targets, conv); err != nil {
+			return err
+		}
 		return mergeUserConfigs(env, res.Talosconfig)
 	}
 	if err != nil {
 		return err
 	}
-	reportVersionDrift(env, conv)
+	if err := upgradeTalos(ctx, env, ops, targets, conv); err != nil {
+		return err
+	}
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
 		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), conv.APIServerVersion, env.Paths.Kubeconfig)
 	return mergeUserConfigs(env, res.Talosconfig)
@@ -198,19 +215,105 @@ func renderTalos(env *Env, opts talos.GenerateOptions) (*talos.Result, error) {
 	return res, err
 }
 
-// reportVersionDrift warns about nodes that run another Talos than the
-// config names. An apply never changes the running Talos: the install
-// image is applied at once without reinstalling (CanApplyImmediate), so a
-// bumped cluster.talosVersion only takes effect through an upgrade.
-func reportVersionDrift(env *Env, conv *talos.ConvergeResult) {
-	want := env.Config.Cluster.TalosVersion
-	for _, n := range env.Config.Nodes {
-		r, ok := conv.Nodes[n.Name]
-		if !ok || r.Version == "" || r.Version == want {
-			continue
-		}
-		env.UI.Warn("node %s runs Talos %s, the config says %s: applying a config does not upgrade Talos; the node keeps %s until it is upgraded", n.Name, r.Version, want, r.Version)
+// refuseDowngrade plans the rollout from the versions the state recorded
+// (ops nil: no call at all), or from the versions the configured nodes
+// report (read-only Version calls), and returns the plan's refusal of a
+// downgrade, if any, before the converge applies the older install image
+// anywhere.
+func refuseDowngrade(ctx context.Context, env *Env, ops *talos.Ops, targets []talos.Target) error {
+	if env.Options.AllowDowngrade {
+		return nil
 	}
+	want := env.Config.Cluster.TalosVersion
+	if ops == nil {
+		for _, n := range env.Config.Nodes {
+			role := talos.RoleWorker
+			if n.Role == config.RoleControlPlane {
+				role = talos.RoleControlPlane
+			}
+			targets = append(targets, talos.Target{Name: n.Name, IP: n.IP, Role: role})
+		}
+	}
+	var known []talos.Target
+	live := map[string]string{}
+	for _, t := range targets {
+		v := env.State.Outputs.Nodes[t.Name].TalosVersion
+		if ops != nil {
+			p, err := ops.Probe(ctx, t.IP)
+			if err != nil || p.Mode != talos.ModeConfigured {
+				continue
+			}
+			v = p.Version
+		}
+		if v != "" {
+			known = append(known, t)
+			live[t.Name] = v
+		}
+	}
+	_, err := talos.PlanUpgrades(known, live, want, false)
+	var planErr *talos.PlanError
+	if errors.As(err, &planErr) && planErr.Downgrade {
+		return config.Userf("%s", planErr.Reason)
+	}
+	return nil
+}
+
+// upgradeTalos moves every node to cluster.talosVersion: the plan comes
+// from the versions the nodes report, control planes first, one node at a
+// time (talos.RollOut). A downgrade is refused unless --allow-downgrade.
+// An apply never changes the running Talos: the install image is applied
+// at once without reinstalling (CanApplyImmediate), so a bumped
+// cluster.talosVersion only takes effect through the Upgrade RPC.
+func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos.Target, conv *talos.ConvergeResult) error {
+	want := env.Config.Cluster.TalosVersion
+	// Only nodes that run an installed system are upgraded; one still in
+	// maintenance (or, in a dry run, about to install) gets the configured
+	// installer's version when it installs.
+	live := map[string]string{}
+	var installed []talos.Target
+	for _, t := range targets {
+		r, ok := conv.Nodes[t.Name]
+		if ok && r.Version != "" && (r.Found == talos.ModeConfigured || r.Action == talos.ActionInstalled) {
+			live[t.Name] = r.Version
+			installed = append(installed, t)
+		}
+	}
+	steps, err := talos.PlanUpgrades(installed, live, want, env.Options.AllowDowngrade)
+	var planErr *talos.PlanError
+	if errors.As(err, &planErr) {
+		return config.Userf("%s", planErr.Reason)
+	}
+	if err != nil || len(steps) == 0 {
+		return err
+	}
+	image := env.Config.Cluster.InstallImage
+	if image == "" {
+		image = "ghcr.io/siderolabs/installer:" + want
+	}
+	if env.DryRun {
+		for _, s := range steps {
+			if err := env.Wet(s.String(), nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	health := talos.HealthInput{CNIDisabled: env.Config.CNI.Name == "cilium"}
+	for _, t := range targets {
+		health.Nodes = append(health.Nodes, talos.HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
+	}
+	if cs, _, err := kube.Clientset(env.Paths.Kubeconfig); err == nil {
+		health.Kube = cs
+	}
+	return ops.RollOut(ctx, talos.RollOutOptions{Steps: steps, Image: image, Health: health, Mutate: env.Wet,
+		OnUpgraded: func(s talos.UpgradeStep) {
+			n := env.Node(s.Name)
+			n.TalosVersion = s.To
+			env.SetNode(n)
+			if err := env.SaveState(); err != nil {
+				env.Log.Warn().Err(err).Str("node", s.Name).Msg("saving state after the upgrade")
+			}
+		}})
 }
 
 // recordTalosNode keeps what the node now runs in state, saved at once so

@@ -226,33 +226,91 @@ func TestTalosStage(t *testing.T) {
 	}
 }
 
-// TestTalosVersionBumpIsReportedAsDrift: a new cluster.talosVersion only
-// rewrites the install image, which real Talos applies at once without
-// reinstalling (CanApplyImmediate), so the node keeps its Talos. The stage
-// must say so, not report the change as done.
-func TestTalosVersionBumpIsReportedAsDrift(t *testing.T) {
+// TestTalosVersionBumpUpgradesTheNodes: a bumped cluster.talosVersion is
+// planned as upgrades (dry run: nothing called), then carried out with the
+// Upgrade RPC, control planes first; the nodes then run the new version, a
+// re-run changes nothing, a downgrade is refused as a user error without
+// any Upgrade call, and an installer that cannot be pulled stops the
+// rollout with the node on its old version.
+func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 	l := newTalosLab(t)
 	t.Setenv("HOME", t.TempDir())
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	if err := (TalosStage{}).Run(ctx, l.env(t, false, false)); err != nil {
 		t.Fatal(err)
 	}
+	upgradeCalls := func() (calls, accepted int) {
+		for _, n := range l.sim.Nodes() {
+			c := n.Counters()
+			calls += c.UpgradeCalls
+			accepted += c.Upgrades
+		}
+		return calls, accepted
+	}
 	l.cfg.Cluster.TalosVersion = "v1.13.9"
+	dry := l.env(t, true, false)
+	if err := (TalosStage{}).Run(ctx, dry); err != nil {
+		t.Fatal(err)
+	}
+	plan := actions(dry)
+	for _, want := range []string{"upgrade Talos on cp-1 v1.13.3 → v1.13.9 (1/2, control planes first)", "upgrade Talos on wk-1 v1.13.3 → v1.13.9 (2/2, workers after the control planes)"} {
+		if !strings.Contains(plan, want) {
+			t.Fatalf("dry-run plan lacks %q:\n%s", want, plan)
+		}
+	}
+	if calls, _ := upgradeCalls(); calls != 0 {
+		t.Fatalf("a dry run made %d Upgrade calls", calls)
+	}
+
 	env := l.env(t, false, false)
-	var log bytes.Buffer
-	env.Log = zerolog.New(&log)
-	env.UI = ui.NewReporter(env.Log)
 	if err := (TalosStage{}).Run(ctx, env); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(actions(env), "apply changed config to cp-1") {
-		t.Fatalf("the new install image was not applied:\n%s", actions(env))
+	if !strings.Contains(actions(env), "apply changed config to cp-1") || strings.Index(actions(env), "upgrade Talos on cp-1") > strings.Index(actions(env), "upgrade Talos on wk-1") {
+		t.Fatalf("apply then upgrade, control plane first:\n%s", actions(env))
 	}
-	if !strings.Contains(log.String(), "node cp-1 runs Talos v1.13.3, the config says v1.13.9") {
-		t.Errorf("no drift warning:\n%s", log.String())
+	for _, n := range l.sim.Nodes() {
+		if n.Version() != "v1.13.9" || n.Counters().Upgrades != 1 {
+			t.Errorf("node %s runs %s after %d upgrades", n.IP(), n.Version(), n.Counters().Upgrades)
+		}
 	}
-	if v := l.st.Outputs.Nodes["cp-1"].TalosVersion; v != "v1.13.3" {
-		t.Errorf("recorded version %q, want the one the node runs", v)
+	if v := l.st.Outputs.Nodes["cp-1"].TalosVersion; v != "v1.13.9" {
+		t.Errorf("recorded version %q", v)
+	}
+	again := l.env(t, false, false)
+	if err := (TalosStage{}).Run(ctx, again); err != nil || actions(again) != "" {
+		t.Fatalf("re-run: %v\n%s", err, actions(again))
+	}
+
+	// Back to v1.13.3: a downgrade, refused before any call.
+	l.cfg.Cluster.TalosVersion = "v1.13.3"
+	before, _ := upgradeCalls()
+	err := (TalosStage{}).Run(ctx, l.env(t, false, false))
+	if err == nil || !config.IsUserError(err) || !strings.Contains(err.Error(), "downgrade is refused") {
+		t.Fatalf("downgrade: %v", err)
+	}
+	if after, _ := upgradeCalls(); after != before {
+		t.Fatalf("a refused downgrade made %d Upgrade calls", after-before)
+	}
+
+	// v1.13.10 with an installer the control plane cannot pull.
+	l.cfg.Cluster.TalosVersion = "v1.13.10"
+	cp, _ := l.sim.Node(l.ips["cp-1"])
+	cp.SetFaults(talossim.Faults{UpgradePullFails: 1})
+	err = (TalosStage{}).Run(ctx, l.env(t, false, false))
+	if err == nil || !strings.Contains(err.Error(), "error validating installer image") || !strings.Contains(err.Error(), "rollout stopped at cp-1 (1/2)") {
+		t.Fatalf("pull failure: %v", err)
+	}
+	wk, _ := l.sim.Node(l.ips["wk-1"])
+	if cp.Version() != "v1.13.9" || wk.Version() != "v1.13.9" {
+		t.Fatalf("after a failed pull: cp-1 %s, wk-1 %s; want both untouched", cp.Version(), wk.Version())
+	}
+	// The next run (the registry reachable again) finishes the job.
+	if err := (TalosStage{}).Run(ctx, l.env(t, false, false)); err != nil {
+		t.Fatal(err)
+	}
+	if cp.Version() != "v1.13.10" || wk.Version() != "v1.13.10" {
+		t.Fatalf("after resuming: cp-1 %s, wk-1 %s", cp.Version(), wk.Version())
 	}
 }

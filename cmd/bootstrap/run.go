@@ -11,11 +11,12 @@ import (
 
 // RunCmd is `bootstrap run`.
 type RunCmd struct {
-	Stage        string `default:"all" help:"Stage to run: all, ${stages} (aliases k3s, apps)." placeholder:"STAGE" predictor:"stage"`
-	From         string `help:"Run STAGE and every stage after it." placeholder:"STAGE" predictor:"stage"`
-	Resume       bool   `help:"Start at the stage that failed or was interrupted last time."`
-	DryRun       bool   `help:"Show what each stage would change; change nothing, write nothing."`
-	MergeConfigs bool   `help:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
+	Stage          string `default:"all" help:"Stage to run: all, ${stages} (aliases k3s, apps)." placeholder:"STAGE" predictor:"stage"`
+	From           string `help:"Run STAGE and every stage after it." placeholder:"STAGE" predictor:"stage"`
+	Resume         bool   `help:"Start at the stage that failed or was interrupted last time."`
+	DryRun         bool   `help:"Show what each stage would change; change nothing, write nothing."`
+	MergeConfigs   bool   `help:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
+	AllowDowngrade bool   `help:"Let the talos stage move nodes to an older Talos than they run (refused otherwise)."`
 }
 
 // Run executes the selected stages.
@@ -50,7 +51,7 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 
 	secrets := &redact.Set{}
 	env := &stages.Env{Config: cfg, Paths: paths, State: st, Out: a.Stdout, DryRun: r.DryRun, Secrets: secrets,
-		Options: stages.Options{MergeConfigs: r.MergeConfigs || cfg.Cluster.MergeConfigs}, Now: a.Now}
+		Options: stages.Options{MergeConfigs: r.MergeConfigs || cfg.Cluster.MergeConfigs, AllowDowngrade: r.AllowDowngrade}, Now: a.Now}
 	if s, err := cfg.ProxmoxTokenSecret(); err == nil {
 		secrets.Add(s)
 	}

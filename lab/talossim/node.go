@@ -60,6 +60,9 @@ type Faults struct {
 	// InstallerPullFails makes the next N installs fail to pull the
 	// installer image: the node reboots into the ISO (maintenance).
 	InstallerPullFails int
+	// UpgradePullFails makes the next N Upgrade calls fail to pull the
+	// installer image: the RPC errors and the node keeps its version.
+	UpgradePullFails int
 }
 
 // Counters are per-node call counts.
@@ -85,6 +88,9 @@ type Counters struct {
 	KubeconfigCalls int
 	// RebootCalls counts accepted Reboot calls.
 	RebootCalls int
+	// UpgradeCalls counts every Upgrade call; Upgrades the accepted ones.
+	UpgradeCalls int
+	Upgrades     int
 }
 
 // Node is one simulated Talos machine.
@@ -98,6 +104,9 @@ type Node struct {
 	mu       sync.Mutex
 	phase    Phase
 	gen      uint64 // bumped by every power or API transition; stale timers check it
+	// uncordonOnBoot: an upgrade cordoned the Node; the machine's
+	// controllers uncordon it once it runs again.
+	uncordonOnBoot bool
 	powered  bool
 	wantUp   bool // the API should serve (subject to faults)
 	srv      *grpc.Server
@@ -387,6 +396,10 @@ func (n *Node) finishBootLocked() {
 		return
 	}
 	n.setStageLocked(runtime.MachineStageRunning)
+	if n.uncordonOnBoot {
+		n.uncordonOnBoot = false
+		n.setCordonedLocked(n.hostnameLocked(), false)
+	}
 	if n.roleLocked() == "controlplane" {
 		// kubelet runs the control plane's static pods once etcd is up.
 		publishStaticPods(n.cosi, n.hostnameLocked(), true)

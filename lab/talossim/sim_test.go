@@ -561,3 +561,63 @@ func TestProfileTimeScale(t *testing.T) {
 		t.Errorf("apply → configured took %s, profile says at least %s", el, want)
 	}
 }
+
+// TestUpgradeRPC: the Upgrade RPC as machined answers it
+// (v1alpha1_server.go at v1.13.3): refused on a machine that is not
+// installed, an installer that cannot be pulled is the call's error with
+// the node unchanged, a control plane checks etcd first, and an accepted
+// upgrade reboots the node into the installer's version.
+func TestUpgradeRPC(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	_, err := insecure(t, f.cp).MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.4"})
+	wantCode(t, err, codes.FailedPrecondition, "Talos is not installed")
+
+	for _, n := range []struct{ ip, name string }{{f.cp, "cp-1"}, {f.wk, "wk-1"}} {
+		if _, err := insecure(t, n.ip).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config(n.name), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.waitPhase(f.node(f.cp), talossim.PhaseRunning)
+	f.waitPhase(f.node(f.wk), talossim.PhaseRunning)
+	cp := secure(t, f.cfg, f.cp)
+	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	before := f.node(f.wk).Version()
+
+	f.node(f.wk).SetFaults(talossim.Faults{UpgradePullFails: 1})
+	_, err = secure(t, f.cfg, f.wk).MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.4"})
+	if err == nil || !strings.Contains(err.Error(), `error validating installer image "ghcr.io/siderolabs/installer:v1.13.4"`) {
+		t.Fatalf("pull failure: %v", err)
+	}
+	if f.node(f.wk).Version() != before || f.node(f.wk).Phase() != talossim.PhaseRunning {
+		t.Fatalf("a failed pull changed the node: %s %s", f.node(f.wk).Version(), f.node(f.wk).Phase())
+	}
+	_, err = secure(t, f.cfg, f.wk).MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "not a reference"})
+	if err == nil || !strings.Contains(err.Error(), "error validating installer image") {
+		t.Fatalf("bad reference: %v", err)
+	}
+
+	// Before etcd runs on the control plane, its own member is not started:
+	// ValidateForUpgrade refuses.
+	deadline := time.Now().Add(5 * time.Second)
+	for services(t, cp)["etcd"] != "Running/healthy" {
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd never healthy: %v", services(t, cp))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := secure(t, f.cfg, f.wk).MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.4"}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(f.node(f.wk), talossim.PhaseRebooting)
+	f.waitPhase(f.node(f.wk), talossim.PhaseRunning)
+	if v := f.node(f.wk).Version(); v != "v1.13.4" {
+		t.Fatalf("after the upgrade the worker runs %s", v)
+	}
+	if c := f.node(f.wk).Counters(); c.UpgradeCalls != 3 || c.Upgrades != 1 {
+		t.Fatalf("worker counters %+v", c)
+	}
+}

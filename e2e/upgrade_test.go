@@ -1,0 +1,164 @@
+package e2e_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/lab/talossim"
+)
+
+// setTalosVersion rewrites cluster.talosVersion in the lab's config.
+func setTalosVersion(t *testing.T, h *e2e.Harness, from, to string) {
+	t.Helper()
+	if err := h.EditConfig(func(s string) (string, error) {
+		if !strings.Contains(s, "talosVersion: "+from+"\n") {
+			return "", fmt.Errorf("the config has no talosVersion %s", from)
+		}
+		return strings.Replace(s, "talosVersion: "+from+"\n", "talosVersion: "+to+"\n", 1), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func nodeVersions(h *e2e.Harness) (versions map[string]string, upgrades map[string]int) {
+	versions, upgrades = map[string]string{}, map[string]int{}
+	for _, n := range h.Lab.Talos.Nodes() {
+		versions[n.IP()] = n.Version()
+		upgrades[n.IP()] = n.Counters().Upgrades
+	}
+	return versions, upgrades
+}
+
+// TestTalosUpgrade: a cluster installed at v1.13.2 is moved to v1.13.3 by
+// editing cluster.talosVersion. The dry run shows the rollout (control
+// planes first) and calls no Upgrade; the run upgrades every node exactly
+// once with the Upgrade RPC and ends with postcheck green; going back is
+// refused with exit 2 before any Talos call changes anything.
+func TestTalosUpgrade(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		controlPlanes, wks int
+		vip                bool
+	}{
+		{"1cp", 1, 0, false},
+		{"3cp+2w-vip", 3, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testContext(t, 6*time.Minute)
+			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, TalosVersion: "v1.13.2"})
+			if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+				t.Fatalf("install at v1.13.2:\n%s", r.Tail(40))
+			}
+			setTalosVersion(t, h, "v1.13.2", "v1.13.3")
+			dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
+			nodes := tc.controlPlanes + tc.wks
+			if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, fmt.Sprintf("upgrade Talos on cp-1 v1.13.2 → v1.13.3 (1/%d, control planes first)", nodes)) {
+				t.Fatalf("dry run:\n%s", dry.Tail(40))
+			}
+			t.Logf("dry-run plan:\n%s", planLines(dry.Stdout))
+			if _, up := nodeVersions(h); sum(up) != 0 {
+				t.Fatalf("the dry run upgraded %d nodes", sum(up))
+			}
+			r := run(t, ctx, h, "run", "--stage", "all")
+			if r.ExitCode != 0 {
+				t.Fatalf("upgrade run:\n%s", r.Tail(40))
+			}
+			if err := h.PostcheckGreen(); err != nil {
+				t.Fatalf("after the upgrade: %v", err)
+			}
+			versions, up := nodeVersions(h)
+			for ip, v := range versions {
+				if v != "v1.13.3" || up[ip] != 1 {
+					t.Errorf("node %s runs %s after %d upgrades", ip, v, up[ip])
+				}
+			}
+			t.Logf("upgrade of %d node(s): %s", nodes, r.Wall.Round(100*time.Millisecond))
+
+			setTalosVersion(t, h, "v1.13.3", "v1.13.2")
+			before := h.Lab.Talos.Nodes()[0].Counters()
+			down := run(t, ctx, h, "run", "--stage", "talos")
+			if down.ExitCode != 2 || !strings.Contains(down.Stdout+down.Stderr, "downgrade is refused") {
+				t.Fatalf("downgrade: exit %d\n%s", down.ExitCode, down.Tail(20))
+			}
+			after := h.Lab.Talos.Nodes()[0].Counters()
+			if after.UpgradeCalls != before.UpgradeCalls || after.Applies != before.Applies {
+				t.Fatalf("a refused downgrade called Upgrade %d times and applied %d configs", after.UpgradeCalls-before.UpgradeCalls, after.Applies-before.Applies)
+			}
+		})
+	}
+}
+
+// TestTalosUpgradeKilled: ten upgrades of a one-node cluster in a row, each
+// run killed -9 at a seeded point inside its talos stage and resumed until
+// it succeeds: every node ends at each target having been upgraded exactly
+// once per target, and the cluster is green.
+func TestTalosUpgradeKilled(t *testing.T) {
+	ctx := testContext(t, 8*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, TalosVersion: "v1.13.2"})
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("install:\n%s", r.Tail(40))
+	}
+	rng := rand.New(rand.NewPCG(19, 19))
+	from := "v1.13.2"
+	var log []string
+	for i := 0; i < 10; i++ {
+		to := fmt.Sprintf("v1.13.%d", 3+i)
+		setTalosVersion(t, h, from, to)
+		kill := e2e.KillPoint{Stage: "talos", After: time.Duration(rng.Float64() * float64(1500*time.Millisecond))}
+		r, err := h.RunKill(ctx, &kill, "run", "--stage", "talos")
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry := fmt.Sprintf("%s: finished", to)
+		if r.Killed {
+			entry = fmt.Sprintf("%s: killed after %s", to, r.KilledAfter.Round(time.Millisecond))
+			if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 {
+				t.Fatalf("resuming the upgrade to %s:\n%s", to, r.Tail(40))
+			}
+		} else if r.ExitCode != 0 {
+			t.Fatalf("upgrade to %s:\n%s", to, r.Tail(40))
+		}
+		log = append(log, entry)
+		versions, up := nodeVersions(h)
+		for ip, v := range versions {
+			if v != to || up[ip] != i+1 {
+				t.Fatalf("after %s: node %s runs %s after %d upgrades, want %d (%s)", to, ip, v, up[ip], i+1, strings.Join(log, "; "))
+			}
+		}
+		from = to
+	}
+	t.Logf("upgrades: %s", strings.Join(log, "; "))
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("final run:\n%s", r.Tail(40))
+	}
+	if err := h.PostcheckGreen(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range h.Lab.Talos.Nodes() {
+		if n.Phase() != talossim.PhaseRunning {
+			t.Errorf("node %s is %s", n.IP(), n.Phase())
+		}
+	}
+}
+
+func planLines(out string) string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "upgrade Talos") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}

@@ -1,0 +1,138 @@
+package talossim
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/distribution/reference"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Cordoner is what a simulated control plane may offer to mirror what
+// Talos does to the Kubernetes Node around an upgrade: its controllers
+// cordon the node when the upgrade sequence starts (CordonAndDrainNode
+// waits for that, then drains) and uncordon it once the machine runs
+// again. The lab's control plane implements it; without it the Node is
+// left alone.
+type Cordoner interface {
+	SetCordoned(ctx context.Context, nodeName string, cordoned bool) error
+}
+
+// Upgrade implements machine.MachineServiceServer as
+// internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go
+// (siderolabs/talos v1.13.3) does:
+//   - an uninstalled machine: FailedPrecondition "Talos is not installed";
+//   - the installer image is pulled and validated before anything else
+//     (install.PullAndValidateInstallerImage): a failure is the RPC's
+//     error and the node keeps running its version;
+//   - on a control plane, unless forced, etcd must allow it
+//     (internal/pkg/etcd/etcd.go ValidateForUpgrade): a two-member cluster
+//     is refused (no quorum during the upgrade), and every member must be
+//     started and healthy;
+//   - then the answer, and in its background the upgrade sequence
+//     (v1alpha1_sequencer.go Upgrade): cordon and drain, stop services,
+//     install, reboot into the new version.
+//
+// Staged upgrades and reboot modes are not simulated (unverified
+// behaviours are refused as Unimplemented).
+func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machine.UpgradeResponse, error) {
+	n := a.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.counters.UpgradeCalls++
+	if in.GetStage() || in.GetRebootMode() != machine.UpgradeRequest_DEFAULT {
+		return nil, status.Error(codes.Unimplemented, "talossim: staged upgrades and reboot modes are not simulated")
+	}
+	if n.phase != PhaseRunning || n.sim.installedSystem(n.ip).config == nil {
+		return nil, status.Error(codes.FailedPrecondition, "Talos is not installed")
+	}
+	if n.rebootPending {
+		// An upgrade sequence already runs: a second request waits for the
+		// sequence lock in machined; the simulator refuses it instead.
+		return nil, status.Error(codes.FailedPrecondition, "talossim: an upgrade or reboot is already in progress")
+	}
+	image := in.GetImage()
+	if _, err := reference.ParseNormalizedNamed(image); err != nil {
+		return nil, fmt.Errorf("error validating installer image %q: %w", image, err)
+	}
+	if n.faults.UpgradePullFails > 0 {
+		n.faults.UpgradePullFails--
+		return nil, fmt.Errorf("error validating installer image %q: failed to pull image %q: (injected) not found", image, image)
+	}
+	if n.roleLocked() == "controlplane" && !in.GetForce() {
+		if err := n.sim.validateEtcdForUpgrade(n.clusterIDLocked(), n.ip, time.Now()); err != nil {
+			return nil, fmt.Errorf("error validating etcd for upgrade: %w", err)
+		}
+	}
+	n.counters.Upgrades++
+	target := installerVersion(image, n.version)
+	hostname := n.hostnameLocked()
+	n.rebootPending = true
+	n.setStageLocked(runtime.MachineStageUpgrading)
+	n.setCordonedLocked(hostname, true)
+	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), func() {
+		sys := n.sim.installedSystem(n.ip)
+		sys.version = target
+		n.sim.persist(n.ip, sys)
+		n.uncordonOnBoot = true
+		n.rebootLocked()
+	})
+	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: "talossim"}}}, nil
+}
+
+// validateEtcdForUpgrade is ValidateForUpgrade against the simulated
+// cluster: member count and every member's etcd up on a running node.
+func (s *Sim) validateEtcdForUpgrade(clusterID, selfIP string, now time.Time) error {
+	s.mu.Lock()
+	c := s.etcd[clusterID]
+	var members []*etcdMember
+	if c != nil {
+		for _, m := range c.members {
+			members = append(members, m)
+		}
+	}
+	s.mu.Unlock()
+	if len(members) == 2 {
+		return fmt.Errorf("etcd member count(%d) is insufficient to maintain quorum if upgrade commences", len(members))
+	}
+	for _, m := range members {
+		if !m.started(now) {
+			return fmt.Errorf("etcd member %016x is not started, all members must be running to perform an upgrade", m.id)
+		}
+		// The asking node runs (its lock is held); the others are asked.
+		up := m.ip == selfIP
+		if node, ok := s.Node(m.ip); ok && !up {
+			up = node.Phase() == PhaseRunning
+		}
+		if !up || m.readyAt.After(now) {
+			return fmt.Errorf("etcd member %016x is not healthy; all members must be healthy to perform an upgrade: context deadline exceeded", m.id)
+		}
+	}
+	return nil
+}
+
+// setCordonedLocked asks the control plane to (un)cordon the node's Node
+// object, in the background: the Kubernetes API may be down (a single
+// control plane rebooting) and Talos's controllers retry.
+func (n *Node) setCordonedLocked(hostname string, cordoned bool) {
+	c, ok := n.sim.opts.Cluster.(Cordoner)
+	if !ok {
+		return
+	}
+	log := n.log
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for ctx.Err() == nil {
+			if err := c.SetCordoned(ctx, hostname, cordoned); err == nil {
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		log.Warn().Str("node", hostname).Bool("cordoned", cordoned).Msg("talossim: could not (un)cordon the Node")
+	}()
+}

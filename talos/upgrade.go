@@ -1,0 +1,205 @@
+package talos
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/Masterminds/semver/v3"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// UpgradeStep is one node's Talos upgrade: what it runs and what it gets.
+type UpgradeStep struct {
+	Target
+	From, To string
+	// Pos and Of place the step in the rollout, for the user.
+	Pos, Of int
+}
+
+// String is the step as the user reads it in a plan.
+func (s UpgradeStep) String() string {
+	order := "control planes first"
+	if s.Role == RoleWorker {
+		order = "workers after the control planes"
+	}
+	return fmt.Sprintf("upgrade Talos on %s %s → %s (%d/%d, %s)", s.Name, s.From, s.To, s.Pos, s.Of, order)
+}
+
+// PlanError is a rollout refused before anything is called; the stage
+// reports it as a user error (exit 2).
+type PlanError struct {
+	Reason string
+	// Downgrade: a node runs a newer Talos than the config names.
+	Downgrade bool
+}
+
+func (e *PlanError) Error() string { return e.Reason }
+
+// PlanUpgrades compares the Talos version each node runs (live, by node
+// name) with want and returns the upgrades, control planes first (one at a
+// time keeps etcd's quorum), then workers, each in config order. It
+// refuses, before any call:
+//   - a downgrade, unless allowDowngrade;
+//   - upgrading a control plane of a cluster with exactly two: Talos
+//     refuses it too (internal/pkg/etcd/etcd.go ValidateForUpgrade at
+//     v1.13.3: "etcd member count(2) is insufficient to maintain quorum
+//     if upgrade commences").
+//
+// Nodes whose version is unknown (down) are an error: a rollout must know
+// where every node stands.
+func PlanUpgrades(nodes []Target, live map[string]string, want string, allowDowngrade bool) ([]UpgradeStep, error) {
+	wv, err := semver.NewVersion(strings.TrimPrefix(want, "v"))
+	if err != nil {
+		return nil, &PlanError{Reason: fmt.Sprintf("cluster.talosVersion %q is not a version", want)}
+	}
+	var cps, wks []UpgradeStep
+	controlPlanes := 0
+	for _, n := range nodes {
+		if n.Role == RoleControlPlane {
+			controlPlanes++
+		}
+		from, ok := live[n.Name]
+		if !ok || from == "" {
+			return nil, fmt.Errorf("the Talos version of %s is unknown (it did not answer): cannot plan an upgrade", n)
+		}
+		fv, err := semver.NewVersion(strings.TrimPrefix(from, "v"))
+		if err != nil {
+			return nil, fmt.Errorf("%s reports Talos %q, which is not a version", n, from)
+		}
+		switch c := fv.Compare(wv); {
+		case c == 0:
+			continue
+		case c > 0 && !allowDowngrade:
+			return nil, &PlanError{Downgrade: true, Reason: fmt.Sprintf("%s runs Talos %s, newer than cluster.talosVersion %s: a downgrade is refused; set cluster.talosVersion to %s, or pass --allow-downgrade if you mean it", n, from, want, from)}
+		}
+		step := UpgradeStep{Target: n, From: from, To: want}
+		if n.Role == RoleControlPlane {
+			cps = append(cps, step)
+		} else {
+			wks = append(wks, step)
+		}
+	}
+	if len(cps) > 0 && controlPlanes == 2 {
+		return nil, &PlanError{Reason: "the cluster has 2 control planes: Talos refuses to upgrade one (etcd would lose quorum while it reboots); add a third control plane or remove one first"}
+	}
+	steps := append(cps, wks...)
+	for i := range steps {
+		steps[i].Pos, steps[i].Of = i+1, len(steps)
+	}
+	return steps, nil
+}
+
+// Upgrade asks the node to upgrade to the installer image (as `talosctl
+// upgrade --image`, not staged, default reboot mode). The node pulls and
+// validates the image, and on a control plane checks etcd, before it
+// answers; the upgrade itself runs after the answer.
+func (o *Ops) Upgrade(ctx context.Context, t Target, image string) error {
+	err := o.call(ctx, t.IP, true, o.opts.InstallTimeout, func(ctx context.Context, c *client.Client) error {
+		_, err := c.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: image})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("upgrading %s to %s: %w", t, image, err)
+	}
+	return nil
+}
+
+// Settled is the one condition both the rollout's waits and its checks
+// read: whether the node runs its installed system out of any upgrade or
+// reboot (it answers in configured mode, cri runs, its stage is running),
+// the Talos version it runs, and what it is doing when not.
+func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, status string) {
+	p, err := o.Probe(ctx, t.IP)
+	if err != nil {
+		return false, "", err.Error()
+	}
+	if p.Mode != ModeConfigured {
+		return false, "", strings.TrimSpace("node is " + p.Mode.String() + " " + p.Detail)
+	}
+	up, err := o.InstalledSystemUp(ctx, t.IP)
+	if err != nil {
+		return false, p.Version, err.Error()
+	}
+	if !up.Installed || up.Stage != runtime.MachineStageRunning {
+		return false, p.Version, fmt.Sprintf("Talos %s, %s (stage %s)", p.Version, up.Detail, up.Stage)
+	}
+	return true, p.Version, "runs Talos " + p.Version
+}
+
+// waitSettled waits for Settled and returns the version the node runs;
+// with want set it waits for that version too.
+func (o *Ops) waitSettled(ctx context.Context, t Target, want string) (string, error) {
+	what := fmt.Sprintf("%s to run its installed system (out of any upgrade or reboot)", t)
+	if want != "" {
+		what = fmt.Sprintf("%s to reboot into Talos %s", t, want)
+	}
+	var version string
+	spec := wait.Spec{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout,
+		Interval: o.opts.PollInterval, ProgressEvery: o.opts.ProgressEvery, Log: o.opts.Log}
+	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		ok, v, st := o.Settled(ctx, t)
+		version = v
+		return ok && (want == "" || v == want), st, nil
+	})
+	return version, err
+}
+
+// RollOutOptions configure a Talos rollout.
+type RollOutOptions struct {
+	Steps []UpgradeStep
+	// Image is the installer image of the target version.
+	Image string
+	// Health is checked before the first step (an unhealthy cluster is not
+	// upgraded) and after every node.
+	Health HealthInput
+	Mutate Mutator
+	// OnUpgraded is called after each node came back healthy at its target.
+	OnUpgraded func(UpgradeStep)
+}
+
+// RollOut upgrades the steps one node at a time. Before the first it
+// waits for the cluster to be healthy; after each, for the node to run the
+// target version from its installed system and for the cluster to be
+// healthy again (etcd with every member, kubelets, nodes Ready). A step
+// that fails stops the rollout: the nodes after it are untouched and a
+// re-run plans again from the live versions, so nothing is upgraded twice.
+func (o *Ops) RollOut(ctx context.Context, opts RollOutOptions) error {
+	if len(opts.Steps) == 0 {
+		return nil
+	}
+	if err := o.WaitHealthy(ctx, "the cluster healthy before upgrading Talos", opts.Health); err != nil {
+		return fmt.Errorf("not upgrading an unhealthy cluster: %w", err)
+	}
+	for _, s := range opts.Steps {
+		err := opts.Mutate(s.String(), func() error {
+			// A node an interrupted run asked to upgrade may still be in its
+			// upgrade sequence or rebooting: wait until it runs again, then
+			// ask only if it still runs the old version. Never twice.
+			running, err := o.waitSettled(ctx, s.Target, "")
+			if err != nil {
+				return err
+			}
+			if running != s.To {
+				if err := o.Upgrade(ctx, s.Target, opts.Image); err != nil {
+					return err
+				}
+			}
+			if _, err := o.waitSettled(ctx, s.Target, s.To); err != nil {
+				return err
+			}
+			return o.WaitHealthy(ctx, fmt.Sprintf("the cluster healthy after upgrading %s", s.Name), opts.Health)
+		})
+		if err != nil {
+			return fmt.Errorf("%w; the rollout stopped at %s (%d/%d): the nodes after it are untouched, and a re-run continues from the versions the nodes run", err, s.Name, s.Pos, s.Of)
+		}
+		if opts.OnUpgraded != nil {
+			opts.OnUpgraded(s)
+		}
+	}
+	return nil
+}
