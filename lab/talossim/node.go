@@ -101,20 +101,20 @@ type Node struct {
 	log  zerolog.Logger
 	cosi state.State
 
-	mu       sync.Mutex
-	phase    Phase
-	gen      uint64 // bumped by every power or API transition; stale timers check it
+	mu    sync.Mutex
+	phase Phase
+	gen   uint64 // bumped by every power or API transition; stale timers check it
 	// uncordonOnBoot: an upgrade cordoned the Node; the machine's
 	// controllers uncordon it once it runs again.
 	uncordonOnBoot bool
-	powered  bool
-	wantUp   bool // the API should serve (subject to faults)
-	srv      *grpc.Server
-	lis      net.Listener
-	mode     serveMode
-	config   []byte
-	parsed   config.Provider
-	bootedAt time.Time
+	powered        bool
+	wantUp         bool // the API should serve (subject to faults)
+	srv            *grpc.Server
+	lis            net.Listener
+	mode           serveMode
+	config         []byte
+	parsed         config.Provider
+	bootedAt       time.Time
 	// version is the Talos version running: the ISO's until an install,
 	// then the installer image's tag.
 	version string
