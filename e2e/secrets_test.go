@@ -1,10 +1,7 @@
 package e2e_test
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
-	"io"
 	"io/fs"
 	"net/url"
 	"os"
@@ -18,6 +15,7 @@ import (
 
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/internal/targz"
 )
 
 // TestSecretsStaySecret runs the whole pipeline on a lab, then puts a copy
@@ -107,7 +105,11 @@ func TestSecretsStaySecret(t *testing.T) {
 		}
 		hay[p] = b
 		if strings.HasSuffix(p, ".tar.gz") {
-			for name, content := range untar(t, b) {
+			members, err := targz.Unpack(b)
+			if err != nil {
+				return err
+			}
+			for name, content := range members {
 				hay[p+"!"+name] = content
 			}
 		}
@@ -190,27 +192,6 @@ func secretLeaves(t *testing.T, data []byte) map[string]string {
 	}
 	walk("", doc)
 	return out
-}
-
-func untar(t *testing.T, b []byte) map[string][]byte {
-	t.Helper()
-	gz, err := gzip.NewReader(bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(gz)
-	out := map[string][]byte{}
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, _ := io.ReadAll(tr)
-		out[hdr.Name] = c
-	}
 }
 
 func writeFile(t *testing.T, p string, b []byte) {

@@ -33,13 +33,7 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	repo := t.TempDir()
-	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
-	os.WriteFile(filepath.Join(repo, "infra", "kustomization.yaml"), []byte("resources: [cm.yaml]\n"), 0o644)
-	os.WriteFile(filepath.Join(repo, "infra", "cm.yaml"), []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-git\n  namespace: default\ndata:\n  hello: world\n"), 0o644)
-	if out, err := exec.Command("git", "-C", repo, "init", "-q", "-b", "main").CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
+	repo := infraTree(t, "from-git", "hello", "world", false)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -97,15 +91,7 @@ func TestSSHSyncAgainstRealFlux(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	repo := t.TempDir()
-	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
-	os.WriteFile(filepath.Join(repo, "infra", "kustomization.yaml"), []byte("resources: [cm.yaml]\n"), 0o644)
-	os.WriteFile(filepath.Join(repo, "infra", "cm.yaml"), []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: over-ssh\n  namespace: default\ndata:\n  via: ssh\n"), 0o644)
-	for _, args := range [][]string{{"init", "-q", "-b", "main"}, {"add", "."}, {"-c", "user.name=lab", "-c", "user.email=lab@example.invalid", "commit", "-q", "-m", "infra"}} {
-		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v %s", args, err, out)
-		}
-	}
+	repo := infraTree(t, "over-ssh", "via", "ssh", true)
 	head, err := exec.Command("git", "-C", repo, "rev-parse", "HEAD").Output()
 	if err != nil {
 		t.Fatal(err)
@@ -203,13 +189,7 @@ func TestSnapshotOverTLSWithAuthAgainstRealFlux(t *testing.T) {
 	lab := kubetest.Start(t, kube.Options{Flux: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	repo := t.TempDir()
-	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
-	os.WriteFile(filepath.Join(repo, "infra", "kustomization.yaml"), []byte("resources: [cm.yaml]\n"), 0o644)
-	os.WriteFile(filepath.Join(repo, "infra", "cm.yaml"), []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: over-tls\n  namespace: default\ndata:\n  via: https\n"), 0o644)
-	if out, err := exec.Command("git", "-C", repo, "init", "-q", "-b", "main").CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
+	repo := infraTree(t, "over-tls", "via", "https", false)
 	dir := t.TempDir()
 	certFile, keyFile := testcert.SelfSigned(t, dir)
 	auth, _, err := gitsnap.EnsureAuth(dir)
@@ -250,4 +230,26 @@ func TestSnapshotOverTLSWithAuthAgainstRealFlux(t *testing.T) {
 	if cm, err := lab.Client().CoreV1().ConfigMaps("default").Get(ctx, "over-tls", metav1.GetOptions{}); err != nil || cm.Data["via"] != "https" {
 		t.Fatalf("object under ./infra not applied over HTTPS: %v", err)
 	}
+}
+
+// infraTree makes a git work tree whose ./infra holds one ConfigMap
+// (default/name with key: value), on branch main; committed when the
+// server needs a real commit (upload-pack), left as a work tree when the
+// snapshot server builds its own.
+func infraTree(t *testing.T, name, key, value string, commit bool) string {
+	t.Helper()
+	repo := t.TempDir()
+	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
+	os.WriteFile(filepath.Join(repo, "infra", "kustomization.yaml"), []byte("resources: [cm.yaml]\n"), 0o644)
+	os.WriteFile(filepath.Join(repo, "infra", "cm.yaml"), []byte(fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: %s\n  namespace: default\ndata:\n  %s: %s\n", name, key, value)), 0o644)
+	cmds := [][]string{{"init", "-q", "-b", "main"}}
+	if commit {
+		cmds = append(cmds, []string{"add", "."}, []string{"-c", "user.name=lab", "-c", "user.email=lab@example.invalid", "commit", "-q", "-m", "infra"})
+	}
+	for _, args := range cmds {
+		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	return repo
 }

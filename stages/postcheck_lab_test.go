@@ -1,13 +1,10 @@
 package stages_test
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +24,7 @@ import (
 	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/infra"
 	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/internal/targz"
 	"github.com/homelab/bootstrap/internal/testbin"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/kube"
@@ -73,28 +71,15 @@ func (p *postcheckLab) postcheck() (postcheck.Report, map[string][]byte, error) 
 
 func untar(t *testing.T, path string) map[string][]byte {
 	t.Helper()
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	gz, err := gzip.NewReader(f)
+	out, err := targz.Unpack(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string][]byte{}
-	tr := tar.NewReader(gz)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(tr)
-		out[h.Name] = b
-	}
+	return out
 }
 
 // expectOnly asserts that exactly the named check failed, with reason.

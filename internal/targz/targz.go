@@ -6,6 +6,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"errors"
+	"io"
 	"os"
 	"sort"
 	"time"
@@ -38,4 +40,33 @@ func Pack(files map[string][]byte, mode os.FileMode, modTime time.Time) ([]byte,
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// Unpack returns the regular files of a tar.gz (path → content), the
+// inverse of Pack, for whoever reads an archive back (tests, restore).
+func Unpack(data []byte) (map[string][]byte, error) {
+	gz, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	defer gz.Close()
+	tr := tar.NewReader(gz)
+	out := map[string][]byte{}
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			return nil, err
+		}
+		out[hdr.Name] = b
+	}
 }

@@ -39,3 +39,18 @@ func TestPackIsDeterministicAndSorted(t *testing.T) {
 		t.Fatalf("entries %v", names)
 	}
 }
+
+func TestUnpackReadsWhatPackWrote(t *testing.T) {
+	files := map[string][]byte{"b.yaml": []byte("b"), "a/x.yaml": []byte("ax"), "empty": {}}
+	data, err := Pack(files, 0o600, time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Unpack(data)
+	if err != nil || len(got) != 3 || string(got["a/x.yaml"]) != "ax" || string(got["b.yaml"]) != "b" {
+		t.Fatalf("unpacked %v %v", got, err)
+	}
+	if _, err := Unpack([]byte("not gzip")); err == nil {
+		t.Fatal("unpacked garbage")
+	}
+}
