@@ -73,6 +73,12 @@ type Node struct {
 	Role string
 }
 
+// Observed is what the checks saw, beyond their verdicts.
+type Observed struct {
+	// TalosVersions is the version each node reported, by node name.
+	TalosVersions map[string]string
+}
+
 // Options configure the checks.
 type Options struct {
 	Cluster         string
@@ -86,8 +92,12 @@ type Options struct {
 	FluxName        string
 	CertWarnDays    int
 	// TalosVersion is the version the config names; nodes that run another
-	// are reported (a warning: an apply never changes it).
+	// are reported (a warning: the talos stage upgrades them).
 	TalosVersion string
+	// Observed, when set, receives what the checks saw beyond their
+	// verdicts (the Talos versions), for the report and its metrics. It is
+	// complete once the checks have run.
+	Observed *Observed
 	// Talos and Proxmox are optional; a nil probe makes its checks warn.
 	Talos   TalosProbe
 	Proxmox VMProbe
@@ -407,6 +417,9 @@ func (c *checker) talosVersion(ctx context.Context) (check.Status, string) {
 	if err != nil {
 		return check.Warnf("reading node versions: %v", err)
 	}
+	if c.o.Observed != nil {
+		c.o.Observed.TalosVersions = versions
+	}
 	var drift []string
 	for _, n := range c.o.Nodes {
 		if v := versions[n.Name]; v != "" && v != c.o.TalosVersion {
@@ -415,7 +428,7 @@ func (c *checker) talosVersion(ctx context.Context) (check.Status, string) {
 	}
 	sort.Strings(drift)
 	if len(drift) > 0 {
-		return check.Warnf("the config says %s but %s (an upgrade changes the running Talos; an apply does not)", c.o.TalosVersion, strings.Join(drift, ", "))
+		return check.Warnf("the config says %s but %s: run the talos stage to upgrade them, or set cluster.talosVersion to what runs", c.o.TalosVersion, strings.Join(drift, ", "))
 	}
 	return check.Passf("every node runs Talos %s", c.o.TalosVersion)
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -28,6 +29,11 @@ type Report struct {
 	DurationSeconds float64       `json:"duration_seconds"`
 	Overall         check.Status  `json:"overall"`
 	Checks          []CheckReport `json:"checks"`
+	// TalosVersions is what each node reported running (by node name), and
+	// WantTalos what the config names: a nightly run shows when someone
+	// moved a node outside the tool.
+	TalosVersions map[string]string `json:"talos_versions,omitempty"`
+	WantTalos     string            `json:"want_talos,omitempty"`
 }
 
 // CheckReport is one check in report.json.
@@ -129,6 +135,21 @@ func (r Report) Prometheus() []byte {
 	fmt.Fprintf(&b, "bootstrap_postcheck_duration_seconds{cluster=%s} %.3f\n", cl, r.DurationSeconds)
 	gauge("bootstrap_postcheck_timestamp_seconds", "Start of the last postcheck, Unix time.")
 	fmt.Fprintf(&b, "bootstrap_postcheck_timestamp_seconds{cluster=%s} %d\n", cl, r.Started.Unix())
+	if len(r.TalosVersions) > 0 {
+		nodes := make([]string, 0, len(r.TalosVersions))
+		for n := range r.TalosVersions {
+			nodes = append(nodes, n)
+		}
+		sort.Strings(nodes)
+		gauge("bootstrap_talos_node_info", "Always 1: the Talos version the node reported (version) and the one the config names (want).")
+		for _, n := range nodes {
+			fmt.Fprintf(&b, "bootstrap_talos_node_info{cluster=%s,node=%s,version=%s,want=%s} 1\n", cl, promLabel(n), promLabel(r.TalosVersions[n]), promLabel(r.WantTalos))
+		}
+		gauge("bootstrap_talos_node_drift", "1 when the node runs another Talos than the config names.")
+		for _, n := range nodes {
+			fmt.Fprintf(&b, "bootstrap_talos_node_drift{cluster=%s,node=%s} %d\n", cl, promLabel(n), boolInt(r.TalosVersions[n] != r.WantTalos))
+		}
+	}
 	return []byte(b.String())
 }
 

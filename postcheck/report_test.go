@@ -72,12 +72,17 @@ func TestReportJUnit(t *testing.T) {
 func TestReportPrometheus(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "bootstrap.prom")
-	if err := WritePrometheus(p, sampleReport()); err != nil {
+	r := sampleReport()
+	r.TalosVersions, r.WantTalos = map[string]string{"cp-1": "v1.13.3", "wk-1": "v1.13.2"}, "v1.13.3"
+	if err := WritePrometheus(p, r); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(p)
 	out := string(b)
 	for _, want := range []string{
+		`bootstrap_talos_node_info{cluster="homelab",node="wk-1",version="v1.13.2",want="v1.13.3"} 1`,
+		`bootstrap_talos_node_drift{cluster="homelab",node="cp-1"} 0`,
+		`bootstrap_talos_node_drift{cluster="homelab",node="wk-1"} 1`,
 		`bootstrap_postcheck_success{cluster="homelab"} 0`,
 		`bootstrap_postcheck_check_success{cluster="homelab",check="kubeconfig"} 1`,
 		`bootstrap_postcheck_check_success{cluster="homelab",check="nfs-provisioning"} 0`,

@@ -43,10 +43,11 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		Nodes: nodes, StorageClass: cfg.Storage.NFS.StorageClass, PVCNamespace: NFSNamespace,
 		PVCTimeout: cfg.Postcheck.PVCTimeout.D(), FluxNamespace: FluxNamespace, FluxName: FluxNamespace,
 		CertWarnDays: cfg.Postcheck.CertWarnDays, TalosVersion: cfg.Cluster.TalosVersion, Now: env.Now, Log: env.Log, DryRun: env.DryRun,
-		Talos: env.postcheckTalosProbe(ctx), Proxmox: env.postcheckVMProbe(ctx),
+		Talos: env.postcheckTalosProbe(ctx), Proxmox: env.postcheckVMProbe(ctx), Observed: &postcheck.Observed{},
 	}
 	results := check.RunAll(ctx, postcheck.Checks(opts), 4)
 	report := postcheck.NewReport(cfg.Cluster.Name, start, env.now().Sub(start), results)
+	report.TalosVersions, report.WantTalos = opts.Observed.TalosVersions, cfg.Cluster.TalosVersion
 	if err := check.Table(env.Out, results); err != nil {
 		return err
 	}
