@@ -69,6 +69,7 @@ func Default() *Config {
 				Refresh: Duration(30 * time.Second),
 			},
 		},
+		Backup: Backup{Keep: 7, MaxAge: Duration(26 * time.Hour)},
 		Postcheck: Postcheck{
 			Timeout:      Duration(5 * time.Minute),
 			PVCTimeout:   Duration(2 * time.Minute),

@@ -10,6 +10,7 @@ type Config struct {
 	CNI       CNI       `yaml:"cni" doc:"The pod network."`
 	Flux      Flux      `yaml:"flux" doc:"GitOps with Flux."`
 	Postcheck Postcheck `yaml:"postcheck" doc:"Exit-criteria checks run after the pipeline and nightly."`
+	Backup    Backup    `yaml:"backup" doc:"etcd snapshots: taken by the postcheck (nightly), by bootstrap backup and before an upgrade."`
 	State     StateDirs `yaml:"state" doc:"Where generated files, run state and logs live."`
 
 	src *source
@@ -184,6 +185,12 @@ type Postcheck struct {
 	Keep           int      `yaml:"keep" doc:"Postcheck archives to keep."`
 	CertWarnDays   int      `yaml:"certWarnDays" doc:"Warn when a client certificate expires within this many days."`
 	PrometheusFile string   `yaml:"prometheusFile" doc:"Optional textfile-collector file to write metrics to."`
+}
+
+// Backup keeps etcd snapshots under ai/state/<cluster>/etcd/.
+type Backup struct {
+	Keep   int      `yaml:"keep" doc:"Verified snapshots to keep (oldest removed first)."`
+	MaxAge Duration `yaml:"maxAge" doc:"The postcheck fails when the newest snapshot is older than this (a nightly run takes one first)."`
 }
 
 // StateDirs says where generated files and run state live. Relative paths

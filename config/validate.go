@@ -569,6 +569,10 @@ func (v *validator) postcheck() {
 	if p.CertWarnDays < 0 {
 		v.errf("postcheck.certWarnDays", "must not be negative")
 	}
+	if b := v.c.Backup; b.Keep < 1 {
+		v.errf("backup.keep", "must be at least 1, got %d", b.Keep)
+	}
+	v.positive("backup.maxAge", v.c.Backup.MaxAge)
 	if v.c.State.KeepRuns < 1 {
 		v.errf("state.keepRuns", "must be at least 1, got %d", v.c.State.KeepRuns)
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/rs/zerolog"
@@ -135,6 +136,16 @@ func (c *ControlPlane) SetCordoned(ctx context.Context, nodeName string, cordone
 	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, cordoned)
 	_, err = kc.Client().CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	return err
+}
+
+// EtcdSnapshot implements talossim.EtcdSnapshotter with the real etcd's
+// own snapshot.
+func (c *ControlPlane) EtcdSnapshot(ctx context.Context) (io.ReadCloser, error) {
+	kc, err := c.Cluster()
+	if err != nil {
+		return nil, err
+	}
+	return kc.EtcdSnapshot(ctx)
 }
 
 // Cluster returns the running control plane, or why there is none.

@@ -9,7 +9,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -27,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/internal/wait"
@@ -47,6 +50,7 @@ const (
 	CheckTalosVersion = "talos-version"
 	CheckCerts        = "cert-expiry"
 	CheckVMs          = "proxmox-vms"
+	CheckEtcdBackup   = "etcd-backup"
 )
 
 // TestPVCLabel marks the PVCs postcheck creates, so leftovers of a killed
@@ -60,6 +64,8 @@ type TalosProbe interface {
 	Health(ctx context.Context) talos.HealthReport
 	// Versions reports the Talos version each node runs, by node name.
 	Versions(ctx context.Context) (map[string]string, error)
+	// EtcdSnapshot streams an etcd snapshot from a healthy control plane.
+	EtcdSnapshot(ctx context.Context, w io.Writer) (int64, error)
 }
 
 // VMProbe lists the cluster's VMs that are not running.
@@ -77,6 +83,8 @@ type Node struct {
 type Observed struct {
 	// TalosVersions is the version each node reported, by node name.
 	TalosVersions map[string]string
+	// NewestBackup is when the newest kept etcd snapshot was taken.
+	NewestBackup time.Time
 }
 
 // Options configure the checks.
@@ -91,6 +99,12 @@ type Options struct {
 	FluxNamespace   string
 	FluxName        string
 	CertWarnDays    int
+	// BackupDir holds the etcd snapshots (ai/state/<cluster>/etcd); the
+	// check takes one, keeps BackupKeep and wants the newest younger than
+	// BackupMaxAge.
+	BackupDir    string
+	BackupKeep   int
+	BackupMaxAge time.Duration
 	// TalosVersion is the version the config names; nodes that run another
 	// are reported (a warning: the talos stage upgrades them).
 	TalosVersion string
@@ -130,7 +144,60 @@ func Checks(o Options) []check.Check {
 		{Name: CheckTalosVersion, Run: c.talosVersion},
 		{Name: CheckCerts, Run: c.certs},
 		{Name: CheckVMs, Run: c.vms},
+		{Name: CheckEtcdBackup, Run: c.etcdBackup},
 	}
+}
+
+// etcdBackup takes an etcd snapshot (not in a dry run), verifies and keeps
+// it, prunes to BackupKeep, and judges the newest one's age. A snapshot
+// that cannot be taken while a recent one exists is a warning; no recent
+// one at all fails: the cluster has no way back.
+func (c *checker) etcdBackup(ctx context.Context) (check.Status, string) {
+	if c.o.BackupDir == "" {
+		return check.Warnf("no backup directory configured")
+	}
+	var took string
+	var takeErr error
+	switch {
+	case c.o.DryRun:
+		took = "dry run: none taken"
+	case c.o.Talos == nil:
+		takeErr = errors.New("no talosconfig to reach etcd through")
+	default:
+		info, err := backup.Take(ctx, c.o.Talos.EtcdSnapshot, c.o.BackupDir, c.o.now())
+		if err != nil {
+			takeErr = err
+			break
+		}
+		took = info.String()
+		if removed, err := backup.Prune(c.o.BackupDir, max(1, c.o.BackupKeep)); err != nil {
+			took += fmt.Sprintf("; pruning: %v", err)
+		} else if len(removed) > 0 {
+			took += fmt.Sprintf("; %d older removed", len(removed))
+		}
+	}
+	newest, at, err := backup.Newest(c.o.BackupDir)
+	if err != nil {
+		return check.Failf("reading %s: %v", c.o.BackupDir, err)
+	}
+	if c.o.Observed != nil && newest != "" {
+		c.o.Observed.NewestBackup = at
+	}
+	age := c.o.now().Sub(at)
+	switch {
+	case newest == "" && takeErr != nil:
+		return check.Failf("no etcd snapshot, and taking one failed: %v", takeErr)
+	case newest == "":
+		return check.Failf("no etcd snapshot in %s", c.o.BackupDir)
+	case c.o.BackupMaxAge > 0 && age > c.o.BackupMaxAge:
+		if takeErr != nil {
+			return check.Failf("taking a snapshot failed (%v) and the newest, %s, is %s old (limit %s)", takeErr, filepath.Base(newest), age.Round(time.Minute), c.o.BackupMaxAge)
+		}
+		return check.Failf("the newest etcd snapshot, %s, is %s old (limit %s)", filepath.Base(newest), age.Round(time.Minute), c.o.BackupMaxAge)
+	case takeErr != nil:
+		return check.Warnf("taking a snapshot failed: %v; the newest, %s, is %s old", takeErr, filepath.Base(newest), age.Round(time.Minute))
+	}
+	return check.Passf("%s", took)
 }
 
 type checker struct {

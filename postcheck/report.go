@@ -34,6 +34,8 @@ type Report struct {
 	// moved a node outside the tool.
 	TalosVersions map[string]string `json:"talos_versions,omitempty"`
 	WantTalos     string            `json:"want_talos,omitempty"`
+	// NewestBackup is when the newest kept etcd snapshot was taken.
+	NewestBackup time.Time `json:"newest_backup,omitzero"`
 }
 
 // CheckReport is one check in report.json.
@@ -135,6 +137,10 @@ func (r Report) Prometheus() []byte {
 	fmt.Fprintf(&b, "bootstrap_postcheck_duration_seconds{cluster=%s} %.3f\n", cl, r.DurationSeconds)
 	gauge("bootstrap_postcheck_timestamp_seconds", "Start of the last postcheck, Unix time.")
 	fmt.Fprintf(&b, "bootstrap_postcheck_timestamp_seconds{cluster=%s} %d\n", cl, r.Started.Unix())
+	if !r.NewestBackup.IsZero() {
+		gauge("bootstrap_etcd_backup_timestamp_seconds", "When the newest kept, verified etcd snapshot was taken, Unix time.")
+		fmt.Fprintf(&b, "bootstrap_etcd_backup_timestamp_seconds{cluster=%s} %d\n", cl, r.NewestBackup.Unix())
+	}
 	if len(r.TalosVersions) > 0 {
 		nodes := make([]string, 0, len(r.TalosVersions))
 		for n := range r.TalosVersions {

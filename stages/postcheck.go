@@ -44,10 +44,12 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		PVCTimeout: cfg.Postcheck.PVCTimeout.D(), FluxNamespace: FluxNamespace, FluxName: FluxNamespace,
 		CertWarnDays: cfg.Postcheck.CertWarnDays, TalosVersion: cfg.Cluster.TalosVersion, Now: env.Now, Log: env.Log, DryRun: env.DryRun,
 		Talos: env.postcheckTalosProbe(ctx), Proxmox: env.postcheckVMProbe(ctx), Observed: &postcheck.Observed{},
+		BackupDir: BackupDir(env), BackupKeep: cfg.Backup.Keep, BackupMaxAge: cfg.Backup.MaxAge.D(),
 	}
 	results := check.RunAll(ctx, postcheck.Checks(opts), 4)
 	report := postcheck.NewReport(cfg.Cluster.Name, start, env.now().Sub(start), results)
 	report.TalosVersions, report.WantTalos = opts.Observed.TalosVersions, cfg.Cluster.TalosVersion
+	report.NewestBackup = opts.Observed.NewestBackup
 	if err := check.Table(env.Out, results); err != nil {
 		return err
 	}

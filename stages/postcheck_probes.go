@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 
@@ -58,6 +59,12 @@ func (p talosProbe) Versions(ctx context.Context) (map[string]string, error) {
 		out[n.Name] = pr.Version
 	}
 	return out, errors.Join(errs...)
+}
+
+// EtcdSnapshot streams a snapshot from the first control plane whose etcd
+// answers, trying them in config order.
+func (p talosProbe) EtcdSnapshot(ctx context.Context, w io.Writer) (int64, error) {
+	return etcdSnapshot(ctx, p.env, p.ops, w)
 }
 
 // postcheckVMProbe lists the cluster's VMs that are not running. Without a

@@ -298,6 +298,18 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 		}
 		return nil
 	}
+	// The way back if the upgrade goes wrong: a verified etcd snapshot,
+	// taken before any node is touched.
+	if err := env.Wet("take an etcd snapshot before upgrading Talos", func() error {
+		info, err := TakeBackup(ctx, env, ops)
+		if err != nil {
+			return fmt.Errorf("not upgrading without an etcd snapshot: %w", err)
+		}
+		env.UI.OK("etcd snapshot %s", info)
+		return nil
+	}); err != nil {
+		return err
+	}
 	health := talos.HealthInput{CNIDisabled: env.Config.CNI.Name == "cilium"}
 	for _, t := range targets {
 		health.Nodes = append(health.Nodes, talos.HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})

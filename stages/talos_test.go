@@ -14,6 +14,8 @@ import (
 	"github.com/rs/zerolog"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/homelab/bootstrap/backup"
+	"github.com/homelab/bootstrap/backup/backuptest"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/lab/talossim"
@@ -81,6 +83,7 @@ nodes:
 	}
 	api := talostest.NewAPIServer(t, b.Certs.K8s.Crt, b.Certs.K8s.Key, "cp-1", "wk-1")
 	cluster := talossim.NewMemoryCluster(api.Kubeconfig("lab", b.Certs.K8s.Crt, b.Certs.K8s.Key))
+	cluster.SetSnapshot(backuptest.Snapshot(t, 7))
 	l.sim = talossim.New(talossim.Options{Cluster: cluster, Log: zerolog.New(zerolog.NewTestWriter(t))})
 	t.Cleanup(func() { l.sim.Close() })
 	for name, bus := range map[string]string{"cp-1": "scsi", "wk-1": "virtio"} {
@@ -274,6 +277,12 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 		if n.Version() != "v1.13.9" || n.Counters().Upgrades != 1 {
 			t.Errorf("node %s runs %s after %d upgrades", n.IP(), n.Version(), n.Counters().Upgrades)
 		}
+	}
+	if !strings.Contains(actions(env), "take an etcd snapshot before upgrading Talos") || strings.Index(actions(env), "take an etcd snapshot") > strings.Index(actions(env), "upgrade Talos on cp-1") {
+		t.Fatalf("no etcd snapshot before the first node:\n%s", actions(env))
+	}
+	if kept, _ := backup.List(BackupDir(env)); len(kept) != 1 {
+		t.Fatalf("etcd snapshots kept: %v", kept)
 	}
 	if v := l.st.Outputs.Nodes["cp-1"].TalosVersion; v != "v1.13.9" {
 		t.Errorf("recorded version %q", v)

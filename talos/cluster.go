@@ -193,3 +193,22 @@ func fatalWhileWaiting(err error) error {
 	}
 	return nil
 }
+
+// EtcdSnapshot streams an etcd snapshot from the control plane t (as
+// `talosctl etcd snapshot`) into w and returns the bytes written.
+func (o *Ops) EtcdSnapshot(ctx context.Context, t Target, w io.Writer) (int64, error) {
+	var n int64
+	err := o.call(ctx, t.IP, true, o.opts.HealthTimeout, func(ctx context.Context, c *client.Client) error {
+		rd, err := c.EtcdSnapshot(ctx, &machine.EtcdSnapshotRequest{})
+		if err != nil {
+			return err
+		}
+		defer rd.Close()
+		n, err = io.Copy(w, rd)
+		return err
+	})
+	if err != nil {
+		return n, fmt.Errorf("etcd snapshot from %s: %w", t, err)
+	}
+	return n, nil
+}

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -778,4 +780,35 @@ func removeStaleDataDirs(log zerolog.Logger) {
 			log.Debug().Str("dir", d).Int("owner", pid).Msg("removed a stale lab data dir")
 		}
 	}
+}
+
+// EtcdSnapshot streams a snapshot of the control plane's etcd through
+// etcd's own Maintenance.Snapshot: the database followed by its sha256,
+// as `etcdctl snapshot save` writes it.
+func (c *Cluster) EtcdSnapshot(ctx context.Context) (io.ReadCloser, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.etcdURL}, DialTimeout: 5 * time.Second, Context: ctx,
+		Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to etcd: %w", err)
+	}
+	rc, err := cli.Snapshot(ctx)
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("etcd snapshot: %w", err)
+	}
+	return &closeBoth{ReadCloser: rc, also: cli.Close}, nil
+}
+
+// closeBoth closes the stream, then the client it came from.
+type closeBoth struct {
+	io.ReadCloser
+	also func() error
+}
+
+func (c *closeBoth) Close() error {
+	err := c.ReadCloser.Close()
+	if err2 := c.also(); err == nil {
+		err = err2
+	}
+	return err
 }

@@ -1,8 +1,10 @@
 package talossim
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -71,6 +73,26 @@ type MemoryCluster struct {
 	bootstrapConfig []byte
 	nodes           map[string]NodeInfo
 	bootstrapErr    error
+	snapshot        []byte
+}
+
+// SetSnapshot gives the cluster an etcd snapshot to serve through
+// EtcdSnapshot (it has no etcd of its own: tests pass one built by
+// backup/backuptest); without one EtcdSnapshot fails.
+func (m *MemoryCluster) SetSnapshot(snapshot []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.snapshot = bytes.Clone(snapshot)
+}
+
+// EtcdSnapshot implements EtcdSnapshotter with the snapshot SetSnapshot gave.
+func (m *MemoryCluster) EtcdSnapshot(context.Context) (io.ReadCloser, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.snapshot == nil {
+		return nil, errors.New("the in-memory cluster has no etcd to snapshot")
+	}
+	return io.NopCloser(bytes.NewReader(m.snapshot)), nil
 }
 
 // NewMemoryCluster returns a MemoryCluster serving kubeconfig (may be nil

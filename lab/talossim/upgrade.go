@@ -2,12 +2,16 @@ package talossim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/distribution/reference"
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -135,4 +139,60 @@ func (n *Node) setCordonedLocked(hostname string, cordoned bool) {
 		}
 		log.Warn().Str("node", hostname).Bool("cordoned", cordoned).Msg("talossim: could not (un)cordon the Node")
 	}()
+}
+
+// EtcdSnapshotter is what a simulated control plane offers when it runs a
+// real etcd: a snapshot as etcd's Maintenance.Snapshot streams it (the
+// database, then its sha256). The lab's control plane implements it.
+type EtcdSnapshotter interface {
+	EtcdSnapshot(ctx context.Context) (io.ReadCloser, error)
+}
+
+// snapshotChunk is the size of the Data messages the snapshot is streamed
+// in (talos pkg/chunker/stream's default is 4096).
+const snapshotChunk = 4096
+
+// EtcdSnapshot implements machine.MachineServiceServer as v1alpha1_server.go
+// does at v1.13.3: only on a control plane (machinehelper.CheckControlplane:
+// Unimplemented "etcd snapshot is only available on control plane nodes"),
+// from the local etcd member (an error when it does not run), streamed in
+// chunks of the snapshot etcd itself produced.
+func (a *apid) EtcdSnapshot(_ *machine.EtcdSnapshotRequest, stream grpc.ServerStreamingServer[common.Data]) error {
+	n := a.n
+	n.mu.Lock()
+	role, etcdUp := n.roleLocked(), n.etcdUpLocked(time.Now())
+	n.mu.Unlock()
+	if role == "" {
+		return status.Error(codes.Unimplemented, "machine type is not set, cannot use etcd snapshot API")
+	}
+	if role != "controlplane" {
+		return status.Error(codes.Unimplemented, "etcd snapshot is only available on control plane nodes")
+	}
+	if !etcdUp {
+		return fmt.Errorf("failed to create etcd client: etcd is not running on this node")
+	}
+	snap, ok := n.sim.opts.Cluster.(EtcdSnapshotter)
+	if !ok {
+		return status.Error(codes.Unimplemented, "talossim: etcd snapshots need a control plane with a real etcd")
+	}
+	rd, err := snap.EtcdSnapshot(stream.Context())
+	if err != nil {
+		return fmt.Errorf("failed reading etcd snapshot: %w", err)
+	}
+	defer rd.Close()
+	buf := make([]byte, snapshotChunk)
+	for {
+		k, err := io.ReadFull(rd, buf)
+		if k > 0 {
+			if serr := stream.Send(&common.Data{Bytes: append([]byte(nil), buf[:k]...)}); serr != nil {
+				return serr
+			}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("failed reading etcd snapshot: %w", err)
+		}
+	}
 }

@@ -1,0 +1,234 @@
+// Package backup takes etcd snapshots through Talos, verifies each one
+// with etcd's own file format before keeping it, and keeps the newest N.
+//
+// A snapshot as etcd's Maintenance.Snapshot streams it (and Talos's
+// EtcdSnapshot passes on) is the bbolt database followed by the sha256 of
+// the database (server/etcdserver/api/v3rpc/maintenance.go at etcd
+// v3.6.5). Verify checks that digest, opens the database read-only and
+// reads its key bucket: the number of key revisions and the newest
+// revision (storage/mvcc/revision.go: 8-byte big-endian main revision,
+// '_', 8-byte sub revision).
+package backup
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Suffix ends every kept snapshot's file name: <UTC timestamp>.snapshot.
+const Suffix = ".snapshot"
+
+// timeLayout names snapshots so that names sort by time.
+const timeLayout = "20060102T150405Z"
+
+// Info describes a verified snapshot.
+type Info struct {
+	Path  string
+	Taken time.Time
+	// Size is the database's size (without the digest).
+	Size   int64
+	SHA256 string
+	// Revision is the newest etcd revision in the snapshot; Keys the number
+	// of key revisions it holds.
+	Revision int64
+	Keys     int
+}
+
+// String is one line for the user.
+func (i Info) String() string {
+	return fmt.Sprintf("%s: revision %d, %d key revisions, %.1f MiB, sha256 %s… verified", filepath.Base(i.Path), i.Revision, i.Keys, float64(i.Size)/(1<<20), i.SHA256[:12])
+}
+
+// Source streams one snapshot into w (talos.Ops.EtcdSnapshot).
+type Source func(ctx context.Context, w io.Writer) (int64, error)
+
+// Take streams a snapshot from src into dir (created 0700), verifies it,
+// and only then gives it its final name, so dir never holds a partial or
+// unverified snapshot under a snapshot's name. Files are 0600: a snapshot
+// holds every Secret of the cluster.
+func Take(ctx context.Context, src Source, dir string, now time.Time) (Info, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Info{}, err
+	}
+	tmp, err := os.CreateTemp(dir, ".taking-*")
+	if err != nil {
+		return Info{}, err
+	}
+	tmpPath := tmp.Name()
+	defer os.Remove(tmpPath)
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return Info{}, err
+	}
+	if _, err := src(ctx, tmp); err != nil {
+		tmp.Close()
+		return Info{}, err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return Info{}, err
+	}
+	if err := tmp.Close(); err != nil {
+		return Info{}, err
+	}
+	info, err := Verify(tmpPath)
+	if err != nil {
+		return Info{}, fmt.Errorf("the snapshot just taken does not verify, not kept: %w", err)
+	}
+	final := filepath.Join(dir, now.UTC().Format(timeLayout)+Suffix)
+	if err := os.Rename(tmpPath, final); err != nil {
+		return Info{}, err
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	info.Path, info.Taken = final, now.UTC()
+	return info, nil
+}
+
+// Verify checks a snapshot file: its trailing sha256 against the database
+// before it, then the database itself (bbolt opens it, the key bucket is
+// there). A file without a digest is refused: etcdutl accepts one only
+// with --skip-hash-check, and this tool never writes one.
+func Verify(path string) (Info, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Info{}, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return Info{}, err
+	}
+	size := st.Size() - sha256.Size
+	// etcdutl's rule (etcdutl/snapshot/v3_snapshot.go hasChecksum at
+	// v3.6.5): a snapshot with a digest is whole 512-byte blocks plus it.
+	if size <= 0 || size%512 != 0 {
+		return Info{}, fmt.Errorf("%s is %d bytes: not an etcd snapshot with its sha256 (want n×512 + 32)", filepath.Base(path), st.Size())
+	}
+	h := sha256.New()
+	if _, err := io.CopyN(h, f, size); err != nil {
+		return Info{}, err
+	}
+	want := make([]byte, sha256.Size)
+	if _, err := io.ReadFull(f, want); err != nil {
+		return Info{}, err
+	}
+	if got := h.Sum(nil); !bytes.Equal(got, want) {
+		return Info{}, fmt.Errorf("%s: sha256 of the database is %x, the snapshot says %x: corrupted", filepath.Base(path), got[:8], want[:8])
+	}
+	info := Info{Path: path, Size: size, SHA256: hex.EncodeToString(want), Taken: st.ModTime().UTC()}
+	if t, err := time.Parse(timeLayout, strings.TrimSuffix(filepath.Base(path), Suffix)); err == nil {
+		info.Taken = t
+	}
+	if info.Revision, info.Keys, err = readDatabase(f, size); err != nil {
+		return Info{}, fmt.Errorf("%s: %w", filepath.Base(path), err)
+	}
+	return info, nil
+}
+
+// readDatabase opens the first size bytes of f (the database without its
+// digest) with bbolt, read-only, from a private copy: bbolt maps the whole
+// file, and the digest is not part of the database.
+func readDatabase(f *os.File, size int64) (rev int64, keys int, err error) {
+	tmp, err := os.CreateTemp("", "bootstrap-etcd-verify-*")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		tmp.Close()
+		return 0, 0, err
+	}
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return 0, 0, err
+	}
+	if _, err := io.CopyN(tmp, f, size); err != nil {
+		tmp.Close()
+		return 0, 0, err
+	}
+	if err := tmp.Close(); err != nil {
+		return 0, 0, err
+	}
+	db, err := bolt.Open(tmp.Name(), 0o400, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+	if err != nil {
+		return 0, 0, fmt.Errorf("not a database bbolt can open: %w", err)
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("key"))
+		if b == nil {
+			return errors.New("no key bucket: not an etcd database")
+		}
+		c := b.Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			keys++
+		}
+		if k, _ := c.Last(); len(k) >= 8 {
+			rev = int64(binary.BigEndian.Uint64(k[:8]))
+		}
+		return nil
+	})
+	return rev, keys, err
+}
+
+// List returns the kept snapshots in dir, newest first (names only; they
+// are verified when taken).
+func List(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && strings.HasSuffix(e.Name(), Suffix) && !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(out)))
+	return out, nil
+}
+
+// Prune removes all but the newest keep snapshots and returns what it removed.
+func Prune(dir string, keep int) ([]string, error) {
+	all, err := List(dir)
+	if err != nil || len(all) <= keep {
+		return nil, err
+	}
+	var removed []string
+	for _, p := range all[keep:] {
+		if err := os.Remove(p); err != nil {
+			return removed, err
+		}
+		removed = append(removed, p)
+	}
+	return removed, nil
+}
+
+// Newest returns when the newest kept snapshot was taken (zero without one).
+func Newest(dir string) (string, time.Time, error) {
+	all, err := List(dir)
+	if err != nil || len(all) == 0 {
+		return "", time.Time{}, err
+	}
+	t, err := time.Parse(timeLayout, strings.TrimSuffix(filepath.Base(all[0]), Suffix))
+	return all[0], t, err
+}

@@ -1,0 +1,78 @@
+package backup
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/backup/backuptest"
+)
+
+func source(data []byte) Source {
+	return func(_ context.Context, w io.Writer) (int64, error) {
+		n, err := io.Copy(w, bytes.NewReader(data))
+		return n, err
+	}
+}
+
+// TestTakeVerifyPrune: a good snapshot is kept 0600 under its time with
+// its revision and key count; a corrupted or truncated one is refused and
+// leaves nothing behind; pruning keeps the newest.
+func TestTakeVerifyPrune(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etcd")
+	good := backuptest.Snapshot(t, 42)
+	t0 := time.Date(2026, 11, 23, 3, 0, 0, 0, time.UTC)
+	info, err := Take(context.Background(), source(good), dir, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Revision != 42 || info.Keys != 42 || filepath.Base(info.Path) != "20261123T030000Z.snapshot" {
+		t.Fatalf("info %+v", info)
+	}
+	if fi, err := os.Stat(info.Path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode: %v %v", fi, err)
+	}
+
+	bad := bytes.Clone(good)
+	bad[len(bad)/2] ^= 0xff
+	for name, data := range map[string][]byte{"flipped byte": bad, "truncated": good[:len(good)-100], "no digest": good[:len(good)-32], "empty": nil} {
+		if _, err := Take(context.Background(), source(data), dir, t0.Add(time.Hour)); err == nil {
+			t.Errorf("%s: kept", name)
+		}
+	}
+	all, _ := List(dir)
+	entries, _ := os.ReadDir(dir)
+	if len(all) != 1 || len(entries) != 1 {
+		t.Fatalf("after refused snapshots: %v, dir %v", all, entries)
+	}
+	if _, err := Verify(writeTemp(t, bad)); err == nil || !strings.Contains(err.Error(), "corrupted") {
+		t.Fatalf("verify flipped: %v", err)
+	}
+
+	for i := 1; i <= 4; i++ {
+		if _, err := Take(context.Background(), source(good), dir, t0.Add(time.Duration(i)*24*time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := Prune(dir, 2)
+	if err != nil || len(removed) != 3 {
+		t.Fatalf("prune: %v %v", removed, err)
+	}
+	newest, at, err := Newest(dir)
+	if err != nil || !at.Equal(t0.Add(96*time.Hour)) || filepath.Base(newest) != "20261127T030000Z.snapshot" {
+		t.Fatalf("newest %s %s %v", newest, at, err)
+	}
+}
+
+func writeTemp(t *testing.T, b []byte) string {
+	p := filepath.Join(t.TempDir(), "x.snapshot")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
