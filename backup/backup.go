@@ -63,6 +63,13 @@ func Take(ctx context.Context, src Source, dir string, now time.Time) (Info, err
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Info{}, err
 	}
+	// What a killed run left half-written (callers hold the cluster lock:
+	// no other snapshot is being taken).
+	if stale, err := filepath.Glob(filepath.Join(dir, ".taking-*")); err == nil {
+		for _, p := range stale {
+			_ = os.Remove(p)
+		}
+	}
 	tmp, err := os.CreateTemp(dir, ".taking-*")
 	if err != nil {
 		return Info{}, err

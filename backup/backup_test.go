@@ -25,6 +25,9 @@ func source(data []byte) Source {
 // leaves nothing behind; pruning keeps the newest.
 func TestTakeVerifyPrune(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "etcd")
+	// A run killed while taking one left its temp file behind.
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, ".taking-123"), []byte("half"), 0o600)
 	good := backuptest.Snapshot(t, 42)
 	t0 := time.Date(2026, 11, 23, 3, 0, 0, 0, time.UTC)
 	info, err := Take(context.Background(), source(good), dir, t0)

@@ -22,7 +22,7 @@ func BackupDir(env *Env) string { return filepath.Join(env.Paths.StateDir, "etcd
 func etcdSnapshot(ctx context.Context, env *Env, ops *talos.Ops, w io.Writer) (int64, error) {
 	var errs []error
 	for _, n := range env.Config.ControlPlanes() {
-		tmp, err := os.CreateTemp(BackupDir(env), ".node-*")
+		tmp, err := os.CreateTemp(BackupDir(env), ".taking-node-*")
 		if err != nil {
 			return 0, err
 		}
