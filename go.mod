@@ -3,6 +3,7 @@ module github.com/homelab/bootstrap
 go 1.26.1
 
 require (
+	filippo.io/age v1.2.1
 	github.com/Masterminds/semver/v3 v3.5.0
 	github.com/Telmate/proxmox-api-go v0.0.0-20260201220834-d1b91f64e60f
 	github.com/alecthomas/kong v1.17.0

@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"filippo.io/age"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -194,8 +195,8 @@ func readDatabase(f *os.File, size int64) (rev int64, keys int, err error) {
 	return rev, keys, err
 }
 
-// List returns the kept snapshots in dir, newest first (names only; they
-// are verified when taken).
+// List returns the kept snapshots (and age-encrypted copies) in dir,
+// newest first (names only; they are verified when taken).
 func List(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -206,7 +207,8 @@ func List(dir string) ([]string, error) {
 	}
 	var out []string
 	for _, e := range entries {
-		if e.Type().IsRegular() && strings.HasSuffix(e.Name(), Suffix) && !strings.HasPrefix(e.Name(), ".") {
+		name := strings.TrimSuffix(e.Name(), AgeSuffix)
+		if e.Type().IsRegular() && strings.HasSuffix(name, Suffix) && !strings.HasPrefix(name, ".") {
 			out = append(out, filepath.Join(dir, e.Name()))
 		}
 	}
@@ -236,6 +238,81 @@ func Newest(dir string) (string, time.Time, error) {
 	if err != nil || len(all) == 0 {
 		return "", time.Time{}, err
 	}
-	t, err := time.Parse(timeLayout, strings.TrimSuffix(filepath.Base(all[0]), Suffix))
+	t, err := time.Parse(timeLayout, strings.TrimSuffix(strings.TrimSuffix(filepath.Base(all[0]), AgeSuffix), Suffix))
 	return all[0], t, err
+}
+
+// AgeSuffix ends a copy encrypted with age.
+const AgeSuffix = ".age"
+
+// Copy writes the kept snapshot src into dir (created 0700) under the same
+// name, through a temp file and a rename, 0600. With recipients the copy
+// is encrypted with age to all of them (name + ".age"), so a copy off the
+// host (an NFS share, a USB disk) holds no readable Secret.
+func Copy(src, dir string, recipients []age.Recipient) (string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	name := filepath.Base(src)
+	if len(recipients) > 0 {
+		name += AgeSuffix
+	}
+	tmp, err := os.CreateTemp(dir, ".copying-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	var w io.WriteCloser = nopWriteCloser{tmp}
+	if len(recipients) > 0 {
+		if w, err = age.Encrypt(tmp, recipients...); err != nil {
+			tmp.Close()
+			return "", err
+		}
+	}
+	if _, err := io.Copy(w, in); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := w.Close(); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, name)
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return "", err
+	}
+	return dst, nil
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
+
+// ParseRecipients parses age recipients (age1… X25519 public keys).
+func ParseRecipients(keys []string) ([]age.Recipient, error) {
+	var out []age.Recipient
+	for _, k := range keys {
+		r, err := age.ParseX25519Recipient(k)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"filippo.io/age"
+
 	"github.com/homelab/bootstrap/backup/backuptest"
 )
 
@@ -78,4 +80,63 @@ func writeTemp(t *testing.T, b []byte) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestCopyEncrypted: a copy to another directory is encrypted to the age
+// recipients; the identity decrypts it to the kept snapshot, which still
+// verifies; without recipients the copy is the snapshot itself.
+func TestCopyEncrypted(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etcd")
+	info, err := Take(context.Background(), source(backuptest.Snapshot(t, 3)), dir, time.Date(2026, 11, 23, 3, 0, 0, 0, time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recipients, err := ParseRecipients([]string{id.Recipient().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyDir := filepath.Join(t.TempDir(), "nas")
+	dst, err := Copy(info.Path, copyDir, recipients)
+	if err != nil || !strings.HasSuffix(dst, ".snapshot.age") {
+		t.Fatalf("copy %s %v", dst, err)
+	}
+	enc, _ := os.ReadFile(dst)
+	orig, _ := os.ReadFile(info.Path)
+	if bytes.Contains(enc, orig[:64]) {
+		t.Fatal("the copy is not encrypted")
+	}
+	r, err := age.Decrypt(bytes.NewReader(enc), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := io.ReadAll(r)
+	if !bytes.Equal(plain, orig) {
+		t.Fatal("decrypted copy differs from the snapshot")
+	}
+	if _, err := Verify(writeTemp(t, plain)); err != nil {
+		t.Fatalf("decrypted copy does not verify: %v", err)
+	}
+	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("copy mode %v", fi.Mode())
+	}
+	if kept, _ := List(copyDir); len(kept) != 1 {
+		t.Fatalf("copies listed: %v", kept)
+	}
+	if _, at, err := Newest(copyDir); err != nil || at.IsZero() {
+		t.Fatalf("newest copy: %v %v", at, err)
+	}
+	plainCopy, err := Copy(info.Path, filepath.Join(t.TempDir(), "usb"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(plainCopy); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseRecipients([]string{"age1notakey"}); err == nil {
+		t.Fatal("parsed a bad recipient")
+	}
 }

@@ -191,6 +191,10 @@ type Postcheck struct {
 type Backup struct {
 	Keep   int      `yaml:"keep" doc:"Verified snapshots to keep (oldest removed first)."`
 	MaxAge Duration `yaml:"maxAge" doc:"The postcheck fails when the newest snapshot is older than this (a nightly run takes one first)."`
+	// CopyDir is typically an NFS mount or a USB disk: the host's own disk
+	// is what a homelab loses.
+	CopyDir       string   `yaml:"copyDir" doc:"Optional directory every verified snapshot is also copied to (keep copies there too)."`
+	AgeRecipients []string `yaml:"ageRecipients" doc:"age public keys (age1…): copies in copyDir are encrypted to them (.snapshot.age)."`
 }
 
 // StateDirs says where generated files and run state live. Relative paths

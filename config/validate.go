@@ -573,6 +573,7 @@ func (v *validator) postcheck() {
 		v.errf("backup.keep", "must be at least 1, got %d", b.Keep)
 	}
 	v.positive("backup.maxAge", v.c.Backup.MaxAge)
+	v.backupCopy()
 	if v.c.State.KeepRuns < 1 {
 		v.errf("state.keepRuns", "must be at least 1, got %d", v.c.State.KeepRuns)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"filippo.io/age"
 	"github.com/distribution/reference"
 	"github.com/go-git/go-git/v5/plumbing"
 	talosconfig "github.com/siderolabs/talos/pkg/machinery/config"
@@ -235,4 +236,25 @@ func (metalMode) InContainer() bool     { return false }
 // oneLine joins a multi-line error into one line for the report.
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// backupCopy checks the snapshot copy target: an existing directory, and
+// recipients age can encrypt to (X25519 public keys, age1…).
+func (v *validator) backupCopy() {
+	b := v.c.Backup
+	if b.CopyDir != "" {
+		if st, err := os.Stat(v.c.Resolve(b.CopyDir)); err != nil {
+			v.errf("backup.copyDir", "%s cannot be used: %v (mount it, or create it)", b.CopyDir, unwrapPathErr(err))
+		} else if !st.IsDir() {
+			v.errf("backup.copyDir", "%s is not a directory", b.CopyDir)
+		}
+	}
+	if len(b.AgeRecipients) > 0 && b.CopyDir == "" {
+		v.errf("backup.ageRecipients", "are set but backup.copyDir is not: only copies are encrypted (the snapshots on this host are 0600)")
+	}
+	for i, r := range b.AgeRecipients {
+		if _, err := age.ParseX25519Recipient(r); err != nil {
+			v.errf(fmt.Sprintf("backup.ageRecipients[%d]", i), "%q is not an age public key (age1…, as age-keygen prints): %v", r, err)
+		}
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -64,8 +63,6 @@ type TalosProbe interface {
 	Health(ctx context.Context) talos.HealthReport
 	// Versions reports the Talos version each node runs, by node name.
 	Versions(ctx context.Context) (map[string]string, error)
-	// EtcdSnapshot streams an etcd snapshot from a healthy control plane.
-	EtcdSnapshot(ctx context.Context, w io.Writer) (int64, error)
 }
 
 // VMProbe lists the cluster's VMs that are not running.
@@ -99,12 +96,13 @@ type Options struct {
 	FluxNamespace   string
 	FluxName        string
 	CertWarnDays    int
-	// BackupDir holds the etcd snapshots (ai/state/<cluster>/etcd); the
-	// check takes one, keeps BackupKeep and wants the newest younger than
-	// BackupMaxAge.
+	// BackupDir holds the etcd snapshots (ai/state/<cluster>/etcd). The
+	// check takes one with TakeBackup (not in a dry run; it verifies,
+	// keeps, copies and prunes, and says what it did) and wants the newest
+	// younger than BackupMaxAge.
 	BackupDir    string
-	BackupKeep   int
 	BackupMaxAge time.Duration
+	TakeBackup   func(ctx context.Context) (string, error)
 	// TalosVersion is the version the config names; nodes that run another
 	// are reported (a warning: the talos stage upgrades them).
 	TalosVersion string
@@ -161,20 +159,10 @@ func (c *checker) etcdBackup(ctx context.Context) (check.Status, string) {
 	switch {
 	case c.o.DryRun:
 		took = "dry run: none taken"
-	case c.o.Talos == nil:
+	case c.o.TakeBackup == nil:
 		takeErr = errors.New("no talosconfig to reach etcd through")
 	default:
-		info, err := backup.Take(ctx, c.o.Talos.EtcdSnapshot, c.o.BackupDir, c.o.now())
-		if err != nil {
-			takeErr = err
-			break
-		}
-		took = info.String()
-		if removed, err := backup.Prune(c.o.BackupDir, max(1, c.o.BackupKeep)); err != nil {
-			took += fmt.Sprintf("; pruning: %v", err)
-		} else if len(removed) > 0 {
-			took += fmt.Sprintf("; %d older removed", len(removed))
-		}
+		took, takeErr = c.o.TakeBackup(ctx)
 	}
 	newest, at, err := backup.Newest(c.o.BackupDir)
 	if err != nil {
@@ -194,6 +182,9 @@ func (c *checker) etcdBackup(ctx context.Context) (check.Status, string) {
 			return check.Failf("taking a snapshot failed (%v) and the newest, %s, is %s old (limit %s)", takeErr, filepath.Base(newest), age.Round(time.Minute), c.o.BackupMaxAge)
 		}
 		return check.Failf("the newest etcd snapshot, %s, is %s old (limit %s)", filepath.Base(newest), age.Round(time.Minute), c.o.BackupMaxAge)
+	case takeErr != nil && took != "":
+		// Taken and kept here; only a later step (the copy) failed.
+		return check.Warnf("%s; %v", took, takeErr)
 	case takeErr != nil:
 		return check.Warnf("taking a snapshot failed: %v; the newest, %s, is %s old", takeErr, filepath.Base(newest), age.Round(time.Minute))
 	}

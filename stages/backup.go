@@ -56,11 +56,40 @@ func TakeBackup(ctx context.Context, env *Env, ops *talos.Ops) (backup.Info, err
 	if err != nil {
 		return info, err
 	}
-	if _, err := backup.Prune(BackupDir(env), max(1, env.Config.Backup.Keep)); err != nil {
+	keep := max(1, env.Config.Backup.Keep)
+	if _, err := backup.Prune(BackupDir(env), keep); err != nil {
 		env.Log.Warn().Err(err).Msg("pruning old etcd snapshots")
+	}
+	b := env.Config.Backup
+	if b.CopyDir == "" {
+		return info, nil
+	}
+	recipients, err := backup.ParseRecipients(b.AgeRecipients)
+	if err == nil {
+		var dst string
+		if dst, err = backup.Copy(info.Path, env.Config.Resolve(b.CopyDir), recipients); err == nil {
+			env.Log.Info().Str("copy", dst).Msg("etcd snapshot copied")
+			_, err = backup.Prune(env.Config.Resolve(b.CopyDir), keep)
+		}
+	}
+	if err != nil {
+		return info, &CopyError{Kept: info.Path, Dir: b.CopyDir, Err: err}
 	}
 	return info, nil
 }
+
+// CopyError says the snapshot was taken and kept on this host but its
+// copy failed: a warning for the postcheck, not a reason to stop.
+type CopyError struct {
+	Kept, Dir string
+	Err       error
+}
+
+func (e *CopyError) Error() string {
+	return fmt.Sprintf("kept %s, but copying it to %s failed: %v", filepath.Base(e.Kept), e.Dir, e.Err)
+}
+
+func (e *CopyError) Unwrap() error { return e.Err }
 
 // Backup is `bootstrap backup`: one verified etcd snapshot now, through
 // the talosconfig the talos stage wrote.

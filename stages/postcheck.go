@@ -44,7 +44,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		PVCTimeout: cfg.Postcheck.PVCTimeout.D(), FluxNamespace: FluxNamespace, FluxName: FluxNamespace,
 		CertWarnDays: cfg.Postcheck.CertWarnDays, TalosVersion: cfg.Cluster.TalosVersion, Now: env.Now, Log: env.Log, DryRun: env.DryRun,
 		Talos: env.postcheckTalosProbe(ctx), Proxmox: env.postcheckVMProbe(ctx), Observed: &postcheck.Observed{},
-		BackupDir: BackupDir(env), BackupKeep: cfg.Backup.Keep, BackupMaxAge: cfg.Backup.MaxAge.D(),
+		BackupDir: BackupDir(env), BackupMaxAge: cfg.Backup.MaxAge.D(), TakeBackup: env.postcheckBackup(ctx),
 	}
 	results := check.RunAll(ctx, postcheck.Checks(opts), 4)
 	report := postcheck.NewReport(cfg.Cluster.Name, start, env.now().Sub(start), results)

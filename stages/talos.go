@@ -302,7 +302,11 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	// taken before any node is touched.
 	if err := env.Wet("take an etcd snapshot before upgrading Talos", func() error {
 		info, err := TakeBackup(ctx, env, ops)
-		if err != nil {
+		var copyErr *CopyError
+		switch {
+		case errors.As(err, &copyErr):
+			env.UI.Warn("%v", copyErr)
+		case err != nil:
 			return fmt.Errorf("not upgrading without an etcd snapshot: %w", err)
 		}
 		env.UI.OK("etcd snapshot %s", info)
