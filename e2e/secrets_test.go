@@ -25,8 +25,10 @@ import (
 // secret, the snapshot credential, every key, secret and token of the
 // Talos secrets bundle, the admin kubeconfig's client key) in every file
 // under ai/state/ (inside every archive too), in everything each command
-// printed, and in a clone of the served snapshot: zero hits. The snapshot
-// server's log must count the two files it left out by rule.
+// printed, and in a clone of the served snapshot: zero hits. The etcd
+// snapshots hold every Secret by nature: they must be 0600 in a 0700
+// directory instead. The snapshot server's log must count the two files
+// it left out by rule.
 func TestSecretsStaySecret(t *testing.T) {
 	ctx := testContext(t, 5*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
@@ -94,10 +96,21 @@ func TestSecretsStaySecret(t *testing.T) {
 		hay[strings.Join(r.Args, " ")+" stdout #"+string(rune('0'+i))] = []byte(r.Stdout)
 		hay[strings.Join(r.Args, " ")+" stderr #"+string(rune('0'+i))] = []byte(r.Stderr)
 	}
+	etcdDir := filepath.Join(paths.StateDir, "etcd")
+	snapshots := 0
 	err = filepath.WalkDir(paths.StateDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Name() == gitsnap.AuthFileName {
 			// The credential file is the one place the password lives.
 			return err
+		}
+		if filepath.Dir(p) == etcdDir {
+			// An etcd snapshot holds every Secret of the cluster by
+			// nature: what matters is that only its owner can read it.
+			snapshots++
+			if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("etcd snapshot %s: mode %v %v, want 0600", p, fi.Mode(), err)
+			}
+			return nil
 		}
 		b, err := os.ReadFile(p)
 		if err != nil {
@@ -117,6 +130,9 @@ func TestSecretsStaySecret(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if fi, err := os.Stat(etcdDir); err != nil || fi.Mode().Perm() != 0o700 || snapshots == 0 {
+		t.Errorf("etcd snapshot directory: %v %v with %d snapshots, want 0700 and the postcheck's snapshots", fi, err, snapshots)
 	}
 	clone := filepath.Join(t.TempDir(), "clone")
 	u, _ := url.Parse(h.Config().Flux.LocalSnapshot.URL)
