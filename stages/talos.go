@@ -290,9 +290,10 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	if image == "" {
 		image = "ghcr.io/siderolabs/installer:" + want
 	}
+	const snapshotFirst = "take an etcd snapshot before upgrading Talos"
 	if env.DryRun {
-		for _, s := range steps {
-			if err := env.Wet(s.String(), nil); err != nil {
+		for _, what := range append([]string{snapshotFirst}, stepNames(steps)...) {
+			if err := env.Wet(what, nil); err != nil {
 				return err
 			}
 		}
@@ -300,7 +301,7 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	}
 	// The way back if the upgrade goes wrong: a verified etcd snapshot,
 	// taken before any node is touched.
-	if err := env.Wet("take an etcd snapshot before upgrading Talos", func() error {
+	if err := env.Wet(snapshotFirst, func() error {
 		info, err := TakeBackup(ctx, env, ops)
 		var copyErr *CopyError
 		switch {
@@ -330,6 +331,14 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 				env.Log.Warn().Err(err).Str("node", s.Name).Msg("saving state after the upgrade")
 			}
 		}})
+}
+
+func stepNames(steps []talos.UpgradeStep) []string {
+	out := make([]string, len(steps))
+	for i, s := range steps {
+		out[i] = s.String()
+	}
+	return out
 }
 
 // recordTalosNode keeps what the node now runs in state, saved at once so

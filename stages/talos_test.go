@@ -257,7 +257,7 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	plan := actions(dry)
-	for _, want := range []string{"upgrade Talos on cp-1 v1.13.3 → v1.13.9 (1/2, control planes first)", "upgrade Talos on wk-1 v1.13.3 → v1.13.9 (2/2, workers after the control planes)"} {
+	for _, want := range []string{"take an etcd snapshot before upgrading Talos", "upgrade Talos on cp-1 v1.13.3 → v1.13.9 (1/2, control planes first)", "upgrade Talos on wk-1 v1.13.3 → v1.13.9 (2/2, workers after the control planes)"} {
 		if !strings.Contains(plan, want) {
 			t.Fatalf("dry-run plan lacks %q:\n%s", want, plan)
 		}
