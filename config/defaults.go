@@ -21,9 +21,10 @@ const (
 func Default() *Config {
 	return &Config{
 		Cluster: Cluster{
-			TalosVersion:      DefaultTalosVersion,
-			KubernetesVersion: DefaultKubernetesVersion,
-			Patches:           Patches{Nodes: map[string][]string{}},
+			TalosVersion:       DefaultTalosVersion,
+			UpgradeParallelism: 1,
+			KubernetesVersion:  DefaultKubernetesVersion,
+			Patches:            Patches{Nodes: map[string][]string{}},
 			Timeouts: TalosTimeouts{
 				Call:      Duration(30 * time.Second),
 				Install:   Duration(20 * time.Minute),

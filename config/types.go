@@ -34,6 +34,9 @@ type Cluster struct {
 	MergeConfigs bool `yaml:"mergeConfigs" doc:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
 	// Parallelism bounds how many nodes the talos stage configures at once.
 	Parallelism int `yaml:"parallelism" doc:"How many nodes the talos stage configures (installs, reboots) at once; 0 means all."`
+	// UpgradeParallelism speeds up large worker pools; control planes are
+	// upgraded one at a time whatever it says (etcd keeps its quorum).
+	UpgradeParallelism int `yaml:"upgradeParallelism" doc:"How many workers a Talos upgrade moves at once (control planes: always one)."`
 	// Timeouts bound the talos stage's waits; slow hardware raises them.
 	Timeouts TalosTimeouts `yaml:"timeouts" doc:"Bounds on the talos stage's waits (raise them for slow disks or networks)."`
 }

@@ -166,6 +166,9 @@ func (v *validator) cluster() {
 	if c.Parallelism < 0 {
 		v.errf("cluster.parallelism", "must be 0 (all nodes at once) or more, got %d", c.Parallelism)
 	}
+	if c.UpgradeParallelism < 1 {
+		v.errf("cluster.upgradeParallelism", "must be at least 1, got %d", c.UpgradeParallelism)
+	}
 	for i, san := range c.SANs {
 		if san == "" {
 			v.errf(fmt.Sprintf("cluster.certSANs[%d]", i), "is empty: remove it or set a name or IP")

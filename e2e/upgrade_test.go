@@ -54,6 +54,14 @@ func TestTalosUpgrade(t *testing.T) {
 				t.Fatalf("install at v1.13.2:\n%s", r.Tail(40))
 			}
 			setTalosVersion(t, h, "v1.13.2", "v1.13.3")
+			if tc.wks > 1 {
+				// Both workers at once; the control planes still one by one.
+				if err := h.EditConfig(func(s string) (string, error) {
+					return strings.Replace(s, "  talosVersion: v1.13.3\n", "  talosVersion: v1.13.3\n  upgradeParallelism: 2\n", 1), nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
 			nodes := tc.controlPlanes + tc.wks
 			if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, fmt.Sprintf("upgrade Talos on cp-1 v1.13.2 → v1.13.3 (1/%d, control planes first)", nodes)) {

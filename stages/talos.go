@@ -323,6 +323,7 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 		health.Kube = cs
 	}
 	return ops.RollOut(ctx, talos.RollOutOptions{Steps: steps, Image: image, Health: health, Mutate: env.Wet,
+		WorkerParallelism: env.Config.Cluster.UpgradeParallelism,
 		OnUpgraded: func(s talos.UpgradeStep) {
 			n := env.Node(s.Name)
 			n.TalosVersion = s.To

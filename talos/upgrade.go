@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
@@ -160,9 +161,41 @@ type RollOutOptions struct {
 	Mutate Mutator
 	// OnUpgraded is called after each node came back healthy at its target.
 	OnUpgraded func(UpgradeStep)
+	// WorkerParallelism is how many workers are upgraded at once (control
+	// planes always go one at a time); 0 or 1: one after another.
+	WorkerParallelism int
 }
 
-// RollOut upgrades the steps one node at a time. Before the first it
+// upgradeOne takes one node through its upgrade: wait until it settles,
+// ask for the upgrade unless it already runs the target (a killed run
+// asked it), wait for the target version, then for the whole cluster.
+func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep) error {
+	err := opts.Mutate(s.String(), func() error {
+		running, err := o.waitSettled(ctx, s.Target, "")
+		if err != nil {
+			return err
+		}
+		if running != s.To {
+			if err := o.Upgrade(ctx, s.Target, opts.Image); err != nil {
+				return err
+			}
+		}
+		if _, err := o.waitSettled(ctx, s.Target, s.To); err != nil {
+			return err
+		}
+		return o.WaitHealthy(ctx, fmt.Sprintf("the cluster healthy after upgrading %s", s.Name), opts.Health)
+	})
+	if err != nil {
+		return fmt.Errorf("%w; the rollout stopped at %s (%d/%d): the nodes after it are untouched, and a re-run continues from the versions the nodes run", err, s.Name, s.Pos, s.Of)
+	}
+	if opts.OnUpgraded != nil {
+		opts.OnUpgraded(s)
+	}
+	return nil
+}
+
+// RollOut upgrades the control planes one node at a time, then the
+// workers, WorkerParallelism at a time. Before the first it
 // waits for the cluster to be healthy; after each, for the node to run the
 // target version from its installed system and for the cluster to be
 // healthy again (etcd with every member, kubelets, nodes Ready). A step
@@ -175,31 +208,48 @@ func (o *Ops) RollOut(ctx context.Context, opts RollOutOptions) error {
 	if err := o.WaitHealthy(ctx, "the cluster healthy before upgrading Talos", opts.Health); err != nil {
 		return fmt.Errorf("not upgrading an unhealthy cluster: %w", err)
 	}
+	var cps, wks []UpgradeStep
 	for _, s := range opts.Steps {
-		err := opts.Mutate(s.String(), func() error {
-			// A node an interrupted run asked to upgrade may still be in its
-			// upgrade sequence or rebooting: wait until it runs again, then
-			// ask only if it still runs the old version. Never twice.
-			running, err := o.waitSettled(ctx, s.Target, "")
-			if err != nil {
-				return err
-			}
-			if running != s.To {
-				if err := o.Upgrade(ctx, s.Target, opts.Image); err != nil {
-					return err
-				}
-			}
-			if _, err := o.waitSettled(ctx, s.Target, s.To); err != nil {
-				return err
-			}
-			return o.WaitHealthy(ctx, fmt.Sprintf("the cluster healthy after upgrading %s", s.Name), opts.Health)
-		})
-		if err != nil {
-			return fmt.Errorf("%w; the rollout stopped at %s (%d/%d): the nodes after it are untouched, and a re-run continues from the versions the nodes run", err, s.Name, s.Pos, s.Of)
-		}
-		if opts.OnUpgraded != nil {
-			opts.OnUpgraded(s)
+		if s.Role == RoleControlPlane {
+			cps = append(cps, s)
+		} else {
+			wks = append(wks, s)
 		}
 	}
-	return nil
+	for _, s := range cps {
+		if err := o.upgradeOne(ctx, opts, s); err != nil {
+			return err
+		}
+	}
+	// Workers, WorkerParallelism at a time; the first failure stops new
+	// ones from starting and is returned once the running ones finish.
+	sem := make(chan struct{}, max(1, opts.WorkerParallelism))
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	for _, s := range wks {
+		sem <- struct{}{}
+		mu.Lock()
+		stop := firstErr != nil
+		mu.Unlock()
+		if stop {
+			<-sem
+			break
+		}
+		wg.Add(1)
+		go func(s UpgradeStep) {
+			defer func() { <-sem; wg.Done() }()
+			if err := o.upgradeOne(ctx, opts, s); err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		}(s)
+	}
+	wg.Wait()
+	return firstErr
 }
