@@ -158,8 +158,15 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 		return "", "", fmt.Errorf("snapshotting %s: %w", ls.Source, err)
 	}
 	env.Log.Info().Str("hash", snap.Hash.String()).Int("files", snap.Files).Str("excluded", snap.Excluded.String()).Msg("local git snapshot built")
+	authFile := filepath.Join(env.Paths.StateDir, gitsnap.AuthFileName)
+	tlsCert := ""
+	if ls.TLSCertFile != "" {
+		tlsCert = env.Config.Resolve(ls.TLSCertFile)
+	}
 	st, _ := gitsnap.Check(ctx, env.Paths.StateDir)
-	if st.State != nil && st.Serves(snap.Hash.String()) {
+	// Reused only when it also guards the tree as configured: a server an
+	// older version started without the credential (or TLS) is replaced.
+	if st.State != nil && st.Serves(snap.Hash.String()) && st.State.AuthFile == authFile && st.State.TLSCert == tlsCert {
 		env.UI.OK("git snapshot server (pid %d) already serves %s at %s", st.State.PID, short(snap.Hash.String()), ls.URL)
 		// Serves checked the hash; a server whose starting run was killed
 		// is recorded without one.
@@ -170,11 +177,11 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	}
 	opts := gitsnap.StartOptions{
 		Flags: gitsnap.ServeFlags{Repo: env.Config.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: f.Branch,
-			Interval: ls.Refresh.D(), Exclude: ls.Exclude, AuthFile: filepath.Join(env.Paths.StateDir, gitsnap.AuthFileName)},
+			Interval: ls.Refresh.D(), Exclude: ls.Exclude, AuthFile: authFile},
 		StateDir: env.Paths.StateDir, Log: env.Log,
 	}
-	if ls.TLSCertFile != "" {
-		opts.Flags.TLSCert, opts.Flags.TLSKey = env.Config.Resolve(ls.TLSCertFile), env.Config.Resolve(ls.TLSKeyFile)
+	if tlsCert != "" {
+		opts.Flags.TLSCert, opts.Flags.TLSKey = tlsCert, env.Config.Resolve(ls.TLSKeyFile)
 	}
 	var served string
 	err = env.Wet(fmt.Sprintf("serve git snapshot %s of %s at %s", short(snap.Hash.String()), ls.Source, ls.URL), func() error {

@@ -109,3 +109,43 @@ func mustAuth(t *testing.T, l *kubeLab) gitsnap.BasicAuth {
 	}
 	return a
 }
+
+// TestFluxStageReplacesAnUnauthenticatedSnapshotServer: a snapshot server
+// an older bootstrap left running without the credential serves the same
+// tree at the same address; the flux stage must not adopt it (anyone on
+// the LAN could clone) but replace it with one that requires the
+// credential.
+func TestFluxStageReplacesAnUnauthenticatedSnapshotServer(t *testing.T) {
+	l := newKubeLab(t, kubeLabOptions{flux: true})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		gitsnap.Stop(ctx, l.cfg.Paths().StateDir, 5*time.Second, zerolog.Nop())
+	})
+	ctx := context.Background()
+	ls := l.cfg.Flux.LocalSnapshot
+	old, err := gitsnap.Start(ctx, gitsnap.StartOptions{
+		Flags:    gitsnap.ServeFlags{Repo: l.cfg.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: l.cfg.Flux.Branch, Interval: ls.Refresh.D()},
+		StateDir: l.cfg.Paths().StateDir, Log: zerolog.Nop(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.Get(ls.URL + "/info/refs?service=git-upload-pack"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the old server should answer anyone: %v %v", resp, err)
+	}
+	if _, err := l.runStage(FluxStage{}, false); err != nil {
+		t.Fatal(err)
+	}
+	if l.st.Outputs.GitSnapshot.PID == old.PID {
+		t.Fatal("the flux stage adopted a snapshot server that requires no credential")
+	}
+	resp, err := http.Get(ls.URL + "/info/refs?service=git-upload-pack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("after the flux stage an anonymous request gets %s, want 401", resp.Status)
+	}
+}
