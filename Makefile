@@ -22,7 +22,7 @@ build:
 build-lab:
 	$(GOBUILD) -o $(LAB) ./cmd/bootstrap-lab
 
-# System packages the tests and the demo need (git, nfs-ganesha, rpcbind):
+# System packages the tests and the demo need (git, openssh-client, nfs-ganesha, rpcbind):
 # installed with apt when running as root on Debian/Ubuntu, otherwise the
 # exact command to run is printed and make stops.
 deps:
