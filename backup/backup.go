@@ -56,11 +56,12 @@ func (i Info) String() string {
 // Source streams one snapshot into w (talos.Ops.EtcdSnapshot).
 type Source func(ctx context.Context, w io.Writer) (int64, error)
 
-// Take streams a snapshot from src into dir (created 0700), verifies it,
-// and only then gives it its final name, so dir never holds a partial or
-// unverified snapshot under a snapshot's name. Files are 0600: a snapshot
-// holds every Secret of the cluster.
-func Take(ctx context.Context, src Source, dir string, now time.Time) (Info, error) {
+// Take streams a snapshot from the first of srcs that gives one (a
+// source that fails midway is truncated away and the next is tried) into
+// dir (created 0700), verifies it, and only then gives it its final name,
+// so dir never holds a partial or unverified snapshot under a snapshot's
+// name. Files are 0600: a snapshot holds every Secret of the cluster.
+func Take(ctx context.Context, srcs []Source, dir string, now time.Time) (Info, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Info{}, err
 	}
@@ -81,9 +82,23 @@ func Take(ctx context.Context, src Source, dir string, now time.Time) (Info, err
 		tmp.Close()
 		return Info{}, err
 	}
-	if _, err := src(ctx, tmp); err != nil {
+	var errs []error
+	taken := false
+	for _, src := range srcs {
+		if err := rewind(tmp); err != nil {
+			tmp.Close()
+			return Info{}, err
+		}
+		if _, err := src(ctx, tmp); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		taken = true
+		break
+	}
+	if !taken {
 		tmp.Close()
-		return Info{}, err
+		return Info{}, fmt.Errorf("none of %d source(s) gave an etcd snapshot: %w", len(srcs), errors.Join(errs...))
 	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
@@ -106,6 +121,15 @@ func Take(ctx context.Context, src Source, dir string, now time.Time) (Info, err
 	}
 	info.Path, info.Taken = final, now.UTC()
 	return info, nil
+}
+
+// rewind empties f for the next attempt.
+func rewind(f *os.File) error {
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	_, err := f.Seek(0, io.SeekStart)
+	return err
 }
 
 // Verify checks a snapshot file: its trailing sha256 against the database

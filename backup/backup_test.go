@@ -3,6 +3,7 @@ package backup
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,11 +16,11 @@ import (
 	"github.com/homelab/bootstrap/backup/backuptest"
 )
 
-func source(data []byte) Source {
-	return func(_ context.Context, w io.Writer) (int64, error) {
+func source(data []byte) []Source {
+	return []Source{func(_ context.Context, w io.Writer) (int64, error) {
 		n, err := io.Copy(w, bytes.NewReader(data))
 		return n, err
-	}
+	}}
 }
 
 // TestTakeVerifyPrune: a good snapshot is kept 0600 under its time with
@@ -140,3 +141,25 @@ func TestCopyEncrypted(t *testing.T) {
 		t.Fatal("parsed a bad recipient")
 	}
 }
+
+// TestTakeFallsBackToTheNextSource: a control plane whose stream breaks
+// midway leaves nothing of its bytes in the snapshot taken from the next.
+func TestTakeFallsBackToTheNextSource(t *testing.T) {
+	good := backuptest.Snapshot(t, 5)
+	broken := func(_ context.Context, w io.Writer) (int64, error) {
+		n, _ := w.Write(good[:len(good)/2])
+		return int64(n), errors.New("stream broke")
+	}
+	dir := filepath.Join(t.TempDir(), "etcd")
+	info, err := Take(context.Background(), append([]Source{broken}, source(good)...), dir, time.Now())
+	if err != nil || info.Revision != 5 {
+		t.Fatalf("fallback: %+v %v", info, err)
+	}
+	if b, _ := os.ReadFile(info.Path); !bytes.Equal(b, good) {
+		t.Fatal("the kept snapshot is not the second source's")
+	}
+	if _, err := Take(context.Background(), []Source{broken, broken}, dir, time.Now()); err == nil || !strings.Contains(err.Error(), "none of 2 source(s)") || !strings.Contains(err.Error(), "stream broke") {
+		t.Fatalf("all sources broken: %v", err)
+	}
+}
+

@@ -2,7 +2,6 @@ package stages
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,34 +15,6 @@ import (
 // ai/state/<cluster>/etcd.
 func BackupDir(env *Env) string { return filepath.Join(env.Paths.StateDir, "etcd") }
 
-// etcdSnapshot streams a snapshot from the first control plane that gives
-// one, in config order; w only ever receives one node's complete stream
-// (a failed node's partial bytes are discarded with its temp file).
-func etcdSnapshot(ctx context.Context, env *Env, ops *talos.Ops, w io.Writer) (int64, error) {
-	var errs []error
-	for _, n := range env.Config.ControlPlanes() {
-		tmp, err := os.CreateTemp(BackupDir(env), ".taking-node-*")
-		if err != nil {
-			return 0, err
-		}
-		_, err = ops.EtcdSnapshot(ctx, talos.Target{Name: n.Name, IP: n.IP, Role: talos.RoleControlPlane}, tmp)
-		if err == nil {
-			_, err = tmp.Seek(0, io.SeekStart)
-		}
-		if err == nil {
-			var written int64
-			written, err = io.Copy(w, tmp)
-			tmp.Close()
-			os.Remove(tmp.Name())
-			return written, err
-		}
-		tmp.Close()
-		os.Remove(tmp.Name())
-		errs = append(errs, err)
-	}
-	return 0, fmt.Errorf("no control plane gave an etcd snapshot: %w", errors.Join(errs...))
-}
-
 // TakeBackup takes, verifies and keeps one etcd snapshot, then prunes to
 // backup.keep. It is what `bootstrap backup` runs and what the talos stage
 // runs before upgrading.
@@ -51,8 +22,14 @@ func TakeBackup(ctx context.Context, env *Env, ops *talos.Ops) (backup.Info, err
 	if err := os.MkdirAll(BackupDir(env), 0o700); err != nil {
 		return backup.Info{}, err
 	}
-	src := func(ctx context.Context, w io.Writer) (int64, error) { return etcdSnapshot(ctx, env, ops, w) }
-	info, err := backup.Take(ctx, src, BackupDir(env), env.now())
+	// One source per control plane, in config order: the first that gives
+	// a complete snapshot wins.
+	var srcs []backup.Source
+	for _, n := range env.Config.ControlPlanes() {
+		t := talos.Target{Name: n.Name, IP: n.IP, Role: talos.RoleControlPlane}
+		srcs = append(srcs, func(ctx context.Context, w io.Writer) (int64, error) { return ops.EtcdSnapshot(ctx, t, w) })
+	}
+	info, err := backup.Take(ctx, srcs, BackupDir(env), env.now())
 	if err != nil {
 		return info, err
 	}
@@ -94,11 +71,7 @@ func (e *CopyError) Unwrap() error { return e.Err }
 // Backup is `bootstrap backup`: one verified etcd snapshot now, through
 // the talosconfig the talos stage wrote.
 func Backup(ctx context.Context, env *Env) (backup.Info, error) {
-	tc, err := os.ReadFile(env.Paths.Talosconfig)
-	if err != nil {
-		return backup.Info{}, fmt.Errorf("no talosconfig at %s (run the talos stage first): %w", env.Paths.Talosconfig, errors.Unwrap(err))
-	}
-	ops, err := talosOps(env, tc)
+	ops, err := savedTalosOps(env)
 	if err != nil {
 		return backup.Info{}, err
 	}

@@ -2,7 +2,9 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/homelab/bootstrap/proxmox"
@@ -64,4 +66,14 @@ func talosOps(env *Env, talosconfig []byte) (*talos.Ops, error) {
 			BootstrapTimeout: t.Bootstrap.D(), HealthTimeout: t.Health.D(),
 		})
 	})
+}
+
+// savedTalosOps is the run's Talos API client from the talosconfig the
+// talos stage wrote, for what runs after it (postcheck, backup).
+func savedTalosOps(env *Env) (*talos.Ops, error) {
+	tc, err := os.ReadFile(env.Paths.Talosconfig)
+	if err != nil {
+		return nil, fmt.Errorf("no talosconfig at %s (run the talos stage first): %w", env.Paths.Talosconfig, errors.Unwrap(err))
+	}
+	return talosOps(env, tc)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 
 	"github.com/homelab/bootstrap/kube"
@@ -15,11 +14,7 @@ import (
 // postcheckTalosProbe returns what the Talos checks call, or nil when there
 // is no talosconfig yet (the checks then warn "not checked").
 func (e *Env) postcheckTalosProbe(ctx context.Context) postcheck.TalosProbe {
-	tc, err := os.ReadFile(e.Paths.Talosconfig)
-	if err != nil {
-		return nil
-	}
-	ops, err := talosOps(e, tc)
+	ops, err := savedTalosOps(e)
 	if err != nil {
 		return nil
 	}
@@ -63,11 +58,7 @@ func (p talosProbe) Versions(ctx context.Context) (map[string]string, error) {
 // postcheckBackup returns the postcheck's way to take a backup, nil
 // without a talosconfig (the check then says so).
 func (e *Env) postcheckBackup(ctx context.Context) func(context.Context) (string, error) {
-	tc, err := os.ReadFile(e.Paths.Talosconfig)
-	if err != nil {
-		return nil
-	}
-	ops, err := talosOps(e, tc)
+	ops, err := savedTalosOps(e)
 	if err != nil {
 		return nil
 	}
