@@ -162,4 +162,3 @@ func TestTakeFallsBackToTheNextSource(t *testing.T) {
 		t.Fatalf("all sources broken: %v", err)
 	}
 }
-
