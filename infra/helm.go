@@ -4,6 +4,7 @@
 package infra
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -82,6 +84,13 @@ type Helm struct {
 	log        zerolog.Logger
 	settings   *cli.EnvSettings
 	cs         kubernetes.Interface
+
+	// archives keeps each downloaded chart archive (repo, chart, version)
+	// for the life of the client: a stage renders a chart and then
+	// installs it, and should fetch it once. Each use loads a fresh chart
+	// from the bytes (an install mutates what it is given).
+	mu       sync.Mutex
+	archives map[string][]byte
 }
 
 // NewHelm returns a Helm client for the cluster behind kubeconfig. Chart
@@ -251,6 +260,34 @@ func (h *Helm) Render(ctx context.Context, r Release) (string, error) {
 // resolves through the repository index directly, so a local directory
 // that happens to carry the chart's name is never picked up instead.
 func (h *Helm) loadChart(r Release) (*chart.Chart, error) {
+	key := r.RepoURL + "\x00" + r.Chart + "\x00" + r.Version
+	h.mu.Lock()
+	archive, ok := h.archives[key]
+	h.mu.Unlock()
+	if !ok {
+		var err error
+		if archive, err = h.downloadChart(r); err != nil {
+			return nil, err
+		}
+		h.mu.Lock()
+		if h.archives == nil {
+			h.archives = map[string][]byte{}
+		}
+		h.archives[key] = archive
+		h.mu.Unlock()
+	}
+	ch, err := loader.LoadArchive(bytes.NewReader(archive))
+	if err != nil {
+		return nil, fmt.Errorf("loading chart %s@%s: %w", r.Chart, r.Version, err)
+	}
+	if ch.Metadata.Version != r.Version {
+		return nil, fmt.Errorf("repository served %s@%s for version %s", ch.Metadata.Name, ch.Metadata.Version, r.Version)
+	}
+	return ch, nil
+}
+
+// downloadChart fetches the archive of the pinned chart version.
+func (h *Helm) downloadChart(r Release) ([]byte, error) {
 	getters := getter.All(h.settings)
 	url, err := repo.FindChartInRepoURL(r.RepoURL, r.Chart, r.Version, "", "", "", getters)
 	if err != nil {
@@ -267,14 +304,11 @@ func (h *Helm) loadChart(r Release) (*chart.Chart, error) {
 	if err != nil {
 		return nil, fmt.Errorf("downloading chart %s@%s: %w", r.Chart, r.Version, err)
 	}
-	ch, err := loader.Load(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("loading chart %s: %w", filepath.Base(path), err)
+		return nil, fmt.Errorf("reading chart %s: %w", filepath.Base(path), err)
 	}
-	if ch.Metadata.Version != r.Version {
-		return nil, fmt.Errorf("repository served %s@%s for version %s", ch.Metadata.Name, ch.Metadata.Version, r.Version)
-	}
-	return ch, nil
+	return b, nil
 }
 
 // waitDeployments waits for every Deployment in the release's manifest.

@@ -85,9 +85,15 @@ func TestInfraStageOnTheLab(t *testing.T) {
 	}
 
 	// First run installs, demotes the other default, and a PVC binds.
+	const archive = "/nfs-subdir-external-provisioner-4.0.18.tgz"
+	before := l.repo.Requests(archive)
 	env, err = l.runStage(InfraStage{}, false)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The chart is rendered (to check the class) and installed: one download.
+	if n := l.repo.Requests(archive) - before; n != 1 {
+		t.Fatalf("the install run downloaded the chart %d times, want once", n)
 	}
 	if got := changeList(env); !strings.Contains(got, "install nfs-subdir") || !strings.Contains(got, "remove the default annotation from StorageClass local-path") {
 		t.Fatalf("first run changes:\n%s", got)
