@@ -131,20 +131,7 @@ func TestSSHSyncAgainstRealFlux(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret, err := AuthSecret("flux-system", "flux-system", Credentials{SSHKey: key, KnownHosts: srv.KnownHosts()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := SyncObjects(SyncOptions{Name: "flux-system", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "flux-system"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Apply(ctx, append([]*unstructured.Unstructured{secret}, objs...), time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WaitReady(ctx, "flux-system", "flux-system", "main@sha1:"+strings.TrimSpace(string(head)), 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	syncWithSecret(t, ctx, c, url, Credentials{SSHKey: key, KnownHosts: srv.KnownHosts()}, "main@sha1:"+strings.TrimSpace(string(head)))
 	if cm, err := lab.Client().CoreV1().ConfigMaps("default").Get(ctx, "over-ssh", metav1.GetOptions{}); err != nil || cm.Data["via"] != "ssh" {
 		t.Fatalf("object under ./infra not applied over SSH: %v", err)
 	}
@@ -154,7 +141,7 @@ func TestSSHSyncAgainstRealFlux(t *testing.T) {
 	if _, err := lab.Client().CoreV1().Secrets("flux-system").Create(ctx, bare, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	objs, err = SyncObjects(SyncOptions{Name: "no-known-hosts", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "no-known-hosts"})
+	objs, err := SyncObjects(SyncOptions{Name: "no-known-hosts", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "no-known-hosts"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,20 +200,7 @@ func TestSnapshotOverTLSWithAuthAgainstRealFlux(t *testing.T) {
 		t.Fatal(err)
 	}
 	ca, _ := os.ReadFile(certFile)
-	secret, err := AuthSecret("flux-system", "flux-system", Credentials{Username: auth.Username, Token: auth.Password, CA: ca})
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := SyncObjects(SyncOptions{Name: "flux-system", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "flux-system"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Apply(ctx, append([]*unstructured.Unstructured{secret}, objs...), time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WaitReady(ctx, "flux-system", "flux-system", srv.Snapshot().Revision(), 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	syncWithSecret(t, ctx, c, url, Credentials{Username: auth.Username, Token: auth.Password, CA: ca}, srv.Snapshot().Revision())
 	if cm, err := lab.Client().CoreV1().ConfigMaps("default").Get(ctx, "over-tls", metav1.GetOptions{}); err != nil || cm.Data["via"] != "https" {
 		t.Fatalf("object under ./infra not applied over HTTPS: %v", err)
 	}
@@ -252,4 +226,25 @@ func infraTree(t *testing.T, name, key, value string, commit bool) string {
 		}
 	}
 	return repo
+}
+
+// syncWithSecret applies the Secret AuthSecret builds from cr with the
+// GitRepository and Kustomization flux-system/flux-system for url, and
+// waits until both are Ready at revision.
+func syncWithSecret(t *testing.T, ctx context.Context, c *Client, url string, cr Credentials, revision string) {
+	t.Helper()
+	secret, err := AuthSecret("flux-system", "flux-system", cr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := SyncObjects(SyncOptions{Name: "flux-system", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "flux-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Apply(ctx, append([]*unstructured.Unstructured{secret}, objs...), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitReady(ctx, "flux-system", "flux-system", revision, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
 }

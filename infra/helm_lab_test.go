@@ -62,6 +62,19 @@ func chartRepo(t *testing.T, versions ...string) string {
 	return srv.URL
 }
 
+// oneNodeLab is a real control plane with one schedulable, Ready node cp-1.
+func oneNodeLab(t *testing.T, ctx context.Context) *kube.Cluster {
+	t.Helper()
+	lab := kubetest.Start(t, kube.Options{ScheduleOnControlPlanes: true})
+	if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
+		t.Fatal(err)
+	}
+	if err := lab.WaitNodesReady(ctx, []string{"cp-1"}, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return lab
+}
+
 func helmHome(t *testing.T) {
 	home := t.TempDir()
 	for _, k := range []string{"HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"} {
@@ -73,12 +86,9 @@ func helmHome(t *testing.T) {
 // against a real API server and a real chart repository.
 func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 	helmHome(t)
-	lab := kubetest.Start(t, kube.Options{ScheduleOnControlPlanes: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
-		t.Fatal(err)
-	}
+	lab := oneNodeLab(t, ctx)
 	url := chartRepo(t, "1.0.0", "1.1.0")
 	h, err := NewHelm(lab.AdminKubeconfigPath(), kubetest.Logger(t))
 	if err != nil {
@@ -174,15 +184,9 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 // node count it is Available at once.
 func TestCiliumOnOneNodeWithTheRealChart(t *testing.T) {
 	helmHome(t)
-	lab := kubetest.Start(t, kube.Options{ScheduleOnControlPlanes: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
-		t.Fatal(err)
-	}
-	if err := lab.WaitNodesReady(ctx, []string{"cp-1"}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	lab := oneNodeLab(t, ctx)
 	chartDir, err := lab.Binaries().CiliumChart(ctx)
 	if err != nil {
 		t.Fatal(err)

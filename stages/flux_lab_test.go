@@ -19,12 +19,7 @@ import (
 // controllers: install from the manifests source, serve the local tree as
 // a snapshot, sync ./infra, and a re-run that applies nothing.
 func TestFluxStageOnTheLab(t *testing.T) {
-	l := newKubeLab(t, kubeLabOptions{flux: true})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		gitsnap.Stop(ctx, l.cfg.Paths().StateDir, 5*time.Second, zerolog.Nop())
-	})
+	l := newFluxLab(t)
 	ctx := context.Background()
 
 	env, err := l.runStage(FluxStage{}, true)
@@ -116,12 +111,7 @@ func mustAuth(t *testing.T, l *kubeLab) gitsnap.BasicAuth {
 // the LAN could clone) but replace it with one that requires the
 // credential.
 func TestFluxStageReplacesAnUnauthenticatedSnapshotServer(t *testing.T) {
-	l := newKubeLab(t, kubeLabOptions{flux: true})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		gitsnap.Stop(ctx, l.cfg.Paths().StateDir, 5*time.Second, zerolog.Nop())
-	})
+	l := newFluxLab(t)
 	ctx := context.Background()
 	ls := l.cfg.Flux.LocalSnapshot
 	old, err := gitsnap.Start(ctx, gitsnap.StartOptions{
@@ -148,4 +138,16 @@ func TestFluxStageReplacesAnUnauthenticatedSnapshotServer(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("after the flux stage an anonymous request gets %s, want 401", resp.Status)
 	}
+}
+
+// newFluxLab is a kube lab with the Flux controllers whose snapshot server,
+// started by the flux stage as a detached process, is stopped at the end.
+func newFluxLab(t *testing.T) *kubeLab {
+	l := newKubeLab(t, kubeLabOptions{flux: true})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		gitsnap.Stop(ctx, l.cfg.Paths().StateDir, 5*time.Second, zerolog.Nop())
+	})
+	return l
 }
