@@ -17,6 +17,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/validation"
+
+	"github.com/homelab/bootstrap/talos"
 )
 
 // maxMemoryMiB is the most memory qemu-server lets a VM have: get_max_mem
@@ -166,7 +168,7 @@ func (v *validator) patchContents() {
 					cfg, err = out.Config()
 				}
 				if err == nil {
-					_, err = cfg.Validate(metalMode{}, validation.WithStrict())
+					_, err = cfg.Validate(talos.MetalMode{}, validation.WithStrict())
 				}
 				if err != nil {
 					v.errf(field, "patch file %s does not apply to a %s config: %s", f, typ, oneLine(err))
@@ -224,14 +226,6 @@ func baseConfigs(c *Cluster, contract *talosconfig.VersionContract) (map[machine
 	}
 	return out, nil
 }
-
-// metalMode validates as `talosctl validate --mode metal`: installed on
-// disk, not in a container.
-type metalMode struct{}
-
-func (metalMode) String() string        { return "metal" }
-func (metalMode) RequiresInstall() bool { return true }
-func (metalMode) InContainer() bool     { return false }
 
 // oneLine joins a multi-line error into one line for the report.
 func oneLine(err error) string {

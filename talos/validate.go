@@ -9,18 +9,19 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/validation"
 )
 
-// metalMode is what `talosctl validate --mode metal` checks against:
-// installed on disk, not in a container.
-type metalMode struct{}
+// MetalMode is what `talosctl validate --mode metal` checks against:
+// installed on disk, not in a container. config validate checks patches
+// in it too.
+type MetalMode struct{}
 
 // String implements validation.RuntimeMode.
-func (metalMode) String() string { return "metal" }
+func (MetalMode) String() string { return "metal" }
 
 // RequiresInstall implements validation.RuntimeMode.
-func (metalMode) RequiresInstall() bool { return true }
+func (MetalMode) RequiresInstall() bool { return true }
 
 // InContainer implements validation.RuntimeMode.
-func (metalMode) InContainer() bool { return false }
+func (MetalMode) InContainer() bool { return false }
 
 // ValidationError is one failed check of one rendered config.
 type ValidationError struct {
@@ -48,7 +49,7 @@ func (v ValidationErrors) Error() string {
 // ValidateMetal checks a config the way a metal node will, returning the
 // warnings and one error per problem found.
 func ValidateMetal(cfg config.Provider) (warnings []string, errs []error) {
-	warnings, err := cfg.Validate(metalMode{}, validation.WithLocal())
+	warnings, err := cfg.Validate(MetalMode{}, validation.WithLocal())
 	if err == nil {
 		return warnings, nil
 	}
