@@ -340,3 +340,41 @@ func ParseRecipients(keys []string) ([]age.Recipient, error) {
 	}
 	return out, nil
 }
+
+// Decrypt writes the plaintext of an age-encrypted copy (src, name ending
+// in .age) into dir as a 0600 temp file and returns its path; the caller
+// removes it. identityFile holds age identities (AGE-SECRET-KEY-1…
+// lines, as age-keygen writes them).
+func Decrypt(src, identityFile, dir string) (string, error) {
+	kf, err := os.Open(identityFile)
+	if err != nil {
+		return "", err
+	}
+	ids, err := age.ParseIdentities(kf)
+	kf.Close()
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", identityFile, err)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	r, err := age.Decrypt(in, ids...)
+	if err != nil {
+		return "", fmt.Errorf("decrypting %s with %s: %w", filepath.Base(src), identityFile, err)
+	}
+	out, err := os.CreateTemp(dir, ".decrypted-*"+Suffix)
+	if err != nil {
+		return "", err
+	}
+	_, err = io.Copy(out, r)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(out.Name())
+		return "", fmt.Errorf("decrypting %s: %w", filepath.Base(src), err)
+	}
+	return out.Name(), nil
+}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 
 	"github.com/rs/zerolog"
@@ -35,21 +36,52 @@ type ControlPlane struct {
 	cluster *kube.Cluster
 	pending []talossim.NodeInfo
 	failed  error
-	// started is closed once Bootstrap succeeded or failed.
-	started   chan struct{}
-	startOnce sync.Once
+	// started is closed once Bootstrap (or Recover) succeeded or failed;
+	// lost once that control plane lost its etcd data. EtcdLost replaces
+	// both for the next one.
+	started       chan struct{}
+	startedClosed bool
+	lost          chan struct{}
 }
 
-var _ talossim.Cluster = (*ControlPlane)(nil)
+var (
+	_ talossim.Cluster       = (*ControlPlane)(nil)
+	_ talossim.EtcdRecoverer = (*ControlPlane)(nil)
+	_ talossim.EtcdLoser     = (*ControlPlane)(nil)
+)
 
 // NewControlPlane returns a control plane that starts on Bootstrap. base
 // carries the lab settings (binaries, logging, whether Flux runs).
 func NewControlPlane(base kube.Options) *ControlPlane {
-	return &ControlPlane{opts: base, log: base.Log, started: make(chan struct{})}
+	return &ControlPlane{opts: base, log: base.Log, started: make(chan struct{}), lost: make(chan struct{})}
 }
 
 // Bootstrap starts the control plane from the bootstrap node's config.
 func (c *ControlPlane) Bootstrap(ctx context.Context, machineConfig []byte) error {
+	return c.start(ctx, machineConfig, func(*kube.Options) {})
+}
+
+// Recover starts the control plane from the bootstrap node's config on an
+// etcd restored from snapshot by etcd's own restore.
+func (c *ControlPlane) Recover(ctx context.Context, machineConfig, snapshot []byte, skipHashCheck bool) error {
+	f, err := os.CreateTemp("", "lab-etcd-recovery-*.snapshot")
+	if err != nil {
+		return c.fail(err)
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(snapshot)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return c.fail(fmt.Errorf("writing the recovery snapshot: %w", err))
+	}
+	return c.start(ctx, machineConfig, func(o *kube.Options) {
+		o.RestoreSnapshot, o.RestoreSkipHashCheck = f.Name(), skipHashCheck
+	})
+}
+
+func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with func(*kube.Options)) error {
 	cfg, err := configloader.NewFromBytes(machineConfig)
 	if err != nil {
 		return c.fail(fmt.Errorf("reading the bootstrap node's machine config: %w", err))
@@ -63,6 +95,7 @@ func (c *ControlPlane) Bootstrap(ctx context.Context, machineConfig []byte) erro
 	if id.ServiceCIDR != "" {
 		o.ServiceCIDR = id.ServiceCIDR
 	}
+	with(&o)
 	kc, err := kube.Start(ctx, o)
 	if err != nil {
 		return c.fail(fmt.Errorf("starting the lab control plane: %w", err))
@@ -71,8 +104,8 @@ func (c *ControlPlane) Bootstrap(ctx context.Context, machineConfig []byte) erro
 	c.cluster = kc
 	pending := c.pending
 	c.pending = nil
+	c.closeStartedLocked()
 	c.mu.Unlock()
-	c.startOnce.Do(func() { close(c.started) })
 	for _, n := range pending {
 		if err := c.register(ctx, kc, n); err != nil {
 			c.log.Warn().Err(err).Str("node", n.Hostname).Msg("registering node")
@@ -81,12 +114,39 @@ func (c *ControlPlane) Bootstrap(ctx context.Context, machineConfig []byte) erro
 	return nil
 }
 
+func (c *ControlPlane) closeStartedLocked() {
+	if !c.startedClosed {
+		c.startedClosed = true
+		close(c.started)
+	}
+}
+
 func (c *ControlPlane) fail(err error) error {
 	c.mu.Lock()
 	c.failed = err
+	c.closeStartedLocked()
 	c.mu.Unlock()
-	c.startOnce.Do(func() { close(c.started) })
 	return err
+}
+
+// EtcdLost implements talossim.EtcdLoser: the control plane's etcd data is
+// gone with the last control plane's disk, so it stops (its API server is
+// gone with the VMs) and the next Bootstrap or Recover starts a new one.
+func (c *ControlPlane) EtcdLost(context.Context) {
+	c.mu.Lock()
+	kc := c.cluster
+	c.cluster, c.failed, c.pending = nil, nil, nil
+	c.closeStartedLocked()
+	lost := c.lost
+	c.started, c.startedClosed, c.lost = make(chan struct{}), false, make(chan struct{})
+	c.mu.Unlock()
+	close(lost)
+	if kc != nil {
+		c.log.Info().Msg("lab control plane: etcd data lost with the control plane disks; stopping it")
+		if err := kc.Stop(); err != nil {
+			c.log.Warn().Err(err).Msg("stopping the lab control plane")
+		}
+	}
 }
 
 // NodeConfigured registers the node, or remembers it until Bootstrap.
@@ -164,11 +224,22 @@ func (c *ControlPlane) Cluster() (*kube.Cluster, error) {
 // WaitStarted waits until Bootstrap has started the control plane (or
 // failed to).
 func (c *ControlPlane) WaitStarted(ctx context.Context) (*kube.Cluster, error) {
+	kc, _, err := c.WaitGeneration(ctx)
+	return kc, err
+}
+
+// WaitGeneration is WaitStarted that also returns a channel closed when
+// that control plane loses its etcd (EtcdLost), for what runs beside it.
+func (c *ControlPlane) WaitGeneration(ctx context.Context) (*kube.Cluster, <-chan struct{}, error) {
+	c.mu.Lock()
+	started, lost := c.started, c.lost
+	c.mu.Unlock()
 	select {
-	case <-c.started:
-		return c.Cluster()
+	case <-started:
+		kc, err := c.Cluster()
+		return kc, lost, err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 }
 

@@ -217,6 +217,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 		RemoteFiles: map[string]pvesim.RemoteFile{isoURL: {Size: isoSize, SHA256: isoSHA256}},
 		OnStart:     []func(pvesim.VMEvent) error{l.bootNode},
 		OnStop:      []func(pvesim.VMEvent){l.stopNode},
+		OnDestroy:   []func(pvesim.VMEvent){l.wipeNode},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the Proxmox simulator: %w", err)
@@ -252,26 +253,55 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 		return nil, err
 	}
 
-	// The provisioner runs once there is an API server to watch.
+	// The provisioner runs beside each control plane the lab starts (a
+	// restore starts a new one after the old one lost its etcd).
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.cancel = cancel
 	go func() {
 		defer close(l.done)
-		kc, err := l.Kube.WaitStarted(bg)
-		if err != nil {
-			return
+		for {
+			kc, lost, err := l.Kube.WaitGeneration(bg)
+			if bg.Err() != nil {
+				return
+			}
+			if err == nil {
+				l.runProvisioner(bg, kc, lost)
+			}
+			select {
+			case <-lost:
+			case <-bg.Done():
+				return
+			}
 		}
-		p, err := nfsprovisioner.Start(bg, nfsprovisioner.Options{Client: kc.Client(), NFSPort: l.NFS.Port(), Log: o.Log})
-		if err != nil {
-			l.log.Error().Err(err).Msg("starting the NFS provisioner stand-in")
-			return
-		}
-		l.provMu.Lock()
-		l.prov = p
-		l.provMu.Unlock()
 	}()
 	l.log.Info().Str("config", l.configPath).Str("subnet", l.prefix.String()).Str("proxmox", l.PVE.APIURL()).Msg("lab up")
 	return l, nil
+}
+
+// runProvisioner starts the NFS provisioner stand-in against kc and stops
+// it when that control plane is lost.
+func (l *Lab) runProvisioner(ctx context.Context, kc *kube.Cluster, lost <-chan struct{}) {
+	p, err := nfsprovisioner.Start(ctx, nfsprovisioner.Options{Client: kc.Client(), NFSPort: l.NFS.Port(), Log: l.opts.Log})
+	if err != nil {
+		l.log.Error().Err(err).Msg("starting the NFS provisioner stand-in")
+		return
+	}
+	l.provMu.Lock()
+	l.prov = p
+	l.provMu.Unlock()
+	go func() {
+		select {
+		case <-lost:
+		case <-ctx.Done():
+			return // Stop stops it
+		}
+		l.provMu.Lock()
+		if l.prov == p {
+			l.prov = nil
+		}
+		l.provMu.Unlock()
+		p.Stop()
+	}()
 }
 
 func (l *Lab) bootNode(ev pvesim.VMEvent) error {
@@ -292,6 +322,14 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 func (l *Lab) stopNode(ev pvesim.VMEvent) {
 	if ev.IPv4.IsValid() {
 		_ = l.Talos.StopNode(ev.IPv4.Addr().String())
+	}
+}
+
+// wipeNode: a destroyed VM's disks are gone, and with them what Talos
+// installed on them.
+func (l *Lab) wipeNode(ev pvesim.VMEvent) {
+	if ev.IPv4.IsValid() {
+		l.Talos.WipeDisk(ev.IPv4.Addr().String())
 	}
 }
 

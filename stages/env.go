@@ -10,6 +10,7 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/talos"
 	"github.com/homelab/bootstrap/ui"
 )
 
@@ -49,6 +50,12 @@ type Options struct {
 	MergeConfigs bool
 	// AllowDowngrade lets the talos stage roll nodes back to an older Talos.
 	AllowDowngrade bool
+	// NewEtcd lets the talos stage bootstrap an empty etcd where an earlier
+	// one was lost with its VMs (refused otherwise).
+	NewEtcd bool
+	// Recover makes the talos stage start etcd from a snapshot (bootstrap
+	// restore).
+	Recover *talos.Recovery
 }
 
 // Change is one mutation a stage made, or would make in a dry run.

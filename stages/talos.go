@@ -70,14 +70,17 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		DryRun:         env.DryRun,
 		Parallelism:    env.Config.Cluster.Parallelism,
 		CNIDisabled:    env.Config.CNI.Name == "cilium",
+		Recover:        env.Options.Recover,
+		BootstrappedAt: out.BootstrappedAt,
+		NewEtcd:        env.Options.NewEtcd,
 		OnNodeConverged: func(t talos.Target, r talos.EnsureResult) {
 			recordTalosNode(env, res, t, r)
 		},
-		OnBootstrapped: func(node string) {
+		OnBootstrapped: func(node string, thisRun bool) {
 			if env.DryRun {
 				return
 			}
-			if out.BootstrapNode == "" {
+			if out.BootstrapNode == "" || thisRun {
 				out.BootstrapNode, out.BootstrappedAt = node, env.now().UTC()
 			}
 			if err := env.SaveState(); err != nil {

@@ -42,6 +42,20 @@ type Talos struct {
 	// BootstrapNode is the control plane etcd was bootstrapped on.
 	BootstrapNode  string    `json:"bootstrap_node,omitempty"`
 	BootstrappedAt time.Time `json:"bootstrapped_at,omitzero"`
+	// Restore is the last `bootstrap restore`: written before the snapshot
+	// is uploaded, so a killed restore resumes instead of refusing the etcd
+	// it started.
+	Restore *Restore `json:"restore,omitempty"`
+}
+
+// Restore records one etcd restore.
+type Restore struct {
+	From string `json:"from"`
+	// SHA256 is the snapshot's own digest (its last 32 bytes).
+	SHA256   string    `json:"sha256"`
+	Revision int64     `json:"revision"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished,omitzero"`
 }
 
 // Infra records the infra stage's outputs.

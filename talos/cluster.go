@@ -21,6 +21,10 @@ import (
 // (not ready, time not in sync) and unreachable are retried until
 // BootstrapTimeout.
 func (o *Ops) Bootstrap(ctx context.Context, name, ip string) (already bool, err error) {
+	return o.bootstrap(ctx, name, ip, &machine.BootstrapRequest{})
+}
+
+func (o *Ops) bootstrap(ctx context.Context, name, ip string, req *machine.BootstrapRequest) (already bool, err error) {
 	log := o.opts.Log.With().Str("node", name).Str("ip", ip).Logger()
 	spec := wait.Spec{
 		What:          fmt.Sprintf("etcd bootstrap on %s (%s) to be accepted", name, ip),
@@ -31,7 +35,7 @@ func (o *Ops) Bootstrap(ctx context.Context, name, ip string) (already bool, err
 	}
 	err = wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
 		err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-			return c.Bootstrap(ctx, &machine.BootstrapRequest{})
+			return c.Bootstrap(ctx, req)
 		})
 		switch {
 		case err == nil:

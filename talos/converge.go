@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
@@ -32,14 +33,39 @@ type ConvergeOptions struct {
 	// OnNodeConverged is called as each node reaches its config (to record
 	// progress in state mid-stage). Optional.
 	OnNodeConverged func(t Target, res EnsureResult)
-	// OnBootstrapped is called once etcd is bootstrapped (or found so).
-	OnBootstrapped func(node string)
+	// OnBootstrapped is called once etcd is bootstrapped (or found so);
+	// thisRun says this run bootstrapped (or restored) it.
+	OnBootstrapped func(node string, thisRun bool)
 	// Parallelism bounds how many nodes are taken to their config at once
 	// (0: all).
 	Parallelism int
 	// CNIDisabled: Talos deploys no CNI (cluster.network.cni none); nodes
 	// are not Ready until one is installed, and the health wait skips that.
 	CNIDisabled bool
+	// Recover, when set, starts etcd from this snapshot instead of an
+	// empty data directory (bootstrap restore). It is only used when etcd
+	// runs nowhere.
+	Recover *Recovery
+	// BootstrappedAt is when an earlier run bootstrapped etcd (zero if
+	// never). When it is set, etcd runs nowhere and every control plane was
+	// found without a config (the VMs were re-created: etcd's data is
+	// gone), Converge stops with an EtcdLostError instead of bootstrapping
+	// an empty etcd, unless NewEtcd or Recover.
+	BootstrappedAt time.Time
+	NewEtcd        bool
+}
+
+// EtcdLostError stops a run that would otherwise bootstrap an empty etcd
+// in place of one whose data was lost.
+type EtcdLostError struct {
+	Node           string
+	BootstrappedAt time.Time
+}
+
+func (e *EtcdLostError) Error() string {
+	return fmt.Sprintf("etcd was bootstrapped on %s at %s, but every control plane came up without a config and etcd runs nowhere: its data is gone (were the VMs re-created?); "+
+		"bootstrapping now would start an empty cluster. Restore a snapshot with `bootstrap restore --from FILE`, or start empty with `bootstrap run --stage talos --new-etcd`",
+		e.Node, e.BootstrappedAt.UTC().Format(time.RFC3339))
 }
 
 // ConvergeResult reports a Converge run.
@@ -50,6 +76,9 @@ type ConvergeResult struct {
 	// Bootstrapped is true when this run bootstrapped etcd (false when it
 	// already ran).
 	Bootstrapped bool
+	// Recovered is true when this run started etcd from the Recover
+	// snapshot.
+	Recovered bool
 	// Planned is true when changes were only recorded (a dry run).
 	Planned          bool
 	KubeconfigPath   string
@@ -57,6 +86,8 @@ type ConvergeResult struct {
 	APIServerVersion string
 
 	kubeconfig []byte
+	// freshControlPlanes counts control planes found without a config.
+	freshControlPlanes int
 }
 
 // Converge takes the nodes to a healthy cluster: every node to its config
@@ -119,16 +150,12 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 		boot, res.BootstrapNode = *started, started.Name
 	}
 	if started == nil {
-		if err := mutate(fmt.Sprintf("bootstrap etcd on %s", boot), func() error {
-			already, err := o.Bootstrap(ctx, boot.Name, boot.IP)
-			res.Bootstrapped = !already
-			return err
-		}); err != nil {
+		if err := o.startEtcd(ctx, opts, boot, mutate, res); err != nil {
 			return res, err
 		}
 	}
 	if opts.OnBootstrapped != nil {
-		opts.OnBootstrapped(boot.Name)
+		opts.OnBootstrapped(boot.Name, res.Bootstrapped)
 	}
 	if err := o.recoverFailedEtcd(ctx, opts.Nodes, mutate); err != nil {
 		return res, err
@@ -154,6 +181,37 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 	}
 	in.Kube = cs
 	return res, o.WaitHealthy(ctx, "the cluster healthy as talosctl health judges it", in)
+}
+
+// startEtcd bootstraps etcd on boot, from the recovery snapshot when there
+// is one, unless the etcd of an earlier bootstrap was lost with the VMs.
+func (o *Ops) startEtcd(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
+	if opts.Recover != nil {
+		return mutate(fmt.Sprintf("restore etcd on %s from %s (EtcdRecover, then bootstrap with recover_etcd)", boot, opts.Recover.Name), func() error {
+			already, err := o.RecoverEtcd(ctx, boot.Name, boot.IP, *opts.Recover)
+			res.Bootstrapped, res.Recovered = !already, !already
+			return err
+		})
+	}
+	if err := etcdLost(opts, res.freshControlPlanes); err != nil {
+		return err
+	}
+	return mutate(fmt.Sprintf("bootstrap etcd on %s", boot), func() error {
+		already, err := o.Bootstrap(ctx, boot.Name, boot.IP)
+		res.Bootstrapped = !already
+		return err
+	})
+}
+
+// etcdLost returns an EtcdLostError when an earlier run bootstrapped etcd
+// and every control plane was found without a config (fresh control
+// planes: fresh counts them).
+func etcdLost(opts ConvergeOptions, fresh int) error {
+	cps := len(opts.Nodes) - workers(opts.Nodes)
+	if opts.BootstrappedAt.IsZero() || opts.NewEtcd || opts.Recover != nil || cps == 0 || fresh < cps {
+		return nil
+	}
+	return &EtcdLostError{Node: opts.BootstrapNode, BootstrappedAt: opts.BootstrappedAt}
 }
 
 func workers(nodes []Target) int {
@@ -255,7 +313,13 @@ func (o *Ops) planCluster(ctx context.Context, opts ConvergeOptions, boot Target
 		etcdRuns = err == nil && len(members) > 0
 	}
 	if !etcdRuns {
-		if err := mutate(fmt.Sprintf("bootstrap etcd on %s and wait for etcd and kubelet health", boot), noop); err != nil {
+		what := fmt.Sprintf("bootstrap etcd on %s and wait for etcd and kubelet health", boot)
+		if opts.Recover != nil {
+			what = fmt.Sprintf("restore etcd on %s from %s (EtcdRecover, then bootstrap with recover_etcd), let the other control planes join and wait for etcd and kubelet health", boot, opts.Recover.Name)
+		} else if err := etcdLost(opts, res.freshControlPlanes); err != nil {
+			what = "stop before bootstrapping: " + err.Error()
+		}
+		if err := mutate(what, noop); err != nil {
 			return err
 		}
 		res.Planned = true
@@ -352,6 +416,9 @@ func (o *Ops) convergeNodes(ctx context.Context, opts ConvergeOptions, mutate Mu
 		mu.Lock()
 		defer mu.Unlock()
 		res.Nodes[t.Name] = r
+		if t.Role == RoleControlPlane && r.Found == ModeMaintenance {
+			res.freshControlPlanes++
+		}
 		if opts.OnNodeConverged != nil {
 			opts.OnNodeConverged(t, r)
 		}

@@ -35,6 +35,7 @@ type CLI struct {
 	Status  StatusCmd  `cmd:"" help:"Show each stage's last outcome, the cluster's recorded outputs and what to run next."`
 	Destroy DestroyCmd `cmd:"" help:"Stop and delete this cluster's VMs (only those tagged bootstrap-<cluster>)."`
 	Backup  BackupCmd  `cmd:"" help:"Take, verify and keep an etcd snapshot now (ai/state/<cluster>/etcd)."`
+	Restore RestoreCmd `cmd:"" help:"Start a cluster whose etcd was lost from an etcd snapshot, then run the postcheck."`
 	Cfg     ConfigCmd  `cmd:"" name:"config" help:"Write, validate or describe the config file."`
 	Gitsnap GitsnapCmd `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
 

@@ -17,6 +17,7 @@ type RunCmd struct {
 	DryRun         bool   `help:"Show what each stage would change; change nothing, write nothing."`
 	MergeConfigs   bool   `help:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
 	AllowDowngrade bool   `help:"Let the talos stage move nodes to an older Talos than they run (refused otherwise)."`
+	NewEtcd        bool   `help:"Let the talos stage bootstrap an empty etcd where the cluster's etcd was lost with its VMs (refused otherwise; see bootstrap restore)."`
 }
 
 // Run executes the selected stages.
@@ -51,7 +52,7 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 
 	secrets := &redact.Set{}
 	env := &stages.Env{Config: cfg, Paths: paths, State: st, Out: a.Stdout, DryRun: r.DryRun, Secrets: secrets,
-		Options: stages.Options{MergeConfigs: r.MergeConfigs || cfg.Cluster.MergeConfigs, AllowDowngrade: r.AllowDowngrade}, Now: a.Now}
+		Options: stages.Options{MergeConfigs: r.MergeConfigs || cfg.Cluster.MergeConfigs, AllowDowngrade: r.AllowDowngrade, NewEtcd: r.NewEtcd}, Now: a.Now}
 	if s, err := cfg.ProxmoxTokenSecret(); err == nil {
 		secrets.Add(s)
 	}

@@ -32,7 +32,7 @@ const (
 
 // binaryNames are the executables build.sh produces.
 var binaryNames = []string{
-	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+	"etcd", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
 	"source-controller", "kustomize-controller",
 }
 

@@ -181,6 +181,13 @@ func (s *Server) OnStop(fn func(VMEvent)) {
 	s.mu.Unlock()
 }
 
+// OnDestroy registers a listener called when a VM was destroyed.
+func (s *Server) OnDestroy(fn func(VMEvent)) {
+	s.mu.Lock()
+	s.onDestroy = append(s.onDestroy, fn)
+	s.mu.Unlock()
+}
+
 // eventLocked describes v as its guest would see it; s.mu must be held.
 func (s *Server) eventLocked(v *vm) VMEvent {
 	ev := VMEvent{Node: s.node.Name, VMID: v.id, Name: v.conf["name"], Tags: splitTags(v.conf["tags"]), At: time.Now()}

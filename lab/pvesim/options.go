@@ -51,6 +51,9 @@ type Options struct {
 	// OnStart and OnStop are called when a VM has started or stopped.
 	OnStart []func(VMEvent) error
 	OnStop  []func(VMEvent)
+	// OnDestroy is called when a VM was destroyed, after the disks it
+	// owned were freed (the event lists them).
+	OnDestroy []func(VMEvent)
 	// Log receives the simulator's own lines (task starts and ends, faults).
 	Log zerolog.Logger
 }

@@ -1043,8 +1043,12 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 		if err := s.pause(ctx, s.opts.Profile.Delete); err != nil {
 			return err
 		}
+		// Only the volumes the VM owns are freed, unused ones included
+		// (destroy_vm's remove_owned_drive in src/PVE/QemuServer.pm of
+		// qemu-server master): a VM created again later gets new, empty
+		// disks, which the OnDestroy listeners learn from the event.
 		s.mu.Lock()
-		defer s.mu.Unlock()
+		ev := s.eventLocked(v)
 		for k, val := range v.conf {
 			if !isDriveKey(k) && !unusedRE.MatchString(k) {
 				continue
@@ -1058,7 +1062,12 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 			}
 		}
 		delete(s.vms, id)
+		hooks := slices.Clone(s.onDestroy)
+		s.mu.Unlock()
 		t.logf("destroyed VM %d", id)
+		for _, h := range hooks {
+			h(ev)
+		}
 		return nil
 	}), nil
 }

@@ -72,6 +72,7 @@ type Server struct {
 	pid        int
 	onStart    []func(VMEvent) error
 	onStop     []func(VMEvent)
+	onDestroy  []func(VMEvent)
 }
 
 type ticket struct {
@@ -116,6 +117,7 @@ func New(opts Options) (*Server, error) {
 		pid:        4000,
 		onStart:    slices.Clone(opts.OnStart),
 		onStop:     slices.Clone(opts.OnStop),
+		onDestroy:  slices.Clone(opts.OnDestroy),
 	}
 	for _, st := range opts.Storages {
 		s.storages = append(s.storages, newStorage(st))

@@ -91,6 +91,10 @@ type Counters struct {
 	// UpgradeCalls counts every Upgrade call; Upgrades the accepted ones.
 	UpgradeCalls int
 	Upgrades     int
+	// RecoverUploads counts complete EtcdRecover uploads; Recoveries the
+	// accepted Bootstrap calls with recover_etcd.
+	RecoverUploads int
+	Recoveries     int
 }
 
 // Node is one simulated Talos machine.

@@ -57,11 +57,23 @@ type apid struct {
 // os:reader, and ApplyConfiguration is allowed to it there
 // (v1alpha1_server.go ApplyConfiguration: "!inMaintenance &&
 // !roles.Includes(role.Admin)").
+// The roles of the other methods are the rules in
+// internal/app/machined/pkg/system/services/machined.go at v1.13.3
+// (EtcdRecover and Upgrade: os:admin; EtcdSnapshot: admin, operator or
+// etcd:backup).
 var adminOnly = map[string]bool{
 	machine.MachineService_ApplyConfiguration_FullMethodName: true,
 	machine.MachineService_Bootstrap_FullMethodName:          true,
 	machine.MachineService_Kubeconfig_FullMethodName:         true,
 	machine.MachineService_Reboot_FullMethodName:             true,
+	machine.MachineService_EtcdRecover_FullMethodName:        true,
+	machine.MachineService_Upgrade_FullMethodName:            true,
+}
+
+// needRoles lists the methods whose roles are neither admin only nor
+// every reader.
+var needRoles = map[string]role.Set{
+	machine.MachineService_EtcdSnapshot_FullMethodName: role.MakeSet(role.Admin, role.Operator, role.EtcdBackup),
 }
 
 func newGRPCServer(n *Node, tlsCfg *tls.Config, mode serveMode) *grpc.Server {
@@ -121,6 +133,9 @@ func (a *apid) admit(ctx context.Context, method string) error {
 	need := role.MakeSet(role.Admin, role.Operator, role.Reader)
 	if adminOnly[method] {
 		need = role.MakeSet(role.Admin)
+	}
+	if r, ok := needRoles[method]; ok {
+		need = r
 	}
 	if !roles.IncludesAny(need) {
 		return status.Errorf(codes.PermissionDenied, "not authorized: %s needs one of %v", method, need.Strings())
@@ -333,7 +348,10 @@ func (a *apid) applyConfigured(in *machine.ApplyConfigurationRequest, cfg config
 // Bootstrap implements machine.MachineServiceServer, in the order of
 // v1alpha1_server.go: bootstrap allowed (cri up on the installed system),
 // a control plane, time in sync, an empty etcd data directory.
-func (a *apid) Bootstrap(context.Context, *machine.BootstrapRequest) (*machine.BootstrapResponse, error) {
+//
+// With recover_etcd the new etcd starts from the snapshot EtcdRecover
+// uploaded (see recover.go).
+func (a *apid) Bootstrap(_ context.Context, req *machine.BootstrapRequest) (*machine.BootstrapResponse, error) {
 	n := a.n
 	n.mu.Lock()
 	n.counters.BootstrapCalls++
@@ -376,6 +394,10 @@ func (a *apid) Bootstrap(context.Context, *machine.BootstrapRequest) (*machine.B
 	s.bootstrapEtcd(clusterID, n, hostname, time.Now())
 	s.mu.Unlock()
 	n.counters.Bootstraps++
+	var recovery *etcdRecovery
+	if req.GetRecoverEtcd() {
+		recovery = n.takeRecoverySnapshotLocked(req.GetRecoverSkipHashCheck())
+	}
 	n.mu.Unlock()
 
 	// Other control planes already up join the new cluster.
@@ -397,7 +419,11 @@ func (a *apid) Bootstrap(context.Context, *machine.BootstrapRequest) (*machine.B
 	}
 
 	go func() {
-		if err := s.opts.Cluster.Bootstrap(context.Background(), cfg); err != nil {
+		start := s.opts.Cluster.Bootstrap
+		if recovery != nil {
+			start = func(ctx context.Context, cfg []byte) error { return s.recoverCluster(ctx, cfg, recovery) }
+		}
+		if err := start(context.Background(), cfg); err != nil {
 			n.log.Error().Err(err).Msg("talossim: the control plane failed to start")
 			s.mu.Lock()
 			if c := s.etcd[clusterID]; c != nil {

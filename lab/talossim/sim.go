@@ -306,10 +306,14 @@ func (s *Sim) Close() error {
 type installedSystem struct {
 	config  []byte
 	version string // the installer image's tag
+	// recoverySnapshot is an etcd snapshot uploaded with EtcdRecover, kept
+	// on the EPHEMERAL partition (/var/lib/etcd.snapshot) until a
+	// recover_etcd bootstrap consumes it.
+	recoverySnapshot []byte
 }
 
 func (i installedSystem) clone() installedSystem {
-	return installedSystem{config: slices.Clone(i.config), version: i.version}
+	return installedSystem{config: slices.Clone(i.config), version: i.version, recoverySnapshot: slices.Clone(i.recoverySnapshot)}
 }
 
 func (s *Sim) persist(ip string, sys installedSystem) {

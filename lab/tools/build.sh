@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the lab's binaries (etcd, kube-apiserver, kube-controller-manager,
+# Builds the lab's binaries (etcd, etcdutl, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok, source-controller, kustomize-controller) from the Go
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
 # the repository root), and records where the pinned Cilium source is, whose
@@ -40,25 +40,42 @@ k8s_minor=${k8s_minor%%.*}
 # Without these the servers report "v0.0.0-master+$Format:%H$", which clients cannot parse.
 k8s_ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$k8s_minor -X k8s.io/component-base/version.gitTreeState=clean"
 
-# The fingerprint covers everything that decides what gets built.
-fingerprint=$(
+# A binary's fingerprint covers everything that decides how it is built:
+# the Go toolchain, its ldflags and the go.mod/go.sum of the module dir that
+# pins it. A new pin in one module dir rebuilds only that dir's binaries.
+# fingerprint <module dir> [ldflags]
+fingerprint() {
 	{
 		go version
-		echo "$k8s_ldflags"
-		echo "flux2 $flux2_version"
-		for m in etcd kubernetes kwok flux; do
-			cat "$tools_dir/$m/go.mod" "$tools_dir/$m/go.sum"
-		done
+		echo "${2:-}"
+		cat "$tools_dir/$1/go.mod" "$tools_dir/$1/go.sum"
 	} | sha256sum | cut -d' ' -f1
-)
+}
 
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok source-controller kustomize-controller)
+# binary name → "module dir|package|ldflags"
+declare -A specs=(
+	[etcd]="etcd|go.etcd.io/etcd/server/v3|"
+	[etcdutl]="etcd|go.etcd.io/etcd/etcdutl/v3|"
+	[kube-apiserver]="kubernetes|k8s.io/kubernetes/cmd/kube-apiserver|$k8s_ldflags"
+	[kube-controller-manager]="kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager|$k8s_ldflags"
+	[kube-scheduler]="kubernetes|k8s.io/kubernetes/cmd/kube-scheduler|$k8s_ldflags"
+	[kwok]="kwok|sigs.k8s.io/kwok/cmd/kwok|"
+	[source-controller]="flux|github.com/fluxcd/source-controller|"
+	[kustomize-controller]="flux|github.com/fluxcd/kustomize-controller|"
+)
+binaries=(etcd etcdutl kube-apiserver kube-controller-manager kube-scheduler kwok source-controller kustomize-controller)
+
+# built <name> reports whether the binary is built for its fingerprint.
+built() {
+	local spec=${specs[$1]} stamp="$bin_dir/.$1.fingerprint"
+	IFS='|' read -r mod _ ldflags <<<"$spec"
+	[[ -x $bin_dir/$1 && -f $stamp && $(<"$stamp") == "$(fingerprint "$mod" "$ldflags")" ]]
+}
 
 up_to_date() {
 	[[ -f $manifest ]] || return 1
-	grep -q "\"fingerprint\": \"$fingerprint\"" "$manifest" || return 1
 	for b in "${binaries[@]}"; do
-		[[ -x $bin_dir/$b ]] || return 1
+		built "$b" || return 1
 	done
 }
 
@@ -74,31 +91,27 @@ else
 	rm -f "$manifest"
 fi
 
-# build <module dir> <output name> <package> [ldflags]
-# A binary already built for this fingerprint (stamped beside it) is kept,
-# so an interrupted build resumes where it stopped.
+# build <name>: builds one binary unless it is built for its fingerprint
+# (stamped beside it), so an interrupted build resumes where it stopped.
 build() {
-	local start=$SECONDS stamp="$bin_dir/.$2.fingerprint"
-	if [[ -x $bin_dir/$2 && -f $stamp && $(<"$stamp") == "$fingerprint" ]]; then
-		log "$2 already built"
+	local start=$SECONDS stamp="$bin_dir/.$1.fingerprint" mod pkg ldflags
+	IFS='|' read -r mod pkg ldflags <<<"${specs[$1]}"
+	if built "$1"; then
+		log "$1 already built"
 		return
 	fi
-	log "building $2 ($3)"
-	(cd "$tools_dir/$1" && go build -trimpath -ldflags "-s -w ${4:-}" -o "$bin_dir/.$2.tmp" "$3")
-	mv -f "$bin_dir/.$2.tmp" "$bin_dir/$2"
-	echo "$fingerprint" >"$stamp"
-	log "built $2 in $((SECONDS - start))s"
+	log "building $1 ($pkg)"
+	(cd "$tools_dir/$mod" && go build -trimpath -ldflags "-s -w $ldflags" -o "$bin_dir/.$1.tmp" "$pkg")
+	mv -f "$bin_dir/.$1.tmp" "$bin_dir/$1"
+	fingerprint "$mod" "$ldflags" >"$stamp"
+	log "built $1 in $((SECONDS - start))s"
 }
 
 total_start=$SECONDS
 if [[ $fresh == 0 ]]; then
-	build etcd etcd go.etcd.io/etcd/server/v3
-	build kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
-	build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
-	build kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
-	build kwok kwok sigs.k8s.io/kwok/cmd/kwok
-	build flux source-controller github.com/fluxcd/source-controller
-	build flux kustomize-controller github.com/fluxcd/kustomize-controller
+	for b in "${binaries[@]}"; do
+		build "$b"
+	done
 fi
 
 # lab/kube reads the kwok Stage files and the Flux CRDs and config from these
@@ -113,7 +126,6 @@ flux2_dir=$(cd "$repo_root" && go mod download -json github.com/fluxcd/flux2/v2 
 
 cat >"$manifest.tmp" <<EOF
 {
-  "fingerprint": "$fingerprint",
   "modules": {
     "k8s.io/kubernetes": {"version": "$k8s_version"},
     "go.etcd.io/etcd/server/v3": {"version": "$etcd_version"},

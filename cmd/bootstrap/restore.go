@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/homelab/bootstrap/backup"
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/ui"
+)
+
+// RestoreCmd is `bootstrap restore`: disaster recovery of a cluster whose
+// etcd was lost (every control plane VM gone with its disk).
+type RestoreCmd struct {
+	From        string `required:"" help:"The etcd snapshot to restore: one bootstrap backup kept (ai/state/<cluster>/etcd/*.snapshot) or a copy of one (.snapshot.age with --age-identity)." placeholder:"FILE"`
+	AgeIdentity string `help:"age identity file that decrypts an encrypted copy (.age); default $SOPS_AGE_KEY_FILE." placeholder:"FILE"`
+	DryRun      bool   `help:"Verify the snapshot and show what the restore would do; change nothing."`
+}
+
+// Run verifies the snapshot, refuses a cluster whose etcd runs, then runs
+// the talos stage with etcd started from the snapshot, and the postcheck.
+func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
+	cfg, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	paths := cfg.Paths()
+	from := r.From
+	if strings.HasSuffix(from, backup.AgeSuffix) {
+		id := r.AgeIdentity
+		if id == "" && a.LookupEnv != nil {
+			id, _ = a.LookupEnv("SOPS_AGE_KEY_FILE")
+		}
+		if id == "" {
+			return config.Userf("--from %s is encrypted with age: pass --age-identity FILE (or set SOPS_AGE_KEY_FILE)", from)
+		}
+		if err := os.MkdirAll(paths.StateDir, 0o700); err != nil {
+			return err
+		}
+		plain, err := backup.Decrypt(from, id, paths.StateDir)
+		if err != nil {
+			return config.Userf("--from %s: %v; nothing was touched", from, err)
+		}
+		defer os.Remove(plain)
+		from = plain
+	}
+	// The snapshot is checked before any lock, log or call: a bad file
+	// changes nothing.
+	if _, err := backup.Verify(from); err != nil {
+		return config.Userf("--from %s: %v; nothing was touched", r.From, err)
+	}
+
+	secrets := &redact.Set{}
+	env := &stages.Env{Config: cfg, Paths: paths, Out: a.Stdout, DryRun: r.DryRun, Secrets: secrets, Now: a.Now}
+	selected := stages.SelectStages(a.Stages(), stages.RestoreStages)
+	if r.DryRun {
+		if env.State, err = state.Load(paths.StateDir, cfg.Cluster.Name); err != nil {
+			return err
+		}
+		log, err := a.logger(nil, secrets)
+		if err != nil {
+			return err
+		}
+		env.Log, env.UI = log, ui.NewReporter(log)
+		return restore(ctx, env, from, selected, stages.RunInfo{})
+	}
+	sess, err := a.lockAndLog(cfg, secrets)
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
+	sess.Log.Info().Str("version", version).Str("from", r.From).Str("log", sess.LogPath).Msg("restore started")
+	if err := restore(ctx, env, from, selected, stages.RunInfo{ID: sess.RunID, Command: a.commandLine(), LogPath: sess.LogPath}); err != nil {
+		sess.Log.Error().Err(err).Int("exit_code", stages.ExitCode(err)).Str("log", sess.LogPath).Msg("restore stopped; full log in " + sess.LogPath)
+		return silentError{err}
+	}
+	sess.Log.Info().Msg("restore finished")
+	return nil
+}
+
+func restore(ctx context.Context, env *stages.Env, from string, selected []stages.Stage, info stages.RunInfo) error {
+	rec, snap, err := stages.PrepareRestore(ctx, env, from)
+	if err != nil {
+		return err
+	}
+	defer rec.Snapshot.(*os.File).Close()
+	env.Options.Recover = rec
+	if err := stages.Run(ctx, env, selected, info); err != nil {
+		return err
+	}
+	if err := stages.FinishRestore(env); err != nil {
+		return err
+	}
+	if !env.DryRun {
+		fmt.Fprintf(env.Out, "restored etcd from %s (revision %d); the postcheck passed\n", snap.Path, snap.Revision)
+	}
+	return nil
+}

@@ -1,0 +1,145 @@
+package talossim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// EtcdRecoverer is what a simulated control plane offers when it can start
+// from an etcd snapshot: the lab's control plane restores it with etcd's
+// own restore into a fresh data directory and starts the real control
+// plane on it. Recover replaces Cluster.Bootstrap for a recover_etcd
+// bootstrap; the rules for Bootstrap's error hold for it too.
+type EtcdRecoverer interface {
+	Recover(ctx context.Context, bootstrapNodeConfig, snapshot []byte, skipHashCheck bool) error
+}
+
+// EtcdLoser is told when the last etcd member of the cluster lost its
+// data (every control plane VM destroyed with its disks): a real control
+// plane is gone then, and the next Bootstrap or Recover starts a new one.
+type EtcdLoser interface {
+	EtcdLost(ctx context.Context)
+}
+
+// etcdRecovery is a recover_etcd bootstrap's input, taken from the node's
+// disk.
+type etcdRecovery struct {
+	snapshot      []byte
+	skipHashCheck bool
+}
+
+// EtcdRecover implements machine.MachineServiceServer as v1alpha1_server.go
+// does at v1.13.3: FailedPrecondition "etcd service is not ready for
+// recovery yet" until /var/lib exists (the installed system's EPHEMERAL
+// partition is mounted; the simulator says so once the node runs its
+// installed system — whether maintenance mode has /var/lib is unverified),
+// only on a control plane (machinehelper.CheckControlplane), then the
+// streamed bytes are written to /var/lib/etcd.snapshot
+// (constants.EtcdRecoverySnapshotPath), truncating an earlier upload; a
+// broken upload removes the file.
+func (a *apid) EtcdRecover(srv grpc.ClientStreamingServer[common.Data, machine.EtcdRecoverResponse]) error {
+	n := a.n
+	n.mu.Lock()
+	phase, role := n.phase, n.roleLocked()
+	n.mu.Unlock()
+	if phase != PhaseRunning || a.mode == serveMaintenance {
+		return status.Error(codes.FailedPrecondition, "etcd service is not ready for recovery yet")
+	}
+	if role != "controlplane" {
+		return status.Error(codes.Unimplemented, "etcd recover is only available on control plane nodes")
+	}
+	var snapshot []byte
+	for {
+		msg, err := srv.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			n.setRecoverySnapshot(nil)
+			return err
+		}
+		snapshot = append(snapshot, msg.GetBytes()...)
+	}
+	n.setRecoverySnapshot(snapshot)
+	n.mu.Lock()
+	n.counters.RecoverUploads++
+	n.mu.Unlock()
+	return srv.SendAndClose(&machine.EtcdRecoverResponse{Messages: []*machine.EtcdRecover{{}}})
+}
+
+// setRecoverySnapshot writes (nil: removes) /var/lib/etcd.snapshot.
+func (n *Node) setRecoverySnapshot(b []byte) {
+	s := n.sim
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sys := s.installed[n.ip]
+	sys.recoverySnapshot = slices.Clone(b)
+	s.installed[n.ip] = sys
+}
+
+// takeRecoverySnapshotLocked is the etcd service's pre stage of a
+// recover_etcd bootstrap (services/etcd.go recoverFromSnapshot at
+// v1.13.3): it reads /var/lib/etcd.snapshot (nil snapshot when there is
+// none: the restore then fails) and removes the file, which real Talos does
+// after a successful restore. n.mu is held.
+func (n *Node) takeRecoverySnapshotLocked(skipHashCheck bool) *etcdRecovery {
+	n.counters.Recoveries++
+	s := n.sim
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sys := s.installed[n.ip]
+	r := &etcdRecovery{snapshot: sys.recoverySnapshot, skipHashCheck: skipHashCheck}
+	sys.recoverySnapshot = nil
+	s.installed[n.ip] = sys
+	return r
+}
+
+// recoverCluster starts the control plane from the recovery snapshot. The
+// etcd service fails when there is no snapshot or the control plane cannot
+// restore one; the error shows on the etcd service as Bootstrap's does.
+func (s *Sim) recoverCluster(ctx context.Context, cfg []byte, r *etcdRecovery) error {
+	if r.snapshot == nil {
+		return errors.New("error verifying snapshot: open /var/lib/etcd.snapshot: no such file or directory")
+	}
+	rec, ok := s.opts.Cluster.(EtcdRecoverer)
+	if !ok {
+		return fmt.Errorf("talossim: a recover_etcd bootstrap needs a control plane that can restore etcd (%T cannot)", s.opts.Cluster)
+	}
+	return rec.Recover(ctx, cfg, r.snapshot, r.skipHashCheck)
+}
+
+// WipeDisk forgets what the VM at ip kept on its disks (the installed
+// system, etcd's data, an uploaded recovery snapshot), as when Proxmox
+// destroys the VM with the volumes it owns; the VM must be off. When the
+// node was the last etcd member of its cluster, the cluster's etcd data
+// is gone and an EtcdLoser control plane is told. A member whose cluster
+// keeps other members stays in the member list, as etcd keeps a member
+// until it is removed (what a re-created node does then is not
+// simulated: it rejoins as the same member).
+func (s *Sim) WipeDisk(ip string) {
+	s.mu.Lock()
+	delete(s.installed, ip)
+	lost := false
+	for id, c := range s.etcd {
+		if _, ok := c.members[ip]; !ok {
+			continue
+		}
+		if len(c.members) == 1 {
+			delete(s.etcd, id)
+			lost = true
+		}
+	}
+	s.mu.Unlock()
+	if l, ok := s.opts.Cluster.(EtcdLoser); ok && lost {
+		l.EtcdLost(context.Background())
+	}
+}

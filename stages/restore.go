@@ -1,0 +1,106 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/homelab/bootstrap/backup"
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/talos"
+)
+
+// RestoreStages are the stages `bootstrap restore` runs once it has checked
+// the snapshot and the cluster: talos (configs applied, etcd started from
+// the snapshot instead of empty, the other control planes joined, health,
+// kubeconfig), then the postcheck. Provision is the user's step before: a
+// restore needs the VMs, and creating them is not something to do behind a
+// restore's back.
+var RestoreStages = []string{Talos, Postcheck}
+
+// EtcdRunsError refuses a restore onto a cluster whose etcd runs: the
+// restore would replace it, and what was written since the snapshot would
+// be lost.
+type EtcdRunsError struct {
+	Node     string
+	Members  int
+	Snapshot backup.Info
+}
+
+func (e *EtcdRunsError) Error() string {
+	return fmt.Sprintf("etcd runs on %s (%d member(s)): restoring %s (taken %s, revision %d) would replace it and lose every change written since then. "+
+		"A restore replaces a lost etcd: delete the control plane VMs (bootstrap destroy), create them again (bootstrap run --stage provision), then restore",
+		e.Node, e.Members, filepath.Base(e.Snapshot.Path), e.Snapshot.Taken.Format(time.RFC3339), e.Snapshot.Revision)
+}
+
+// PrepareRestore checks a restore before anything changes: the snapshot is
+// verified (digest, database, key bucket) and etcd must run on no control
+// plane, unless it runs from this very snapshot, restored by an earlier
+// `bootstrap restore` that was interrupted (then the talos stage finds it
+// running and goes on). It records the restore in the state (outside a dry
+// run) and returns the recovery for the talos stage; the caller closes
+// its file.
+func PrepareRestore(ctx context.Context, env *Env, from string) (*talos.Recovery, backup.Info, error) {
+	info, err := backup.Verify(from)
+	if err != nil {
+		return nil, info, config.Userf("--from %s: %v; nothing was touched", from, err)
+	}
+	ops, err := savedTalosOps(env)
+	if err != nil {
+		return nil, info, err
+	}
+	out := &env.State.Outputs.Talos
+	resuming := out.Restore != nil && out.Restore.SHA256 == info.SHA256 && out.Restore.Finished.IsZero()
+	for _, n := range env.Config.ControlPlanes() {
+		members, err := ops.EtcdMembers(ctx, n.IP)
+		if err != nil || len(members) == 0 {
+			// A control plane in maintenance mode, powered off or without
+			// etcd: no etcd answers there.
+			env.Log.Debug().Str("node", n.Name).Err(err).Msg("no etcd answers")
+			continue
+		}
+		if resuming {
+			env.UI.Warn("etcd already runs from %s (restore started %s); resuming", filepath.Base(from), out.Restore.Started.Format(time.RFC3339))
+			break
+		}
+		return nil, info, &config.UserError{Err: &EtcdRunsError{Node: n.Name, Members: len(members), Snapshot: info}}
+	}
+	env.UI.OK("restore: %s", info)
+	if !env.DryRun && !resuming {
+		out.Restore = &state.Restore{From: from, SHA256: info.SHA256, Revision: info.Revision, Started: env.now().UTC()}
+		if err := env.SaveState(); err != nil {
+			return nil, info, fmt.Errorf("writing state: %w", err)
+		}
+	}
+	f, err := os.Open(from)
+	if err != nil {
+		return nil, info, err
+	}
+	return &talos.Recovery{Name: filepath.Base(from), Snapshot: f}, info, nil
+}
+
+// FinishRestore records the restore as done.
+func FinishRestore(env *Env) error {
+	if r := env.State.Outputs.Talos.Restore; r != nil && !env.DryRun {
+		r.Finished = env.now().UTC()
+		return env.SaveState()
+	}
+	return nil
+}
+
+// SelectStages returns the named stages of all, in pipeline order.
+func SelectStages(all []Stage, names []string) []Stage {
+	var out []Stage
+	for _, s := range all {
+		for _, n := range names {
+			if strings.EqualFold(s.Name(), n) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
