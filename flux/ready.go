@@ -30,6 +30,9 @@ type Readiness struct {
 	Revision string
 	// Detail is the Ready condition's reason and message when not ready.
 	Detail string
+	// HandledRequest is the last reconcile request the controller handled
+	// (status.lastHandledReconcileAt, the requestedAt value it saw).
+	HandledRequest string
 }
 
 // ReadinessOf reads a Flux object's Ready condition: it counts only when
@@ -41,6 +44,13 @@ func ReadinessOf(u *unstructured.Unstructured) Readiness {
 	if r, ok, _ := unstructured.NestedString(u.Object, "status", "lastAppliedRevision"); ok {
 		rev = r
 	}
+	handled, _, _ := unstructured.NestedString(u.Object, "status", "lastHandledReconcileAt")
+	r := readiness(u, gen, observed, rev)
+	r.HandledRequest = handled
+	return r
+}
+
+func readiness(u *unstructured.Unstructured, gen, observed int64, rev string) Readiness {
 	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
 	for _, raw := range conds {
 		cond, _ := raw.(map[string]any)
@@ -64,9 +74,19 @@ func ReadinessOf(u *unstructured.Unstructured) Readiness {
 // name are Ready for their current generation and, when wantRevision is
 // set, both at that revision.
 func (c *Client) WaitReady(ctx context.Context, namespace, name, wantRevision string, timeout time.Duration) error {
+	return c.WaitReconciled(ctx, namespace, name, wantRevision, "", timeout)
+}
+
+// WaitReconciled is WaitReady that, when requestedAt is set, also waits
+// until both controllers handled that reconcile request (RequestReconcile's
+// token): a Ready status written before the request does not count.
+func (c *Client) WaitReconciled(ctx context.Context, namespace, name, wantRevision, requestedAt string, timeout time.Duration) error {
 	what := fmt.Sprintf("GitRepository and Kustomization %s/%s Ready", namespace, name)
 	if wantRevision != "" {
 		what += " at " + wantRevision
+	}
+	if requestedAt != "" {
+		what += ", reconciled after the request of " + requestedAt
 	}
 	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: 250 * time.Millisecond, Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
@@ -84,6 +104,9 @@ func (c *Client) WaitReady(ctx context.Context, namespace, name, wantRevision st
 				switch {
 				case !r.Ready:
 					status = append(status, fmt.Sprintf("%s not Ready (%s)", gvk.Kind, r.Detail))
+					done = false
+				case requestedAt != "" && r.HandledRequest != requestedAt:
+					status = append(status, fmt.Sprintf("%s has not handled the reconcile request yet", gvk.Kind))
 					done = false
 				case wantRevision != "" && r.Revision != wantRevision:
 					status = append(status, fmt.Sprintf("%s at %s", gvk.Kind, r.Revision))
@@ -122,10 +145,17 @@ const ReconcileRequestAnnotation = "reconcile.fluxcd.io/requestedAt"
 // RequestReconcile annotates a Flux object so its controller reconciles it
 // at once instead of at its next interval.
 func (c *Client) RequestReconcile(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string, now time.Time) error {
+	return c.requestReconcile(ctx, gvk, namespace, name, RequestToken(now))
+}
+
+// RequestToken is the requestedAt value RequestReconcile writes for now.
+func RequestToken(now time.Time) string { return now.UTC().Format(time.RFC3339Nano) }
+
+func (c *Client) requestReconcile(ctx context.Context, gvk schema.GroupVersionKind, namespace, name, token string) error {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(gvk)
 	u.SetNamespace(namespace)
 	u.SetName(name)
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, ReconcileRequestAnnotation, now.UTC().Format(time.RFC3339Nano))
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, ReconcileRequestAnnotation, token)
 	return c.kube.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch)))
 }

@@ -42,6 +42,8 @@ type ControlPlane struct {
 	started       chan struct{}
 	startedClosed bool
 	lost          chan struct{}
+	// fluxStoragePort is kept from the first control plane for the next.
+	fluxStoragePort int
 }
 
 var (
@@ -96,12 +98,16 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 		o.ServiceCIDR = id.ServiceCIDR
 	}
 	with(&o)
+	c.mu.Lock()
+	o.FluxStoragePort = c.fluxStoragePort
+	c.mu.Unlock()
 	kc, err := kube.Start(ctx, o)
 	if err != nil {
 		return c.fail(fmt.Errorf("starting the lab control plane: %w", err))
 	}
 	c.mu.Lock()
 	c.cluster = kc
+	c.fluxStoragePort = kc.FluxStoragePort()
 	pending := c.pending
 	c.pending = nil
 	c.closeStartedLocked()

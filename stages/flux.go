@@ -17,6 +17,7 @@ import (
 	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/state"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // FluxStage installs Flux into flux-system and points a GitRepository and a
@@ -95,7 +96,25 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 			return err
 		}
 	}
-	if err := c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D()); err != nil {
+	// After an etcd restore the Flux objects carry the Ready status they
+	// had when the snapshot was taken: only a reconciliation the new
+	// controllers handled says Flux syncs again.
+	requested := ""
+	if env.Options.Recover != nil {
+		now := env.now()
+		if err := env.Wet("ask Flux to reconcile the restored GitRepository and Kustomization", func() error {
+			for _, gvk := range []schema.GroupVersionKind{flux.GitRepositoryGVK, flux.KustomizationGVK} {
+				if err := c.RequestReconcile(ctx, gvk, FluxNamespace, FluxNamespace, now); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		requested = flux.RequestToken(now)
+	}
+	if err := c.WaitReconciled(ctx, FluxNamespace, FluxNamespace, revision, requested, f.Timeout.D()); err != nil {
 		return err
 	}
 	_, ks, err := c.Status(ctx, FluxNamespace, FluxNamespace)

@@ -17,10 +17,12 @@ import (
 // RestoreStages are the stages `bootstrap restore` runs once it has checked
 // the snapshot and the cluster: talos (configs applied, etcd started from
 // the snapshot instead of empty, the other control planes joined, health,
-// kubeconfig), then the postcheck. Provision is the user's step before: a
-// restore needs the VMs, and creating them is not something to do behind a
-// restore's back.
-var RestoreStages = []string{Talos, Postcheck}
+// kubeconfig), flux (the restored Flux objects carry a Ready status from
+// before the loss; the stage asks for a reconciliation and waits for it, so
+// the restore ends with Flux really syncing), then the postcheck.
+// Provision is the user's step before: a restore needs the VMs, and
+// creating them is not something to do behind a restore's back.
+var RestoreStages = []string{Talos, Flux, Postcheck}
 
 // EtcdRunsError refuses a restore onto a cluster whose etcd runs: the
 // restore would replace it, and what was written since the snapshot would

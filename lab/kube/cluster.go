@@ -95,6 +95,12 @@ type Options struct {
 	// verifying the snapshot's sha256 unless RestoreSkipHashCheck.
 	RestoreSnapshot      string
 	RestoreSkipHashCheck bool
+	// FluxStoragePort is the port source-controller serves artifacts on
+	// (0: a free one). A control plane started again on restored etcd
+	// passes the old one: the artifact URLs in the restored GitRepository
+	// statuses then stay valid, as a real cluster's source-controller
+	// Service address does.
+	FluxStoragePort int
 }
 
 // Cluster is a running lab control plane.
@@ -656,6 +662,14 @@ func (c *Cluster) Stop() error {
 	}
 	c.log.Info().Msg("lab control plane stopped")
 	return nil
+}
+
+// FluxStoragePort is the port source-controller serves artifacts on (0
+// without Flux).
+func (c *Cluster) FluxStoragePort() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ports["flux-storage"]
 }
 
 // Server returns the API server URL ("https://host:port"); it equals the

@@ -80,6 +80,9 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 	ports := map[string]int{}
 	for _, n := range []string{"storage", "sc-metrics", "sc-health", "kc-metrics", "kc-health"} {
 		p, err := pickPort("127.0.0.1")
+		if n == "storage" && c.opts.FluxStoragePort != 0 {
+			p, err = c.opts.FluxStoragePort, nil
+		}
 		if err != nil {
 			return err
 		}

@@ -26,6 +26,8 @@ type etcdMember struct {
 	// the node is added as a learner after discovering the cluster.
 	startedAt time.Time
 	readyAt   time.Time
+	// dataLost: the member's VM was destroyed with its disk (WipeDisk).
+	dataLost bool
 }
 
 // started reports whether etcd runs (healthy or not) on the member at now.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
@@ -130,10 +131,12 @@ func (s *Sim) WipeDisk(ip string) {
 	delete(s.installed, ip)
 	lost := false
 	for id, c := range s.etcd {
-		if _, ok := c.members[ip]; !ok {
+		m, ok := c.members[ip]
+		if !ok {
 			continue
 		}
-		if len(c.members) == 1 {
+		m.dataLost = true
+		if !slices.ContainsFunc(slices.Collect(maps.Values(c.members)), func(m *etcdMember) bool { return !m.dataLost }) {
 			delete(s.etcd, id)
 			lost = true
 		}

@@ -1,0 +1,248 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/homelab/bootstrap/backup"
+	"github.com/homelab/bootstrap/e2e"
+)
+
+// drillObjects writes the objects a restore must bring back: a Namespace
+// with three ConfigMaps.
+func drillObjects(t *testing.T, ctx context.Context, h *e2e.Harness) {
+	t.Helper()
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := kc.Client()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "drill"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i), Namespace: "drill"}, Data: map[string]string{"n": fmt.Sprint(i)}}
+		if _, err := cs.CoreV1().ConfigMaps("drill").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// writeAfterBackup adds a ConfigMap the snapshot does not hold.
+func writeAfterBackup(t *testing.T, ctx context.Context, h *e2e.Harness) {
+	t.Helper()
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-backup", Namespace: "drill"}}
+	if _, err := kc.Client().CoreV1().ConfigMaps("drill").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkDrillObjects finds exactly the snapshot's ConfigMaps in the
+// restored cluster (a new control plane on the restored etcd).
+func checkDrillObjects(t *testing.T, ctx context.Context, h *e2e.Harness) {
+	t.Helper()
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := kc.Client().CoreV1().ConfigMaps("drill").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, cm := range list.Items {
+		if cm.Name == "kube-root-ca.crt" {
+			continue
+		}
+		names = append(names, cm.Name+"="+cm.Data["n"])
+	}
+	slices.Sort(names)
+	if want := []string{"cm-1=1", "cm-2=2", "cm-3=3"}; !slices.Equal(names, want) {
+		t.Fatalf("restored ConfigMaps %v, want %v", names, want)
+	}
+}
+
+// backupNow takes a snapshot with `bootstrap backup` and returns its path.
+func backupNow(t *testing.T, ctx context.Context, h *e2e.Harness) string {
+	t.Helper()
+	if r := run(t, ctx, h, "backup"); r.ExitCode != 0 {
+		t.Fatalf("backup:\n%s", r.Tail(20))
+	}
+	path, _, err := backup.Newest(filepath.Join(h.Paths().StateDir, "etcd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// loseTheCluster deletes every VM with its disks (etcd's data goes with
+// the control planes') and creates them again: fresh VMs in maintenance
+// mode, as after a lost host disk.
+func loseTheCluster(t *testing.T, ctx context.Context, h *e2e.Harness) {
+	t.Helper()
+	if r := run(t, ctx, h, "destroy", "--yes"); r.ExitCode != 0 {
+		t.Fatalf("destroy:\n%s", r.Tail(20))
+	}
+	if _, err := h.Lab.Kube.Cluster(); err == nil {
+		t.Fatal("the control plane still runs after every control plane VM was destroyed with its disk")
+	}
+	if r := run(t, ctx, h, "run", "--stage", "provision"); r.ExitCode != 0 {
+		t.Fatalf("provision again:\n%s", r.Tail(20))
+	}
+}
+
+// TestRestoreDrill: a converged 3-control-plane lab with a Namespace and
+// ConfigMaps is backed up, one more ConfigMap is written, then every VM is
+// destroyed with its disks and provisioned again. A talos run refuses to
+// bootstrap an empty etcd over the lost one; a corrupted snapshot and a
+// restore onto a running etcd are refused with exit 2 before any change;
+// the dry run plans the recovery without uploading; `bootstrap restore`
+// uploads the snapshot to cp-1 only, the real etcd is restored with
+// etcdutl and the real control plane started on it, the other control
+// planes join, and exactly the snapshot's objects are back; postcheck green.
+func TestRestoreDrill(t *testing.T) {
+	ctx := testContext(t, 6*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 3, VIP: true})
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("pipeline:\n%s", r.Tail(40))
+	}
+	drillObjects(t, ctx, h)
+	snap := backupNow(t, ctx, h)
+	writeAfterBackup(t, ctx, h)
+
+	// Refused before anything is touched: a flipped byte, and a cluster
+	// whose etcd runs.
+	corrupt := filepath.Join(t.TempDir(), "corrupt.snapshot")
+	b, err := os.ReadFile(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x01
+	if err := os.WriteFile(corrupt, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := counters(t, ctx, h)
+	bad := run(t, ctx, h, "restore", "--from", corrupt)
+	if bad.ExitCode != 2 || !strings.Contains(bad.Stderr, "corrupted") || !strings.Contains(bad.Stderr, "nothing was touched") {
+		t.Fatalf("corrupted snapshot: exit %d\n%s", bad.ExitCode, bad.Tail(10))
+	}
+	if after := counters(t, ctx, h); after.TalosCalls != before.TalosCalls || after.ProxmoxCalls != before.ProxmoxCalls {
+		t.Fatalf("a corrupted snapshot made %d Talos and %d Proxmox calls", after.TalosCalls-before.TalosCalls, after.ProxmoxCalls-before.ProxmoxCalls)
+	}
+	busy := run(t, ctx, h, "restore", "--from", snap)
+	if busy.ExitCode != 2 || !strings.Contains(busy.Stdout+busy.Stderr, "would replace it and lose every change written since then") {
+		t.Fatalf("restore onto a running etcd: exit %d\n%s", busy.ExitCode, busy.Tail(10))
+	}
+	for _, n := range h.Lab.Talos.Nodes() {
+		if c := n.Counters(); c.RecoverUploads+c.Recoveries != 0 {
+			t.Fatalf("a refused restore uploaded to %s", n.IP())
+		}
+	}
+
+	loseTheCluster(t, ctx, h)
+	bootstraps := h.Lab.Talos.Bootstraps()
+	lost := run(t, ctx, h, "run", "--stage", "talos")
+	if lost.ExitCode == 0 || !strings.Contains(lost.Stdout+lost.Stderr, "bootstrap restore --from") {
+		t.Fatalf("talos over a lost etcd: exit %d\n%s", lost.ExitCode, lost.Tail(20))
+	}
+	if h.Lab.Talos.Bootstraps() != bootstraps {
+		t.Fatal("the talos stage bootstrapped an empty etcd over the lost one")
+	}
+
+	dry := run(t, ctx, h, "restore", "--from", snap, "--dry-run")
+	if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "restore etcd on cp-1") {
+		t.Fatalf("restore dry run:\n%s", dry.Tail(30))
+	}
+	r := run(t, ctx, h, "restore", "--from", snap)
+	if r.ExitCode != 0 || !strings.Contains(r.Stdout, "restored etcd from") {
+		t.Fatalf("restore:\n%s", r.Tail(40))
+	}
+	t.Logf("restore to green: %s", r.Wall.Round(100*time.Millisecond))
+	for _, n := range h.Lab.Talos.Nodes() {
+		c := n.Counters()
+		want := 0
+		if n.Hostname() == "cp-1" {
+			want = 1
+		}
+		if c.RecoverUploads != want || c.Recoveries != want {
+			t.Errorf("%s: %d uploads, %d recover bootstraps; want %d", n.Hostname(), c.RecoverUploads, c.Recoveries, want)
+		}
+	}
+	checkDrillObjects(t, ctx, h)
+	if err := h.PostcheckGreen(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := h.State()
+	if err != nil || st.Outputs.Talos.Restore == nil || st.Outputs.Talos.Restore.Finished.IsZero() {
+		t.Fatalf("state records no finished restore: %+v %v", st.Outputs.Talos.Restore, err)
+	}
+	// Converged: a full run afterwards changes nothing on the Talos side.
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("run after the restore:\n%s", r.Tail(40))
+	}
+	if h.Lab.Talos.Bootstraps() != bootstraps+1 {
+		t.Fatalf("%d bootstraps after the restore, want one (the recovery)", h.Lab.Talos.Bootstraps()-bootstraps)
+	}
+}
+
+// TestRestoreKilled: restores of a one-node cluster killed -9 at seeded
+// points of the talos stage resume with the same command until the
+// objects are back and the postcheck is green; etcd is restored exactly
+// once.
+func TestRestoreKilled(t *testing.T) {
+	ctx := testContext(t, 6*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1})
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("pipeline:\n%s", r.Tail(40))
+	}
+	drillObjects(t, ctx, h)
+	snap := backupNow(t, ctx, h)
+	rng := rand.New(rand.NewPCG(20, 20))
+	var log []string
+	for i := 0; i < 3; i++ {
+		loseTheCluster(t, ctx, h)
+		// The talos stage of a one-node restore takes about 3 s in the lab:
+		// configs and install in the first few hundred milliseconds, then
+		// upload and recover bootstrap, then health. One seeded point in
+		// each window.
+		window := [][2]float64{{0, 0.3}, {0.3, 1}, {1, 3}}[i]
+		kill := e2e.KillPoint{Stage: "talos", After: time.Duration((window[0] + rng.Float64()*(window[1]-window[0])) * float64(time.Second))}
+		r, err := h.RunKill(ctx, &kill, "restore", "--from", snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry := "finished"
+		if r.Killed {
+			c := h.Lab.Talos.Nodes()[0].Counters()
+			entry = fmt.Sprintf("killed %s into talos (%d upload(s), %d recover bootstrap(s) by then)", r.KilledAfter.Round(time.Millisecond), c.RecoverUploads, c.Recoveries)
+			if r := run(t, ctx, h, "restore", "--from", snap); r.ExitCode != 0 {
+				t.Fatalf("resuming the restore (%s):\n%s", entry, r.Tail(40))
+			}
+		} else if r.ExitCode != 0 {
+			t.Fatalf("restore:\n%s", r.Tail(40))
+		}
+		log = append(log, entry)
+		checkDrillObjects(t, ctx, h)
+		if err := h.PostcheckGreen(); err != nil {
+			t.Fatalf("%s: %v", entry, err)
+		}
+		if n := h.Lab.Talos.Nodes()[0].Counters().Recoveries; n != 1 {
+			t.Fatalf("%s: %d recover bootstraps, want 1", entry, n)
+		}
+	}
+	t.Logf("restores: %s", strings.Join(log, "; "))
+}
