@@ -370,7 +370,7 @@ func TestLegacyErrorsKeepTextInStatusLineOnly(t *testing.T) {
 	}
 }
 
-func TestSlowProbabilisticAndUnauthorizedFaultsAndStopHook(t *testing.T) {
+func TestSlowProbabilisticAndUnauthorizedFaultsStopAndDestroyHooks(t *testing.T) {
 	s := newSim(t, Options{Seed: 7})
 	c := newClient(t, s)
 	s.InjectFault(Fault{Kind: FaultSlow, Path: "/version", Delay: 80 * time.Millisecond, Times: 1})
@@ -411,6 +411,16 @@ func TestSlowProbabilisticAndUnauthorizedFaultsAndStopHook(t *testing.T) {
 	pending := c.ok("GET", "/nodes/pve/qemu/710/pending", nil).([]any)
 	if first := pending[0].(map[string]any); first["key"] != "digest" {
 		t.Errorf("pending starts with the digest: %v", first)
+	}
+
+	// Destroying the VM frees the disks it owns and tells OnDestroy.
+	var destroyed []VMEvent
+	s.OnDestroy(func(ev VMEvent) { destroyed = append(destroyed, ev) })
+	mu.Unlock()
+	st := c.waitTask(c.ok("DELETE", "/nodes/pve/qemu/710", nil).(string))
+	mu.Lock()
+	if st["exitstatus"] != "OK" || len(destroyed) != 1 || destroyed[0].VMID != 710 || len(destroyed[0].Disks) != 1 || destroyed[0].IPv4.String() != "10.1.0.5/24" {
+		t.Fatalf("destroy %v, events %+v", st, destroyed)
 	}
 }
 

@@ -74,6 +74,26 @@ type MemoryCluster struct {
 	nodes           map[string]NodeInfo
 	bootstrapErr    error
 	snapshot        []byte
+	recovered       [][]byte
+}
+
+// Recover implements EtcdRecoverer: it records the snapshot and counts as
+// a bootstrap (the in-memory cluster has no etcd to restore it into).
+func (m *MemoryCluster) Recover(ctx context.Context, cfg, snapshot []byte, _ bool) error {
+	if err := m.Bootstrap(ctx, cfg); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recovered = append(m.recovered, bytes.Clone(snapshot))
+	return nil
+}
+
+// Recovered lists the snapshots Recover was called with.
+func (m *MemoryCluster) Recovered() [][]byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.recovered)
 }
 
 // SetSnapshot gives the cluster an etcd snapshot to serve through

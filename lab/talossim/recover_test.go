@@ -1,0 +1,104 @@
+package talossim_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"google.golang.org/grpc/codes"
+
+	"github.com/homelab/bootstrap/lab/talossim"
+)
+
+// configuredControlPlane applies cp-1's config and waits for its installed
+// system.
+func (f *fixture) configuredControlPlane(ctx context.Context) {
+	f.t.Helper()
+	if _, err := insecure(f.t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.waitPhase(f.node(f.cp), talossim.PhaseRunning)
+}
+
+// TestEtcdRecover: the snapshot uploaded with EtcdRecover is what a
+// recover_etcd bootstrap hands the control plane, once; the bootstrap is
+// then refused as any second bootstrap is. A destroyed VM's disk is gone:
+// the node boots the ISO again.
+func TestEtcdRecover(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	f.configuredControlPlane(ctx)
+	cp := secure(t, f.cfg, f.cp)
+	snap := bytes.Repeat([]byte("etcd snapshot "), 1000) // several 4 KiB chunks
+	if _, err := cp.EtcdRecover(ctx, bytes.NewReader(snap)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{RecoverEtcd: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(f.cluster.Recovered()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the control plane was never recovered")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := f.cluster.Recovered(); len(got) != 1 || !bytes.Equal(got[0], snap) {
+		t.Fatalf("recovered from %d snapshot(s), want exactly the uploaded one", len(got))
+	}
+	err := cp.Bootstrap(ctx, &machine.BootstrapRequest{RecoverEtcd: true})
+	wantCode(t, err, codes.AlreadyExists, "etcd data directory is not empty")
+	if c := f.node(f.cp).Counters(); c.RecoverUploads != 1 || c.Recoveries != 1 {
+		t.Fatalf("counters %+v", c)
+	}
+
+	if err := f.sim.StopNode(f.cp); err != nil {
+		t.Fatal(err)
+	}
+	f.sim.WipeDisk(f.cp)
+	n, err := f.sim.BootNode(context.Background(), talossim.NodeSpec{IP: f.cp, Hostname: "cp-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(n, talossim.PhaseMaintenance)
+	if f.sim.Installed(f.cp) != nil {
+		t.Fatal("a wiped disk still holds the installed config")
+	}
+}
+
+// TestRecoverWithoutSnapshotFailsEtcd: a recover_etcd bootstrap with no
+// uploaded snapshot is accepted, and the etcd service then fails reading
+// it, as the service's pre stage does on real Talos.
+func TestRecoverWithoutSnapshotFailsEtcd(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	f.configuredControlPlane(ctx)
+	cp := secure(t, f.cfg, f.cp)
+	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{RecoverEtcd: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := cp.ServiceList(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range resp.GetMessages()[0].GetServices() {
+			if s.GetId() == "etcd" && strings.Contains(s.GetHealth().GetLastMessage(), "error verifying snapshot") {
+				if len(f.cluster.Recovered()) != 0 || f.cluster.Bootstraps() != 0 {
+					t.Fatal("the control plane started without a snapshot")
+				}
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd never failed: %v", services(t, cp))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

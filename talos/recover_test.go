@@ -1,0 +1,81 @@
+package talos
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/lab/talossim"
+)
+
+// loseEveryVM destroys every node's VM with its disk and boots a new one
+// at the same address: fresh nodes in maintenance mode, etcd's data gone.
+func (h *harness) loseEveryVM(ctx context.Context) {
+	h.t.Helper()
+	for _, n := range h.res.Nodes {
+		if err := h.sim.StopNode(n.IP); err != nil {
+			h.t.Fatal(err)
+		}
+		h.sim.WipeDisk(n.IP)
+		node, err := h.sim.BootNode(ctx, talossim.NodeSpec{IP: n.IP, Hostname: n.Name, Disks: []talossim.Disk{{Bus: "scsi", Size: 64 << 30}}})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = node.WaitPhase(wctx, talossim.PhaseMaintenance)
+		cancel()
+		if err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
+// TestLostEtcdIsRestoredNotReplaced: after every VM of a bootstrapped
+// cluster was re-created, Converge applies the configs but refuses to
+// bootstrap an empty etcd (EtcdLostError, no Bootstrap call); with a
+// recovery snapshot it uploads it to the bootstrap node and bootstraps
+// with recover_etcd, once; NewEtcd starts empty on purpose.
+func TestLostEtcdIsRestoredNotReplaced(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 3})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.loseEveryVM(ctx)
+	opts := ConvergeOptions{Nodes: h.targets(), KubeconfigPath: filepath.Join(h.dir, KubeconfigFile), BootstrapNode: "cp-1", BootstrappedAt: fixedNow}
+	_, err := h.ops.Converge(ctx, opts)
+	var lost *EtcdLostError
+	if !errors.As(err, &lost) || lost.Node != "cp-1" {
+		t.Fatalf("converge over a lost etcd: %v", err)
+	}
+	if total, _ := h.counters(); total.BootstrapCalls != 0 || total.Installs != 3 {
+		t.Fatalf("refused run: %d bootstrap calls, %d installs", total.BootstrapCalls, total.Installs)
+	}
+
+	snap := bytes.Repeat([]byte{7}, 10_000)
+	opts.Recover = &Recovery{Name: "test.snapshot", Snapshot: bytes.NewReader(snap)}
+	res, err := h.ops.Converge(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Recovered || !res.Bootstrapped {
+		t.Fatalf("result %+v", res)
+	}
+	if got := h.cluster.Recovered(); len(got) != 1 || !bytes.Equal(got[0], snap) {
+		t.Fatalf("recovered %d snapshot(s), want the one given", len(got))
+	}
+	_, byNode := h.counters()
+	if c := h.node("cp-1").Counters(); c.RecoverUploads != 1 || c.Recoveries != 1 || byNode["cp-2"].BootstrapCalls+byNode["cp-3"].BootstrapCalls != 0 {
+		t.Fatalf("cp-1 %+v; other control planes bootstrapped", c)
+	}
+
+	h.loseEveryVM(ctx)
+	opts.Recover, opts.NewEtcd = nil, true
+	if res, err := h.ops.Converge(ctx, opts); err != nil || !res.Bootstrapped || res.Recovered {
+		t.Fatalf("new etcd on purpose: %+v %v", res, err)
+	}
+}
