@@ -3,7 +3,8 @@
 // `bootstrap run --stage all` against the critical path of the latency
 // profile, the same with parallelism 1 (one node after another), the
 // converged re-run, the postcheck alone, the peak RSS of the process and
-// the Proxmox and Talos API calls it made.
+// the Proxmox and Talos API calls it made; for 3-control-plane sizes also
+// the etcd backup and the restore of a lost cluster to a green postcheck.
 //
 //	go run ./e2e/cmd/bench -binary bin/bootstrap [-scale 0.1] [-sizes 1,3+2,3+3]
 package main
@@ -25,6 +26,7 @@ import (
 	"github.com/rs/zerolog"
 	"k8s.io/klog/v2"
 
+	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/lab"
 	"github.com/homelab/bootstrap/lab/pvesim"
@@ -137,6 +139,10 @@ type row struct {
 	rssKiB                    int64
 	proxmoxCalls, talosCalls  int
 	stageTimes, seqStageTimes map[string]time.Duration
+	// Disaster recovery, measured on 3-control-plane sizes: one backup,
+	// every VM destroyed and provisioned again, the restore to green.
+	backup, rebuild, restore time.Duration
+	restoreStages            map[string]time.Duration
 }
 
 func bench(ctx context.Context, o options, progress io.Writer) (string, error) {
@@ -279,7 +285,54 @@ func measureParallel(ctx context.Context, o options, r *row, pp pvesim.Profile, 
 	if r.pvcBind, err = e2e.PVCBindTime(pc.Stdout); err != nil {
 		return err
 	}
+	if r.size.controlPlanes == 3 {
+		if err := measureRestore(ctx, h, r); err != nil {
+			return fmt.Errorf("restore drill: %w", err)
+		}
+	}
 	return nil
+}
+
+// measureRestore times `bootstrap backup`, then the loss of every VM with
+// its disks (destroy, provision again) and `bootstrap restore` until the
+// postcheck passes.
+func measureRestore(ctx context.Context, h *e2e.Harness, r *row) error {
+	step := func(args ...string) (*e2e.Result, error) {
+		res, err := h.Run(ctx, args...)
+		if err != nil {
+			return nil, err
+		}
+		if res.ExitCode != 0 {
+			return nil, fmt.Errorf("%s failed:\n%s", strings.Join(args, " "), res.Tail(30))
+		}
+		return res, nil
+	}
+	b, err := step("backup")
+	if err != nil {
+		return err
+	}
+	r.backup = b.Wall
+	snap, _, err := backup.Newest(filepath.Join(h.Paths().StateDir, "etcd"))
+	if err != nil {
+		return err
+	}
+	for _, args := range [][]string{{"destroy", "--yes"}, {"run", "--stage", "provision"}} {
+		res, err := step(args...)
+		if err != nil {
+			return err
+		}
+		r.rebuild += res.Wall
+	}
+	res, err := step("restore", "--from", snap)
+	if err != nil {
+		return err
+	}
+	r.restore = res.Wall
+	if err := h.PostcheckGreen(); err != nil {
+		return err
+	}
+	_, r.restoreStages, err = h.StageTimes()
+	return err
 }
 
 func measureSequential(ctx context.Context, o options, r *row, pp pvesim.Profile, tp talossim.Profile) error {
@@ -319,6 +372,14 @@ func render(o options, rows []row, took time.Duration) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s (%s) | %d MiB | %d | %d |\n",
 			r.size, secs(r.bringUp), secs(r.crit.Total), r.bringUp.Seconds()/r.crit.Total.Seconds(), secs(r.bringUp-r.crit.Total), seq, seqCrit, seqRatio,
 			secs(r.rerun), muts, secs(r.postcheck), r.pvcBind.Round(10*time.Millisecond), r.rssKiB>>10, r.proxmoxCalls, r.talosCalls)
+	}
+	for _, r := range rows {
+		if r.restore == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\nDisaster recovery, %s: `bootstrap backup` %s; every VM destroyed and provisioned again %s; `bootstrap restore` to a green postcheck %s (talos %s, flux %s, postcheck %s).\n",
+			r.size, secs(r.backup), secs(r.rebuild), secs(r.restore),
+			secs(r.restoreStages[stages.Talos]), secs(r.restoreStages[stages.Flux]), secs(r.restoreStages[stages.Postcheck]))
 	}
 	b.WriteString("\nStage times (parallel run):\n")
 	for _, r := range rows {
