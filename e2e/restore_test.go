@@ -114,6 +114,8 @@ func loseTheCluster(t *testing.T, ctx context.Context, h *e2e.Harness) {
 // uploads the snapshot to cp-1 only, the real etcd is restored with
 // etcdutl and the real control plane started on it, the other control
 // planes join, and exactly the snapshot's objects are back; postcheck green.
+// Then over the running etcd: refused without --force, and with it the
+// control planes' etcd data is wiped and the snapshot restored again.
 func TestRestoreDrill(t *testing.T) {
 	ctx := testContext(t, 6*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 3, VIP: true})
@@ -196,6 +198,43 @@ func TestRestoreDrill(t *testing.T) {
 	}
 	if h.Lab.Talos.Bootstraps() != bootstraps+1 {
 		t.Fatalf("%d bootstraps after the restore, want one (the recovery)", h.Lab.Talos.Bootstraps()-bootstraps)
+	}
+
+	// Over a running etcd: refused without --force; with it, every
+	// control plane's etcd data is wiped (reset EPHEMERAL), the snapshot
+	// restored, and what was written since is gone again.
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.Client().CoreV1().ConfigMaps("drill").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-restore", Namespace: "drill"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if again := run(t, ctx, h, "restore", "--from", snap); again.ExitCode != 2 || !strings.Contains(again.Stdout+again.Stderr, "pass --force") {
+		t.Fatalf("restore over the restored etcd: exit %d\n%s", again.ExitCode, again.Tail(10))
+	}
+	dryForce := run(t, ctx, h, "restore", "--from", snap, "--force", "--dry-run")
+	if dryForce.ExitCode != 0 || !strings.Contains(dryForce.Stdout, "would wipe etcd's data on cp-1, cp-2, cp-3") || !strings.Contains(dryForce.Stdout, "restore etcd on cp-1") {
+		t.Fatalf("forced dry run:\n%s", dryForce.Tail(30))
+	}
+	for _, n := range h.Lab.Talos.Nodes() {
+		if n.Counters().Resets != 0 {
+			t.Fatalf("the dry run reset %s", n.Hostname())
+		}
+	}
+	forced := run(t, ctx, h, "restore", "--from", snap, "--force")
+	if forced.ExitCode != 0 {
+		t.Fatalf("forced restore:\n%s", forced.Tail(40))
+	}
+	t.Logf("forced restore to green: %s", forced.Wall.Round(100*time.Millisecond))
+	for _, n := range h.Lab.Talos.Nodes() {
+		if c := n.Counters(); c.Resets != 1 {
+			t.Errorf("%s reset %d times, want 1", n.Hostname(), c.Resets)
+		}
+	}
+	checkDrillObjects(t, ctx, h)
+	if err := h.PostcheckGreen(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -34,19 +34,27 @@ type EtcdRunsError struct {
 }
 
 func (e *EtcdRunsError) Error() string {
-	return fmt.Sprintf("etcd runs on %s (%d member(s)): restoring %s (taken %s, revision %d) would replace it and lose every change written since then. "+
-		"A restore replaces a lost etcd: delete the control plane VMs (bootstrap destroy), create them again (bootstrap run --stage provision), then restore",
-		e.Node, e.Members, filepath.Base(e.Snapshot.Path), e.Snapshot.Taken.Format(time.RFC3339), e.Snapshot.Revision)
+	return fmt.Sprintf("etcd runs on %s (%d member(s)): %s. "+
+		"A restore replaces a lost etcd; to replace this one anyway, pass --force (the control planes' etcd data is wiped first)",
+		e.Node, e.Members, e.loss())
+}
+
+// loss says what restoring the snapshot over a running etcd loses.
+func (e *EtcdRunsError) loss() string {
+	return fmt.Sprintf("restoring %s (taken %s, revision %d) would replace it and lose every change written since then",
+		filepath.Base(e.Snapshot.Path), e.Snapshot.Taken.Format(time.RFC3339), e.Snapshot.Revision)
 }
 
 // PrepareRestore checks a restore before anything changes: the snapshot is
 // verified (digest, database, key bucket) and etcd must run on no control
-// plane, unless it runs from this very snapshot, restored by an earlier
-// `bootstrap restore` that was interrupted (then the talos stage finds it
-// running and goes on). It records the restore in the state (outside a dry
-// run) and returns the recovery for the talos stage; the caller closes
-// its file.
-func PrepareRestore(ctx context.Context, env *Env, from string) (*talos.Recovery, backup.Info, error) {
+// plane. Where it runs, the restore is refused unless force: then every
+// control plane's etcd data is wiped first (ResetEtcdData), after saying
+// what is lost. An etcd this very restore started (an earlier `bootstrap
+// restore` of the same snapshot that was interrupted) is resumed, not
+// refused. The restore is recorded in the state (outside a dry run) before
+// anything changes; the returned recovery is for the talos stage, and the
+// caller closes its file.
+func PrepareRestore(ctx context.Context, env *Env, from string, force bool) (*talos.Recovery, backup.Info, error) {
 	info, err := backup.Verify(from)
 	if err != nil {
 		return nil, info, config.Userf("--from %s: %v; nothing was touched", from, err)
@@ -56,8 +64,15 @@ func PrepareRestore(ctx context.Context, env *Env, from string) (*talos.Recovery
 		return nil, info, err
 	}
 	out := &env.State.Outputs.Talos
-	resuming := out.Restore != nil && out.Restore.SHA256 == info.SHA256 && out.Restore.Finished.IsZero()
+	prev := out.Restore
+	same := prev != nil && prev.SHA256 == info.SHA256 && prev.Finished.IsZero()
+	var cps []talos.Target
+	var running *EtcdRunsError
 	for _, n := range env.Config.ControlPlanes() {
+		cps = append(cps, talos.Target{Name: n.Name, IP: n.IP, Role: talos.RoleControlPlane})
+		if running != nil {
+			continue
+		}
 		members, err := ops.EtcdMembers(ctx, n.IP)
 		if err != nil || len(members) == 0 {
 			// A control plane in maintenance mode, powered off or without
@@ -65,24 +80,41 @@ func PrepareRestore(ctx context.Context, env *Env, from string) (*talos.Recovery
 			env.Log.Debug().Str("node", n.Name).Err(err).Msg("no etcd answers")
 			continue
 		}
-		if resuming {
-			env.UI.Warn("etcd already runs from %s (restore started %s); resuming", filepath.Base(from), out.Restore.Started.Format(time.RFC3339))
-			break
-		}
-		return nil, info, &config.UserError{Err: &EtcdRunsError{Node: n.Name, Members: len(members), Snapshot: info}}
+		running = &EtcdRunsError{Node: n.Name, Members: len(members), Snapshot: info}
+	}
+	resuming := same && (running == nil || prev.Bootstrapped || !prev.Forced)
+	switch {
+	case running != nil && resuming:
+		// Not refused: a restore that did not wipe a running etcd only
+		// finds etcd running because it started it.
+		env.UI.Warn("etcd already runs from %s (restore started %s); resuming", filepath.Base(from), prev.Started.Format(time.RFC3339))
+	case running != nil && !force:
+		return nil, info, &config.UserError{Err: running}
 	}
 	env.UI.OK("restore: %s", info)
 	if !env.DryRun && !resuming {
-		out.Restore = &state.Restore{From: from, SHA256: info.SHA256, Revision: info.Revision, Started: env.now().UTC()}
+		out.Restore = &state.Restore{From: from, SHA256: info.SHA256, Revision: info.Revision, Forced: running != nil, Started: env.now().UTC()}
 		if err := env.SaveState(); err != nil {
 			return nil, info, fmt.Errorf("writing state: %w", err)
+		}
+	}
+	if running != nil && !resuming {
+		env.UI.Warn("--force: %s", running.loss())
+		names := make([]string, len(cps))
+		for i, t := range cps {
+			names[i] = t.Name
+		}
+		if err := env.Wet(fmt.Sprintf("wipe etcd's data on %s (reset EPHEMERAL, not graceful, reboot; configs stay)", strings.Join(names, ", ")), func() error {
+			return ops.ResetEtcdData(ctx, cps)
+		}); err != nil {
+			return nil, info, err
 		}
 	}
 	f, err := os.Open(from)
 	if err != nil {
 		return nil, info, err
 	}
-	return &talos.Recovery{Name: filepath.Base(from), Snapshot: f}, info, nil
+	return &talos.Recovery{Name: filepath.Base(from), Snapshot: f, Replaces: running != nil && !resuming}, info, nil
 }
 
 // FinishRestore records the restore as done.

@@ -83,6 +83,9 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 			if out.BootstrapNode == "" || thisRun {
 				out.BootstrapNode, out.BootstrappedAt = node, env.now().UTC()
 			}
+			if r := out.Restore; r != nil && thisRun && env.Options.Recover != nil {
+				r.Bootstrapped = true
+			}
 			if err := env.SaveState(); err != nil {
 				env.Log.Warn().Err(err).Msg("saving state after bootstrap")
 			}

@@ -52,10 +52,14 @@ type Talos struct {
 type Restore struct {
 	From string `json:"from"`
 	// SHA256 is the snapshot's own digest (its last 32 bytes).
-	SHA256   string    `json:"sha256"`
-	Revision int64     `json:"revision"`
-	Started  time.Time `json:"started"`
-	Finished time.Time `json:"finished,omitzero"`
+	SHA256   string `json:"sha256"`
+	Revision int64  `json:"revision"`
+	// Forced: the etcd that ran was wiped for this restore (--force);
+	// Bootstrapped: etcd was started from the snapshot.
+	Forced       bool      `json:"forced,omitempty"`
+	Bootstrapped bool      `json:"bootstrapped,omitempty"`
+	Started      time.Time `json:"started"`
+	Finished     time.Time `json:"finished,omitzero"`
 }
 
 // Infra records the infra stage's outputs.

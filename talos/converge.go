@@ -312,7 +312,7 @@ func (o *Ops) planCluster(ctx context.Context, opts ConvergeOptions, boot Target
 		members, err := o.EtcdMembers(ctx, boot.IP)
 		etcdRuns = err == nil && len(members) > 0
 	}
-	if !etcdRuns {
+	if !etcdRuns || opts.Recover != nil && opts.Recover.Replaces {
 		what := fmt.Sprintf("bootstrap etcd on %s and wait for etcd and kubelet health", boot)
 		if opts.Recover != nil {
 			what = fmt.Sprintf("restore etcd on %s from %s (EtcdRecover, then bootstrap with recover_etcd), let the other control planes join and wait for etcd and kubelet health", boot, opts.Recover.Name)

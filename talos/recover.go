@@ -7,6 +7,7 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"google.golang.org/grpc/codes"
 
 	"github.com/homelab/bootstrap/internal/wait"
@@ -19,6 +20,9 @@ type Recovery struct {
 	Name string
 	// Snapshot is read from its start on every upload attempt.
 	Snapshot io.ReadSeeker
+	// Replaces says a running etcd is wiped before the recovery: a dry
+	// run, which wipes nothing, plans the recovery all the same.
+	Replaces bool
 }
 
 // RecoverEtcd bootstraps etcd on the control plane at ip from r, as
@@ -68,4 +72,66 @@ func (o *Ops) RecoverEtcd(ctx context.Context, name, ip string, r Recovery) (alr
 	}
 	log.Info().Str("snapshot", r.Name).Msgf("uploaded the etcd snapshot to %s", name)
 	return o.bootstrap(ctx, name, ip, &machine.BootstrapRequest{RecoverEtcd: true})
+}
+
+// ResetEtcdData throws away the etcd data of the control planes cps, as
+// before a recovery onto nodes whose etcd still runs: each gets a
+// non-graceful reset that wipes the EPHEMERAL partition (etcd's data
+// directory lives there) and reboots (`talosctl reset --graceful=false
+// --reboot --system-labels-to-wipe=EPHEMERAL`, as Talos' own etcd recovery
+// test does: internal/integration/api/etcd-recover.go at v1.13.3); the
+// machine configs on STATE stay. All resets are sent before any node is
+// waited for, so no wiped node comes back while another still runs the
+// old etcd it would try to rejoin. It returns once every node runs its
+// installed system again with an etcd that waits to join a cluster,
+// bounded by RebootTimeout.
+func (o *Ops) ResetEtcdData(ctx context.Context, cps []Target) error {
+	for _, t := range cps {
+		err := o.call(ctx, t.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+			_, err := c.MachineClient.Reset(ctx, &machine.ResetRequest{
+				Graceful: false, Reboot: true,
+				SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: constants.EphemeralPartitionLabel, Wipe: true}},
+			})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("resetting EPHEMERAL on %s: %w", t, err)
+		}
+		o.opts.Log.Info().Str("node", t.Name).Msgf("reset %s: EPHEMERAL (etcd data) wiped, rebooting", t)
+	}
+	for _, t := range cps {
+		if err := o.waitEtcdEmpty(ctx, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitEtcdEmpty waits until t runs its installed system again and its etcd
+// does not run (it waits to join a cluster).
+func (o *Ops) waitEtcdEmpty(ctx context.Context, t Target) error {
+	spec := wait.Spec{
+		What:          fmt.Sprintf("%s back from its reset with an empty etcd", t),
+		Timeout:       o.opts.RebootTimeout,
+		Interval:      o.opts.PollInterval,
+		ProgressEvery: o.opts.ProgressEvery,
+		Log:           o.opts.Log.With().Str("node", t.Name).Logger(),
+	}
+	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		up, err := o.InstalledSystemUp(ctx, t.IP)
+		if err != nil {
+			return false, shortErr(err), nil
+		}
+		if !up.Installed {
+			return false, up.Detail, nil
+		}
+		svcs, err := o.Services(ctx, t.IP)
+		if err != nil {
+			return false, shortErr(err), nil
+		}
+		if s, ok := findService(svcs, "etcd"); ok && s.State == "Running" {
+			return false, "etcd still runs (the reset has not rebooted the node yet)", nil
+		}
+		return true, "", nil
+	})
 }

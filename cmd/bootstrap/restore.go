@@ -20,6 +20,7 @@ type RestoreCmd struct {
 	From        string `required:"" help:"The etcd snapshot to restore: one bootstrap backup kept (ai/state/<cluster>/etcd/*.snapshot) or a copy of one (.snapshot.age with --age-identity)." placeholder:"FILE"`
 	AgeIdentity string `help:"age identity file that decrypts an encrypted copy (.age); default $SOPS_AGE_KEY_FILE." placeholder:"FILE"`
 	DryRun      bool   `help:"Verify the snapshot and show what the restore would do; change nothing."`
+	Force       bool   `help:"Restore even though etcd runs: the control planes' etcd data is wiped first and every change since the snapshot is lost."`
 }
 
 // Run verifies the snapshot, refuses a cluster whose etcd runs, then runs
@@ -67,7 +68,7 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 			return err
 		}
 		env.Log, env.UI = log, ui.NewReporter(log)
-		return restore(ctx, env, from, selected, stages.RunInfo{})
+		return restore(ctx, env, from, r.Force, selected, stages.RunInfo{})
 	}
 	sess, err := a.lockAndLog(cfg, secrets)
 	if err != nil {
@@ -76,7 +77,7 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 	defer sess.Close()
 	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
 	sess.Log.Info().Str("version", version).Str("from", r.From).Str("log", sess.LogPath).Msg("restore started")
-	if err := restore(ctx, env, from, selected, stages.RunInfo{ID: sess.RunID, Command: a.commandLine(), LogPath: sess.LogPath}); err != nil {
+	if err := restore(ctx, env, from, r.Force, selected, stages.RunInfo{ID: sess.RunID, Command: a.commandLine(), LogPath: sess.LogPath}); err != nil {
 		sess.Log.Error().Err(err).Int("exit_code", stages.ExitCode(err)).Str("log", sess.LogPath).Msg("restore stopped; full log in " + sess.LogPath)
 		return silentError{err}
 	}
@@ -84,8 +85,8 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 	return nil
 }
 
-func restore(ctx context.Context, env *stages.Env, from string, selected []stages.Stage, info stages.RunInfo) error {
-	rec, snap, err := stages.PrepareRestore(ctx, env, from)
+func restore(ctx context.Context, env *stages.Env, from string, force bool, selected []stages.Stage, info stages.RunInfo) error {
+	rec, snap, err := stages.PrepareRestore(ctx, env, from, force)
 	if err != nil {
 		return err
 	}

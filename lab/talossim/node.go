@@ -95,6 +95,8 @@ type Counters struct {
 	// accepted Bootstrap calls with recover_etcd.
 	RecoverUploads int
 	Recoveries     int
+	// Resets counts accepted Reset calls.
+	Resets int
 }
 
 // Node is one simulated Talos machine.

@@ -130,19 +130,88 @@ func (s *Sim) WipeDisk(ip string) {
 	s.mu.Lock()
 	delete(s.installed, ip)
 	lost := false
-	for id, c := range s.etcd {
-		m, ok := c.members[ip]
-		if !ok {
-			continue
-		}
-		m.dataLost = true
-		if !slices.ContainsFunc(slices.Collect(maps.Values(c.members)), func(m *etcdMember) bool { return !m.dataLost }) {
-			delete(s.etcd, id)
-			lost = true
-		}
+	for id := range s.etcd {
+		lost = s.loseMemberLocked(id, ip) || lost
 	}
 	s.mu.Unlock()
 	if l, ok := s.opts.Cluster.(EtcdLoser); ok && lost {
 		l.EtcdLost(context.Background())
 	}
+}
+
+// Reset implements machine.MachineServiceServer for what a forced restore
+// needs, as v1alpha1_server.go Reset does at v1.13.3: the partitions to
+// wipe are validated (a label the node has no volume for is an error),
+// the reset sequence runs in the background of the answer. The simulator
+// models one reset: a non-graceful wipe of EPHEMERAL followed by a reboot
+// (`talosctl reset --graceful=false --reboot
+// --system-labels-to-wipe=EPHEMERAL`, what Talos' own etcd recovery test
+// runs): the node's etcd data and an uploaded recovery snapshot are gone,
+// its config (STATE) stays, and it boots its installed system again with
+// an empty etcd that waits to join a cluster. Other resets answer
+// Unimplemented.
+func (a *apid) Reset(_ context.Context, req *machine.ResetRequest) (*machine.ResetResponse, error) {
+	n := a.n
+	if a.mode == serveMaintenance {
+		return nil, status.Error(codes.Unimplemented, "talossim: reset in maintenance mode is not simulated")
+	}
+	ephemeral := false
+	for _, p := range req.GetSystemPartitionsToWipe() {
+		switch p.GetLabel() {
+		case "EPHEMERAL":
+			ephemeral = ephemeral || p.GetWipe()
+		case "STATE", "META":
+			return nil, status.Errorf(codes.Unimplemented, "talossim: wiping %s is not simulated", p.GetLabel())
+		default:
+			// safe.ReaderGetByID on the VolumeStatus: not found.
+			return nil, fmt.Errorf("failed to get volume status with label %q: resource VolumeStatuses.block.talos.dev(runtime/%s) doesn't exist", p.GetLabel(), p.GetLabel())
+		}
+	}
+	if !ephemeral || req.GetGraceful() || !req.GetReboot() || len(req.GetUserDisksToWipe()) > 0 {
+		return nil, status.Error(codes.Unimplemented, "talossim: only a non-graceful reset that wipes EPHEMERAL and reboots is simulated")
+	}
+	n.mu.Lock()
+	if n.phase != PhaseRunning {
+		n.mu.Unlock()
+		return nil, status.Error(codes.FailedPrecondition, "talossim: a reset outside the installed system is not simulated")
+	}
+	n.counters.Resets++
+	clusterID := n.clusterIDLocked()
+	n.scheduleRebootLocked()
+	n.mu.Unlock()
+	n.sim.wipeEphemeral(clusterID, n.ip)
+	return &machine.ResetResponse{Messages: []*machine.Reset{{ActorId: "talossim"}}}, nil
+}
+
+// wipeEphemeral forgets the node's etcd data and recovery snapshot; when
+// no member of its cluster keeps data, the cluster's etcd is gone.
+func (s *Sim) wipeEphemeral(clusterID, ip string) {
+	s.mu.Lock()
+	sys := s.installed[ip]
+	sys.recoverySnapshot = nil
+	s.installed[ip] = sys
+	lost := s.loseMemberLocked(clusterID, ip)
+	s.mu.Unlock()
+	if l, ok := s.opts.Cluster.(EtcdLoser); ok && lost {
+		l.EtcdLost(context.Background())
+	}
+}
+
+// loseMemberLocked marks the member's data lost and drops the cluster when
+// no member keeps data; it reports whether it did. s.mu is held.
+func (s *Sim) loseMemberLocked(clusterID, ip string) bool {
+	c := s.etcd[clusterID]
+	if c == nil {
+		return false
+	}
+	m, ok := c.members[ip]
+	if !ok {
+		return false
+	}
+	m.dataLost = true
+	if slices.ContainsFunc(slices.Collect(maps.Values(c.members)), func(m *etcdMember) bool { return !m.dataLost }) {
+		return false
+	}
+	delete(s.etcd, clusterID)
+	return true
 }

@@ -102,3 +102,47 @@ func TestRecoverWithoutSnapshotFailsEtcd(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestResetWipesEtcd: a non-graceful reset that wipes EPHEMERAL and
+// reboots leaves the node configured with an etcd that waits to join (the
+// only member's data is gone, so the cluster's etcd is); other resets are
+// not simulated and say so.
+func TestResetWipesEtcd(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	f.configuredControlPlane(ctx)
+	cp := secure(t, f.cfg, f.cp)
+	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := cp.MachineClient.Reset(ctx, &machine.ResetRequest{Graceful: true, Reboot: true,
+		SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "EPHEMERAL", Wipe: true}}})
+	wantCode(t, err, codes.Unimplemented, "only a non-graceful reset")
+	_, err = cp.MachineClient.Reset(ctx, &machine.ResetRequest{Reboot: true,
+		SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "NOPE", Wipe: true}}})
+	if err == nil || !strings.Contains(err.Error(), `failed to get volume status with label "NOPE"`) {
+		t.Fatalf("unknown label: %v", err)
+	}
+	if _, err := cp.MachineClient.Reset(ctx, &machine.ResetRequest{Reboot: true,
+		SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "EPHEMERAL", Wipe: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if n, ok := f.sim.Node(f.cp); ok && n.Phase() == talossim.PhaseRunning && n.Counters().Reboots > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the node never came back from its reset")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cp = secure(t, f.cfg, f.cp)
+	if svc := services(t, cp)["etcd"]; strings.HasPrefix(svc, "Running") {
+		t.Fatalf("etcd after the wipe: %s", svc)
+	}
+	if f.sim.Installed(f.cp) == nil {
+		t.Fatal("the reset lost the config on STATE")
+	}
+}

@@ -59,7 +59,7 @@ type apid struct {
 // !roles.Includes(role.Admin)").
 // The roles of the other methods are the rules in
 // internal/app/machined/pkg/system/services/machined.go at v1.13.3
-// (EtcdRecover and Upgrade: os:admin; EtcdSnapshot: admin, operator or
+// (EtcdRecover, Upgrade and Reset: os:admin; EtcdSnapshot: admin, operator or
 // etcd:backup).
 var adminOnly = map[string]bool{
 	machine.MachineService_ApplyConfiguration_FullMethodName: true,
@@ -68,6 +68,7 @@ var adminOnly = map[string]bool{
 	machine.MachineService_Reboot_FullMethodName:             true,
 	machine.MachineService_EtcdRecover_FullMethodName:        true,
 	machine.MachineService_Upgrade_FullMethodName:            true,
+	machine.MachineService_Reset_FullMethodName:              true,
 }
 
 // needRoles lists the methods whose roles are neither admin only nor
