@@ -47,9 +47,9 @@ func (e *EtcdRunsError) loss() string {
 
 // PrepareRestore checks a restore before anything changes: the snapshot is
 // verified (digest, database, key bucket) and etcd must run on no control
-// plane. Where it runs, the restore is refused unless force: then every
-// control plane's etcd data is wiped first (ResetEtcdData), after saying
-// what is lost. An etcd this very restore started (an earlier `bootstrap
+// plane. Where it runs, the restore is refused unless force: then it says
+// what is lost and the talos stage wipes every control plane's etcd data
+// first (Recovery.Replaces). An etcd this very restore started (an earlier `bootstrap
 // restore` of the same snapshot that was interrupted) is resumed, not
 // refused. The restore is recorded in the state (outside a dry run) before
 // anything changes; the returned recovery is for the talos stage, and the
@@ -66,12 +66,10 @@ func PrepareRestore(ctx context.Context, env *Env, from string, force bool) (*ta
 	out := &env.State.Outputs.Talos
 	prev := out.Restore
 	same := prev != nil && prev.SHA256 == info.SHA256 && prev.Finished.IsZero()
-	var cps []talos.Target
 	var running *EtcdRunsError
 	for _, n := range env.Config.ControlPlanes() {
-		cps = append(cps, talos.Target{Name: n.Name, IP: n.IP, Role: talos.RoleControlPlane})
 		if running != nil {
-			continue
+			break
 		}
 		members, err := ops.EtcdMembers(ctx, n.IP)
 		if err != nil || len(members) == 0 {
@@ -99,16 +97,8 @@ func PrepareRestore(ctx context.Context, env *Env, from string, force bool) (*ta
 		}
 	}
 	if running != nil && !resuming {
+		// The talos stage wipes it (Recovery.Replaces), before it restores.
 		env.UI.Warn("--force: %s", running.loss())
-		names := make([]string, len(cps))
-		for i, t := range cps {
-			names[i] = t.Name
-		}
-		if err := env.Wet(fmt.Sprintf("wipe etcd's data on %s (reset EPHEMERAL, not graceful, reboot; configs stay)", strings.Join(names, ", ")), func() error {
-			return ops.ResetEtcdData(ctx, cps)
-		}); err != nil {
-			return nil, info, err
-		}
 	}
 	f, err := os.Open(from)
 	if err != nil {

@@ -62,6 +62,9 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if err := refuseDowngrade(ctx, env, ops, targets); err != nil {
 		return err
 	}
+	if err := wipeReplacedEtcd(ctx, env, ops, targets); err != nil {
+		return err
+	}
 	conv, err := ops.Converge(ctx, talos.ConvergeOptions{
 		Nodes:          targets,
 		BootstrapNode:  out.BootstrapNode,
@@ -350,6 +353,25 @@ func stepNames(steps []talos.UpgradeStep) []string {
 
 // recordTalosNode keeps what the node now runs in state, saved at once so
 // a crash later in the stage keeps it.
+// wipeReplacedEtcd wipes the etcd data of every control plane when a
+// forced restore replaces a running etcd (bootstrap restore --force).
+func wipeReplacedEtcd(ctx context.Context, env *Env, ops *talos.Ops, targets []talos.Target) error {
+	rec := env.Options.Recover
+	if rec == nil || !rec.Replaces {
+		return nil
+	}
+	var cps []talos.Target
+	var names []string
+	for _, t := range targets {
+		if t.Role == talos.RoleControlPlane {
+			cps, names = append(cps, t), append(names, t.Name)
+		}
+	}
+	return env.Wet(fmt.Sprintf("wipe etcd's data on %s (reset EPHEMERAL, not graceful, reboot; configs stay) before restoring %s", strings.Join(names, ", "), rec.Name), func() error {
+		return ops.ResetEtcdData(ctx, cps)
+	})
+}
+
 func recordTalosNode(env *Env, res *talos.Result, t talos.Target, r talos.EnsureResult) {
 	if env.DryRun {
 		return

@@ -94,10 +94,16 @@ func (o *Ops) ResetEtcdData(ctx context.Context, cps []Target) error {
 			})
 			return err
 		})
-		if err != nil {
+		switch {
+		case isDown(err):
+			// The node went away before its answer arrived: the reset
+			// sequence may already run. The wait below tells.
+			o.opts.Log.Warn().Str("node", t.Name).Err(err).Msgf("no answer from %s to the reset; waiting for it to come back with an empty etcd", t)
+		case err != nil:
 			return fmt.Errorf("resetting EPHEMERAL on %s: %w", t, err)
+		default:
+			o.opts.Log.Info().Str("node", t.Name).Msgf("reset %s: EPHEMERAL (etcd data) wiped, rebooting", t)
 		}
-		o.opts.Log.Info().Str("node", t.Name).Msgf("reset %s: EPHEMERAL (etcd data) wiped, rebooting", t)
 	}
 	for _, t := range cps {
 		if err := o.waitEtcdEmpty(ctx, t); err != nil {

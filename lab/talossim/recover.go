@@ -177,9 +177,17 @@ func (a *apid) Reset(_ context.Context, req *machine.ResetRequest) (*machine.Res
 	}
 	n.counters.Resets++
 	clusterID := n.clusterIDLocked()
-	n.scheduleRebootLocked()
 	n.mu.Unlock()
+	// The wipe (and, with the last member's data, the control plane's
+	// stop) happens before the reboot is scheduled: the answer goes out
+	// while the node still runs, as the real reset sequence starts in the
+	// background of it.
 	n.sim.wipeEphemeral(clusterID, n.ip)
+	n.mu.Lock()
+	if n.phase == PhaseRunning && !n.rebootPending {
+		n.scheduleRebootLocked()
+	}
+	n.mu.Unlock()
 	return &machine.ResetResponse{Messages: []*machine.Reset{{ActorId: "talossim"}}}, nil
 }
 
