@@ -37,23 +37,11 @@ func (o *Ops) bootstrap(ctx context.Context, name, ip string, req *machine.Boots
 		err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
 			return c.Bootstrap(ctx, req)
 		})
-		switch {
-		case err == nil:
-			return true, "", nil
-		case client.StatusCode(err) == codes.AlreadyExists:
+		if client.StatusCode(err) == codes.AlreadyExists {
 			already = true
 			return true, "", nil
-		case isUntrustedServer(err) || isCertRequired(err),
-			// "bootstrap is only available on control plane nodes"
-			// (machinehelper.CheckControlplane): not a control plane.
-			client.StatusCode(err) == codes.Unimplemented:
-			return false, "", fmt.Errorf("bootstrapping %s: %w", name, err)
 		}
-		switch client.StatusCode(err) {
-		case codes.FailedPrecondition, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-			return false, shortErr(err), nil
-		}
-		return false, "", fmt.Errorf("bootstrapping %s: %w", name, err)
+		return acceptedWhenReady(err, "bootstrapping "+name)
 	})
 	if err != nil {
 		return false, err
@@ -64,6 +52,25 @@ func (o *Ops) bootstrap(ctx context.Context, name, ip string, req *machine.Boots
 		log.Info().Msgf("bootstrapped etcd on %s", name)
 	}
 	return already, nil
+}
+
+// acceptedWhenReady classifies the answer to a call a node refuses until
+// it is ready (Bootstrap, EtcdRecover): nil is done; FailedPrecondition
+// (not ready yet, time not in sync) and an unreachable node are retried;
+// a server or client certificate problem and Unimplemented (not a control
+// plane: machinehelper.CheckControlplane) are fatal, as is anything else.
+func acceptedWhenReady(err error, doing string) (bool, string, error) {
+	switch {
+	case err == nil:
+		return true, "", nil
+	case isUntrustedServer(err) || isCertRequired(err), client.StatusCode(err) == codes.Unimplemented:
+		return false, "", fmt.Errorf("%s: %w", doing, err)
+	}
+	switch client.StatusCode(err) {
+	case codes.FailedPrecondition, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return false, shortErr(err), nil
+	}
+	return false, "", fmt.Errorf("%s: %w", doing, err)
 }
 
 // EtcdMember is one member of the etcd cluster.

@@ -8,7 +8,6 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
-	"google.golang.org/grpc/codes"
 
 	"github.com/homelab/bootstrap/internal/wait"
 )
@@ -55,17 +54,7 @@ func (o *Ops) RecoverEtcd(ctx context.Context, name, ip string, r Recovery) (alr
 			_, err := c.EtcdRecover(ctx, r.Snapshot)
 			return err
 		})
-		switch {
-		case err == nil:
-			return true, "", nil
-		case isUntrustedServer(err) || isCertRequired(err), client.StatusCode(err) == codes.Unimplemented:
-			return false, "", fmt.Errorf("uploading the etcd snapshot to %s: %w", name, err)
-		}
-		switch client.StatusCode(err) {
-		case codes.FailedPrecondition, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-			return false, shortErr(err), nil
-		}
-		return false, "", fmt.Errorf("uploading the etcd snapshot to %s: %w", name, err)
+		return acceptedWhenReady(err, "uploading the etcd snapshot to "+name)
 	})
 	if err != nil {
 		return false, err

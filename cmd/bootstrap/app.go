@@ -171,6 +171,33 @@ type session struct {
 	RunID   string
 }
 
+// commandEnv builds the Env of a command that may change the cluster. A
+// dry run reads the state and logs to stderr only: no lock, no log file.
+// Otherwise the cluster lock is taken and a run log opened (the returned
+// session; the caller closes it).
+func (a *App) commandEnv(cfg *config.Config, dryRun bool) (*stages.Env, *session, error) {
+	secrets := &redact.Set{}
+	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: a.Stdout, DryRun: dryRun, Secrets: secrets, Now: a.Now}
+	if dryRun {
+		st, err := state.Load(env.Paths.StateDir, cfg.Cluster.Name)
+		if err != nil {
+			return nil, nil, err
+		}
+		log, err := a.logger(nil, secrets)
+		if err != nil {
+			return nil, nil, err
+		}
+		env.State, env.Log, env.UI = st, log, ui.NewReporter(log)
+		return env, nil, nil
+	}
+	sess, err := a.lockAndLog(cfg, secrets)
+	if err != nil {
+		return nil, nil, err
+	}
+	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
+	return env, sess, nil
+}
+
 // lockAndLog takes the cluster lock (a *state.LockedError when held),
 // re-reads the state under it, opens runs/<UTC-timestamp>/run.log and
 // prunes run logs beyond state.keepRuns.

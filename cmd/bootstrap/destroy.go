@@ -11,11 +11,8 @@ import (
 	"sync"
 
 	"github.com/homelab/bootstrap/config"
-	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/proxmox"
 	"github.com/homelab/bootstrap/stages"
-	"github.com/homelab/bootstrap/state"
-	"github.com/homelab/bootstrap/ui"
 )
 
 // DestroyCmd is `bootstrap destroy`.
@@ -31,27 +28,15 @@ func (d *DestroyCmd) Run(ctx context.Context, a *App) error {
 	if err != nil {
 		return err
 	}
-	paths := cfg.Paths()
-	secrets := &redact.Set{}
-	env := &stages.Env{Config: cfg, Paths: paths, Out: a.Stdout, DryRun: d.DryRun, Secrets: secrets, Now: a.Now}
-	opts := destroyOptions{Yes: d.Yes, PurgeSecrets: d.PurgeSecrets, In: a.Stdin}
-	if d.DryRun {
-		if env.State, err = state.Load(paths.StateDir, cfg.Cluster.Name); err != nil {
-			return err
-		}
-		log, err := a.logger(nil, secrets)
-		if err != nil {
-			return err
-		}
-		env.Log, env.UI = log, ui.NewReporter(log)
-		return destroy(ctx, env, opts)
-	}
-	sess, err := a.lockAndLog(cfg, secrets)
+	env, sess, err := a.commandEnv(cfg, d.DryRun)
 	if err != nil {
 		return err
 	}
+	opts := destroyOptions{Yes: d.Yes, PurgeSecrets: d.PurgeSecrets, In: a.Stdin}
+	if sess == nil {
+		return destroy(ctx, env, opts)
+	}
 	defer sess.Close()
-	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
 	log, logPath := sess.Log, sess.LogPath
 	log.Info().Str("version", version).Str("config", cfg.File()).Str("log", logPath).Msg("destroy started")
 	if err := destroy(ctx, env, opts); err != nil {

@@ -8,10 +8,7 @@ import (
 
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/config"
-	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
-	"github.com/homelab/bootstrap/state"
-	"github.com/homelab/bootstrap/ui"
 )
 
 // RestoreCmd is `bootstrap restore`: disaster recovery of a cluster whose
@@ -56,26 +53,15 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 		return config.Userf("--from %s: %v; nothing was touched", r.From, err)
 	}
 
-	secrets := &redact.Set{}
-	env := &stages.Env{Config: cfg, Paths: paths, Out: a.Stdout, DryRun: r.DryRun, Secrets: secrets, Now: a.Now}
-	selected := stages.SelectStages(a.Stages(), stages.RestoreStages)
-	if r.DryRun {
-		if env.State, err = state.Load(paths.StateDir, cfg.Cluster.Name); err != nil {
-			return err
-		}
-		log, err := a.logger(nil, secrets)
-		if err != nil {
-			return err
-		}
-		env.Log, env.UI = log, ui.NewReporter(log)
-		return restore(ctx, env, from, r.Force, selected, stages.RunInfo{})
-	}
-	sess, err := a.lockAndLog(cfg, secrets)
+	env, sess, err := a.commandEnv(cfg, r.DryRun)
 	if err != nil {
 		return err
 	}
+	selected := stages.SelectStages(a.Stages(), stages.RestoreStages)
+	if sess == nil {
+		return restore(ctx, env, from, r.Force, selected, stages.RunInfo{})
+	}
 	defer sess.Close()
-	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
 	sess.Log.Info().Str("version", version).Str("from", r.From).Str("log", sess.LogPath).Msg("restore started")
 	if err := restore(ctx, env, from, r.Force, selected, stages.RunInfo{ID: sess.RunID, Command: a.commandLine(), LogPath: sess.LogPath}); err != nil {
 		sess.Log.Error().Err(err).Int("exit_code", stages.ExitCode(err)).Str("log", sess.LogPath).Msg("restore stopped; full log in " + sess.LogPath)
