@@ -49,9 +49,9 @@ func (e *EtcdRunsError) loss() string {
 // verified (digest, database, key bucket) and etcd must run on no control
 // plane. Where it runs, the restore is refused unless force: then it says
 // what is lost and the talos stage wipes every control plane's etcd data
-// first (Recovery.Replaces). An etcd this very restore started (an earlier `bootstrap
-// restore` of the same snapshot that was interrupted) is resumed, not
-// refused. The restore is recorded in the state (outside a dry run) before
+// first (Recovery.Replaces). An etcd this very restore started (an earlier
+// `bootstrap restore` of the same snapshot that was interrupted) is
+// resumed, not refused. The restore is recorded in the state (outside a dry run) before
 // anything changes; the returned recovery is for the talos stage, and the
 // caller closes its file.
 func PrepareRestore(ctx context.Context, env *Env, from string, force bool) (*talos.Recovery, backup.Info, error) {

@@ -79,15 +79,15 @@ func restore(ctx context.Context, env *stages.Env, from string, force bool, sele
 	defer rec.Snapshot.(*os.File).Close()
 	env.Options.Recover = rec
 	if env.DryRun {
-		// The postcheck cannot pass before the restore: the plan names it
-		// instead of running it against the lost cluster.
+		// Flux and the postcheck cannot be checked before the restore: the
+		// plan names them instead of running them against the lost cluster.
 		selected = stages.SelectStages(selected, []string{stages.Talos})
 	}
 	if err := stages.Run(ctx, env, selected, info); err != nil {
 		return err
 	}
 	if env.DryRun {
-		fmt.Fprintln(env.Out, "Then the postcheck runs on the restored cluster (it must pass for the restore to succeed).")
+		fmt.Fprintln(env.Out, "Then the flux stage has the restored GitRepository and Kustomization reconciled, and the postcheck runs on the restored cluster (it must pass for the restore to succeed).")
 		return nil
 	}
 	if err := stages.FinishRestore(env); err != nil {
