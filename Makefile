@@ -34,8 +34,11 @@ lab-bins:
 
 # THE test command: lint, then everything, against the simulators and the
 # real lab. BOOTSTRAP_REQUIRE_LAB=1 turns a missing lab component into a failure.
+# One test package at a time (-p 1): several packages start whole labs
+# (real control planes, rpcbind, ganesha) and on a 2-core machine running
+# them side by side starves their bounded waits.
 test: deps lint lab-bins
-	BOOTSTRAP_REQUIRE_LAB=1 $(GO) test -count=1 -timeout 45m ./...
+	BOOTSTRAP_REQUIRE_LAB=1 $(GO) test -p 1 -count=1 -timeout 45m ./...
 
 # End to end as a user runs it: the built binary against a lab (also part of
 # `make test`). 100 kill points instead of 20: make e2e E2E_KILL_CASES=100
