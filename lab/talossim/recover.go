@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
@@ -79,12 +78,19 @@ func (a *apid) EtcdRecover(srv grpc.ClientStreamingServer[common.Data, machine.E
 
 // setRecoverySnapshot writes (nil: removes) /var/lib/etcd.snapshot.
 func (n *Node) setRecoverySnapshot(b []byte) {
-	s := n.sim
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sys := s.installed[n.ip]
-	sys.recoverySnapshot = slices.Clone(b)
-	s.installed[n.ip] = sys
+	n.sim.mu.Lock()
+	defer n.sim.mu.Unlock()
+	n.sim.swapRecoverySnapshotLocked(n.ip, slices.Clone(b))
+}
+
+// swapRecoverySnapshotLocked replaces the recovery snapshot on the disk of
+// the VM at ip (nil removes it) and returns the one it held. s.mu is held.
+func (s *Sim) swapRecoverySnapshotLocked(ip string, b []byte) []byte {
+	sys := s.installed[ip]
+	old := sys.recoverySnapshot
+	sys.recoverySnapshot = b
+	s.installed[ip] = sys
+	return old
 }
 
 // takeRecoverySnapshotLocked is the etcd service's pre stage of a
@@ -94,14 +100,9 @@ func (n *Node) setRecoverySnapshot(b []byte) {
 // after a successful restore. n.mu is held.
 func (n *Node) takeRecoverySnapshotLocked(skipHashCheck bool) *etcdRecovery {
 	n.counters.Recoveries++
-	s := n.sim
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sys := s.installed[n.ip]
-	r := &etcdRecovery{snapshot: sys.recoverySnapshot, skipHashCheck: skipHashCheck}
-	sys.recoverySnapshot = nil
-	s.installed[n.ip] = sys
-	return r
+	n.sim.mu.Lock()
+	defer n.sim.mu.Unlock()
+	return &etcdRecovery{snapshot: n.sim.swapRecoverySnapshotLocked(n.ip, nil), skipHashCheck: skipHashCheck}
 }
 
 // recoverCluster starts the control plane from the recovery snapshot. The
@@ -134,6 +135,12 @@ func (s *Sim) WipeDisk(ip string) {
 		lost = s.loseMemberLocked(id, ip) || lost
 	}
 	s.mu.Unlock()
+	s.tellEtcdLost(lost)
+}
+
+// tellEtcdLost tells an EtcdLoser control plane when lost; s.mu is not
+// held (the control plane may call back).
+func (s *Sim) tellEtcdLost(lost bool) {
 	if l, ok := s.opts.Cluster.(EtcdLoser); ok && lost {
 		l.EtcdLost(context.Background())
 	}
@@ -195,14 +202,10 @@ func (a *apid) Reset(_ context.Context, req *machine.ResetRequest) (*machine.Res
 // no member of its cluster keeps data, the cluster's etcd is gone.
 func (s *Sim) wipeEphemeral(clusterID, ip string) {
 	s.mu.Lock()
-	sys := s.installed[ip]
-	sys.recoverySnapshot = nil
-	s.installed[ip] = sys
+	s.swapRecoverySnapshotLocked(ip, nil)
 	lost := s.loseMemberLocked(clusterID, ip)
 	s.mu.Unlock()
-	if l, ok := s.opts.Cluster.(EtcdLoser); ok && lost {
-		l.EtcdLost(context.Background())
-	}
+	s.tellEtcdLost(lost)
 }
 
 // loseMemberLocked marks the member's data lost and drops the cluster when
@@ -217,8 +220,10 @@ func (s *Sim) loseMemberLocked(clusterID, ip string) bool {
 		return false
 	}
 	m.dataLost = true
-	if slices.ContainsFunc(slices.Collect(maps.Values(c.members)), func(m *etcdMember) bool { return !m.dataLost }) {
-		return false
+	for _, m := range c.members {
+		if !m.dataLost {
+			return false
+		}
 	}
 	delete(s.etcd, clusterID)
 	return true
