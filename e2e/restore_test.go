@@ -18,6 +18,19 @@ import (
 	"github.com/homelab/bootstrap/e2e"
 )
 
+// createConfigMap writes one ConfigMap into the lab's running cluster.
+func createConfigMap(t *testing.T, ctx context.Context, h *e2e.Harness, namespace, name string, data map[string]string) {
+	t.Helper()
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Data: data}
+	if _, err := kc.Client().CoreV1().ConfigMaps(namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // drillObjects writes the objects a restore must bring back: a Namespace
 // with three ConfigMaps.
 func drillObjects(t *testing.T, ctx context.Context, h *e2e.Harness) {
@@ -26,28 +39,11 @@ func drillObjects(t *testing.T, ctx context.Context, h *e2e.Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := kc.Client()
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "drill"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := kc.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "drill"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i <= 3; i++ {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i), Namespace: "drill"}, Data: map[string]string{"n": fmt.Sprint(i)}}
-		if _, err := cs.CoreV1().ConfigMaps("drill").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// writeAfterBackup adds a ConfigMap the snapshot does not hold.
-func writeAfterBackup(t *testing.T, ctx context.Context, h *e2e.Harness) {
-	t.Helper()
-	kc, err := h.Lab.Kube.Cluster()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-backup", Namespace: "drill"}}
-	if _, err := kc.Client().CoreV1().ConfigMaps("drill").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+		createConfigMap(t, ctx, h, "drill", fmt.Sprintf("cm-%d", i), map[string]string{"n": fmt.Sprint(i)})
 	}
 }
 
@@ -124,7 +120,7 @@ func TestRestoreDrill(t *testing.T) {
 	}
 	drillObjects(t, ctx, h)
 	snap := backupNow(t, ctx, h)
-	writeAfterBackup(t, ctx, h)
+	createConfigMap(t, ctx, h, "drill", "after-backup", nil) // not in the snapshot
 
 	// Refused before anything is touched: a flipped byte, and a cluster
 	// whose etcd runs.
@@ -203,13 +199,7 @@ func TestRestoreDrill(t *testing.T) {
 	// Over a running etcd: refused without --force; with it, every
 	// control plane's etcd data is wiped (reset EPHEMERAL), the snapshot
 	// restored, and what was written since is gone again.
-	kc, err := h.Lab.Kube.Cluster()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kc.Client().CoreV1().ConfigMaps("drill").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-restore", Namespace: "drill"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createConfigMap(t, ctx, h, "drill", "after-restore", nil)
 	if again := run(t, ctx, h, "restore", "--from", snap); again.ExitCode != 2 || !strings.Contains(again.Stdout+again.Stderr, "pass --force") {
 		t.Fatalf("restore over the restored etcd: exit %d\n%s", again.ExitCode, again.Tail(10))
 	}

@@ -45,23 +45,20 @@ func (e *EtcdRunsError) loss() string {
 		filepath.Base(e.Snapshot.Path), e.Snapshot.Taken.Format(time.RFC3339), e.Snapshot.Revision)
 }
 
-// PrepareRestore checks a restore before anything changes: the snapshot is
-// verified (digest, database, key bucket) and etcd must run on no control
-// plane. Where it runs, the restore is refused unless force: then it says
+// PrepareRestore checks a restore of the verified snapshot info (the
+// caller verifies it before taking the lock: a bad file changes nothing)
+// before anything changes: etcd must run on no control plane. Where it runs, the restore is refused unless force: then it says
 // what is lost and the talos stage wipes every control plane's etcd data
 // first (Recovery.Replaces). An etcd this very restore started (an earlier
 // `bootstrap restore` of the same snapshot that was interrupted) is
 // resumed, not refused. The restore is recorded in the state (outside a dry run) before
 // anything changes; the returned recovery is for the talos stage, and the
 // caller closes its file.
-func PrepareRestore(ctx context.Context, env *Env, from string, force bool) (*talos.Recovery, backup.Info, error) {
-	info, err := backup.Verify(from)
-	if err != nil {
-		return nil, info, config.Userf("--from %s: %v; nothing was touched", from, err)
-	}
+func PrepareRestore(ctx context.Context, env *Env, info backup.Info, force bool) (*talos.Recovery, error) {
+	from := info.Path
 	ops, err := savedTalosOps(env)
 	if err != nil {
-		return nil, info, err
+		return nil, err
 	}
 	out := &env.State.Outputs.Talos
 	prev := out.Restore
@@ -87,13 +84,13 @@ func PrepareRestore(ctx context.Context, env *Env, from string, force bool) (*ta
 		// finds etcd running because it started it.
 		env.UI.Warn("etcd already runs from %s (restore started %s); resuming", filepath.Base(from), prev.Started.Format(time.RFC3339))
 	case running != nil && !force:
-		return nil, info, &config.UserError{Err: running}
+		return nil, &config.UserError{Err: running}
 	}
 	env.UI.OK("restore: %s", info)
 	if !env.DryRun && !resuming {
 		out.Restore = &state.Restore{From: from, SHA256: info.SHA256, Revision: info.Revision, Forced: running != nil, Started: env.now().UTC()}
 		if err := env.SaveState(); err != nil {
-			return nil, info, fmt.Errorf("writing state: %w", err)
+			return nil, fmt.Errorf("writing state: %w", err)
 		}
 	}
 	if running != nil && !resuming {
@@ -102,9 +99,9 @@ func PrepareRestore(ctx context.Context, env *Env, from string, force bool) (*ta
 	}
 	f, err := os.Open(from)
 	if err != nil {
-		return nil, info, err
+		return nil, err
 	}
-	return &talos.Recovery{Name: filepath.Base(from), Snapshot: f, Replaces: running != nil && !resuming}, info, nil
+	return &talos.Recovery{Name: filepath.Base(from), Snapshot: f, Replaces: running != nil && !resuming}, nil
 }
 
 // FinishRestore records the restore as done.

@@ -49,7 +49,8 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 	}
 	// The snapshot is checked before any lock, log or call: a bad file
 	// changes nothing.
-	if _, err := backup.Verify(from); err != nil {
+	snap, err := backup.Verify(from)
+	if err != nil {
 		return config.Userf("--from %s: %v; nothing was touched", r.From, err)
 	}
 
@@ -59,11 +60,11 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 	}
 	selected := stages.SelectStages(a.Stages(), stages.RestoreStages)
 	if sess == nil {
-		return restore(ctx, env, from, r.Force, selected, stages.RunInfo{})
+		return restore(ctx, env, snap, r.Force, selected, stages.RunInfo{})
 	}
 	defer sess.Close()
 	sess.Log.Info().Str("version", version).Str("from", r.From).Str("log", sess.LogPath).Msg("restore started")
-	if err := restore(ctx, env, from, r.Force, selected, stages.RunInfo{ID: sess.RunID, Command: a.commandLine(), LogPath: sess.LogPath}); err != nil {
+	if err := restore(ctx, env, snap, r.Force, selected, stages.RunInfo{ID: sess.RunID, Command: a.commandLine(), LogPath: sess.LogPath}); err != nil {
 		sess.Log.Error().Err(err).Int("exit_code", stages.ExitCode(err)).Str("log", sess.LogPath).Msg("restore stopped; full log in " + sess.LogPath)
 		return silentError{err}
 	}
@@ -71,8 +72,8 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 	return nil
 }
 
-func restore(ctx context.Context, env *stages.Env, from string, force bool, selected []stages.Stage, info stages.RunInfo) error {
-	rec, snap, err := stages.PrepareRestore(ctx, env, from, force)
+func restore(ctx context.Context, env *stages.Env, snap backup.Info, force bool, selected []stages.Stage, info stages.RunInfo) error {
+	rec, err := stages.PrepareRestore(ctx, env, snap, force)
 	if err != nil {
 		return err
 	}
