@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/rs/zerolog"
@@ -47,9 +48,10 @@ type ControlPlane struct {
 }
 
 var (
-	_ talossim.Cluster       = (*ControlPlane)(nil)
-	_ talossim.EtcdRecoverer = (*ControlPlane)(nil)
-	_ talossim.EtcdLoser     = (*ControlPlane)(nil)
+	_ talossim.Cluster           = (*ControlPlane)(nil)
+	_ talossim.EtcdRecoverer     = (*ControlPlane)(nil)
+	_ talossim.EtcdLoser         = (*ControlPlane)(nil)
+	_ talossim.KubernetesUpdater = (*ControlPlane)(nil)
 )
 
 // NewControlPlane returns a control plane that starts on Bootstrap. base
@@ -96,6 +98,20 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	o.ClusterName, o.Endpoint, o.CertSANs, o.PKI, o.ScheduleOnControlPlanes = id.ClusterName, id.Endpoint, id.CertSANs, id.PKI, id.ScheduleOnControlPlanes
 	if id.ServiceCIDR != "" {
 		o.ServiceCIDR = id.ServiceCIDR
+	}
+	// The servers start at the versions the bootstrap node's static pods
+	// name, as its kubelet would run them.
+	o.KubernetesVersions = map[string]string{}
+	if cl := cfg.Cluster(); cl != nil {
+		for name, image := range map[string]string{
+			"kube-apiserver":          cl.APIServer().Image(),
+			"kube-controller-manager": cl.ControllerManager().Image(),
+			"kube-scheduler":          cl.Scheduler().Image(),
+		} {
+			if v := imageVersion(image); v != "" {
+				o.KubernetesVersions[name] = v
+			}
+		}
 	}
 	with(&o)
 	c.mu.Lock()
@@ -173,7 +189,54 @@ func (c *ControlPlane) register(ctx context.Context, kc *kube.Cluster, n talossi
 	if n.Role == "controlplane" {
 		role = kube.RoleControlPlane
 	}
-	return kc.RegisterNode(ctx, n.Hostname, n.IP, role)
+	if err := kc.RegisterNode(ctx, n.Hostname, n.IP, role); err != nil {
+		return err
+	}
+	if v := imageVersion(n.KubeletImage); v != "" {
+		return kc.SetKubeletVersion(ctx, n.Hostname, v)
+	}
+	return nil
+}
+
+// StaticPodImage implements talossim.KubernetesUpdater: the lab's one
+// control plane stands for every control plane's static pods, so the first
+// control plane asking for a new version restarts the real server at that
+// version on the same etcd data; the others find it running there.
+func (c *ControlPlane) StaticPodImage(ctx context.Context, node talossim.NodeInfo, name, image string) error {
+	kc, err := c.Cluster()
+	if err != nil {
+		return err
+	}
+	v := imageVersion(image)
+	if v == "" {
+		return fmt.Errorf("%s: image %q names no version", name, image)
+	}
+	return kc.RestartServer(ctx, name, v)
+}
+
+// KubeletImage implements talossim.KubernetesUpdater: the node reports the
+// kubelet version of its new image.
+func (c *ControlPlane) KubeletImage(ctx context.Context, node talossim.NodeInfo, image string) error {
+	kc, err := c.Cluster()
+	if err != nil {
+		return err
+	}
+	v := imageVersion(image)
+	if v == "" {
+		return fmt.Errorf("kubelet image %q names no version", image)
+	}
+	return kc.SetKubeletVersion(ctx, node.Hostname, v)
+}
+
+// imageVersion is the tag of an image reference ("v1.36.1" of
+// "registry.k8s.io/kube-apiserver:v1.36.1"), without a digest; "" without a tag.
+func imageVersion(image string) string {
+	image, _, _ = strings.Cut(image, "@")
+	i := strings.LastIndex(image, ":")
+	if i < 0 || strings.Contains(image[i:], "/") {
+		return ""
+	}
+	return image[i+1:]
 }
 
 // Kubeconfig returns the admin kubeconfig for the running control plane.

@@ -33,6 +33,9 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if err := refuseDowngrade(ctx, env, nil, nil); err != nil {
 		return err
 	}
+	if _, err := pinKubernetes(ctx, env, nil, configTargets(env)); err != nil {
+		return err
+	}
 	gen, err := talosGenerateOptions(env)
 	if err != nil {
 		return err
@@ -63,6 +66,10 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	if err := wipeReplacedEtcd(ctx, env, ops, targets); err != nil {
+		return err
+	}
+	ku, err := pinKubernetes(ctx, env, ops, targets)
+	if err != nil {
 		return err
 	}
 	conv, err := ops.Converge(ctx, talos.ConvergeOptions{
@@ -104,12 +111,18 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		if err := upgradeTalos(ctx, env, ops, targets, conv); err != nil {
 			return err
 		}
+		if err := upgradeKubernetes(ctx, env, ops, ku, targets); err != nil {
+			return err
+		}
 		return mergeUserConfigs(env, res.Talosconfig)
 	}
 	if err != nil {
 		return err
 	}
 	if err := upgradeTalos(ctx, env, ops, targets, conv); err != nil {
+		return err
+	}
+	if err := upgradeKubernetes(ctx, env, ops, ku, targets); err != nil {
 		return err
 	}
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
@@ -235,13 +248,7 @@ func refuseDowngrade(ctx context.Context, env *Env, ops *talos.Ops, targets []ta
 	}
 	want := env.Config.Cluster.TalosVersion
 	if ops == nil {
-		for _, n := range env.Config.Nodes {
-			role := talos.RoleWorker
-			if n.Role == config.RoleControlPlane {
-				role = talos.RoleControlPlane
-			}
-			targets = append(targets, talos.Target{Name: n.Name, IP: n.IP, Role: role})
-		}
+		targets = configTargets(env)
 	}
 	var known []talos.Target
 	live := map[string]string{}
@@ -265,6 +272,20 @@ func refuseDowngrade(ctx context.Context, env *Env, ops *talos.Ops, targets []ta
 		return config.Userf("%s", planErr.Reason)
 	}
 	return nil
+}
+
+// configTargets are the config's nodes, without configs: what a check
+// that makes no call plans over.
+func configTargets(env *Env) []talos.Target {
+	var targets []talos.Target
+	for _, n := range env.Config.Nodes {
+		role := talos.RoleWorker
+		if n.Role == config.RoleControlPlane {
+			role = talos.RoleControlPlane
+		}
+		targets = append(targets, talos.Target{Name: n.Name, IP: n.IP, Role: role})
+	}
+	return targets
 }
 
 // upgradeTalos moves every node to cluster.talosVersion: the plan comes
@@ -299,38 +320,18 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	if image == "" {
 		image = "ghcr.io/siderolabs/installer:" + want
 	}
-	const snapshotFirst = "take an etcd snapshot before upgrading Talos"
 	if env.DryRun {
-		for _, what := range append([]string{snapshotFirst}, stepNames(steps)...) {
+		for _, what := range append([]string{"take an etcd snapshot before upgrading Talos"}, stepNames(steps)...) {
 			if err := env.Wet(what, nil); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	// The way back if the upgrade goes wrong: a verified etcd snapshot,
-	// taken before any node is touched.
-	if err := env.Wet(snapshotFirst, func() error {
-		info, err := TakeBackup(ctx, env, ops)
-		var copyErr *CopyError
-		switch {
-		case errors.As(err, &copyErr):
-			env.UI.Warn("%v", copyErr)
-		case err != nil:
-			return fmt.Errorf("not upgrading without an etcd snapshot: %w", err)
-		}
-		env.UI.OK("etcd snapshot %s", info)
-		return nil
-	}); err != nil {
+	if err := snapshotBeforeUpgrade(ctx, env, ops, "Talos"); err != nil {
 		return err
 	}
-	health := talos.HealthInput{CNIDisabled: env.Config.CNI.Name == "cilium"}
-	for _, t := range targets {
-		health.Nodes = append(health.Nodes, talos.HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
-	}
-	if cs, _, err := kube.Clientset(env.Paths.Kubeconfig); err == nil {
-		health.Kube = cs
-	}
+	health := upgradeHealth(env, targets)
 	return ops.RollOut(ctx, talos.RollOutOptions{Steps: steps, Image: image, Health: health, Mutate: env.Wet,
 		WorkerParallelism: env.Config.Cluster.UpgradeParallelism,
 		OnUpgraded: func(s talos.UpgradeStep) {
@@ -341,6 +342,37 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 				env.Log.Warn().Err(err).Str("node", s.Name).Msg("saving state after the upgrade")
 			}
 		}})
+}
+
+// snapshotBeforeUpgrade takes the way back if an upgrade of what goes
+// wrong: a verified etcd snapshot, taken before any node is touched. A
+// snapshot taken whose copy failed only warns.
+func snapshotBeforeUpgrade(ctx context.Context, env *Env, ops *talos.Ops, what string) error {
+	return env.Wet("take an etcd snapshot before upgrading "+what, func() error {
+		info, err := TakeBackup(ctx, env, ops)
+		var copyErr *CopyError
+		switch {
+		case errors.As(err, &copyErr):
+			env.UI.Warn("%v", copyErr)
+		case err != nil:
+			return fmt.Errorf("not upgrading %s without an etcd snapshot: %w", what, err)
+		}
+		env.UI.OK("etcd snapshot %s", info)
+		return nil
+	})
+}
+
+// upgradeHealth is the health an upgrade waits for before it starts and
+// after each node: every node's services, etcd, kubelets, Nodes Ready.
+func upgradeHealth(env *Env, targets []talos.Target) talos.HealthInput {
+	health := talos.HealthInput{CNIDisabled: env.Config.CNI.Name == "cilium"}
+	for _, t := range targets {
+		health.Nodes = append(health.Nodes, talos.HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
+	}
+	if cs, _, err := kube.Clientset(env.Paths.Kubeconfig); err == nil {
+		health.Kube = cs
+	}
+	return health
 }
 
 func stepNames(steps []talos.UpgradeStep) []string {

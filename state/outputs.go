@@ -32,6 +32,9 @@ type Node struct {
 	// TalosVersion is the Talos version the node reported when the talos
 	// stage last converged it.
 	TalosVersion string `json:"talos_version,omitempty"`
+	// KubernetesVersion is the Kubernetes version the talos stage last
+	// took the node to (every component; without a leading "v").
+	KubernetesVersion string `json:"kubernetes_version,omitempty"`
 }
 
 // Talos records the talos stage's outputs.

@@ -343,10 +343,15 @@ func parseDryRun(details string) (string, bool) {
 }
 
 func (o *Ops) applyConfigured(ctx context.Context, t Target) (reboot bool, err error) {
+	return o.applyConfig(ctx, t, machine.ApplyConfigurationRequest_AUTO)
+}
+
+// applyConfig applies t.Config to a configured node in mode.
+func (o *Ops) applyConfig(ctx context.Context, t Target, mode machine.ApplyConfigurationRequest_Mode) (reboot bool, err error) {
 	err = o.call(ctx, t.IP, true, o.opts.ApplyTimeout, func(ctx context.Context, c *client.Client) error {
 		resp, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{
 			Data: t.Config,
-			Mode: machine.ApplyConfigurationRequest_AUTO,
+			Mode: mode,
 		})
 		if err != nil {
 			return err

@@ -22,7 +22,10 @@ var ErrNoBinaries = errors.New("lab binaries not built (run `make lab-bins` or l
 
 // Module paths recorded in the build manifest.
 const (
-	modKubernetes          = "k8s.io/kubernetes"
+	modKubernetes = "k8s.io/kubernetes"
+	// modKubernetesPrevious is the previous minor's build (binaries
+	// prefixed previous-).
+	modKubernetesPrevious  = "k8s.io/kubernetes@previous"
 	modEtcd                = "go.etcd.io/etcd/server/v3"
 	modKwok                = "sigs.k8s.io/kwok"
 	modSourceController    = "github.com/fluxcd/source-controller"
@@ -32,7 +35,8 @@ const (
 
 // binaryNames are the executables build.sh produces.
 var binaryNames = []string{
-	"etcd", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+	"etcd", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+	"previous-kube-apiserver", "previous-kube-controller-manager", "previous-kube-scheduler", "kwok",
 	"source-controller", "kustomize-controller",
 }
 
@@ -100,7 +104,7 @@ func LoadBinaries(dir string) (*Binaries, error) {
 			return nil, fmt.Errorf("%s missing in %s: %w", name, dir, ErrNoBinaries)
 		}
 	}
-	for _, m := range []string{modKubernetes, modEtcd, modKwok, modSourceController, modKustomizeController, modCilium} {
+	for _, m := range []string{modKubernetes, modKubernetesPrevious, modEtcd, modKwok, modSourceController, modKustomizeController, modCilium} {
 		if b.Modules[m].Version == "" {
 			return nil, fmt.Errorf("build manifest in %s names no version for %s: %w", dir, m, ErrNoBinaries)
 		}
@@ -113,6 +117,41 @@ func (b *Binaries) Path(name string) string { return filepath.Join(b.Dir, name) 
 
 // KubernetesVersion is the version of the Kubernetes servers, e.g. "v1.37.0".
 func (b *Binaries) KubernetesVersion() string { return b.Modules[modKubernetes].Version }
+
+// PreviousKubernetesVersion is the version of the previous minor's
+// servers, e.g. "v1.35.4".
+func (b *Binaries) PreviousKubernetesVersion() string {
+	return b.Modules[modKubernetesPrevious].Version
+}
+
+// ServerBinary returns the executable of a Kubernetes server
+// (kube-apiserver, kube-controller-manager, kube-scheduler) for version and
+// the version that build reports. The lab builds two versions, the pinned
+// one and the previous minor; a version is served by the build of its
+// minor, whatever its patch (the patch the build reports is what the server
+// says). Empty: the pinned version. Another minor is an error naming both.
+func (b *Binaries) ServerBinary(name, version string) (path, runs string, err error) {
+	if version == "" {
+		return b.Path(name), b.KubernetesVersion(), nil
+	}
+	v := "v" + strings.TrimPrefix(version, "v")
+	for _, build := range []struct{ prefix, version string }{{"", b.KubernetesVersion()}, {"previous-", b.PreviousKubernetesVersion()}} {
+		if minorOf(build.version) != "" && minorOf(build.version) == minorOf(v) {
+			return b.Path(build.prefix + name), build.version, nil
+		}
+	}
+	return "", "", fmt.Errorf("the lab builds %s %s and %s, not %s (lab/tools/kubernetes and lab/tools/kubernetes-previous pin them)",
+		name, b.KubernetesVersion(), b.PreviousKubernetesVersion(), v)
+}
+
+// minorOf returns "v1.36" of "v1.36.1" ("" when it is not a version).
+func minorOf(v string) string {
+	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
+	if len(parts) < 2 {
+		return ""
+	}
+	return "v" + parts[0] + "." + parts[1]
+}
 
 // CiliumChart returns the directory of the real Cilium Helm chart
 // (install/kubernetes/cilium) in the Cilium source the lab tools pin.

@@ -95,6 +95,12 @@ type Options struct {
 	// verifying the snapshot's sha256 unless RestoreSkipHashCheck.
 	RestoreSnapshot      string
 	RestoreSkipHashCheck bool
+	// KubernetesVersions picks, per server (kube-apiserver,
+	// kube-controller-manager, kube-scheduler), the Kubernetes version it
+	// starts at ("1.35.4" or "v1.35.4"): the lab builds the pinned version
+	// and the previous minor, and runs the build of the same minor (see
+	// Binaries.ServerBinary). A server not named runs the pinned version.
+	KubernetesVersions map[string]string
 	// FluxStoragePort is the port source-controller serves artifacts on
 	// (0: a free one). A control plane started again on restored etcd
 	// passes the old one: the artifact URLs in the restored GitRepository
@@ -116,10 +122,16 @@ type Cluster struct {
 	adminConfig *rest.Config
 	client      kubernetes.Interface
 
-	sp        *spawner
-	mu        sync.Mutex
-	procs     []*process
-	ports     map[string]int
+	sp    *spawner
+	mu    sync.Mutex
+	procs []*process
+	ports map[string]int
+	// versions are the Kubernetes versions the servers run, by name.
+	versions map[string]string
+	// apiHost and apiPort are where the API server listens (a restart binds
+	// the same).
+	apiHost   string
+	apiPort   int
 	stopped   bool
 	stopErr   error
 	startedAt time.Time
@@ -161,7 +173,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 var errPortTaken = errors.New("a port picked for the lab was taken")
 
 func startAttempt(ctx context.Context, opts Options, bins *Binaries, log zerolog.Logger) (*Cluster, error) {
-	c := &Cluster{opts: opts, bins: bins, log: log, ports: map[string]int{}, startedAt: time.Now()}
+	c := &Cluster{opts: opts, bins: bins, log: log, ports: map[string]int{}, versions: map[string]string{}, startedAt: time.Now()}
 	if opts.DataDir == "" {
 		removeStaleDataDirs(c.log)
 		d, err := os.MkdirTemp("", tempDirPrefix+"*")
@@ -223,6 +235,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	c.server = "https://" + net.JoinHostPort(bindHost, strconv.Itoa(bindPort))
+	c.apiHost, c.apiPort = bindHost, bindPort
 	if err := c.writePKI(sanIPs, sanDNS); err != nil {
 		return err
 	}
@@ -230,7 +243,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.startEtcd(ctx); err != nil {
 		return err
 	}
-	if err := c.startAPIServer(ctx, bindHost, bindPort); err != nil {
+	if err := c.startAPIServer(ctx); err != nil {
 		return err
 	}
 	if err := c.startControllers(ctx); err != nil {
@@ -351,7 +364,11 @@ func (c *Cluster) writePKI(ips []net.IP, dns []string) error {
 }
 
 func (c *Cluster) run(name, bin string, args []string, env ...string) (*process, error) {
-	p, err := startProcess(c.sp, name, c.bins.Path(bin), args, env, c.path("logs", name+".log"))
+	return c.runPath(name, c.bins.Path(bin), args, env...)
+}
+
+func (c *Cluster) runPath(name, path string, args []string, env ...string) (*process, error) {
+	p, err := startProcess(c.sp, name, path, args, env, c.path("logs", name+".log"))
 	if err != nil {
 		return nil, err
 	}
@@ -427,7 +444,10 @@ func (c *Cluster) restoreEtcd(ctx context.Context, peerURL string) error {
 	return nil
 }
 
-func (c *Cluster) startAPIServer(ctx context.Context, host string, port int) error {
+// startAPIServer runs kube-apiserver at its version (Options.KubernetesVersions)
+// and waits for /readyz.
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	host, port := c.apiHost, c.apiPort
 	var audit []string
 	switch o := c.opts; {
 	case o.AuditPolicyFile != "" && o.AuditLogPath != "":
@@ -436,7 +456,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, host string, port int) err
 	case o.AuditPolicyFile != "" || o.AuditLogPath != "":
 		return errors.New("audit logging needs both Options.AuditPolicyFile and Options.AuditLogPath")
 	}
-	p, err := c.run("kube-apiserver", "kube-apiserver", append([]string{
+	p, err := c.runServer("kube-apiserver", append([]string{
 		"--etcd-servers=" + c.etcdURL,
 		"--bind-address=" + host,
 		"--advertise-address=" + host,
@@ -495,46 +515,11 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		return fmt.Errorf("writing the kwok stages: %w", err)
 	}
 
-	kcmConf := c.path("pki", "kcm.conf")
-	kcm, err := c.run("kube-controller-manager", "kube-controller-manager", []string{
-		"--kubeconfig=" + kcmConf,
-		"--authentication-kubeconfig=" + kcmConf,
-		"--authorization-kubeconfig=" + kcmConf,
-		// No front proxy here: looking up its CA only logs errors.
-		"--authentication-skip-lookup=true",
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(kcmPort),
-		"--cert-dir=" + c.path("pki", "kcm"),
-		"--cluster-name=" + c.opts.ClusterName,
-		"--service-account-private-key-file=" + c.path("pki", "sa.key"),
-		"--root-ca-file=" + c.path("pki", "ca.crt"),
-		"--cluster-signing-cert-file=" + c.path("pki", "ca.crt"),
-		"--cluster-signing-key-file=" + c.path("pki", "ca.key"),
-		"--use-service-account-credentials=false",
-		"--service-cluster-ip-range=" + c.opts.ServiceCIDR,
-		"--controllers=*",
-		"--node-monitor-period=1s",
-		"--node-monitor-grace-period=" + c.opts.NodeMonitorGracePeriod.String(),
-		"--profiling=false",
-		"--v=1",
-	})
+	kcm, err := c.runServer("kube-controller-manager", c.controllerManagerArgs())
 	if err != nil {
 		return err
 	}
-	schedConf := c.path("pki", "scheduler.conf")
-	sched, err := c.run("kube-scheduler", "kube-scheduler", []string{
-		"--kubeconfig=" + schedConf,
-		"--authentication-kubeconfig=" + schedConf,
-		"--authorization-kubeconfig=" + schedConf,
-		"--authentication-skip-lookup=true",
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(schedPort),
-		"--cert-dir=" + c.path("pki", "scheduler"),
-		"--profiling=false",
-		"--v=1",
-	})
+	sched, err := c.runServer("kube-scheduler", c.schedulerArgs())
 	if err != nil {
 		return err
 	}
@@ -575,6 +560,54 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 			}
 			return true, "", nil
 		})
+}
+
+// controllerManagerArgs are kube-controller-manager's flags (its port is
+// picked once and kept across restarts).
+func (c *Cluster) controllerManagerArgs() []string {
+	kcmConf := c.path("pki", "kcm.conf")
+	kcmPort := c.ports["kube-controller-manager"]
+	return []string{
+		"--kubeconfig=" + kcmConf,
+		"--authentication-kubeconfig=" + kcmConf,
+		"--authorization-kubeconfig=" + kcmConf,
+		// No front proxy here: looking up its CA only logs errors.
+		"--authentication-skip-lookup=true",
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(kcmPort),
+		"--cert-dir=" + c.path("pki", "kcm"),
+		"--cluster-name=" + c.opts.ClusterName,
+		"--service-account-private-key-file=" + c.path("pki", "sa.key"),
+		"--root-ca-file=" + c.path("pki", "ca.crt"),
+		"--cluster-signing-cert-file=" + c.path("pki", "ca.crt"),
+		"--cluster-signing-key-file=" + c.path("pki", "ca.key"),
+		"--use-service-account-credentials=false",
+		"--service-cluster-ip-range=" + c.opts.ServiceCIDR,
+		"--controllers=*",
+		"--node-monitor-period=1s",
+		"--node-monitor-grace-period=" + c.opts.NodeMonitorGracePeriod.String(),
+		"--profiling=false",
+		"--v=1",
+	}
+}
+
+// schedulerArgs are kube-scheduler's flags.
+func (c *Cluster) schedulerArgs() []string {
+	schedConf := c.path("pki", "scheduler.conf")
+	schedPort := c.ports["kube-scheduler"]
+	return []string{
+		"--kubeconfig=" + schedConf,
+		"--authentication-kubeconfig=" + schedConf,
+		"--authorization-kubeconfig=" + schedConf,
+		"--authentication-skip-lookup=true",
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(schedPort),
+		"--cert-dir=" + c.path("pki", "scheduler"),
+		"--profiling=false",
+		"--v=1",
+	}
 }
 
 // waitHTTP polls url until ok accepts the body, failing early if p exits.
@@ -702,7 +735,7 @@ func (c *Cluster) DataDir() string { return c.dataDir }
 func (c *Cluster) StartupTime() time.Duration { return c.readyIn }
 
 // KubernetesVersion is the version the lab's servers report.
-func (c *Cluster) KubernetesVersion() string { return c.bins.KubernetesVersion() }
+func (c *Cluster) KubernetesVersion() string { return c.ServerVersion("kube-apiserver") }
 
 // Processes lists the lab's processes and where each one logs.
 func (c *Cluster) Processes() []Process {
@@ -865,4 +898,90 @@ func (c *closeBoth) Close() error {
 		err = err2
 	}
 	return err
+}
+
+// runServer starts one of the Kubernetes servers at the version
+// Options.KubernetesVersions names for it (the pinned one otherwise).
+func (c *Cluster) runServer(name string, args []string) (*process, error) {
+	want := c.opts.KubernetesVersions[name]
+	c.mu.Lock()
+	if v, ok := c.versions[name]; ok {
+		want = v
+	}
+	c.mu.Unlock()
+	bin, version, err := c.bins.ServerBinary(name, want)
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.runPath(name, bin, args)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.versions[name] = version
+	c.mu.Unlock()
+	c.log.Info().Str("process", name).Str("version", version).Msg("Kubernetes server started")
+	return p, nil
+}
+
+// ServerVersion is the Kubernetes version a server runs ("v1.36.1").
+func (c *Cluster) ServerVersion(name string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.versions[name]
+}
+
+// RestartServer stops one of the Kubernetes servers (kube-apiserver,
+// kube-controller-manager, kube-scheduler) and starts it again at version,
+// on the same etcd data, ports and certificates, as kubelet does when a
+// static pod's manifest names a new image; it returns once the server is
+// healthy again. A server that already runs version is left alone.
+func (c *Cluster) RestartServer(ctx context.Context, name, version string) error {
+	_, want, err := c.bins.ServerBinary(name, version)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return errors.New("the lab control plane is stopped")
+	}
+	running := c.versions[name]
+	var old *process
+	kept := c.procs[:0:0]
+	for _, p := range c.procs {
+		if p.name == name && old == nil {
+			old = p
+			continue
+		}
+		kept = append(kept, p)
+	}
+	if running == want && old != nil {
+		c.mu.Unlock()
+		return nil
+	}
+	c.procs = kept
+	c.versions[name] = want
+	c.mu.Unlock()
+	if old != nil {
+		if err := old.stop(stopGrace); err != nil {
+			return err
+		}
+	}
+	c.log.Info().Str("process", name).Str("from", running).Str("to", want).Msg("restarting a Kubernetes server at a new version")
+	switch name {
+	case "kube-apiserver":
+		return c.startAPIServer(ctx)
+	case "kube-controller-manager", "kube-scheduler":
+		args, port := c.controllerManagerArgs(), c.ports[name]
+		if name == "kube-scheduler" {
+			args = c.schedulerArgs()
+		}
+		p, err := c.runServer(name, args)
+		if err != nil {
+			return err
+		}
+		return c.waitHTTP(ctx, p, name+" /healthz", fmt.Sprintf("https://127.0.0.1:%d/healthz", port), func(body string) bool { return strings.TrimSpace(body) == "ok" })
+	}
+	return fmt.Errorf("%s is not a Kubernetes server the lab runs", name)
 }

@@ -99,6 +99,20 @@ func (c *Cluster) RegisterNode(ctx context.Context, name, ip string, role Role) 
 	return nil
 }
 
+// SetKubeletVersion makes the Node report version
+// (status.nodeInfo.kubeletVersion) as a kubelet of that version does when
+// it registers or updates its status; kwok's node stages keep a version
+// that is set (kustomize/stage/node/fast/node-initialize.yaml at v0.8.0:
+// "or $nodeInfo.kubeletVersion").
+func (c *Cluster) SetKubeletVersion(ctx context.Context, name, version string) error {
+	version = "v" + strings.TrimPrefix(version, "v")
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"nodeInfo": map[string]any{"kubeletVersion": version}}})
+	if _, err := c.client.CoreV1().Nodes().PatchStatus(ctx, name, patch); err != nil {
+		return fmt.Errorf("setting the kubelet version of node %s to %s: %w", name, version, err)
+	}
+	return nil
+}
+
 // StopHeartbeat takes the node away from kwok, as if its kubelet died: the
 // node lease and status stop being renewed, so after
 // Options.NodeMonitorGracePeriod the controller manager sets its Ready

@@ -16,6 +16,9 @@ type NodeInfo struct {
 	IP       string
 	// Role is "controlplane" or "worker" (machine.type of the node's config).
 	Role string
+	// KubeletImage is machine.kubelet.image of the node's config: the
+	// kubelet version the node registers with.
+	KubeletImage string
 }
 
 // Cluster is the Kubernetes control plane behind simulated Talos nodes.
@@ -75,6 +78,42 @@ type MemoryCluster struct {
 	bootstrapErr    error
 	snapshot        []byte
 	recovered       [][]byte
+	imageUpdates    []string
+	staticPodErr    error
+}
+
+var _ KubernetesUpdater = (*MemoryCluster)(nil)
+
+// StaticPodImage implements KubernetesUpdater: it records
+// "node/name=image" and fails with what FailStaticPods set.
+func (m *MemoryCluster) StaticPodImage(_ context.Context, node NodeInfo, name, image string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.imageUpdates = append(m.imageUpdates, node.Hostname+"/"+name+"="+image)
+	return m.staticPodErr
+}
+
+// KubeletImage implements KubernetesUpdater: it records "node/kubelet=image".
+func (m *MemoryCluster) KubeletImage(_ context.Context, node NodeInfo, image string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.imageUpdates = append(m.imageUpdates, node.Hostname+"/kubelet="+image)
+	return nil
+}
+
+// FailStaticPods makes later StaticPodImage calls fail with err (nil to
+// undo), as a new image that does not start.
+func (m *MemoryCluster) FailStaticPods(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.staticPodErr = err
+}
+
+// ImageUpdates lists the StaticPodImage and KubeletImage calls in order.
+func (m *MemoryCluster) ImageUpdates() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.imageUpdates)
 }
 
 // Recover implements EtcdRecoverer: it records the snapshot and counts as

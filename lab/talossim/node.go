@@ -374,7 +374,8 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.wantUp = true
 	n.serveLocked()
 
-	info := NodeInfo{Hostname: n.hostnameLocked(), IP: n.ip, Role: n.roleLocked()}
+	publishKubernetesConfig(n.cosi, imagesOf(n.parsed))
+	info := n.infoLocked()
 	if info.Role == "controlplane" {
 		n.sim.mu.Lock()
 		n.sim.joinEtcd(n.clusterIDLocked(), n.ip, info.Hostname, time.Now())
@@ -408,8 +409,19 @@ func (n *Node) finishBootLocked() {
 	}
 	if n.roleLocked() == "controlplane" {
 		// kubelet runs the control plane's static pods once etcd is up.
-		publishStaticPods(n.cosi, n.hostnameLocked(), true)
+		for name, image := range imagesOf(n.parsed).staticPods {
+			publishStaticPod(n.cosi, n.hostnameLocked(), name, image, true)
+		}
 	}
+}
+
+// infoLocked identifies the node to the control plane.
+func (n *Node) infoLocked() NodeInfo {
+	info := NodeInfo{Hostname: n.hostnameLocked(), IP: n.ip, Role: n.roleLocked()}
+	if n.parsed != nil && n.parsed.Machine() != nil {
+		info.KubeletImage = n.parsed.Machine().Kubelet().Image()
+	}
+	return info
 }
 
 // etcdUpLocked reports whether this control plane's etcd member runs.
@@ -430,7 +442,7 @@ func (n *Node) rebootLocked() {
 	go stopServer(srv, lis, false)
 	n.setPhaseLocked(PhaseRebooting)
 	n.setStageLocked(runtime.MachineStageRebooting)
-	publishStaticPods(n.cosi, n.hostnameLocked(), false)
+	removeStaticPods(n.cosi, n.hostnameLocked())
 	d := n.sim.scaled(n.sim.opts.Profile.Reboot) + n.faults.ExtraRebootDelay
 	n.afterLocked(d, func() { n.bootLocked(n.sim.installedSystem(n.ip)) })
 }

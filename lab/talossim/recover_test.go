@@ -124,13 +124,15 @@ func TestResetWipesEtcd(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `failed to get volume status with label "NOPE"`) {
 		t.Fatalf("unknown label: %v", err)
 	}
+	// The install rebooted the node once already: wait for the reset's.
+	rebootsBefore := f.node(f.cp).Counters().Reboots
 	if _, err := cp.MachineClient.Reset(ctx, &machine.ResetRequest{Reboot: true,
 		SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "EPHEMERAL", Wipe: true}}}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if n, ok := f.sim.Node(f.cp); ok && n.Phase() == talossim.PhaseRunning && n.Counters().Reboots > 0 {
+		if n, ok := f.sim.Node(f.cp); ok && n.Phase() == talossim.PhaseRunning && n.Counters().Reboots > rebootsBefore {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -5,7 +5,6 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
-	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 )
 
@@ -31,23 +30,3 @@ func publishMachineStatus(st state.State, stage runtime.MachineStage, ready bool
 // plane once it runs them (k8s.StaticPodStatus, read by talosctl health's
 // K8sControlPlaneStaticPods in pkg/cluster/check/kubernetes.go at v1.13.3).
 var staticPods = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
-
-// publishStaticPods adds (or, with up false, removes) the control-plane
-// static pod statuses of a control plane named hostname.
-func publishStaticPods(st state.State, hostname string, up bool) {
-	ctx := context.Background()
-	for _, name := range staticPods {
-		r := k8s.NewStaticPodStatus(k8s.NamespaceName, "kube-system/"+name+"-"+hostname)
-		if !up {
-			_ = st.Destroy(ctx, r.Metadata())
-			continue
-		}
-		_ = safe.StateModify(ctx, st, r, func(p *k8s.StaticPodStatus) error {
-			p.TypedSpec().PodStatus = map[string]any{
-				"phase":      "Running",
-				"conditions": []any{map[string]any{"type": "Ready", "status": "True"}},
-			}
-			return nil
-		})
-	}
-}

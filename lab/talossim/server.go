@@ -334,7 +334,9 @@ func (a *apid) applyConfigured(in *machine.ApplyConfigurationRequest, cfg config
 	switch mode {
 	case machine.ApplyConfigurationRequest_TRY, machine.ApplyConfigurationRequest_NO_REBOOT:
 		n.sim.persistConfig(n.ip, data)
+		before := imagesOf(n.parsed)
 		n.config, n.parsed = data, cfg
+		n.kubernetesImagesChangedLocked(before, imagesOf(cfg))
 	case machine.ApplyConfigurationRequest_STAGED:
 		n.sim.persistConfig(n.ip, data)
 	case machine.ApplyConfigurationRequest_REBOOT:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the lab's binaries (etcd, etcdutl, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok, source-controller, kustomize-controller) from the Go
+# kube-scheduler and the same three of the previous Kubernetes minor, prefixed
+# previous-, kwok, source-controller, kustomize-controller) from the Go
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
 # the repository root), and records where the pinned Cilium source is, whose
 # real Helm chart the lab's chart repository serves. Builds nothing when the
@@ -26,6 +27,7 @@ mod_version() { (cd "$tools_dir/$1" && go list -m -f '{{.Version}}' "$2"); }
 mod_dir() { (cd "$tools_dir/$1" && go mod download -json "$2" >/dev/null && go list -m -f '{{.Dir}}' "$2"); }
 
 k8s_version=$(mod_version kubernetes k8s.io/kubernetes)
+k8s_previous_version=$(mod_version kubernetes-previous k8s.io/kubernetes)
 etcd_version=$(mod_version etcd go.etcd.io/etcd/server/v3)
 kwok_version=$(mod_version kwok sigs.k8s.io/kwok)
 source_controller_version=$(mod_version flux github.com/fluxcd/source-controller)
@@ -35,10 +37,15 @@ cilium_version=$(mod_version cilium github.com/cilium/cilium)
 # bundles into a release-like manifests.tar.gz: the one the product uses.
 flux2_version=$(cd "$repo_root" && go list -m -f '{{.Version}}' github.com/fluxcd/flux2/v2)
 
-k8s_minor=${k8s_version#v1.}
-k8s_minor=${k8s_minor%%.*}
-# Without these the servers report "v0.0.0-master+$Format:%H$", which clients cannot parse.
-k8s_ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$k8s_minor -X k8s.io/component-base/version.gitTreeState=clean"
+# k8s_ldflags <version>: without these the servers report
+# "v0.0.0-master+$Format:%H$", which clients cannot parse.
+k8s_ldflags() {
+	local minor=${1#v1.}
+	minor=${minor%%.*}
+	echo "-X k8s.io/component-base/version.gitVersion=$1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+}
+k8s_ldflags=$(k8s_ldflags "$k8s_version")
+k8s_previous_ldflags=$(k8s_ldflags "$k8s_previous_version")
 
 # A binary's fingerprint covers everything that decides how it is built:
 # the Go toolchain, its ldflags and the go.mod/go.sum of the module dir that
@@ -59,11 +66,14 @@ declare -A specs=(
 	[kube-apiserver]="kubernetes|k8s.io/kubernetes/cmd/kube-apiserver|$k8s_ldflags"
 	[kube-controller-manager]="kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager|$k8s_ldflags"
 	[kube-scheduler]="kubernetes|k8s.io/kubernetes/cmd/kube-scheduler|$k8s_ldflags"
+	[previous-kube-apiserver]="kubernetes-previous|k8s.io/kubernetes/cmd/kube-apiserver|$k8s_previous_ldflags"
+	[previous-kube-controller-manager]="kubernetes-previous|k8s.io/kubernetes/cmd/kube-controller-manager|$k8s_previous_ldflags"
+	[previous-kube-scheduler]="kubernetes-previous|k8s.io/kubernetes/cmd/kube-scheduler|$k8s_previous_ldflags"
 	[kwok]="kwok|sigs.k8s.io/kwok/cmd/kwok|"
 	[source-controller]="flux|github.com/fluxcd/source-controller|"
 	[kustomize-controller]="flux|github.com/fluxcd/kustomize-controller|"
 )
-binaries=(etcd etcdutl kube-apiserver kube-controller-manager kube-scheduler kwok source-controller kustomize-controller)
+binaries=(etcd etcdutl kube-apiserver kube-controller-manager kube-scheduler previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler kwok source-controller kustomize-controller)
 
 # built <name> reports whether the binary is built for its fingerprint.
 built() {
@@ -84,7 +94,7 @@ exec 9>"$bin_dir/.build.lock"
 flock 9
 
 if up_to_date; then
-	log "up to date in $bin_dir (kubernetes $k8s_version, etcd $etcd_version, kwok $kwok_version, flux controllers $source_controller_version/$kustomize_controller_version)"
+	log "up to date in $bin_dir (kubernetes $k8s_version and $k8s_previous_version, etcd $etcd_version, kwok $kwok_version, flux controllers $source_controller_version/$kustomize_controller_version)"
 	fresh=1
 else
 	fresh=0
@@ -128,6 +138,7 @@ cat >"$manifest.tmp" <<EOF
 {
   "modules": {
     "k8s.io/kubernetes": {"version": "$k8s_version"},
+    "k8s.io/kubernetes@previous": {"version": "$k8s_previous_version"},
     "go.etcd.io/etcd/server/v3": {"version": "$etcd_version"},
     "sigs.k8s.io/kwok": {"version": "$kwok_version", "dir": "$kwok_dir"},
     "github.com/fluxcd/source-controller": {"version": "$source_controller_version", "dir": "$source_controller_dir"},

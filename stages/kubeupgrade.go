@@ -1,0 +1,198 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/talos"
+)
+
+// kubeUpgrade carries what the talos stage learnt about the Kubernetes
+// versions before converging, for the upgrade after it.
+type kubeUpgrade struct {
+	// rendered are the nodes' configs as rendered for
+	// cluster.kubernetesVersion, by node name; the targets the converge
+	// applies carry them with the Kubernetes images pinned to what each
+	// node is configured with.
+	rendered map[string][]byte
+	// configured are the versions each configured node's applied config
+	// names.
+	configured talos.KubeVersions
+}
+
+// pinKubernetes keeps the converge from moving Kubernetes: every node that
+// runs a config gets its rendered config with the Kubernetes images it is
+// configured with, so only the rollout after the converge moves them, one
+// component and one node at a time (applying a bumped
+// cluster.kubernetesVersion to every node at once would restart every API
+// server together and run kubelets newer than the API server). A downgrade,
+// a skipped minor or a pair Talos does not support is refused here, from
+// what the nodes are configured with, before anything is applied; one the
+// state already records is refused without any call (ops nil).
+func pinKubernetes(ctx context.Context, env *Env, ops *talos.Ops, targets []talos.Target) (*kubeUpgrade, error) {
+	want := env.Config.Cluster.KubernetesVersion
+	ku := &kubeUpgrade{rendered: map[string][]byte{}, configured: talos.KubeVersions{}}
+	var known []talos.Target
+	for i, t := range targets {
+		ku.rendered[t.Name] = t.Config
+		if ops == nil {
+			if v := env.State.Outputs.Nodes[t.Name].KubernetesVersion; v != "" {
+				known = append(known, t)
+				ku.configured[t.Name] = map[string]string{}
+				for _, c := range talos.ComponentsOf(t.Role) {
+					ku.configured[t.Name][c] = v
+				}
+			}
+			continue
+		}
+		p, err := ops.Probe(ctx, t.IP)
+		if err != nil || p.Mode != talos.ModeConfigured {
+			continue
+		}
+		images, err := ops.KubeImages(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		ku.configured[t.Name] = images
+		known = append(known, t)
+		pinned, err := talos.PinKubeImages(t.Config, images)
+		if err != nil {
+			return nil, fmt.Errorf("pinning the Kubernetes images of %s: %w", t, err)
+		}
+		targets[i].Config = pinned
+	}
+	_, err := talos.PlanKubernetes(known, ku.configured, nil, want, env.Options.AllowDowngrade)
+	var planErr *talos.PlanError
+	if errors.As(err, &planErr) {
+		return nil, config.Userf("%s", planErr.Reason)
+	}
+	return ku, nil
+}
+
+// upgradeKubernetes moves every node to cluster.kubernetesVersion after the
+// converge and the Talos rollout, as talosctl upgrade-k8s does: the plan
+// comes from what the components run (static pod statuses, Nodes' kubelet
+// versions), an etcd snapshot is taken first, then each step moves one
+// component on one node and waits for it (talos.RollOutKubernetes).
+func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUpgrade, targets []talos.Target) error {
+	want := strings.TrimPrefix(env.Config.Cluster.KubernetesVersion, "v")
+	var nodes []talos.Target
+	for _, t := range targets {
+		if _, ok := ku.configured[t.Name]; ok {
+			nodes = append(nodes, t)
+		}
+	}
+	if len(nodes) == 0 {
+		// A new cluster installs at cluster.kubernetesVersion.
+		recordKubernetesVersion(env, targets, want)
+		return nil
+	}
+	kc, restCfg, err := kube.Clientset(env.Paths.Kubeconfig)
+	if err != nil {
+		if env.DryRun {
+			return nil
+		}
+		return fmt.Errorf("reading the Kubernetes versions the nodes run: %w", err)
+	}
+	running := ops.KubeRunning(ctx, nodes, kc)
+	talosVersions := map[string]string{}
+	for _, t := range nodes {
+		if p, err := ops.Probe(ctx, t.IP); err == nil && p.Mode == talos.ModeConfigured {
+			talosVersions[t.Name] = p.Version
+		}
+	}
+	plan, err := talos.PlanKubernetes(nodes, running, talosVersions, want, env.Options.AllowDowngrade)
+	var planErr *talos.PlanError
+	if errors.As(err, &planErr) {
+		return config.Userf("%s", planErr.Reason)
+	}
+	if err != nil {
+		if env.DryRun {
+			env.UI.Warn("Kubernetes upgrade not planned: %v", err)
+			return nil
+		}
+		return err
+	}
+	if len(plan.Steps) == 0 {
+		recordKubernetesVersion(env, targets, want)
+		return nil
+	}
+	if err := checkRemovedInUpgrade(ctx, restCfg, plan, ku); err != nil {
+		return err
+	}
+	if env.DryRun {
+		for _, what := range append([]string{plan.Summary(), "take an etcd snapshot before upgrading Kubernetes"}, kubeStepNames(plan.Steps)...) {
+			if err := env.Wet(what, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	env.UI.OK("%s", plan.Summary())
+	if err := snapshotBeforeUpgrade(ctx, env, ops, "Kubernetes"); err != nil {
+		return err
+	}
+	err = ops.RollOutKubernetes(ctx, talos.KubeRollOutOptions{
+		Plan: plan, Configs: ku.rendered, Configured: ku.configured, Kube: kc,
+		Health: upgradeHealth(env, targets), Mutate: env.Wet,
+	})
+	if err != nil {
+		return err
+	}
+	recordKubernetesVersion(env, targets, want)
+	env.UI.OK("Kubernetes %s on %d node(s)", want, len(nodes))
+	return nil
+}
+
+// checkRemovedInUpgrade refuses an upgrade that would lose objects or
+// break a component: objects stored in an API version the target removes,
+// and feature gates the target no longer knows in the rendered configs.
+func checkRemovedInUpgrade(ctx context.Context, restCfg *rest.Config, plan *talos.KubePlan, ku *kubeUpgrade) error {
+	removed := talos.RemovedIn(plan.From, plan.To)
+	if err := removed.CheckConfigs(ku.rendered); err != nil {
+		return config.Userf("%v", err)
+	}
+	dyn, err := dynamic.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	found, err := removed.FindObjects(ctx, dyn)
+	if err != nil {
+		return err
+	}
+	if found != "" {
+		return config.Userf("%s; migrate them to a served API version before upgrading Kubernetes to %s", found, plan.To)
+	}
+	return nil
+}
+
+// recordKubernetesVersion keeps the version every node was taken to, for a
+// later run to refuse a downgrade without a call.
+func recordKubernetesVersion(env *Env, targets []talos.Target, version string) {
+	if env.DryRun {
+		return
+	}
+	for _, t := range targets {
+		n := env.Node(t.Name)
+		n.KubernetesVersion = version
+		env.SetNode(n)
+	}
+	if err := env.SaveState(); err != nil {
+		env.Log.Warn().Err(err).Msg("saving state after the Kubernetes upgrade")
+	}
+}
+
+func kubeStepNames(steps []talos.KubeStep) []string {
+	out := make([]string, 0, len(steps))
+	for _, s := range steps {
+		out = append(out, s.String())
+	}
+	return out
+}

@@ -1,0 +1,156 @@
+package talos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/Masterminds/semver/v3"
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+)
+
+// Removed is what a Kubernetes upgrade takes away: API versions (objects
+// stored in them can no longer be read) and feature gates (a component
+// given one no longer starts).
+type Removed struct {
+	// Resources are "resource.version.group" names, as kubectl's
+	// --resource argument.
+	Resources    []string
+	FeatureGates []string
+}
+
+// removedByMinor is what each minor release removed, for the releases
+// Talos v1.12 and v1.13 run (Kubernetes 1.31 to 1.36). Upgrade-k8s checks
+// the same before it starts (siderolabs/go-kubernetes
+// kubernetes/upgrade/checks.go at v0.2.37, upgradeVersionCheck, taken from
+// the Kubernetes changelogs and the API deprecation guide); only the API
+// resources and feature gates are kept here: component flags are Talos'
+// to render. A release not listed removed nothing of either (unverified
+// beyond that file).
+var removedByMinor = map[uint64]Removed{
+	31: {FeatureGates: []string{"APIPriorityAndFairness", "CSINodeExpandSecret", "ConsistentHTTPGetHandlers",
+		"DefaultHostNetworkHostPortsInPodTemplates", "ServiceNodePortStaticSubrange", "SkipReadOnlyValidationGCE"}},
+	32: {
+		Resources: []string{"podschedulingcontexts.v1alpha3.resource.k8s.io"},
+		FeatureGates: []string{"AllowServiceLBStatusOnNonLB", "CloudDualStackNodeIPs", "DRAControlPlaneController",
+			"HPAContainerMetrics", "KMSv2", "KMSv2KDF", "LegacyServiceAccountTokenCleanUp", "MinDomainsInPodTopologySpread",
+			"NewVolumeManagerReconstruction", "NodeOutOfServiceVolumeDetach", "ServerSideApply", "ServerSideFieldValidation",
+			"StableLoadBalancerNodeSet", "ValidatingAdmissionPolicy", "ZeroLimitedNominalConcurrencyShares"},
+	},
+	33: {FeatureGates: []string{"AppArmor", "AppArmorFields", "CPUManager", "DisableCloudProviders",
+		"DisableKubeletCloudCredentialProviders", "JobPodFailurePolicy", "KubeProxyDrainingTerminatingNodes",
+		"PDBUnhealthyPodEvictionPolicy", "PersistentVolumeLastPhaseTransitionTime", "VolumeCapacityPriority"}},
+	34: {FeatureGates: []string{"DevicePluginCDIDevices", "LegacySidecarContainers", "PodDisruptionConditions"}},
+	35: {FeatureGates: []string{"SizeMemoryBackedVolumes", "UserNamespacesHostNetworkSupport"}},
+	36: {FeatureGates: []string{"CSIMigrationPortworx", "HonorPVReclaimPolicy", "InTreePluginPortworxUnregister",
+		"WatchFromStorageWithoutResourceVersion"}},
+}
+
+// RemovedIn returns what the releases after from up to to removed (nothing
+// for a patch upgrade or a downgrade).
+func RemovedIn(from, to string) Removed {
+	var r Removed
+	f, err1 := semver.NewVersion(strings.TrimPrefix(from, "v"))
+	t, err2 := semver.NewVersion(strings.TrimPrefix(to, "v"))
+	if err1 != nil || err2 != nil || f.Major() != t.Major() {
+		return r
+	}
+	for m := f.Minor() + 1; m <= t.Minor(); m++ {
+		r.Resources = append(r.Resources, removedByMinor[m].Resources...)
+		r.FeatureGates = append(r.FeatureGates, removedByMinor[m].FeatureGates...)
+	}
+	return r
+}
+
+// CheckConfigs refuses machine configs (by node name) that give a removed
+// feature gate to the API server, controller manager, scheduler or
+// kubelet (their extraArgs "feature-gates", the kubelet's extraConfig
+// featureGates). The error names each node, component and gate.
+func (r Removed) CheckConfigs(configs map[string][]byte) error {
+	if len(r.FeatureGates) == 0 {
+		return nil
+	}
+	var problems []string
+	names := make([]string, 0, len(configs))
+	for n := range configs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, node := range names {
+		cfg, err := configloader.NewFromBytes(configs[node])
+		if err != nil {
+			return fmt.Errorf("reading the machine config of %s: %w", node, err)
+		}
+		gates := map[string][]string{}
+		if m := cfg.Machine(); m != nil {
+			gates["kubelet"] = append(gates["kubelet"], argGates(m.Kubelet().ExtraArgs()["feature-gates"])...)
+			if fg, ok := m.Kubelet().ExtraConfig()["featureGates"].(map[string]any); ok {
+				for g := range fg {
+					gates["kubelet"] = append(gates["kubelet"], g)
+				}
+			}
+		}
+		if c := cfg.Cluster(); c != nil && cfg.Machine() != nil && cfg.Machine().Type().IsControlPlane() {
+			gates["kube-apiserver"] = argGates(c.APIServer().ExtraArgs()["feature-gates"])
+			gates["kube-controller-manager"] = argGates(c.ControllerManager().ExtraArgs()["feature-gates"])
+			gates["kube-scheduler"] = argGates(c.Scheduler().ExtraArgs()["feature-gates"])
+		}
+		for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"} {
+			for _, g := range gates[comp] {
+				if slices.Contains(r.FeatureGates, g) {
+					problems = append(problems, fmt.Sprintf("%s: %s feature gate %s", node, comp, g))
+				}
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("the target Kubernetes removed feature gates the configs still set (the component would not start): %s; remove them from the config patches", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// argGates reads "A=true,B=false" flag values into gate names.
+func argGates(values []string) []string {
+	var out []string
+	for _, v := range values {
+		for _, kv := range strings.Split(v, ",") {
+			if name, _, _ := strings.Cut(strings.TrimSpace(kv), "="); name != "" {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
+}
+
+// FindObjects lists every removed resource the API server still serves
+// and says which hold objects ("" when none do): they would be unreadable
+// after the upgrade. A resource the server does not serve holds nothing.
+func (r Removed) FindObjects(ctx context.Context, dyn dynamic.Interface) (string, error) {
+	var found []string
+	for _, res := range r.Resources {
+		gvr, _ := schema.ParseResourceArg(res)
+		if gvr == nil {
+			return "", fmt.Errorf("%q is not a resource.version.group name", res)
+		}
+		list, err := dyn.Resource(*gvr).List(ctx, metav1.ListOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("listing %s: %w", res, err)
+		}
+		if n := len(list.Items); n > 0 {
+			found = append(found, fmt.Sprintf("%d object(s) of %s", n, res))
+		}
+	}
+	if len(found) == 0 {
+		return "", nil
+	}
+	return "the target Kubernetes no longer serves " + strings.Join(found, ", "), nil
+}

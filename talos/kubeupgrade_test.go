@@ -1,0 +1,181 @@
+package talos
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+)
+
+func kubeVersions(v string, nodes ...Target) KubeVersions {
+	out := KubeVersions{}
+	for _, n := range nodes {
+		for _, c := range ComponentsOf(n.Role) {
+			out.set(n.Name, c, v)
+		}
+	}
+	return out
+}
+
+func TestPlanKubernetes(t *testing.T) {
+	wk := Target{Name: "wk-1", Role: RoleWorker}
+	cp1, cp2 := Target{Name: "cp-1", Role: RoleControlPlane}, Target{Name: "cp-2", Role: RoleControlPlane}
+	nodes := []Target{wk, cp1, cp2}
+	running := kubeVersions("1.35.4", nodes...)
+	running.set("cp-2", KubeAPIServer, "1.36.1") // a killed run moved it already
+	plan, err := PlanKubernetes(nodes, running, map[string]string{"cp-1": "v1.13.3"}, "v1.36.1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range plan.Steps {
+		got = append(got, s.String())
+	}
+	want := []string{
+		"upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1 (1/8)",
+		"upgrade kube-controller-manager on cp-1 1.35.4 → 1.36.1 (2/8)",
+		"upgrade kube-controller-manager on cp-2 1.35.4 → 1.36.1 (3/8)",
+		"upgrade kube-scheduler on cp-1 1.35.4 → 1.36.1 (4/8)",
+		"upgrade kube-scheduler on cp-2 1.35.4 → 1.36.1 (5/8)",
+		"upgrade kubelet on cp-1 1.35.4 → 1.36.1 (6/8)",
+		"upgrade kubelet on cp-2 1.35.4 → 1.36.1 (7/8)",
+		// Workers after the control planes, though the config lists it first.
+		"upgrade kubelet on wk-1 1.35.4 → 1.36.1 (8/8)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// The plan starts from the lowest version any component runs.
+	running.set("wk-1", Kubelet, "1.35.0")
+	plan, err = PlanKubernetes(nodes, running, nil, "1.36.1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := plan.Summary(); s != "upgrade Kubernetes 1.35.0 → 1.36.1: kube-apiserver, kube-controller-manager, kube-scheduler on 2 node(s), kubelet on 3" {
+		t.Fatalf("summary %q", s)
+	}
+
+	var pe *PlanError
+	if _, err := PlanKubernetes(nodes, running, nil, "1.35.4", false); !errors.As(err, &pe) || !pe.Downgrade || !strings.Contains(pe.Reason, "cp-2") {
+		t.Fatalf("downgrade: %v", err)
+	}
+	if _, err := PlanKubernetes(nodes, kubeVersions("1.34.4", nodes...), nil, "1.36.1", false); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "skips a minor") || !strings.Contains(pe.Reason, "1.35 release first") {
+		t.Fatalf("minor skip: %v", err)
+	}
+	if _, err := PlanKubernetes(nodes, kubeVersions("1.36.1", nodes...), nil, "1.34.4", true); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "skips a minor") {
+		t.Fatalf("downgrade by two minors: %v", err)
+	}
+	if plan, err := PlanKubernetes(nodes, kubeVersions("1.36.1", nodes...), nil, "1.35.4", true); err != nil || len(plan.Steps) != 9 {
+		t.Fatalf("allowed downgrade: %v %v", plan, err)
+	}
+	// Talos v1.12 supports Kubernetes up to 1.35.
+	if _, err := PlanKubernetes(nodes, kubeVersions("1.35.4", nodes...), map[string]string{"wk-1": "v1.12.6"}, "1.36.1", false); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "wk-1") || !strings.Contains(pe.Reason, "upgrade Talos first") {
+		t.Fatalf("unsupported pair: %v", err)
+	}
+	partial := kubeVersions("1.35.4", cp1)
+	if _, err := PlanKubernetes(nodes, partial, nil, "1.36.1", false); err == nil || errors.As(err, &pe) || !strings.Contains(err.Error(), "unknown") {
+		t.Fatalf("unknown versions: %v", err)
+	}
+}
+
+func TestPinKubeImages(t *testing.T) {
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1})
+	for _, n := range h.res.Nodes {
+		pinned, err := PinKubeImages(n.Config, map[string]string{
+			KubeAPIServer: "1.35.4", KubeControllerManager: "1.35.4", KubeScheduler: "1.35.4", Kubelet: "1.35.0",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := configloader.NewFromBytes(pinned)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Machine().Kubelet().Image(); got != "ghcr.io/siderolabs/kubelet:v1.35.0" {
+			t.Fatalf("%s kubelet image %q", n.Name, got)
+		}
+		if n.Role == RoleControlPlane {
+			for got, want := range map[string]string{
+				cfg.Cluster().APIServer().Image():         "registry.k8s.io/kube-apiserver:v1.35.4",
+				cfg.Cluster().ControllerManager().Image(): "registry.k8s.io/kube-controller-manager:v1.35.4",
+				cfg.Cluster().Scheduler().Image():         "registry.k8s.io/kube-scheduler:v1.35.4",
+			} {
+				if got != want {
+					t.Fatalf("%s image %q, want %q", n.Name, got, want)
+				}
+			}
+		}
+		// Everything else is the rendered config's.
+		orig, _ := configloader.NewFromBytes(n.Config)
+		if cfg.Cluster().Endpoint().String() != orig.Cluster().Endpoint().String() || cfg.Machine().Install().Image() != orig.Machine().Install().Image() {
+			t.Fatalf("%s: pinning changed more than the images", n.Name)
+		}
+		// Pinning to what the config names returns it unchanged.
+		same, err := PinKubeImages(n.Config, map[string]string{Kubelet: DefaultKubernetesVersion})
+		if err != nil || string(same) != string(n.Config) {
+			t.Fatalf("%s: pinning to the rendered version changed the config (%v)", n.Name, err)
+		}
+	}
+}
+
+func TestRemovedInUpgrade(t *testing.T) {
+	if r := RemovedIn("1.36.0", "1.36.1"); len(r.Resources)+len(r.FeatureGates) != 0 {
+		t.Fatalf("a patch upgrade removes %v", r)
+	}
+	r := RemovedIn("1.31.4", "1.32.0")
+	if len(r.Resources) != 1 || r.Resources[0] != "podschedulingcontexts.v1alpha3.resource.k8s.io" {
+		t.Fatalf("1.31 → 1.32 resources %v", r.Resources)
+	}
+	h := newHarness(t, harnessOptions{controlPlanes: 1})
+	n := h.res.Nodes[0]
+	patched, err := PinKubeImages(n.Config, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withGate := strings.Replace(string(patched), "    apiServer:\n", "    apiServer:\n        extraArgs:\n            feature-gates: ServerSideApply=true,Foo=false\n", 1)
+	if withGate == string(patched) {
+		t.Fatal("test config has no apiServer section to patch")
+	}
+	err = r.CheckConfigs(map[string][]byte{n.Name: []byte(withGate)})
+	if err == nil || !strings.Contains(err.Error(), "cp-1: kube-apiserver feature gate ServerSideApply") || strings.Contains(err.Error(), "Foo") {
+		t.Fatalf("removed gate: %v", err)
+	}
+	if err := RemovedIn("1.32.0", "1.33.0").CheckConfigs(map[string][]byte{n.Name: []byte(withGate)}); err != nil {
+		t.Fatalf("gate removed in another release: %v", err)
+	}
+
+	gvr := schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1alpha3", Resource: "podschedulingcontexts"}
+	obj := &unstructured.Unstructured{}
+	obj.SetAPIVersion("resource.k8s.io/v1alpha3")
+	obj.SetKind("PodSchedulingContext")
+	obj.SetNamespace("default")
+	obj.SetName("left-behind")
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "PodSchedulingContextList"}, obj)
+	found, err := r.FindObjects(context.Background(), dyn)
+	if err != nil || !strings.Contains(found, "1 object(s) of podschedulingcontexts.v1alpha3.resource.k8s.io") {
+		t.Fatalf("found %q, %v", found, err)
+	}
+	empty := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "PodSchedulingContextList"})
+	if found, err := r.FindObjects(context.Background(), empty); err != nil || found != "" {
+		t.Fatalf("nothing stored: %q, %v", found, err)
+	}
+}
+
+func TestPodState(t *testing.T) {
+	st := podState(map[string]any{
+		"conditions":        []any{map[string]any{"type": "Ready", "status": "True"}},
+		"containerStatuses": []any{map[string]any{"image": "registry.k8s.io/kube-apiserver:v1.36.1@sha256:abc"}},
+	})
+	if st.Version != "1.36.1" || !st.Ready {
+		t.Fatalf("%+v", st)
+	}
+	if st := podState(map[string]any{"phase": "Pending"}); st.Version != "" || st.Ready || st.Detail == "" {
+		t.Fatalf("%+v", st)
+	}
+}
