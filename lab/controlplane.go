@@ -189,13 +189,7 @@ func (c *ControlPlane) register(ctx context.Context, kc *kube.Cluster, n talossi
 	if n.Role == "controlplane" {
 		role = kube.RoleControlPlane
 	}
-	if err := kc.RegisterNode(ctx, n.Hostname, n.IP, role); err != nil {
-		return err
-	}
-	if v := imageVersion(n.KubeletImage); v != "" {
-		return kc.SetKubeletVersion(ctx, n.Hostname, v)
-	}
-	return nil
+	return kc.RegisterKubelet(ctx, n.Hostname, n.IP, role, imageVersion(n.KubeletImage))
 }
 
 // StaticPodImage implements talossim.KubernetesUpdater: the lab's one

@@ -239,7 +239,7 @@ func withTag(image, version string) string {
 // PinKubeImages returns the machine config cfg with the images of the
 // components named in versions set to those versions (the image
 // repositories stay cfg's). A component cfg does not carry (a worker's
-// static pods) is ignored. It is how a config rendered for the target
+// static pods) is ignored; kube-proxy's image follows the kubelet's. It is how a config rendered for the target
 // version is applied without moving Kubernetes: the upgrade moves the
 // images one component and one node at a time, as upgrade-k8s patches
 // them (pkg/cluster/kubernetes/talos_managed.go upgradeStaticPodPatcher,
@@ -272,6 +272,12 @@ func PinKubeImages(cfg []byte, versions map[string]string) ([]byte, error) {
 				c.MachineConfig.MachineKubelet = &v1alpha1.KubeletConfig{}
 			}
 			set(&c.MachineConfig.MachineKubelet.KubeletImage, Kubelet, provider.Machine().Kubelet().Image())
+		}
+		// kube-proxy's image, which Talos renders into the kube-proxy
+		// manifest, moves with the node's kubelet: after the static pods,
+		// where upgrade-k8s moves it (upgradeKubeProxy).
+		if p := c.ClusterConfig; p != nil && p.ProxyConfig != nil && p.ProxyConfig.ContainerImage != "" {
+			set(&p.ProxyConfig.ContainerImage, Kubelet, p.ProxyConfig.ContainerImage)
 		}
 		if c.ClusterConfig != nil && provider.Machine().Type().IsControlPlane() {
 			cl := c.ClusterConfig

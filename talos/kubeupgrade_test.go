@@ -100,6 +100,10 @@ func TestPinKubeImages(t *testing.T) {
 		if got := cfg.Machine().Kubelet().Image(); got != "ghcr.io/siderolabs/kubelet:v1.35.0" {
 			t.Fatalf("%s kubelet image %q", n.Name, got)
 		}
+		// A worker's config carries no cluster.proxy section.
+		if got := cfg.Cluster().Proxy().Image(); n.Role == RoleControlPlane && got != "registry.k8s.io/kube-proxy:v1.35.0" {
+			t.Fatalf("%s kube-proxy image %q, want the kubelet's version", n.Name, got)
+		}
 		if n.Role == RoleControlPlane {
 			for got, want := range map[string]string{
 				cfg.Cluster().APIServer().Image():         "registry.k8s.io/kube-apiserver:v1.35.4",

@@ -43,6 +43,16 @@ const (
 // NoSchedule taint unless Options.ScheduleOnControlPlanes. kwok then marks
 // it Ready and keeps its heartbeat.
 func (c *Cluster) RegisterNode(ctx context.Context, name, ip string, role Role) error {
+	return c.RegisterKubelet(ctx, name, ip, role, "")
+}
+
+// RegisterKubelet is RegisterNode for a kubelet of kubeletVersion
+// ("v1.36.1"; empty: kwok's own), which the Node reports in
+// status.nodeInfo from its creation on, as a kubelet registers it (kwok's
+// node stages keep a version that is set: node-initialize.yaml at v0.8.0,
+// "or $nodeInfo.kubeletVersion"; one set after kwok saw the Node may be
+// overwritten by kwok's first status update).
+func (c *Cluster) RegisterKubelet(ctx context.Context, name, ip string, role Role, kubeletVersion string) error {
 	if net.ParseIP(ip) == nil {
 		return fmt.Errorf("registering node %s: %q is not an IP address", name, ip)
 	}
@@ -64,6 +74,10 @@ func (c *Cluster) RegisterNode(ctx context.Context, name, ip string, role Role) 
 		labels[LabelWorker] = ""
 	}
 	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+	var nodeInfo corev1.NodeSystemInfo
+	if kubeletVersion != "" {
+		nodeInfo.KubeletVersion = "v" + strings.TrimPrefix(kubeletVersion, "v")
+	}
 
 	nodes := c.client.CoreV1().Nodes()
 	n, err := nodes.Get(ctx, name, metav1.GetOptions{})
@@ -72,7 +86,7 @@ func (c *Cluster) RegisterNode(ctx context.Context, name, ip string, role Role) 
 		n = &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 			Spec:       corev1.NodeSpec{Taints: taints},
-			Status:     corev1.NodeStatus{Addresses: addrs},
+			Status:     corev1.NodeStatus{Addresses: addrs, NodeInfo: nodeInfo},
 		}
 		if _, err := nodes.Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("registering node %s: %w", name, err)
@@ -92,18 +106,20 @@ func (c *Cluster) RegisterNode(ctx context.Context, name, ip string, role Role) 
 	if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("updating node %s: %w", name, err)
 	}
-	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"addresses": addrs}})
+	status := map[string]any{"addresses": addrs}
+	if nodeInfo.KubeletVersion != "" {
+		status["nodeInfo"] = map[string]any{"kubeletVersion": nodeInfo.KubeletVersion}
+	}
+	patch, _ := json.Marshal(map[string]any{"status": status})
 	if _, err := nodes.PatchStatus(ctx, name, patch); err != nil {
 		return fmt.Errorf("updating node %s addresses: %w", name, err)
 	}
 	return nil
 }
 
-// SetKubeletVersion makes the Node report version
-// (status.nodeInfo.kubeletVersion) as a kubelet of that version does when
-// it registers or updates its status; kwok's node stages keep a version
-// that is set (kustomize/stage/node/fast/node-initialize.yaml at v0.8.0:
-// "or $nodeInfo.kubeletVersion").
+// SetKubeletVersion makes a registered Node report version
+// (status.nodeInfo.kubeletVersion), as a kubelet restarted at that version
+// does when it updates its status.
 func (c *Cluster) SetKubeletVersion(ctx context.Context, name, version string) error {
 	version = "v" + strings.TrimPrefix(version, "v")
 	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"nodeInfo": map[string]any{"kubeletVersion": version}}})

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,7 +22,8 @@ import (
 // APIServer stands in for kube-apiserver for the calls the talos package
 // makes: TLS with a serving certificate from the Kubernetes CA, client
 // certificates required and verified against it, /version, the Node list
-// (every listed node Ready) and empty kube-system DaemonSet and Deployment
+// and each Node (every listed node Ready, its kubelet at the version
+// /version reports) and empty kube-system DaemonSet and Deployment
 // lists (no kube-proxy, no CoreDNS).
 type APIServer struct {
 	srv        *httptest.Server
@@ -68,7 +70,7 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 	case "/api/v1/nodes":
 		var items []string
 		for _, n := range *a.nodes.Load() {
-			items = append(items, fmt.Sprintf(`{"metadata":{"name":%q},"status":{"conditions":[{"type":"Ready","status":"True"}]}}`, n))
+			items = append(items, nodeJSON(n))
 		}
 		fmt.Fprintf(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
 	case "/apis/apps/v1/namespaces/kube-system/daemonsets":
@@ -76,8 +78,16 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 	case "/apis/apps/v1/namespaces/kube-system/deployments":
 		fmt.Fprint(w, `{"kind":"DeploymentList","apiVersion":"apps/v1","metadata":{},"items":[]}`)
 	default:
+		if name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/nodes/"); ok && slices.Contains(*a.nodes.Load(), name) {
+			fmt.Fprint(w, nodeJSON(name))
+			return
+		}
 		http.NotFound(w, r)
 	}
+}
+
+func nodeJSON(name string) string {
+	return fmt.Sprintf(`{"kind":"Node","apiVersion":"v1","metadata":{"name":%q},"status":{"conditions":[{"type":"Ready","status":"True"}],"nodeInfo":{"kubeletVersion":"v1.36.1"}}}`, name)
 }
 
 // SetNodes replaces the registered nodes.

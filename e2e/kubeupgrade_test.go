@@ -1,0 +1,232 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/homelab/bootstrap/e2e"
+)
+
+var kubernetesVersionLine = regexp.MustCompile(`(?m)^  kubernetesVersion: \S+\n`)
+
+// setKubernetesVersion sets cluster.kubernetesVersion in the lab's config.
+func setKubernetesVersion(t *testing.T, h *e2e.Harness, version string) {
+	t.Helper()
+	if err := h.EditConfig(func(s string) (string, error) {
+		line := "  kubernetesVersion: " + version + "\n"
+		if kubernetesVersionLine.MatchString(s) {
+			return kubernetesVersionLine.ReplaceAllString(s, line), nil
+		}
+		i := strings.Index(s, "  talosVersion: ")
+		if i < 0 {
+			return "", fmt.Errorf("the config has no cluster.talosVersion to put kubernetesVersion after")
+		}
+		return s[:i] + line + s[i:], nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kubeState is what the lab's control plane and nodes run: the real API
+// server's own version, and each Node's kubelet version.
+func kubeState(t *testing.T, ctx context.Context, h *e2e.Harness) (apiserver string, kubelets map[string]string) {
+	t.Helper()
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := kc.Client().Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := kc.Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelets = map[string]string{}
+	for _, n := range nodes.Items {
+		kubelets[n.Name] = n.Status.NodeInfo.KubeletVersion
+	}
+	return v.GitVersion, kubelets
+}
+
+// applies counts the configs each node accepted, by IP.
+func applies(h *e2e.Harness) map[string]int {
+	out := map[string]int{}
+	for _, n := range h.Lab.Talos.Nodes() {
+		out[n.IP()] = n.Counters().Applies
+	}
+	return out
+}
+
+// TestKubernetesUpgrade: a cluster installed at Kubernetes 1.35.4 (the
+// lab's real servers of the previous minor) is moved to 1.36.1 by editing
+// cluster.kubernetesVersion. The dry run shows the plan and applies
+// nothing; the run restarts the real API server, controller manager and
+// scheduler at 1.36.1 on the same etcd (a ConfigMap written before is read
+// after), moves every kubelet, applies each component exactly once per
+// node, and ends with postcheck green; a second run changes nothing; going
+// back is refused with exit 2 before anything is applied.
+func TestKubernetesUpgrade(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		controlPlanes, wks int
+		vip                bool
+	}{
+		{"1cp", 1, 0, false},
+		{"3cp+2w-vip", 3, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testContext(t, 6*time.Minute)
+			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip})
+			setKubernetesVersion(t, h, "1.35.4")
+			if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+				t.Fatalf("install at 1.35.4:\n%s", r.Tail(40))
+			}
+			api, kubelets := kubeState(t, ctx, h)
+			if api != "v1.35.4" {
+				t.Fatalf("the lab's API server runs %s, want v1.35.4", api)
+			}
+			for n, v := range kubelets {
+				if v != "v1.35.4" {
+					t.Fatalf("node %s reports kubelet %s, want v1.35.4", n, v)
+				}
+			}
+			createConfigMap(t, ctx, h, "default", "before-upgrade", map[string]string{"k": "v"})
+
+			setKubernetesVersion(t, h, "1.36.1")
+			before := applies(h)
+			dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
+			summary := fmt.Sprintf("upgrade Kubernetes 1.35.4 → 1.36.1: kube-apiserver, kube-controller-manager, kube-scheduler on %d node(s), kubelet on %d", tc.controlPlanes, tc.controlPlanes+tc.wks)
+			steps := 3*tc.controlPlanes + tc.controlPlanes + tc.wks
+			if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, summary) || !strings.Contains(dry.Stdout, fmt.Sprintf("upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1 (1/%d)", steps)) {
+				t.Fatalf("dry run:\n%s", dry.Tail(60))
+			}
+			t.Logf("dry-run plan:\n%s", kubePlanLines(dry.Stdout))
+			if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Fatalf("the dry run applied configs: %v → %v", before, after)
+			}
+
+			r := run(t, ctx, h, "run", "--stage", "all")
+			if r.ExitCode != 0 {
+				t.Fatalf("upgrade run:\n%s", r.Tail(60))
+			}
+			if err := h.PostcheckGreen(); err != nil {
+				t.Fatalf("after the upgrade: %v", err)
+			}
+			api, kubelets = kubeState(t, ctx, h)
+			if api != "v1.36.1" {
+				t.Fatalf("the lab's API server runs %s after the upgrade, want v1.36.1", api)
+			}
+			for n, v := range kubelets {
+				if v != "v1.36.1" {
+					t.Fatalf("node %s reports kubelet %s after the upgrade", n, v)
+				}
+			}
+			kc, err := h.Lab.Kube.Cluster()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cm, err := kc.Client().CoreV1().ConfigMaps("default").Get(ctx, "before-upgrade", metav1.GetOptions{}); err != nil || cm.Data["k"] != "v" {
+				t.Fatalf("the ConfigMap written before the upgrade: %v %v", cm, err)
+			}
+			after := applies(h)
+			for _, n := range h.Lab.Talos.Nodes() {
+				want := 1 // the kubelet
+				if strings.HasPrefix(n.Hostname(), "cp-") {
+					want = 4 // and the three static pods
+				}
+				if got := after[n.IP()] - before[n.IP()]; got != want {
+					t.Errorf("%s accepted %d config(s) during the upgrade, want %d (one per component)", n.Hostname(), got, want)
+				}
+			}
+			t.Logf("Kubernetes upgrade of %d node(s): %s", tc.controlPlanes+tc.wks, r.Wall.Round(100*time.Millisecond))
+
+			again := run(t, ctx, h, "run", "--stage", "talos")
+			if again.ExitCode != 0 || fmt.Sprint(applies(h)) != fmt.Sprint(after) {
+				t.Fatalf("a second run: exit %d, applies %v → %v\n%s", again.ExitCode, after, applies(h), again.Tail(20))
+			}
+
+			setKubernetesVersion(t, h, "1.35.4")
+			down := run(t, ctx, h, "run", "--stage", "talos")
+			if down.ExitCode != 2 || !strings.Contains(down.Stdout+down.Stderr, "downgrade is refused") {
+				t.Fatalf("downgrade: exit %d\n%s", down.ExitCode, down.Tail(20))
+			}
+			if fmt.Sprint(applies(h)) != fmt.Sprint(after) {
+				t.Fatalf("a refused downgrade applied configs: %v → %v", after, applies(h))
+			}
+		})
+	}
+}
+
+// TestKubernetesUpgradeKilled: ten Kubernetes upgrades of a one-node
+// cluster in a row (patch releases of 1.35, then 1.36.1), each run killed
+// -9 at a seeded point inside its talos stage and resumed until it
+// succeeds: every component ends at each target having been applied
+// exactly once per target, and the cluster is green.
+func TestKubernetesUpgradeKilled(t *testing.T) {
+	ctx := testContext(t, 8*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1})
+	setKubernetesVersion(t, h, "1.35.0")
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("install:\n%s", r.Tail(40))
+	}
+	rng := rand.New(rand.NewPCG(23, 23))
+	var log []string
+	targets := []string{"1.35.1", "1.35.2", "1.35.3", "1.35.4", "1.35.5", "1.35.6", "1.35.7", "1.35.8", "1.35.9", "1.36.1"}
+	for i, to := range targets {
+		setKubernetesVersion(t, h, to)
+		before := applies(h)
+		kill := e2e.KillPoint{Stage: "talos", After: time.Duration(rng.Float64() * float64(450*time.Millisecond))}
+		r, err := h.RunKill(ctx, &kill, "run", "--stage", "talos")
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry := fmt.Sprintf("%s: finished in %s", to, r.Wall.Round(time.Millisecond))
+		if r.Killed {
+			entry = fmt.Sprintf("%s: killed after %s", to, r.KilledAfter.Round(time.Millisecond))
+			if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 {
+				t.Fatalf("resuming the upgrade to %s:\n%s", to, r.Tail(40))
+			}
+		} else if r.ExitCode != 0 {
+			t.Fatalf("upgrade to %s:\n%s", to, r.Tail(40))
+		}
+		log = append(log, entry)
+		after := applies(h)
+		for ip, n := range after {
+			if n-before[ip] != 4 {
+				t.Fatalf("upgrade %d to %s: node %s accepted %d configs, want 4 (one per component) (%s)", i+1, to, ip, n-before[ip], strings.Join(log, "; "))
+			}
+		}
+		if _, kubelets := kubeState(t, ctx, h); kubelets["cp-1"] != "v"+to {
+			t.Fatalf("after %s: kubelet %s", to, kubelets["cp-1"])
+		}
+	}
+	t.Logf("upgrades: %s", strings.Join(log, "; "))
+	if api, _ := kubeState(t, ctx, h); api != "v1.36.1" {
+		t.Fatalf("API server %s at the end", api)
+	}
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("final run:\n%s", r.Tail(40))
+	}
+	if err := h.PostcheckGreen(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func kubePlanLines(out string) string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "upgrade Kubernetes") || strings.Contains(l, "upgrade kube") || strings.Contains(l, "etcd snapshot before upgrading Kubernetes") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(lines, "\n")
+}
