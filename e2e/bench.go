@@ -233,3 +233,24 @@ func (h *Harness) KubeStartTime() (time.Duration, error) {
 	}
 	return kc.StartupTime(), nil
 }
+
+// UpgradeCriticalPath is the shortest possible Talos rollout: control
+// planes one after another (etcd keeps its quorum), then the workers in
+// batches of workerParallelism; each node waits for its reboot sequence to
+// start, its reboot, and then its boot sequence, its kubelet and, on a
+// control plane, its etcd member, whichever comes last (talossim's model).
+func UpgradeCriticalPath(t talossim.Profile, scale float64, controlPlanes, workers, workerParallelism int) CriticalPath {
+	s := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
+	cp := s(t.RebootStart + t.Reboot + max(t.BootSequence, t.KubeletReady, t.EtcdJoin))
+	wk := s(t.RebootStart + t.Reboot + max(t.BootSequence, t.KubeletReady))
+	parts := []PathPart{{fmt.Sprintf("control plane×%d", controlPlanes), time.Duration(controlPlanes) * cp}}
+	if workers > 0 {
+		rounds := batches(workers, workerParallelism)
+		parts = append(parts, PathPart{fmt.Sprintf("worker×%d", rounds), time.Duration(rounds) * wk})
+	}
+	var total time.Duration
+	for _, p := range parts {
+		total += p.D
+	}
+	return CriticalPath{Total: total, Parts: parts}
+}

@@ -66,14 +66,16 @@ func applies(h *e2e.Harness) map[string]int {
 	return out
 }
 
-// TestKubernetesUpgrade: a cluster installed at Kubernetes 1.35.4 (the
-// lab's real servers of the previous minor) is moved to 1.36.1 by editing
-// cluster.kubernetesVersion. The dry run shows the plan and applies
-// nothing; the run restarts the real API server, controller manager and
-// scheduler at 1.36.1 on the same etcd (a ConfigMap written before is read
-// after), moves every kubelet, applies each component exactly once per
-// node, and ends with postcheck green; a second run changes nothing; going
-// back is refused with exit 2 before anything is applied.
+// TestKubernetesUpgrade: a cluster installed at Talos v1.13.2 and
+// Kubernetes 1.35.4 (the lab's real servers of the previous minor) is
+// moved to v1.13.3 and 1.36.1 by editing both versions at once. The dry
+// run shows the Talos rollout and the Kubernetes plan and applies nothing;
+// the run upgrades every node's Talos once, then restarts the real API
+// server, controller manager and scheduler at 1.36.1 on the same etcd (a
+// ConfigMap written before is read after), moves every kubelet, applies
+// each Kubernetes component exactly once per node, and ends with postcheck
+// green; a second run changes nothing; going back is refused with exit 2
+// from what the state records, before any call.
 func TestKubernetesUpgrade(t *testing.T) {
 	for _, tc := range []struct {
 		name               string
@@ -85,10 +87,10 @@ func TestKubernetesUpgrade(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testContext(t, 6*time.Minute)
-			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip})
+			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, TalosVersion: "v1.13.2"})
 			setKubernetesVersion(t, h, "1.35.4")
 			if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
-				t.Fatalf("install at 1.35.4:\n%s", r.Tail(40))
+				t.Fatalf("install at v1.13.2 and 1.35.4:\n%s", r.Tail(40))
 			}
 			api, kubelets := kubeState(t, ctx, h)
 			if api != "v1.35.4" {
@@ -102,16 +104,28 @@ func TestKubernetesUpgrade(t *testing.T) {
 			createConfigMap(t, ctx, h, "default", "before-upgrade", map[string]string{"k": "v"})
 
 			setKubernetesVersion(t, h, "1.36.1")
+			setTalosVersion(t, h, "v1.13.2", "v1.13.3")
+			if tc.controlPlanes == 1 {
+				// The nightly postcheck tells the config and the cluster apart.
+				pc := run(t, ctx, h, "run", "--stage", "postcheck")
+				if !strings.Contains(pc.Stdout, "the config says 1.36.1 but the API server runs 1.35.4, cp-1's kubelet runs 1.35.4") {
+					t.Fatalf("postcheck before the upgrade: exit %d\n%s", pc.ExitCode, pc.Tail(30))
+				}
+			}
 			before := applies(h)
 			dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
 			summary := fmt.Sprintf("upgrade Kubernetes 1.35.4 → 1.36.1: kube-apiserver, kube-controller-manager, kube-scheduler on %d node(s), kubelet on %d", tc.controlPlanes, tc.controlPlanes+tc.wks)
 			steps := 3*tc.controlPlanes + tc.controlPlanes + tc.wks
-			if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, summary) || !strings.Contains(dry.Stdout, fmt.Sprintf("upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1 (1/%d)", steps)) {
+			if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, summary) || !strings.Contains(dry.Stdout, fmt.Sprintf("upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1 (1/%d)", steps)) ||
+				!strings.Contains(dry.Stdout, "upgrade Talos on cp-1 v1.13.2 → v1.13.3 (1/") {
 				t.Fatalf("dry run:\n%s", dry.Tail(60))
 			}
 			t.Logf("dry-run plan:\n%s", kubePlanLines(dry.Stdout))
 			if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
 				t.Fatalf("the dry run applied configs: %v → %v", before, after)
+			}
+			if _, up := nodeVersions(h); sum(up) != 0 {
+				t.Fatalf("the dry run upgraded %d nodes", sum(up))
 			}
 
 			r := run(t, ctx, h, "run", "--stage", "all")
@@ -138,16 +152,22 @@ func TestKubernetesUpgrade(t *testing.T) {
 				t.Fatalf("the ConfigMap written before the upgrade: %v %v", cm, err)
 			}
 			after := applies(h)
+			versions, up := nodeVersions(h)
 			for _, n := range h.Lab.Talos.Nodes() {
-				want := 1 // the kubelet
+				// The new install image, then one per Kubernetes component:
+				// the kubelet, and on a control plane the three static pods.
+				want := 2
 				if strings.HasPrefix(n.Hostname(), "cp-") {
-					want = 4 // and the three static pods
+					want = 5
 				}
 				if got := after[n.IP()] - before[n.IP()]; got != want {
-					t.Errorf("%s accepted %d config(s) during the upgrade, want %d (one per component)", n.Hostname(), got, want)
+					t.Errorf("%s accepted %d config(s) during the upgrade, want %d (the install image, one per Kubernetes component)", n.Hostname(), got, want)
+				}
+				if versions[n.IP()] != "v1.13.3" || up[n.IP()] != 1 {
+					t.Errorf("%s runs Talos %s after %d upgrades", n.Hostname(), versions[n.IP()], up[n.IP()])
 				}
 			}
-			t.Logf("Kubernetes upgrade of %d node(s): %s", tc.controlPlanes+tc.wks, r.Wall.Round(100*time.Millisecond))
+			t.Logf("Talos and Kubernetes upgrade of %d node(s): %s", tc.controlPlanes+tc.wks, r.Wall.Round(100*time.Millisecond))
 
 			again := run(t, ctx, h, "run", "--stage", "talos")
 			if again.ExitCode != 0 || fmt.Sprint(applies(h)) != fmt.Sprint(after) {
@@ -155,12 +175,13 @@ func TestKubernetesUpgrade(t *testing.T) {
 			}
 
 			setKubernetesVersion(t, h, "1.35.4")
+			calls := h.Lab.Talos.Nodes()[0].Counters().Calls
 			down := run(t, ctx, h, "run", "--stage", "talos")
 			if down.ExitCode != 2 || !strings.Contains(down.Stdout+down.Stderr, "downgrade is refused") {
 				t.Fatalf("downgrade: exit %d\n%s", down.ExitCode, down.Tail(20))
 			}
-			if fmt.Sprint(applies(h)) != fmt.Sprint(after) {
-				t.Fatalf("a refused downgrade applied configs: %v → %v", after, applies(h))
+			if got := h.Lab.Talos.Nodes()[0].Counters().Calls; got != calls {
+				t.Fatalf("a refused downgrade made %d Talos call(s)", got-calls)
 			}
 		})
 	}
@@ -224,7 +245,7 @@ func TestKubernetesUpgradeKilled(t *testing.T) {
 func kubePlanLines(out string) string {
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, "upgrade Kubernetes") || strings.Contains(l, "upgrade kube") || strings.Contains(l, "etcd snapshot before upgrading Kubernetes") {
+		if strings.Contains(l, "upgrade Kubernetes") || strings.Contains(l, "upgrade kube") || strings.Contains(l, "upgrade Talos") || strings.Contains(l, "etcd snapshot before upgrading") {
 			lines = append(lines, strings.TrimSpace(l))
 		}
 	}

@@ -47,6 +47,7 @@ const (
 	CheckTalosAPI     = "talos-api"
 	CheckTalosHealth  = "talos-health"
 	CheckTalosVersion = "talos-version"
+	CheckKubeVersion  = "kubernetes-version"
 	CheckCerts        = "cert-expiry"
 	CheckVMs          = "proxmox-vms"
 	CheckEtcdBackup   = "etcd-backup"
@@ -80,6 +81,11 @@ type Node struct {
 type Observed struct {
 	// TalosVersions is the version each node reported, by node name.
 	TalosVersions map[string]string
+	// KubeletVersions is the kubelet version each Node reports, by node
+	// name, and APIServerVersion what the API server answers (both
+	// without a leading "v").
+	KubeletVersions  map[string]string
+	APIServerVersion string
 	// NewestBackup is when the newest kept etcd snapshot was taken.
 	NewestBackup time.Time
 }
@@ -106,6 +112,10 @@ type Options struct {
 	// TalosVersion is the version the config names; nodes that run another
 	// are reported (a warning: the talos stage upgrades them).
 	TalosVersion string
+	// KubernetesVersion is the version the config names; an API server or
+	// kubelet at another is reported (a warning: the talos stage moves
+	// them).
+	KubernetesVersion string
 	// Observed, when set, receives what the checks saw beyond their
 	// verdicts (the Talos versions), for the report and its metrics. It is
 	// complete once the checks have run.
@@ -140,6 +150,7 @@ func Checks(o Options) []check.Check {
 		{Name: CheckTalosAPI, Run: c.talosAPI},
 		{Name: CheckTalosHealth, Run: c.talosHealth},
 		{Name: CheckTalosVersion, Run: c.talosVersion},
+		{Name: CheckKubeVersion, Run: c.kubernetesVersion},
 		{Name: CheckCerts, Run: c.certs},
 		{Name: CheckVMs, Run: c.vms},
 		{Name: CheckEtcdBackup, Run: c.etcdBackup},
@@ -489,6 +500,46 @@ func (c *checker) talosVersion(ctx context.Context) (check.Status, string) {
 		return check.Warnf("the config says %s but %s: run the talos stage to upgrade them, or set cluster.talosVersion to what runs", c.o.TalosVersion, strings.Join(drift, ", "))
 	}
 	return check.Passf("every node runs Talos %s", c.o.TalosVersion)
+}
+
+// kubernetesVersion warns when the API server or a kubelet runs another
+// Kubernetes than the config names: someone moved it outside the tool, or
+// an upgrade stopped half way.
+func (c *checker) kubernetesVersion(ctx context.Context) (check.Status, string) {
+	cs, _, err := c.client()
+	if err != nil {
+		return check.Warnf("%v", err)
+	}
+	want := strings.TrimPrefix(c.o.KubernetesVersion, "v")
+	sv, err := cs.Discovery().ServerVersion()
+	if err != nil {
+		return check.Warnf("reading the API server version: %v", kube.Classify(err))
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return check.Warnf("listing nodes: %v", kube.Classify(err))
+	}
+	api := strings.TrimPrefix(sv.GitVersion, "v")
+	kubelets := map[string]string{}
+	for _, n := range nodes.Items {
+		kubelets[n.Name] = strings.TrimPrefix(n.Status.NodeInfo.KubeletVersion, "v")
+	}
+	if c.o.Observed != nil {
+		c.o.Observed.KubeletVersions, c.o.Observed.APIServerVersion = kubelets, api
+	}
+	var drift []string
+	if api != want {
+		drift = append(drift, "the API server runs "+api)
+	}
+	for _, n := range c.o.Nodes {
+		if v, ok := kubelets[n.Name]; ok && v != want {
+			drift = append(drift, fmt.Sprintf("%s's kubelet runs %s", n.Name, v))
+		}
+	}
+	if len(drift) > 0 {
+		return check.Warnf("the config says %s but %s: run the talos stage to upgrade them, or set cluster.kubernetesVersion to what runs", want, strings.Join(drift, ", "))
+	}
+	return check.Passf("the API server and every kubelet run Kubernetes %s", want)
 }
 
 // certs warns when the client certificates in the talosconfig and the

@@ -34,6 +34,11 @@ type Report struct {
 	// moved a node outside the tool.
 	TalosVersions map[string]string `json:"talos_versions,omitempty"`
 	WantTalos     string            `json:"want_talos,omitempty"`
+	// KubeletVersions is what each Node's kubelet reported, APIServer what
+	// the API server answered, WantKubernetes what the config names.
+	KubeletVersions  map[string]string `json:"kubelet_versions,omitempty"`
+	APIServerVersion string            `json:"apiserver_version,omitempty"`
+	WantKubernetes   string            `json:"want_kubernetes,omitempty"`
 	// NewestBackup is when the newest kept etcd snapshot was taken.
 	NewestBackup time.Time `json:"newest_backup,omitzero"`
 }
@@ -155,6 +160,26 @@ func (r Report) Prometheus() []byte {
 		for _, n := range nodes {
 			fmt.Fprintf(&b, "bootstrap_talos_node_drift{cluster=%s,node=%s} %d\n", cl, promLabel(n), boolInt(r.TalosVersions[n] != r.WantTalos))
 		}
+	}
+	if len(r.KubeletVersions) > 0 {
+		nodes := make([]string, 0, len(r.KubeletVersions))
+		for n := range r.KubeletVersions {
+			nodes = append(nodes, n)
+		}
+		sort.Strings(nodes)
+		want := strings.TrimPrefix(r.WantKubernetes, "v")
+		gauge("bootstrap_kubernetes_node_info", "Always 1: the kubelet version the node's Node reported (version) and the Kubernetes version the config names (want).")
+		for _, n := range nodes {
+			fmt.Fprintf(&b, "bootstrap_kubernetes_node_info{cluster=%s,node=%s,version=%s,want=%s} 1\n", cl, promLabel(n), promLabel(r.KubeletVersions[n]), promLabel(want))
+		}
+		gauge("bootstrap_kubernetes_node_drift", "1 when the node's kubelet runs another Kubernetes than the config names.")
+		for _, n := range nodes {
+			fmt.Fprintf(&b, "bootstrap_kubernetes_node_drift{cluster=%s,node=%s} %d\n", cl, promLabel(n), boolInt(r.KubeletVersions[n] != want))
+		}
+	}
+	if r.APIServerVersion != "" {
+		gauge("bootstrap_kubernetes_apiserver_drift", "1 when the API server runs another Kubernetes than the config names.")
+		fmt.Fprintf(&b, "bootstrap_kubernetes_apiserver_drift{cluster=%s,version=%s} %d\n", cl, promLabel(r.APIServerVersion), boolInt(r.APIServerVersion != strings.TrimPrefix(r.WantKubernetes, "v")))
 	}
 	return []byte(b.String())
 }

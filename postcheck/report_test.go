@@ -74,6 +74,7 @@ func TestReportPrometheus(t *testing.T) {
 	p := filepath.Join(dir, "bootstrap.prom")
 	r := sampleReport()
 	r.TalosVersions, r.WantTalos = map[string]string{"cp-1": "v1.13.3", "wk-1": "v1.13.2"}, "v1.13.3"
+	r.KubeletVersions, r.APIServerVersion, r.WantKubernetes = map[string]string{"cp-1": "1.36.1", "wk-1": "1.35.4"}, "1.36.1", "1.36.1"
 	if err := WritePrometheus(p, r); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +84,10 @@ func TestReportPrometheus(t *testing.T) {
 		`bootstrap_talos_node_info{cluster="homelab",node="wk-1",version="v1.13.2",want="v1.13.3"} 1`,
 		`bootstrap_talos_node_drift{cluster="homelab",node="cp-1"} 0`,
 		`bootstrap_talos_node_drift{cluster="homelab",node="wk-1"} 1`,
+		`bootstrap_kubernetes_node_info{cluster="homelab",node="wk-1",version="1.35.4",want="1.36.1"} 1`,
+		`bootstrap_kubernetes_node_drift{cluster="homelab",node="cp-1"} 0`,
+		`bootstrap_kubernetes_node_drift{cluster="homelab",node="wk-1"} 1`,
+		`bootstrap_kubernetes_apiserver_drift{cluster="homelab",version="1.36.1"} 0`,
 		`bootstrap_postcheck_success{cluster="homelab"} 0`,
 		`bootstrap_postcheck_check_success{cluster="homelab",check="kubeconfig"} 1`,
 		`bootstrap_postcheck_check_success{cluster="homelab",check="nfs-provisioning"} 0`,

@@ -42,13 +42,14 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		Cluster: cfg.Cluster.Name, KubeconfigPath: env.Paths.Kubeconfig, TalosconfigPath: env.Paths.Talosconfig,
 		Nodes: nodes, StorageClass: cfg.Storage.NFS.StorageClass, PVCNamespace: NFSNamespace,
 		PVCTimeout: cfg.Postcheck.PVCTimeout.D(), FluxNamespace: FluxNamespace, FluxName: FluxNamespace,
-		CertWarnDays: cfg.Postcheck.CertWarnDays, TalosVersion: cfg.Cluster.TalosVersion, Now: env.Now, Log: env.Log, DryRun: env.DryRun,
+		CertWarnDays: cfg.Postcheck.CertWarnDays, TalosVersion: cfg.Cluster.TalosVersion, KubernetesVersion: cfg.Cluster.KubernetesVersion, Now: env.Now, Log: env.Log, DryRun: env.DryRun,
 		Talos: env.postcheckTalosProbe(ctx), Proxmox: env.postcheckVMProbe(ctx), Observed: &postcheck.Observed{},
 		BackupDir: BackupDir(env), BackupMaxAge: cfg.Backup.MaxAge.D(), TakeBackup: env.postcheckBackup(ctx),
 	}
 	results := check.RunAll(ctx, postcheck.Checks(opts), 4)
 	report := postcheck.NewReport(cfg.Cluster.Name, start, env.now().Sub(start), results)
 	report.TalosVersions, report.WantTalos = opts.Observed.TalosVersions, cfg.Cluster.TalosVersion
+	report.KubeletVersions, report.APIServerVersion, report.WantKubernetes = opts.Observed.KubeletVersions, opts.Observed.APIServerVersion, cfg.Cluster.KubernetesVersion
 	report.NewestBackup = opts.Observed.NewestBackup
 	if err := check.Table(env.Out, results); err != nil {
 		return err

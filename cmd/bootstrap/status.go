@@ -24,14 +24,16 @@ type StatusCmd struct {
 type statusReport struct {
 	Cluster string `json:"cluster"`
 	// TalosVersion is the version the config names (nodes report theirs).
-	TalosVersion string            `json:"talos_version"`
-	StateFile    string            `json:"state_file"`
-	Updated      time.Time         `json:"updated,omitzero"`
-	Stages       []stageStatus     `json:"stages"`
-	LastRun      *state.Run        `json:"last_run,omitempty"`
-	Outputs      state.Outputs     `json:"outputs"`
-	Paths        map[string]string `json:"paths"`
-	Next         string            `json:"next"`
+	TalosVersion string `json:"talos_version"`
+	// KubernetesVersion is the Kubernetes version the config names.
+	KubernetesVersion string            `json:"kubernetes_version"`
+	StateFile         string            `json:"state_file"`
+	Updated           time.Time         `json:"updated,omitzero"`
+	Stages            []stageStatus     `json:"stages"`
+	LastRun           *state.Run        `json:"last_run,omitempty"`
+	Outputs           state.Outputs     `json:"outputs"`
+	Paths             map[string]string `json:"paths"`
+	Next              string            `json:"next"`
 }
 
 type stageStatus struct {
@@ -56,7 +58,7 @@ func (s *StatusCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 	rep := statusReport{
-		Cluster: cfg.Cluster.Name, TalosVersion: cfg.Cluster.TalosVersion, StateFile: filepath.Join(paths.StateDir, state.FileName), Updated: st.Updated,
+		Cluster: cfg.Cluster.Name, TalosVersion: cfg.Cluster.TalosVersion, KubernetesVersion: cfg.Cluster.KubernetesVersion, StateFile: filepath.Join(paths.StateDir, state.FileName), Updated: st.Updated,
 		LastRun: st.LastRun, Outputs: st.Outputs, Next: nextHint(st),
 		Paths: map[string]string{"talos_dir": paths.TalosDir, "talosconfig": paths.Talosconfig, "kubeconfig": paths.Kubeconfig, "state_dir": paths.StateDir},
 	}
@@ -112,7 +114,14 @@ func writeStatus(w io.Writer, r statusReport) error {
 			if version != "" && version != r.TalosVersion {
 				version += " (drift: the config says " + r.TalosVersion + ")"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\tvmid %d\t%s\t%s\n", node.Name, node.Role, node.IP, node.VMID, node.InstallDisk, version)
+			k8s := node.KubernetesVersion
+			if want := strings.TrimPrefix(r.KubernetesVersion, "v"); k8s != "" && k8s != want {
+				k8s += " (drift: the config says " + want + ")"
+			}
+			if k8s != "" {
+				k8s = "Kubernetes " + k8s
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\tvmid %d\t%s\t%s\t%s\n", node.Name, node.Role, node.IP, node.VMID, node.InstallDisk, version, k8s)
 		}
 		tw.Flush()
 	}

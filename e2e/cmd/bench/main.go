@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Masterminds/semver/v3"
 	"github.com/rs/zerolog"
 	"k8s.io/klog/v2"
 
@@ -143,6 +144,10 @@ type row struct {
 	// every VM destroyed and provisioned again, the restore to green.
 	backup, rebuild, restore time.Duration
 	restoreStages            map[string]time.Duration
+	// Talos upgrade, measured on 3-control-plane sizes: one node at a
+	// time against its critical path.
+	upgrade, upgradeStage time.Duration
+	upgradeCrit           e2e.CriticalPath
 }
 
 func bench(ctx context.Context, o options, progress io.Writer) (string, error) {
@@ -289,7 +294,42 @@ func measureParallel(ctx context.Context, o options, r *row, pp pvesim.Profile, 
 		if err := measureRestore(ctx, h, r); err != nil {
 			return fmt.Errorf("restore drill: %w", err)
 		}
+		if err := measureUpgrade(ctx, h, r, tp, o.scale); err != nil {
+			return fmt.Errorf("Talos upgrade: %w", err)
+		}
 	}
+	return nil
+}
+
+// measureUpgrade times the talos stage taking every node to the next Talos
+// patch release (one node at a time), against its critical path.
+func measureUpgrade(ctx context.Context, h *e2e.Harness, r *row, tp talossim.Profile, scale float64) error {
+	cfg := h.Config()
+	from := cfg.Cluster.TalosVersion
+	v, err := semver.NewVersion(strings.TrimPrefix(from, "v"))
+	if err != nil {
+		return err
+	}
+	to := fmt.Sprintf("v%d.%d.%d", v.Major(), v.Minor(), v.Patch()+1)
+	if err := h.EditConfig(func(s string) (string, error) {
+		return strings.Replace(s, "talosVersion: "+from+"\n", "talosVersion: "+to+"\n", 1), nil
+	}); err != nil {
+		return err
+	}
+	res, err := h.Run(ctx, "run", "--stage", "talos")
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("upgrade to %s failed:\n%s", to, res.Tail(30))
+	}
+	_, durs, err := h.StageTimes()
+	if err != nil {
+		return err
+	}
+	cfg = h.Config()
+	r.upgrade, r.upgradeStage = res.Wall, durs[stages.Talos]
+	r.upgradeCrit = e2e.UpgradeCriticalPath(tp, scale, len(cfg.ControlPlanes()), len(cfg.Nodes)-len(cfg.ControlPlanes()), cfg.Cluster.UpgradeParallelism)
 	return nil
 }
 
@@ -380,6 +420,13 @@ func render(o options, rows []row, took time.Duration) string {
 		fmt.Fprintf(&b, "\nDisaster recovery, %s: `bootstrap backup` %s; every VM destroyed and provisioned again %s; `bootstrap restore` to a green postcheck %s (talos %s, flux %s, postcheck %s).\n",
 			r.size, secs(r.backup), secs(r.rebuild), secs(r.restore),
 			secs(r.restoreStages[stages.Talos]), secs(r.restoreStages[stages.Flux]), secs(r.restoreStages[stages.Postcheck]))
+	}
+	for _, r := range rows {
+		if r.upgrade == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\nTalos upgrade, %s (next patch release, one node at a time): %s (talos stage %s) against a critical path of %s = %s; ratio %.2f.\n",
+			r.size, secs(r.upgrade), secs(r.upgradeStage), secs(r.upgradeCrit.Total), r.upgradeCrit, r.upgrade.Seconds()/r.upgradeCrit.Total.Seconds())
 	}
 	b.WriteString("\nStage times (parallel run):\n")
 	for _, r := range rows {
