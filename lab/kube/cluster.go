@@ -562,52 +562,44 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		})
 }
 
-// controllerManagerArgs are kube-controller-manager's flags (its port is
-// picked once and kept across restarts).
-func (c *Cluster) controllerManagerArgs() []string {
-	kcmConf := c.path("pki", "kcm.conf")
-	kcmPort := c.ports["kube-controller-manager"]
+// serverFlags are the flags kube-controller-manager and kube-scheduler
+// share: one kubeconfig for everything, no front proxy (looking up its CA
+// only logs errors), no leader election, /healthz on a loopback port
+// picked once and kept across restarts, self-made serving certificates.
+func (c *Cluster) serverFlags(name, conf, certDir string) []string {
 	return []string{
-		"--kubeconfig=" + kcmConf,
-		"--authentication-kubeconfig=" + kcmConf,
-		"--authorization-kubeconfig=" + kcmConf,
-		// No front proxy here: looking up its CA only logs errors.
+		"--kubeconfig=" + conf,
+		"--authentication-kubeconfig=" + conf,
+		"--authorization-kubeconfig=" + conf,
 		"--authentication-skip-lookup=true",
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(kcmPort),
-		"--cert-dir=" + c.path("pki", "kcm"),
-		"--cluster-name=" + c.opts.ClusterName,
-		"--service-account-private-key-file=" + c.path("pki", "sa.key"),
-		"--root-ca-file=" + c.path("pki", "ca.crt"),
-		"--cluster-signing-cert-file=" + c.path("pki", "ca.crt"),
-		"--cluster-signing-key-file=" + c.path("pki", "ca.key"),
-		"--use-service-account-credentials=false",
-		"--service-cluster-ip-range=" + c.opts.ServiceCIDR,
-		"--controllers=*",
-		"--node-monitor-period=1s",
-		"--node-monitor-grace-period=" + c.opts.NodeMonitorGracePeriod.String(),
+		"--secure-port=" + strconv.Itoa(c.ports[name]),
+		"--cert-dir=" + c.path("pki", certDir),
 		"--profiling=false",
 		"--v=1",
 	}
 }
 
+// controllerManagerArgs are kube-controller-manager's flags.
+func (c *Cluster) controllerManagerArgs() []string {
+	return append(c.serverFlags("kube-controller-manager", c.path("pki", "kcm.conf"), "kcm"),
+		"--cluster-name="+c.opts.ClusterName,
+		"--service-account-private-key-file="+c.path("pki", "sa.key"),
+		"--root-ca-file="+c.path("pki", "ca.crt"),
+		"--cluster-signing-cert-file="+c.path("pki", "ca.crt"),
+		"--cluster-signing-key-file="+c.path("pki", "ca.key"),
+		"--use-service-account-credentials=false",
+		"--service-cluster-ip-range="+c.opts.ServiceCIDR,
+		"--controllers=*",
+		"--node-monitor-period=1s",
+		"--node-monitor-grace-period="+c.opts.NodeMonitorGracePeriod.String(),
+	)
+}
+
 // schedulerArgs are kube-scheduler's flags.
 func (c *Cluster) schedulerArgs() []string {
-	schedConf := c.path("pki", "scheduler.conf")
-	schedPort := c.ports["kube-scheduler"]
-	return []string{
-		"--kubeconfig=" + schedConf,
-		"--authentication-kubeconfig=" + schedConf,
-		"--authorization-kubeconfig=" + schedConf,
-		"--authentication-skip-lookup=true",
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(schedPort),
-		"--cert-dir=" + c.path("pki", "scheduler"),
-		"--profiling=false",
-		"--v=1",
-	}
+	return c.serverFlags("kube-scheduler", c.path("pki", "scheduler.conf"), "scheduler")
 }
 
 // waitHTTP polls url until ok accepts the body, failing early if p exits.

@@ -60,11 +60,7 @@ func TestKubernetesImagesFollowTheConfig(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "secrets.yaml")
 	ctx := callCtx(t)
-	f.configuredControlPlane(ctx)
-	cp := secure(t, f.cfg, f.cp)
-	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{}); err != nil {
-		t.Fatal(err)
-	}
+	cp := f.bootstrappedControlPlane(ctx)
 	const (
 		oldAPI = "registry.k8s.io/kube-apiserver:v1.36.1"
 		newAPI = "registry.k8s.io/kube-apiserver:v1.36.0"

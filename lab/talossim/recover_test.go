@@ -8,19 +8,32 @@ import (
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
 	"google.golang.org/grpc/codes"
 
 	"github.com/homelab/bootstrap/lab/talossim"
 )
 
-// configuredControlPlane applies cp-1's config and waits for its installed
-// system.
-func (f *fixture) configuredControlPlane(ctx context.Context) {
+// configuredControlPlane applies cp-1's config, waits for its installed
+// system and returns a client with the cluster's credentials.
+func (f *fixture) configuredControlPlane(ctx context.Context) *client.Client {
 	f.t.Helper()
 	if _, err := insecure(f.t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
 		f.t.Fatal(err)
 	}
 	f.waitPhase(f.node(f.cp), talossim.PhaseRunning)
+	return secure(f.t, f.cfg, f.cp)
+}
+
+// bootstrappedControlPlane is configuredControlPlane with etcd
+// bootstrapped on it.
+func (f *fixture) bootstrappedControlPlane(ctx context.Context) *client.Client {
+	f.t.Helper()
+	cp := f.configuredControlPlane(ctx)
+	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{}); err != nil {
+		f.t.Fatal(err)
+	}
+	return cp
 }
 
 // TestEtcdRecover: the snapshot uploaded with EtcdRecover is what a
@@ -31,8 +44,7 @@ func TestEtcdRecover(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "secrets.yaml")
 	ctx := callCtx(t)
-	f.configuredControlPlane(ctx)
-	cp := secure(t, f.cfg, f.cp)
+	cp := f.configuredControlPlane(ctx)
 	snap := bytes.Repeat([]byte("etcd snapshot "), 1000) // several 4 KiB chunks
 	if _, err := cp.EtcdRecover(ctx, bytes.NewReader(snap)); err != nil {
 		t.Fatal(err)
@@ -77,8 +89,7 @@ func TestRecoverWithoutSnapshotFailsEtcd(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "secrets.yaml")
 	ctx := callCtx(t)
-	f.configuredControlPlane(ctx)
-	cp := secure(t, f.cfg, f.cp)
+	cp := f.configuredControlPlane(ctx)
 	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{RecoverEtcd: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -111,11 +122,7 @@ func TestResetWipesEtcd(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "secrets.yaml")
 	ctx := callCtx(t)
-	f.configuredControlPlane(ctx)
-	cp := secure(t, f.cfg, f.cp)
-	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{}); err != nil {
-		t.Fatal(err)
-	}
+	cp := f.bootstrappedControlPlane(ctx)
 	_, err := cp.MachineClient.Reset(ctx, &machine.ResetRequest{Graceful: true, Reboot: true,
 		SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "EPHEMERAL", Wipe: true}}})
 	wantCode(t, err, codes.Unimplemented, "only a non-graceful reset")
