@@ -236,13 +236,16 @@ func (h *Harness) KubeStartTime() (time.Duration, error) {
 
 // UpgradeCriticalPath is the shortest possible Talos rollout: control
 // planes one after another (etcd keeps its quorum), then the workers in
-// batches of workerParallelism; each node waits for its reboot sequence to
-// start, its reboot, and then its boot sequence, its kubelet and, on a
-// control plane, its etcd member, whichever comes last (talossim's model).
+// batches of workerParallelism. Each node waits for its reboot sequence to
+// start and its reboot, then for its boot sequence and, on a control
+// plane, its kubelet: the cluster health the rollout waits for checks the
+// kubelet service on control planes only (as talosctl health does). The
+// simulator keeps an upgraded control plane's etcd member (its rejoin
+// takes no time in talossim's model).
 func UpgradeCriticalPath(t talossim.Profile, scale float64, controlPlanes, workers, workerParallelism int) CriticalPath {
 	s := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
-	cp := s(t.RebootStart + t.Reboot + max(t.BootSequence, t.KubeletReady, t.EtcdJoin))
-	wk := s(t.RebootStart + t.Reboot + max(t.BootSequence, t.KubeletReady))
+	cp := s(t.RebootStart + t.Reboot + max(t.BootSequence, t.KubeletReady))
+	wk := s(t.RebootStart + t.Reboot + t.BootSequence)
 	parts := []PathPart{{fmt.Sprintf("control plane×%d", controlPlanes), time.Duration(controlPlanes) * cp}}
 	if workers > 0 {
 		rounds := batches(workers, workerParallelism)

@@ -47,24 +47,25 @@ func TestCriticalPath(t *testing.T) {
 }
 
 func TestUpgradeCriticalPath(t *testing.T) {
-	// A control plane: 5 s to start rebooting + 45 s reboot + its etcd
-	// member (35 s, the slowest); a worker: 5 + 45 + its kubelet (30 s).
+	// A control plane: 5 s to start rebooting + 45 s reboot + its kubelet
+	// (30 s, after the 15 s boot sequence); a worker: 5 + 45 + its boot
+	// sequence (15 s).
 	n100 := talossim.ProfileN100
 	for _, tc := range []struct {
 		wks, par int
 		want     time.Duration
 		parts    string
 	}{
-		{2, 1, 3*85*time.Second + 2*80*time.Second, "control plane×3 4m15s + worker×2 2m40s"},
-		{2, 2, 3*85*time.Second + 80*time.Second, "control plane×3 4m15s + worker×1 1m20s"},
-		{0, 1, 3 * 85 * time.Second, "control plane×3 4m15s"},
+		{2, 1, 3*80*time.Second + 2*65*time.Second, "control plane×3 4m0s + worker×2 2m10s"},
+		{2, 2, 3*80*time.Second + 65*time.Second, "control plane×3 4m0s + worker×1 1m5s"},
+		{0, 1, 3 * 80 * time.Second, "control plane×3 4m0s"},
 	} {
 		got := UpgradeCriticalPath(n100, 1, 3, tc.wks, tc.par)
 		if got.Total != tc.want || got.String() != tc.parts {
 			t.Errorf("%d workers by %d: %s = %s, want %s = %s", tc.wks, tc.par, got.Total, got, tc.want, tc.parts)
 		}
 	}
-	if got := UpgradeCriticalPath(n100, 0.1, 1, 0, 1); got.Total != 8500*time.Millisecond {
+	if got := UpgradeCriticalPath(n100, 0.1, 1, 0, 1); got.Total != 8*time.Second {
 		t.Errorf("scaled: %s", got.Total)
 	}
 }

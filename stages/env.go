@@ -48,7 +48,8 @@ type Env struct {
 type Options struct {
 	// MergeConfigs merges talosconfig/kubeconfig into the user's home configs.
 	MergeConfigs bool
-	// AllowDowngrade lets the talos stage roll nodes back to an older Talos.
+	// AllowDowngrade lets the talos stage roll nodes back to an older Talos
+	// or Kubernetes.
 	AllowDowngrade bool
 	// NewEtcd lets the talos stage bootstrap an empty etcd where an earlier
 	// one was lost with its VMs (refused otherwise).

@@ -344,9 +344,9 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 		}})
 }
 
-// snapshotBeforeUpgrade takes the way back if an upgrade of what goes
-// wrong: a verified etcd snapshot, taken before any node is touched. A
-// snapshot taken whose copy failed only warns.
+// snapshotBeforeUpgrade keeps the way back should the upgrade of what
+// (Talos, Kubernetes) go wrong: a verified etcd snapshot, taken before any
+// node is touched. A snapshot that was taken but not copied only warns.
 func snapshotBeforeUpgrade(ctx context.Context, env *Env, ops *talos.Ops, what string) error {
 	return env.Wet("take an etcd snapshot before upgrading "+what, func() error {
 		info, err := TakeBackup(ctx, env, ops)

@@ -16,7 +16,7 @@ type RunCmd struct {
 	Resume         bool   `help:"Start at the stage that failed or was interrupted last time."`
 	DryRun         bool   `help:"Show what each stage would change; change nothing, write nothing."`
 	MergeConfigs   bool   `help:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
-	AllowDowngrade bool   `help:"Let the talos stage move nodes to an older Talos than they run (refused otherwise)."`
+	AllowDowngrade bool   `help:"Let the talos stage move nodes to an older Talos or Kubernetes than they run (refused otherwise)."`
 	NewEtcd        bool   `help:"Let the talos stage bootstrap an empty etcd where the cluster's etcd was lost with its VMs (refused otherwise; see bootstrap restore)."`
 }
 
