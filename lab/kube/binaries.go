@@ -115,7 +115,7 @@ func LoadBinaries(dir string) (*Binaries, error) {
 // Path returns the path of the named binary.
 func (b *Binaries) Path(name string) string { return filepath.Join(b.Dir, name) }
 
-// KubernetesVersion is the version of the Kubernetes servers, e.g. "v1.37.0".
+// KubernetesVersion is the pinned version of the Kubernetes servers, e.g. "v1.36.1".
 func (b *Binaries) KubernetesVersion() string { return b.Modules[modKubernetes].Version }
 
 // PreviousKubernetesVersion is the version of the previous minor's
