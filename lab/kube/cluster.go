@@ -13,12 +13,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -292,7 +294,7 @@ func (c *Cluster) listenAddress() (host string, port int, ips []net.IP, dns []st
 		}
 	}
 	if port == 0 {
-		if port, err = pickPort(host); err != nil {
+		if port, err = c.freePort("kube-apiserver", host); err != nil {
 			return "", 0, nil, nil, err
 		}
 	} else if err := portFree(host, port); err != nil {
@@ -380,15 +382,14 @@ func (c *Cluster) runPath(name, path string, args []string, env ...string) (*pro
 }
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
-	client, err := pickPort("127.0.0.1")
+	client, err := c.freePort("etcd", "127.0.0.1")
 	if err != nil {
 		return err
 	}
-	peer, err := pickPort("127.0.0.1")
+	peer, err := c.freePort("etcd-peer", "127.0.0.1")
 	if err != nil {
 		return err
 	}
-	c.ports["etcd"], c.ports["etcd-peer"] = client, peer
 	c.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", client)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer)
 	if c.opts.RestoreSnapshot != "" {
@@ -494,19 +495,18 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 }
 
 func (c *Cluster) startControllers(ctx context.Context) error {
-	kcmPort, err := pickPort("127.0.0.1")
+	kcmPort, err := c.freePort("kube-controller-manager", "127.0.0.1")
 	if err != nil {
 		return err
 	}
-	schedPort, err := pickPort("127.0.0.1")
+	schedPort, err := c.freePort("kube-scheduler", "127.0.0.1")
 	if err != nil {
 		return err
 	}
-	kwokPort, err := pickPort("127.0.0.1")
+	kwokPort, err := c.freePort("kwok", "127.0.0.1")
 	if err != nil {
 		return err
 	}
-	c.ports["kube-controller-manager"], c.ports["kube-scheduler"], c.ports["kwok"] = kcmPort, schedPort, kwokPort
 	stages, err := c.kwokStages(ctx)
 	if err != nil {
 		return err
@@ -791,6 +791,27 @@ func (c *Cluster) Healthy(ctx context.Context) error {
 
 // pickPort is FreePort; tests replace it to provoke a taken port.
 var pickPort = FreePort
+
+// freePort picks a free port on host for the named server and records it
+// in c.ports. FreePort closes its listener before the server binds, so two
+// picks in a row can return the same port (seen: source-controller's
+// artifact server and its health probe both given one port, the artifact
+// server then failing with "address already in use" and Flux never
+// getting an artifact): a port this cluster handed out already is picked
+// again.
+func (c *Cluster) freePort(name, host string) (int, error) {
+	for range 20 {
+		p, err := pickPort(host)
+		if err != nil {
+			return 0, err
+		}
+		if !slices.Contains(slices.Collect(maps.Values(c.ports)), p) {
+			c.ports[name] = p
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("finding a free port on %s for %s: every pick was one the lab uses already", host, name)
+}
 
 // FreePort returns a port on host that nothing listens on right now.
 func FreePort(host string) (int, error) {

@@ -78,16 +78,18 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 	}
 
 	ports := map[string]int{}
+	if c.opts.FluxStoragePort != 0 {
+		ports["storage"], c.ports["flux-storage"] = c.opts.FluxStoragePort, c.opts.FluxStoragePort
+	}
 	for _, n := range []string{"storage", "sc-metrics", "sc-health", "kc-metrics", "kc-health"} {
-		p, err := pickPort("127.0.0.1")
-		if n == "storage" && c.opts.FluxStoragePort != 0 {
-			p, err = c.opts.FluxStoragePort, nil
+		if _, kept := ports[n]; kept {
+			continue
 		}
+		p, err := c.freePort("flux-"+n, "127.0.0.1")
 		if err != nil {
 			return err
 		}
 		ports[n] = p
-		c.ports["flux-"+n] = p
 	}
 	env := []string{"KUBECONFIG=" + c.AdminKubeconfigPath(), "RUNTIME_NAMESPACE=" + FluxNamespace}
 	addr := func(n string) string { return "127.0.0.1:" + strconv.Itoa(ports[n]) }

@@ -81,3 +81,31 @@ func TestStartRetriesWhenAPortIsTaken(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestFreePortNeverRepeats: FreePort may return the same port twice in a
+// row (it closes its listener); the ports a cluster hands its servers are
+// distinct all the same.
+func TestFreePortNeverRepeats(t *testing.T) {
+	picks := []int{41001, 41001, 41001, 41002, 41001, 41003}
+	pickPort = func(string) (int, error) {
+		p := picks[0]
+		picks = picks[1:]
+		return p, nil
+	}
+	defer func() { pickPort = FreePort }()
+	c := &Cluster{ports: map[string]int{}}
+	var got []int
+	for _, name := range []string{"storage", "sc-health", "sc-metrics"} {
+		p, err := c.freePort(name, "127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, p)
+	}
+	if got[0] != 41001 || got[1] != 41002 || got[2] != 41003 {
+		t.Fatalf("ports %v, want three distinct ones", got)
+	}
+	if c.ports["sc-health"] != 41002 {
+		t.Fatalf("recorded %v", c.ports)
+	}
+}
