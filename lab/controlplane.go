@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync"
 
 	"github.com/rs/zerolog"
@@ -108,7 +107,7 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 			"kube-controller-manager": cl.ControllerManager().Image(),
 			"kube-scheduler":          cl.Scheduler().Image(),
 		} {
-			if v := imageVersion(image); v != "" {
+			if v := talossim.ImageTag(image); v != "" {
 				o.KubernetesVersions[name] = v
 			}
 		}
@@ -189,7 +188,7 @@ func (c *ControlPlane) register(ctx context.Context, kc *kube.Cluster, n talossi
 	if n.Role == "controlplane" {
 		role = kube.RoleControlPlane
 	}
-	return kc.RegisterKubelet(ctx, n.Hostname, n.IP, role, imageVersion(n.KubeletImage))
+	return kc.RegisterKubelet(ctx, n.Hostname, n.IP, role, talossim.ImageTag(n.KubeletImage))
 }
 
 // StaticPodImage implements talossim.KubernetesUpdater: the lab's one
@@ -201,7 +200,7 @@ func (c *ControlPlane) StaticPodImage(ctx context.Context, node talossim.NodeInf
 	if err != nil {
 		return err
 	}
-	v := imageVersion(image)
+	v := talossim.ImageTag(image)
 	if v == "" {
 		return fmt.Errorf("%s: image %q names no version", name, image)
 	}
@@ -215,22 +214,11 @@ func (c *ControlPlane) KubeletImage(ctx context.Context, node talossim.NodeInfo,
 	if err != nil {
 		return err
 	}
-	v := imageVersion(image)
+	v := talossim.ImageTag(image)
 	if v == "" {
 		return fmt.Errorf("kubelet image %q names no version", image)
 	}
 	return kc.SetKubeletVersion(ctx, node.Hostname, v)
-}
-
-// imageVersion is the tag of an image reference ("v1.36.1" of
-// "registry.k8s.io/kube-apiserver:v1.36.1"), without a digest; "" without a tag.
-func imageVersion(image string) string {
-	image, _, _ = strings.Cut(image, "@")
-	i := strings.LastIndex(image, ":")
-	if i < 0 || strings.Contains(image[i:], "/") {
-		return ""
-	}
-	return image[i+1:]
 }
 
 // Kubeconfig returns the admin kubeconfig for the running control plane.

@@ -452,8 +452,6 @@ type KubeRollOutOptions struct {
 	// Health is checked before the first step and after the last.
 	Health HealthInput
 	Mutate Mutator
-	// OnStep is called after each step's component runs the target.
-	OnStep func(KubeStep)
 	// StaticPodTimeout and KubeletTimeout bound each step's wait (defaults
 	// 5 and 3 minutes, upgrade-k8s' own: checkPodStatus, and the retry in
 	// upgradeKubeletOnNode).
@@ -487,9 +485,6 @@ func (o *Ops) RollOutKubernetes(ctx context.Context, opts KubeRollOutOptions) er
 		err := opts.Mutate(s.String(), func() error { return o.kubeStep(ctx, opts, s, versions[s.Name]) })
 		if err != nil {
 			return fmt.Errorf("%w; the Kubernetes upgrade stopped at %s on %s (%d/%d): what comes after it is untouched, and a re-run continues from the versions the nodes run", err, s.Component, s.Name, s.Pos, s.Of)
-		}
-		if opts.OnStep != nil {
-			opts.OnStep(s)
 		}
 	}
 	return o.WaitHealthy(ctx, "the cluster healthy after upgrading Kubernetes", opts.Health)

@@ -513,14 +513,22 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 // tag (ghcr.io/siderolabs/installer:v1.13.3,
 // factory.talos.dev/installer/<schematic>:v1.13.3); fallback without one.
 func installerVersion(image, fallback string) string {
-	ref := image
-	if i := strings.LastIndex(ref, "@"); i >= 0 {
-		ref = ref[:i]
-	}
-	if i := strings.LastIndex(ref, ":"); i >= 0 && !strings.Contains(ref[i:], "/") {
-		return ref[i+1:]
+	if tag := ImageTag(image); tag != "" {
+		return tag
 	}
 	return fallback
+}
+
+// ImageTag is the tag of an image reference without its digest ("v1.36.1"
+// of "registry.k8s.io/kube-apiserver:v1.36.1@sha256:…"); "" without a
+// tag (a registry port is not a tag).
+func ImageTag(image string) string {
+	image, _, _ = strings.Cut(image, "@")
+	i := strings.LastIndex(image, ":")
+	if i < 0 || strings.Contains(image[i:], "/") {
+		return ""
+	}
+	return image[i+1:]
 }
 
 // serveLocked starts the API if it should run and is not running. A
