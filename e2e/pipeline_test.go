@@ -117,7 +117,7 @@ func TestPipeline(t *testing.T) {
 // checkPostcheckTable wants every postcheck row to pass.
 func checkPostcheckTable(t *testing.T, r *e2e.Result) {
 	t.Helper()
-	for _, name := range []string{"kubeconfig", "nodes-ready", "default-storageclass", "flux-ready", "nfs-provisioning", "talos-etcd", "talos-api", "proxmox-vms", "etcd-backup"} {
+	for _, name := range []string{"kubeconfig", "nodes-ready", "default-storageclass", "flux-ready", "flux-objects", "nfs-provisioning", "talos-etcd", "talos-api", "proxmox-vms", "etcd-backup"} {
 		found := false
 		for _, line := range strings.Split(r.Stdout, "\n") {
 			f := strings.Fields(line)

@@ -12,6 +12,7 @@ import (
 	ssautil "github.com/fluxcd/pkg/ssa/utils"
 	"github.com/rs/zerolog"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -26,6 +27,7 @@ var owner = ssa.Owner{Field: "bootstrap", Group: "bootstrap.homelab"}
 // the way the flux CLI installs Flux.
 type Client struct {
 	kube client.Client
+	dyn  dynamic.Interface
 	rm   *ssa.ResourceManager
 	log  zerolog.Logger
 }
@@ -53,8 +55,12 @@ func newClient(cfg *rest.Config, log zerolog.Logger) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	dyn, err := dynamic.NewForConfigAndClient(cfg, hc)
+	if err != nil {
+		return nil, err
+	}
 	rm := ssa.NewResourceManager(c, polling.NewStatusPoller(c, mapper, polling.Options{}), owner)
-	return &Client{kube: c, rm: rm, log: log}, nil
+	return &Client{kube: c, dyn: dyn, rm: rm, log: log}, nil
 }
 
 // Change is what applying one object would do.

@@ -6,7 +6,9 @@ import (
 	"strings"
 	"time"
 
+	helmv2 "github.com/fluxcd/helm-controller/api/v2"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,7 +28,8 @@ var (
 type Readiness struct {
 	Ready bool
 	// Revision is the GitRepository's artifact revision or the
-	// Kustomization's last applied revision ("main@sha1:<hex>").
+	// Kustomization's last applied revision ("main@sha1:<hex>"), or the
+	// chart version a HelmRelease's latest release runs.
 	Revision string
 	// Detail is the Ready condition's reason and message when not ready.
 	Detail string
@@ -43,6 +46,14 @@ func ReadinessOf(u *unstructured.Unstructured) Readiness {
 	rev, _, _ := unstructured.NestedString(u.Object, "status", "artifact", "revision")
 	if r, ok, _ := unstructured.NestedString(u.Object, "status", "lastAppliedRevision"); ok {
 		rev = r
+	}
+	if u.GroupVersionKind() == HelmReleaseGVK {
+		var hr helmv2.HelmRelease
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &hr); err == nil {
+			if latest := hr.Status.History.Latest(); latest != nil {
+				rev = latest.ChartVersion
+			}
+		}
 	}
 	handled, _, _ := unstructured.NestedString(u.Object, "status", "lastHandledReconcileAt")
 	r := readiness(u, gen, observed, rev)

@@ -30,6 +30,7 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	"helm.sh/helm/v3/pkg/repo"
 	"helm.sh/helm/v3/pkg/storage/driver"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
@@ -84,6 +85,8 @@ type Helm struct {
 	log        zerolog.Logger
 	settings   *cli.EnvSettings
 	cs         kubernetes.Interface
+	// dyn reads Flux's HelmReleases (FluxOwner).
+	dyn dynamic.Interface
 
 	// archives keeps each downloaded chart archive (repo, chart, version)
 	// for the life of the client: a stage renders a chart and then
@@ -97,13 +100,17 @@ type Helm struct {
 // repository indexes and downloads use Helm's usual cache directories
 // (HELM_CACHE_HOME and friends).
 func NewHelm(kubeconfigPath string, log zerolog.Logger) (*Helm, error) {
-	cs, _, err := kube.Clientset(kubeconfigPath)
+	cs, rc, err := kube.Clientset(kubeconfigPath)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, err
 	}
 	settings := cli.New()
 	settings.KubeConfig = kubeconfigPath
-	return &Helm{kubeconfig: kubeconfigPath, log: log, settings: settings, cs: cs}, nil
+	return &Helm{kubeconfig: kubeconfigPath, log: log, settings: settings, cs: cs, dyn: dyn}, nil
 }
 
 // Clientset returns the typed client the Helm wrapper also uses for waits.
@@ -175,6 +182,46 @@ func (h *Helm) Plan(ctx context.Context, r Release) (Plan, error) {
 		return Plan{Action: ActionNone, Reason: fmt.Sprintf("release %s/%s revision %d already has %s@%s and these values", r.Namespace, r.Name, last.Version, r.Chart, r.Version), Deployed: last}, nil
 	}
 	return Plan{Action: ActionUpgrade, Reason: fmt.Sprintf("upgrade release %s/%s (%s)", r.Namespace, r.Name, strings.Join(diffs, "; ")), Deployed: last}, nil
+}
+
+// lastRelease returns the release's newest revision, nil when there is
+// none.
+func (h *Helm) lastRelease(r Release) (*release.Release, error) {
+	cfg, err := h.config(r.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	hist := action.NewHistory(cfg)
+	hist.Max = 20
+	revs, err := hist.Run(r.Name)
+	if errors.Is(err, driver.ErrReleaseNotFound) || (err == nil && len(revs) == 0) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading history of release %s/%s: %w", r.Namespace, r.Name, err)
+	}
+	releaseutil.SortByRevision(revs)
+	return revs[len(revs)-1], nil
+}
+
+// Verify checks, without changing anything, a release someone else owns
+// (a Flux HelmRelease): its newest revision is deployed and its
+// Deployments are available (waited for up to r.Timeout, as after an
+// install). It returns that revision.
+func (h *Helm) Verify(ctx context.Context, r Release, owner Owner) (*release.Release, error) {
+	last, err := h.lastRelease(r)
+	switch {
+	case err != nil:
+		return nil, err
+	case last == nil:
+		return nil, fmt.Errorf("release %s/%s is not installed and %s manages it: Flux installs it (flux get helmreleases -n %s)", r.Namespace, r.Name, owner, owner.Namespace)
+	case last.Info.Status != release.StatusDeployed:
+		return nil, fmt.Errorf("release %s/%s revision %d is %s and %s manages it: see its status (flux get helmreleases -n %s)", r.Namespace, r.Name, last.Version, last.Info.Status, owner, owner.Namespace)
+	}
+	if err := h.waitDeployments(ctx, r, last); err != nil {
+		return nil, err
+	}
+	return last, nil
 }
 
 // Apply carries out a plan: recover a stuck release, then install or

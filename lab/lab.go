@@ -232,7 +232,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.Charts, err = chartrepo.Start(chartrepo.Options{Log: o.Log, Charts: []string{ciliumChart}}); err != nil {
+	if l.Charts, err = chartrepo.Start(chartrepo.Options{Log: o.Log, Charts: []string{ciliumChart}, AlsoAs: StandInVersions}); err != nil {
 		return nil, fmt.Errorf("starting the chart repository: %w", err)
 	}
 	src, err := fluxmanifests.SourcesFromBinaries(ctx, kb)
@@ -414,6 +414,12 @@ postcheck:
 	}
 	return o.ConfigPath, nil
 }
+
+// StandInVersions are the versions the lab's chart repository serves its
+// stand-in charts at besides their own: the NFS provisioner's previous
+// release too, so a chart bump can be rolled out (by the infra stage or by
+// a Flux HelmRelease).
+var StandInVersions = map[string][]string{"nfs-subdir-external-provisioner": {"4.0.17"}}
 
 // demoRepo creates the git work tree Flux syncs from (./infra with a
 // namespace and a ConfigMap), once.

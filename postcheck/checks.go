@@ -42,6 +42,7 @@ const (
 	CheckNodesReady   = "nodes-ready"
 	CheckDefaultClass = "default-storageclass"
 	CheckFlux         = "flux-ready"
+	CheckFluxObjects  = "flux-objects"
 	CheckNFS          = "nfs-provisioning"
 	CheckEtcd         = "talos-etcd"
 	CheckTalosAPI     = "talos-api"
@@ -88,6 +89,8 @@ type Observed struct {
 	APIServerVersion string
 	// NewestBackup is when the newest kept etcd snapshot was taken.
 	NewestBackup time.Time
+	// FluxObjects is every Kustomization and HelmRelease and its readiness.
+	FluxObjects []flux.Object
 }
 
 // Options configure the checks.
@@ -145,6 +148,7 @@ func Checks(o Options) []check.Check {
 		{Name: CheckNodesReady, Run: c.nodesReady},
 		{Name: CheckDefaultClass, Run: c.defaultClass},
 		{Name: CheckFlux, Run: c.flux},
+		{Name: CheckFluxObjects, Run: c.fluxObjects},
 		{Name: CheckNFS, Run: c.nfsProvisioning},
 		{Name: CheckEtcd, Run: c.etcd},
 		{Name: CheckTalosAPI, Run: c.talosAPI},
@@ -360,6 +364,36 @@ func (c *checker) flux(ctx context.Context) (check.Status, string) {
 		return check.Failf("%s", strings.Join(parts, "; "))
 	}
 	return check.Passf("%s", strings.Join(parts, "; "))
+}
+
+// fluxObjects judges every Kustomization and HelmRelease in the cluster by
+// the condition the flux stage waits on (flux.AllReady): what the user's
+// repository declares is applied, not only the sync pair.
+func (c *checker) fluxObjects(ctx context.Context) (check.Status, string) {
+	_, dyn, err := c.client()
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	objs, err := flux.Objects(ctx, dyn)
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	if c.o.Observed != nil {
+		c.o.Observed.FluxObjects = objs
+	}
+	ready, status := flux.AllReady(objs)
+	switch {
+	case len(objs) == 0:
+		return check.Failf("no Kustomization or HelmRelease in the cluster (is Flux installed?)")
+	case !ready:
+		return check.Failf("%s", status)
+	}
+	for _, o := range objs {
+		if o.Suspended {
+			return check.Warnf("%s", status)
+		}
+	}
+	return check.Passf("%s", status)
 }
 
 // nfsProvisioning creates a uniquely named PVC on the default class, waits

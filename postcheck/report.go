@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/internal/fsutil"
 	"github.com/homelab/bootstrap/internal/targz"
 	"github.com/homelab/bootstrap/state"
@@ -41,6 +42,9 @@ type Report struct {
 	WantKubernetes   string            `json:"want_kubernetes,omitempty"`
 	// NewestBackup is when the newest kept etcd snapshot was taken.
 	NewestBackup time.Time `json:"newest_backup,omitzero"`
+	// FluxObjects is every Kustomization and HelmRelease, one entry per
+	// object with its readiness.
+	FluxObjects []flux.Object `json:"flux_objects,omitempty"`
 }
 
 // CheckReport is one check in report.json.
@@ -175,6 +179,12 @@ func (r Report) Prometheus() []byte {
 		gauge("bootstrap_kubernetes_node_drift", "1 when the node's kubelet runs another Kubernetes than the config names.")
 		for _, n := range nodes {
 			fmt.Fprintf(&b, "bootstrap_kubernetes_node_drift{cluster=%s,node=%s} %d\n", cl, promLabel(n), boolInt(r.KubeletVersions[n] != want))
+		}
+	}
+	if len(r.FluxObjects) > 0 {
+		gauge("bootstrap_flux_object_ready", "1 when the Flux Kustomization or HelmRelease is Ready for its current generation (suspended objects are 0 and suspended=\"true\").")
+		for _, o := range r.FluxObjects {
+			fmt.Fprintf(&b, "bootstrap_flux_object_ready{cluster=%s,kind=%s,namespace=%s,name=%s,suspended=%s} %d\n", cl, promLabel(o.Kind), promLabel(o.Namespace), promLabel(o.Name), promLabel(fmt.Sprint(o.Suspended)), boolInt(o.Ready && !o.Suspended))
 		}
 	}
 	if r.APIServerVersion != "" {

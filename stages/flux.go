@@ -121,8 +121,18 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	env.State.Outputs.Flux = stateFlux(f, url, ks.Revision)
 	env.UI.OK("Flux synced %s at %s", f.Path, ks.Revision)
+	// What the repository declares is applied only once every
+	// Kustomization and HelmRelease it created is Ready, not when the sync
+	// pair is: a HelmRelease nobody reconciles (no helm-controller) or
+	// whose chart fails would otherwise pass silently.
+	all, err := c.WaitAllReady(ctx, f.Timeout.D())
+	if err != nil {
+		return err
+	}
+	_, status := flux.AllReady(all)
+	env.State.Outputs.Flux = stateFlux(f, url, ks.Revision)
+	env.UI.OK("%s", status)
 	return nil
 }
 

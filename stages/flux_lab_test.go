@@ -26,7 +26,7 @@ func TestFluxStageOnTheLab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := changeList(env); !strings.Contains(got, "install Flux v2.9.5 (source-controller, kustomize-controller) from "+l.flux.URL()) || !strings.Contains(got, "serve git snapshot") {
+	if got := changeList(env); !strings.Contains(got, "install Flux v2.9.5 ("+strings.Join(l.cfg.Flux.Components, ", ")+") from "+l.flux.URL()) || !strings.Contains(got, "serve git snapshot") {
 		t.Fatalf("dry-run plan:\n%s", got)
 	}
 	if st, _ := gitsnap.Check(ctx, l.cfg.Paths().StateDir); st.State != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/infra"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/talos"
@@ -44,74 +45,53 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 	}
 	cs := h.Clientset()
 
-	names := make([]string, len(cfg.Nodes))
-	for i, n := range cfg.Nodes {
-		names[i] = n.Name
+	rels, err := infraReleases(env)
+	if err != nil {
+		return err
 	}
-	switch cfg.CNI.Name {
-	case "cilium":
-		// The agents need the API before any Service works; KubePrism
-		// serves it on every node's localhost when the configs enable it.
-		kubePrism, err := talos.KubePrismPort(env.Paths.TalosDir, names)
-		if err != nil {
-			return fmt.Errorf("deciding how Cilium reaches the API: %w", err)
+	names := nodeNames(cfg)
+	for _, rel := range rels {
+		var before func() error
+		switch rel.Name {
+		case infra.NFSRelease:
+			// Talos brings flannel up itself. A pod created while its node
+			// is still tainted not-ready waits out the scheduler's backoff
+			// (14s seen in the lab) even once the node is Ready: install
+			// onto Ready nodes. With "none" they wait for the user's CNI:
+			// nothing to wait for.
+			if cfg.CNI.Name == "flannel" && !env.DryRun {
+				if err := kube.WaitNodesReady(ctx, cs, names, infraTimeout, env.Log); err != nil {
+					return fmt.Errorf("before installing the NFS provisioner: %w", err)
+				}
+				env.UI.OK("all %d node(s) Ready", len(names))
+			}
+			// The class as the chart renders it with the merged values: a
+			// values file may add parameters (pathPattern, onDelete) to it.
+			before = func() error {
+				manifest, err := h.Render(ctx, rel)
+				if err != nil {
+					return err
+				}
+				want, ok, err := infra.ClassIn(manifest)
+				if err != nil || !ok {
+					return err
+				}
+				_, err = infra.CheckClass(ctx, cs, want, rel)
+				return err
+			}
 		}
-		host, port, why, err := infra.APIEndpoint(kubePrism, cfg.Cluster.Endpoint)
-		if err != nil {
+		if err := keepRelease(ctx, env, h, rel, before); err != nil {
 			return err
 		}
-		env.Log.Debug().Str("host", host).Int("port", port).Msg("Cilium reaches the API through " + why)
-		rel := infra.Cilium(infra.CiliumOptions{RepoURL: cfg.CNI.Cilium.ChartRepo, Version: cfg.CNI.Cilium.ChartVersion,
-			APIHost: host, APIPort: port, Nodes: len(names), Timeout: infraTimeout})
-		if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(cfg.CNI.Cilium.ValuesFile)); err != nil {
-			return err
-		}
-		if err := applyRelease(ctx, env, h, rel); err != nil {
-			return err
-		}
-		if !env.DryRun {
+		if rel.Name == infra.CiliumRelease && !env.DryRun {
 			if err := kube.WaitNodesReady(ctx, cs, names, infraTimeout, env.Log); err != nil {
 				return fmt.Errorf("after installing Cilium: %w", err)
 			}
 			env.UI.OK("all %d node(s) Ready with Cilium", len(names))
 		}
-	case "flannel":
-		// Talos brings flannel up itself. A pod created while its node is
-		// still tainted not-ready waits out the scheduler's backoff (14s
-		// seen in the lab) even once the node is Ready: install onto Ready
-		// nodes. With "none" they wait for the user's CNI: nothing to wait for.
-		if !env.DryRun {
-			if err := kube.WaitNodesReady(ctx, cs, names, infraTimeout, env.Log); err != nil {
-				return fmt.Errorf("before installing the NFS provisioner: %w", err)
-			}
-			env.UI.OK("all %d node(s) Ready", len(names))
-		}
 	}
 
 	n := cfg.Storage.NFS
-	opts := infra.NFSOptions{Server: n.Server, Path: n.Path, MountOptions: n.MountOptions, StorageClass: n.StorageClass,
-		ReclaimPolicy: n.ReclaimPolicy, ArchiveOnDelete: n.ArchiveOnDelete, RepoURL: n.ChartRepo, Version: n.ChartVersion, Timeout: infraTimeout}
-	rel := infra.NFSProvisioner(opts)
-	if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(n.ValuesFile)); err != nil {
-		return err
-	}
-	// The class as the chart renders it with the merged values: a values
-	// file may add parameters (pathPattern, onDelete) to it.
-	manifest, err := h.Render(ctx, rel)
-	if err != nil {
-		return err
-	}
-	if want, ok, err := infra.ClassIn(manifest); err != nil {
-		return err
-	} else if ok {
-		if _, err := infra.CheckClass(ctx, cs, want, rel); err != nil {
-			return err
-		}
-	}
-	if err := applyRelease(ctx, env, h, rel); err != nil {
-		return err
-	}
-
 	// Exactly one default class: ours. Talos or an earlier install may have
 	// left another one claiming it, and someone may have removed ours.
 	if isDefault, err := infra.IsDefaultNamed(ctx, cs, n.StorageClass); err == nil && !isDefault {
@@ -139,6 +119,103 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 	return nil
 }
 
+// infraReleases returns the releases the infra stage keeps, in install
+// order (Cilium first: nothing needing pods works before it), with the
+// user's values files merged.
+func infraReleases(env *Env) ([]infra.Release, error) {
+	cfg := env.Config
+	var rels []infra.Release
+	if cfg.CNI.Name == "cilium" {
+		// The agents need the API before any Service works; KubePrism
+		// serves it on every node's localhost when the configs enable it.
+		kubePrism, err := talos.KubePrismPort(env.Paths.TalosDir, nodeNames(cfg))
+		if err != nil {
+			return nil, fmt.Errorf("deciding how Cilium reaches the API: %w", err)
+		}
+		host, port, why, err := infra.APIEndpoint(kubePrism, cfg.Cluster.Endpoint)
+		if err != nil {
+			return nil, err
+		}
+		env.Log.Debug().Str("host", host).Int("port", port).Msg("Cilium reaches the API through " + why)
+		rel := infra.Cilium(infra.CiliumOptions{RepoURL: cfg.CNI.Cilium.ChartRepo, Version: cfg.CNI.Cilium.ChartVersion,
+			APIHost: host, APIPort: port, Nodes: len(cfg.Nodes), Timeout: infraTimeout})
+		if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(cfg.CNI.Cilium.ValuesFile)); err != nil {
+			return nil, err
+		}
+		rels = append(rels, rel)
+	}
+	n := cfg.Storage.NFS
+	rel := infra.NFSProvisioner(infra.NFSOptions{Server: n.Server, Path: n.Path, MountOptions: n.MountOptions, StorageClass: n.StorageClass,
+		ReclaimPolicy: n.ReclaimPolicy, ArchiveOnDelete: n.ArchiveOnDelete, RepoURL: n.ChartRepo, Version: n.ChartVersion, Timeout: infraTimeout})
+	var err error
+	if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(n.ValuesFile)); err != nil {
+		return nil, err
+	}
+	return append(rels, rel), nil
+}
+
+// HandoverManifest renders the Flux HelmRepository and HelmRelease objects
+// that adopt the releases the infra stage keeps, exactly as it keeps them
+// (`bootstrap handover`): committed under flux.path, they make Flux the
+// owner, and the infra stage only verifies those releases from then on.
+func HandoverManifest(env *Env, namespace string, interval time.Duration) ([]byte, error) {
+	rels, err := infraReleases(env)
+	if err != nil {
+		return nil, err
+	}
+	return infra.Handover{Namespace: namespace, Interval: interval}.Manifest(rels)
+}
+
+func nodeNames(cfg *config.Config) []string {
+	names := make([]string, len(cfg.Nodes))
+	for i, n := range cfg.Nodes {
+		names[i] = n.Name
+	}
+	return names
+}
+
+// keepRelease keeps rel installed as configured, unless a Flux HelmRelease
+// manages it: then the stage only verifies it, so a nightly re-run never
+// upgrades or rolls back what Flux rolled out (helm-controller would take
+// any revision it did not write as unmanaged and upgrade again: the two
+// would fight every night). before runs ahead of an install or upgrade.
+func keepRelease(ctx context.Context, env *Env, h *infra.Helm, rel infra.Release, before func() error) error {
+	owner, owned, err := h.FluxOwner(ctx, rel)
+	if err != nil {
+		return err
+	}
+	if owned {
+		msg := fmt.Sprintf("%s: managed by %s; verifying only (seen by %s)", rel.Name, owner, owner.Evidence)
+		if env.DryRun {
+			env.UI.OK("%s", msg)
+			return nil
+		}
+		last, err := h.Verify(ctx, rel, owner)
+		if err != nil {
+			return err
+		}
+		env.UI.OK("%s: revision %d, %s %s, deployed and available", msg, last.Version, last.Chart.Metadata.Name, last.Chart.Metadata.Version)
+		if last.Chart.Metadata.Version != rel.Version {
+			env.UI.Warn("%s runs chart %s where the config says %s: Flux's HelmRelease decides now; align %s or leave it", rel.Name, last.Chart.Metadata.Version, rel.Version, configChartField(rel))
+		}
+		recordRelease(env, rel, last.Chart.Metadata.Version, last.Version)
+		return nil
+	}
+	if before != nil {
+		if err := before(); err != nil {
+			return err
+		}
+	}
+	return applyRelease(ctx, env, h, rel)
+}
+
+func configChartField(rel infra.Release) string {
+	if rel.Name == infra.CiliumRelease {
+		return "cni.cilium.chartVersion"
+	}
+	return "storage.nfs.chartVersion"
+}
+
 // applyRelease plans a release, reports the plan, and applies it through Wet.
 func applyRelease(ctx context.Context, env *Env, h *infra.Helm, rel infra.Release) error {
 	plan, err := h.Plan(ctx, rel)
@@ -147,7 +224,7 @@ func applyRelease(ctx context.Context, env *Env, h *infra.Helm, rel infra.Releas
 	}
 	if plan.Action == infra.ActionNone {
 		env.UI.OK("%s", plan.Reason)
-		recordRelease(env, rel, plan.Deployed.Version)
+		recordRelease(env, rel, rel.Version, plan.Deployed.Version)
 		return nil
 	}
 	return env.Wet(plan.Reason, func() error {
@@ -155,17 +232,17 @@ func applyRelease(ctx context.Context, env *Env, h *infra.Helm, rel infra.Releas
 		if err != nil {
 			return err
 		}
-		recordRelease(env, rel, deployed.Version)
+		recordRelease(env, rel, rel.Version, deployed.Version)
 		return nil
 	})
 }
 
-func recordRelease(env *Env, rel infra.Release, revision int) {
+func recordRelease(env *Env, rel infra.Release, chartVersion string, revision int) {
 	if rel.Name != infra.NFSRelease {
 		return
 	}
 	o := &env.State.Outputs.Infra
-	o.Release, o.Namespace, o.ChartVersion, o.Revision = rel.Name, rel.Namespace, rel.Version, revision
+	o.Release, o.Namespace, o.ChartVersion, o.Revision = rel.Name, rel.Namespace, chartVersion, revision
 }
 
 // Prechecks implements Prechecker: the NFS export the provisioner will use

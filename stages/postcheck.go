@@ -51,6 +51,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 	report.TalosVersions, report.WantTalos = opts.Observed.TalosVersions, cfg.Cluster.TalosVersion
 	report.KubeletVersions, report.APIServerVersion, report.WantKubernetes = opts.Observed.KubeletVersions, opts.Observed.APIServerVersion, cfg.Cluster.KubernetesVersion
 	report.NewestBackup = opts.Observed.NewestBackup
+	report.FluxObjects = opts.Observed.FluxObjects
 	if err := check.Table(env.Out, results); err != nil {
 		return err
 	}

@@ -40,6 +40,11 @@ type Options struct {
 	// Charts are chart directories served besides the stand-ins, such as
 	// the real Cilium chart (kube.Binaries.CiliumChart).
 	Charts []string
+	// AlsoAs serves a stand-in chart (by name) at more versions than its
+	// own, from the same templates and values, so a chart version bump can
+	// be rolled out in the lab (docs/lab.md: the stand-in renders what its
+	// own version renders at every version).
+	AlsoAs map[string][]string
 }
 
 // Chart is one chart version the repository serves.
@@ -81,7 +86,7 @@ func Start(opts Options) (*Repo, error) {
 		return nil, fmt.Errorf("creating the chart repository dir: %w", err)
 	}
 	r := &Repo{dir: dir, url: "http://" + l.Addr().String(), log: opts.Log.With().Str("component", "lab-charts").Logger(), done: make(chan error, 1), requests: map[string]int{}}
-	if r.charts, err = Package(dir, opts.Charts...); err != nil {
+	if r.charts, err = PackageVersions(dir, opts.AlsoAs, opts.Charts...); err != nil {
 		l.Close()
 		os.RemoveAll(dir)
 		return nil, err
@@ -117,6 +122,12 @@ func Start(opts Options) (*Repo, error) {
 // Package writes every stand-in chart under charts/, and the charts in the
 // directories dirs, as <name>-<version>.tgz into outDir.
 func Package(outDir string, dirs ...string) ([]Chart, error) {
+	return PackageVersions(outDir, nil, dirs...)
+}
+
+// PackageVersions is Package that also writes the stand-ins named in alsoAs
+// at each of the versions listed for them.
+func PackageVersions(outDir string, alsoAs map[string][]string, dirs ...string) ([]Chart, error) {
 	entries, err := fs.ReadDir(chartSources, "charts")
 	if err != nil {
 		return nil, fmt.Errorf("listing the lab charts: %w", err)
@@ -135,6 +146,15 @@ func Package(outDir string, dirs ...string) ([]Chart, error) {
 			return nil, fmt.Errorf("loading lab chart %s: %w", e.Name(), err)
 		}
 		charts = append(charts, ch)
+		for _, v := range alsoAs[ch.Name()] {
+			// A fresh load: Save writes the metadata it is given.
+			again, err := loader.LoadFiles(files)
+			if err != nil {
+				return nil, err
+			}
+			again.Metadata.Version = v
+			charts = append(charts, again)
+		}
 	}
 	for _, d := range dirs {
 		ch, err := loader.LoadDir(d)
@@ -153,7 +173,12 @@ func Package(outDir string, dirs ...string) ([]Chart, error) {
 		}
 		out = append(out, Chart{Name: ch.Metadata.Name, Version: ch.Metadata.Version})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].Version < out[j].Version
+	})
 	return out, nil
 }
 

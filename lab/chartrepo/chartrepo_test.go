@@ -148,7 +148,7 @@ func TestChartRendersLikeUpstream(t *testing.T) {
 }
 
 func TestRepoServesIndexAndChart(t *testing.T) {
-	r, err := chartrepo.Start(chartrepo.Options{})
+	r, err := chartrepo.Start(chartrepo.Options{AlsoAs: map[string][]string{"nfs-subdir-external-provisioner": {"4.0.17"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,6 +182,24 @@ func TestRepoServesIndexAndChart(t *testing.T) {
 	ch, err := loader.LoadArchive(strings.NewReader(string(tgz)))
 	if err != nil || ch.Metadata.Version != "4.0.18" {
 		t.Fatalf("served archive: %v", err)
+	}
+	// The stand-in at the extra version: the same templates, its own version.
+	old, err := idx.Get("nfs-subdir-external-provisioner", "4.0.17")
+	if err != nil || len(old.URLs) != 1 {
+		t.Fatalf("index has no 4.0.17 (AlsoAs): %v\n%s", err, body)
+	}
+	resp, err = http.Get(old.URLs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgz, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	oldCh, err := loader.LoadArchive(strings.NewReader(string(tgz)))
+	if err != nil || oldCh.Metadata.Version != "4.0.17" || len(oldCh.Templates) != len(ch.Templates) || len(oldCh.Templates) == 0 {
+		t.Fatalf("served 4.0.17 archive: %v (version %v, %d templates vs %d)", err, oldCh.Metadata.Version, len(oldCh.Templates), len(ch.Templates))
+	}
+	if got := r.Charts(); len(got) != 2 || got[0].Version != "4.0.17" || got[1].Version != "4.0.18" {
+		t.Errorf("Charts() = %v", got)
 	}
 	if r.Requests("/index.yaml") != 1 {
 		t.Errorf("index requests %d", r.Requests("/index.yaml"))

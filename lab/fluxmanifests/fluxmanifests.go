@@ -33,7 +33,7 @@ import (
 )
 
 // Components are the Flux controllers the lab pins and bundles.
-var Components = []string{"source-controller", "kustomize-controller"}
+var Components = []string{"source-controller", "kustomize-controller", "helm-controller"}
 
 // Sources says where the Flux distribution and the controllers' sources are.
 type Sources struct {

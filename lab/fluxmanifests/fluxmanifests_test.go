@@ -90,7 +90,7 @@ func TestTarballLaidOutLikeARelease(t *testing.T) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	if strings.Join(names, " ") != "kustomize-controller.yaml policies.yaml rbac.yaml source-controller.yaml" {
+	if strings.Join(names, " ") != "helm-controller.yaml kustomize-controller.yaml policies.yaml rbac.yaml source-controller.yaml" {
 		t.Fatalf("tarball holds %v", names)
 	}
 	for _, c := range fluxmanifests.Components {

@@ -30,6 +30,7 @@ const (
 	modKwok                = "sigs.k8s.io/kwok"
 	modSourceController    = "github.com/fluxcd/source-controller"
 	modKustomizeController = "github.com/fluxcd/kustomize-controller"
+	modHelmController      = "github.com/fluxcd/helm-controller"
 	modCilium              = "github.com/cilium/cilium"
 )
 
@@ -37,7 +38,7 @@ const (
 var binaryNames = []string{
 	"etcd", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
 	"previous-kube-apiserver", "previous-kube-controller-manager", "previous-kube-scheduler", "kwok",
-	"source-controller", "kustomize-controller",
+	"source-controller", "kustomize-controller", "helm-controller",
 }
 
 // Binaries is a directory of built lab binaries and the manifest build.sh
@@ -104,7 +105,7 @@ func LoadBinaries(dir string) (*Binaries, error) {
 			return nil, fmt.Errorf("%s missing in %s: %w", name, dir, ErrNoBinaries)
 		}
 	}
-	for _, m := range []string{modKubernetes, modKubernetesPrevious, modEtcd, modKwok, modSourceController, modKustomizeController, modCilium} {
+	for _, m := range []string{modKubernetes, modKubernetesPrevious, modEtcd, modKwok, modSourceController, modKustomizeController, modHelmController, modCilium} {
 		if b.Modules[m].Version == "" {
 			return nil, fmt.Errorf("build manifest in %s names no version for %s: %w", dir, m, ErrNoBinaries)
 		}

@@ -30,22 +30,22 @@ const FluxNamespace = "flux-system"
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
-// FluxModuleDirs returns the source directories of the pinned
-// source-controller and kustomize-controller modules, whose config/
-// directories hold their CRDs, RBAC and Deployments.
-func (b *Binaries) FluxModuleDirs(ctx context.Context) (sourceController, kustomizeController string, err error) {
-	if sourceController, err = b.ModuleDir(ctx, modSourceController); err != nil {
-		return "", "", err
-	}
-	if kustomizeController, err = b.ModuleDir(ctx, modKustomizeController); err != nil {
-		return "", "", err
-	}
-	return sourceController, kustomizeController, nil
+// FluxControllers are the Flux controllers the lab builds from pinned
+// sources and runs as processes, in the order they start.
+var FluxControllers = []string{"source-controller", "kustomize-controller", "helm-controller"}
+
+// fluxModule maps a lab Flux controller to its module path.
+func fluxModule(controller string) string { return "github.com/fluxcd/" + controller }
+
+// FluxModuleDir returns the source directory of a pinned Flux controller's
+// module, whose config/ directory holds its CRDs, RBAC and Deployment.
+func (b *Binaries) FluxModuleDir(ctx context.Context, controller string) (string, error) {
+	return b.ModuleDir(ctx, fluxModule(controller))
 }
 
-// FluxVersions returns the pinned versions of the two Flux controllers.
-func (b *Binaries) FluxVersions() (sourceController, kustomizeController string) {
-	return b.Modules[modSourceController].Version, b.Modules[modKustomizeController].Version
+// FluxVersion returns the pinned version of a Flux controller.
+func (b *Binaries) FluxVersion(controller string) string {
+	return b.Modules[fluxModule(controller)].Version
 }
 
 // Binaries returns the lab binaries this cluster runs.
@@ -53,15 +53,15 @@ func (c *Cluster) Binaries() *Binaries { return c.bins }
 
 // StartFlux applies the Flux CRDs of the pinned controllers (server-side,
 // waiting until they are Established), creates the flux-system namespace and
-// runs source-controller and kustomize-controller against the lab API server
-// until Stop. Start calls it when Options.Flux is set.
+// runs FluxControllers against the lab API server until Stop. Start calls it
+// when Options.Flux is set.
 func (c *Cluster) StartFlux(ctx context.Context) error {
-	scDir, kcDir, err := c.bins.FluxModuleDirs(ctx)
-	if err != nil {
-		return fmt.Errorf("starting Flux: %w", err)
-	}
 	var crdFiles []string
-	for _, d := range []string{scDir, kcDir} {
+	for _, ctrl := range FluxControllers {
+		d, err := c.bins.FluxModuleDir(ctx, ctrl)
+		if err != nil {
+			return fmt.Errorf("starting Flux: %w", err)
+		}
 		m, err := filepath.Glob(filepath.Join(d, "config", "crd", "bases", "*.yaml"))
 		if err != nil || len(m) == 0 {
 			return fmt.Errorf("starting Flux: no CRDs under %s/config/crd/bases", d)
@@ -81,7 +81,7 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 	if c.opts.FluxStoragePort != 0 {
 		ports["storage"], c.ports["flux-storage"] = c.opts.FluxStoragePort, c.opts.FluxStoragePort
 	}
-	for _, n := range []string{"storage", "sc-metrics", "sc-health", "kc-metrics", "kc-health"} {
+	for _, n := range []string{"storage", "sc-metrics", "sc-health", "kc-metrics", "kc-health", "hc-metrics", "hc-health"} {
 		if _, kept := ports[n]; kept {
 			continue
 		}
@@ -114,11 +114,29 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ok := func(string) bool { return true }
-	if err := c.waitHTTP(ctx, sc, "source-controller /readyz", "http://"+addr("sc-health")+"/readyz", ok); err != nil {
+	// helm-controller's flags: main.go at fluxcd/helm-controller v1.6.4
+	// (the same --watch-all-namespaces, --metrics-addr and --health-addr
+	// as the other two, from fluxcd/pkg/runtime).
+	hc, err := c.run("helm-controller", "helm-controller", []string{
+		"--watch-all-namespaces",
+		"--metrics-addr=" + addr("hc-metrics"),
+		"--health-addr=" + addr("hc-health"),
+		"--log-encoding=console",
+	}, env...)
+	if err != nil {
 		return err
 	}
-	return c.waitHTTP(ctx, kc, "kustomize-controller /readyz", "http://"+addr("kc-health")+"/readyz", ok)
+	ok := func(string) bool { return true }
+	for _, p := range []struct {
+		proc   *process
+		name   string
+		health string
+	}{{sc, "source-controller", "sc-health"}, {kc, "kustomize-controller", "kc-health"}, {hc, "helm-controller", "hc-health"}} {
+		if err := c.waitHTTP(ctx, p.proc, p.name+" /readyz", "http://"+addr(p.health)+"/readyz", ok); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ApplyCRDFiles applies the CustomResourceDefinitions in the given YAML

@@ -47,8 +47,8 @@ func TestFluxControllers(t *testing.T) {
 	ctx := context.Background()
 	c := kubetest.Start(t, kube.Options{Flux: true})
 	t.Logf("MEASURE lab start with Flux: %s", c.StartupTime().Round(10*time.Millisecond))
-	if n := len(c.Processes()); n != 7 {
-		t.Fatalf("%d processes, want 7 with the Flux controllers", n)
+	if n := len(c.Processes()); n != 8 {
+		t.Fatalf("%d processes, want 8 with the Flux controllers", n)
 	}
 	dyn := dynamic.NewForConfigOrDie(c.RESTConfig())
 
@@ -110,5 +110,32 @@ func TestFluxControllers(t *testing.T) {
 		}
 		st, reason, msg := readyCondition(u)
 		return st == "False" && strings.Contains(msg, "not found"), st + " " + reason + ": " + msg, nil
+	})
+
+	// helm-controller reconciles: a HelmRelease whose chart source is
+	// missing gets a Ready=False condition written by the controller.
+	hrs := dyn.Resource(schema.GroupVersionResource{Group: "helm.toolkit.fluxcd.io", Version: "v2", Resource: "helmreleases"}).Namespace(kube.FluxNamespace)
+	rel := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "helm.toolkit.fluxcd.io/v2",
+		"kind":       "HelmRelease",
+		"metadata":   map[string]any{"name": "app", "namespace": kube.FluxNamespace},
+		"spec": map[string]any{
+			"interval": "1m",
+			"chart": map[string]any{"spec": map[string]any{
+				"chart":     "app",
+				"sourceRef": map[string]any{"kind": "HelmRepository", "name": "missing"},
+			}},
+		},
+	}}
+	if _, err := hrs.Create(ctx, rel, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "helm-controller reporting on the HelmRelease", 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		u, err := hrs.Get(ctx, "app", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		st, reason, msg := readyCondition(u)
+		return st == "False" || st == "Unknown" && reason != "", st + " " + reason + ": " + msg, nil
 	})
 }

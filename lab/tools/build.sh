@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the lab's binaries (etcd, etcdutl, kube-apiserver, kube-controller-manager,
 # kube-scheduler and the same three of the previous Kubernetes minor, prefixed
-# previous-, kwok, source-controller, kustomize-controller) from the Go
+# previous-, kwok, source-controller, kustomize-controller, helm-controller) from the Go
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
 # the repository root), and records where the pinned Cilium source is, whose
 # real Helm chart the lab's chart repository serves. Builds nothing when the
@@ -32,6 +32,7 @@ etcd_version=$(mod_version etcd go.etcd.io/etcd/server/v3)
 kwok_version=$(mod_version kwok sigs.k8s.io/kwok)
 source_controller_version=$(mod_version flux github.com/fluxcd/source-controller)
 kustomize_controller_version=$(mod_version flux github.com/fluxcd/kustomize-controller)
+helm_controller_version=$(mod_version helm-controller github.com/fluxcd/helm-controller)
 cilium_version=$(mod_version cilium github.com/cilium/cilium)
 # The Flux distribution whose manifests (manifests/ in its module) the lab
 # bundles into a release-like manifests.tar.gz: the one the product uses.
@@ -72,8 +73,9 @@ declare -A specs=(
 	[kwok]="kwok|sigs.k8s.io/kwok/cmd/kwok|"
 	[source-controller]="flux|github.com/fluxcd/source-controller|"
 	[kustomize-controller]="flux|github.com/fluxcd/kustomize-controller|"
+	[helm-controller]="helm-controller|github.com/fluxcd/helm-controller|"
 )
-binaries=(etcd etcdutl kube-apiserver kube-controller-manager kube-scheduler previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler kwok source-controller kustomize-controller)
+binaries=(etcd etcdutl kube-apiserver kube-controller-manager kube-scheduler previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler kwok source-controller kustomize-controller helm-controller)
 
 # built <name> reports whether the binary is built for its fingerprint.
 built() {
@@ -94,7 +96,7 @@ exec 9>"$bin_dir/.build.lock"
 flock 9
 
 if up_to_date; then
-	log "up to date in $bin_dir (kubernetes $k8s_version and $k8s_previous_version, etcd $etcd_version, kwok $kwok_version, flux controllers $source_controller_version/$kustomize_controller_version)"
+	log "up to date in $bin_dir (kubernetes $k8s_version and $k8s_previous_version, etcd $etcd_version, kwok $kwok_version, flux controllers $source_controller_version/$kustomize_controller_version/$helm_controller_version)"
 	fresh=1
 else
 	fresh=0
@@ -129,6 +131,7 @@ fi
 kwok_dir=$(mod_dir kwok sigs.k8s.io/kwok)
 source_controller_dir=$(mod_dir flux github.com/fluxcd/source-controller)
 kustomize_controller_dir=$(mod_dir flux github.com/fluxcd/kustomize-controller)
+helm_controller_dir=$(mod_dir helm-controller github.com/fluxcd/helm-controller)
 # The Cilium source is only read (its chart); the manifest is rewritten on
 # every run so a new pin here needs no rebuild of the binaries.
 cilium_dir=$(mod_dir cilium github.com/cilium/cilium)
@@ -143,6 +146,7 @@ cat >"$manifest.tmp" <<EOF
     "sigs.k8s.io/kwok": {"version": "$kwok_version", "dir": "$kwok_dir"},
     "github.com/fluxcd/source-controller": {"version": "$source_controller_version", "dir": "$source_controller_dir"},
     "github.com/fluxcd/kustomize-controller": {"version": "$kustomize_controller_version", "dir": "$kustomize_controller_dir"},
+    "github.com/fluxcd/helm-controller": {"version": "$helm_controller_version", "dir": "$helm_controller_dir"},
     "github.com/fluxcd/flux2/v2": {"version": "$flux2_version", "dir": "$flux2_dir"},
     "github.com/cilium/cilium": {"version": "$cilium_version", "dir": "$cilium_dir"}
   }
