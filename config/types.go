@@ -11,6 +11,7 @@ type Config struct {
 	Flux      Flux      `yaml:"flux" doc:"GitOps with Flux."`
 	Postcheck Postcheck `yaml:"postcheck" doc:"Exit-criteria checks run after the pipeline and nightly."`
 	Backup    Backup    `yaml:"backup" doc:"etcd snapshots: taken by the postcheck (nightly), by bootstrap backup and before an upgrade."`
+	Secrets   Secrets   `yaml:"secrets" doc:"How the cluster's secrets are kept at rest (SOPS with age)."`
 	State     StateDirs `yaml:"state" doc:"Where generated files, run state and logs live."`
 
 	src *source
@@ -146,16 +147,33 @@ type Cilium struct {
 
 // Flux configures GitOps.
 type Flux struct {
-	Repo          string        `yaml:"repo" doc:"Git repository URL (http, https or ssh) Flux syncs from. Env: GIT_REPO."`
-	Branch        string        `yaml:"branch" doc:"Branch to sync. Env: GIT_BRANCH."`
-	Path          string        `yaml:"path" doc:"Path inside the repository to apply."`
-	Version       string        `yaml:"version" doc:"Flux version to install."`
-	Manifests     string        `yaml:"manifests" doc:"Flux install manifests: empty for the release download, a mirror URL of manifests.tar.gz, or a local tarball/directory."`
-	Components    []string      `yaml:"components" doc:"Flux controllers to install."`
-	Interval      Duration      `yaml:"interval" doc:"Reconcile interval of the GitRepository and Kustomization."`
-	Auth          FluxAuth      `yaml:"auth" doc:"Credentials for a private remote repository."`
-	LocalSnapshot LocalSnapshot `yaml:"localSnapshot" doc:"Serve a snapshot of a local git work tree for the cluster to pull."`
-	Timeout       Duration      `yaml:"timeout" doc:"Bound on the wait for Flux to become Ready."`
+	Repo          string         `yaml:"repo" doc:"Git repository URL (http, https or ssh) Flux syncs from. Env: GIT_REPO."`
+	Branch        string         `yaml:"branch" doc:"Branch to sync. Env: GIT_BRANCH."`
+	Path          string         `yaml:"path" doc:"Path inside the repository to apply."`
+	Version       string         `yaml:"version" doc:"Flux version to install."`
+	Manifests     string         `yaml:"manifests" doc:"Flux install manifests: empty for the release download, a mirror URL of manifests.tar.gz, or a local tarball/directory."`
+	Components    []string       `yaml:"components" doc:"Flux controllers to install."`
+	Interval      Duration       `yaml:"interval" doc:"Reconcile interval of the GitRepository and Kustomization."`
+	Auth          FluxAuth       `yaml:"auth" doc:"Credentials for a private remote repository."`
+	LocalSnapshot LocalSnapshot  `yaml:"localSnapshot" doc:"Serve a snapshot of a local git work tree for the cluster to pull."`
+	Timeout       Duration       `yaml:"timeout" doc:"Bound on the wait for Flux to become Ready."`
+	Decryption    FluxDecryption `yaml:"decryption" doc:"SOPS decryption of the repository's encrypted manifests by kustomize-controller."`
+}
+
+// FluxDecryption hands the age identity of secrets.age to Flux.
+type FluxDecryption struct {
+	Enabled bool `yaml:"enabled" doc:"Create the Secret sops-age in flux-system holding the age identity of secrets.age.keyFile (as identity.agekey: kustomize-controller only reads keys ending in .agekey) and set the Kustomization's decryption to provider sops with it. The precheck decrypts one SOPS file under flux.path with the same identity first."`
+}
+
+// Secrets says how secrets are kept at rest.
+type Secrets struct {
+	Age Age `yaml:"age" doc:"age keys for SOPS."`
+}
+
+// Age names age recipients and the identity file; never a key itself.
+type Age struct {
+	Recipients []string `yaml:"recipients" doc:"age public keys (age1…). When set, .talos/<cluster>/secrets.yaml is stored SOPS-encrypted to them (the sops CLI reads and writes it) and is only ever decrypted in memory; bootstrap secrets encrypt migrates a plaintext bundle."`
+	KeyFile    string   `yaml:"keyFile" doc:"age identity file (AGE-SECRET-KEY-1…) that decrypts; empty: $SOPS_AGE_KEY_FILE, then $SOPS_AGE_KEY, then ~/.config/sops/age/keys.txt, as the sops CLI."`
 }
 
 // FluxAuth holds references to credentials, never the credentials.

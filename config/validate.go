@@ -58,6 +58,8 @@ func (c *Config) validate() error {
 	v.storage()
 	v.cni()
 	v.flux()
+	v.fluxDecryption()
+	v.secrets()
 	v.gitBranch()
 	v.postcheck()
 	// Patches are applied to a config generated from the rest: only once

@@ -25,6 +25,10 @@ type SyncOptions struct {
 	// empty for an anonymous source (no secretRef at all: an empty one
 	// makes source-controller look for a Secret named "").
 	SecretName string
+	// DecryptionSecret, when set, names the Secret holding the age
+	// identity kustomize-controller decrypts SOPS files with
+	// (DecryptionSecret); the Kustomization gets decryption provider sops.
+	DecryptionSecret string
 }
 
 // SyncObjects returns the GitRepository and the Kustomization that applies
@@ -51,6 +55,9 @@ func SyncObjects(o SyncOptions) ([]*unstructured.Unstructured, error) {
 			Prune:     true,
 			SourceRef: kustomizev1.CrossNamespaceSourceReference{Kind: sourcev1.GitRepositoryKind, Name: o.Name},
 		},
+	}
+	if o.DecryptionSecret != "" {
+		ks.Spec.Decryption = &kustomizev1.Decryption{Provider: DecryptionProviderSOPS, SecretRef: &meta.LocalObjectReference{Name: o.DecryptionSecret}}
 	}
 	var out []*unstructured.Unstructured
 	for _, obj := range []runtime.Object{repo, ks} {
@@ -106,6 +113,37 @@ func AuthSecret(name, namespace string, c Credentials) (*unstructured.Unstructur
 	}
 	s := &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Type: corev1.SecretTypeOpaque, Data: data}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	return u, nil
+}
+
+// DecryptionProviderSOPS is the Kustomization's decryption provider for
+// SOPS (internal/decryptor at fluxcd/kustomize-controller v1.9.5).
+const DecryptionProviderSOPS = "sops"
+
+// DecryptionAgeKey is the key under which DecryptionSecret stores the age
+// identity: kustomize-controller imports only data keys ending in .agekey
+// as age identities (DecryptionAgeExt, internal/decryptor/decryptor.go at
+// v1.9.5), so a key named age.txt or identity is silently ignored.
+const DecryptionAgeKey = "identity.agekey"
+
+// DecryptionSecretName is the Secret's name Flux's documentation uses.
+const DecryptionSecretName = "sops-age"
+
+// DecryptionSecret returns the Secret kustomize-controller reads the age
+// identity from.
+func DecryptionSecret(name, namespace string, identity []byte) (*unstructured.Unstructured, error) {
+	if len(identity) == 0 {
+		return nil, fmt.Errorf("no age identity for the decryption Secret")
+	}
+	s := &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{DecryptionAgeKey: identity}}
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
 	if err != nil {
 		return nil, err

@@ -95,6 +95,7 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	}
 	o := c.opts
 	o.ClusterName, o.Endpoint, o.CertSANs, o.PKI, o.ScheduleOnControlPlanes = id.ClusterName, id.Endpoint, id.CertSANs, id.PKI, id.ScheduleOnControlPlanes
+	o.Encryption = id.Encryption
 	if id.ServiceCIDR != "" {
 		o.ServiceCIDR = id.ServiceCIDR
 	}

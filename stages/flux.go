@@ -15,6 +15,7 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/state"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -75,6 +76,14 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	if secret != nil {
 		sync.SecretName = secret.GetName()
 		syncObjs = append(syncObjs, secret)
+	}
+	if env.Config.Flux.Decryption.Enabled {
+		dec, err := fluxDecryptionSecret(env)
+		if err != nil {
+			return err
+		}
+		sync.DecryptionSecret = dec.GetName()
+		syncObjs = append(syncObjs, dec)
 	}
 	more, err := flux.SyncObjects(sync)
 	if err != nil {
@@ -287,6 +296,76 @@ func fluxAuthSecret(env *Env) (*unstructured.Unstructured, error) {
 	return flux.AuthSecret(FluxNamespace, FluxNamespace, cr)
 }
 
+// fluxIdentities loads the age identity of secrets.age.keyFile (or where
+// the sops CLI looks) and marks it secret for every output.
+func fluxIdentities(env *Env) (sops.Identities, error) {
+	ids, err := sops.LoadIdentities(env.Config.Resolve(env.Config.Secrets.Age.KeyFile), nil)
+	if err != nil {
+		return ids, config.Userf("flux.decryption: %v", err)
+	}
+	env.Secrets.Add(strings.TrimSpace(string(ids.Data)))
+	for _, line := range strings.Split(string(ids.Data), "\n") {
+		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
+			env.Secrets.Add(l)
+		}
+	}
+	return ids, nil
+}
+
+// fluxDecryptionSecret builds the sops-age Secret kustomize-controller
+// decrypts with (the identity under a key ending in .agekey).
+func fluxDecryptionSecret(env *Env) (*unstructured.Unstructured, error) {
+	ids, err := fluxIdentities(env)
+	if err != nil {
+		return nil, err
+	}
+	return flux.DecryptionSecret(flux.DecryptionSecretName, FluxNamespace, ids.Data)
+}
+
+// sopsCheck proves, before anything is installed, that the identity Flux
+// will get decrypts the repository's SOPS files: it decrypts the first one
+// under flux.path of the tree Flux will pull (the local work tree, or a
+// shallow clone of the remote). A wrong key fails here, naming the file.
+func sopsCheck(env *Env) check.Check {
+	return check.Check{Name: "sops decryption", Run: func(ctx context.Context) (check.Status, string) {
+		f := env.Config.Flux
+		ids, err := fluxIdentities(env)
+		if err != nil {
+			return check.Failf("%v", err)
+		}
+		var file string
+		var data []byte
+		visit := func(rel string, b []byte) bool {
+			if sops.IsEncrypted(b) {
+				file, data = rel, b
+				return true
+			}
+			return false
+		}
+		if f.LocalSnapshot.Enabled {
+			err = flux.WalkLocal(env.Config.Resolve(f.LocalSnapshot.Source), f.Path, visit)
+		} else {
+			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			cr, _, cerr := fluxCredentials(env)
+			if cerr != nil {
+				return check.Failf("%v", cerr)
+			}
+			err = flux.WalkRemote(ctx, f.Repo, f.Branch, cr, env.Config.Resolve(f.Auth.KnownHostsFile), f.Path, visit)
+		}
+		switch {
+		case err != nil:
+			return check.Failf("reading %s: %v", f.Path, err)
+		case file == "":
+			return check.Warnf("no SOPS-encrypted file under %s yet: nothing to prove the identity of %s against", f.Path, ids.Source)
+		}
+		if _, err := sops.Decrypt(data, ids); err != nil {
+			return check.Failf("%s: %v", file, err)
+		}
+		return check.Passf("%s decrypts with %s (what Flux gets as %s/%s)", file, ids.Source, flux.DecryptionSecretName, flux.DecryptionAgeKey)
+	}}
+}
+
 func short(h string) string {
 	if len(h) > 12 {
 		return h[:12]
@@ -301,7 +380,16 @@ func stateFlux(f config.Flux, url, revision string) (out state.Flux) {
 
 // Prechecks implements Prechecker. They prove the git source Flux will pull from: a local snapshot
 // builds and its address can be served, or the remote lists the branch.
-func (FluxStage) Prechecks(_ context.Context, env *Env) []check.Check {
+func (FluxStage) Prechecks(ctx context.Context, env *Env) []check.Check {
+	checks := sourceChecks(env)
+	if env.Config.Flux.Decryption.Enabled {
+		checks = append(checks, sopsCheck(env))
+	}
+	return checks
+}
+
+// sourceChecks prove the git source Flux will pull from.
+func sourceChecks(env *Env) []check.Check {
 	f := env.Config.Flux
 	if f.LocalSnapshot.Enabled {
 		ls := f.LocalSnapshot

@@ -12,6 +12,7 @@ import (
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/talos"
 )
 
@@ -130,6 +131,14 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	return mergeUserConfigs(env, res.Talosconfig)
 }
 
+// bundleSealer keeps the secrets bundle SOPS-encrypted to
+// secrets.age.recipients (plaintext, 0600, without them) and opens an
+// encrypted bundle with secrets.age.keyFile's identity.
+func bundleSealer(env *Env) *sops.FileSealer {
+	a := env.Config.Secrets.Age
+	return &sops.FileSealer{Recipients: a.Recipients, KeyFile: env.Config.Resolve(a.KeyFile), Now: env.now}
+}
+
 // talosGenerateOptions maps the config onto the talos package's options.
 // Addresses, MACs and disk buses come from what provision recorded for
 // each VM, with the config as fallback.
@@ -152,8 +161,9 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 			ControlPlane: resolveAll(cfg, c.Patches.ControlPlane),
 			Worker:       resolveAll(cfg, c.Patches.Worker),
 		},
-		Now: env.now,
-		Log: env.Log,
+		Now:    env.now,
+		Sealer: bundleSealer(env),
+		Log:    env.Log,
 	}
 	if opts.InstallImage == "" {
 		opts.InstallImage = "ghcr.io/siderolabs/installer:" + c.TalosVersion
@@ -209,6 +219,7 @@ func renderTalos(env *Env, opts talos.GenerateOptions) (*talos.Result, error) {
 	}
 	if len(plan.Changes) == 0 {
 		env.UI.OK("talos: configs in %s are up to date", opts.Dir)
+		warnPlaintextBundle(env)
 		return plan, nil
 	}
 	var files []string
@@ -234,7 +245,23 @@ func renderTalos(env *Env, opts talos.GenerateOptions) (*talos.Result, error) {
 		res, err = talos.Generate(opts)
 		return err
 	})
+	if err == nil {
+		warnPlaintextBundle(env)
+	}
 	return res, err
+}
+
+// warnPlaintextBundle says when secrets.age.recipients is set but the
+// bundle on disk is still plaintext: the talos stage never rewrites an
+// existing bundle on its own (a migration is one explicit command, with a
+// backup).
+func warnPlaintextBundle(env *Env) {
+	if len(env.Config.Secrets.Age.Recipients) == 0 {
+		return
+	}
+	if b, err := os.ReadFile(env.Paths.Secrets); err == nil && !sops.IsEncrypted(b) {
+		env.UI.Warn("the secrets bundle %s is plaintext although secrets.age.recipients is set: run `bootstrap secrets encrypt` to encrypt it (it keeps a backup)", env.Paths.Secrets)
+	}
 }
 
 // refuseDowngrade plans the rollout from the versions the state recorded

@@ -77,7 +77,7 @@ nodes:
 	l.st = state.New("lab")
 	l.st.Outputs.Nodes = map[string]state.Node{"wk-1": {Name: "wk-1", Role: "worker", VMID: 711, IP: l.ips["wk-1"], DiskBus: "virtio"}}
 
-	b, err := talos.LoadSecrets(paths.Secrets)
+	b, err := talos.LoadSecrets(paths.Secrets, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestTalosStage(t *testing.T) {
 	if !strings.Contains(l.out.String(), "node wk-1") || !strings.Contains(l.out.String(), `+        fs.inotify.max_user_watches: "1048576"`) {
 		t.Errorf("dry run output:\n%s", l.out.String())
 	}
-	b, _ := talos.LoadSecrets(paths.Secrets)
+	b, _ := talos.LoadSecrets(paths.Secrets, nil)
 	osKey := base64.StdEncoding.EncodeToString(b.Certs.OS.Key)
 	if !strings.Contains(l.out.String(), "node cp-1 (") || !strings.Contains(l.out.String(), "+        - lab.example") {
 		t.Errorf("cp-1's diff missing:\n%s", l.out.String())

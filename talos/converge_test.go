@@ -445,7 +445,7 @@ func TestKubeconfigThatDoesNotReachTheAPIServerFails(t *testing.T) {
 	h := newHarness(t, harnessOptions{controlPlanes: 1})
 	// The simulated control plane hands out a kubeconfig whose client
 	// certificate comes from another cluster's Kubernetes CA.
-	otherBundle, err := LoadSecrets("testdata/other-secrets.yaml")
+	otherBundle, err := LoadSecrets("testdata/other-secrets.yaml", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,7 @@ func Generate(opts GenerateOptions) (*Result, error) {
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", opts.Dir, err)
 	}
-	bundle, created, err := loadOrStoreSecrets(secretsPath, func() (*secrets.Bundle, error) {
+	bundle, created, err := loadOrStoreSecrets(secretsPath, opts.Sealer, func() (*secrets.Bundle, error) {
 		if opts.NewBundle != nil {
 			return opts.NewBundle, nil
 		}
@@ -156,7 +156,7 @@ func Plan(opts GenerateOptions) (*Result, error) {
 		return nil, err
 	}
 	secretsPath := filepath.Join(opts.Dir, SecretsFile)
-	bundle, err := LoadSecrets(secretsPath)
+	bundle, err := LoadSecrets(secretsPath, opts.Sealer)
 	created := false
 	if errors.Is(err, fs.ErrNotExist) {
 		bundle, err = NewSecrets(opts.TalosVersion, opts.Now())

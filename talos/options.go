@@ -125,7 +125,10 @@ type GenerateOptions struct {
 	// that a first run pays for the RSA-4096 key once. Ignored when a
 	// bundle exists.
 	NewBundle *secrets.Bundle
-	Log       zerolog.Logger
+	// Sealer keeps the bundle encrypted at rest; nil stores it as
+	// plaintext (0600).
+	Sealer Sealer
+	Log    zerolog.Logger
 }
 
 func (o GenerateOptions) withDefaults() GenerateOptions {

@@ -14,19 +14,46 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/sops"
 )
 
 // SecretsFile is the secrets bundle's name inside the cluster directory.
 const SecretsFile = "secrets.yaml"
 
-// LoadSecrets reads and validates the bundle at path. It reports
-// fs.ErrNotExist (wrapped) when there is none yet.
-func LoadSecrets(path string) (*secrets.Bundle, error) {
-	if _, err := os.Stat(path); err != nil {
+// Sealer keeps the secrets bundle encrypted at rest (SOPS with age): the
+// stored bytes are Seal's, and only Open's plaintext is ever decoded, in
+// memory. A nil Sealer keeps the bundle as plaintext YAML (mode 0600).
+type Sealer interface {
+	// Seal returns the bytes to store for a plaintext bundle.
+	Seal(plain []byte) ([]byte, error)
+	// Open returns the plaintext of stored bytes, decrypting them when
+	// they are encrypted and passing plaintext through.
+	Open(stored []byte) ([]byte, error)
+}
+
+// LoadSecrets reads and validates the bundle at path, opening it with s
+// (nil: a plaintext bundle). It reports fs.ErrNotExist (wrapped) when there
+// is none yet.
+func LoadSecrets(path string, s Sealer) (*secrets.Bundle, error) {
+	stored, err := os.ReadFile(path)
+	if err != nil {
 		return nil, fmt.Errorf("reading secrets bundle: %w", err)
 	}
-	b, err := secrets.LoadBundle(path)
-	if err != nil {
+	plain := stored
+	switch {
+	case s != nil:
+		if plain, err = s.Open(stored); err != nil {
+			// %v: whatever failed, the bundle exists; it must never
+			// look absent (fs.ErrNotExist) and be minted again.
+			return nil, fmt.Errorf("opening secrets bundle %s: %v", path, err)
+		}
+	case sops.IsEncrypted(stored):
+		return nil, fmt.Errorf("secrets bundle %s is SOPS-encrypted and no age identity is configured: set secrets.age (recipients and keyFile)", path)
+	}
+	// As secrets.LoadBundle (machinery config/generate/secrets at
+	// v1.13.3), from bytes: a decrypted bundle never touches the disk.
+	b := &secrets.Bundle{Clock: secrets.NewClock()}
+	if err := yaml.Unmarshal(plain, b); err != nil {
 		return nil, fmt.Errorf("reading secrets bundle %s: %w", path, err)
 	}
 	if err := b.Validate(); err != nil {
@@ -65,13 +92,13 @@ func EncodeSecrets(b *secrets.Bundle) ([]byte, error) {
 // (mode 0600, write-once) when absent. A second bundle would orphan every
 // node configured with the first, so an existing file is never replaced,
 // even if it fails to load: that is an error for a human to look at.
-func LoadOrCreateSecrets(path, talosVersion string, now time.Time) (b *secrets.Bundle, created bool, err error) {
-	return loadOrStoreSecrets(path, func() (*secrets.Bundle, error) { return NewSecrets(talosVersion, now) })
+func LoadOrCreateSecrets(path, talosVersion string, now time.Time, s Sealer) (b *secrets.Bundle, created bool, err error) {
+	return loadOrStoreSecrets(path, s, func() (*secrets.Bundle, error) { return NewSecrets(talosVersion, now) })
 }
 
 // loadOrStoreSecrets is LoadOrCreateSecrets with the new bundle from fresh.
-func loadOrStoreSecrets(path string, fresh func() (*secrets.Bundle, error)) (b *secrets.Bundle, created bool, err error) {
-	b, err = LoadSecrets(path)
+func loadOrStoreSecrets(path string, s Sealer, fresh func() (*secrets.Bundle, error)) (b *secrets.Bundle, created bool, err error) {
+	b, err = LoadSecrets(path, s)
 	if err == nil {
 		return b, false, nil
 	}
@@ -86,16 +113,21 @@ func loadOrStoreSecrets(path string, fresh func() (*secrets.Bundle, error)) (b *
 	if err != nil {
 		return nil, false, err
 	}
+	if s != nil {
+		if data, err = s.Seal(data); err != nil {
+			return nil, false, fmt.Errorf("encrypting the new secrets bundle: %w", err)
+		}
+	}
 	if err := fsutil.WriteNew(path, data, 0o600); err != nil {
 		if errors.Is(err, fsutil.ErrExists) {
 			// Lost a race with another writer: theirs is the bundle now.
-			b, err = LoadSecrets(path)
+			b, err = LoadSecrets(path, s)
 			return b, false, err
 		}
 		return nil, false, fmt.Errorf("writing secrets bundle: %w", err)
 	}
 	// Reload what was written so callers always work from the stored bytes.
-	b, err = LoadSecrets(path)
+	b, err = LoadSecrets(path, s)
 	if err != nil {
 		return nil, false, err
 	}
@@ -137,4 +169,58 @@ func SecretValues(b *secrets.Bundle) []string {
 		}
 	}
 	return out
+}
+
+// EncryptSecrets migrates a plaintext bundle at path to the Sealer's
+// encryption, never minting a secret: the plaintext is first kept as
+// "<path>.bak-<UTC>" (0600), the sealed bytes are opened again and must
+// decode to the same bundle, and only then replace the file, atomically.
+// An already encrypted bundle is left alone (done false).
+func EncryptSecrets(path string, s Sealer, now time.Time) (backup string, done bool, err error) {
+	stored, err := os.ReadFile(path)
+	if err != nil {
+		return "", false, fmt.Errorf("reading secrets bundle: %w", err)
+	}
+	if sops.IsEncrypted(stored) {
+		return "", false, nil
+	}
+	if s == nil {
+		return "", false, errors.New("no age recipients to encrypt the bundle to")
+	}
+	b, err := LoadSecrets(path, nil)
+	if err != nil {
+		return "", false, err
+	}
+	want, err := EncodeSecrets(b)
+	if err != nil {
+		return "", false, err
+	}
+	sealed, err := s.Seal(stored)
+	if err != nil {
+		return "", false, fmt.Errorf("encrypting %s: %w", path, err)
+	}
+	if !sops.IsEncrypted(sealed) {
+		return "", false, errors.New("no age recipients to encrypt the bundle to")
+	}
+	// Read back with the identity before anything changes: a bundle that
+	// cannot be opened here is a cluster lost.
+	opened, err := s.Open(sealed)
+	if err != nil {
+		return "", false, fmt.Errorf("the encrypted bundle could not be read back (nothing changed): %v", err)
+	}
+	back := &secrets.Bundle{Clock: secrets.NewClock()}
+	if err := yaml.Unmarshal(opened, back); err != nil {
+		return "", false, fmt.Errorf("the encrypted bundle does not decode (nothing changed): %v", err)
+	}
+	got, err := EncodeSecrets(back)
+	if err != nil || string(got) != string(want) {
+		return "", false, fmt.Errorf("the encrypted bundle reads back different (nothing changed): %v", err)
+	}
+	if backup, err = fsutil.Backup(path, now); err != nil {
+		return "", false, fmt.Errorf("backing up %s: %w", path, err)
+	}
+	if err := fsutil.WriteAtomic(path, sealed, 0o600); err != nil {
+		return backup, false, fmt.Errorf("writing the encrypted bundle: %w", err)
+	}
+	return backup, true, nil
 }

@@ -38,6 +38,7 @@ type CLI struct {
 	Restore  RestoreCmd  `cmd:"" help:"Start a cluster whose etcd was lost from an etcd snapshot, then run the postcheck."`
 	Cfg      ConfigCmd   `cmd:"" name:"config" help:"Write, validate or describe the config file."`
 	Gitsnap  GitsnapCmd  `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
+	Secrets  SecretsCmd  `cmd:"" help:"The cluster's secrets bundle at rest (SOPS with age)."`
 	Handover HandoverCmd `cmd:"" help:"Print Flux HelmRepository and HelmRelease objects that adopt the Helm releases the infra stage installed, as installed; commit them under flux.path and the infra stage only verifies those releases."`
 
 	InstallCompletions kongplete.InstallCompletions `cmd:"" help:"Print the shell snippet that enables tab completion (eval it in your shell's rc file)."`

@@ -97,6 +97,9 @@ type Options struct {
 	// verifying the snapshot's sha256 unless RestoreSkipHashCheck.
 	RestoreSnapshot      string
 	RestoreSkipHashCheck bool
+	// Encryption, when it has a key, makes the API server encrypt Secrets
+	// in etcd as Talos configures it (EncryptionConfig).
+	Encryption Encryption
 	// KubernetesVersions picks, per server (kube-apiserver,
 	// kube-controller-manager, kube-scheduler), the Kubernetes version it
 	// starts at ("1.35.4" or "v1.35.4"): the lab builds the pinned version
@@ -456,6 +459,15 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 			"--audit-log-format=json", "--audit-log-mode=blocking"}
 	case o.AuditPolicyFile != "" || o.AuditLogPath != "":
 		return errors.New("audit logging needs both Options.AuditPolicyFile and Options.AuditLogPath")
+	}
+	if cfg, err := EncryptionConfig(c.opts.Encryption); err != nil {
+		return fmt.Errorf("rendering the API server's encryption config: %w", err)
+	} else if cfg != nil {
+		path := c.path("pki", "encryptionconfig.yaml")
+		if err := fsutil.WriteAtomic(path, cfg, 0o600); err != nil {
+			return fmt.Errorf("writing the API server's encryption config: %w", err)
+		}
+		audit = append(audit, "--encryption-provider-config="+path)
 	}
 	p, err := c.runServer("kube-apiserver", append([]string{
 		"--etcd-servers=" + c.etcdURL,

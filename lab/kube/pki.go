@@ -73,6 +73,7 @@ func OptionsFromMachineConfig(cfg config.Config) (Options, error) {
 		CertSANs:                append([]string{}, c.CertSANs()...),
 		PKI:                     PKI{CACertPEM: ca.Crt, CAKeyPEM: ca.Key, ServiceAccountKeyPEM: sa.Key},
 		ScheduleOnControlPlanes: c.ScheduleOnControlPlanes(),
+		Encryption:              Encryption{Secretbox: c.SecretboxEncryptionSecret(), AESCBC: c.AESCBCEncryptionSecret()},
 	}
 	if c.Network() != nil && len(c.Network().ServiceCIDRs()) > 0 {
 		opts.ServiceCIDR = c.Network().ServiceCIDRs()[0]

@@ -1,0 +1,67 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"filippo.io/age"
+)
+
+// secrets checks the age recipients and the identity file: both are
+// knowable from the config and the file it names, so a typo fails here and
+// not halfway through the talos stage or a Kustomization an hour later.
+func (v *validator) secrets() {
+	a := v.c.Secrets.Age
+	var recipients []string
+	for i, r := range a.Recipients {
+		path := fmt.Sprintf("secrets.age.recipients[%d]", i)
+		if _, err := age.ParseX25519Recipient(strings.TrimSpace(r)); err != nil {
+			if strings.HasPrefix(strings.TrimSpace(r), "AGE-SECRET-KEY-") {
+				v.errf(path, "is an age identity, a secret: put the public key (age1…, `age-keygen -y`) here and the identity in a file named by secrets.age.keyFile")
+			} else {
+				v.errf(path, "%q is not an age public key (age1…): %v", r, err)
+			}
+			continue
+		}
+		recipients = append(recipients, strings.TrimSpace(r))
+	}
+	if a.KeyFile == "" {
+		return
+	}
+	data, err := os.ReadFile(v.c.Resolve(a.KeyFile))
+	if err != nil {
+		v.errf("secrets.age.keyFile", "%s cannot be read: %v", a.KeyFile, unwrapPathErr(err))
+		return
+	}
+	ids, err := age.ParseIdentities(strings.NewReader(string(data)))
+	if err != nil {
+		v.errf("secrets.age.keyFile", "%s holds no age identity (AGE-SECRET-KEY-1… lines, as age-keygen writes): %v", a.KeyFile, err)
+		return
+	}
+	var own []string
+	for _, id := range ids {
+		if x, ok := id.(*age.X25519Identity); ok {
+			own = append(own, x.Recipient().String())
+		}
+	}
+	if len(recipients) == 0 {
+		return
+	}
+	for _, r := range recipients {
+		for _, o := range own {
+			if r == o {
+				return
+			}
+		}
+	}
+	v.errf("secrets.age.keyFile", "%s decrypts for %s, none of secrets.age.recipients: the secrets bundle encrypted to them could not be read back; add %s to the recipients or name the matching key file",
+		a.KeyFile, strings.Join(own, ", "), own[0])
+}
+
+// fluxDecryption needs an identity to hand to Flux.
+func (v *validator) fluxDecryption() {
+	if v.c.Flux.Decryption.Enabled && v.c.Secrets.Age.KeyFile == "" && len(v.c.Secrets.Age.Recipients) == 0 {
+		v.warnf("flux.decryption.enabled", "no secrets.age.keyFile: the identity is looked up as the sops CLI does ($SOPS_AGE_KEY_FILE, $SOPS_AGE_KEY, ~/.config/sops/age/keys.txt)")
+	}
+}

@@ -1,0 +1,325 @@
+// Package sops encrypts and decrypts YAML files with SOPS and age, through
+// the SOPS Go library (github.com/getsops/sops/v3), so what it writes is
+// what the `sops` CLI reads and writes: the cluster's Talos secrets bundle
+// at rest, and the Secrets Flux's kustomize-controller decrypts.
+//
+// Decryption takes the age identities explicitly (Identities) instead of
+// letting the library search the environment on its own, so the caller
+// says which file decrypts and a wrong key is an error naming it.
+package sops
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"filippo.io/age"
+	gosops "github.com/getsops/sops/v3"
+	"github.com/getsops/sops/v3/aes"
+	sopsage "github.com/getsops/sops/v3/age"
+	sopsconfig "github.com/getsops/sops/v3/config"
+	"github.com/getsops/sops/v3/keys"
+	"github.com/getsops/sops/v3/keyservice"
+	sopsyaml "github.com/getsops/sops/v3/stores/yaml"
+	"github.com/getsops/sops/v3/version"
+	"go.yaml.in/yaml/v3"
+)
+
+// The environment and file the sops CLI finds age identities in
+// (age/keysource.go at getsops/sops v3.11.0): SOPS_AGE_KEY_FILE, SOPS_AGE_KEY,
+// then <user config dir>/sops/age/keys.txt.
+const (
+	KeyFileEnv     = sopsage.SopsAgeKeyFileEnv
+	KeyEnv         = sopsage.SopsAgeKeyEnv
+	UserConfigPath = sopsage.SopsAgeKeyUserConfigPath
+)
+
+// EncryptOptions say what Encrypt encrypts and to whom.
+type EncryptOptions struct {
+	// Recipients are age public keys (age1…); any one of their identities
+	// decrypts.
+	Recipients []string
+	// EncryptedRegex, when set, limits encryption to the keys it matches
+	// (as .sops.yaml's encrypted_regex; "^(data|stringData)$" for a
+	// Kubernetes Secret keeps its kind and name readable). Empty encrypts
+	// every value.
+	EncryptedRegex string
+	// Now stamps the file (sops.lastmodified, which the MAC is bound to).
+	Now time.Time
+}
+
+// IsEncrypted says whether a YAML document carries SOPS metadata (a
+// top-level sops mapping with a MAC), as the sops CLI checks before
+// refusing to encrypt twice.
+func IsEncrypted(data []byte) bool {
+	var doc struct {
+		Sops *struct {
+			MAC string `yaml:"mac"`
+		} `yaml:"sops"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return false
+	}
+	return doc.Sops != nil && doc.Sops.MAC != ""
+}
+
+// Encrypt encrypts a plaintext YAML file for the recipients, the way
+// `sops encrypt --age <recipients>` does: a fresh data key, wrapped for
+// each recipient, every value encrypted with AES-GCM and a MAC over the
+// plaintext (cmd/sops/encrypt.go and common.EncryptTree at v3.11.0).
+func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
+	if len(o.Recipients) == 0 {
+		return nil, errors.New("sops: no age recipients to encrypt to")
+	}
+	if IsEncrypted(plain) {
+		return nil, errors.New("sops: the file is already encrypted")
+	}
+	store := sopsyaml.NewStore(&sopsconfig.YAMLStoreConfig{})
+	branches, err := store.LoadPlainFile(plain)
+	if err != nil {
+		return nil, fmt.Errorf("sops: reading the plaintext YAML: %w", err)
+	}
+	if len(branches) == 0 {
+		return nil, errors.New("sops: the file holds no YAML document")
+	}
+	masters, err := sopsage.MasterKeysFromRecipients(strings.Join(o.Recipients, ","))
+	if err != nil {
+		return nil, fmt.Errorf("sops: age recipients: %w", err)
+	}
+	group := make(gosops.KeyGroup, 0, len(masters))
+	for _, m := range masters {
+		group = append(group, keys.MasterKey(m))
+	}
+	md := gosops.Metadata{KeyGroups: []gosops.KeyGroup{group}, Version: version.Version}
+	if o.EncryptedRegex != "" {
+		md.EncryptedRegex = o.EncryptedRegex
+	} else {
+		md.UnencryptedSuffix = gosops.DefaultUnencryptedSuffix
+	}
+	tree := gosops.Tree{Branches: branches, Metadata: md}
+	dataKey, errs := tree.GenerateDataKeyWithKeyServices([]keyservice.KeyServiceClient{keyservice.NewLocalClient()})
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("sops: wrapping the data key: %v", errors.Join(errs...))
+	}
+	cipher := aes.NewCipher()
+	mac, err := tree.Encrypt(dataKey, cipher)
+	if err != nil {
+		return nil, fmt.Errorf("sops: encrypting: %w", err)
+	}
+	now := o.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	tree.Metadata.LastModified = now.UTC().Truncate(time.Second)
+	if tree.Metadata.MessageAuthenticationCode, err = cipher.Encrypt(mac, dataKey, tree.Metadata.LastModified.Format(time.RFC3339)); err != nil {
+		return nil, fmt.Errorf("sops: encrypting the MAC: %w", err)
+	}
+	out, err := store.EmitEncryptedFile(tree)
+	if err != nil {
+		return nil, fmt.Errorf("sops: writing the encrypted YAML: %w", err)
+	}
+	return out, nil
+}
+
+// Decrypt decrypts a SOPS-encrypted YAML file with the identities and
+// verifies its MAC, as `sops decrypt` does (common.DecryptTree at v3.11.0),
+// returning the plaintext YAML.
+func Decrypt(data []byte, ids Identities) ([]byte, error) {
+	store := sopsyaml.NewStore(&sopsconfig.YAMLStoreConfig{})
+	tree, err := store.LoadEncryptedFile(data)
+	if err != nil {
+		return nil, fmt.Errorf("sops: reading the encrypted YAML: %w", err)
+	}
+	dataKey, err := dataKey(tree.Metadata, ids)
+	if err != nil {
+		return nil, err
+	}
+	cipher := aes.NewCipher()
+	computed, err := tree.Decrypt(dataKey, cipher)
+	if err != nil {
+		return nil, fmt.Errorf("sops: decrypting: %w", err)
+	}
+	stored, err := cipher.Decrypt(tree.Metadata.MessageAuthenticationCode, dataKey, tree.Metadata.LastModified.Format(time.RFC3339))
+	if err != nil {
+		return nil, fmt.Errorf("sops: decrypting the MAC: %w", err)
+	}
+	if stored != computed {
+		return nil, errors.New("sops: MAC mismatch: the file was changed without its key")
+	}
+	return store.EmitPlainFile(tree.Branches)
+}
+
+// dataKey unwraps the file's data key with the first age recipient the
+// identities open. Only files with one key group are read: the sops CLI
+// writes one unless .sops.yaml asks for Shamir key groups.
+func dataKey(md gosops.Metadata, ids Identities) ([]byte, error) {
+	if len(md.KeyGroups) != 1 {
+		return nil, fmt.Errorf("sops: %d key groups (Shamir secret sharing) are not supported: re-encrypt with one", len(md.KeyGroups))
+	}
+	var recipients []string
+	for _, k := range md.KeyGroups[0] {
+		ak, ok := k.(*sopsage.MasterKey)
+		if !ok {
+			continue
+		}
+		recipients = append(recipients, ak.Recipient)
+		if !ids.opens(ak.Recipient) {
+			continue
+		}
+		ids.parsed.ApplyToMasterKey(ak)
+		key, err := ak.Decrypt()
+		if err != nil {
+			return nil, fmt.Errorf("sops: unwrapping the data key for %s with %s: %w", ak.Recipient, ids.Source, err)
+		}
+		return key, nil
+	}
+	if len(recipients) == 0 {
+		return nil, errors.New("sops: the file is not encrypted to any age recipient")
+	}
+	return nil, fmt.Errorf("sops: no identity in %s opens the file: it is encrypted to %s; the identities are for %s",
+		ids.Source, strings.Join(recipients, ", "), strings.Join(ids.Recipients, ", "))
+}
+
+// Identities are age identities that decrypt, and where they came from.
+type Identities struct {
+	parsed sopsage.ParsedIdentities
+	// Recipients are the public keys of the X25519 identities.
+	Recipients []string
+	// Source names the file or variable they were read from, for messages.
+	Source string
+	// Data is the identity file as read, for a Kubernetes Secret that hands
+	// it to Flux. It is secret: never log it.
+	Data []byte
+}
+
+func (i Identities) opens(recipient string) bool {
+	for _, r := range i.Recipients {
+		if r == recipient {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseIdentities reads age identities (an age key file: one
+// AGE-SECRET-KEY-1… per line, # comments).
+func ParseIdentities(data []byte, source string) (Identities, error) {
+	ids := Identities{Source: source, Data: data}
+	if err := ids.parsed.Import(string(data)); err != nil {
+		return Identities{}, fmt.Errorf("age identities in %s: %w", source, err)
+	}
+	for _, id := range ids.parsed {
+		if x, ok := id.(*age.X25519Identity); ok {
+			ids.Recipients = append(ids.Recipients, x.Recipient().String())
+		}
+	}
+	if len(ids.Recipients) == 0 {
+		return Identities{}, fmt.Errorf("%s holds no age X25519 identity (AGE-SECRET-KEY-1…)", source)
+	}
+	return ids, nil
+}
+
+// LoadIdentities finds the age identities the way the sops CLI does, with
+// an explicit file first: file when set, else $SOPS_AGE_KEY_FILE, else
+// $SOPS_AGE_KEY, else <user config dir>/sops/age/keys.txt.
+func LoadIdentities(file string, lookupEnv func(string) (string, bool)) (Identities, error) {
+	if lookupEnv == nil {
+		lookupEnv = os.LookupEnv
+	}
+	if file == "" {
+		if f, ok := lookupEnv(KeyFileEnv); ok && f != "" {
+			file = f
+		} else if k, ok := lookupEnv(KeyEnv); ok && k != "" {
+			return ParseIdentities([]byte(k), "$"+KeyEnv)
+		} else {
+			dir, err := os.UserConfigDir()
+			if err != nil {
+				return Identities{}, fmt.Errorf("no age identity: set %s or %s (%v)", KeyFileEnv, KeyEnv, err)
+			}
+			file = filepath.Join(dir, filepath.FromSlash(UserConfigPath))
+		}
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		// %v, not %w: a missing identity must never read as a missing
+		// file to a caller that creates what is missing.
+		return Identities{}, fmt.Errorf("age identity file: %v", err)
+	}
+	return ParseIdentities(bytes.TrimSpace(data), file)
+}
+
+// Recipient returns the public key of an age X25519 identity string.
+func Recipient(identity string) (string, error) {
+	id, err := age.ParseX25519Identity(strings.TrimSpace(identity))
+	if err != nil {
+		return "", err
+	}
+	return id.Recipient().String(), nil
+}
+
+// GenerateIdentity returns a new age identity and its recipient, as
+// `age-keygen` prints them.
+func GenerateIdentity() (identity, recipient string, err error) {
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		return "", "", err
+	}
+	return id.String(), id.Recipient().String(), nil
+}
+
+// FileSealer stores YAML SOPS-encrypted to Recipients and opens encrypted
+// YAML with the identities LoadIdentities finds from KeyFile, read once on
+// first use. With no recipients it stores plaintext; plaintext it opens as
+// is (a bundle written before encryption was configured).
+type FileSealer struct {
+	Recipients []string
+	KeyFile    string
+	LookupEnv  func(string) (string, bool)
+	Now        func() time.Time
+
+	ids    *Identities
+	idsErr error
+}
+
+// Encrypting says whether Seal encrypts.
+func (s *FileSealer) Encrypting() bool { return len(s.Recipients) > 0 }
+
+// Seal implements talos.Sealer.
+func (s *FileSealer) Seal(plain []byte) ([]byte, error) {
+	if !s.Encrypting() {
+		return plain, nil
+	}
+	now := time.Now
+	if s.Now != nil {
+		now = s.Now
+	}
+	return Encrypt(plain, EncryptOptions{Recipients: s.Recipients, Now: now()})
+}
+
+// Open implements talos.Sealer.
+func (s *FileSealer) Open(stored []byte) ([]byte, error) {
+	if !IsEncrypted(stored) {
+		return stored, nil
+	}
+	ids, err := s.Identities()
+	if err != nil {
+		return nil, err
+	}
+	return Decrypt(stored, ids)
+}
+
+// Identities returns the identities that open what Seal stored.
+func (s *FileSealer) Identities() (Identities, error) {
+	if s.ids == nil && s.idsErr == nil {
+		ids, err := LoadIdentities(s.KeyFile, s.LookupEnv)
+		s.ids, s.idsErr = &ids, err
+	}
+	if s.idsErr != nil {
+		return Identities{}, s.idsErr
+	}
+	return *s.ids, nil
+}
