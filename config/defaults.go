@@ -61,7 +61,7 @@ func Default() *Config {
 			Branch:     DefaultFluxBranch,
 			Path:       DefaultFluxPath,
 			Version:    DefaultFluxVersion,
-			Components: []string{"source-controller", "kustomize-controller", "helm-controller"},
+			Components: []string{"source-controller", "kustomize-controller", "helm-controller", "notification-controller"},
 			Interval:   Duration(time.Minute),
 			Timeout:    Duration(5 * time.Minute),
 			LocalSnapshot: LocalSnapshot{

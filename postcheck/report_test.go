@@ -24,6 +24,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/flux"
 )
 
 func sampleReport() Report {
@@ -75,6 +76,11 @@ func TestReportPrometheus(t *testing.T) {
 	r := sampleReport()
 	r.TalosVersions, r.WantTalos = map[string]string{"cp-1": "v1.13.3", "wk-1": "v1.13.2"}, "v1.13.3"
 	r.KubeletVersions, r.APIServerVersion, r.WantKubernetes = map[string]string{"cp-1": "1.36.1", "wk-1": "1.35.4"}, "1.36.1", "1.36.1"
+	r.FluxObjects = []flux.Object{
+		{Kind: "HelmRelease", Namespace: "flux-system", Name: "nfs-provisioner", Readiness: flux.Readiness{Ready: true, Revision: "4.0.18"}},
+		{Kind: "Kustomization", Namespace: "apps", Name: "paused", Suspended: true, Readiness: flux.Readiness{Ready: true}},
+		{Kind: "Kustomization", Namespace: "flux-system", Name: "flux-system", Readiness: flux.Readiness{Detail: "BuildFailed: x"}},
+	}
 	if err := WritePrometheus(p, r); err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +94,9 @@ func TestReportPrometheus(t *testing.T) {
 		`bootstrap_kubernetes_node_drift{cluster="homelab",node="cp-1"} 0`,
 		`bootstrap_kubernetes_node_drift{cluster="homelab",node="wk-1"} 1`,
 		`bootstrap_kubernetes_apiserver_drift{cluster="homelab",version="1.36.1"} 0`,
+		`bootstrap_flux_object_ready{cluster="homelab",kind="HelmRelease",namespace="flux-system",name="nfs-provisioner",suspended="false"} 1`,
+		`bootstrap_flux_object_ready{cluster="homelab",kind="Kustomization",namespace="apps",name="paused",suspended="true"} 0`,
+		`bootstrap_flux_object_ready{cluster="homelab",kind="Kustomization",namespace="flux-system",name="flux-system",suspended="false"} 0`,
 		`bootstrap_postcheck_success{cluster="homelab"} 0`,
 		`bootstrap_postcheck_check_success{cluster="homelab",check="kubeconfig"} 1`,
 		`bootstrap_postcheck_check_success{cluster="homelab",check="nfs-provisioning"} 0`,

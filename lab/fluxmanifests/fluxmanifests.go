@@ -13,11 +13,14 @@ package fluxmanifests
 import (
 	"bytes"
 	"context"
+	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -32,8 +35,17 @@ import (
 	"github.com/homelab/bootstrap/lab/kube"
 )
 
-// Components are the Flux controllers the lab pins and bundles.
-var Components = []string{"source-controller", "kustomize-controller", "helm-controller"}
+// Components are the Flux controllers the lab pins and bundles: Flux's
+// default set. notification-controller's CRDs are generated from its
+// pinned API module (lab/tools/build.sh) and its Deployment is a stand-in
+// (standin/notification-controller) that kwok runs without executing.
+var Components = []string{"source-controller", "kustomize-controller", "helm-controller", "notification-controller"}
+
+// standins holds config/manager stand-ins for controllers whose module
+// the module proxy does not serve.
+//
+//go:embed all:standin
+var standins embed.FS
 
 // Sources says where the Flux distribution and the controllers' sources are.
 type Sources struct {
@@ -150,7 +162,13 @@ func buildComponent(src Sources, c, dir string) ([]byte, error) {
 		if kind == "crds" {
 			sub = "crd"
 		}
-		out, err := kustomizeBuild(filepath.Join(ctrlDir, "config", sub))
+		from := filepath.Join(ctrlDir, "config", sub)
+		if _, err := os.Stat(from); errors.Is(err, os.ErrNotExist) && sub == "manager" {
+			if from, err = writeStandin(c, filepath.Join(dir, "standin-manager")); err != nil {
+				return nil, err
+			}
+		}
+		out, err := kustomizeBuild(from)
 		if err != nil {
 			return nil, err
 		}
@@ -168,6 +186,29 @@ func buildComponent(src Sources, c, dir string) ([]byte, error) {
 		return nil, err
 	}
 	return kustomizeBuild(dir)
+}
+
+// writeStandin writes the embedded config/manager stand-in of controller c
+// into dir and returns dir.
+func writeStandin(c, dir string) (string, error) {
+	root := path.Join("standin", c)
+	entries, err := fs.ReadDir(standins, root)
+	if err != nil {
+		return "", fmt.Errorf("%s has no config/manager and the lab no stand-in for it: %w", c, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	for _, e := range entries {
+		data, err := fs.ReadFile(standins, path.Join(root, e.Name()))
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), data, 0o600); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
 }
 
 func kustomizeBuild(dir string) ([]byte, error) {

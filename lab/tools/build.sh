@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the lab's binaries (etcd, etcdutl, kube-apiserver, kube-controller-manager,
 # kube-scheduler and the same three of the previous Kubernetes minor, prefixed
-# previous-, kwok, source-controller, kustomize-controller, helm-controller) from the Go
+# previous-, kwok, source-controller, kustomize-controller, helm-controller,
+# controller-gen) from the Go
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
 # the repository root), and records where the pinned Cilium source is, whose
 # real Helm chart the lab's chart repository serves. Builds nothing when the
@@ -33,6 +34,7 @@ kwok_version=$(mod_version kwok sigs.k8s.io/kwok)
 source_controller_version=$(mod_version flux github.com/fluxcd/source-controller)
 kustomize_controller_version=$(mod_version flux github.com/fluxcd/kustomize-controller)
 helm_controller_version=$(mod_version helm-controller github.com/fluxcd/helm-controller)
+notification_api_version=$(mod_version notification-controller github.com/fluxcd/notification-controller/api)
 cilium_version=$(mod_version cilium github.com/cilium/cilium)
 # The Flux distribution whose manifests (manifests/ in its module) the lab
 # bundles into a release-like manifests.tar.gz: the one the product uses.
@@ -74,8 +76,9 @@ declare -A specs=(
 	[source-controller]="flux|github.com/fluxcd/source-controller|"
 	[kustomize-controller]="flux|github.com/fluxcd/kustomize-controller|"
 	[helm-controller]="helm-controller|github.com/fluxcd/helm-controller|"
+	[controller-gen]="notification-controller|sigs.k8s.io/controller-tools/cmd/controller-gen|"
 )
-binaries=(etcd etcdutl kube-apiserver kube-controller-manager kube-scheduler previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler kwok source-controller kustomize-controller helm-controller)
+binaries=(etcd etcdutl kube-apiserver kube-controller-manager kube-scheduler previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler kwok source-controller kustomize-controller helm-controller controller-gen)
 
 # built <name> reports whether the binary is built for its fingerprint.
 built() {
@@ -132,6 +135,27 @@ kwok_dir=$(mod_dir kwok sigs.k8s.io/kwok)
 source_controller_dir=$(mod_dir flux github.com/fluxcd/source-controller)
 kustomize_controller_dir=$(mod_dir flux github.com/fluxcd/kustomize-controller)
 helm_controller_dir=$(mod_dir helm-controller github.com/fluxcd/helm-controller)
+# notification-controller's own module is not on the module proxy: its CRDs
+# are generated from its API module by the controller-gen its Makefile pins
+# (CONTROLLER_GEN_VERSION, crd:crdVersions=v1), as its release does. The
+# API module is copied first: controller-gen loads it as a main module.
+notification_dir=$bin_dir/notification-controller
+notification_api_dir=$(mod_dir notification-controller github.com/fluxcd/notification-controller/api)
+if [[ ! -f $notification_dir/.fingerprint || $(<"$notification_dir/.fingerprint") != "$(fingerprint notification-controller)" ]]; then
+	log "generating the notification-controller $notification_api_version CRDs"
+	work=$(mktemp -d)
+	cp -r "$notification_api_dir" "$work/api"
+	chmod -R u+w "$work/api"
+	rm -rf "$notification_dir.tmp"
+	mkdir -p "$notification_dir.tmp/config/crd/bases"
+	(cd "$work/api" && "$bin_dir/controller-gen" crd:crdVersions=v1 paths=./... output:crd:artifacts:config="$notification_dir.tmp/config/crd/bases")
+	rm -rf "$work"
+	# The resource list of the controller's config/crd/kustomization.yaml.
+	printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- bases/notification.toolkit.fluxcd.io_providers.yaml\n- bases/notification.toolkit.fluxcd.io_alerts.yaml\n- bases/notification.toolkit.fluxcd.io_receivers.yaml\n' >"$notification_dir.tmp/config/crd/kustomization.yaml"
+	fingerprint notification-controller >"$notification_dir.tmp/.fingerprint"
+	rm -rf "$notification_dir"
+	mv "$notification_dir.tmp" "$notification_dir"
+fi
 # The Cilium source is only read (its chart); the manifest is rewritten on
 # every run so a new pin here needs no rebuild of the binaries.
 cilium_dir=$(mod_dir cilium github.com/cilium/cilium)
@@ -147,6 +171,7 @@ cat >"$manifest.tmp" <<EOF
     "github.com/fluxcd/source-controller": {"version": "$source_controller_version", "dir": "$source_controller_dir"},
     "github.com/fluxcd/kustomize-controller": {"version": "$kustomize_controller_version", "dir": "$kustomize_controller_dir"},
     "github.com/fluxcd/helm-controller": {"version": "$helm_controller_version", "dir": "$helm_controller_dir"},
+    "github.com/fluxcd/notification-controller": {"version": "$notification_api_version", "dir": "$notification_dir"},
     "github.com/fluxcd/flux2/v2": {"version": "$flux2_version", "dir": "$flux2_dir"},
     "github.com/cilium/cilium": {"version": "$cilium_version", "dir": "$cilium_dir"}
   }
