@@ -52,9 +52,11 @@ type Options struct {
 	CNI string
 	// TalosVersion the nodes boot and the config names (lab.Options).
 	TalosVersion string
-	Profile      string
-	TimeScale    float64
-	Seed         int64
+	// KubernetesVersion the config names (lab.Options).
+	KubernetesVersion string
+	Profile           string
+	TimeScale         float64
+	Seed              int64
 	// BinDir holds the lab binaries (default kube.DefaultBinDir()).
 	BinDir string
 	// KeepKubeData keeps the control plane's data and server logs in
@@ -91,7 +93,7 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 		kubeData = filepath.Join(o.Dir, "kube")
 	}
 	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
-		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, CNI: o.CNI, TalosVersion: o.TalosVersion,
+		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
 		OnNodeBoot: o.OnNodeBoot, Log: o.Log,
 	})

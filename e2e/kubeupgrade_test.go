@@ -251,3 +251,41 @@ func kubePlanLines(out string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// TestKubernetesUpgradeAfterATalosMinor: a cluster at Talos v1.12.6 and
+// Kubernetes 1.35.4 is moved to Talos v1.13.3 and Kubernetes 1.36.1 in one
+// edit. Talos v1.12 does not run Kubernetes 1.36 (machinery compatibility),
+// but the talos stage upgrades Talos first: the dry run must plan the
+// Kubernetes upgrade against the Talos the nodes will run by then (it
+// refused it, judging the nodes' current v1.12.6), and the real run must
+// then do both.
+func TestKubernetesUpgradeAfterATalosMinor(t *testing.T) {
+	ctx := testContext(t, 6*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, TalosVersion: "v1.12.6", KubernetesVersion: "1.35.4"})
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("install at v1.12.6 and 1.35.4:\n%s", r.Tail(40))
+	}
+	// Talos first: each edit must leave a valid config.
+	setTalosVersion(t, h, "v1.12.6", "v1.13.3")
+	setKubernetesVersion(t, h, "1.36.1")
+	before := applies(h)
+	dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
+	if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "upgrade Talos on cp-1 v1.12.6 → v1.13.3") ||
+		!strings.Contains(dry.Stdout, "upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1") {
+		t.Fatalf("dry run of Talos v1.13.3 with Kubernetes 1.36.1 (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
+	}
+	if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("the dry run applied configs: %v → %v", before, after)
+	}
+	real := run(t, ctx, h, "run", "--stage", "talos")
+	if real.ExitCode != 0 {
+		t.Fatalf("the upgrade failed:\n%s", real.Tail(40))
+	}
+	api, kubelets := kubeState(t, ctx, h)
+	if api != "v1.36.1" || kubelets["cp-1"] != "v1.36.1" {
+		t.Fatalf("after the upgrade the API server runs %s and the kubelet %s", api, kubelets["cp-1"])
+	}
+	if pc := run(t, ctx, h, "run", "--stage", "postcheck"); pc.ExitCode != 0 {
+		t.Fatalf("postcheck after the upgrade:\n%s", pc.Tail(30))
+	}
+}

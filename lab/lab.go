@@ -54,6 +54,9 @@ type Options struct {
 	// cluster.talosVersion (default v1.13.3): an older one lets a test
 	// upgrade the cluster afterwards.
 	TalosVersion string
+	// KubernetesVersion, when set, is written as cluster.kubernetesVersion
+	// (an older Talos needs an older Kubernetes to make a valid config).
+	KubernetesVersion string
 	// BinDir holds the lab binaries (default: kube.DefaultBinDir()).
 	BinDir string
 	// Audit makes the API server keep an audit log of every write (who,
@@ -409,6 +412,9 @@ postcheck:
 `, l.prefix, filepath.Base(o.ConfigPath), endpointHost, vip, l.addr(1), l.PVE.APIURL(), l.PVE.NodeName(), id, l.PVE.Fingerprint(),
 		isoURL, isoFile, isoSHA256, nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
 		abs(tokenFile), abs(l.gitDir), o.TalosVersion)
+	if o.KubernetesVersion != "" {
+		cfg = strings.Replace(cfg, "  talosVersion: "+o.TalosVersion+"\n", "  talosVersion: "+o.TalosVersion+"\n  kubernetesVersion: "+o.KubernetesVersion+"\n", 1)
+	}
 	if err := fsutil.WriteAtomic(o.ConfigPath, []byte(cfg), 0o644); err != nil {
 		return "", err
 	}

@@ -106,6 +106,14 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 	for _, t := range nodes {
 		if p, err := ops.Probe(ctx, t.IP); err == nil && p.Mode == talos.ModeConfigured {
 			talosVersions[t.Name] = p.Version
+			if env.DryRun {
+				// The Talos rollout runs first and stops the run when it
+				// cannot finish: by the time Kubernetes moves, every node
+				// runs the configured Talos. A dry run has not rolled it
+				// out, so its plan is judged against that version, not
+				// the one the node runs now.
+				talosVersions[t.Name] = env.Config.Cluster.TalosVersion
+			}
 		}
 	}
 	plan, err := talos.PlanKubernetes(nodes, running, talosVersions, want, env.Options.AllowDowngrade)
