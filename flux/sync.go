@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/homelab/bootstrap/kube"
 )
 
 // SyncOptions describe the GitRepository and Kustomization.
@@ -61,14 +63,10 @@ func SyncObjects(o SyncOptions) ([]*unstructured.Unstructured, error) {
 	}
 	var out []*unstructured.Unstructured
 	for _, obj := range []runtime.Object{repo, ks} {
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		u, err := kube.ApplyObject(obj)
 		if err != nil {
 			return nil, err
 		}
-		u := &unstructured.Unstructured{Object: m}
-		// Status and the zero creationTimestamp are not ours to apply.
-		unstructured.RemoveNestedField(u.Object, "status")
-		unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 		out = append(out, u)
 	}
 	return out, nil
@@ -111,15 +109,13 @@ func AuthSecret(name, namespace string, c Credentials) (*unstructured.Unstructur
 	default:
 		return nil, fmt.Errorf("no credentials given")
 	}
-	s := &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Type: corev1.SecretTypeOpaque, Data: data}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: m}
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-	return u, nil
+	return opaqueSecret(name, namespace, data)
+}
+
+// opaqueSecret is an Opaque Secret ready to apply.
+func opaqueSecret(name, namespace string, data map[string][]byte) (*unstructured.Unstructured, error) {
+	return kube.ApplyObject(&corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Type: corev1.SecretTypeOpaque, Data: data})
 }
 
 // DecryptionProviderSOPS is the Kustomization's decryption provider for
@@ -141,14 +137,5 @@ func DecryptionSecret(name, namespace string, identity []byte) (*unstructured.Un
 	if len(identity) == 0 {
 		return nil, fmt.Errorf("no age identity for the decryption Secret")
 	}
-	s := &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Type: corev1.SecretTypeOpaque,
-		Data: map[string][]byte{DecryptionAgeKey: identity}}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: m}
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-	return u, nil
+	return opaqueSecret(name, namespace, map[string][]byte{DecryptionAgeKey: identity})
 }

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
+
+	"github.com/homelab/bootstrap/kube"
 )
 
 // helmReleaseGVR is the HelmRelease kind of helm-controller v1.6.4 (the
@@ -170,16 +172,12 @@ func (o Handover) Manifest(rels []Release) ([]byte, error) {
 
 // cleanYAML renders a typed object without the fields only a server
 // fills (status, creationTimestamp).
-func cleanYAML(obj any) ([]byte, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+func cleanYAML(obj runtime.Object) ([]byte, error) {
+	u, err := kube.ApplyObject(obj)
 	if err != nil {
 		return nil, err
 	}
-	delete(m, "status")
-	if md, ok := m["metadata"].(map[string]any); ok {
-		delete(md, "creationTimestamp")
-	}
-	return yaml.Marshal(m)
+	return yaml.Marshal(u.Object)
 }
 
 func jsonValues(v map[string]any) (*apiextensionsv1.JSON, error) {

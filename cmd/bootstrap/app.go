@@ -144,6 +144,17 @@ func (a *App) loadConfig() (*config.Config, error) {
 	return config.Load(a.cli.Config, a.LookupEnv)
 }
 
+// configAndLog loads the config and a console logger, for commands that
+// take no lock and write no run log.
+func (a *App) configAndLog() (*config.Config, zerolog.Logger, error) {
+	cfg, err := a.loadConfig()
+	if err != nil {
+		return nil, zerolog.Nop(), err
+	}
+	log, err := a.logger(nil, &redact.Set{})
+	return cfg, log, err
+}
+
 // logger builds the process logger; file, when set, gets the full JSON log.
 func (a *App) logger(file io.Writer, secrets *redact.Set) (zerolog.Logger, error) {
 	log, err := ui.NewLogger(ui.Options{Format: a.cli.LogFormat, Level: a.cli.LogLevel, Out: a.Stderr, File: file, Redact: secrets})

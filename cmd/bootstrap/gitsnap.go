@@ -44,11 +44,7 @@ type GitsnapStopCmd struct {
 
 // Run stops the recorded server.
 func (c *GitsnapStopCmd) Run(ctx context.Context, a *App) error {
-	cfg, err := a.loadConfig()
-	if err != nil {
-		return err
-	}
-	log, err := a.logger(nil, &redact.Set{})
+	cfg, log, err := a.configAndLog()
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/ui"
 )
@@ -18,11 +17,7 @@ type HandoverCmd struct {
 
 // Run renders the objects to stdout; it changes nothing.
 func (h *HandoverCmd) Run(ctx context.Context, a *App) error {
-	cfg, err := a.loadConfig()
-	if err != nil {
-		return err
-	}
-	log, err := a.logger(nil, &redact.Set{})
+	cfg, log, err := a.configAndLog()
 	if err != nil {
 		return err
 	}
