@@ -154,6 +154,9 @@ func TestSOPSEndToEnd(t *testing.T) {
 	if strings.Contains(after.Stdout+after.Stderr, "bootstrap secrets encrypt") {
 		t.Error("the talos stage still calls the encrypted bundle plaintext")
 	}
+	if !strings.Contains(after.Stdout, "is SOPS-encrypted and opens with "+keyFile) {
+		t.Errorf("the precheck did not open the encrypted bundle:\n%s", after.Tail(40))
+	}
 
 	// A key file that opens none of the recipients: config validate refuses
 	// it (exit 2, the field named) before any call.

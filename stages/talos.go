@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/sops"
@@ -555,3 +557,34 @@ func mergeUserConfigs(env *Env, talosconfig []byte) error {
 }
 
 func noop() error { return nil }
+
+// Prechecks implements Prechecker: an existing secrets bundle opens (an
+// encrypted one with secrets.age's identity), so a lost or wrong age key
+// fails here, before any node is touched, and not in the middle of the
+// talos stage.
+func (TalosStage) Prechecks(_ context.Context, env *Env) []check.Check {
+	return []check.Check{{Name: "secrets bundle", Run: func(ctx context.Context) (check.Status, string) {
+		path := env.Paths.Secrets
+		stored, err := os.ReadFile(path)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && len(env.Config.Secrets.Age.Recipients) > 0:
+			return check.Passf("none yet: the talos stage creates %s once, SOPS-encrypted", path)
+		case errors.Is(err, fs.ErrNotExist):
+			return check.Passf("none yet: the talos stage creates %s once", path)
+		case err != nil:
+			return check.Failf("%v", err)
+		}
+		sealer := bundleSealer(env)
+		if _, err := talos.LoadSecrets(path, sealer); err != nil {
+			return check.Failf("%v", err)
+		}
+		if !sops.IsEncrypted(stored) {
+			if sealer.Encrypting() {
+				return check.Warnf("%s is plaintext although secrets.age.recipients is set: run `bootstrap secrets encrypt`", path)
+			}
+			return check.Passf("%s (plaintext, mode 0600; secrets.age.recipients encrypts it at rest)", path)
+		}
+		ids, _ := sealer.Identities()
+		return check.Passf("%s is SOPS-encrypted and opens with %s", path, ids.Source)
+	}}}
+}
