@@ -20,7 +20,8 @@ import (
 // installed to Flux, as a user would: `bootstrap handover` prints the
 // HelmRepository and HelmRelease, they are committed under ./infra, and
 // the flux stage waits until the real helm-controller has adopted the
-// release. A chart bump in git is then rolled out by Flux, and neither a
+// release (and installed another HelmRelease of the tree from the lab's
+// chart repository). A chart bump in git is then rolled out by Flux, and neither a
 // re-run of the infra stage nor of the whole pipeline (whose config still
 // names the old chart) writes a Helm revision or reverts it.
 func TestFluxTakesOverHelmReleases(t *testing.T) {
@@ -57,13 +58,31 @@ func TestFluxTakesOverHelmReleases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(infraDir, "kustomization.yaml"), append(kustomization, "  - nfs-provisioner.yaml\n"...))
+	writeFile(t, filepath.Join(infraDir, "kustomization.yaml"), append(kustomization, "  - nfs-provisioner.yaml\n  - demo-app.yaml\n"...))
+	// And a release Flux installs from scratch, from the same chart
+	// repository: the stand-in chart without a StorageClass.
+	writeFile(t, filepath.Join(infraDir, "demo-app.yaml"), []byte(`apiVersion: helm.toolkit.fluxcd.io/v2
+kind: HelmRelease
+metadata:
+  name: demo-app
+  namespace: homelab
+spec:
+  interval: 10m
+  chart:
+    spec:
+      chart: nfs-subdir-external-provisioner
+      version: 4.0.18
+      sourceRef: {kind: HelmRepository, name: nfs-subdir-external-provisioner, namespace: flux-system}
+  values:
+    nfs: {server: 127.0.0.1, path: /export/demo}
+    storageClass: {create: false}
+`))
 
 	adopt := run(t, ctx, h, "run", "--stage", "flux")
 	if adopt.ExitCode != 0 {
 		t.Fatalf("flux stage with the HelmRelease failed:\n%s", adopt.Tail(40))
 	}
-	if !strings.Contains(adopt.Stdout+adopt.Stderr, "2 of 2 Kustomization(s) and HelmRelease(s) Ready") {
+	if !strings.Contains(adopt.Stdout+adopt.Stderr, "3 of 3 Kustomization(s) and HelmRelease(s) Ready") {
 		t.Errorf("the flux stage did not wait for the HelmRelease:\n%s", adopt.Tail(30))
 	}
 	// helm-controller took the release it had no history of as unmanaged
@@ -74,6 +93,9 @@ func TestFluxTakesOverHelmReleases(t *testing.T) {
 	}
 	if v := helmReleaseChart(t, ctx, h); v != "4.0.17" {
 		t.Errorf("HelmRelease reports chart %q after the takeover, want 4.0.17", v)
+	}
+	if r := adopted.HelmReleases["homelab/demo-app"]; r.Revision != 1 || r.Status != "deployed" {
+		t.Errorf("the release Flux installs: %+v (all: %v)", r, adopted.HelmReleases)
 	}
 
 	verify := run(t, ctx, h, "run", "--stage", "infra")
