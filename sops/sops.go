@@ -252,15 +252,6 @@ func LoadIdentities(file string, lookupEnv func(string) (string, bool)) (Identit
 	return ParseIdentities(bytes.TrimSpace(data), file)
 }
 
-// Recipient returns the public key of an age X25519 identity string.
-func Recipient(identity string) (string, error) {
-	id, err := age.ParseX25519Identity(strings.TrimSpace(identity))
-	if err != nil {
-		return "", err
-	}
-	return id.Recipient().String(), nil
-}
-
 // GenerateIdentity returns a new age identity and its recipient, as
 // `age-keygen` prints them.
 func GenerateIdentity() (identity, recipient string, err error) {
