@@ -136,20 +136,13 @@ func (h *Helm) config(namespace string) (*action.Configuration, error) {
 // A deployed release with the same chart version and the same values is
 // left alone: Helm would otherwise write a new revision on every run.
 func (h *Helm) Plan(ctx context.Context, r Release) (Plan, error) {
-	cfg, err := h.config(r.Namespace)
+	revs, err := h.history(r)
 	if err != nil {
 		return Plan{}, err
 	}
-	hist := action.NewHistory(cfg)
-	hist.Max = 20
-	revs, err := hist.Run(r.Name)
-	if errors.Is(err, driver.ErrReleaseNotFound) || (err == nil && len(revs) == 0) {
+	if len(revs) == 0 {
 		return Plan{Action: ActionInstall, Reason: fmt.Sprintf("install %s", r)}, nil
 	}
-	if err != nil {
-		return Plan{}, fmt.Errorf("reading history of release %s/%s: %w", r.Namespace, r.Name, err)
-	}
-	releaseutil.SortByRevision(revs)
 	last := revs[len(revs)-1]
 	var lastDeployed *release.Release
 	for _, rv := range revs {
@@ -184,9 +177,9 @@ func (h *Helm) Plan(ctx context.Context, r Release) (Plan, error) {
 	return Plan{Action: ActionUpgrade, Reason: fmt.Sprintf("upgrade release %s/%s (%s)", r.Namespace, r.Name, strings.Join(diffs, "; ")), Deployed: last}, nil
 }
 
-// lastRelease returns the release's newest revision, nil when there is
-// none.
-func (h *Helm) lastRelease(r Release) (*release.Release, error) {
+// history returns the release's last 20 revisions, oldest first; none when
+// it was never installed.
+func (h *Helm) history(r Release) ([]*release.Release, error) {
 	cfg, err := h.config(r.Namespace)
 	if err != nil {
 		return nil, err
@@ -194,13 +187,23 @@ func (h *Helm) lastRelease(r Release) (*release.Release, error) {
 	hist := action.NewHistory(cfg)
 	hist.Max = 20
 	revs, err := hist.Run(r.Name)
-	if errors.Is(err, driver.ErrReleaseNotFound) || (err == nil && len(revs) == 0) {
+	if errors.Is(err, driver.ErrReleaseNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading history of release %s/%s: %w", r.Namespace, r.Name, err)
 	}
 	releaseutil.SortByRevision(revs)
+	return revs, nil
+}
+
+// lastRelease returns the release's newest revision, nil when there is
+// none.
+func (h *Helm) lastRelease(r Release) (*release.Release, error) {
+	revs, err := h.history(r)
+	if err != nil || len(revs) == 0 {
+		return nil, err
+	}
 	return revs[len(revs)-1], nil
 }
 

@@ -50,10 +50,8 @@ func LoadSecrets(path string, s Sealer) (*secrets.Bundle, error) {
 	case sops.IsEncrypted(stored):
 		return nil, fmt.Errorf("secrets bundle %s is SOPS-encrypted and no age identity is configured: set secrets.age (recipients and keyFile)", path)
 	}
-	// As secrets.LoadBundle (machinery config/generate/secrets at
-	// v1.13.3), from bytes: a decrypted bundle never touches the disk.
-	b := &secrets.Bundle{Clock: secrets.NewClock()}
-	if err := yaml.Unmarshal(plain, b); err != nil {
+	b, err := decodeBundle(plain)
+	if err != nil {
 		return nil, fmt.Errorf("reading secrets bundle %s: %w", path, err)
 	}
 	if err := b.Validate(); err != nil {
@@ -61,6 +59,17 @@ func LoadSecrets(path string, s Sealer) (*secrets.Bundle, error) {
 	}
 	if b.Certs == nil || b.Certs.OS == nil || b.Certs.K8s == nil || b.Certs.Etcd == nil {
 		return nil, fmt.Errorf("secrets bundle %s lacks a CA (os, k8s or etcd)", path)
+	}
+	return b, nil
+}
+
+// decodeBundle decodes a plaintext bundle as secrets.LoadBundle does
+// (machinery config/generate/secrets at v1.13.3), from bytes: a decrypted
+// bundle never touches the disk.
+func decodeBundle(plain []byte) (*secrets.Bundle, error) {
+	b := &secrets.Bundle{Clock: secrets.NewClock()}
+	if err := yaml.Unmarshal(plain, b); err != nil {
+		return nil, err
 	}
 	return b, nil
 }
@@ -208,8 +217,8 @@ func EncryptSecrets(path string, s Sealer, now time.Time) (backup string, done b
 	if err != nil {
 		return "", false, fmt.Errorf("the encrypted bundle could not be read back (nothing changed): %v", err)
 	}
-	back := &secrets.Bundle{Clock: secrets.NewClock()}
-	if err := yaml.Unmarshal(opened, back); err != nil {
+	back, err := decodeBundle(opened)
+	if err != nil {
 		return "", false, fmt.Errorf("the encrypted bundle does not decode (nothing changed): %v", err)
 	}
 	got, err := EncodeSecrets(back)
