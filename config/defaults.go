@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/homelab/bootstrap/factory"
+)
 
 // Defaults used when a field is not set.
 const (
@@ -22,6 +26,8 @@ func Default() *Config {
 	return &Config{
 		Cluster: Cluster{
 			TalosVersion:       DefaultTalosVersion,
+			Schematic:          Schematic{Extensions: []string{factory.GuestAgent}},
+			Factory:            factory.DefaultURL,
 			UpgradeParallelism: 1,
 			KubernetesVersion:  DefaultKubernetesVersion,
 			Patches:            Patches{Nodes: map[string][]string{}},

@@ -19,15 +19,21 @@ type Config struct {
 
 // Cluster describes the Talos cluster.
 type Cluster struct {
-	Name              string   `yaml:"name" doc:"Cluster name (DNS label); names .talos/<name> and ai/state/<name>. Env: TALOS_CLUSTER_NAME."`
-	Endpoint          string   `yaml:"endpoint" doc:"Kubernetes API endpoint, https://<vip or control plane IP>:6443."`
-	VIP               string   `yaml:"vip" doc:"Optional shared control-plane address (Talos Layer2 VIP); must be the endpoint's host."`
-	TalosVersion      string   `yaml:"talosVersion" doc:"Talos version of the ISO and installer, e.g. v1.13.3."`
-	KubernetesVersion string   `yaml:"kubernetesVersion" doc:"Kubernetes version, e.g. 1.36.1."`
-	InstallImage      string   `yaml:"installImage" doc:"Talos installer image; empty means ghcr.io/siderolabs/installer:<talosVersion>."`
-	Network           Network  `yaml:"network" doc:"The node network (static addresses via cloud-init nocloud)."`
-	Patches           Patches  `yaml:"patches" doc:"Talos config patch files, applied common → role → node."`
-	SANs              []string `yaml:"certSANs" doc:"Extra names/IPs for the API server and Talos API certificates."`
+	Name              string `yaml:"name" doc:"Cluster name (DNS label); names .talos/<name> and ai/state/<name>. Env: TALOS_CLUSTER_NAME."`
+	Endpoint          string `yaml:"endpoint" doc:"Kubernetes API endpoint, https://<vip or control plane IP>:6443."`
+	VIP               string `yaml:"vip" doc:"Optional shared control-plane address (Talos Layer2 VIP); must be the endpoint's host."`
+	TalosVersion      string `yaml:"talosVersion" doc:"Talos version of the ISO and installer, e.g. v1.13.3."`
+	KubernetesVersion string `yaml:"kubernetesVersion" doc:"Kubernetes version, e.g. 1.36.1."`
+	InstallImage      string `yaml:"installImage" doc:"Talos installer image; empty derives the factory's nocloud installer of cluster.schematic for talosVersion."`
+	// Schematic is what the nodes' Talos carries besides the base image;
+	// the ISO and the installer are both derived from it, so they agree.
+	Schematic Schematic `yaml:"schematic" doc:"Image Factory customization of the ISO and the installer: system extensions and kernel arguments."`
+	Factory   string    `yaml:"factory" doc:"Image Factory base URL (a self-hosted one works too)."`
+	// FactoryCAFile verifies a self-hosted factory with a private CA.
+	FactoryCAFile string   `yaml:"factoryCAFile" doc:"CA file to verify the Image Factory's certificate with (default: the system's roots)."`
+	Network       Network  `yaml:"network" doc:"The node network (static addresses via cloud-init nocloud)."`
+	Patches       Patches  `yaml:"patches" doc:"Talos config patch files, applied common → role → node."`
+	SANs          []string `yaml:"certSANs" doc:"Extra names/IPs for the API server and Talos API certificates."`
 	// AllowSchedulingOnControlPlanes lets workloads run on control planes
 	// (needed when there are no workers).
 	AllowSchedulingOnControlPlanes bool `yaml:"allowSchedulingOnControlPlanes" doc:"Run workloads on control planes too (automatic when there are no workers)."`
@@ -40,6 +46,12 @@ type Cluster struct {
 	UpgradeParallelism int `yaml:"upgradeParallelism" doc:"How many workers a Talos upgrade moves at once (control planes: always one)."`
 	// Timeouts bound the talos stage's waits; slow hardware raises them.
 	Timeouts TalosTimeouts `yaml:"timeouts" doc:"Bounds on the talos stage's waits (raise them for slow disks or networks)."`
+}
+
+// Schematic is the Image Factory customization the nodes' images carry.
+type Schematic struct {
+	Extensions      []string `yaml:"extensions" doc:"Official system extensions by factory name, e.g. siderolabs/qemu-guest-agent (the VM gets agent: 1 only with it)."`
+	ExtraKernelArgs []string `yaml:"extraKernelArgs" doc:"Extra kernel arguments baked into the ISO and the installer."`
 }
 
 // TalosTimeouts bound the waits of the talos stage and of the Talos checks.
@@ -87,8 +99,8 @@ type Proxmox struct {
 
 // ISO is the Talos boot image on the ISO storage.
 type ISO struct {
-	URL      string `yaml:"url" doc:"Where to download the ISO from when missing (Talos image factory, nocloud flavour)."`
-	File     string `yaml:"file" doc:"File name on the ISO storage, e.g. talos-v1.13.3-nocloud-amd64.iso."`
+	URL      string `yaml:"url" doc:"Where to download the ISO from when missing; empty derives the factory's nocloud ISO of cluster.schematic."`
+	File     string `yaml:"file" doc:"File name on the ISO storage; empty derives talos-<version>-<schematic>-nocloud-amd64.iso."`
 	Checksum string `yaml:"checksum" doc:"Checksum of the download, <algorithm>:<hex> (sha256, sha512)."`
 }
 

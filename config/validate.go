@@ -102,6 +102,7 @@ func (v *validator) cluster() {
 	v.cidrHostBits()
 	v.certSANs()
 	v.installImage()
+	v.schematic()
 
 	prefix, okCIDR := v.cidr()
 	n := c.Network
@@ -388,7 +389,9 @@ func (v *validator) proxmox() {
 	if p.VLAN < 0 || p.VLAN > 4094 {
 		v.errf("proxmox.vlan", "%d is not a VLAN id: use 1-4094, or 0 for untagged", p.VLAN)
 	}
-	v.isoFile(p.ISO.File)
+	if p.ISO.File != "" {
+		v.isoFile(p.ISO.File)
+	}
 	if p.ISO.URL != "" {
 		if u, err := url.Parse(p.ISO.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.errf("proxmox.iso.url", "%q is not an http(s) URL", p.ISO.URL)

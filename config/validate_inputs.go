@@ -77,7 +77,7 @@ func (v *validator) installImage() {
 		return
 	}
 	if _, err := reference.ParseNormalizedNamed(img); err != nil {
-		v.errf("cluster.installImage", "%q is not an image reference (%v): use the form factory.talos.dev/installer/<schematic>:v1.13.3", img, err)
+		v.errf("cluster.installImage", "%q is not an image reference (%v): use the form factory.talos.dev/nocloud-installer/<schematic>:v1.13.3, or leave it empty to derive it from cluster.schematic", img, err)
 	}
 }
 
@@ -156,7 +156,7 @@ func (v *validator) patchContents() {
 				continue
 			}
 			if base == nil {
-				if base, err = baseConfigs(c, contract); err != nil {
+				if base, err = baseConfigs(c, v.c.Images().InstallImage, contract); err != nil {
 					v.errf("cluster", "cannot generate a Talos config to check the patches against: %v", err)
 					return
 				}
@@ -205,15 +205,13 @@ func (v *validator) loadPatch(field, f string) (configpatcher.Patch, bool) {
 
 // baseConfigs generates a throwaway control plane and worker config for
 // the cluster's Talos version, to apply patches to.
-func baseConfigs(c *Cluster, contract *talosconfig.VersionContract) (map[machine.Type]talosconfig.Provider, error) {
+func baseConfigs(c *Cluster, installImage string, contract *talosconfig.VersionContract) (map[machine.Type]talosconfig.Provider, error) {
 	bundle, err := secrets.NewBundle(secrets.NewFixedClock(time.Now()), contract)
 	if err != nil {
 		return nil, err
 	}
 	opts := []generate.Option{generate.WithVersionContract(contract), generate.WithSecretsBundle(bundle), generate.WithInstallDisk("/dev/sda")}
-	if c.InstallImage != "" {
-		opts = append(opts, generate.WithInstallImage(c.InstallImage))
-	}
+	opts = append(opts, generate.WithInstallImage(installImage))
 	in, err := generate.NewInput(c.Name, c.Endpoint, strings.TrimPrefix(c.KubernetesVersion, "v"), opts...)
 	if err != nil {
 		return nil, err

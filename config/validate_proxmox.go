@@ -20,8 +20,6 @@ var isoExt = regexp.MustCompile(`(?i)^[^/]+\.(iso|img)$`)
 // or refuse the extension.
 func (v *validator) isoFile(file string) {
 	switch {
-	case file == "":
-		v.errf("proxmox.iso.file", "is required: the ISO's file name on %s, e.g. talos-%s-nocloud-amd64.iso", orDefault(v.c.Proxmox.ISOStorage, "the ISO storage"), v.c.Cluster.TalosVersion)
 	case strings.ContainsAny(file, `/\`):
 		v.errf("proxmox.iso.file", "%q must be a file name without a directory: Proxmox stores downloads under the base name only", file)
 	case unsafeFilenameChar.MatchString(file):

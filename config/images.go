@@ -1,0 +1,76 @@
+package config
+
+import (
+	"slices"
+
+	"github.com/homelab/bootstrap/factory"
+)
+
+// Images is where the nodes' Talos comes from: the schematic declared in
+// cluster.schematic, its ID (computed here, no call), and the ISO and the
+// installer derived from it for cluster.talosVersion unless the config
+// names them explicitly.
+type Images struct {
+	Schematic factory.Schematic
+	// SchematicID is the schematic's Image Factory ID.
+	SchematicID string
+	// Factory is the Image Factory base URL.
+	Factory string
+	// ISOURL, ISOFile and ISOChecksum are the ISO to boot; ISOChecksum is
+	// empty unless the config gives one (the factory may publish one).
+	ISOURL, ISOFile, ISOChecksum string
+	// InstallImage installs and upgrades the nodes.
+	InstallImage string
+	// ISODerived and InstallerDerived say the ISO URL and the installer
+	// come from the schematic (not from proxmox.iso.url, cluster.installImage).
+	ISODerived, InstallerDerived bool
+	// GuestAgent says the images run the QEMU guest agent, so the VMs get
+	// agent: 1.
+	GuestAgent bool
+}
+
+// Schematic is the declared schematic: the extensions sorted and without
+// repeats, so that reordering the list is not a new schematic (which would
+// roll every node through an upgrade), kernel arguments as written (their
+// order can matter to the kernel).
+func (s Schematic) Schematic() factory.Schematic {
+	ext := slices.Clone(s.Extensions)
+	slices.Sort(ext)
+	return factory.New(slices.Compact(ext), s.ExtraKernelArgs)
+}
+
+// Images resolves the image sources for the configured Talos version.
+func (c *Config) Images() Images {
+	cl := c.Cluster
+	s := cl.Schematic.Schematic()
+	out := Images{Schematic: s, SchematicID: s.MustID(), Factory: cl.Factory}
+	if out.Factory == "" {
+		out.Factory = factory.DefaultURL
+	}
+	derived := factory.Images{Factory: out.Factory, ID: out.SchematicID, Version: cl.TalosVersion}
+	iso := c.Proxmox.ISO
+	out.ISOURL, out.ISOFile, out.ISOChecksum = iso.URL, iso.File, iso.Checksum
+	if iso.URL == "" {
+		out.ISOURL, out.ISODerived = derived.ISOURL(), true
+	}
+	if iso.File == "" {
+		out.ISOFile = derived.ISOFile()
+	}
+	out.InstallImage = cl.InstallImage
+	if out.InstallImage == "" {
+		out.InstallImage, out.InstallerDerived = derived.Installer(), true
+	}
+	out.GuestAgent = slices.Contains(s.Extensions(), factory.GuestAgent)
+	return out
+}
+
+// InstallImageFor is the installer for another Talos version (an upgrade):
+// the schematic's installer at that version, or the explicit
+// cluster.installImage as it stands.
+func (c *Config) InstallImageFor(version string) string {
+	im := c.Images()
+	if !im.InstallerDerived {
+		return im.InstallImage
+	}
+	return factory.Images{Factory: im.Factory, ID: im.SchematicID, Version: version}.Installer()
+}
