@@ -1,0 +1,435 @@
+// Package imagefactory is the lab's Talos Image Factory: the HTTP API of
+// siderolabs/image-factory v1.5.0 (internal/frontend/http/http.go) that
+// this tool uses, over HTTPS with a lab CA: schematics (POST, GET), the
+// Talos versions and their official extensions, and the images (the
+// nocloud ISO; its .sha256 only when configured as an Enterprise factory).
+// It builds nothing: an ISO is deterministic filler bytes named by
+// schematic and version, and an installer image is resolved to the
+// extensions it carries for the lab's simulated Talos nodes.
+package imagefactory
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/factory"
+)
+
+// Options shape the lab factory.
+type Options struct {
+	// Versions are the Talos versions it builds (default v1.12.6, v1.13.3).
+	Versions []string
+	// Extensions are the official extensions of every version (default
+	// DefaultExtensions).
+	Extensions []factory.ExtensionInfo
+	// ISOSize is the size of every ISO it serves (default 100 MiB).
+	ISOSize int64
+	// Enterprise serves <image>.sha256 as an Enterprise factory does; the
+	// community build answers 402.
+	Enterprise bool
+	Log        zerolog.Logger
+}
+
+// DefaultExtensions are the lab's official extensions: the N100 example's
+// three and a few others, with the authors of their manifests
+// (siderolabs/extensions v1.13.3 */manifest.yaml.tmpl). Refs and digests
+// are the lab's own.
+var DefaultExtensions = []factory.ExtensionInfo{
+	{Name: "siderolabs/i915", Author: "Sidero Labs", Description: "Intel i915 GPU drivers and firmware"},
+	{Name: "siderolabs/intel-ucode", Author: "Sidero Labs", Description: "Intel microcode"},
+	{Name: "siderolabs/iscsi-tools", Author: "Sidero Labs", Description: "iSCSI tools"},
+	{Name: "siderolabs/qemu-guest-agent", Author: "Markus Reiter", Description: "QEMU guest agent"},
+	{Name: "siderolabs/util-linux-tools", Author: "Sidero Labs", Description: "util-linux tools"},
+}
+
+// Server is a running lab factory.
+type Server struct {
+	opts   Options
+	log    zerolog.Logger
+	srv    *http.Server
+	lis    net.Listener
+	url    string
+	caPEM  []byte
+	caPool *x509.CertPool
+
+	mu         sync.Mutex
+	schematics map[string][]byte // ID → canonical YAML
+	counts     Counts
+	down       bool
+}
+
+// Counts are the requests the factory answered, by kind.
+type Counts struct {
+	SchematicPosts, SchematicGets, ExtensionLists, ISODownloads, ChecksumGets, InstallerPulls int
+}
+
+// Start serves the factory on a loopback port.
+func Start(o Options) (*Server, error) {
+	if len(o.Versions) == 0 {
+		o.Versions = []string{"v1.12.6", "v1.13.3"}
+	}
+	if o.Extensions == nil {
+		o.Extensions = DefaultExtensions
+	}
+	if o.ISOSize == 0 {
+		o.ISOSize = 100 << 20
+	}
+	s := &Server{opts: o, log: o.Log.With().Str("component", "imagefactory").Logger(), schematics: map[string][]byte{}}
+	cert, err := s.newCerts()
+	if err != nil {
+		return nil, err
+	}
+	if s.lis, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	s.url = "https://" + s.lis.Addr().String()
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+	go func() { _ = s.srv.ServeTLS(s.lis, "", "") }()
+	return s, nil
+}
+
+// URL is the factory's base URL (https://127.0.0.1:port).
+func (s *Server) URL() string { return s.url }
+
+// Host is the factory's host:port, the registry host of its installers.
+func (s *Server) Host() string { return strings.TrimPrefix(s.url, "https://") }
+
+// CAPEM is the CA that signed the factory's certificate.
+func (s *Server) CAPEM() []byte { return s.caPEM }
+
+// CAPool is CAPEM as a pool.
+func (s *Server) CAPool() *x509.CertPool { return s.caPool }
+
+// Counts is what the factory answered so far.
+func (s *Server) Counts() Counts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts
+}
+
+// SetDown makes the factory unreachable (connections reset) or back.
+func (s *Server) SetDown(down bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.down = down
+}
+
+// Stop shuts the factory down.
+func (s *Server) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.srv.Shutdown(ctx)
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	down := s.down
+	s.mu.Unlock()
+	if down {
+		// Abort the connection (HTTP/1) or the stream (HTTP/2): the client
+		// sees a network error, as with a factory it cannot reach.
+		panic(http.ErrAbortHandler)
+	}
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	get := r.Method == http.MethodGet
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/schematics":
+		s.schematicCreate(w, r)
+	case get && len(parts) == 2 && parts[0] == "schematics":
+		s.schematicGet(w, parts[1])
+	case get && r.URL.Path == "/versions":
+		writeJSON(w, s.opts.Versions)
+	case get && len(parts) == 4 && parts[0] == "version" && parts[2] == "extensions" && parts[3] == "official":
+		s.extensions(w, parts[1])
+	case (get || r.Method == http.MethodHead) && len(parts) == 4 && parts[0] == "image":
+		s.image(w, r, parts[1], parts[2], parts[3])
+	default:
+		// httprouter's NotFound (unverified: its exact body).
+		http.Error(w, "404 page not found", http.StatusNotFound)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// schematicCreate is handleSchematicCreate (configuration.go): unmarshal
+// with known fields only (400 otherwise), store under its ID, answer 201
+// with the ID and the normalised YAML. Extensions are not checked here;
+// the factory checks them when it builds an image.
+func (s *Server) schematicCreate(w http.ResponseWriter, r *http.Request) {
+	data, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	sc, err := factory.Unmarshal(data)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	norm, err := sc.Marshal()
+	if err != nil {
+		http.Error(w, "internal server error", http.StatusInternalServerError)
+		return
+	}
+	id := sc.MustID()
+	s.mu.Lock()
+	s.counts.SchematicPosts++
+	s.schematics[id] = norm
+	s.mu.Unlock()
+	s.log.Debug().Str("schematic", id).Msg("imagefactory: schematic registered")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(struct {
+		ID        string `json:"id"`
+		Schematic string `json:"schematic"`
+	}{id, string(norm)})
+}
+
+// schematicGet is handleSchematicGet: the YAML, or 404 "schematic not found".
+func (s *Server) schematicGet(w http.ResponseWriter, id string) {
+	s.mu.Lock()
+	s.counts.SchematicGets++
+	data, ok := s.schematics[id]
+	s.mu.Unlock()
+	if !ok {
+		http.Error(w, "schematic not found", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/yaml")
+	_, _ = w.Write(data)
+}
+
+// extensions is handleOfficialExtensions (meta.go). For a version the
+// factory does not build the real answer is unverified; the lab answers 404.
+func (s *Server) extensions(w http.ResponseWriter, version string) {
+	if !strings.HasPrefix(version, "v") {
+		version = "v" + version
+	}
+	if !slices.Contains(s.opts.Versions, version) {
+		http.Error(w, "version not found", http.StatusNotFound)
+		return
+	}
+	s.mu.Lock()
+	s.counts.ExtensionLists++
+	s.mu.Unlock()
+	out := make([]factory.ExtensionInfo, 0, len(s.opts.Extensions))
+	for _, e := range s.opts.Extensions {
+		e.Ref = fmt.Sprintf("ghcr.io/%s:%s", e.Name, version)
+		sum := sha256.Sum256([]byte(e.Ref))
+		e.Digest = "sha256:" + hex.EncodeToString(sum[:])
+		out = append(out, e)
+	}
+	writeJSON(w, out)
+}
+
+// build resolves what the factory would build for a schematic and version
+// (EnhanceFromSchematic, internal/profile/profile.go): every official
+// extension must exist for the version ("official extension %q is not
+// available for Talos version %s", 400), old names through the aliases.
+func (s *Server) build(id, version string) (factory.Schematic, []factory.ExtensionInfo, int, error) {
+	s.mu.Lock()
+	data, ok := s.schematics[id]
+	s.mu.Unlock()
+	if !ok {
+		return factory.Schematic{}, nil, http.StatusNotFound, errors.New("schematic not found")
+	}
+	if !strings.HasPrefix(version, "v") {
+		version = "v" + version
+	}
+	if !slices.Contains(s.opts.Versions, version) {
+		// Unverified: the factory's answer for a version it does not build.
+		return factory.Schematic{}, nil, http.StatusNotFound, fmt.Errorf("version %s not found", version)
+	}
+	sc, err := factory.Unmarshal(data)
+	if err != nil {
+		return factory.Schematic{}, nil, http.StatusInternalServerError, err
+	}
+	cat := factory.Catalog{Extensions: s.opts.Extensions}
+	var exts []factory.ExtensionInfo
+	for _, name := range sc.Extensions() {
+		e, _, ok := cat.Lookup(name)
+		if !ok {
+			return sc, nil, http.StatusBadRequest, fmt.Errorf("error enhancing profile from schematic: official extension %q is not available for Talos version %s", name, version)
+		}
+		exts = append(exts, e)
+	}
+	return sc, exts, http.StatusOK, nil
+}
+
+// image is handleImage (image.go) for ISOs: <platform>-<arch>.iso, with
+// .sha256/.sha512 answered 402 unless Enterprise.
+func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file string) {
+	want := ""
+	for _, suf := range []string{".sha256", ".sha512"} {
+		if f, ok := strings.CutSuffix(file, suf); ok {
+			file, want = f, suf
+		}
+	}
+	if want != "" && !s.opts.Enterprise {
+		http.Error(w, "enterprise not enabled: checksum endpoint is not available", http.StatusPaymentRequired)
+		return
+	}
+	if _, _, code, err := s.build(id, version); err != nil {
+		http.Error(w, err.Error(), code)
+		return
+	}
+	if path.Ext(file) != ".iso" || !strings.Contains(file, "-") {
+		// The lab builds ISOs only.
+		http.Error(w, "error parsing profile from path: unsupported in the lab: "+file, http.StatusBadRequest)
+		return
+	}
+	body := isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
+	if want == ".sha256" || want == ".sha512" {
+		s.mu.Lock()
+		s.counts.ChecksumGets++
+		s.mu.Unlock()
+		if want == ".sha512" {
+			http.Error(w, "the lab publishes sha256 only", http.StatusNotFound)
+			return
+		}
+		h := sha256.New()
+		_, _ = io.Copy(h, &body)
+		// Format unverified (the Enterprise checksummer is not public):
+		// sha256sum's "<hex>  <file>".
+		_, _ = fmt.Fprintf(w, "%s  %s\n", hex.EncodeToString(h.Sum(nil)), file)
+		return
+	}
+	s.mu.Lock()
+	s.counts.ISODownloads++
+	s.mu.Unlock()
+	w.Header().Set("Content-Length", strconv.FormatInt(s.opts.ISOSize, 10))
+	w.Header().Set("Content-Type", "application/x-iso9660-image")
+	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="%s"`, file))
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	_, _ = io.Copy(w, &body)
+}
+
+// ISOSHA256 is the SHA-256 of the ISO the factory serves for a schematic,
+// version and file name.
+func (s *Server) ISOSHA256(id, version, file string) string {
+	body := isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
+	h := sha256.New()
+	_, _ = io.Copy(h, &body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// isoReader yields size bytes: seed repeated, so each image differs.
+type isoReader struct {
+	seed [32]byte
+	off  int64
+	size int64
+}
+
+func (r *isoReader) Read(p []byte) (int, error) {
+	if r.off >= r.size {
+		return 0, io.EOF
+	}
+	n := int64(len(p))
+	if rest := r.size - r.off; n > rest {
+		n = rest
+	}
+	for i := int64(0); i < n; i++ {
+		p[i] = r.seed[(r.off+i)%32]
+	}
+	r.off += n
+	return int(n), nil
+}
+
+// Extension is one system extension as a Talos node reports it
+// (ExtensionStatus spec metadata): name and version from its manifest.
+type Extension struct {
+	Name, Version, Author, Description string
+}
+
+// Installer resolves an installer image the factory serves
+// (<host>/[<platform>-]installer/<id>:<version>, registry.go) to the
+// extensions a node installed from it runs: the official ones by their
+// manifest names — the last element of the factory name, as for
+// qemu-guest-agent, i915 and intel-ucode in siderolabs/extensions v1.13.3 —
+// then the factory's virtual "schematic" extension whose version is the
+// schematic ID (internal/artifacts/schematic.go). An image of another
+// registry is not the factory's (nil, false); one the factory cannot build
+// fails the pull.
+func (s *Server) Installer(image string) ([]Extension, bool, error) {
+	ref, ok := factory.ParseInstaller(image)
+	if !ok || ref.Host != s.Host() {
+		return nil, false, nil
+	}
+	s.mu.Lock()
+	s.counts.InstallerPulls++
+	s.mu.Unlock()
+	_, exts, _, err := s.build(ref.ID, ref.Version)
+	if err != nil {
+		return nil, true, fmt.Errorf("pulling %s: %w", image, err)
+	}
+	out := make([]Extension, 0, len(exts)+1)
+	for _, e := range exts {
+		out = append(out, Extension{Name: e.Name[strings.LastIndex(e.Name, "/")+1:], Version: ref.Version, Author: e.Author, Description: e.Description})
+	}
+	out = append(out, Extension{Name: factory.SchematicExtension, Version: ref.ID, Author: "Image Factory (" + s.url + ")",
+		Description: "Virtual extension which specifies the schematic of the image built with schematic."})
+	return out, true, nil
+}
+
+func (s *Server) newCerts() (tls.Certificate, error) {
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	serial := func() *big.Int { n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62)); return n }
+	ca := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "lab image factory CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	leaf := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "factory.lab"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	s.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	s.caPool = x509.NewCertPool()
+	s.caPool.AddCert(caCert)
+	return tls.Certificate{Certificate: [][]byte{der, caDER}, PrivateKey: key}, nil
+}
