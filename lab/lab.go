@@ -2,16 +2,17 @@ package lab
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/homelab/bootstrap/internal/fsutil"
 	"github.com/homelab/bootstrap/lab/chartrepo"
 	"github.com/homelab/bootstrap/lab/fluxmanifests"
+	"github.com/homelab/bootstrap/lab/imagefactory"
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/nfs"
 	"github.com/homelab/bootstrap/lab/nfsprovisioner"
@@ -88,6 +90,9 @@ type Lab struct {
 	NFS      *nfs.Server
 	Charts   *chartrepo.Repo
 	Manifest *fluxmanifests.Server
+	// Factory is the Image Factory the config points at; pvesim downloads
+	// its ISOs and talossim nodes pull its installers.
+	Factory *imagefactory.Server
 
 	provMu sync.Mutex
 	prov   *nfsprovisioner.StandIn
@@ -147,18 +152,11 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// The lab's Talos ISO: pvesim serves it at this URL for download-url.
-const (
-	isoURL  = "https://factory.talos.dev/image/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba/v1.13.3/nocloud-amd64.iso"
-	isoFile = "talos-v1.13.3-nocloud-amd64.iso"
-	isoSize = 100 << 20
-)
+// isoSize is the size of every ISO the lab's Image Factory serves.
+const isoSize = 100 << 20
 
 // ISOBytes is the size of the Talos ISO the lab's Proxmox downloads.
 const ISOBytes = isoSize
-
-// isoSHA256 is the checksum pvesim reports for the lab ISO.
-var isoSHA256 = func() string { s := sha256.Sum256([]byte("bootstrap lab talos iso")); return hex.EncodeToString(s[:]) }()
 
 // Start brings up every lab service and writes the cluster config. The
 // Kubernetes control plane starts later, when the talos stage bootstraps
@@ -211,16 +209,27 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// The lab has no way out to the discovery service (discovery.talos.dev):
 	// workers find trustd through the cluster endpoint only, as in an
 	// offline homelab, so a VIP endpoint makes them wait for etcd.
+	versions := []string{"v1.12.6", "v1.13.3"}
+	if !slices.Contains(versions, o.TalosVersion) {
+		versions = append(versions, o.TalosVersion)
+	}
+	if l.Factory, err = imagefactory.Start(imagefactory.Options{Versions: versions, ISOSize: isoSize, Log: o.Log}); err != nil {
+		return nil, fmt.Errorf("starting the image factory: %w", err)
+	}
 	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, DiscoveryUnreachable: true,
-		TalosVersion: o.TalosVersion, Log: o.Log})
+		TalosVersion: o.TalosVersion, Installer: l.Factory.Installer, Log: o.Log})
+	// The Proxmox host trusts the factory's CA, as a host whose trust
+	// store holds a self-hosted factory's CA would.
+	fetch := http.DefaultTransport.(*http.Transport).Clone()
+	fetch.TLSClientConfig = &tls.Config{RootCAs: l.Factory.CAPool(), MinVersion: tls.VersionTLS12}
 
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
 	l.PVE, err = pvesim.New(pvesim.Options{
 		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,
-		RemoteFiles: map[string]pvesim.RemoteFile{isoURL: {Size: isoSize, SHA256: isoSHA256}},
-		OnStart:     []func(pvesim.VMEvent) error{l.bootNode},
-		OnStop:      []func(pvesim.VMEvent){l.stopNode},
-		OnDestroy:   []func(pvesim.VMEvent){l.wipeNode},
+		HTTP:      &http.Client{Transport: fetch},
+		OnStart:   []func(pvesim.VMEvent) error{l.bootNode},
+		OnStop:    []func(pvesim.VMEvent){l.stopNode},
+		OnDestroy: []func(pvesim.VMEvent){l.wipeNode},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the Proxmox simulator: %w", err)
@@ -322,6 +331,17 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 	return err
 }
 
+// guestAgent: the QEMU guest agent answers in a VM whose Talos runs the
+// qemu-guest-agent extension.
+func (l *Lab) guestAgent(vmid int) bool {
+	for _, n := range l.Talos.Nodes() {
+		if n.VMID() == vmid {
+			return n.RunsExtension("qemu-guest-agent")
+		}
+	}
+	return false
+}
+
 func (l *Lab) stopNode(ev pvesim.VMEvent) {
 	if ev.IPv4.IsValid() {
 		_ = l.Talos.StopNode(ev.IPv4.Addr().String())
@@ -347,6 +367,10 @@ func (l *Lab) writeConfig() (string, error) {
 	if err := fsutil.WriteAtomic(tokenFile, []byte(secret+"\n"), 0o600); err != nil {
 		return "", err
 	}
+	caFile := filepath.Join(o.Dir, "factory-ca.pem")
+	if err := fsutil.WriteAtomic(caFile, l.Factory.CAPEM(), 0o644); err != nil {
+		return "", err
+	}
 	endpointHost, vip := l.addr(11), ""
 	if o.VIP {
 		endpointHost, vip = l.addr(10), l.addr(10)
@@ -370,6 +394,8 @@ cluster:
   name: lab
   talosVersion: %[22]s
   endpoint: https://%[3]s:6443
+  factory: %[10]s
+  factoryCAFile: %[11]s
   vip: %[4]q
   network:
     cidr: %[1]s
@@ -384,10 +410,6 @@ proxmox:
   diskStorage: local-lvm
   isoStorage: local
   bridge: vmbr0
-  iso:
-    url: %[10]s
-    file: %[11]s
-    checksum: sha256:%[12]s
 nodes:
 %[13]sstorage:
   nfs:
@@ -410,7 +432,7 @@ postcheck:
   pvcTimeout: 1m
   timeout: 3m
 `, l.prefix, filepath.Base(o.ConfigPath), endpointHost, vip, l.addr(1), l.PVE.APIURL(), l.PVE.NodeName(), id, l.PVE.Fingerprint(),
-		isoURL, isoFile, isoSHA256, nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
+		l.Factory.URL(), abs(caFile), "", nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
 		abs(tokenFile), abs(l.gitDir), o.TalosVersion)
 	if o.KubernetesVersion != "" {
 		cfg = strings.Replace(cfg, "  talosVersion: "+o.TalosVersion+"\n", "  talosVersion: "+o.TalosVersion+"\n  kubernetesVersion: "+o.KubernetesVersion+"\n", 1)
@@ -484,6 +506,9 @@ func (l *Lab) Stop() error {
 	}
 	if l.Manifest != nil {
 		errs = append(errs, l.Manifest.Close())
+	}
+	if l.Factory != nil {
+		errs = append(errs, l.Factory.Stop())
 	}
 	return errors.Join(errs...)
 }

@@ -52,6 +52,8 @@ const (
 	CheckCerts        = "cert-expiry"
 	CheckVMs          = "proxmox-vms"
 	CheckEtcdBackup   = "etcd-backup"
+	CheckExtensions   = "talos-extensions"
+	CheckGuestAgent   = "guest-agent"
 )
 
 // TestPVCLabel marks the PVCs postcheck creates, so leftovers of a killed
@@ -65,11 +67,18 @@ type TalosProbe interface {
 	Health(ctx context.Context) talos.HealthReport
 	// Versions reports the Talos version each node runs, by node name.
 	Versions(ctx context.Context) (map[string]string, error)
+	// Extensions reports the system extensions each node runs, by node
+	// name (ExtensionStatus).
+	Extensions(ctx context.Context) (map[string][]talos.Extension, error)
 }
 
-// VMProbe lists the cluster's VMs that are not running.
+// VMProbe asks Proxmox about the cluster's VMs.
 type VMProbe interface {
+	// NotRunning lists the cluster's VMs that are not running.
 	NotRunning(ctx context.Context) ([]string, error)
+	// GuestAgents pings each node's QEMU guest agent through Proxmox: a
+	// nil error by node name is an answer.
+	GuestAgents(ctx context.Context) (map[string]error, error)
 }
 
 // Node is a node the config expects.
@@ -91,6 +100,8 @@ type Observed struct {
 	NewestBackup time.Time
 	// FluxObjects is every Kustomization and HelmRelease and its readiness.
 	FluxObjects []flux.Object
+	// Extensions are the system extensions each node runs, by node name.
+	Extensions map[string][]talos.Extension
 }
 
 // Options configure the checks.
@@ -119,6 +130,14 @@ type Options struct {
 	// kubelet at another is reported (a warning: the talos stage moves
 	// them).
 	KubernetesVersion string
+	// Extensions are the manifest names of the system extensions every
+	// node must run, and Schematic the Image Factory schematic ID it must
+	// run them from ("" when the installer is not derived from one).
+	Extensions []string
+	Schematic  string
+	// GuestAgent: the VMs have agent: 1 and their image runs the agent,
+	// so it must answer (a warning when not).
+	GuestAgent bool
 	// Observed, when set, receives what the checks saw beyond their
 	// verdicts (the Talos versions), for the report and its metrics. It is
 	// complete once the checks have run.
@@ -158,6 +177,8 @@ func Checks(o Options) []check.Check {
 		{Name: CheckCerts, Run: c.certs},
 		{Name: CheckVMs, Run: c.vms},
 		{Name: CheckEtcdBackup, Run: c.etcdBackup},
+		{Name: CheckExtensions, Run: c.extensions},
+		{Name: CheckGuestAgent, Run: c.guestAgents},
 	}
 }
 
@@ -632,6 +653,75 @@ func (c *checker) vms(ctx context.Context) (check.Status, string) {
 		return check.Warnf("VMs not running: %s", strings.Join(down, ", "))
 	}
 	return check.Passf("all of the cluster's VMs are running")
+}
+
+// extensions fails when a node does not run every extension of the
+// schematic, or runs another schematic: what the ISO and the installer
+// were built with is what must be loaded (a node left on an old image
+// after an interrupted rollout shows here; the talos stage upgrades it).
+func (c *checker) extensions(ctx context.Context) (check.Status, string) {
+	if c.o.Talos == nil {
+		return check.Warnf("no talosconfig to reach the Talos API with")
+	}
+	got, err := c.o.Talos.Extensions(ctx)
+	if c.o.Observed != nil {
+		c.o.Observed.Extensions = got
+	}
+	if err != nil {
+		return check.Failf("reading the nodes' extensions: %v", err)
+	}
+	var bad []string
+	for _, n := range c.o.Nodes {
+		have := map[string]string{}
+		for _, e := range got[n.Name] {
+			have[e.Name] = e.Version
+		}
+		var missing []string
+		for _, want := range c.o.Extensions {
+			if _, ok := have[want]; !ok {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) > 0 {
+			bad = append(bad, fmt.Sprintf("%s lacks %s", n.Name, strings.Join(missing, ", ")))
+		}
+		if c.o.Schematic != "" && talos.SchematicOf(got[n.Name]) != c.o.Schematic {
+			bad = append(bad, fmt.Sprintf("%s runs schematic %q, not %.12s", n.Name, talos.SchematicOf(got[n.Name]), c.o.Schematic))
+		}
+	}
+	if len(bad) > 0 {
+		return check.Failf("%s: run the talos stage (it upgrades nodes to the schematic's installer)", strings.Join(bad, "; "))
+	}
+	if len(c.o.Extensions) == 0 {
+		return check.Passf("no system extensions wanted")
+	}
+	return check.Passf("every node runs %s", strings.Join(c.o.Extensions, ", "))
+}
+
+// guestAgents warns when a VM's QEMU guest agent does not answer though
+// the VM has agent: 1 and its image runs the agent: Proxmox then shows no
+// addresses and a shutdown waits for a timeout before it falls back to ACPI.
+func (c *checker) guestAgents(ctx context.Context) (check.Status, string) {
+	if !c.o.GuestAgent {
+		return check.Passf("not expected: the schematic has no siderolabs/qemu-guest-agent (VMs run with agent: 0)")
+	}
+	if c.o.Proxmox == nil {
+		return check.Warnf("Proxmox not checked (no API token available to this run)")
+	}
+	res, err := c.o.Proxmox.GuestAgents(ctx)
+	if err != nil {
+		return check.Warnf("could not ask Proxmox: %v", err)
+	}
+	var silent []string
+	for _, n := range c.o.Nodes {
+		if err, ok := res[n.Name]; ok && err != nil {
+			silent = append(silent, fmt.Sprintf("%s (%v)", n.Name, err))
+		}
+	}
+	if len(silent) > 0 {
+		return check.Warnf("guest agent not answering: %s", strings.Join(silent, ", "))
+	}
+	return check.Passf("the guest agent answers in all %d VMs", len(c.o.Nodes))
 }
 
 func kubeconfigCertExpiry(path string) (time.Time, error) {

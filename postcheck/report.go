@@ -17,6 +17,7 @@ import (
 	"github.com/homelab/bootstrap/internal/fsutil"
 	"github.com/homelab/bootstrap/internal/targz"
 	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/talos"
 )
 
 // SchemaVersion versions report.json.
@@ -45,6 +46,9 @@ type Report struct {
 	// FluxObjects is every Kustomization and HelmRelease, one entry per
 	// object with its readiness.
 	FluxObjects []flux.Object `json:"flux_objects,omitempty"`
+	// Extensions are the system extensions each node runs (name and
+	// version; "schematic" carries the Image Factory schematic ID).
+	Extensions map[string][]talos.Extension `json:"extensions,omitempty"`
 }
 
 // CheckReport is one check in report.json.

@@ -290,7 +290,7 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	fix("name", "name", s.Name, same)
 	fix("cores", "cores", strconv.Itoa(s.Cores), intOr(1))
 	fix("memory", "memory", strconv.Itoa(s.MemoryMiB), intOr(512))
-	fix("qemu agent", "agent", "1", agentOn)
+	fix("qemu agent", "agent", s.agent(), agentOn)
 	// Required tags must be present; tags someone added by hand stay.
 	have := map[string]bool{}
 	for _, t := range cfg.Tags {

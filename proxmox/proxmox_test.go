@@ -106,7 +106,7 @@ func spec(i int) VMSpec {
 	return VMSpec{
 		Cluster: "lab", Name: fmt.Sprintf("node-%d", i), Role: role, VMID: 700 + i,
 		Cores: 2, MemoryMiB: 2048, DiskStorage: "local-lvm", DiskGiB: 20, Bridge: "vmbr0", VLAN: 20,
-		ISOStorage: "local", ISOFile: "talos-nocloud-amd64.iso",
+		ISOStorage: "local", ISOFile: "talos-nocloud-amd64.iso", GuestAgent: true,
 		IPv4:        netip.MustParsePrefix(fmt.Sprintf("10.0.20.%d/24", 10+i)),
 		Gateway:     netip.MustParseAddr("10.0.20.1"),
 		Nameservers: []string{"10.0.20.1", "1.1.1.1"},

@@ -37,6 +37,10 @@ type VMSpec struct {
 	// ISOStorage and ISOFile are the Talos nocloud ISO on ide2.
 	ISOStorage string
 	ISOFile    string
+	// GuestAgent enables the QEMU guest agent device (agent: 1): only when
+	// the image runs the agent, or Proxmox waits for it in vain (shutdown
+	// falls back to ACPI after a timeout, no addresses in the GUI).
+	GuestAgent bool
 	// CloudInitStorage holds the cloud-init drive (default DiskStorage).
 	CloudInitStorage string
 	// IPv4 is the node's static address with prefix; Gateway its router.
@@ -165,7 +169,7 @@ func (s VMSpec) createParams() map[string]any {
 		"ipconfig0":  s.ipconfig0(),
 		"net0":       s.net0(),
 		"boot":       "order=" + s.DiskSlot() + ";ide2",
-		"agent":      "1",
+		"agent":      s.agent(),
 		"ostype":     "l26",
 		"tags":       strings.Join(s.Tags(), ";"),
 	}
@@ -198,4 +202,12 @@ func normalizeMAC(m string) (string, error) {
 		return "", fmt.Errorf("MAC %q is a multicast address", m)
 	}
 	return m, nil
+}
+
+// agent is the VM's agent option: "1" or "0".
+func (s VMSpec) agent() string {
+	if s.GuestAgent {
+		return "1"
+	}
+	return "0"
 }

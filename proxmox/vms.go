@@ -438,3 +438,14 @@ func (c *Client) waitUnlocked(ctx context.Context, vmid int, lock string) (exist
 		})
 	return exists, err
 }
+
+// AgentPing asks the VM's QEMU guest agent to answer (POST
+// …/qemu/{vmid}/agent/ping). Proxmox refuses with "No QEMU guest agent
+// configured" when the VM has no agent option, "VM … is not running", or
+// "QEMU guest agent is not running" when nothing answers in the guest
+// (assert_agent_available in qemu-server src/PVE/QemuServer/Agent.pm at
+// 9.2.6; the privilege is VM.GuestAgent.Audit on PVE 9, VM.Monitor before).
+func (c *Client) AgentPing(ctx context.Context, vmid int) error {
+	_, err := c.post(ctx, c.vmPath(vmid)+"/agent/ping", map[string]any{})
+	return err
+}

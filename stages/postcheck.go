@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/homelab/bootstrap/check"
@@ -46,12 +47,23 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		Talos: env.postcheckTalosProbe(ctx), Proxmox: env.postcheckVMProbe(ctx), Observed: &postcheck.Observed{},
 		BackupDir: BackupDir(env), BackupMaxAge: cfg.Backup.MaxAge.D(), TakeBackup: env.postcheckBackup(ctx),
 	}
+	im := cfg.Images()
+	opts.GuestAgent = im.GuestAgent
+	if im.InstallerDerived {
+		// Nodes report an extension by its manifest name, the last element
+		// of the factory's name (siderolabs/extensions */manifest.yaml.tmpl).
+		opts.Schematic = im.SchematicID
+		for _, e := range im.Schematic.Extensions() {
+			opts.Extensions = append(opts.Extensions, e[strings.LastIndex(e, "/")+1:])
+		}
+	}
 	results := check.RunAll(ctx, postcheck.Checks(opts), 4)
 	report := postcheck.NewReport(cfg.Cluster.Name, start, env.now().Sub(start), results)
 	report.TalosVersions, report.WantTalos = opts.Observed.TalosVersions, cfg.Cluster.TalosVersion
 	report.KubeletVersions, report.APIServerVersion, report.WantKubernetes = opts.Observed.KubeletVersions, opts.Observed.APIServerVersion, cfg.Cluster.KubernetesVersion
 	report.NewestBackup = opts.Observed.NewestBackup
 	report.FluxObjects = opts.Observed.FluxObjects
+	report.Extensions = opts.Observed.Extensions
 	if err := check.Table(env.Out, results); err != nil {
 		return err
 	}

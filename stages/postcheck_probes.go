@@ -55,6 +55,21 @@ func (p talosProbe) Versions(ctx context.Context) (map[string]string, error) {
 	return out, errors.Join(errs...)
 }
 
+// Extensions asks every node for the system extensions it runs.
+func (p talosProbe) Extensions(ctx context.Context) (map[string][]talos.Extension, error) {
+	out := map[string][]talos.Extension{}
+	var errs []error
+	for _, n := range p.env.Config.Nodes {
+		exts, err := p.ops.Extensions(ctx, n.IP)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
+			continue
+		}
+		out[n.Name] = exts
+	}
+	return out, errors.Join(errs...)
+}
+
 // postcheckBackup returns the postcheck's way to take a backup, nil
 // without a talosconfig (the check then says so).
 func (e *Env) postcheckBackup(ctx context.Context) func(context.Context) (string, error) {
@@ -122,4 +137,17 @@ func (p vmProbe) NotRunning(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(down)
 	return down, nil
+}
+
+// GuestAgents pings the guest agent of every node's VM.
+func (p vmProbe) GuestAgents(ctx context.Context) (map[string]error, error) {
+	c, err := ProxmoxClient(ctx, p.env)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]error{}
+	for _, n := range p.env.Config.Nodes {
+		out[n.Name] = c.AgentPing(ctx, n.VMID)
+	}
+	return out, nil
 }

@@ -37,6 +37,7 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 		}
 	}
 	p := cfg.Proxmox
+	im := cfg.Images()
 	specs := make([]proxmox.VMSpec, 0, len(cfg.Nodes))
 	for _, n := range cfg.Nodes {
 		ip, err := netip.ParseAddr(n.IP)
@@ -46,21 +47,46 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 		specs = append(specs, proxmox.VMSpec{
 			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID,
 			Cores: n.Cores, MemoryMiB: n.MemoryMiB, DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
-			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: p.ISO.File,
+			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFile, GuestAgent: im.GuestAgent,
 			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
 		})
 	}
 	return specs, nil
 }
 
-// ISOSource is the configured Talos ISO; the checksum is "<algorithm>:<hex>".
+// ISOSource is the Talos ISO: configured, or derived from the schematic;
+// the checksum is "<algorithm>:<hex>".
 func ISOSource(cfg *config.Config) proxmox.ISOSource {
-	p := cfg.Proxmox
-	src := proxmox.ISOSource{Storage: p.ISOStorage, Filename: p.ISO.File, URL: p.ISO.URL}
-	if algo, sum, ok := strings.Cut(p.ISO.Checksum, ":"); ok {
+	im := cfg.Images()
+	src := proxmox.ISOSource{Storage: cfg.Proxmox.ISOStorage, Filename: im.ISOFile, URL: im.ISOURL}
+	if algo, sum, ok := strings.Cut(im.ISOChecksum, ":"); ok {
 		src.ChecksumAlgorithm, src.Checksum = algo, sum
 	}
 	return src
+}
+
+// factoryChecksum takes the checksum of a derived ISO from the factory
+// when the config gives none: an Enterprise factory publishes one, the
+// community one does not (the download is then unverified, warned).
+func factoryChecksum(ctx context.Context, env *Env, src *proxmox.ISOSource) error {
+	im := env.Config.Images()
+	if !im.ISODerived || src.Checksum != "" {
+		return nil
+	}
+	c, err := FactoryClient(env)
+	if err != nil {
+		return err
+	}
+	sum, ok, err := c.Checksum(ctx, src.URL)
+	switch {
+	case err != nil:
+		return fmt.Errorf("asking %s for the ISO's checksum: %w", c.URL(), err)
+	case ok:
+		src.ChecksumAlgorithm, src.Checksum = "sha256", sum
+	default:
+		env.UI.Warn("%s publishes no checksum for %s: the download is not verified (set proxmox.iso.checksum to verify it)", c.URL(), src.Filename)
+	}
+	return nil
 }
 
 // Prechecks implements Prechecker: the Proxmox host can take the VMs.
@@ -77,7 +103,7 @@ func (ProvisionStage) Prechecks(ctx context.Context, env *Env) []check.Check {
 			return check.Failf("%v", err)
 		}}}
 	}
-	return proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config)})
+	return append(proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config)}), factoryCheck(env))
 }
 
 // Run implements Stage.
@@ -92,7 +118,12 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 
-	// 1. The Talos ISO every VM boots from until it is installed.
+	// 1. The Talos ISO every VM boots from until it is installed, built
+	// by the factory from the schematic (registered first: the factory
+	// builds nothing for an ID it does not hold).
+	if err := ensureSchematic(ctx, env); err != nil {
+		return err
+	}
 	src := ISOSource(cfg)
 	if _, present, err := c.FindISO(ctx, src.Storage, src.Filename); err != nil {
 		return fmt.Errorf("looking for %s on %s: %w", src.Filename, src.Storage, err)
@@ -101,6 +132,9 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	} else {
 		if src.URL == "" {
 			return config.Userf("ISO %s is not on storage %s and proxmox.iso.url is empty", src.Filename, src.Storage)
+		}
+		if err := factoryChecksum(ctx, env, &src); err != nil {
+			return err
 		}
 		verify := "unverified"
 		if src.Checksum != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/homelab/bootstrap/factory"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -74,6 +75,15 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	ku, err := pinKubernetes(ctx, env, ops, targets)
 	if err != nil {
 		return err
+	}
+	// A node in maintenance mode pulls the installer from the factory,
+	// which builds it only for a schematic it holds. A factory that cannot
+	// be reached only warns here: installed nodes need nothing from it.
+	if err := ensureSchematic(ctx, env); err != nil {
+		if !factory.Unreachable(err) {
+			return err
+		}
+		env.UI.Warn("%v: a node that still has to install Talos cannot pull its installer", err)
 	}
 	conv, err := ops.Converge(ctx, talos.ConvergeOptions{
 		Nodes:          targets,
@@ -153,7 +163,7 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 		Endpoint:          c.Endpoint,
 		TalosVersion:      c.TalosVersion,
 		KubernetesVersion: c.KubernetesVersion,
-		InstallImage:      c.InstallImage,
+		InstallImage:      cfg.Images().InstallImage,
 		VIP:               c.VIP,
 		CertSANs:          c.SANs,
 		CNI:               cfg.CNI.Name,
@@ -166,9 +176,6 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 		Now:    env.now,
 		Sealer: bundleSealer(env),
 		Log:    env.Log,
-	}
-	if opts.InstallImage == "" {
-		opts.InstallImage = "ghcr.io/siderolabs/installer:" + c.TalosVersion
 	}
 	if c.AllowSchedulingOnControlPlanes {
 		opts.AllowSchedulingOnControlPlanes = new(true)
@@ -328,16 +335,31 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	// Only nodes that run an installed system are upgraded; one still in
 	// maintenance (or, in a dry run, about to install) gets the configured
 	// installer's version when it installs.
-	live := map[string]string{}
+	// With a derived installer the schematic counts too: a node that runs
+	// another one (its extensions changed) is upgraded in place.
+	im := env.Config.Images()
+	wantSchematic := ""
+	if im.InstallerDerived {
+		wantSchematic = im.SchematicID
+	}
+	live := map[string]talos.Running{}
 	var installed []talos.Target
 	for _, t := range targets {
 		r, ok := conv.Nodes[t.Name]
 		if ok && r.Version != "" && (r.Found == talos.ModeConfigured || r.Action == talos.ActionInstalled) {
-			live[t.Name] = r.Version
+			run := talos.Running{Version: r.Version, Schematic: wantSchematic}
+			if wantSchematic != "" && (!env.DryRun || r.Found == talos.ModeConfigured) {
+				sch, err := ops.Schematic(ctx, t.IP)
+				if err != nil {
+					return err
+				}
+				run.Schematic = sch
+			}
+			live[t.Name] = run
 			installed = append(installed, t)
 		}
 	}
-	steps, err := talos.PlanUpgrades(installed, live, want, env.Options.AllowDowngrade)
+	steps, err := talos.PlanUpgradesTo(installed, live, talos.Running{Version: want, Schematic: wantSchematic}, env.Options.AllowDowngrade)
 	var planErr *talos.PlanError
 	if errors.As(err, &planErr) {
 		return config.Userf("%s", planErr.Reason)
@@ -345,10 +367,7 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	if err != nil || len(steps) == 0 {
 		return err
 	}
-	image := env.Config.Cluster.InstallImage
-	if image == "" {
-		image = "ghcr.io/siderolabs/installer:" + want
-	}
+	image := env.Config.InstallImageFor(want)
 	if env.DryRun {
 		for _, what := range append([]string{"take an etcd snapshot before upgrading Talos"}, stepNames(steps)...) {
 			if err := env.Wet(what, nil); err != nil {
@@ -356,6 +375,9 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 			}
 		}
 		return nil
+	}
+	if err := ensureSchematic(ctx, env); err != nil {
+		return err
 	}
 	if err := snapshotBeforeUpgrade(ctx, env, ops, "Talos"); err != nil {
 		return err

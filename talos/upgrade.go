@@ -18,6 +18,10 @@ import (
 type UpgradeStep struct {
 	Target
 	From, To string
+	// FromSchematic and ToSchematic are the Image Factory schematic IDs
+	// the node runs and gets; ToSchematic is empty when the installer is
+	// not derived from one (the schematic is then not compared).
+	FromSchematic, ToSchematic string
 	// Pos and Of place the step in the rollout, for the user.
 	Pos, Of int
 }
@@ -28,7 +32,34 @@ func (s UpgradeStep) String() string {
 	if s.Role == RoleWorker {
 		order = "workers after the control planes"
 	}
+	if s.From == s.To {
+		return fmt.Sprintf("upgrade Talos on %s in place, %s with schematic %s (was %s) (%d/%d, %s)", s.Name, s.To, shortID(s.ToSchematic), orNone(shortID(s.FromSchematic)), s.Pos, s.Of, order)
+	}
+	if s.ToSchematic != "" && s.ToSchematic != s.FromSchematic {
+		return fmt.Sprintf("upgrade Talos on %s %s → %s with schematic %s (was %s) (%d/%d, %s)", s.Name, s.From, s.To, shortID(s.ToSchematic), orNone(shortID(s.FromSchematic)), s.Pos, s.Of, order)
+	}
 	return fmt.Sprintf("upgrade Talos on %s %s → %s (%d/%d, %s)", s.Name, s.From, s.To, s.Pos, s.Of, order)
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none: not an Image Factory image"
+	}
+	return s
+}
+
+// Running is what a node runs, or what it should: the Talos version and
+// the Image Factory schematic ID ("" when not a factory image, or, in what
+// is wanted, when the installer is not derived from a schematic).
+type Running struct {
+	Version, Schematic string
 }
 
 // PlanError is a rollout refused before anything is called; the stage
@@ -54,6 +85,19 @@ func (e *PlanError) Error() string { return e.Reason }
 // Nodes whose version is unknown (down) are an error: a rollout must know
 // where every node stands.
 func PlanUpgrades(nodes []Target, live map[string]string, want string, allowDowngrade bool) ([]UpgradeStep, error) {
+	running := make(map[string]Running, len(live))
+	for name, v := range live {
+		running[name] = Running{Version: v}
+	}
+	return PlanUpgradesTo(nodes, running, Running{Version: want}, allowDowngrade)
+}
+
+// PlanUpgradesTo is PlanUpgrades with schematics: when want names one, a
+// node at the wanted version that runs another schematic (or an image the
+// factory did not build) gets an upgrade in place to the same version
+// with the new installer, the only way Talos changes its extensions.
+func PlanUpgradesTo(nodes []Target, liveNodes map[string]Running, wantRunning Running, allowDowngrade bool) ([]UpgradeStep, error) {
+	want := wantRunning.Version
 	wv, err := semver.NewVersion(strings.TrimPrefix(want, "v"))
 	if err != nil {
 		return nil, &PlanError{Reason: fmt.Sprintf("cluster.talosVersion %q is not a version", want)}
@@ -64,7 +108,8 @@ func PlanUpgrades(nodes []Target, live map[string]string, want string, allowDown
 		if n.Role == RoleControlPlane {
 			controlPlanes++
 		}
-		from, ok := live[n.Name]
+		cur, ok := liveNodes[n.Name]
+		from := cur.Version
 		if !ok || from == "" {
 			return nil, fmt.Errorf("the Talos version of %s is unknown (it did not answer): cannot plan an upgrade", n)
 		}
@@ -72,13 +117,14 @@ func PlanUpgrades(nodes []Target, live map[string]string, want string, allowDown
 		if err != nil {
 			return nil, fmt.Errorf("%s reports Talos %q, which is not a version", n, from)
 		}
+		sameSchematic := wantRunning.Schematic == "" || cur.Schematic == wantRunning.Schematic
 		switch c := fv.Compare(wv); {
-		case c == 0:
+		case c == 0 && sameSchematic:
 			continue
 		case c > 0 && !allowDowngrade:
 			return nil, &PlanError{Downgrade: true, Reason: fmt.Sprintf("%s runs Talos %s, newer than cluster.talosVersion %s: a downgrade is refused; set cluster.talosVersion to %s, or pass --allow-downgrade if you mean it", n, from, want, from)}
 		}
-		step := UpgradeStep{Target: n, From: from, To: want}
+		step := UpgradeStep{Target: n, From: from, To: want, FromSchematic: cur.Schematic, ToSchematic: wantRunning.Schematic}
 		if n.Role == RoleControlPlane {
 			cps = append(cps, step)
 		} else {
@@ -134,10 +180,13 @@ func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, sta
 
 // waitSettled waits for Settled and returns the version the node runs;
 // with want set it waits for that version too.
-func (o *Ops) waitSettled(ctx context.Context, t Target, want string) (string, error) {
+func (o *Ops) waitSettled(ctx context.Context, t Target, want, wantSchematic string) (string, error) {
 	what := fmt.Sprintf("%s to run its installed system (out of any upgrade or reboot)", t)
 	if want != "" {
 		what = fmt.Sprintf("%s to reboot into Talos %s", t, want)
+	}
+	if wantSchematic != "" {
+		what += " with schematic " + shortID(wantSchematic)
 	}
 	var version string
 	spec := wait.Spec{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout,
@@ -145,7 +194,17 @@ func (o *Ops) waitSettled(ctx context.Context, t Target, want string) (string, e
 	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
 		ok, v, st := o.Settled(ctx, t)
 		version = v
-		return ok && (want == "" || v == want), st, nil
+		if !ok || (want != "" && v != want) {
+			return false, st, nil
+		}
+		if wantSchematic == "" {
+			return true, st, nil
+		}
+		have, err := o.Schematic(ctx, t.IP)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return have == wantSchematic, fmt.Sprintf("%s, schematic %s", st, orNone(shortID(have))), nil
 	})
 	return version, err
 }
@@ -171,16 +230,24 @@ type RollOutOptions struct {
 // asked it), wait for the target version, then for the whole cluster.
 func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep) error {
 	err := opts.Mutate(s.String(), func() error {
-		running, err := o.waitSettled(ctx, s.Target, "")
+		running, err := o.waitSettled(ctx, s.Target, "", "")
 		if err != nil {
 			return err
 		}
-		if running != s.To {
+		done := running == s.To
+		if done && s.ToSchematic != "" {
+			have, err := o.Schematic(ctx, s.IP)
+			if err != nil {
+				return err
+			}
+			done = have == s.ToSchematic
+		}
+		if !done {
 			if err := o.Upgrade(ctx, s.Target, opts.Image); err != nil {
 				return err
 			}
 		}
-		if _, err := o.waitSettled(ctx, s.Target, s.To); err != nil {
+		if _, err := o.waitSettled(ctx, s.Target, s.To, s.ToSchematic); err != nil {
 			return err
 		}
 		return o.WaitHealthy(ctx, fmt.Sprintf("the cluster healthy after upgrading %s", s.Name), opts.Health)

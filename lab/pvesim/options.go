@@ -1,6 +1,7 @@
 package pvesim
 
 import (
+	"net/http"
 	"net/netip"
 	"time"
 
@@ -28,6 +29,15 @@ type Options struct {
 	// RemoteFiles are what download-url can fetch, by URL. Any other URL
 	// fails the download task like wget's 404.
 	RemoteFiles map[string]RemoteFile
+	// HTTP, when set, fetches a URL that is not in RemoteFiles for real,
+	// as the host's wget does (the file is hashed, not kept): the lab
+	// passes a client that trusts its Image Factory's CA, as a host whose
+	// trust store holds it would.
+	HTTP *http.Client
+	// GuestAgent says whether the guest of a running VM runs the QEMU
+	// guest agent (the lab asks its Talos node for the extension); nil:
+	// no guest does.
+	GuestAgent func(vmid int) bool
 	// Tokens are the API tokens that authenticate. When empty, one token
 	// "root@pam!bootstrap" with a random secret and Admin privileges exists.
 	Tokens []Token

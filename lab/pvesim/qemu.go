@@ -1073,23 +1073,59 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 }
 
 func (s *Server) agentInterfaces(r *request, idStr string) (any, *apiError) {
+	if _, aerr := s.agentAvailable(r, idStr); aerr != nil {
+		return nil, aerr
+	}
+	// What a running agent reports is not modelled.
+	return map[string]any{"result": []any{}}, nil
+}
+
+// agentPing is the ping guest agent command (qemu-server
+// src/PVE/API2/Qemu/Agent.pm at 9.2.6: POST, VM.GuestAgent.Audit or
+// VM.GuestAgent.Unrestricted; {"result": {}} when the agent answers).
+func (s *Server) agentPing(r *request, idStr string) (any, *apiError) {
+	if _, aerr := s.agentAvailable(r, idStr); aerr != nil {
+		return nil, aerr
+	}
+	return map[string]any{"result": map[string]any{}}, nil
+}
+
+// agentAvailable is assert_agent_available (qemu-server
+// src/PVE/QemuServer/Agent.pm at 9.2.6) behind the command's privilege
+// check: no agent option at all, then the VM not running, then no answer
+// to guest-ping — which is also what agent: 0 gets, as QEMU then has no
+// agent channel to ping. The guest answers when Options.GuestAgent says
+// it runs the agent.
+func (s *Server) agentAvailable(r *request, idStr string) (int, *apiError) {
 	priv := "VM.Monitor"
 	if s.major() >= 9 {
 		priv = "VM.GuestAgent.Audit"
 	}
 	v, id, aerr := s.vmAllowed(r, idStr, priv)
+	if aerr != nil && s.major() >= 9 {
+		v, id, aerr = s.vmAllowed(r, idStr, "VM.GuestAgent.Unrestricted")
+	}
 	if aerr != nil {
-		return nil, aerr
+		return 0, aerr
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if v.state != "running" {
-		return nil, errf(500, "VM %d is not running", id)
+	conf, state := v.conf["agent"], v.state
+	s.mu.Unlock()
+	switch {
+	case conf == "":
+		return id, errf(500, "No QEMU guest agent configured")
+	case state != "running":
+		return id, errf(500, "VM %d is not running", id)
+	case !agentEnabled(conf) || s.opts.GuestAgent == nil || !s.opts.GuestAgent(id):
+		return id, errf(500, "QEMU guest agent is not running")
 	}
-	if a := v.conf["agent"]; a == "" || a == "0" || strings.HasPrefix(a, "0,") || strings.Contains(a, "enabled=0") {
-		return nil, errf(500, "No QEMU guest agent configured")
-	}
-	return nil, errf(500, "QEMU guest agent is not running")
+	return id, nil
+}
+
+// agentEnabled reads the agent option's enabled flag (parse_guest_agent:
+// "1", "enabled=1,…", "0", "enabled=0").
+func agentEnabled(a string) bool {
+	return a != "" && a != "0" && !strings.HasPrefix(a, "0,") && !strings.Contains(a, "enabled=0")
 }
 
 func (s *Server) listQemu(r *request) any {

@@ -597,6 +597,8 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 			return s.powerAction(r, rest[1], rest[3])
 		case m == 4 && rest[0] == "qemu" && rest[2] == "agent" && rest[3] == "network-get-interfaces" && get:
 			return s.agentInterfaces(r, rest[1])
+		case m == 4 && rest[0] == "qemu" && rest[2] == "agent" && rest[3] == "ping" && post:
+			return s.agentPing(r, rest[1])
 		case m == 3 && rest[0] == "tasks" && rest[2] == "status" && get:
 			return s.taskStatus(r, rest[1])
 		case m == 3 && rest[0] == "tasks" && rest[2] == "log" && get:

@@ -6,9 +6,13 @@ import (
 	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/sha512"
+	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
+	"io"
+	"net/http"
 	"regexp"
 	"sort"
 	"strconv"
@@ -428,6 +432,13 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 			return fmt.Errorf("checksum mismatch: got '%s' != expect '%s', aborting", got, sum)
 		}
 		tmp := fmt.Sprintf("%s.tmp.%d", dest, t.pid)
+		if !known && s.opts.HTTP != nil {
+			var code int
+			if remote, code = s.fetch(ctx, t, u); code != 0 {
+				return fmt.Errorf("download failed: command '/usr/bin/wget --progress=dot:giga -O %s %s' failed: exit code %d", tmp, u, code)
+			}
+			known = true
+		}
 		if !known {
 			t.logf("--2024-06-01 12:00:00--  %s", u)
 			t.logf("ERROR 404: Not Found.")
@@ -468,6 +479,39 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 		return nil
 	})
 	return upid, nil
+}
+
+// fetch downloads u as wget would, hashing what it reads. A non-zero code
+// is wget's exit status: 4 for a network failure, 5 for a certificate it
+// cannot verify, 8 for an error response (wget(1) EXIT STATUS).
+func (s *Server) fetch(ctx context.Context, t *task, u string) (RemoteFile, int) {
+	t.logf("--%s--  %s", time.Now().UTC().Format("2006-01-02 15:04:05"), u)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return RemoteFile{}, 4
+	}
+	resp, err := s.opts.HTTP.Do(req)
+	if err != nil {
+		var uerr x509.UnknownAuthorityError
+		if errors.As(err, &uerr) || strings.Contains(err.Error(), "certificate") {
+			t.logf("ERROR: cannot verify certificate: %v", err)
+			return RemoteFile{}, 5
+		}
+		t.logf("failed: %v", err)
+		return RemoteFile{}, 4
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.logf("ERROR %d: %s.", resp.StatusCode, http.StatusText(resp.StatusCode))
+		return RemoteFile{}, 8
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, resp.Body)
+	if err != nil {
+		t.logf("read error: %v", err)
+		return RemoteFile{}, 4
+	}
+	return RemoteFile{Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, 0
 }
 
 // normalizeContentFilename is pve-storage's normalize_content_filename.

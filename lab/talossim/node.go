@@ -309,6 +309,27 @@ func (n *Node) Version() string {
 	return n.version
 }
 
+// RunsExtension says whether the node's running system carries the
+// system extension named name (by its manifest name, e.g.
+// qemu-guest-agent): the installed image's extensions once it runs.
+func (n *Node) RunsExtension(name string) bool {
+	n.mu.Lock()
+	running := n.phase == PhaseRunning
+	n.mu.Unlock()
+	if !running {
+		return false
+	}
+	for _, e := range n.sim.installedSystem(n.ip).extensions {
+		if e.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// VMID is the VM the node runs in.
+func (n *Node) VMID() int { return n.spec.VMID }
+
 // Stage is the node's MachineStatus stage.
 func (n *Node) Stage() runtime.MachineStage {
 	n.mu.Lock()
@@ -375,6 +396,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.serveLocked()
 
 	publishKubernetesConfig(n.cosi, imagesOf(n.parsed))
+	publishExtensions(n.cosi, installed.extensions)
 	info := n.infoLocked()
 	if info.Role == "controlplane" {
 		n.sim.mu.Lock()
@@ -485,6 +507,7 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 	if pullFails {
 		n.faults.InstallerPullFails--
 	}
+	exts, pullErr := n.sim.pullInstaller(image)
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.ApidRestart+n.sim.opts.Profile.Install), func() {
 		failed := ""
 		switch {
@@ -492,6 +515,8 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 			failed = "install crashed (injected)"
 		case pullFails:
 			failed = fmt.Sprintf("failed to pull the installer image %q (injected)", image)
+		case pullErr != nil:
+			failed = fmt.Sprintf("failed to pull the installer image %q: %v", image, pullErr)
 		case !diskExists(n.spec.Disks, installDisk):
 			failed = fmt.Sprintf("install disk %s not found", installDisk)
 		}
@@ -504,7 +529,7 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 			return
 		}
 		n.counters.Installs++
-		n.sim.persist(n.ip, installedSystem{config: cfg, version: installerVersion(image, n.version)})
+		n.sim.persist(n.ip, installedSystem{config: cfg, version: installerVersion(image, n.version), extensions: exts})
 		n.rebootLocked()
 	})
 }

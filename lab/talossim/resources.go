@@ -1,7 +1,12 @@
 package talossim
 
 import (
+	"fmt"
+	"strconv"
+
 	"context"
+	"github.com/homelab/bootstrap/lab/imagefactory"
+	"github.com/siderolabs/talos/pkg/machinery/extensions"
 
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
@@ -30,3 +35,25 @@ func publishMachineStatus(st state.State, stage runtime.MachineStage, ready bool
 // plane once it runs them (k8s.StaticPodStatus, read by talosctl health's
 // K8sControlPlaneStaticPods in pkg/cluster/check/kubernetes.go at v1.13.3).
 var staticPods = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// publishExtensions sets the node's ExtensionStatus resources (runtime
+// namespace) to the extensions of the installed image, as machined's
+// ExtensionStatusController does once at boot from the extensions config
+// (internal/app/machined/pkg/controllers/runtime/extension_status.go at
+// v1.13.3): one resource per layer, its spec the layer's manifest
+// metadata. Talos names each after the layer's image file; the lab uses
+// the layer's index (the file name format is unverified here).
+func publishExtensions(st state.State, exts []imagefactory.Extension) {
+	ctx := context.Background()
+	old, _ := safe.StateListAll[*runtime.ExtensionStatus](ctx, st)
+	for r := range old.All() {
+		_ = st.Destroy(ctx, r.Metadata())
+	}
+	for i, e := range exts {
+		_ = safe.StateModify(ctx, st, runtime.NewExtensionStatus(runtime.NamespaceName, strconv.Itoa(i)), func(r *runtime.ExtensionStatus) error {
+			r.TypedSpec().Image = fmt.Sprintf("%03d.%s.sqsh", i, e.Name)
+			r.TypedSpec().Metadata = extensions.Metadata{Name: e.Name, Version: e.Version, Author: e.Author, Description: e.Description}
+			return nil
+		})
+	}
+}

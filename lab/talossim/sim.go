@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/homelab/bootstrap/lab/imagefactory"
 	"net/netip"
 	"slices"
 	"strings"
@@ -132,7 +133,12 @@ type Options struct {
 	// it, a worker whose config enables discovery finds the running
 	// control planes of its cluster through it.
 	DiscoveryUnreachable bool
-	Log                  zerolog.Logger
+	// Installer resolves an installer image to the system extensions a
+	// node installed from it runs; pulled is false for an image that is
+	// not the factory's (no extensions), an error fails the pull. Nil: no
+	// image carries extensions.
+	Installer func(image string) (exts []imagefactory.Extension, pulled bool, err error)
+	Log       zerolog.Logger
 }
 
 // Sim is a set of simulated Talos nodes sharing a control plane.
@@ -306,6 +312,8 @@ func (s *Sim) Close() error {
 type installedSystem struct {
 	config  []byte
 	version string // the installer image's tag
+	// extensions are those of the installer image (ExtensionStatus).
+	extensions []imagefactory.Extension
 	// recoverySnapshot is an etcd snapshot uploaded with EtcdRecover, kept
 	// on the EPHEMERAL partition (/var/lib/etcd.snapshot) until a
 	// recover_etcd bootstrap consumes it.
@@ -313,7 +321,17 @@ type installedSystem struct {
 }
 
 func (i installedSystem) clone() installedSystem {
-	return installedSystem{config: slices.Clone(i.config), version: i.version, recoverySnapshot: slices.Clone(i.recoverySnapshot)}
+	return installedSystem{config: slices.Clone(i.config), version: i.version, extensions: slices.Clone(i.extensions), recoverySnapshot: slices.Clone(i.recoverySnapshot)}
+}
+
+// pullInstaller is what pulling an installer image yields: its system
+// extensions (none for an image that is not the factory's).
+func (s *Sim) pullInstaller(image string) ([]imagefactory.Extension, error) {
+	if s.opts.Installer == nil {
+		return nil, nil
+	}
+	exts, _, err := s.opts.Installer(image)
+	return exts, err
 }
 
 func (s *Sim) persist(ip string, sys installedSystem) {

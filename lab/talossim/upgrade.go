@@ -67,6 +67,10 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 		n.faults.UpgradePullFails--
 		return nil, fmt.Errorf("error validating installer image %q: failed to pull image %q: (injected) not found", image, image)
 	}
+	exts, err := n.sim.pullInstaller(image)
+	if err != nil {
+		return nil, fmt.Errorf("error validating installer image %q: %w", image, err)
+	}
 	if n.roleLocked() == "controlplane" && !in.GetForce() {
 		if err := n.sim.validateEtcdForUpgrade(n.clusterIDLocked(), n.ip, time.Now()); err != nil {
 			return nil, fmt.Errorf("error validating etcd for upgrade: %w", err)
@@ -80,7 +84,7 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 	n.setCordonedLocked(hostname, true)
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), func() {
 		sys := n.sim.installedSystem(n.ip)
-		sys.version = target
+		sys.version, sys.extensions = target, exts
 		n.sim.persist(n.ip, sys)
 		n.uncordonOnBoot = true
 		n.rebootLocked()

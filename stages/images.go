@@ -1,0 +1,143 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/factory"
+)
+
+// The nodes' images come from one schematic (cluster.schematic): the
+// provision stage downloads its ISO, the talos stage installs and upgrades
+// with its installer. Both make sure the Image Factory knows the schematic
+// first, since the factory builds neither for an ID it does not hold.
+
+// FactoryClient returns the run's Image Factory client, built on first use.
+func FactoryClient(env *Env) (*factory.Client, error) {
+	return client(env, "the Image Factory", func() (*factory.Client, error) {
+		c := env.Config.Cluster
+		return factory.NewClient(factory.ClientOptions{URL: c.Factory, CAFile: env.Config.Resolve(c.FactoryCAFile), Timeout: c.Timeouts.Call.D()})
+	})
+}
+
+// usesFactory says whether any image comes from the schematic.
+func usesFactory(im config.Images) bool { return im.ISODerived || im.InstallerDerived }
+
+// describeSchematic is "ce4c980550dd (siderolabs/qemu-guest-agent)".
+func describeSchematic(im config.Images) string {
+	what := strings.Join(im.Schematic.Extensions(), ", ")
+	if args := im.Schematic.Customization.ExtraKernelArgs; len(args) > 0 {
+		what = strings.TrimPrefix(what+"; kernel args "+strings.Join(args, " "), "; ")
+	}
+	if what == "" {
+		what = "no extensions"
+	}
+	return factory.ShortID(im.SchematicID) + " (" + what + ")"
+}
+
+// ensureSchematic registers the schematic with the factory unless it
+// knows it already (one GET when it does).
+func ensureSchematic(ctx context.Context, env *Env) error {
+	im := env.Config.Images()
+	if !usesFactory(im) {
+		return nil
+	}
+	c, err := FactoryClient(env)
+	if err != nil {
+		return err
+	}
+	known, err := c.Known(ctx, im.SchematicID)
+	if err != nil {
+		return fmt.Errorf("asking %s for schematic %s: %w", c.URL(), factory.ShortID(im.SchematicID), err)
+	}
+	if known {
+		env.Log.Debug().Str("schematic", im.SchematicID).Msg("the image factory knows the schematic")
+		return nil
+	}
+	return env.Wet(fmt.Sprintf("register schematic %s with %s", describeSchematic(im), c.URL()), func() error {
+		_, err := c.Register(ctx, im.Schematic)
+		return err
+	})
+}
+
+// factoryCheck is the precheck row of the Image Factory: it builds the
+// Talos version, every extension of the schematic is one it offers for
+// that version, and whether the schematic is registered yet. The extension
+// list is cached in the state directory (the one write a precheck makes:
+// a local cache) so that `config validate` can check names offline. A
+// factory that cannot be reached is a warning: the cached list, if any,
+// still vouches for the names.
+func factoryCheck(env *Env) check.Check {
+	return check.Check{Name: "image factory", Run: func(ctx context.Context) (check.Status, string) {
+		cfg := env.Config
+		im := cfg.Images()
+		if !usesFactory(im) {
+			return check.Passf("not used: proxmox.iso.url and cluster.installImage are explicit")
+		}
+		c, err := FactoryClient(env)
+		if err != nil {
+			return check.Failf("%v", err)
+		}
+		version := cfg.Cluster.TalosVersion
+		versions, err := c.Versions(ctx)
+		if factory.Unreachable(err) {
+			cached := "no cached extension list, names unchecked"
+			if cat, ok, _ := factory.LoadCatalog(env.Paths.StateDir, c.URL(), version); ok {
+				cached = "extension names checked against the list cached " + cat.Fetched.UTC().Format(time.DateTime) + " UTC"
+				if bad := unknownExtensions(cat, im); bad != "" {
+					return check.Failf("%s unreachable; by the cached list: %s", c.URL(), bad)
+				}
+			}
+			return check.Warnf("%s unreachable (%v): %s; provisioning and upgrades need it", c.URL(), err, cached)
+		}
+		if err != nil {
+			return check.Failf("%v", err)
+		}
+		if !slices.Contains(versions, version) {
+			return check.Failf("%s does not build Talos %s (newest: %s)", c.URL(), version, versions[len(versions)-1:])
+		}
+		list, err := c.Extensions(ctx, version)
+		if err != nil {
+			return check.Failf("listing the extensions of %s: %v", version, err)
+		}
+		cat := factory.Catalog{Factory: c.URL(), Version: version, Fetched: env.now(), Extensions: list}
+		if err := cat.Save(env.Paths.StateDir); err != nil {
+			env.Log.Warn().Err(err).Msg("caching the extension list")
+		}
+		if bad := unknownExtensions(cat, im); bad != "" {
+			return check.Failf("%s", bad)
+		}
+		known, err := c.Known(ctx, im.SchematicID)
+		if err != nil {
+			return check.Failf("%v", err)
+		}
+		reg := "registered"
+		if !known {
+			reg = "not registered yet (the provision stage registers it)"
+		}
+		return check.Passf("%s builds %s; schematic %s %s; %d extensions listed", c.URL(), version, describeSchematic(im), reg, len(list))
+	}}
+}
+
+// unknownExtensions names the schematic's extensions the catalog lacks.
+func unknownExtensions(cat factory.Catalog, im config.Images) string {
+	var bad []string
+	for _, e := range im.Schematic.Extensions() {
+		if _, _, ok := cat.Lookup(e); !ok {
+			hint := ""
+			if sim := cat.Similar(e); len(sim) > 0 {
+				hint = " (similar: " + strings.Join(sim, ", ") + ")"
+			}
+			bad = append(bad, e+hint)
+		}
+	}
+	if len(bad) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("not official extensions of Talos %s at %s: %s (cluster.schematic.extensions)", cat.Version, cat.Factory, strings.Join(bad, ", "))
+}

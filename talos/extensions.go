@@ -1,0 +1,79 @@
+package talos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+)
+
+// Extension is a system extension a node runs, by its manifest's name and
+// version (ExtensionStatus, `talosctl get extensions`).
+type Extension struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// schematicExtension is the virtual extension Image Factory adds to every
+// image it builds, its version the schematic ID
+// (constants.SchematicIDExtensionName, internal/artifacts/schematic.go at
+// image-factory v1.5.0).
+const schematicExtension = "schematic"
+
+// Extensions lists the system extensions the node runs: its
+// ExtensionStatus resources, which machined writes once at boot from the
+// installed image's extensions
+// (internal/app/machined/pkg/controllers/runtime/extension_status.go at
+// v1.13.3).
+func (o *Ops) Extensions(ctx context.Context, ip string) ([]Extension, error) {
+	var out []Extension
+	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		list, err := safe.StateListAll[*runtime.ExtensionStatus](ctx, c.COSI)
+		if err != nil {
+			return err
+		}
+		out = out[:0]
+		for r := range list.All() {
+			m := r.TypedSpec().Metadata
+			out = append(out, Extension{Name: m.Name, Version: m.Version})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the extensions of %s: %w", ip, err)
+	}
+	slices.SortFunc(out, func(a, b Extension) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
+
+// SchematicOf is the schematic ID a node was installed from, read from
+// the factory's virtual extension; "" for an image the factory did not
+// build (ghcr.io/siderolabs/installer).
+func SchematicOf(exts []Extension) string {
+	for _, e := range exts {
+		if e.Name == schematicExtension {
+			return e.Version
+		}
+	}
+	return ""
+}
+
+// Schematic reads the schematic ID the node runs (see SchematicOf).
+func (o *Ops) Schematic(ctx context.Context, ip string) (string, error) {
+	exts, err := o.Extensions(ctx, ip)
+	if err != nil {
+		return "", err
+	}
+	return SchematicOf(exts), nil
+}
