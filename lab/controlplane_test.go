@@ -42,6 +42,8 @@ func TestTalosStageStartsRealControlPlane(t *testing.T) {
 	yaml := fmt.Sprintf(`cluster:
   name: rehearsal
   endpoint: https://%[1]s:6443
+  # The stock installer: these tests are not about Image Factory images.
+  installImage: ghcr.io/siderolabs/installer:v1.13.3
   timeouts: {call: 5s, install: 30s, bootstrap: 90s, health: 90s}
   network: {cidr: %[4]s, gateway: %[5]s, nameservers: [%[5]s]}
 nodes:

@@ -41,12 +41,11 @@ func describeSchematic(im config.Images) string {
 }
 
 // ensureSchematic registers the schematic with the factory unless it
-// knows it already (one GET when it does).
+// knows it already (one GET when it does). Called where the factory must
+// build something: before a derived ISO is downloaded, before a derived
+// installer is pulled (install, upgrade).
 func ensureSchematic(ctx context.Context, env *Env) error {
 	im := env.Config.Images()
-	if !usesFactory(im) {
-		return nil
-	}
 	c, err := FactoryClient(env)
 	if err != nil {
 		return err

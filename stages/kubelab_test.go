@@ -109,6 +109,8 @@ func newKubeLab(t *testing.T, o kubeLabOptions) *kubeLab {
 	yaml := fmt.Sprintf(`cluster:
   name: lab
   endpoint: %[1]s
+  # The stock installer: these tests are not about Image Factory images.
+  installImage: ghcr.io/siderolabs/installer:v1.13.3
   network: {cidr: %[2]s/24, gateway: %[3]s, nameservers: [%[3]s]}
 proxmox:
   url: https://pve.invalid:8006/api2/json

@@ -69,8 +69,7 @@ func ISOSource(cfg *config.Config) proxmox.ISOSource {
 // when the config gives none: an Enterprise factory publishes one, the
 // community one does not (the download is then unverified, warned).
 func factoryChecksum(ctx context.Context, env *Env, src *proxmox.ISOSource) error {
-	im := env.Config.Images()
-	if !im.ISODerived || src.Checksum != "" {
+	if src.Checksum != "" {
 		return nil
 	}
 	c, err := FactoryClient(env)
@@ -121,9 +120,6 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	// 1. The Talos ISO every VM boots from until it is installed, built
 	// by the factory from the schematic (registered first: the factory
 	// builds nothing for an ID it does not hold).
-	if err := ensureSchematic(ctx, env); err != nil {
-		return err
-	}
 	src := ISOSource(cfg)
 	if _, present, err := c.FindISO(ctx, src.Storage, src.Filename); err != nil {
 		return fmt.Errorf("looking for %s on %s: %w", src.Filename, src.Storage, err)
@@ -133,8 +129,13 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		if src.URL == "" {
 			return config.Userf("ISO %s is not on storage %s and proxmox.iso.url is empty", src.Filename, src.Storage)
 		}
-		if err := factoryChecksum(ctx, env, &src); err != nil {
-			return err
+		if cfg.Images().ISODerived {
+			if err := ensureSchematic(ctx, env); err != nil {
+				return err
+			}
+			if err := factoryChecksum(ctx, env, &src); err != nil {
+				return err
+			}
 		}
 		verify := "unverified"
 		if src.Checksum != "" {

@@ -132,6 +132,8 @@ func newLab(t *testing.T, n int, o pvesim.Options) *lab {
 	yaml := fmt.Sprintf(`cluster:
   name: lab
   endpoint: https://%[1]s.11:6443
+  # The stock installer: these tests are not about Image Factory images.
+  installImage: ghcr.io/siderolabs/installer:v1.13.3
   network: {cidr: %[1]s.0/24, gateway: %[1]s.1, nameservers: [%[1]s.1]}
 proxmox:
   url: %[2]s/api2/json

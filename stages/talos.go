@@ -79,11 +79,13 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	// A node in maintenance mode pulls the installer from the factory,
 	// which builds it only for a schematic it holds. A factory that cannot
 	// be reached only warns here: installed nodes need nothing from it.
-	if err := ensureSchematic(ctx, env); err != nil {
-		if !factory.Unreachable(err) {
-			return err
+	if env.Config.Images().InstallerDerived {
+		if err := ensureSchematic(ctx, env); err != nil {
+			if !factory.Unreachable(err) {
+				return err
+			}
+			env.UI.Warn("%v: a node that still has to install Talos cannot pull its installer", err)
 		}
-		env.UI.Warn("%v: a node that still has to install Talos cannot pull its installer", err)
 	}
 	conv, err := ops.Converge(ctx, talos.ConvergeOptions{
 		Nodes:          targets,
@@ -376,8 +378,10 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 		}
 		return nil
 	}
-	if err := ensureSchematic(ctx, env); err != nil {
-		return err
+	if env.Config.Images().InstallerDerived {
+		if err := ensureSchematic(ctx, env); err != nil {
+			return err
+		}
 	}
 	if err := snapshotBeforeUpgrade(ctx, env, ops, "Talos"); err != nil {
 		return err

@@ -48,6 +48,8 @@ func newTalosLab(t *testing.T) *talosLab {
 	yaml := fmt.Sprintf(`cluster:
   name: lab
   endpoint: https://%[1]s:6443
+  # The stock installer: these tests are not about Image Factory images.
+  installImage: ghcr.io/siderolabs/installer:v1.13.3
   timeouts: {call: 3s, install: 15s, bootstrap: 15s, health: 15s}
   network: {cidr: %[3]s, gateway: %[4]s, nameservers: [%[4]s]}
   patches:
@@ -251,7 +253,8 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 		}
 		return calls, accepted
 	}
-	l.cfg.Cluster.TalosVersion = "v1.13.9"
+	// An explicit installer is the user's to move with the version.
+	l.cfg.Cluster.TalosVersion, l.cfg.Cluster.InstallImage = "v1.13.9", "ghcr.io/siderolabs/installer:v1.13.9"
 	dry := l.env(t, true, false)
 	if err := (TalosStage{}).Run(ctx, dry); err != nil {
 		t.Fatal(err)
@@ -293,7 +296,7 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 	}
 
 	// Back to v1.13.3: a downgrade, refused before any call.
-	l.cfg.Cluster.TalosVersion = "v1.13.3"
+	l.cfg.Cluster.TalosVersion, l.cfg.Cluster.InstallImage = "v1.13.3", "ghcr.io/siderolabs/installer:v1.13.3"
 	before, _ := upgradeCalls()
 	err := (TalosStage{}).Run(ctx, l.env(t, false, false))
 	if err == nil || !config.IsUserError(err) || !strings.Contains(err.Error(), "downgrade is refused") {
@@ -304,7 +307,7 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 	}
 
 	// v1.13.10 with an installer the control plane cannot pull.
-	l.cfg.Cluster.TalosVersion = "v1.13.10"
+	l.cfg.Cluster.TalosVersion, l.cfg.Cluster.InstallImage = "v1.13.10", "ghcr.io/siderolabs/installer:v1.13.10"
 	cp, _ := l.sim.Node(l.ips["cp-1"])
 	cp.SetFaults(talossim.Faults{UpgradePullFails: 1})
 	err = (TalosStage{}).Run(ctx, l.env(t, false, false))
