@@ -209,7 +209,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// The lab has no way out to the discovery service (discovery.talos.dev):
 	// workers find trustd through the cluster endpoint only, as in an
 	// offline homelab, so a VIP endpoint makes them wait for etcd.
-	versions := []string{"v1.12.6", "v1.13.3"}
+	versions := []string{"v1.12.6", "v1.13.2", "v1.13.3"}
 	if !slices.Contains(versions, o.TalosVersion) {
 		versions = append(versions, o.TalosVersion)
 	}
@@ -226,10 +226,11 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
 	l.PVE, err = pvesim.New(pvesim.Options{
 		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,
-		HTTP:      &http.Client{Transport: fetch},
-		OnStart:   []func(pvesim.VMEvent) error{l.bootNode},
-		OnStop:    []func(pvesim.VMEvent){l.stopNode},
-		OnDestroy: []func(pvesim.VMEvent){l.wipeNode},
+		HTTP:       &http.Client{Transport: fetch},
+		GuestAgent: l.guestAgent,
+		OnStart:    []func(pvesim.VMEvent) error{l.bootNode},
+		OnStop:     []func(pvesim.VMEvent){l.stopNode},
+		OnDestroy:  []func(pvesim.VMEvent){l.wipeNode},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the Proxmox simulator: %w", err)
