@@ -41,3 +41,27 @@ func TestPlanUpgrades(t *testing.T) {
 		t.Fatalf("unknown versions: %v", err)
 	}
 }
+
+// A node at the wanted version that runs another schematic (or a stock
+// image) is upgraded in place; with no schematic wanted, versions alone count.
+func TestPlanSchematicChange(t *testing.T) {
+	nodes := []Target{{Name: "cp-1", Role: RoleControlPlane}, {Name: "wk-1", Role: RoleWorker}, {Name: "wk-2", Role: RoleWorker}}
+	live := map[string]Running{
+		"cp-1": {Version: "v1.13.3", Schematic: "aaaa"},
+		"wk-1": {Version: "v1.13.3", Schematic: "bbbb"},
+		"wk-2": {Version: "v1.13.3"},
+	}
+	steps, err := PlanUpgradesTo(nodes, live, Running{Version: "v1.13.3", Schematic: "bbbb"}, false)
+	if err != nil || len(steps) != 2 || steps[0].Name != "cp-1" || steps[1].Name != "wk-2" {
+		t.Fatalf("steps %+v, %v", steps, err)
+	}
+	if s := steps[0].String(); !strings.Contains(s, "in place, v1.13.3 with schematic bbbb (was aaaa)") {
+		t.Errorf("step reads %q", s)
+	}
+	if s := steps[1].String(); !strings.Contains(s, "was none: not an Image Factory image") {
+		t.Errorf("step reads %q", s)
+	}
+	if steps, err := PlanUpgradesTo(nodes, live, Running{Version: "v1.13.3"}, false); err != nil || len(steps) != 0 {
+		t.Errorf("no schematic wanted: %+v %v", steps, err)
+	}
+}
