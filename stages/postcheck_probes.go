@@ -42,30 +42,29 @@ func (p talosProbe) Health(ctx context.Context) talos.HealthReport {
 
 // Versions asks every node for the Talos version it runs.
 func (p talosProbe) Versions(ctx context.Context) (map[string]string, error) {
-	out := map[string]string{}
-	var errs []error
-	for _, n := range p.env.Config.Nodes {
-		pr, err := p.ops.Probe(ctx, n.IP)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
-			continue
-		}
-		out[n.Name] = pr.Version
-	}
-	return out, errors.Join(errs...)
+	return eachNode(p.env, func(ip string) (string, error) {
+		pr, err := p.ops.Probe(ctx, ip)
+		return pr.Version, err
+	})
 }
 
 // Extensions asks every node for the system extensions it runs.
 func (p talosProbe) Extensions(ctx context.Context) (map[string][]talos.Extension, error) {
-	out := map[string][]talos.Extension{}
+	return eachNode(p.env, func(ip string) ([]talos.Extension, error) { return p.ops.Extensions(ctx, ip) })
+}
+
+// eachNode asks every configured node, by its address, and keeps the
+// answers by node name; the nodes that failed are named in the error.
+func eachNode[T any](env *Env, ask func(ip string) (T, error)) (map[string]T, error) {
+	out := map[string]T{}
 	var errs []error
-	for _, n := range p.env.Config.Nodes {
-		exts, err := p.ops.Extensions(ctx, n.IP)
+	for _, n := range env.Config.Nodes {
+		v, err := ask(n.IP)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
 			continue
 		}
-		out[n.Name] = exts
+		out[n.Name] = v
 	}
 	return out, errors.Join(errs...)
 }
