@@ -98,7 +98,11 @@ func factoryCheck(env *Env) check.Check {
 			return check.Failf("%v", err)
 		}
 		if !slices.Contains(versions, version) {
-			return check.Failf("%s does not build Talos %s (newest: %s)", c.URL(), version, versions[len(versions)-1:])
+			newest := "none listed"
+			if len(versions) > 0 {
+				newest = "newest " + versions[len(versions)-1]
+			}
+			return check.Failf("%s does not build Talos %s (%s): check cluster.talosVersion", c.URL(), version, newest)
 		}
 		list, err := c.Extensions(ctx, version)
 		if err != nil {
