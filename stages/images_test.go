@@ -1,0 +1,76 @@
+package stages
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/factory"
+	"github.com/homelab/bootstrap/lab/imagefactory"
+	"github.com/homelab/bootstrap/ui"
+)
+
+// The precheck row of the Image Factory against the lab factory: a
+// schematic it can build passes (and the list is cached), an extension it
+// does not offer fails naming it, a Talos version it does not build fails,
+// and a factory that cannot be reached warns.
+func TestFactoryPrecheck(t *testing.T) {
+	f, err := imagefactory.Start(imagefactory.Options{ISOSize: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Stop() })
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "factory-ca.pem")
+	if err := os.WriteFile(ca, f.CAPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	row := func(extensions, version string) (check.Status, string, *Env) {
+		yaml := `cluster:
+  name: lab
+  endpoint: https://10.0.20.11:6443
+  talosVersion: ` + version + `
+  factory: ` + f.URL() + `
+  factoryCAFile: factory-ca.pem
+  schematic: {extensions: [` + extensions + `]}
+  network: {cidr: 10.0.20.0/24, gateway: 10.0.20.1, nameservers: [10.0.20.1]}
+nodes:
+  - {name: cp-1, role: controlplane, vmid: 701, ip: 10.0.20.11, cores: 2, memoryMiB: 4096, diskGiB: 32}
+`
+		cfg, err := config.Parse(filepath.Join(dir, "bootstrap.yaml"), []byte(yaml), func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		log := zerolog.New(zerolog.NewTestWriter(t))
+		env := &Env{Config: cfg, Paths: cfg.Paths(), Log: log, UI: ui.NewReporter(log), Now: time.Now}
+		st, why := factoryCheck(env).Run(context.Background())
+		return st, why, env
+	}
+	st, why, env := row("siderolabs/qemu-guest-agent, siderolabs/i915", "v1.13.3")
+	if st != check.Pass || !strings.Contains(why, "not registered yet") {
+		t.Errorf("pass: %s %s", st, why)
+	}
+	if _, ok, err := factory.LoadCatalog(env.Paths.StateDir, f.URL(), "v1.13.3"); !ok || err != nil {
+		t.Errorf("the list was not cached: %v %v", ok, err)
+	}
+	if st, why, _ := row("siderolabs/qemu-guest-agent, siderolabs/i9l5", "v1.13.3"); st != check.Fail || !strings.Contains(why, "siderolabs/i9l5") {
+		t.Errorf("unknown extension: %s %s", st, why)
+	}
+	if st, why, _ := row("siderolabs/qemu-guest-agent", "v1.11.0"); st != check.Fail || !strings.Contains(why, "does not build Talos v1.11.0") {
+		t.Errorf("unknown version: %s %s", st, why)
+	}
+	f.SetDown(true)
+	if st, why, _ := row("siderolabs/qemu-guest-agent", "v1.13.3"); st != check.Warn || !strings.Contains(why, "unreachable") || !strings.Contains(why, "checked against the list cached") {
+		t.Errorf("unreachable: %s %s", st, why)
+	}
+	if st, why, _ := row("siderolabs/i9l5", "v1.13.3"); st != check.Fail || !strings.Contains(why, "by the cached list") {
+		t.Errorf("unreachable with a bad name: %s %s", st, why)
+	}
+}
