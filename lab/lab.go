@@ -209,7 +209,14 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// The lab has no way out to the discovery service (discovery.talos.dev):
 	// workers find trustd through the cluster endpoint only, as in an
 	// offline homelab, so a VIP endpoint makes them wait for etcd.
-	versions := []string{"v1.12.6", "v1.13.2", "v1.13.3"}
+	// The factory builds every release; the lab's builds every patch of
+	// the two minors the lab runs, and its own version.
+	var versions []string
+	for _, minor := range []int{12, 13} {
+		for patch := 0; patch <= 12; patch++ {
+			versions = append(versions, fmt.Sprintf("v1.%d.%d", minor, patch))
+		}
+	}
 	if !slices.Contains(versions, o.TalosVersion) {
 		versions = append(versions, o.TalosVersion)
 	}

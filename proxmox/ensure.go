@@ -503,5 +503,16 @@ func (c *Client) EnsureISO(ctx context.Context, src ISOSource) (bool, error) {
 		return false, fmt.Errorf("ISO %s is not on storage %s and no download URL is configured", src.Filename, src.Storage)
 	}
 	err = c.DownloadISO(ctx, DownloadRequest{Storage: src.Storage, URL: src.URL, Filename: src.Filename, Checksum: src.Checksum, ChecksumAlgorithm: src.ChecksumAlgorithm})
+	if err != nil && strings.Contains(err.Error(), "refusing to override existing file") {
+		// Another download task wrote the file while ours ran: the task of
+		// a run that was killed goes on without it on the host. Without a
+		// checksum Proxmox refuses to replace the file
+		// (download_file_from_url, pve-common src/PVE/Tools.pm); it is
+		// there now, which is what this call is for.
+		if _, ok, ferr := c.FindISO(ctx, src.Storage, src.Filename); ferr == nil && ok {
+			c.log.Info().Str("iso", src.Filename).Msg("another download task stored the ISO first; keeping its file")
+			return false, nil
+		}
+	}
 	return err == nil, err
 }

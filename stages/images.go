@@ -64,6 +64,23 @@ func ensureSchematic(ctx context.Context, env *Env) error {
 	})
 }
 
+// factoryBuilds refuses, before anything changes, a Talos version the
+// factory does not build: every node would fail to pull its installer.
+func factoryBuilds(ctx context.Context, env *Env, version string) error {
+	c, err := FactoryClient(env)
+	if err != nil {
+		return err
+	}
+	versions, err := c.Versions(ctx)
+	if err != nil {
+		return fmt.Errorf("asking %s which Talos versions it builds: %w", c.URL(), err)
+	}
+	if !slices.Contains(versions, version) {
+		return config.Userf("the Image Factory %s does not build Talos %s: check cluster.talosVersion (the installer %s would not pull)", c.URL(), version, env.Config.InstallImageFor(version))
+	}
+	return nil
+}
+
 // factoryCheck is the precheck row of the Image Factory: it builds the
 // Talos version, every extension of the schematic is one it offers for
 // that version, and whether the schematic is registered yet. The extension

@@ -66,6 +66,14 @@ nodes:
 	if st, why, _ := row("siderolabs/qemu-guest-agent", "v1.11.0"); st != check.Fail || !strings.Contains(why, "does not build Talos v1.11.0") {
 		t.Errorf("unknown version: %s %s", st, why)
 	}
+	// An upgrade to a version the factory does not build is refused
+	// before anything changes (exit 2).
+	if err := factoryBuilds(context.Background(), env, "v1.11.0"); err == nil || !config.IsUserError(err) || !strings.Contains(err.Error(), "does not build Talos v1.11.0") {
+		t.Errorf("upgrade to an unbuilt version: %v", err)
+	}
+	if err := factoryBuilds(context.Background(), env, "v1.13.3"); err != nil {
+		t.Errorf("upgrade to a built version: %v", err)
+	}
 	f.SetDown(true)
 	if st, why, _ := row("siderolabs/qemu-guest-agent", "v1.13.3"); st != check.Warn || !strings.Contains(why, "unreachable") || !strings.Contains(why, "checked against the list cached") {
 		t.Errorf("unreachable: %s %s", st, why)

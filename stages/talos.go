@@ -379,6 +379,9 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 		return nil
 	}
 	if env.Config.Images().InstallerDerived {
+		if err := factoryBuilds(ctx, env, want); err != nil {
+			return err
+		}
 		if err := ensureSchematic(ctx, env); err != nil {
 			return err
 		}
