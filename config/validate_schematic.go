@@ -2,11 +2,12 @@ package config
 
 import (
 	"fmt"
-	"github.com/distribution/reference"
 	"net/url"
 	"os"
 	"regexp"
 	"strings"
+
+	"github.com/distribution/reference"
 
 	"github.com/homelab/bootstrap/factory"
 )

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/homelab/bootstrap/factory"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/talos"

@@ -1,16 +1,16 @@
 package talossim
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 
-	"context"
-	"github.com/homelab/bootstrap/lab/imagefactory"
-	"github.com/siderolabs/talos/pkg/machinery/extensions"
-
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/talos/pkg/machinery/extensions"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+
+	"github.com/homelab/bootstrap/lab/imagefactory"
 )
 
 // publishMachineStatus keeps the node's MachineStatus resource (runtime

@@ -25,7 +25,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/homelab/bootstrap/lab/imagefactory"
 	"net/netip"
 	"slices"
 	"strings"
@@ -34,6 +33,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
+
+	"github.com/homelab/bootstrap/lab/imagefactory"
 )
 
 // Profile is a timing model of a node. Durations are multiplied by
