@@ -76,8 +76,15 @@ func (v *validator) installImage() {
 	if img == "" {
 		return
 	}
-	if _, err := reference.ParseNormalizedNamed(img); err != nil {
+	ref, err := reference.ParseNormalizedNamed(img)
+	if err != nil {
 		v.errf("cluster.installImage", "%q is not an image reference (%v): use the form factory.talos.dev/nocloud-installer/<schematic>:v1.13.3, or leave it empty to derive it from cluster.schematic", img, err)
+		return
+	}
+	// An upgrade with an installer of another version would never get there.
+	if tagged, ok := ref.(reference.Tagged); ok && tagged.Tag() != v.c.Cluster.TalosVersion {
+		v.errf("cluster.installImage", "%q installs Talos %s but cluster.talosVersion is %s: an upgrade with it would never get there; set its tag to %s, or leave installImage empty to derive it from cluster.schematic",
+			img, tagged.Tag(), v.c.Cluster.TalosVersion, v.c.Cluster.TalosVersion)
 	}
 }
 

@@ -7,8 +7,6 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/distribution/reference"
-
 	"github.com/homelab/bootstrap/factory"
 )
 
@@ -87,20 +85,10 @@ func (v *validator) extensionsKnown() {
 	}
 }
 
-// imagesAgree checks an explicit installer's tag against talosVersion (an
-// upgrade with it would never reach the version), and warns when an
-// explicit ISO and the installer carry different schematics: the
-// extensions of the ISO would be gone after the install.
+// imagesAgree warns when an explicit ISO and the installer carry different
+// schematics: the extensions of the ISO would be gone after the install.
 func (v *validator) imagesAgree() {
 	im := v.c.Images()
-	if inst := v.c.Cluster.InstallImage; inst != "" {
-		if ref, err := reference.ParseNormalizedNamed(inst); err == nil {
-			if tagged, ok := ref.(reference.Tagged); ok && tagged.Tag() != v.c.Cluster.TalosVersion {
-				v.errf("cluster.installImage", "%q installs Talos %s but cluster.talosVersion is %s: an upgrade with it would never get there; set its tag to %s, or leave installImage empty to derive it from cluster.schematic",
-					inst, tagged.Tag(), v.c.Cluster.TalosVersion, v.c.Cluster.TalosVersion)
-			}
-		}
-	}
 	if im.ISODerived && im.InstallerDerived {
 		return
 	}

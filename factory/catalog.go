@@ -118,6 +118,12 @@ var aliases = map[string]string{
 	"siderolabs/amdgpu-firmware":                "siderolabs/amdgpu",
 }
 
+// ManifestName is the name a node reports an official extension under
+// (its manifest's metadata.name): the last element of the factory's name,
+// as for qemu-guest-agent, i915 and intel-ucode in siderolabs/extensions
+// v1.13.3 (*/manifest.yaml.tmpl).
+func ManifestName(name string) string { return name[strings.LastIndex(name, "/")+1:] }
+
 // GuestAgent is the extension that runs the QEMU guest agent in Talos; a
 // VM gets agent: 1 only when its image carries it.
 const GuestAgent = "siderolabs/qemu-guest-agent"

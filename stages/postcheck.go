@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/state"
 )
@@ -50,11 +50,9 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 	im := cfg.Images()
 	opts.GuestAgent = im.GuestAgent
 	if im.InstallerDerived {
-		// Nodes report an extension by its manifest name, the last element
-		// of the factory's name (siderolabs/extensions */manifest.yaml.tmpl).
 		opts.Schematic = im.SchematicID
 		for _, e := range im.Schematic.Extensions() {
-			opts.Extensions = append(opts.Extensions, e[strings.LastIndex(e, "/")+1:])
+			opts.Extensions = append(opts.Extensions, factory.ManifestName(e))
 		}
 	}
 	results := check.RunAll(ctx, postcheck.Checks(opts), 4)

@@ -378,7 +378,7 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 		}
 		return nil
 	}
-	if env.Config.Images().InstallerDerived {
+	if im.InstallerDerived {
 		if err := factoryBuilds(ctx, env, want); err != nil {
 			return err
 		}

@@ -8,6 +8,8 @@ import (
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+
+	"github.com/homelab/bootstrap/factory"
 )
 
 // Extension is a system extension a node runs, by its manifest's name and
@@ -16,12 +18,6 @@ type Extension struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
 }
-
-// schematicExtension is the virtual extension Image Factory adds to every
-// image it builds, its version the schematic ID
-// (constants.SchematicIDExtensionName, internal/artifacts/schematic.go at
-// image-factory v1.5.0).
-const schematicExtension = "schematic"
 
 // Extensions lists the system extensions the node runs: its
 // ExtensionStatus resources, which machined writes once at boot from the
@@ -62,7 +58,7 @@ func (o *Ops) Extensions(ctx context.Context, ip string) ([]Extension, error) {
 // build (ghcr.io/siderolabs/installer).
 func SchematicOf(exts []Extension) string {
 	for _, e := range exts {
-		if e.Name == schematicExtension {
+		if e.Name == factory.SchematicExtension {
 			return e.Version
 		}
 	}

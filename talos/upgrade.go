@@ -11,6 +11,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 
+	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/internal/wait"
 )
 
@@ -33,19 +34,12 @@ func (s UpgradeStep) String() string {
 		order = "workers after the control planes"
 	}
 	if s.From == s.To {
-		return fmt.Sprintf("upgrade Talos on %s in place, %s with schematic %s (was %s) (%d/%d, %s)", s.Name, s.To, shortID(s.ToSchematic), orNone(shortID(s.FromSchematic)), s.Pos, s.Of, order)
+		return fmt.Sprintf("upgrade Talos on %s in place, %s with schematic %s (was %s) (%d/%d, %s)", s.Name, s.To, factory.ShortID(s.ToSchematic), orNone(factory.ShortID(s.FromSchematic)), s.Pos, s.Of, order)
 	}
 	if s.ToSchematic != "" && s.ToSchematic != s.FromSchematic {
-		return fmt.Sprintf("upgrade Talos on %s %s → %s with schematic %s (was %s) (%d/%d, %s)", s.Name, s.From, s.To, shortID(s.ToSchematic), orNone(shortID(s.FromSchematic)), s.Pos, s.Of, order)
+		return fmt.Sprintf("upgrade Talos on %s %s → %s with schematic %s (was %s) (%d/%d, %s)", s.Name, s.From, s.To, factory.ShortID(s.ToSchematic), orNone(factory.ShortID(s.FromSchematic)), s.Pos, s.Of, order)
 	}
 	return fmt.Sprintf("upgrade Talos on %s %s → %s (%d/%d, %s)", s.Name, s.From, s.To, s.Pos, s.Of, order)
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }
 
 func orNone(s string) string {
@@ -186,7 +180,7 @@ func (o *Ops) waitSettled(ctx context.Context, t Target, want, wantSchematic str
 		what = fmt.Sprintf("%s to reboot into Talos %s", t, want)
 	}
 	if wantSchematic != "" {
-		what += " with schematic " + shortID(wantSchematic)
+		what += " with schematic " + factory.ShortID(wantSchematic)
 	}
 	var version string
 	spec := wait.Spec{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout,
@@ -204,7 +198,7 @@ func (o *Ops) waitSettled(ctx context.Context, t Target, want, wantSchematic str
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		return have == wantSchematic, fmt.Sprintf("%s, schematic %s", st, orNone(shortID(have))), nil
+		return have == wantSchematic, fmt.Sprintf("%s, schematic %s", st, orNone(factory.ShortID(have))), nil
 	})
 	return version, err
 }

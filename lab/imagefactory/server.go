@@ -305,7 +305,6 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file
 		http.Error(w, "error parsing profile from path: unsupported in the lab: "+file, http.StatusBadRequest)
 		return
 	}
-	body := isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
 	if want == ".sha256" || want == ".sha512" {
 		s.mu.Lock()
 		s.counts.ChecksumGets++
@@ -314,11 +313,9 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file
 			http.Error(w, "the lab publishes sha256 only", http.StatusNotFound)
 			return
 		}
-		h := sha256.New()
-		_, _ = io.Copy(h, &body)
 		// Format unverified (the Enterprise checksummer is not public):
 		// sha256sum's "<hex>  <file>".
-		_, _ = fmt.Fprintf(w, "%s  %s\n", hex.EncodeToString(h.Sum(nil)), file)
+		_, _ = fmt.Fprintf(w, "%s  %s\n", s.ISOSHA256(id, version, file), file)
 		return
 	}
 	s.mu.Lock()
@@ -331,16 +328,20 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file
 	if r.Method == http.MethodHead {
 		return
 	}
-	_, _ = io.Copy(w, &body)
+	_, _ = io.Copy(w, s.iso(id, version, file))
 }
 
 // ISOSHA256 is the SHA-256 of the ISO the factory serves for a schematic,
 // version and file name.
 func (s *Server) ISOSHA256(id, version, file string) string {
-	body := isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
 	h := sha256.New()
-	_, _ = io.Copy(h, &body)
+	_, _ = io.Copy(h, s.iso(id, version, file))
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// iso is the content of the ISO for a schematic, version and file name.
+func (s *Server) iso(id, version, file string) *isoReader {
+	return &isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
 }
 
 // isoReader yields size bytes: seed repeated, so each image differs.
@@ -394,7 +395,7 @@ func (s *Server) Installer(image string) ([]Extension, bool, error) {
 	}
 	out := make([]Extension, 0, len(exts)+1)
 	for _, e := range exts {
-		out = append(out, Extension{Name: e.Name[strings.LastIndex(e.Name, "/")+1:], Version: ref.Version, Author: e.Author, Description: e.Description})
+		out = append(out, Extension{Name: factory.ManifestName(e.Name), Version: ref.Version, Author: e.Author, Description: e.Description})
 	}
 	out = append(out, Extension{Name: factory.SchematicExtension, Version: ref.ID, Author: "Image Factory (" + s.url + ")",
 		Description: "Virtual extension which specifies the schematic of the image built with schematic."})

@@ -800,7 +800,7 @@ func (s *Server) vmStatusLocked(v *vm) map[string]any {
 	if lock := v.conf["lock"]; lock != "" {
 		out["lock"] = lock
 	}
-	if a := v.conf["agent"]; a != "" && a != "0" && !strings.HasPrefix(a, "0,") && !strings.Contains(a, "enabled=0") {
+	if agentEnabled(v.conf["agent"]) {
 		out["agent"] = 1
 	}
 	if running {
