@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +29,11 @@ func TestMain(m *testing.M) {
 			if err := s.Save(dir, time.Now()); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(1)
+			}
+			if i == 0 {
+				// Tells the test a complete file exists, so its kill lands in
+				// a later write however slow the machine's first one was.
+				fmt.Println("saved")
 			}
 		}
 	}
@@ -71,23 +77,51 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	}
 }
 
-// TestStateSurvivesKillMidWrite kills a writer at random moments; every time
-// the state file must still parse completely.
+// TestStateSurvivesKillMidWrite kills a writer at random moments after its
+// first complete save; every time the state file must still parse completely.
+// The kill is timed from the writer's first save, not from its start: on a
+// loaded machine (CI on 2 cores) starting the process and the first 8 MiB
+// write can outlast any fixed delay, and a test that never saw a save proved
+// nothing.
 func TestStateSurvivesKillMidWrite(t *testing.T) {
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 20; i++ {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "STATE_TEST_WRITER="+dir)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(40+rng.IntN(160)) * time.Millisecond)
+		first := make(chan error, 1)
+		go func() {
+			line, err := bufio.NewReader(out).ReadString('\n')
+			if err == nil && line != "saved\n" {
+				err = fmt.Errorf("writer printed %q", line)
+			}
+			first <- err
+		}()
+		select {
+		case err := <-first:
+			if err != nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("kill %d: the writer failed before its first save: %v", i, err)
+			}
+		case <-time.After(2 * time.Minute):
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("kill %d: no complete save within 2m", i)
+		}
+		time.Sleep(time.Duration(rng.IntN(120)) * time.Millisecond)
 		cmd.Process.Kill()
 		cmd.Wait()
 		b, err := os.ReadFile(filepath.Join(dir, FileName))
-		if errors.Is(err, os.ErrNotExist) {
-			continue // killed before the first rename
+		if err != nil {
+			t.Fatalf("kill %d: a save completed, yet: %v", i, err)
 		}
 		var s State
 		if err := json.Unmarshal(b, &s); err != nil {
@@ -96,9 +130,6 @@ func TestStateSurvivesKillMidWrite(t *testing.T) {
 		if _, err := Load(dir, "c"); err != nil {
 			t.Fatalf("kill %d: %v", i, err)
 		}
-	}
-	if _, err := os.Stat(filepath.Join(dir, FileName)); err != nil {
-		t.Fatalf("the writer never completed a save: %v", err)
 	}
 }
 
