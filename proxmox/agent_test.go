@@ -1,9 +1,12 @@
 package proxmox
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/lab/pvesim"
 )
 
@@ -56,4 +59,59 @@ func mustList(t *testing.T, e *env) []VMSummary {
 		t.Fatal(err)
 	}
 	return vms
+}
+
+// A token that may do everything the run does but not ping the agents gets
+// a warning, not a failure, from the privileges row; what the warning names
+// is what Proxmox then refuses (PVE 9: VM.GuestAgent.Audit or
+// .Unrestricted; PVE 8: VM.Monitor).
+func TestPrecheckWarnsWithoutTheAgentPrivilege(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		lack    []string
+		want    string
+		refusal string
+	}{
+		{"9.1.2", []string{"VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted"}, "VM.GuestAgent.Audit or VM.GuestAgent.Unrestricted on /vms/701, /vms/702",
+			"Permission check failed (/vms/701, VM.GuestAgent.Audit|VM.GuestAgent.Unrestricted)"},
+		{"8.4.1", []string{"VM.Monitor"}, "VM.Monitor on /vms/701, /vms/702", "Permission check failed (/vms/701, VM.Monitor)"},
+	} {
+		t.Run(tc.version, func(t *testing.T) {
+			var acl []string
+			for _, p := range pvesim.AllPrivileges(tc.version) {
+				if !slices.Contains(tc.lack, p) {
+					acl = append(acl, p)
+				}
+			}
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: tc.version,
+				GuestAgent: func(int) bool { return true },
+				Tokens: []pvesim.Token{
+					{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: acl}}},
+					{ID: "bootstrap@pve!full", Secret: "s", ACL: pvesim.Admin(tc.version)},
+				}})
+			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+			rs := runPrechecks(t, c, precheckInput(2))
+			expect(t, rs, "proxmox: privileges", check.Warn, tc.want, "guest-agent")
+
+			// Without the agent in the image nothing pings it: no warning.
+			in := precheckInput(2)
+			for i := range in.VMs {
+				in.VMs[i].GuestAgent = false
+			}
+			expect(t, runPrechecks(t, c, in), "proxmox: privileges", check.Pass)
+
+			// The prediction holds: the run works, the ping is refused.
+			ctx := ctxT(t)
+			e.provision(ctx, c, specs(1))
+			err := c.AgentPing(ctx, 701)
+			var ae *APIError
+			if !errors.As(err, &ae) || ae.Status != 403 || !strings.Contains(err.Error(), tc.refusal) {
+				t.Errorf("ping without %s: %v, want %q", tc.lack[0], err, tc.refusal)
+			}
+			full := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!full", "s" })
+			if err := full.AgentPing(ctx, 701); err != nil {
+				t.Errorf("ping with every privilege: %v", err)
+			}
+		})
+	}
 }

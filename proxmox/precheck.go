@@ -44,6 +44,10 @@ func (g Grant) String() string { return strings.Join(g.Privs, "+") + " on " + g.
 type Need struct {
 	Why     string
 	Options []Grant
+	// Advisory marks what the run itself does without: lacking it, only a
+	// later check degrades (the nightly's guest-agent row), so the
+	// precheck warns instead of failing.
+	Advisory bool
 }
 
 func allOf(why, path string, privs ...string) Need {
@@ -125,6 +129,22 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 		}
 		needs = append(needs, web)
 	}
+	for _, s := range in.VMs {
+		if !s.GuestAgent {
+			continue
+		}
+		// The postcheck pings each agent: VM.GuestAgent.Audit (or
+		// .Unrestricted) since qemu-server 9.0.3 (commit b92a40ce, "use more
+		// specific guest agent privileges"), VM.Monitor before it
+		// (src/PVE/API2/Qemu/Agent.pm's default perms).
+		why := "ping the guest agent of VM " + strconv.Itoa(s.VMID)
+		n := anyOf(why, "/vms/"+strconv.Itoa(s.VMID), "VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted")
+		if v.Major < 9 {
+			n = allOf(why, "/vms/"+strconv.Itoa(s.VMID), "VM.Monitor")
+		}
+		n.Advisory = true
+		needs = append(needs, n)
+	}
 	return needs
 }
 
@@ -152,6 +172,14 @@ func Missing(needs []Need, held map[string]Privileges) []Grant {
 		case met:
 		case len(n.Options) == 1:
 			out = append(out, Grant{Path: n.Options[0].Path, Privs: lacks[0]})
+		case samePath(n.Options):
+			// Alternatives on one path read as one grant: "VM.GuestAgent.Audit
+			// or VM.GuestAgent.Unrestricted on /vms/701, /vms/702".
+			alts := make([]string, len(n.Options))
+			for i, o := range n.Options {
+				alts[i] = strings.Join(o.Privs, "+")
+			}
+			out = append(out, Grant{Path: n.Options[0].Path, Privs: []string{strings.Join(alts, " or ")}})
 		default:
 			alts := make([]string, len(n.Options))
 			for i, o := range n.Options {
@@ -161,6 +189,15 @@ func Missing(needs []Need, held map[string]Privileges) []Grant {
 		}
 	}
 	return out
+}
+
+func samePath(gs []Grant) bool {
+	for _, g := range gs {
+		if g.Path != gs[0].Path {
+			return false
+		}
+	}
+	return true
 }
 
 // describeMissing groups missing grants by privilege: "VM.Allocate on
@@ -370,8 +407,19 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			if err != nil {
 				return check.Failf("cannot read the token's permissions: %v", err)
 			}
-			if miss := Missing(needs, held); len(miss) > 0 {
+			var required, advisory []Need
+			for _, n := range needs {
+				if n.Advisory {
+					advisory = append(advisory, n)
+				} else {
+					required = append(required, n)
+				}
+			}
+			if miss := Missing(required, held); len(miss) > 0 {
 				return check.Failf("missing %s", describeMissing(miss))
+			}
+			if miss := Missing(advisory, held); len(miss) > 0 {
+				return check.Warnf("the run has what it needs, but postcheck's guest-agent row cannot ping the agents without %s", describeMissing(miss))
 			}
 			return check.Passf("every privilege this run needs is granted (%d requirements on %d paths)", len(needs), len(held))
 		}},

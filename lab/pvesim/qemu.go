@@ -1097,14 +1097,23 @@ func (s *Server) agentPing(r *request, idStr string) (any, *apiError) {
 // agent channel to ping. The guest answers when Options.GuestAgent says
 // it runs the agent.
 func (s *Server) agentAvailable(r *request, idStr string) (int, *apiError) {
-	priv := "VM.Monitor"
+	// The command's schema check is ['perm', '/vms/{vmid}', [$perm,
+	// 'VM.GuestAgent.Unrestricted'], any => 1] since qemu-server 9.0.3
+	// (commit b92a40ce), VM.Monitor alone before; check_any
+	// (pve-access-control src/PVE/RPCEnvironment.pm at 9.1.1) names both in
+	// its refusal: "(/vms/701, VM.GuestAgent.Audit|VM.GuestAgent.Unrestricted)".
+	id, perr := parseVMID(idStr)
+	if perr != nil {
+		return 0, perr
+	}
+	privs := []string{"VM.Monitor"}
 	if s.major() >= 9 {
-		priv = "VM.GuestAgent.Audit"
+		privs = []string{"VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted"}
 	}
-	v, id, aerr := s.vmAllowed(r, idStr, priv)
-	if aerr != nil && s.major() >= 9 {
-		v, id, aerr = s.vmAllowed(r, idStr, "VM.GuestAgent.Unrestricted")
+	if aerr := r.who.checkAny("/vms/"+strconv.Itoa(id), privs...); aerr != nil {
+		return id, aerr
 	}
+	v, id, aerr := s.vmByID(id)
 	if aerr != nil {
 		return 0, aerr
 	}
