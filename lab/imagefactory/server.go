@@ -10,20 +10,15 @@ package imagefactory
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"path"
@@ -36,6 +31,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/homelab/bootstrap/factory"
+	"github.com/homelab/bootstrap/lab/labca"
 )
 
 // Options shape the lab factory.
@@ -403,34 +399,14 @@ func (s *Server) Installer(image string) ([]Extension, bool, error) {
 }
 
 func (s *Server) newCerts() (tls.Certificate, error) {
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	is, err := labca.Issue(labca.Spec{
+		CA: pkix.Name{CommonName: "lab image factory CA"}, Leaf: pkix.Name{CommonName: "factory.lab"},
+		DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
+		CALifetime: 365 * 24 * time.Hour, LeafLifetime: 365 * 24 * time.Hour,
+	})
 	if err != nil {
 		return tls.Certificate{}, err
 	}
-	serial := func() *big.Int { n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62)); return n }
-	ca := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "lab image factory CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	leaf := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "factory.lab"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	s.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	s.caPool = x509.NewCertPool()
-	s.caPool.AddCert(caCert)
-	return tls.Certificate{Certificate: [][]byte{der, caDER}, PrivateKey: key}, nil
+	s.caPEM, s.caPool = is.CAPEM, is.Pool()
+	return is.Leaf, nil
 }
