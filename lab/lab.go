@@ -400,7 +400,7 @@ func (l *Lab) writeConfig() (string, error) {
 # processes. Run: bootstrap run --config %[2]s --stage all
 cluster:
   name: lab
-  talosVersion: %[22]s
+  talosVersion: %[21]s
   endpoint: https://%[3]s:6443
   factory: %[10]s
   factoryCAFile: %[11]s
@@ -413,34 +413,34 @@ proxmox:
   url: %[6]s
   node: %[7]s
   tokenID: %[8]s
-  tokenSecretFile: %[20]s
+  tokenSecretFile: %[19]s
   tlsFingerprint: %[9]q
   diskStorage: local-lvm
   isoStorage: local
   bridge: vmbr0
 nodes:
-%[13]sstorage:
+%[12]sstorage:
   nfs:
-    server: %[14]s
+    server: %[13]s
     path: /export/k8s
-    chartRepo: %[15]s
-    probe: {mountPort: %[16]d, nfsPort: %[16]d, timeout: 10s}
+    chartRepo: %[14]s
+    probe: {mountPort: %[15]d, nfsPort: %[15]d, timeout: 10s}
 cni:
-  name: %[17]s
-  cilium: {chartRepo: %[15]s}
+  name: %[16]s
+  cilium: {chartRepo: %[14]s}
 flux:
-  manifests: %[18]s
+  manifests: %[17]s
   localSnapshot:
     enabled: true
-    source: %[21]s
-    listen: 127.0.0.1:%[19]d
-    url: http://127.0.0.1:%[19]d/homelab.git
+    source: %[20]s
+    listen: 127.0.0.1:%[18]d
+    url: http://127.0.0.1:%[18]d/homelab.git
     refresh: 0s
 postcheck:
   pvcTimeout: 1m
   timeout: 3m
 `, l.prefix, filepath.Base(o.ConfigPath), endpointHost, vip, l.addr(1), l.PVE.APIURL(), l.PVE.NodeName(), id, l.PVE.Fingerprint(),
-		l.Factory.URL(), abs(caFile), "", nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
+		l.Factory.URL(), abs(caFile), nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
 		abs(tokenFile), abs(l.gitDir), o.TalosVersion)
 	if o.KubernetesVersion != "" {
 		cfg = strings.Replace(cfg, "  talosVersion: "+o.TalosVersion+"\n", "  talosVersion: "+o.TalosVersion+"\n  kubernetesVersion: "+o.KubernetesVersion+"\n", 1)
