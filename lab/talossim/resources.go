@@ -2,7 +2,6 @@ package talossim
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -41,8 +40,11 @@ var staticPods = []string{"kube-apiserver", "kube-controller-manager", "kube-sch
 // ExtensionStatusController does once at boot from the extensions config
 // (internal/app/machined/pkg/controllers/runtime/extension_status.go at
 // v1.13.3): one resource per layer, its spec the layer's manifest
-// metadata. Talos names each after the layer's image file; the lab uses
-// the layer's index (the file name format is unverified here).
+// metadata, its ID the layer's image file without ".sqsh". The imager
+// unpacks the j-th extension of its input into a directory named j and
+// squashes it to "<j>.sqsh" (pkg/imager/imager.go buildInitramfs,
+// internal/pkg/extensions/compress.go, pkg/imager/extensions/extensions.go
+// at v1.13.3), so the IDs are "0", "1", ….
 func publishExtensions(st state.State, exts []imagefactory.Extension) {
 	ctx := context.Background()
 	old, _ := safe.StateListAll[*runtime.ExtensionStatus](ctx, st)
@@ -51,7 +53,7 @@ func publishExtensions(st state.State, exts []imagefactory.Extension) {
 	}
 	for i, e := range exts {
 		_ = safe.StateModify(ctx, st, runtime.NewExtensionStatus(runtime.NamespaceName, strconv.Itoa(i)), func(r *runtime.ExtensionStatus) error {
-			r.TypedSpec().Image = fmt.Sprintf("%03d.%s.sqsh", i, e.Name)
+			r.TypedSpec().Image = strconv.Itoa(i) + ".sqsh"
 			r.TypedSpec().Metadata = extensions.Metadata{Name: e.Name, Version: e.Version, Author: e.Author, Description: e.Description}
 			return nil
 		})
