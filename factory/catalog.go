@@ -119,10 +119,19 @@ var aliases = map[string]string{
 }
 
 // ManifestName is the name a node reports an official extension under
-// (its manifest's metadata.name): the last element of the factory's name,
-// as for qemu-guest-agent, i915 and intel-ucode in siderolabs/extensions
-// v1.13.3 (*/manifest.yaml.tmpl).
-func ManifestName(name string) string { return name[strings.LastIndex(name, "/")+1:] }
+// (its manifest's metadata.name): the last element of the name the factory
+// builds it under. An old name the factory still accepts is built as its
+// new one, so a schematic listing siderolabs/i915-ucode gets a node
+// reporting i915. In siderolabs/extensions v1.13.3 every manifest's name
+// (*/manifest.yaml.tmpl) is its package's name, which is the image the
+// Makefile's TARGETS publish as ghcr.io/siderolabs/<name>: the rule holds
+// for all 83 extensions there.
+func ManifestName(name string) string {
+	if current, ok := aliases[name]; ok {
+		name = current
+	}
+	return name[strings.LastIndex(name, "/")+1:]
+}
 
 // GuestAgent is the extension that runs the QEMU guest agent in Talos; a
 // VM gets agent: 1 only when its image carries it.

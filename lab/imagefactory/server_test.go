@@ -142,3 +142,29 @@ func httpClient(s *Server) *http.Client {
 	tr.TLSClientConfig = &tls.Config{RootCAs: s.CAPool(), MinVersion: tls.VersionTLS12}
 	return &http.Client{Transport: tr}
 }
+
+// A schematic may still list an extension by an old name the factory
+// resolves (siderolabs/i915-ucode builds siderolabs/i915): the name the
+// product expects a node to report is the one the built image reports.
+func TestRenamedExtensionReportsItsNewName(t *testing.T) {
+	ctx := context.Background()
+	s, c := start(t, Options{})
+	sc := factory.New([]string{"siderolabs/i915-ucode", "siderolabs/qemu-guest-agent"}, nil)
+	if _, err := c.Ensure(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	img := factory.Images{Factory: s.URL(), ID: sc.MustID(), Version: "v1.13.3"}
+	exts, _, err := s.Installer(img.Installer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reported := map[string]bool{}
+	for _, e := range exts {
+		reported[e.Name] = true
+	}
+	for _, name := range sc.Extensions() {
+		if !reported[factory.ManifestName(name)] {
+			t.Errorf("%s: the product expects %q, the node reports %v", name, factory.ManifestName(name), exts)
+		}
+	}
+}
