@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	crand "crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -30,6 +31,7 @@ import (
 	"github.com/homelab/bootstrap/lab/nfsprovisioner"
 	"github.com/homelab/bootstrap/lab/pvesim"
 	"github.com/homelab/bootstrap/lab/talossim"
+	"github.com/homelab/bootstrap/proxmox"
 )
 
 // Options shape a lab.
@@ -153,6 +155,16 @@ func (o Options) withDefaults() Options {
 }
 
 // isoSize is the size of every ISO the lab's Image Factory serves.
+// labPVEVersion is the pve-manager version the lab's Proxmox reports.
+var labPVEVersion = proxmox.Version{Major: 8, Minor: 2, Patch: 4, Release: "8.2", Full: "8.2.4"}
+
+// randomSecret is a token secret shaped as PVE's (a UUID).
+func randomSecret() string {
+	b := make([]byte, 16)
+	_, _ = crand.Read(b)
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
 const isoSize = 100 << 20
 
 // ISOBytes is the size of the Talos ISO the lab's Proxmox downloads.
@@ -231,7 +243,15 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	fetch.TLSClientConfig = &tls.Config{RootCAs: l.Factory.CAPool(), MinVersion: tls.VersionTLS12}
 
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
+	// The lab's token is the one README's setup creates: bootstrap@pve!run,
+	// privilege-separated, holding the BootstrapRunner role on / (and its
+	// user the same), so every lab run, the e2e suite included, proves the
+	// documented role is enough.
+	role := []pvesim.ACE{{Path: "/", Privileges: proxmox.RunnerPrivileges(labPVEVersion)}}
 	l.PVE, err = pvesim.New(pvesim.Options{
+		Version: labPVEVersion.Full,
+		Users:   []pvesim.User{{ID: "bootstrap@pve", ACL: role}},
+		Tokens:  []pvesim.Token{{ID: "bootstrap@pve!run", Secret: randomSecret(), ACL: role}},
 		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,
 		HTTP:       &http.Client{Transport: fetch},
 		GuestAgent: l.guestAgent,
