@@ -243,7 +243,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	fetch.TLSClientConfig = &tls.Config{RootCAs: l.Factory.CAPool(), MinVersion: tls.VersionTLS12}
 
 	// The Proxmox host: a started VM boots a Talos node at its cloud-init address.
-	// The lab's token is the one README's setup creates: bootstrap@pve!run,
+	// The lab's token is the one README's setup creates: bootstrap@pve!homelab,
 	// privilege-separated, holding the BootstrapRunner role on / (and its
 	// user the same), so every lab run, the e2e suite included, proves the
 	// documented role is enough.
@@ -251,7 +251,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	l.PVE, err = pvesim.New(pvesim.Options{
 		Version: labPVEVersion.Full,
 		Users:   []pvesim.User{{ID: "bootstrap@pve", ACL: role}},
-		Tokens:  []pvesim.Token{{ID: "bootstrap@pve!run", Secret: randomSecret(), ACL: role}},
+		Tokens:  []pvesim.Token{{ID: "bootstrap@pve!homelab", Secret: randomSecret(), ACL: role}},
 		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,
 		HTTP:       &http.Client{Transport: fetch},
 		GuestAgent: l.guestAgent,

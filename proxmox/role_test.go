@@ -106,7 +106,7 @@ func TestReadmeHasTheRunnerSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, version := range []string{"9.1.2", "8.4.1"} {
-		want := RunnerSetup(parseVersion(t, version), "bootstrap@pve", "run")
+		want := RunnerSetup(parseVersion(t, version), "bootstrap@pve", "homelab")
 		if !strings.Contains(string(readme), want) {
 			t.Errorf("README lacks the setup for PVE %s:\n%s", version, want)
 		}
