@@ -154,7 +154,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// isoSize is the size of every ISO the lab's Image Factory serves.
 // labPVEVersion is the pve-manager version the lab's Proxmox reports.
 var labPVEVersion = proxmox.Version{Major: 8, Minor: 2, Patch: 4, Release: "8.2", Full: "8.2.4"}
 
@@ -165,6 +164,7 @@ func randomSecret() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
+// isoSize is the size of every ISO the lab's Image Factory serves.
 const isoSize = 100 << 20
 
 // ISOBytes is the size of the Talos ISO the lab's Proxmox downloads.
