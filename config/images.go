@@ -24,8 +24,9 @@ type Images struct {
 	// ISODerived and InstallerDerived say the ISO URL and the installer
 	// come from the schematic (not from proxmox.iso.url, cluster.installImage).
 	ISODerived, InstallerDerived bool
-	// GuestAgent says the images run the QEMU guest agent, so the VMs get
-	// agent: 1.
+	// GuestAgent says the installed image runs the QEMU guest agent, so
+	// the VMs get agent: 1. It follows the installer, not the ISO: the ISO
+	// runs only until the install, the installer for the VM's life.
 	GuestAgent bool
 }
 
@@ -60,8 +61,24 @@ func (c *Config) Images() Images {
 	if out.InstallImage == "" {
 		out.InstallImage, out.InstallerDerived = derived.Installer(), true
 	}
-	out.GuestAgent = slices.Contains(s.Extensions(), factory.GuestAgent)
+	out.GuestAgent = slices.Contains(s.Extensions(), factory.GuestAgent) && out.installerFromFactory()
 	return out
+}
+
+// installerFromFactory says whether the installer is an Image Factory
+// build, and so carries a schematic's extensions. An explicit factory
+// installer of another schematic than cluster.schematic is taken to carry
+// the declared one's (config validate warns: its extensions are not known
+// without asking the factory). Any other image, such as the stock
+// ghcr.io/siderolabs/installer, carries no system extensions: Talos builds
+// it with no --system-extension-image (talos v1.13.3 Makefile, target
+// installer).
+func (im Images) installerFromFactory() bool {
+	if im.InstallerDerived {
+		return true
+	}
+	_, ok := factory.ParseInstaller(im.InstallImage)
+	return ok
 }
 
 // InstallImageFor is the installer for another Talos version (an upgrade):

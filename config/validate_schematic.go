@@ -85,21 +85,37 @@ func (v *validator) extensionsKnown() {
 	}
 }
 
-// imagesAgree warns when an explicit ISO and the installer carry different
-// schematics: the extensions of the ISO would be gone after the install.
+// imagesAgree warns when the ISO, the installer and cluster.schematic do
+// not describe one image: what the ISO carries is gone after the install,
+// and the VMs' agent option follows cluster.schematic.
 func (v *validator) imagesAgree() {
 	im := v.c.Images()
 	if im.ISODerived && im.InstallerDerived {
 		return
 	}
-	isoID, _, isoOK := factory.ParseISOURL(im.ISOURL)
-	inst, instOK := factory.ParseInstaller(im.InstallImage)
+	isoID, isoOK := im.SchematicID, true
+	if !im.ISODerived {
+		isoID, _, isoOK = factory.ParseISOURL(im.ISOURL)
+	}
+	instID, instOK := im.SchematicID, true
+	if !im.InstallerDerived {
+		ref, ok := factory.ParseInstaller(im.InstallImage)
+		instID, instOK = ref.ID, ok
+	}
+	explicit := "proxmox.iso.url"
+	if im.ISODerived {
+		explicit = "cluster.installImage"
+	}
 	switch {
-	case isoOK && instOK && isoID != inst.ID:
-		v.warnf("proxmox.iso.url", "the ISO %s and the installer %s are built from different schematics (%s, %s): what the ISO carries is not what gets installed",
-			im.ISOURL, im.InstallImage, factory.ShortID(isoID), factory.ShortID(inst.ID))
-	case isoOK && !instOK && !im.InstallerDerived && isoID != factory.New(nil, nil).MustID():
-		v.warnf("cluster.installImage", "%s is not an Image Factory installer but the ISO %s carries schematic %s: its extensions are gone after the install",
-			im.InstallImage, im.ISOURL, factory.ShortID(isoID))
+	case isoOK && instOK && isoID != instID:
+		v.warnf(explicit, "the ISO %s and the installer %s are built from different schematics (%s, %s): what the ISO carries is not what gets installed",
+			im.ISOURL, im.InstallImage, factory.ShortID(isoID), factory.ShortID(instID))
+	case isoOK && !instOK && isoID != factory.New(nil, nil).MustID():
+		v.warnf("cluster.installImage", "%s is not an Image Factory installer but the ISO %s carries schematic %s: its extensions are gone after the install and the VMs get agent: 0; leave installImage empty to install cluster.schematic (%s)",
+			im.InstallImage, im.ISOURL, factory.ShortID(isoID), im.Schematic.Summary())
+	}
+	if instOK && !im.InstallerDerived && instID != im.SchematicID {
+		v.warnf("cluster.installImage", "%s is built from schematic %s, not from cluster.schematic (%s, %s): the VMs' agent option follows cluster.schematic; declare the installer's extensions there",
+			im.InstallImage, factory.ShortID(instID), factory.ShortID(im.SchematicID), im.Schematic.Summary())
 	}
 }

@@ -129,3 +129,47 @@ func TestSchematicDrivesISOAndInstaller(t *testing.T) {
 		t.Errorf("config validate made calls: factory %+v → %+v", before, after)
 	}
 }
+
+// TestStockInstallerRunsNoGuestAgent: an explicit stock installer carries
+// no system extension, so the nodes run no guest agent after the install
+// although the ISO they boot (derived from the default schematic) has it.
+// The VMs then get agent: 0, config validate says why, and the postcheck's
+// guest-agent row expects no agent. (They got agent: 1 from the schematic
+// before, and the row warned that no agent answered.)
+func TestStockInstallerRunsNoGuestAgent(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1})
+	const stock = "ghcr.io/siderolabs/installer:v1.13.3"
+	if err := h.EditConfig(func(s string) (string, error) {
+		return strings.Replace(s, "  talosVersion: v1.13.3\n", "  talosVersion: v1.13.3\n  installImage: "+stock+"\n", 1), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	v := run(t, ctx, h, "config", "validate")
+	if v.ExitCode != 0 || !strings.Contains(v.Stderr, "cluster.installImage") || !strings.Contains(v.Stderr, "agent: 0") {
+		t.Fatalf("config validate: exit %d\n%s%s", v.ExitCode, v.Stdout, v.Stderr)
+	}
+	r := run(t, ctx, h, "run", "--stage", "all")
+	if r.ExitCode != 0 {
+		t.Fatalf("run:\n%s", r.Tail(60))
+	}
+	if err := h.PostcheckGreen(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range h.Config().Nodes {
+		if vm, ok := h.Lab.PVE.VM(n.VMID); !ok || vm.Config["agent"] != "0" {
+			t.Errorf("VM %d: agent %q, want 0: the installed image runs no guest agent", n.VMID, vm.Config["agent"])
+		}
+	}
+	for _, n := range h.Lab.Talos.Nodes() {
+		if cfg := string(h.Lab.Talos.Installed(n.IP())); !strings.Contains(cfg, "image: "+stock) || n.RunsExtension("qemu-guest-agent") {
+			t.Errorf("node %s: installed with %s %v, runs the guest agent %v", n.IP(), stock, strings.Contains(cfg, "image: "+stock), n.RunsExtension("qemu-guest-agent"))
+		}
+	}
+	if l := checkRow(r.Stdout, "guest-agent"); !strings.Contains(l, "PASS") || !strings.Contains(l, "not expected") {
+		t.Errorf("postcheck row guest-agent: %q", l)
+	}
+	if l := checkRow(r.Stdout, "talos-extensions"); !strings.Contains(l, "PASS") {
+		t.Errorf("postcheck row talos-extensions: %q", l)
+	}
+}

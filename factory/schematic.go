@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 
 	// The factory marshals with go.yaml.in/yaml/v4 (image-factory v1.5.0
 	// go.mod pins a pseudo-version after v4.0.0-rc.6, which the module
@@ -100,3 +101,17 @@ func Unmarshal(data []byte) (Schematic, error) {
 
 // Extensions are the schematic's official extensions.
 func (s Schematic) Extensions() []string { return s.Customization.SystemExtensions.OfficialExtensions }
+
+// Summary names what the schematic adds for a message:
+// "siderolabs/i915, siderolabs/qemu-guest-agent; kernel args i915.enable_guc=3",
+// or "no extensions".
+func (s Schematic) Summary() string {
+	what := strings.Join(s.Extensions(), ", ")
+	if args := s.Customization.ExtraKernelArgs; len(args) > 0 {
+		what = strings.TrimPrefix(what+"; kernel args "+strings.Join(args, " "), "; ")
+	}
+	if what == "" {
+		return "no extensions"
+	}
+	return what
+}

@@ -703,7 +703,7 @@ func (c *checker) extensions(ctx context.Context) (check.Status, string) {
 // addresses and a shutdown waits for a timeout before it falls back to ACPI.
 func (c *checker) guestAgents(ctx context.Context) (check.Status, string) {
 	if !c.o.GuestAgent {
-		return check.Passf("not expected: the schematic has no siderolabs/qemu-guest-agent (VMs run with agent: 0)")
+		return check.Passf("not expected: the installed image has no siderolabs/qemu-guest-agent (VMs run with agent: 0)")
 	}
 	if c.o.Proxmox == nil {
 		return check.Warnf("Proxmox not checked (no API token available to this run)")

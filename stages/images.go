@@ -30,14 +30,7 @@ func usesFactory(im config.Images) bool { return im.ISODerived || im.InstallerDe
 
 // describeSchematic is "ce4c980550dd (siderolabs/qemu-guest-agent)".
 func describeSchematic(im config.Images) string {
-	what := strings.Join(im.Schematic.Extensions(), ", ")
-	if args := im.Schematic.Customization.ExtraKernelArgs; len(args) > 0 {
-		what = strings.TrimPrefix(what+"; kernel args "+strings.Join(args, " "), "; ")
-	}
-	if what == "" {
-		what = "no extensions"
-	}
-	return factory.ShortID(im.SchematicID) + " (" + what + ")"
+	return factory.ShortID(im.SchematicID) + " (" + im.Schematic.Summary() + ")"
 }
 
 // ensureSchematic registers the schematic with the factory unless it

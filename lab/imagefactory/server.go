@@ -375,8 +375,10 @@ type Extension struct {
 // qemu-guest-agent, i915 and intel-ucode in siderolabs/extensions v1.13.3 —
 // then the factory's virtual "schematic" extension whose version is the
 // schematic ID (internal/artifacts/schematic.go). An image of another
-// registry is not the factory's (nil, false); one the factory cannot build
-// fails the pull.
+// registry is not the factory's (nil, false) and carries no extension: the
+// stock ghcr.io/siderolabs/installer is built with no
+// --system-extension-image (talos v1.13.3 Makefile, target installer). One
+// the factory cannot build fails the pull.
 func (s *Server) Installer(image string) ([]Extension, bool, error) {
 	ref, ok := factory.ParseInstaller(image)
 	if !ok || ref.Host != s.Host() {
