@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/internal/oncrpc"
 )
 
 // NFSVerdict is the outcome of probing an NFS export.
@@ -104,15 +105,18 @@ func (p *nfsProbe) unreachable(ctx context.Context, what string, err error) NFSP
 }
 
 func (p *nfsProbe) run(ctx context.Context) NFSProbeResult {
+	// As root, from a reserved port: many servers (Linux nfsd's default
+	// "secure" option) refuse MOUNT requests from other ports.
+	reserved := os.Geteuid() == 0
 	mountPort, nfsPort := p.o.MountPort, p.o.NFSPort
 	if mountPort == 0 || nfsPort == 0 {
-		pm, err := dialRPC(ctx, p.addr(p.o.PortmapperPort))
+		pm, err := oncrpc.Dial(ctx, p.addr(p.o.PortmapperPort), reserved)
 		if err != nil {
 			// No portmapper: an NFSv4-only server still answers on 2049.
 			if nfsPort == 0 {
 				nfsPort = 2049
 			}
-			if c, err2 := dialRPC(ctx, p.addr(nfsPort)); err2 == nil {
+			if c, err2 := oncrpc.Dial(ctx, p.addr(nfsPort), reserved); err2 == nil {
 				c.Close()
 				return NFSProbeResult{Verdict: NFSv4Only, Detail: fmt.Sprintf("%s answers on port %d but has no portmapper on %d (%v): probably NFSv4-only; the export could not be verified", p.o.Server, nfsPort, p.o.PortmapperPort, err)}
 			}
@@ -120,33 +124,33 @@ func (p *nfsProbe) run(ctx context.Context) NFSProbeResult {
 		}
 		defer pm.Close()
 		if mountPort == 0 {
-			mountPort, err = getPort(pm, progMount, 3)
+			mountPort, err = getPort(ctx, pm, oncrpc.ProgMount, 3)
 			if err != nil {
 				return NFSProbeResult{Verdict: NFSError, Detail: fmt.Sprintf("asking the portmapper for MOUNT v3: %v", err)}
 			}
 		}
 		if nfsPort == 0 {
-			nfsPort, err = getPort(pm, progNFS, 3)
+			nfsPort, err = getPort(ctx, pm, oncrpc.ProgNFS, 3)
 			if err != nil {
 				return NFSProbeResult{Verdict: NFSError, Detail: fmt.Sprintf("asking the portmapper for NFS v3: %v", err)}
 			}
 		}
 		if mountPort == 0 || nfsPort == 0 {
-			if v4, _ := getPort(pm, progNFS, 4); v4 != 0 {
+			if v4, _ := getPort(ctx, pm, oncrpc.ProgNFS, 4); v4 != 0 {
 				return NFSProbeResult{Verdict: NFSv4Only, Detail: fmt.Sprintf("%s offers NFSv4 only (no MOUNT/NFSv3 registered): the export could not be verified", p.o.Server)}
 			}
 			return NFSProbeResult{Verdict: NFSError, Detail: fmt.Sprintf("%s has a portmapper but no MOUNT v3 / NFS v3 service registered", p.o.Server)}
 		}
 	}
 
-	mc, err := dialRPC(ctx, p.addr(mountPort))
+	mc, err := oncrpc.Dial(ctx, p.addr(mountPort), reserved)
 	if err != nil {
 		return p.unreachable(ctx, "MOUNT service "+p.addr(mountPort), err)
 	}
 	defer mc.Close()
-	exports, err := exportList(mc)
+	exports, err := exportList(ctx, mc)
 	listing := true
-	var rerr *rpcError
+	var rerr *oncrpc.Error
 	if errors.As(err, &rerr) {
 		// Some servers do not list exports (EXPORT disabled or not
 		// implemented): the mount below still tells whether the path works.
@@ -163,8 +167,8 @@ func (p *nfsProbe) run(ctx context.Context) NFSProbeResult {
 		}
 	}
 	hostname, _ := os.Hostname()
-	mc.authUnix(hostname, 0, 0)
-	fh, status, err := mount(mc, p.o.Path)
+	mc.AuthUnix(hostname, 0, 0)
+	fh, status, err := mount(ctx, mc, p.o.Path)
 	switch {
 	case err != nil:
 		res.Verdict, res.Detail = NFSError, fmt.Sprintf("mounting %s: %v", p.o.Path, err)
@@ -185,20 +189,20 @@ func (p *nfsProbe) run(ctx context.Context) NFSProbeResult {
 		res.Verdict, res.Detail = NFSError, fmt.Sprintf("mounting %s refused: MNT3 status %d", p.o.Path, status)
 		return res
 	}
-	defer func() { _, _ = mc.call(progMount, 3, mountProcUmnt, xdrStr(p.o.Path)) }()
+	defer func() { _, _ = mc.Call(ctx, oncrpc.ProgMount, 3, mountProcUmnt, xdrStr(p.o.Path)) }()
 
 	if !p.o.WriteTest {
 		res.Detail = fmt.Sprintf("%s:%s exported and mountable (write test off)", p.o.Server, p.o.Path)
 		return res
 	}
-	nc, err := dialRPC(ctx, p.addr(nfsPort))
+	nc, err := oncrpc.Dial(ctx, p.addr(nfsPort), reserved)
 	if err != nil {
 		return p.unreachable(ctx, "NFS service "+p.addr(nfsPort), err)
 	}
 	defer nc.Close()
-	nc.authUnix(hostname, 0, 0)
+	nc.AuthUnix(hostname, 0, 0)
 	name := ".bootstrap-probe-" + randomHex(4)
-	st, err := nfsCreate(nc, fh, name)
+	st, err := nfsCreate(ctx, nc, fh, name)
 	switch {
 	case err != nil:
 		res.Verdict, res.Detail = NFSError, fmt.Sprintf("write test: %v", err)
@@ -209,7 +213,7 @@ func (p *nfsProbe) run(ctx context.Context) NFSProbeResult {
 	case st != 0:
 		res.Verdict, res.Detail = NFSError, fmt.Sprintf("write test: NFS3 status %d", st)
 	default:
-		if rst, err := nfsRemove(nc, fh, name); err != nil || rst != 0 {
+		if rst, err := nfsRemove(ctx, nc, fh, name); err != nil || rst != 0 {
 			res.Verdict, res.Detail = NFSError, fmt.Sprintf("write test: created %s but could not remove it (status %d, %v)", name, rst, err)
 			return res
 		}
@@ -218,83 +222,83 @@ func (p *nfsProbe) run(ctx context.Context) NFSProbeResult {
 	return res
 }
 
-func getPort(pm *rpcConn, prog, vers uint32) (int, error) {
-	var w xdrWriter
-	w.u32(prog)
-	w.u32(vers)
-	w.u32(6) // TCP
-	w.u32(0)
-	r, err := pm.call(progPortmap, 2, 3, w.Bytes())
+func getPort(ctx context.Context, pm *oncrpc.Conn, prog, vers uint32) (int, error) {
+	var w oncrpc.Writer
+	w.U32(prog)
+	w.U32(vers)
+	w.U32(6) // TCP
+	w.U32(0)
+	r, err := pm.Call(ctx, oncrpc.ProgPortmap, 2, 3, w.Bytes())
 	if err != nil {
 		return 0, err
 	}
-	port := r.u32()
-	return int(port), r.err
+	port := r.U32()
+	return int(port), r.Err()
 }
 
-func exportList(c *rpcConn) ([]NFSExport, error) {
-	r, err := c.call(progMount, 3, mountProcExport, nil)
+func exportList(ctx context.Context, c *oncrpc.Conn) ([]NFSExport, error) {
+	r, err := c.Call(ctx, oncrpc.ProgMount, 3, mountProcExport, nil)
 	if err != nil {
 		return nil, err
 	}
 	var out []NFSExport
-	for r.u32() == 1 && r.err == nil {
-		e := NFSExport{Path: r.str()}
-		for r.u32() == 1 && r.err == nil {
-			e.Groups = append(e.Groups, r.str())
+	for r.U32() == 1 && r.Err() == nil {
+		e := NFSExport{Path: r.String()}
+		for r.U32() == 1 && r.Err() == nil {
+			e.Groups = append(e.Groups, r.String())
 		}
 		out = append(out, e)
 	}
-	return out, r.err
+	return out, r.Err()
 }
 
-func mount(c *rpcConn, path string) (fh []byte, status uint32, err error) {
-	r, err := c.call(progMount, 3, mountProcMnt, xdrStr(path))
+func mount(ctx context.Context, c *oncrpc.Conn, path string) (fh []byte, status uint32, err error) {
+	r, err := c.Call(ctx, oncrpc.ProgMount, 3, mountProcMnt, xdrStr(path))
 	if err != nil {
 		return nil, 0, err
 	}
-	status = r.u32()
+	status = r.U32()
 	if status == 0 {
-		fh = r.opaque()
+		fh = r.Opaque()
 	}
-	return fh, status, r.err
+	return fh, status, r.Err()
 }
 
-func nfsCreate(c *rpcConn, dir []byte, name string) (uint32, error) {
-	var w xdrWriter
-	w.opaque(dir)
-	w.str(name)
-	w.u32(0) // UNCHECKED
-	w.u32(1) // set mode
-	w.u32(0o600)
-	w.u32(0) // uid, gid, size: don't set
-	w.u32(0)
-	w.u32(0)
-	w.u32(0) // atime, mtime: don't change
-	w.u32(0)
-	r, err := c.call(progNFS, 3, nfsProcCreate, w.Bytes())
+func nfsCreate(ctx context.Context, c *oncrpc.Conn, dir []byte, name string) (uint32, error) {
+	var w oncrpc.Writer
+	w.Opaque(dir)
+	w.String(name)
+	w.U32(0) // UNCHECKED
+	w.U32(1) // set mode
+	w.U32(0o600)
+	w.U32(0) // uid, gid, size: don't set
+	w.U32(0)
+	w.U32(0)
+	w.U32(0) // atime, mtime: don't change
+	w.U32(0)
+	r, err := c.Call(ctx, oncrpc.ProgNFS, 3, nfsProcCreate, w.Bytes())
 	if err != nil {
 		return 0, err
 	}
-	st := r.u32()
-	return st, r.err
+	st := r.U32()
+	return st, r.Err()
 }
 
-func nfsRemove(c *rpcConn, dir []byte, name string) (uint32, error) {
-	var w xdrWriter
-	w.opaque(dir)
-	w.str(name)
-	r, err := c.call(progNFS, 3, nfsProcRemove, w.Bytes())
+func nfsRemove(ctx context.Context, c *oncrpc.Conn, dir []byte, name string) (uint32, error) {
+	var w oncrpc.Writer
+	w.Opaque(dir)
+	w.String(name)
+	r, err := c.Call(ctx, oncrpc.ProgNFS, 3, nfsProcRemove, w.Bytes())
 	if err != nil {
 		return 0, err
 	}
-	st := r.u32()
-	return st, r.err
+	st := r.U32()
+	return st, r.Err()
 }
 
 func xdrStr(s string) []byte {
-	var w xdrWriter
-	w.str(s)
+	var w oncrpc.Writer
+	w.String(s)
 	return w.Bytes()
 }
 
@@ -309,8 +313,8 @@ func exportNames(e []NFSExport) string {
 	return strings.Join(names, ", ")
 }
 
-func localAddr(c *rpcConn) string {
-	if a, ok := c.conn.LocalAddr().(*net.TCPAddr); ok {
+func localAddr(c *oncrpc.Conn) string {
+	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
 		return "this host connects as " + a.IP.String()
 	}
 	return "this host"

@@ -8,6 +8,7 @@ package ganesha
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -229,9 +231,18 @@ func (s *Server) Stop() {
 // startRpcbind starts a portmapper unless one already answers on :111. A
 // start that exits early is retried once without the warm-start state
 // (-w reads /run/rpcbind), and a second failure reports rpcbind's own words.
+//
+// rpcbind binds each transport of /etc/netconfig on its own and only warns
+// (to syslog, which a test machine lacks) when one fails: while any
+// connection holds local TCP port 111 it runs without its TCP/IPv4
+// listener, silently. Such a holder is looked for before the start and at
+// every poll, and named, instead of waiting for a port that cannot open.
 func (s *Server) startRpcbind(ctx context.Context) error {
 	if portOpen("127.0.0.1:111") {
 		return nil
+	}
+	if held := portHolders(111); len(held) > 0 {
+		return fmt.Errorf("rpcbind cannot listen on TCP port 111: %s", strings.Join(held, "; "))
 	}
 	rb, err := lookRpcbind()
 	if err != nil {
@@ -248,7 +259,13 @@ func (s *Server) startRpcbind(ctx context.Context) error {
 				if gone, msg := c.exited(); gone {
 					return false, "", errors.New(msg)
 				}
-				return portOpen("127.0.0.1:111"), "", nil
+				if portOpen("127.0.0.1:111") {
+					return true, "", nil
+				}
+				if held := portHolders(111); len(held) > 0 {
+					return false, "", fmt.Errorf("rpcbind runs but cannot listen on TCP port 111: %s", strings.Join(held, "; "))
+				}
+				return false, "", nil
 			})
 		if err == nil {
 			s.rpcbind = c
@@ -260,8 +277,89 @@ func (s *Server) startRpcbind(ctx context.Context) error {
 		if portOpen("127.0.0.1:111") {
 			return nil
 		}
+		if strings.Contains(why, "cannot listen on TCP port 111") {
+			break // a warm start changes nothing about that
+		}
 	}
 	return fmt.Errorf("starting rpcbind: %s", why)
+}
+
+// portHolders describes the TCP sockets (IPv4 and IPv6) that hold local
+// port port without listening on it, with the process owning each where
+// /proc tells: "127.0.0.1:111 → 127.0.0.1:40123 ESTABLISHED (pid 42 nfsd)".
+func portHolders(port int) []string {
+	states := map[string]string{"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+		"06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0B": "CLOSING"}
+	var out []string
+	inodes := map[string]string{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fl := strings.Fields(line)
+			if len(fl) < 10 {
+				continue
+			}
+			local, remote, st, inode := fl[1], fl[2], fl[3], fl[9]
+			lp, err := strconv.ParseUint(local[strings.LastIndexByte(local, ':')+1:], 16, 16)
+			// TIME_WAIT does not keep a listener with SO_REUSEADDR (rpcbind's) out.
+			if err != nil || int(lp) != port || st == "0A" || st == "06" {
+				continue
+			}
+			desc := fmt.Sprintf("%s → %s %s", hexAddr(local), hexAddr(remote), states[st])
+			out = append(out, desc)
+			inodes[inode] = desc
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	// Name the owners: /proc/<pid>/fd/* link to socket:[inode].
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			link, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+			if !strings.HasPrefix(link, "socket:[") {
+				continue
+			}
+			inode := strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")
+			if desc, ok := inodes[inode]; ok {
+				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+				for i := range out {
+					if out[i] == desc {
+						out[i] = fmt.Sprintf("%s (pid %d %s)", desc, pid, strings.TrimSpace(string(comm)))
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// hexAddr turns /proc/net/tcp's "0100007F:006F" into "127.0.0.1:111" (and
+// the 32-digit IPv6 form into its address).
+func hexAddr(s string) string {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return s
+	}
+	raw, err := hex.DecodeString(s[:i])
+	port, perr := strconv.ParseUint(s[i+1:], 16, 16)
+	if err != nil || perr != nil || (len(raw) != 4 && len(raw) != 16) {
+		return s
+	}
+	// Each 32-bit word is in host (little-endian) order.
+	for w := 0; w+4 <= len(raw); w += 4 {
+		raw[w], raw[w+1], raw[w+2], raw[w+3] = raw[w+3], raw[w+2], raw[w+1], raw[w]
+	}
+	return net.JoinHostPort(net.IP(raw).String(), strconv.Itoa(int(port)))
 }
 
 func portOpen(addr string) bool {

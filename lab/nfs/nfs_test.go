@@ -151,3 +151,62 @@ func TestHostPort(t *testing.T) {
 		}
 	}
 }
+
+// TestClientLeavesReservedPortsAlone: the lab's client connects from a port
+// the kernel picks, never from one below 1024. As root, an NFS client that
+// binds a random port from 1-1023 (as github.com/willscott/go-nfs-client
+// does) takes 111 now and then while no portmapper listens yet; rpcbind
+// started afterwards then runs without its TCP listener (lab/ganesha).
+func TestClientLeavesReservedPortsAlone(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the client binds reserved ports only as root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := startServer(t, nfs.Options{Dir: t.TempDir()})
+	var mounts []*nfs.Mount
+	defer func() {
+		for _, m := range mounts {
+			m.Close()
+		}
+	}()
+	for range 64 {
+		m, err := nfs.Dial(ctx, s.Host(), s.Port(), nfs.DefaultExportPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mounts = append(mounts, m)
+	}
+	// Read the source ports from the kernel's table, not from the client.
+	ports := sourcePortsTo(t, s.Port())
+	if len(ports) < len(mounts) {
+		t.Fatalf("found %d connections to port %d in /proc/net/tcp, want %d", len(ports), s.Port(), len(mounts))
+	}
+	for _, p := range ports {
+		if p < 1024 {
+			t.Errorf("a client connection comes from port %d", p)
+		}
+	}
+}
+
+// sourcePortsTo lists the local ports of the TCP connections to port.
+func sourcePortsTo(t *testing.T, port int) []int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Skipf("no /proc/net/tcp: %v", err)
+	}
+	var out []int
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		rp, err1 := strconv.ParseUint(f[2][strings.LastIndexByte(f[2], ':')+1:], 16, 16)
+		lp, err2 := strconv.ParseUint(f[1][strings.LastIndexByte(f[1], ':')+1:], 16, 16)
+		if err1 == nil && err2 == nil && int(rp) == port && f[3] == "01" {
+			out = append(out, int(lp))
+		}
+	}
+	return out
+}
