@@ -85,25 +85,64 @@ func readiness(u *unstructured.Unstructured, gen, observed int64, rev string) Re
 // name are Ready for their current generation and, when wantRevision is
 // set, both at that revision.
 func (c *Client) WaitReady(ctx context.Context, namespace, name, wantRevision string, timeout time.Duration) error {
-	return c.WaitReconciled(ctx, namespace, name, wantRevision, "", timeout)
+	return c.waitSync(ctx, namespace, name, wantRevision, nil, timeout)
 }
 
-// WaitReconciled is WaitReady that, when requestedAt is set, also waits
-// until both controllers handled that reconcile request (RequestReconcile's
-// token): a Ready status written before the request does not count.
-func (c *Client) WaitReconciled(ctx context.Context, namespace, name, wantRevision, requestedAt string, timeout time.Duration) error {
-	what := fmt.Sprintf("GitRepository and Kustomization %s/%s Ready", namespace, name)
+// ReconcileWithSource asks Flux to reconcile the GitRepository called name
+// and, once source-controller handled that and serves wantRevision, the
+// Kustomization, then waits until both are Ready: what `flux reconcile
+// kustomization --with-source` does (flux2 v2.9.5
+// cmd/flux/reconcile_with_source.go: the source's reconcile is waited for
+// before the object is annotated). Asked together, kustomize-controller
+// may fetch the artifact before source-controller has built it again (after
+// an etcd restore the status points at an artifact the new storage lacks),
+// fail "artifact not found" and retry only after its --requeue-dependency
+// (30s by default). now stamps each request.
+func (c *Client) ReconcileWithSource(ctx context.Context, namespace, name, wantRevision string, now func() time.Time, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	repoToken := RequestToken(now())
+	if err := c.requestReconcile(ctx, GitRepositoryGVK, namespace, name, repoToken); err != nil {
+		return fmt.Errorf("asking Flux to reconcile GitRepository %s/%s: %w", namespace, name, err)
+	}
+	requests := map[schema.GroupVersionKind]string{GitRepositoryGVK: repoToken}
+	if err := c.waitObjects(ctx, namespace, name, wantRevision, []schema.GroupVersionKind{GitRepositoryGVK}, requests, timeout); err != nil {
+		return err
+	}
+	ksToken := RequestToken(now())
+	if err := c.requestReconcile(ctx, KustomizationGVK, namespace, name, ksToken); err != nil {
+		return fmt.Errorf("asking Flux to reconcile Kustomization %s/%s: %w", namespace, name, err)
+	}
+	requests[KustomizationGVK] = ksToken
+	return c.waitSync(ctx, namespace, name, wantRevision, requests, timeout)
+}
+
+// waitSync waits for both objects of the sync pair (waitObjects).
+func (c *Client) waitSync(ctx context.Context, namespace, name, wantRevision string, requests map[schema.GroupVersionKind]string, timeout time.Duration) error {
+	return c.waitObjects(ctx, namespace, name, wantRevision, []schema.GroupVersionKind{GitRepositoryGVK, KustomizationGVK}, requests, timeout)
+}
+
+// waitObjects waits until the objects of kinds called name are Ready for
+// their current generation, at wantRevision when set, and each having
+// handled the reconcile request requests names for its kind: a Ready status
+// written before the request does not count.
+func (c *Client) waitObjects(ctx context.Context, namespace, name, wantRevision string, kinds []schema.GroupVersionKind, requests map[schema.GroupVersionKind]string, timeout time.Duration) error {
+	var names []string
+	for _, k := range kinds {
+		names = append(names, k.Kind)
+	}
+	what := fmt.Sprintf("%s %s/%s Ready", strings.Join(names, " and "), namespace, name)
 	if wantRevision != "" {
 		what += " at " + wantRevision
 	}
-	if requestedAt != "" {
-		what += ", reconciled after the request of " + requestedAt
+	if len(requests) > 0 {
+		what += ", reconciled after the request"
 	}
 	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: 250 * time.Millisecond, Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
 			var status []string
 			done := true
-			for _, gvk := range []schema.GroupVersionKind{GitRepositoryGVK, KustomizationGVK} {
+			for _, gvk := range kinds {
 				u := &unstructured.Unstructured{}
 				u.SetGroupVersionKind(gvk)
 				if err := c.kube.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, u); err != nil {
@@ -113,11 +152,11 @@ func (c *Client) WaitReconciled(ctx context.Context, namespace, name, wantRevisi
 				}
 				r := ReadinessOf(u)
 				switch {
+				case requests[gvk] != "" && r.HandledRequest != requests[gvk]:
+					status = append(status, fmt.Sprintf("%s has not handled the reconcile request of %s yet", gvk.Kind, requests[gvk]))
+					done = false
 				case !r.Ready:
 					status = append(status, fmt.Sprintf("%s not Ready (%s)", gvk.Kind, r.Detail))
-					done = false
-				case requestedAt != "" && r.HandledRequest != requestedAt:
-					status = append(status, fmt.Sprintf("%s has not handled the reconcile request yet", gvk.Kind))
 					done = false
 				case wantRevision != "" && r.Revision != wantRevision:
 					status = append(status, fmt.Sprintf("%s at %s", gvk.Kind, r.Revision))

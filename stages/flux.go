@@ -18,7 +18,6 @@ import (
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/state"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // FluxStage installs Flux into flux-system and points a GitRepository and a
@@ -108,22 +107,13 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	// After an etcd restore the Flux objects carry the Ready status they
 	// had when the snapshot was taken: only a reconciliation the new
 	// controllers handled says Flux syncs again.
-	requested := ""
 	if env.Options.Recover != nil {
-		now := env.now()
-		if err := env.Wet("ask Flux to reconcile the restored GitRepository and Kustomization", func() error {
-			for _, gvk := range []schema.GroupVersionKind{flux.GitRepositoryGVK, flux.KustomizationGVK} {
-				if err := c.RequestReconcile(ctx, gvk, FluxNamespace, FluxNamespace, now); err != nil {
-					return err
-				}
-			}
-			return nil
+		if err := env.Wet("ask Flux to reconcile the restored GitRepository, then its Kustomization", func() error {
+			return c.ReconcileWithSource(ctx, FluxNamespace, FluxNamespace, revision, env.now, f.Timeout.D())
 		}); err != nil {
 			return err
 		}
-		requested = flux.RequestToken(now)
-	}
-	if err := c.WaitReconciled(ctx, FluxNamespace, FluxNamespace, revision, requested, f.Timeout.D()); err != nil {
+	} else if err := c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D()); err != nil {
 		return err
 	}
 	_, ks, err := c.Status(ctx, FluxNamespace, FluxNamespace)
