@@ -17,6 +17,7 @@ import (
 // holding the cluster's objects; the postcheck took one too and pruning
 // keeps backup.keep of them. A byte flipped in a kept snapshot is caught.
 func TestEtcdBackupFromTheRealEtcd(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 4*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
 	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {

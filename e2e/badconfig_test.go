@@ -28,6 +28,7 @@ const corpusDir = "../config/testdata"
 // at all to the simulators. A control run of the corpus's good config,
 // rewritten the same way, must reach pvesim: the redirection works.
 func TestBadConfigCorpus(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 3*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
 	pve := h.Lab.PVE

@@ -9,6 +9,7 @@ import (
 )
 
 func TestCriticalPath(t *testing.T) {
+	t.Parallel()
 	in := PathInput{
 		Proxmox:  pvesim.Profile{DownloadPerMiB: 10 * time.Millisecond, Create: time.Second, Start: time.Second},
 		Talos:    talossim.Profile{Boot: 2 * time.Second, Install: 3 * time.Second, Reboot: 4 * time.Second, BootstrapReady: time.Second, EtcdStart: 2 * time.Second, EtcdJoin: 3 * time.Second, KubeletReady: 2 * time.Second},
@@ -47,6 +48,7 @@ func TestCriticalPath(t *testing.T) {
 }
 
 func TestUpgradeCriticalPath(t *testing.T) {
+	t.Parallel()
 	// A control plane: 5 s to start rebooting + 45 s reboot + its kubelet
 	// (30 s, after the 15 s boot sequence); a worker: 5 + 45 + its boot
 	// sequence (15 s).

@@ -31,6 +31,7 @@ const injected503 = "proxy: backend unavailable (injected)"
 // per Bootstrap the node refused, and the polls that met a dropped
 // connection.
 func TestFaults(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	dropper := newDropper(42)
 	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, Seed: 42, OnNodeBoot: func(n *talossim.Node) {

@@ -25,6 +25,7 @@ import (
 // re-run of the infra stage nor of the whole pipeline (whose config still
 // names the old chart) writes a Helm revision or reverts it.
 func TestFluxTakesOverHelmReleases(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
 	// The infra stage installs the previous chart release.

@@ -178,15 +178,51 @@ func (h *Harness) EditConfig(edit func(string) (string, error)) error {
 	return h.reload()
 }
 
-// KillPoint says when to kill -9 a run: After into the first stage whose
-// position in the pipeline is at least Stage's.
+// KillPoint says when to kill -9 a run, by the run's own progress rather
+// than by the clock, so that where a kill lands does not depend on how busy
+// the machine is: right after the Event-th progress event of Stage (0 is
+// its header; see ProgressEvent), or at the stage's last event when it has
+// fewer (a resumed stage skips what is done), or at the first event of a
+// later stage when the run passes Stage without running it.
 type KillPoint struct {
 	Stage string
-	After time.Duration
+	Event int
 }
 
 func (k KillPoint) String() string {
-	return fmt.Sprintf("%s+%s", k.Stage, k.After.Round(time.Millisecond))
+	return fmt.Sprintf("%s#%d", k.Stage, k.Event)
+}
+
+// Event is one line of the binary's JSON log that marks progress.
+type Event struct {
+	// Stage is the stage the line names, or the one running when it names
+	// none (some packages log without the stage field).
+	Stage   string
+	Message string
+	// Header marks a stage's first line ("[3/6] talos"), StageEnd its last
+	// ("talos done in …").
+	Header, StageEnd bool
+}
+
+// ProgressEvent decodes a line of the binary's JSON log and reports
+// whether it marks progress: every event except those a clock produces (a
+// wait's periodic progress line, a poll that was not done yet, trace),
+// whose number depends on how fast the machine is.
+func ProgressEvent(line []byte) (Event, bool) {
+	var ev struct {
+		Stage    string          `json:"stage"`
+		Message  string          `json:"message"`
+		UI       string          `json:"ui"`
+		StageEnd bool            `json:"stage_end"`
+		Live     string          `json:"live"`
+		Item     string          `json:"item"`
+		Poll     json.RawMessage `json:"poll"`
+		Level    string          `json:"level"`
+	}
+	if json.Unmarshal(line, &ev) != nil || ev.Level == "trace" || ev.Poll != nil || (ev.Live != "" && ev.Item == "") {
+		return Event{}, false
+	}
+	return Event{Stage: ev.Stage, Message: ev.Message, Header: ev.UI == "header" && ev.Stage != "", StageEnd: ev.StageEnd}, true
 }
 
 // Result is one invocation of the binary.
@@ -200,10 +236,16 @@ type Result struct {
 	// Stderr holds the log lines (JSON).
 	Stderr string
 	// Killed is true when the harness killed the process; KilledIn is the
-	// stage that was running then and KilledAfter how long it had run.
+	// stage that was running then, KilledAt the index of the progress event
+	// the kill followed (KilledEvent its message) and KilledAfter how long
+	// the stage had run.
 	Killed      bool
 	KilledIn    string
+	KilledAt    int
+	KilledEvent string
 	KilledAfter time.Duration
+	// Events are the run's progress events (see ProgressEvent), in order.
+	Events []Event
 	// Stages lists the stage headers the run printed, in order.
 	Stages []string
 	// Dir holds stdout.txt and stderr.log of this run.
@@ -239,12 +281,16 @@ func (h *Harness) RunKill(ctx context.Context, kill *KillPoint, args ...string) 
 type RunOptions struct {
 	// Kill, when set, kills the run with SIGKILL at that point.
 	Kill *KillPoint
+	// Debug logs at debug level, as a run with a kill point does (to count
+	// the same progress events as one).
+	Debug bool
 	// OnStage is called as each stage starts.
 	OnStage func(stage string)
 }
 
 // RunWith runs `bootstrap <args> --config <lab config> --log-format json`
-// with the given options.
+// with the given options. A run with a kill point logs at debug level: its
+// progress events are finer (each file written, each wait done).
 func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*Result, error) {
 	kill := ro.Kill
 	h.mu.Lock()
@@ -256,6 +302,9 @@ func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*
 		return nil, err
 	}
 	full := append(slices.Clone(args), "--config", h.ConfigPath(), "--log-format", "json")
+	if kill != nil || ro.Debug {
+		full = append(full, "--log-level", "debug")
+	}
 	cmd := exec.CommandContext(ctx, h.opts.Binary, full...)
 	cmd.Dir = h.opts.Dir
 	cmd.Env = h.childEnv()
@@ -276,52 +325,53 @@ func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*
 		return nil, fmt.Errorf("starting %s: %w", h.opts.Binary, err)
 	}
 	var (
-		stderr   bytes.Buffer
-		killMu   sync.Mutex
-		timer    *time.Timer
-		current  string
-		stageAt  time.Time
-		armedFor string
+		stderr  bytes.Buffer
+		current string
+		stageAt time.Time
+		index   int
+		killed  bool
 	)
-	doKill := func() {
-		killMu.Lock()
-		defer killMu.Unlock()
-		if cmd.Process.Signal(syscall.SIGKILL) == nil {
-			res.KilledIn, res.KilledAfter = current, time.Since(stageAt)
-		}
-	}
 	sc := bufio.NewScanner(io.TeeReader(stderrPipe, errFile))
 	sc.Buffer(make([]byte, 0, 64<<10), 8<<20)
 	for sc.Scan() {
 		line := sc.Bytes()
 		stderr.Write(line)
 		stderr.WriteByte('\n')
-		var ev struct {
-			UI    string `json:"ui"`
-			Stage string `json:"stage"`
+		ev, ok := ProgressEvent(line)
+		switch {
+		case !ok:
+			continue
+		case ev.Header:
+			current, stageAt, index = ev.Stage, time.Now(), 0
+			res.Stages = append(res.Stages, ev.Stage)
+			if ro.OnStage != nil {
+				ro.OnStage(ev.Stage)
+			}
+		case current == "" || (ev.Stage != "" && ev.Stage != current):
+			continue // before the first stage, or another stage's (none runs in parallel)
+		default:
+			ev.Stage = current
+			index++
 		}
-		if json.Unmarshal(line, &ev) != nil || ev.UI != "header" || ev.Stage == "" {
+		res.Events = append(res.Events, ev)
+		if ev.StageEnd {
+			// Lines after a stage's end and before the next header (the
+			// run's own summary) belong to no stage.
+			current = ""
+		}
+		if kill == nil || killed {
 			continue
 		}
-		if ro.OnStage != nil {
-			ro.OnStage(ev.Stage)
+		pos, want := stages.Position(ev.Stage), stages.Position(kill.Stage)
+		if pos > want || (pos == want && (index >= kill.Event || ev.StageEnd)) {
+			killed = true
+			if cmd.Process.Signal(syscall.SIGKILL) == nil {
+				res.KilledIn, res.KilledAt, res.KilledEvent, res.KilledAfter = ev.Stage, index, ev.Message, time.Since(stageAt)
+			}
 		}
-		killMu.Lock()
-		current, stageAt = ev.Stage, time.Now()
-		res.Stages = append(res.Stages, ev.Stage)
-		if kill != nil && armedFor == "" && stages.Position(ev.Stage) >= stages.Position(kill.Stage) {
-			armedFor = ev.Stage
-			timer = time.AfterFunc(kill.After, doKill)
-		}
-		killMu.Unlock()
 	}
 	werr := cmd.Wait()
 	res.Wall = time.Since(start)
-	if timer != nil {
-		timer.Stop()
-	}
-	killMu.Lock()
-	defer killMu.Unlock()
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	_ = os.WriteFile(filepath.Join(res.Dir, "stdout.txt"), stdout.Bytes(), 0o644)
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
@@ -336,7 +386,7 @@ func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 		res.Killed, res.ExitCode = true, -9
 	} else {
-		res.KilledIn, res.KilledAfter = "", 0
+		res.KilledIn, res.KilledAt, res.KilledEvent, res.KilledAfter = "", 0, "", 0
 	}
 	return res, nil
 }

@@ -17,6 +17,8 @@ import (
 
 // startHarness starts a lab for the test with the real binary; the lab's
 // own log goes to a file that is printed (its tail) when the test fails.
+// With E2E_KEEP=<dir> each test's lab directory (config, state, every
+// run's output) is kept as <dir>/<test name> for a look afterwards.
 func startHarness(t *testing.T, o e2e.Options) *e2e.Harness {
 	t.Helper()
 	bins := kubetest.Binaries(t)
@@ -24,6 +26,12 @@ func startHarness(t *testing.T, o e2e.Options) *e2e.Harness {
 	o.Binary = testbin.Bootstrap(t)
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
+		if keep := os.Getenv("E2E_KEEP"); keep != "" {
+			o.Dir = filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_"))
+			if err := os.RemoveAll(o.Dir); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	logPath := filepath.Join(o.Dir, "lab.log")
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {

@@ -77,6 +77,7 @@ func applies(h *e2e.Harness) map[string]int {
 // green; a second run changes nothing; going back is refused with exit 2
 // from what the state records, before any call.
 func TestKubernetesUpgrade(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name               string
 		controlPlanes, wks int
@@ -86,6 +87,7 @@ func TestKubernetesUpgrade(t *testing.T) {
 		{"3cp+2w-vip", 3, 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			ctx := testContext(t, 6*time.Minute)
 			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, TalosVersion: "v1.13.2"})
 			setKubernetesVersion(t, h, "1.35.4")
@@ -193,6 +195,7 @@ func TestKubernetesUpgrade(t *testing.T) {
 // succeeds: every component ends at each target having been applied
 // exactly once per target, and the cluster is green.
 func TestKubernetesUpgradeKilled(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 8*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
 	setKubernetesVersion(t, h, "1.35.0")
@@ -205,14 +208,14 @@ func TestKubernetesUpgradeKilled(t *testing.T) {
 	for i, to := range targets {
 		setKubernetesVersion(t, h, to)
 		before := applies(h)
-		kill := e2e.KillPoint{Stage: "talos", After: time.Duration(rng.Float64() * float64(450*time.Millisecond))}
+		kill := e2e.KillPoint{Stage: "talos", Event: rng.IntN(kubeUpgradeEvents)}
 		r, err := h.RunKill(ctx, &kill, "run", "--stage", "talos")
 		if err != nil {
 			t.Fatal(err)
 		}
 		entry := fmt.Sprintf("%s: finished in %s", to, r.Wall.Round(time.Millisecond))
 		if r.Killed {
-			entry = fmt.Sprintf("%s: killed after %s", to, r.KilledAfter.Round(time.Millisecond))
+			entry = fmt.Sprintf("%s: killed after event %d %q", to, r.KilledAt, r.KilledEvent)
 			if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 {
 				t.Fatalf("resuming the upgrade to %s:\n%s", to, r.Tail(40))
 			}
@@ -242,6 +245,12 @@ func TestKubernetesUpgradeKilled(t *testing.T) {
 	}
 }
 
+// kubeUpgradeEvents is about how many progress events (at debug level) the
+// talos stage of a one-node Kubernetes patch upgrade logs: 31 (header,
+// configs, etcd snapshot, a config apply and its wait per component…). A
+// kill point past a run's last event lands on that last event.
+const kubeUpgradeEvents = 31
+
 func kubePlanLines(out string) string {
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {
@@ -260,6 +269,7 @@ func kubePlanLines(out string) string {
 // refused it, judging the nodes' current v1.12.6), and the real run must
 // then do both.
 func TestKubernetesUpgradeAfterATalosMinor(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1, TalosVersion: "v1.12.6", KubernetesVersion: "1.35.4"})
 	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {

@@ -21,6 +21,7 @@ import (
 // PUT or DELETE, no Talos apply or bootstrap, no new Helm revision, and no
 // API server write by the runner except the postcheck's test PVC.
 func TestPipeline(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name               string
 		controlPlanes, wks int
@@ -32,6 +33,7 @@ func TestPipeline(t *testing.T) {
 		{"3cp+2w-vip", 3, 2, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			ctx := testContext(t, 5*time.Minute)
 			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, CNI: tc.cni})
 			nodes := tc.controlPlanes + tc.wks

@@ -113,6 +113,7 @@ func loseTheCluster(t *testing.T, ctx context.Context, h *e2e.Harness) {
 // Then over the running etcd: refused without --force, and with it the
 // control planes' etcd data is wiped and the snapshot restored again.
 func TestRestoreDrill(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 3, VIP: true})
 	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
@@ -233,6 +234,7 @@ func TestRestoreDrill(t *testing.T) {
 // objects are back and the postcheck is green; etcd is restored exactly
 // once.
 func TestRestoreKilled(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
 	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
@@ -244,12 +246,12 @@ func TestRestoreKilled(t *testing.T) {
 	var log []string
 	for i := 0; i < 3; i++ {
 		loseTheCluster(t, ctx, h)
-		// The talos stage of a one-node restore takes about 3 s in the lab:
-		// configs and install in the first few hundred milliseconds, then
-		// upload and recover bootstrap, then health. One seeded point in
-		// each window.
-		window := [][2]float64{{0, 0.3}, {0.3, 1}, {1, 3}}[i]
-		kill := e2e.KillPoint{Stage: "talos", After: time.Duration((window[0] + rng.Float64()*(window[1]-window[0])) * float64(time.Second))}
+		// The talos stage of a one-node restore logs about 21 progress
+		// events (at debug level): configs and install (0-7), then upload
+		// and recover bootstrap (8-12), then health and kubeconfig (13-20).
+		// One seeded point in each window.
+		window := [][2]int{{0, 8}, {8, 13}, {13, 21}}[i]
+		kill := e2e.KillPoint{Stage: "talos", Event: window[0] + rng.IntN(window[1]-window[0])}
 		r, err := h.RunKill(ctx, &kill, "restore", "--from", snap)
 		if err != nil {
 			t.Fatal(err)
@@ -257,7 +259,7 @@ func TestRestoreKilled(t *testing.T) {
 		entry := "finished"
 		if r.Killed {
 			c := h.Lab.Talos.Nodes()[0].Counters()
-			entry = fmt.Sprintf("killed %s into talos (%d upload(s), %d recover bootstrap(s) by then)", r.KilledAfter.Round(time.Millisecond), c.RecoverUploads, c.Recoveries)
+			entry = fmt.Sprintf("killed after talos event %d %q (%d upload(s), %d recover bootstrap(s) by then)", r.KilledAt, r.KilledEvent, c.RecoverUploads, c.Recoveries)
 			if r := run(t, ctx, h, "restore", "--from", snap); r.ExitCode != 0 {
 				t.Fatalf("resuming the restore (%s):\n%s", entry, r.Tail(40))
 			}

@@ -28,6 +28,7 @@ func checkRow(out, name string) string {
 // misspelt extension then fails `config validate` from the cached list,
 // with no call.
 func TestSchematicDrivesISOAndInstaller(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1})
 	f := h.Lab.Factory
@@ -137,6 +138,7 @@ func TestSchematicDrivesISOAndInstaller(t *testing.T) {
 // guest-agent row expects no agent. (They got agent: 1 from the schematic
 // before, and the row warned that no agent answered.)
 func TestStockInstallerRunsNoGuestAgent(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 4*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
 	const stock = "ghcr.io/siderolabs/installer:v1.13.3"

@@ -30,6 +30,7 @@ import (
 // directory instead. The snapshot server's log must count the two files
 // it left out by rule.
 func TestSecretsStaySecret(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
 	var printed []*e2e.Result

@@ -25,6 +25,7 @@ import (
 // a re-run applies nothing to Talos), and a wrong key fails the precheck
 // naming the file.
 func TestSOPSEndToEnd(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
 	// Everything the lab and bootstrap write: the config, .talos/, ai/state/,
