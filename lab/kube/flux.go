@@ -91,8 +91,25 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 		}
 		ports[n] = p
 	}
-	env := []string{"KUBECONFIG=" + c.AdminKubeconfigPath(), "RUNTIME_NAMESPACE=" + FluxNamespace}
+	// Each controller gets a /tmp of its own, as in its pod: at start,
+	// kustomize-controller removes every kustomization-* directory in its
+	// temp dir as a leftover of an earlier process of its own (v1.9.5
+	// main.go purgeStaleTempDirs), and on a shared /tmp those are the work
+	// dirs of the other labs' controllers, whose reconciles then fail
+	// ("kustomize build failed: … no such file or directory") and wait out
+	// their interval.
+	env := func(controller string) ([]string, error) {
+		tmp := c.path("flux", "tmp", controller)
+		if err := os.MkdirAll(tmp, 0o700); err != nil {
+			return nil, fmt.Errorf("starting Flux: %w", err)
+		}
+		return []string{"KUBECONFIG=" + c.AdminKubeconfigPath(), "RUNTIME_NAMESPACE=" + FluxNamespace, "TMPDIR=" + tmp}, nil
+	}
 	addr := func(n string) string { return "127.0.0.1:" + strconv.Itoa(ports[n]) }
+	scEnv, err := env("source-controller")
+	if err != nil {
+		return err
+	}
 	sc, err := c.run("source-controller", "source-controller", []string{
 		"--watch-all-namespaces",
 		"--storage-path=" + c.path("flux", "storage"),
@@ -101,7 +118,11 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 		"--metrics-addr=" + addr("sc-metrics"),
 		"--health-addr=" + addr("sc-health"),
 		"--log-encoding=console",
-	}, env...)
+	}, scEnv...)
+	if err != nil {
+		return err
+	}
+	kcEnv, err := env("kustomize-controller")
 	if err != nil {
 		return err
 	}
@@ -110,7 +131,11 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 		"--metrics-addr=" + addr("kc-metrics"),
 		"--health-addr=" + addr("kc-health"),
 		"--log-encoding=console",
-	}, env...)
+	}, kcEnv...)
+	if err != nil {
+		return err
+	}
+	hcEnv, err := env("helm-controller")
 	if err != nil {
 		return err
 	}
@@ -122,7 +147,7 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 		"--metrics-addr=" + addr("hc-metrics"),
 		"--health-addr=" + addr("hc-health"),
 		"--log-encoding=console",
-	}, env...)
+	}, hcEnv...)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -45,10 +46,34 @@ func readyCondition(u *unstructured.Unstructured) (status, reason, message strin
 
 func TestFluxControllers(t *testing.T) {
 	ctx := context.Background()
+	// Another lab's kustomize-controller at work in the machine's /tmp.
+	canary, err := os.MkdirTemp("", "kustomization-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(canary)
 	c := kubetest.Start(t, kube.Options{Flux: true})
 	t.Logf("MEASURE lab start with Flux: %s", c.StartupTime().Round(10*time.Millisecond))
 	if n := len(c.Processes()); n != 8 {
 		t.Fatalf("%d processes, want 8 with the Flux controllers", n)
+	}
+	// kustomize-controller lists what it takes for its own leftovers
+	// before it starts its manager (v1.9.5 main.go purgeStaleTempDirs),
+	// so by /readyz it has decided: in a /tmp of its own it finds none.
+	for _, p := range c.Processes() {
+		if p.Name != "kustomize-controller" {
+			continue
+		}
+		log, err := os.ReadFile(p.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(log), "purging stale tmp dirs") {
+			t.Errorf("kustomize-controller purges the machine's /tmp (another lab's work dirs): %s", p.LogPath)
+		}
+	}
+	if _, err := os.Stat(canary); err != nil {
+		t.Errorf("another lab's kustomize-controller work dir: %v", err)
 	}
 	dyn := dynamic.NewForConfigOrDie(c.RESTConfig())
 
