@@ -90,6 +90,13 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 			status = st
 		}
 		if err != nil {
+			// A deadline that falls while a poll's call is in flight
+			// ends that call with the context's error: that is this
+			// wait running out (with what the last poll saw), not a
+			// failure of the thing waited for.
+			if ctx.Err() != nil {
+				return timeoutError(ctx, spec, start, status)
+			}
 			return err
 		}
 		if done {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,35 @@ func TestUntilTimesOutWithStatus(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), "waiting for VM 701 start") {
 		t.Fatalf("no progress line: %s", buf.String())
+	}
+}
+
+// A poll whose call is cut by the wait's own deadline (an HTTP GET in
+// flight) returns the context's error; the wait reports its timeout with
+// the status the previous poll saw, not the cut call as a fatal error.
+func TestUntilDeadlineDuringAPoll(t *testing.T) {
+	polls := 0
+	err := Until(context.Background(), Spec{What: "deployment available", Timeout: 100 * time.Millisecond, Interval: time.Millisecond},
+		func(ctx context.Context) (bool, string, error) {
+			polls++
+			if polls == 1 {
+				return false, "unschedulable: 0/1 nodes available", nil
+			}
+			<-ctx.Done()
+			return false, "", fmt.Errorf("get deployment: %w", ctx.Err())
+		})
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("want the wait's timeout, got %v", err)
+	}
+	if !strings.Contains(err.Error(), "unschedulable: 0/1 nodes available") {
+		t.Fatalf("the timeout lost the last status: %v", err)
+	}
+	// A caller's own cancellation is still reported as such.
+	ctx, cancel := context.WithCancel(context.Background())
+	err = Until(ctx, Spec{What: "x", Timeout: time.Minute, Interval: time.Millisecond},
+		func(c context.Context) (bool, string, error) { cancel(); <-c.Done(); return false, "", c.Err() })
+	if errors.Is(err, ErrTimeout) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("want the caller's cancellation, got %v", err)
 	}
 }
 
