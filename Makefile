@@ -10,7 +10,7 @@ GOBUILD := $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 LAB_BIN ?= $(CURDIR)/.lab/bin
 export BOOTSTRAP_LAB_BIN := $(LAB_BIN)
 
-.PHONY: all build build-lab deps test test-unit lint lint-files lint-units lab-bins bench e2e fuzz demo clean
+.PHONY: all build build-lab deps test test-quick test-bins lint lint-files lint-units lab-bins lab-bins-demo demo-bins bench e2e fuzz demo clean
 
 all: build
 
@@ -29,22 +29,44 @@ deps:
 	@scripts/deps.sh
 
 # Builds the lab binaries once for the pinned versions (no-op when present).
+# lab-bins-demo leaves out what only tests use (the previous Kubernetes minor).
 lab-bins:
 	@lab/tools/build.sh "$(LAB_BIN)"
+lab-bins-demo:
+	@lab/tools/build.sh --demo "$(LAB_BIN)"
+
+# The commands tests run as processes (e2e, the detached lab, the postcheck
+# lab test), built once for every test package instead of once by each.
+TEST_BIN := $(CURDIR)/bin/test
+test-bins:
+	$(GO) build -o $(TEST_BIN)/ ./cmd/bootstrap ./cmd/bootstrap-lab
+
+# How much runs side by side: test packages (compiling and linking too), the
+# tests inside one package, and, across all of them, tests holding a lab (a
+# real control plane; kubetest.Slot). Most of a lab test is waiting on
+# simulated hardware, so more labs than CPUs fit; the bounded waits inside
+# them do not depend on it (see docs/lab.md "Running the suite").
+TEST_P ?= 3
+TEST_PARALLEL ?= 3
+TEST_LABS ?= 3
+TEST_ENV := BOOTSTRAP_REQUIRE_LAB=1 BOOTSTRAP_TEST_BIN=$(TEST_BIN) BOOTSTRAP_TEST_LABS=$(TEST_LABS)
 
 # THE test command: lint, then everything, against the simulators and the
 # real lab. BOOTSTRAP_REQUIRE_LAB=1 turns a missing lab component into a failure.
-# One test package at a time (-p 1): several packages start whole labs
-# (real control planes, rpcbind, ganesha) and on a 2-core machine running
-# them side by side starves their bounded waits.
-test: deps lint lab-bins
-	BOOTSTRAP_REQUIRE_LAB=1 $(GO) test -p 1 -count=1 -timeout 45m ./...
+test: deps lint lab-bins test-bins
+	$(TEST_ENV) $(GO) test -p $(TEST_P) -parallel $(TEST_PARALLEL) -count=1 -timeout 30m ./...
+
+# Everyday work: every unit test (-short skips whatever needs the lab) and
+# one pipeline end to end against the real lab.
+test-quick: deps lab-bins test-bins
+	$(GO) test -short -count=1 ./...
+	$(TEST_ENV) $(GO) test -count=1 -run '^TestPipeline$$/^1cp$$' ./e2e/
 
 # End to end as a user runs it: the built binary against a lab (also part of
 # `make test`). 100 kill points instead of 20: make e2e E2E_KILL_CASES=100
 E2E_RUN ?= .
-e2e: deps lab-bins
-	BOOTSTRAP_REQUIRE_LAB=1 $(GO) test -count=1 -timeout 40m -v -run '$(E2E_RUN)' ./e2e/
+e2e: deps lab-bins test-bins
+	$(TEST_ENV) $(GO) test -count=1 -parallel $(TEST_PARALLEL) -timeout 30m -v -run '$(E2E_RUN)' ./e2e/
 
 # The benchmark table of README: wall time against the critical path of the
 # n100 profile, re-run, postcheck, RSS and API calls for 1, 3+2 and 3+3 nodes.
@@ -59,19 +81,22 @@ FUZZTIME ?= 5m
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzUploadPackRequest$$' -fuzztime $(FUZZTIME) ./gitsnap/
 
-# Quick unit tests without the lab requirement.
-test-unit:
-	$(GO) test -count=1 ./...
-
 # The quick start: build, start a lab, run the whole pipeline against it,
 # show the result, tear the lab down. The lab's working files (config, token,
 # demo git tree, NFS export, state) stay in the git-ignored $(DEMO_DIR).
 DEMO_DIR ?= .lab/demo
-demo: deps build build-lab lab-bins
+demo: deps
+	@$(MAKE) --no-print-directory -j2 demo-bins lab-bins-demo
 	@trap '$(LAB) down --dir $(DEMO_DIR)' EXIT; \
 	$(LAB) up --detach --dir $(DEMO_DIR) --control-planes $${CONTROL_PLANES:-1} --workers $${WORKERS:-1} && \
 	$(BIN) run --config $(DEMO_DIR)/bootstrap.yaml --stage all && \
 	$(BIN) status --config $(DEMO_DIR)/bootstrap.yaml
+
+# The demo's two commands, built one after the other (the second reuses the
+# first's compiled packages) while the lab binaries build beside them.
+demo-bins:
+	$(GOBUILD) -o $(BIN) ./cmd/bootstrap
+	$(GOBUILD) -o $(LAB) ./cmd/bootstrap-lab
 
 lint: lint-files lint-units
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -34,10 +34,12 @@ const (
 	modCilium              = "github.com/cilium/cilium"
 )
 
-// binaryNames are the executables build.sh produces.
+// binaryNames are the executables every lab needs (build.sh --demo builds
+// these). The previous Kubernetes minor's servers (prefixed previous-) are
+// built only by a full build.sh (make lab-bins, make test): only upgrade
+// rehearsals start them, and ServerBinary says when they are missing.
 var binaryNames = []string{
-	"etcd", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-	"previous-kube-apiserver", "previous-kube-controller-manager", "previous-kube-scheduler", "kwok",
+	"etcd", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
 	"source-controller", "kustomize-controller", "helm-controller",
 }
 
@@ -138,7 +140,11 @@ func (b *Binaries) ServerBinary(name, version string) (path, runs string, err er
 	v := "v" + strings.TrimPrefix(version, "v")
 	for _, build := range []struct{ prefix, version string }{{"", b.KubernetesVersion()}, {"previous-", b.PreviousKubernetesVersion()}} {
 		if minorOf(build.version) != "" && minorOf(build.version) == minorOf(v) {
-			return b.Path(build.prefix + name), build.version, nil
+			path := b.Path(build.prefix + name)
+			if fi, err := os.Stat(path); err != nil || fi.Mode()&0o111 == 0 {
+				return "", "", fmt.Errorf("%s %s: %s missing in %s (make lab-bins builds it; make demo leaves it out): %w", name, build.version, build.prefix+name, b.Dir, ErrNoBinaries)
+			}
+			return path, build.version, nil
 		}
 	}
 	return "", "", fmt.Errorf("the lab builds %s %s and %s, not %s (lab/tools/kubernetes and lab/tools/kubernetes-previous pin them)",
