@@ -100,25 +100,30 @@ func TestKillAndResume(t *testing.T) {
 
 // referenceEvents runs the pipeline once, uninterrupted and logging at the
 // kill runs' level, on the kill tests' lab and counts each stage's progress
-// events.
+// events. The lab is gone (and its slot free) when it returns.
 func referenceEvents(t *testing.T, ctx context.Context) map[string]int {
 	t.Helper()
-	h := startHarness(t, killLab)
-	r, err := h.RunWith(ctx, e2e.RunOptions{Debug: true}, "run", "--stage", "all")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.ExitCode != 0 {
-		t.Fatalf("reference run failed:\n%s", r.Tail(40))
-	}
 	ref := map[string]int{}
-	for _, ev := range r.Events {
-		ref[ev.Stage]++
-	}
-	for _, s := range stages.Order {
-		if ref[s] == 0 {
-			t.Fatalf("the reference run logged no progress in stage %s", s)
+	ok := t.Run("reference", func(t *testing.T) {
+		h := startHarness(t, killLab)
+		r, err := h.RunWith(ctx, e2e.RunOptions{Debug: true}, "run", "--stage", "all")
+		if err != nil {
+			t.Fatal(err)
 		}
+		if r.ExitCode != 0 {
+			t.Fatalf("reference run failed:\n%s", r.Tail(40))
+		}
+		for _, ev := range r.Events {
+			ref[ev.Stage]++
+		}
+		for _, s := range stages.Order {
+			if ref[s] == 0 {
+				t.Fatalf("the reference run logged no progress in stage %s", s)
+			}
+		}
+	})
+	if !ok {
+		t.FailNow()
 	}
 	return ref
 }

@@ -17,6 +17,9 @@ import (
 
 func requireGanesha(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: no real NFS server")
+	}
 	if ganesha.Available() && os.Geteuid() == 0 {
 		return
 	}

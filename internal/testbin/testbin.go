@@ -37,10 +37,23 @@ func Lab(t testing.TB) string {
 	return Build(t, "bootstrap-lab")
 }
 
+// PrebuiltEnv names a directory holding the commands already built from
+// this checkout (`make test` builds them once for every test package, which
+// would otherwise each link its own); without it each test binary builds its
+// own copy.
+const PrebuiltEnv = "BOOTSTRAP_TEST_BIN"
+
 // Build builds the command ./cmd/<name> of this module once per test binary
-// and returns its path.
+// and returns its path, or returns the one in $BOOTSTRAP_TEST_BIN.
 func Build(t testing.TB, name string) string {
 	t.Helper()
+	if dir := os.Getenv(PrebuiltEnv); dir != "" {
+		path := filepath.Join(dir, name)
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("%s=%s: %v", PrebuiltEnv, dir, err)
+		}
+		return path
+	}
 	mu.Lock()
 	b := builds[name]
 	if b == nil {

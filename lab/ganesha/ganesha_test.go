@@ -16,6 +16,9 @@ import (
 // syslog). Start must say so at once, naming the connection and its
 // process, instead of waiting out its bound for a port that cannot open.
 func TestRpcbindNamesWhatHoldsPort111(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: no real NFS server")
+	}
 	if !Available() || os.Geteuid() != 0 {
 		if os.Getenv("BOOTSTRAP_REQUIRE_LAB") == "1" {
 			t.Fatalf("needs root and %v", ErrNotInstalled)

@@ -34,6 +34,9 @@ func (s *syncBuffer) String() string {
 }
 
 func TestStartRetriesWhenAPortIsTaken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: no lab")
+	}
 	if _, err := LoadBinaries(""); err != nil {
 		if os.Getenv("BOOTSTRAP_REQUIRE_LAB") == "1" {
 			t.Fatalf("BOOTSTRAP_REQUIRE_LAB=1 but the lab is unavailable: %v", err)

@@ -22,13 +22,20 @@ import (
 const RequireEnv = "BOOTSTRAP_REQUIRE_LAB"
 
 // Binaries returns the built lab binaries, or skips the test (fails it when
-// BOOTSTRAP_REQUIRE_LAB=1) with the reason they are unusable.
+// BOOTSTRAP_REQUIRE_LAB=1) with the reason they are unusable. With -short
+// every test that needs the lab is skipped. Every test that needs the lab
+// asks for its binaries first: the test then holds a lab slot (Slot) until
+// it ends.
 func Binaries(t testing.TB) *kube.Binaries {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: no lab (make test-quick runs the unit tests and one pipeline)")
+	}
 	b, err := kube.LoadBinaries("")
 	if err != nil {
 		Unavailable(t, err.Error())
 	}
+	Slot(t)
 	return b
 }
 
