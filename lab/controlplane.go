@@ -117,6 +117,24 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	c.mu.Lock()
 	o.FluxStoragePort = c.fluxStoragePort
 	c.mu.Unlock()
+	// The nodes configured so far register before Flux starts (see
+	// kube.Options.ControllersStarted); they stay pending until the start
+	// succeeds, as a retried start begins on an empty etcd.
+	var early map[string]bool
+	o.ControllersStarted = func(ctx context.Context, kc *kube.Cluster) error {
+		c.mu.Lock()
+		pending := append([]talossim.NodeInfo(nil), c.pending...)
+		c.mu.Unlock()
+		early = map[string]bool{}
+		for _, n := range pending {
+			if err := c.register(ctx, kc, n); err != nil {
+				c.log.Warn().Err(err).Str("node", n.Hostname).Msg("registering node")
+				continue
+			}
+			early[n.Hostname] = true
+		}
+		return nil
+	}
 	kc, err := kube.Start(ctx, o)
 	if err != nil {
 		return c.fail(fmt.Errorf("starting the lab control plane: %w", err))
@@ -128,7 +146,11 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	c.pending = nil
 	c.closeStartedLocked()
 	c.mu.Unlock()
+	// Nodes configured while Flux started register now.
 	for _, n := range pending {
+		if early[n.Hostname] {
+			continue
+		}
 		if err := c.register(ctx, kc, n); err != nil {
 			c.log.Warn().Err(err).Str("node", n.Hostname).Msg("registering node")
 		}

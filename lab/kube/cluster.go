@@ -112,6 +112,13 @@ type Options struct {
 	// statuses then stay valid, as a real cluster's source-controller
 	// Service address does.
 	FluxStoragePort int
+	// ControllersStarted, when set, runs once the controller manager,
+	// scheduler and kwok run and before Flux starts: a caller registers its
+	// nodes there, so kwok makes them Ready while the Flux controllers start
+	// (a real node's kubelet registers as soon as the API server answers,
+	// long before anything is installed on the cluster). An error fails the
+	// start.
+	ControllersStarted func(context.Context, *Cluster) error
 }
 
 // Cluster is a running lab control plane.
@@ -253,6 +260,11 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 	if err := c.startControllers(ctx); err != nil {
 		return err
+	}
+	if c.opts.ControllersStarted != nil {
+		if err := c.opts.ControllersStarted(ctx, c); err != nil {
+			return err
+		}
 	}
 	if c.opts.Flux {
 		if err := c.StartFlux(ctx); err != nil {
