@@ -123,22 +123,54 @@ func TestBridgesAndVNetsNeedTheirZonesPrivileges(t *testing.T) {
 	}
 }
 
-// Tags need Sys.Modify on / unless datacenter.cfg lets users set them.
-func TestTagsTheDatacenterRestricts(t *testing.T) {
+// A create checks tags only from qemu-server 9.2.0, inside its task, and
+// then refuses every tag to a token without Sys.Modify on / unless
+// user-tag-access is free (the 'HASH(0x…)' old tag). The precheck predicts
+// what the create does, per version.
+func TestTagsOnCreateByVersion(t *testing.T) {
+	noSysModify := []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: allPrivs("Sys.Modify")}}}}
 	restricted := pvesim.Datacenter{UserTagAccess: "list", UserAllowList: []string{"talos", "controlplane"}}
-	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Datacenter: restricted,
-		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: allPrivs("Sys.Modify")}}}}})
-	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
-	rs := runPrechecks(t, c, precheckInput(1))
-	expect(t, rs, "proxmox: tags", check.Fail, "bootstrap-lab", "user-tag-access list", "Sys.Modify on /")
-	// What the precheck predicts is what the create does.
-	if _, err := c.EnsureVM(ctxT(t), spec(1)); err == nil || !strings.Contains(err.Error(), "Sys.Modify for modifying tag 'bootstrap-lab'") {
-		t.Fatalf("create: %v", err)
+	// Every tag of the VM is in the allow-list: still refused on 9.2.
+	listed := pvesim.Datacenter{UserTagAccess: "list", UserAllowList: []string{"talos", "controlplane", "bootstrap-lab"}}
+	registered := pvesim.Datacenter{RegisteredTags: []string{"talos"}}
+	for _, tc := range []struct {
+		name, version string
+		dc            pvesim.Datacenter
+		status        check.Status
+		reason        string
+		createErr     string
+	}{
+		{"8.4 restricted", "8.4.1", restricted, check.Pass, "does not check the tags", ""},
+		{"9.1 restricted", "9.1.2", restricted, check.Pass, "does not check the tags", ""},
+		{"9.2 free", "9.2.11", pvesim.Datacenter{}, check.Pass, "may be set", ""},
+		{"9.2 listed", "9.2.11", listed, check.Fail, "user-tag-access list", "Sys.Modify for modifying tag 'HASH(0x"},
+		{"9.2 registered", "9.2.11", registered, check.Fail, "registered tags need Sys.Modify: talos", "Sys.Modify for modifying tag 'talos'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: tc.version, Datacenter: tc.dc, Tokens: noSysModify})
+			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+			expect(t, runPrechecks(t, c, precheckInput(1)), "proxmox: tags", tc.status, tc.reason)
+			if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := c.EnsureVM(ctxT(t), spec(1))
+			switch {
+			case tc.createErr == "" && err != nil:
+				t.Fatalf("the precheck passed, the create failed: %v", err)
+			case tc.createErr != "" && (err == nil || !strings.Contains(err.Error(), tc.createErr)):
+				t.Fatalf("create: want %q, got %v", tc.createErr, err)
+			}
+		})
 	}
-	free := newEnv(t, pvesim.Options{Bridges: vlanBridge,
-		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: allPrivs("Sys.Modify")}}}}})
-	c = free.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
-	expect(t, runPrechecks(t, c, precheckInput(1)), "proxmox: tags", check.Pass, "may be set")
+	// Sys.Modify on / sets any tag, on any version.
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: "9.2.11", Datacenter: listed})
+	expect(t, runPrechecks(t, e.c, precheckInput(1)), "proxmox: tags", check.Pass, "Sys.Modify on /")
+	if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.EnsureVM(ctxT(t), spec(1)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // The cloud-init volume needs no Datastore.AllocateSpace, and

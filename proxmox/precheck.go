@@ -645,12 +645,18 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 	return check.Passf("%s present", strings.Join(parts, ", "))
 }
 
-// checkTags proves the VMs' tags can be set. Creating a VM with tags, or
-// changing them, passes assert_tag_permissions (pve-guest-common
-// src/PVE/GuestHelpers.pm): without Sys.Modify on /, each tag must be
-// allowed by datacenter.cfg's user-tag-access (free by default) and not be
-// a registered tag. GET /cluster/options tells the policy with Sys.Audit
-// on /, and to every user the tags it may set (allowed-tags).
+// checkTags proves the tags of the VMs to create can be set. Before
+// qemu-server 9.2.0 a create does not check tags at all
+// ($check_vm_modify_config_perm skips them, qemu-server
+// src/PVE/API2/Qemu.pm at 8.4.10 and 9.1.19). From 9.2.0 the create task
+// runs assert_tag_permissions (pve-guest-common src/PVE/GuestHelpers.pm):
+// without Sys.Modify on /, each tag must be allowed by datacenter.cfg's
+// user-tag-access and not be a registered tag; and as create passes an
+// empty hash for the old tags, which the check reads as a tag
+// "HASH(0x…)" being removed, any policy but free refuses every tag
+// (qemu-server 9.2.6). GET /cluster/options tells the policy with
+// Sys.Audit on /. The host's pve-manager version stands for its
+// qemu-server series (unverified that 9.2 arrives with 9.2).
 func (f *facts) checkTags(ctx context.Context) (check.Status, string) {
 	ps, err := f.getPlans(ctx)
 	if err != nil {
@@ -669,6 +675,14 @@ func (f *facts) checkTags(ctx context.Context) (check.Status, string) {
 	if len(want) == 0 {
 		return check.Passf("no new tags to set")
 	}
+	tags := strings.Join(sortedKeys(want), ", ")
+	v, err := f.getVersion(ctx)
+	if err != nil {
+		return check.Failf("cannot read version: %v", err)
+	}
+	if !v.AtLeast(9, 2) {
+		return check.Passf("tags %s: Proxmox VE %s does not check the tags of a VM it creates (from 9.2 it does)", tags, v)
+	}
 	held, err := f.c.Permissions(ctx, []string{"/"})
 	if err != nil {
 		return check.Failf("cannot read the token's permissions: %v", err)
@@ -680,6 +694,12 @@ func (f *facts) checkTags(ctx context.Context) (check.Status, string) {
 	if err != nil {
 		return check.Failf("cannot read the datacenter tag policy: %v", err)
 	}
+	if !policy.Known {
+		return check.Warnf("cannot tell whether the tags %s may be set: reading user-tag-access needs Sys.Audit on /, and on Proxmox VE %s creating a VM with tags fails ('Sys.Modify for modifying tag') unless it is free or the token has Sys.Modify on /", tags, v)
+	}
+	if policy.UserAllow != "free" {
+		return check.Failf("Proxmox VE %s checks tags when it creates a VM, and with user-tag-access %s it refuses every tag to a token without Sys.Modify on / (the create's check counts a tag 'HASH(0x…)' as removed, qemu-server 9.2): grant Sys.Modify on /, or set Datacenter → Options → User Tag Access to free", v, policy.UserAllow)
+	}
 	var refused []string
 	for t := range want {
 		if !policy.Allows(t) {
@@ -687,13 +707,10 @@ func (f *facts) checkTags(ctx context.Context) (check.Status, string) {
 		}
 	}
 	sort.Strings(refused)
-	switch {
-	case len(refused) > 0 && policy.Known:
-		return check.Failf("datacenter.cfg does not let the token set the tag(s) %s (user-tag-access %s%s): grant Sys.Modify on / or allow them in Datacenter → Options → User Tag Access", strings.Join(refused, ", "), policy.UserAllow, registeredNote(policy, refused))
-	case len(refused) > 0:
-		return check.Warnf("cannot tell whether the tag(s) %s may be set: they are not among the tags this token is allowed, and reading the tag policy needs Sys.Audit on / (the create fails with 'Sys.Modify for modifying tag' if they are not free-form)", strings.Join(refused, ", "))
+	if len(refused) > 0 {
+		return check.Failf("datacenter.cfg does not let the token set the tag(s) %s (user-tag-access %s%s): grant Sys.Modify on / or remove them from the registered tags", strings.Join(refused, ", "), policy.UserAllow, registeredNote(policy, refused))
 	}
-	return check.Passf("tags %s may be set", strings.Join(sortedKeys(want), ", "))
+	return check.Passf("tags %s may be set", tags)
 }
 
 func registeredNote(p TagPolicy, tags []string) string {

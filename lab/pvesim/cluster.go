@@ -156,6 +156,13 @@ func (s *Server) allowedTagsLocked(who *identity) (allowed, privileged map[strin
 // each tag added or removed must be allowed, unless the user holds
 // Sys.Modify on /.
 func (s *Server) tagPerms(who *identity, oldTags, newTags string) *apiError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tagPermsLocked(who, oldTags, newTags)
+}
+
+// tagPermsLocked is tagPerms with s.mu held.
+func (s *Server) tagPermsLocked(who *identity, oldTags, newTags string) *apiError {
 	if who.has("/", "Sys.Modify") {
 		return nil
 	}
@@ -182,9 +189,7 @@ func (s *Server) tagPerms(who *identity, oldTags, newTags string) *apiError {
 	if len(changed) == 0 {
 		return nil
 	}
-	s.mu.Lock()
 	allowed, privileged, freeform := s.allowedTagsLocked(who)
-	s.mu.Unlock()
 	for _, t := range changed {
 		if (!allowed[t] && !freeform) || privileged[t] {
 			return permErr("/, Sys.Modify for modifying tag '" + t + "'")

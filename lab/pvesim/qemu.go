@@ -31,6 +31,44 @@ func newVM(id int, conf map[string]string) *vm {
 	return &vm{id: id, created: time.Now(), conf: conf, pending: map[string]string{}, pendingDel: map[string]bool{}, state: "stopped", flock: make(chan struct{}, 1)}
 }
 
+// createChecksTags reports whether a create checks its tags: qemu-server
+// 9.2.0 added the check (commit a929b3e0 "vm_create: check tag permissions
+// if setting tags"; not in 9.1.19 nor 8.4.10). pvesim knows the
+// pve-manager version only and takes 9.2 for the qemu-server 9.2 series
+// (that the two arrive together is unverified).
+func (s *Server) createChecksTags() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	parts := strings.SplitN(s.version, ".", 3)
+	major, _ := strconv.Atoi(parts[0])
+	minor := 0
+	if len(parts) > 1 {
+		minor, _ = strconv.Atoi(parts[1])
+	}
+	return major > 9 || (major == 9 && minor >= 2)
+}
+
+// createHashTag is what the 9.2 create's tag check takes for the VM's old
+// tags: create_vm passes assert_tag_permissions an empty hash ({}) as the
+// old tag list (qemu-server 9.2.6 src/PVE/API2/Qemu.pm, in the create
+// worker), which split_list stringifies (pve-common src/PVE/ParseUtils.pm)
+// into one tag "HASH(0x…)" the check counts as removed.
+const createHashTag = "HASH(0x55d0c0ffee00)"
+
+// createTagsCheck is the 9.2 create task's tag check: VM.Config.Options on
+// the VM itself (check_vm_perm with no pool: the VM joins its pool only
+// after; pve-guest-common GuestHelpers.pm assert_tag_permissions), then
+// every changed tag, the "HASH(0x…)" one included, so that a token
+// without Sys.Modify on / gets no tag at all unless user-tag-access is
+// free. s.mu must be held.
+func (s *Server) createTagsCheck(who *identity, id int, tags string) *apiError {
+	path := "/vms/" + strconv.Itoa(id)
+	if !who.has(path, "VM.Config.Options") {
+		return permErr(path + ", VM.Config.Options")
+	}
+	return s.tagPermsLocked(who, createHashTag, tags)
+}
+
 func (s *Server) major() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -306,9 +344,10 @@ func (s *Server) createVM(r *request) (any, *apiError) {
 			return nil, aerr
 		}
 	}
-	if aerr := s.tagPerms(r.who, "", cfg["tags"]); aerr != nil {
-		return nil, aerr
-	}
+	// Tags are not checked here: $check_vm_modify_config_perm skips them
+	// ("next if $opt eq 'tags'", qemu-server src/PVE/API2/Qemu.pm, 8.4.10
+	// and 9.2.6); from 9.2.0 the create task checks them (createTagsCheck).
+	checkTags := cfg["tags"] != "" && s.createChecksTags()
 
 	s.mu.Lock()
 	if kind, node := s.guestTypeLocked(id); kind != "" {
@@ -341,6 +380,13 @@ func (s *Server) createVM(r *request) (any, *apiError) {
 			s.mu.Unlock()
 			s.dropVM(id, vols)
 			return fmt.Errorf("unable to create VM %d - %v", id, err)
+		}
+		if checkTags {
+			if aerr := s.createTagsCheck(r.who, id, cfg["tags"]); aerr != nil {
+				s.mu.Unlock()
+				s.dropVM(id, vols)
+				return fmt.Errorf("unable to create VM %d - %s", id, aerr.msg)
+			}
 		}
 		if cfg["boot"] == "" {
 			cfg["boot"] = defaultBoot(cfg)
