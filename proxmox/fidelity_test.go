@@ -123,6 +123,44 @@ func TestBridgesAndVNetsNeedTheirZonesPrivileges(t *testing.T) {
 	}
 }
 
+// A VLAN works on every kind of bridge PVE has: a VLAN-aware Linux bridge,
+// an Open vSwitch bridge (tagged on the port) and a Linux bridge that is
+// not VLAN aware (the classic <bridge>v<tag> over <port>.<tag>, built at
+// start), which needs a port. The precheck says which, and predicts the
+// start.
+func TestVLANOnEveryKindOfBridge(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		bridge pvesim.BridgeSpec
+		status check.Status
+		reason string
+	}{
+		{"vlan-aware", pvesim.BridgeSpec{Name: "vmbr0", VLANAware: true, Ports: "enp1s0"}, check.Pass, "vmbr0 (VLAN-aware, VLAN 20)"},
+		{"ovs", pvesim.BridgeSpec{Name: "vmbr0", OVS: true, Ports: "enp1s0 vlan20"}, check.Pass, "vmbr0 (Open vSwitch, VLAN 20 tagged on the VM's port)"},
+		{"classic", pvesim.BridgeSpec{Name: "vmbr0", Ports: "enp1s0"}, check.Pass, "vmbr0 (VLAN 20 through vmbr0v20 over enp1s0.20"},
+		{"classic without a port", pvesim.BridgeSpec{Name: "vmbr0"}, check.Fail, "no physical interface on bridge 'vmbr0'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, pvesim.Options{Bridges: []pvesim.BridgeSpec{tc.bridge}, Version: "9.2.11"})
+			expect(t, runPrechecks(t, e.c, precheckInput(1)), "proxmox: bridge", tc.status, tc.reason)
+			if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+				t.Fatal(err)
+			}
+			// The create takes any bridge; the start is where PVE plugs the NIC.
+			if _, err := e.c.EnsureVM(ctxT(t), spec(1)); err != nil {
+				t.Fatal(err)
+			}
+			err := e.c.Start(ctxT(t), spec(1).VMID)
+			if tc.status == check.Pass && err != nil {
+				t.Fatalf("the precheck passed, the start failed: %v", err)
+			}
+			if tc.status == check.Fail && (err == nil || !strings.Contains(err.Error(), "no physical interface on bridge 'vmbr0'")) {
+				t.Fatalf("start: want PVE's 'no physical interface', got %v", err)
+			}
+		})
+	}
+}
+
 // A create checks tags only from qemu-server 9.2.0, inside its task, and
 // then refuses every tag to a token without Sys.Modify on / unless
 // user-tag-access is free (the 'HASH(0x…)' old tag). The precheck predicts

@@ -153,12 +153,20 @@ func (c *Client) Storages(ctx context.Context) ([]Storage, error) {
 	return out, nil
 }
 
-// Bridge is a Linux bridge, or an SDN VNet, on the node.
+// Bridge is a Linux bridge, an Open vSwitch bridge or an SDN VNet on the
+// node.
 type Bridge struct {
-	Name      string
+	Name string
+	// OVS is an Open vSwitch bridge (type OVSBridge): PVE tags a VM's
+	// port on it natively (ovs-vsctl add-port … tag=N, pve-common
+	// src/PVE/Network.pm tap_plug), so any VLAN works without a
+	// VLAN-aware flag, which OVS bridges never have.
+	OVS       bool
 	VLANAware bool
-	Active    bool
-	CIDR      string
+	// Ports are the bridge's ports (bridge_ports, or ovs_ports).
+	Ports  []string
+	Active bool
+	CIDR   string
 	// Zone is the SDN zone whose privileges govern it: localnetwork for a
 	// plain bridge, the VNet's zone for a VNet ("" when the token cannot
 	// read the VNet's config).
@@ -169,8 +177,9 @@ type Bridge struct {
 // LocalZone is the SDN zone of plain bridges.
 const LocalZone = "localnetwork"
 
-// Bridges lists the node's bridges and SDN VNets (GET
-// /nodes/{node}/network?type=any_bridge). On PVE 8+ the list leaves out
+// Bridges lists the node's bridges, Linux and Open vSwitch, and SDN VNets
+// (GET /nodes/{node}/network?type=any_bridge, which matches types bridge
+// and OVSBridge: pve-manager 9.2.11 and 8.4.21 PVE/API2/Network.pm index). On PVE 8+ the list leaves out
 // what the token may neither audit nor use (SDN.Audit/SDN.Use on
 // /sdn/zones/<zone>/<bridge>, pve-manager PVE/API2/Network.pm), silently.
 func (c *Client) Bridges(ctx context.Context) ([]Bridge, error) {
@@ -191,8 +200,10 @@ func (c *Client) Bridges(ctx context.Context) ([]Bridge, error) {
 			} else if !IsForbidden(err) {
 				return nil, err
 			}
+		} else if str(e["type"]) == "OVSBridge" {
+			b.OVS, b.Ports = true, strings.Fields(str(e["ovs_ports"]))
 		} else {
-			b.VLANAware = num(e["bridge_vlan_aware"]) == 1
+			b.VLANAware, b.Ports = num(e["bridge_vlan_aware"]) == 1, strings.Fields(str(e["bridge_ports"]))
 		}
 		out = append(out, b)
 	}

@@ -633,13 +633,23 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 			return check.Failf("bridge %s not found on node %s", s.Bridge, f.c.node)
 		case b.VNet && b.Zone == "":
 			return check.Warnf("%s is an SDN VNet whose zone the token cannot read (SDN.Audit on its zone): the SDN.Use it needs was not checked", s.Bridge)
-		case s.VLAN != 0 && !b.VLANAware:
-			return check.Failf("bridge %s is not VLAN aware but VLAN %d is configured (enable 'VLAN aware' on it)", s.Bridge, s.VLAN)
+		case s.VLAN != 0 && b.VNet && !b.VLANAware:
+			return check.Failf("SDN VNet %s is not VLAN aware but VLAN %d is configured (enable 'VLAN aware' on the VNet, or give the VMs a VNet of that VLAN)", s.Bridge, s.VLAN)
+		case s.VLAN != 0 && !b.VNet && !b.OVS && !b.VLANAware && len(b.Ports) == 0:
+			// activate_bridge_vlan (pve-common src/PVE/Network.pm) builds
+			// <bridge>v<tag> over <port>.<tag> of the bridge's ports, at VM
+			// start: without a port the start fails.
+			return check.Failf("bridge %s is not VLAN aware and has no port to carry VLAN %d: Proxmox would fail the VM start with \"no physical interface on bridge '%s'\" (enable 'VLAN aware' on it, or give it its uplink port)", s.Bridge, s.VLAN, s.Bridge)
 		}
-		if s.VLAN != 0 {
-			parts = append(parts, fmt.Sprintf("%s (VLAN-aware, VLAN %d)", s.Bridge, s.VLAN))
-		} else {
+		switch {
+		case s.VLAN == 0:
 			parts = append(parts, s.Bridge)
+		case b.OVS:
+			parts = append(parts, fmt.Sprintf("%s (Open vSwitch, VLAN %d tagged on the VM's port)", s.Bridge, s.VLAN))
+		case b.VLANAware:
+			parts = append(parts, fmt.Sprintf("%s (VLAN-aware, VLAN %d)", s.Bridge, s.VLAN))
+		default:
+			parts = append(parts, fmt.Sprintf("%s (VLAN %d through %sv%d over %s.%d, which Proxmox creates at VM start)", s.Bridge, s.VLAN, s.Bridge, s.VLAN, b.Ports[0], s.VLAN))
 		}
 	}
 	return check.Passf("%s present", strings.Join(parts, ", "))

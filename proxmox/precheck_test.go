@@ -112,7 +112,7 @@ func TestPrecheckHostProblems(t *testing.T) {
 	expect(t, rs, "proxmox: node", check.Fail, "node pve is offline")
 	e.sim.SetNodeOnline(true)
 	rs = runPrechecks(t, e.c, in)
-	expect(t, rs, "proxmox: bridge", check.Fail, "bridge vmbr0 is not VLAN aware but VLAN 20 is configured")
+	expect(t, rs, "proxmox: bridge", check.Pass, "vmbr0 (VLAN 20 through vmbr0v20 over enp1s0.20")
 	expect(t, rs, "proxmox: VMIDs and names", check.Fail, `vmid 702 is used by VM "pihole"`)
 	expect(t, rs, "proxmox: RAM and CPU headroom", check.Fail, "VM node-3 wants 8 cores, the node has 4 CPUs")
 	in.VMs[2].Cores = 2

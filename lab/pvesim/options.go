@@ -129,11 +129,17 @@ type StorageSpec struct {
 	Disabled bool
 }
 
-// BridgeSpec describes one Linux bridge on the node.
+// BridgeSpec describes one bridge on the node: a Linux bridge, an Open
+// vSwitch bridge (OVS) or an SDN VNet (Zone).
 type BridgeSpec struct {
-	Name      string
+	Name string
+	// OVS makes it an Open vSwitch bridge (type OVSBridge, ports in
+	// ovs_ports): it tags a VM's port itself and has no VLAN-aware flag.
+	OVS       bool
 	VLANAware bool
-	Ports     string
+	// Ports are the bridge's ports, space-separated ("enp1s0"); a Linux
+	// bridge that is not VLAN aware needs one to carry a tagged NIC.
+	Ports string
 	// CIDR is the host address on the bridge ("10.0.20.5/24"), if any.
 	CIDR    string
 	Gateway string

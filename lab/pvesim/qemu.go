@@ -956,9 +956,12 @@ func (s *Server) startWork(ctx context.Context, t *task, v *vm, skiplock bool) e
 			continue
 		}
 		n, err := parseNet(v.conf[k])
-		if err == nil && n.bridge != "" && !s.hasBridgeLocked(n.bridge) {
+		if err != nil || n.bridge == "" {
+			continue
+		}
+		if err := s.plugLocked(n); err != nil {
 			s.mu.Unlock()
-			return fmt.Errorf("bridge '%s' does not exist", n.bridge)
+			return err
 		}
 	}
 	need := memoryMiB(v.conf) * mib
@@ -1028,12 +1031,40 @@ func (s *Server) stopWork(ctx context.Context, t *task, v *vm, skiplock bool, d 
 }
 
 func (s *Server) hasBridgeLocked(name string) bool {
+	_, ok := s.bridgeLocked(name)
+	return ok
+}
+
+func (s *Server) bridgeLocked(name string) (BridgeSpec, bool) {
 	for _, b := range s.bridges {
 		if b.Name == name {
-			return true
+			return b, true
 		}
 	}
-	return false
+	return BridgeSpec{}, false
+}
+
+// plugLocked is what the VM's tap script does with a NIC when the VM
+// starts (pve-common 9.2.1 src/PVE/Network.pm tap_plug): a bridge that is
+// neither Linux nor OVS fails ("interface … does not exist" from
+// is_linux_bridge); an OVS bridge tags the port itself (ovs-vsctl
+// add-port … tag=N); a VLAN-aware Linux bridge tags it with bridge vlan;
+// a Linux bridge that is not VLAN aware gets the classic vmbr0v<tag>
+// bridge over <port>.<tag> (activate_bridge_vlan), which needs a port on
+// the bridge ("no physical interface on bridge"). Nothing of this is
+// checked at create. SDN VNets are left to their zone (unverified here).
+func (s *Server) plugLocked(n nic) error {
+	b, ok := s.bridgeLocked(n.bridge)
+	if !ok {
+		return fmt.Errorf("interface %s does not exist", n.bridge)
+	}
+	if n.tag == 0 || b.OVS || b.Zone != "" || b.VLANAware {
+		return nil
+	}
+	if strings.TrimSpace(b.Ports) == "" {
+		return fmt.Errorf("no physical interface on bridge '%s'", b.Name)
+	}
+	return nil
 }
 
 func (s *Server) usedMemoryLocked() int64 {
@@ -1343,12 +1374,31 @@ func (s *Server) listNetwork(r *request) any {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []any{}
-	if typ != "" && typ != "bridge" && typ != "any_bridge" && typ != "vnet" {
+	if typ != "" && typ != "bridge" && typ != "any_bridge" && typ != "vnet" && typ != "OVSBridge" {
 		return out
 	}
 	for i, b := range s.bridges {
 		zone := s.zoneOf(b.Name)
 		if !bridgeVisible(r.who, zone, b.Name, aclVLANs(r.who, zone, b.Name)) {
+			continue
+		}
+		if b.OVS {
+			// Type OVSBridge, matched by any_bridge and OVSBridge
+			// (pve-manager 9.2.11 PVE/API2/Network.pm index:
+			// "$type eq 'bridge' || $type eq 'OVSBridge'"); no
+			// bridge_vlan_aware key (pve-common
+			// src/PVE/Network/Interfaces.pm writes it for Linux
+			// bridges only).
+			if typ != "" && typ != "any_bridge" && typ != "OVSBridge" {
+				continue
+			}
+			out = append(out, map[string]any{
+				"iface": b.Name, "type": "OVSBridge", "active": 1, "autostart": 1, "method": "manual", "method6": "manual",
+				"ovs_type": "OVSBridge", "ovs_ports": b.Ports, "families": []string{"inet"}, "priority": i + 3,
+			})
+			continue
+		}
+		if typ == "OVSBridge" {
 			continue
 		}
 		if b.Zone != "" {
