@@ -196,7 +196,11 @@ func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan
 		return p, &ForeignVMError{Spec: spec, Other: *byID, What: fmt.Sprintf("vmid %d is used by VM %q on node %s, which is not part of cluster %s; pick another vmid", byID.VMID, byID.Name, byID.Node, spec.Cluster)}
 	}
 	if !byID.HasTag(tag) {
-		if byID.Lock == "create" && byID.Name == "" {
+		// A VM PVE is still creating holds only the create lock: listed
+		// without a name until pvestatd's next broadcast (10 s), then as
+		// "VM <vmid>", the name vmstatus gives a VM without one
+		// (qemu-server src/PVE/QemuServer.pm). Either is ours to wait for.
+		if byID.Lock == "create" && (byID.Name == "" || byID.Name == fmt.Sprintf("VM %d", byID.VMID)) {
 			p.WaitCreate, p.Start = true, true
 			return p, nil
 		}

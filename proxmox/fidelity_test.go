@@ -1,6 +1,7 @@
 package proxmox
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -94,6 +95,43 @@ func TestListingLagDoesNotHideNamesOrInventStarts(t *testing.T) {
 	}
 	if p.Start || len(p.Changes()) != 0 {
 		t.Errorf("a running VM listed with a stale status must not be started again: %v", p.Changes())
+	}
+}
+
+// A create interrupted (the run killed) while PVE still creates the VM:
+// after pvestatd's next broadcast the VM is listed as "VM <vmid>" with the
+// create lock, no longer nameless, and the next run still waits for it.
+func TestInterruptedCreateAfterTheNextBroadcast(t *testing.T) {
+	p := pvesim.Instant()
+	p.Create, p.RRDInterval = 3*time.Second, 50*time.Millisecond
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Profile: p})
+	if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+		t.Fatal(err)
+	}
+	killed, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	if _, err := e.c.EnsureVM(killed, spec(1)); err == nil {
+		t.Fatal("the create returned before its task ended")
+	}
+	time.Sleep(200 * time.Millisecond) // past a broadcast
+	ctx := ctxT(t)
+	vms, err := e.c.ListVMs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vms) != 1 || vms[0].Name != "VM 701" || vms[0].Lock != "create" {
+		t.Fatalf("PVE lists a VM being created, after a broadcast, as VM 701 with lock create: %+v", vms)
+	}
+	plan, err := e.c.PlanVM(ctx, spec(1), vms)
+	if err != nil || !plan.WaitCreate {
+		t.Fatalf("want a wait for the create, got %+v, %v", plan, err)
+	}
+	if _, err := e.c.EnsureVM(ctx, spec(1)); err != nil {
+		t.Fatalf("resuming the create: %v", err)
+	}
+	st, err := e.c.Status(ctx, 701)
+	if err != nil || st.Name != "node-1" || st.Lock != "" {
+		t.Fatalf("after the resumed create: %+v %v", st, err)
 	}
 }
 

@@ -837,6 +837,12 @@ func (s *Server) vmStatusLocked(v *vm) map[string]any {
 		"diskwrite": 0,
 		"ha":        map[string]any{"managed": 0},
 	}
+	// vmstatus: "$d->{name} = $conf->{name} || \"VM $vmid\"" (qemu-server
+	// 9.2.6 and 8.4.10 src/PVE/QemuServer.pm): a VM being created (its
+	// config holds only the create lock) or without a name is "VM <vmid>"
+	// in status/current, the node's list and, from pvestatd's next
+	// broadcast on, /cluster/resources.
+	out["name"] = fmt.Sprintf("VM %d", v.id)
 	if name := v.conf["name"]; name != "" {
 		out["name"] = name
 	}
