@@ -295,6 +295,14 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	fix("cores", "cores", strconv.Itoa(s.Cores), intOr(1))
 	fix("memory", "memory", strconv.Itoa(s.MemoryMiB), intOr(512))
 	fix("qemu agent", "agent", s.agent(), agentOn)
+	// onboot is a PVE boolean: 1, yes, on or true (pve-common JSONSchema).
+	fix("start at boot", "onboot", "1", func(v string) string {
+		switch strings.ToLower(v) {
+		case "1", "yes", "on", "true":
+			return "1"
+		}
+		return "0"
+	})
 	// Required tags must be present; tags someone added by hand stay.
 	have := map[string]bool{}
 	for _, t := range cfg.Tags {

@@ -325,3 +325,38 @@ func TestPrivsepTokenLackingOnePrivilege(t *testing.T) {
 		t.Fatalf("create with the privsep token: %v", err)
 	}
 }
+
+// The VMs start with the host: pve-guests' startall at boot starts only
+// guests with onboot set (pve-manager PVE/API2/Nodes.pm
+// get_start_stop_list). A created VM has it; an adopted VM without it is
+// fixed.
+func TestVMsStartWithTheHost(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge})
+	if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	onboot := func(vmid int) string {
+		cfg, err := e.c.VMConfig(ctx, vmid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.Effective["onboot"]
+	}
+	if _, err := e.c.EnsureVM(ctx, spec(1)); err != nil {
+		t.Fatal(err)
+	}
+	if v := onboot(701); v != "1" {
+		t.Fatalf("created VM onboot=%q, want 1", v)
+	}
+	// Someone turned it off: the next run turns it on again.
+	if err := e.sim.EditVM(701, map[string]string{"onboot": "0"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.EnsureVM(ctx, spec(1)); err != nil {
+		t.Fatal(err)
+	}
+	if v := onboot(701); v != "1" {
+		t.Fatalf("adopted VM onboot=%q, want 1", v)
+	}
+}

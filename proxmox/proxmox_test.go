@@ -271,7 +271,7 @@ func TestDryRunMakesNoMutatingCalls(t *testing.T) {
 	if n := e.sim.MutatingCalls(); n != 0 {
 		t.Fatalf("planning made %d mutating calls: %v", n, e.sim.MutatingCallList())
 	}
-	want := []string{"create VM 701 node-1", "update VM 702 node-2: cores 1 → 2, tags talos;bootstrap-lab → ", "create VM 703 node-3", "start VM 701", "start VM 703"}
+	want := []string{"create VM 701 node-1", "update VM 702 node-2: cores 1 → 2, start at boot 0 → 1, tags talos;bootstrap-lab → ", "create VM 703 node-3", "start VM 701", "start VM 703"}
 	all := strings.Join(changes, "\n")
 	for _, w := range want {
 		if !strings.Contains(all, w) {

@@ -172,6 +172,15 @@ func (s VMSpec) createParams() map[string]any {
 		"agent":      s.agent(),
 		"ostype":     "l26",
 		"tags":       strings.Join(s.Tags(), ";"),
+		// Start with the host (pve-guests runs startall at boot, which
+		// starts only guests with onboot: pve-manager PVE/API2/Nodes.pm
+		// get_start_stop_list). No startup order: setting 'startup'
+		// needs Sys.Modify on / besides VM.Config.Options (qemu-server
+		// API2/Qemu.pm $check_vm_modify_config_perm, "changes host
+		// behaviour"), which the runner's role leaves out; startall
+		// starts guests without an order by ascending VMID, so control
+		// planes numbered below the workers (the default) come first.
+		"onboot": 1,
 	}
 	if len(s.Nameservers) > 0 {
 		p["nameserver"] = strings.Join(s.Nameservers, " ")
