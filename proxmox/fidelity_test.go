@@ -360,3 +360,33 @@ func TestVMsStartWithTheHost(t *testing.T) {
 		t.Fatalf("adopted VM onboot=%q, want 1", v)
 	}
 }
+
+// An HA-managed VM: its stop is a 'hastop' task that only queues the
+// request, and its delete needs purge. With Sys.Console on / the VM is
+// taken out of HA first; without, HA stops it and the delete purges it.
+func TestDestroyHAManagedVM(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		privs []string
+	}{{"with Sys.Console", allPrivs()}, {"without Sys.Console", allPrivs("Sys.Console")}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge,
+				Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: tc.privs}}}}})
+			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+			ctx := ctxT(t)
+			e.provision(ctx, e.c, specs(1))
+			if err := e.sim.SetHAManaged(701, true); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := c.Status(ctx, 701); err != nil || !st.HAManaged || !st.Running() {
+				t.Fatalf("status: %+v %v", st, err)
+			}
+			if err := c.DestroyClusterVM(ctx, "lab", VMSummary{VMID: 701, Node: "pve"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := e.sim.VM(701); ok || e.sim.HAManaged(701) {
+				t.Fatalf("VM 701 left (HA resource: %v)", e.sim.HAManaged(701))
+			}
+		})
+	}
+}

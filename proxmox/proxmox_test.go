@@ -594,7 +594,7 @@ func TestDestroyOnlyTouchesClusterVMs(t *testing.T) {
 	if err := e.sim.SeedVM(650, map[string]string{"name": "pihole", "scsi0": "local-lvm:8"}, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.c.DestroyClusterVM(ctx, "lab", 650); err == nil || !strings.Contains(err.Error(), "no tag bootstrap-lab") {
+	if err := e.c.DestroyClusterVM(ctx, "lab", VMSummary{VMID: 650}); err == nil || !strings.Contains(err.Error(), "no tag bootstrap-lab") {
 		t.Fatalf("foreign destroy: %v", err)
 	}
 	vms, err := e.c.FindClusterVMs(ctx, "lab")
@@ -602,14 +602,14 @@ func TestDestroyOnlyTouchesClusterVMs(t *testing.T) {
 		t.Fatalf("cluster VMs %v %v", vms, err)
 	}
 	for _, v := range vms {
-		if err := e.c.DestroyClusterVM(ctx, "lab", v.VMID); err != nil {
+		if err := e.c.DestroyClusterVM(ctx, "lab", v); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if got := e.sim.VMIDs(); len(got) != 1 || got[0] != 650 {
 		t.Fatalf("left: %v", got)
 	}
-	if err := e.c.DestroyClusterVM(ctx, "lab", 701); err != nil {
+	if err := e.c.DestroyClusterVM(ctx, "lab", VMSummary{VMID: 701}); err != nil {
 		t.Fatalf("destroying a gone VM: %v", err)
 	}
 }

@@ -71,7 +71,7 @@ func TestRunnerRoleIsEnough(t *testing.T) {
 			if _, err := c.ApplyPlan(ctx, plan); err != nil {
 				t.Errorf("resize and grow: %v", err)
 			}
-			if err := c.DestroyClusterVM(ctx, "lab", ss[1].VMID); err != nil {
+			if err := c.DestroyClusterVM(ctx, "lab", VMSummary{VMID: ss[1].VMID}); err != nil {
 				t.Errorf("remove a node's VM: %v", err)
 			}
 			if n := len(e.sim.VMIDs()); n != 1 {

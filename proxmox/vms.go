@@ -94,6 +94,9 @@ type VMStatus struct {
 	Status string
 	Lock   string
 	Tags   []string
+	// HAManaged: the VM is an HA resource (vmstatus "ha": {"managed": 1},
+	// qemu-server src/PVE/QemuServer.pm): HA starts and stops it.
+	HAManaged bool
 }
 
 // Running reports whether the VM runs.
@@ -101,14 +104,26 @@ func (s VMStatus) Running() bool { return s.Status == "running" }
 
 // Status reads a VM's power state and lock.
 func (c *Client) Status(ctx context.Context, vmid int) (VMStatus, error) {
-	m, err := c.getMap(ctx, c.vmPath(vmid)+"/status/current")
+	return c.statusOn(ctx, c.node, vmid)
+}
+
+// statusOn reads the status of a VM on node: every call about a VM goes
+// to the node that runs it; on another node's path PVE finds no config
+// ("Configuration file 'nodes/<node>/qemu-server/<vmid>.conf' does not
+// exist", which IsNotFound reads as gone).
+func (c *Client) statusOn(ctx context.Context, node string, vmid int) (VMStatus, error) {
+	m, err := c.getMap(ctx, vmPathOn(node, vmid)+"/status/current")
 	if err != nil {
 		return VMStatus{}, err
 	}
-	return VMStatus{VMID: vmid, Name: str(m["name"]), Status: str(m["status"]), Lock: str(m["lock"]), Tags: splitTags(str(m["tags"]))}, nil
+	ha, _ := m["ha"].(map[string]any)
+	return VMStatus{VMID: vmid, Name: str(m["name"]), Status: str(m["status"]), Lock: str(m["lock"]), Tags: splitTags(str(m["tags"])),
+		HAManaged: num(ha["managed"]) == 1}, nil
 }
 
-func (c *Client) vmPath(vmid int) string { return fmt.Sprintf("/nodes/%s/qemu/%d", c.node, vmid) }
+func (c *Client) vmPath(vmid int) string { return vmPathOn(c.node, vmid) }
+
+func vmPathOn(node string, vmid int) string { return fmt.Sprintf("/nodes/%s/qemu/%d", node, vmid) }
 
 // DiskInfo is the VM's install disk.
 type DiskInfo struct {
@@ -344,25 +359,42 @@ func (c *Client) Stop(ctx context.Context, vmid int) error {
 		return err
 	}
 	defer unlock()
-	return c.stopLocked(ctx, vmid)
+	return c.stopOn(ctx, c.node, vmid)
 }
 
-func (c *Client) stopLocked(ctx context.Context, vmid int) error {
+// stopOn stops a VM on node and waits until it is stopped. The task's end
+// is not enough: for an HA-managed VM the stop is a 'hastop' task that
+// only queues the request (`ha-manager crm-command stop`, qemu-server
+// src/PVE/API2/Qemu.pm vm_stop) and the HA stack stops the VM a CRM round
+// later, so its status is polled until it reads stopped.
+func (c *Client) stopOn(ctx context.Context, node string, vmid int) error {
 	what := fmt.Sprintf("VM %d stop", vmid)
-	return retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
-		st, err := c.Status(ctx, vmid)
+	err := retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+		st, err := c.statusOn(ctx, node, vmid)
 		if err != nil {
 			return err
 		}
 		if !st.Running() && st.Status != "" {
 			return nil
 		}
-		upid, err := c.post(ctx, c.vmPath(vmid)+"/status/stop", nil)
+		upid, err := c.post(ctx, vmPathOn(node, vmid)+"/status/stop", nil)
 		if err != nil {
 			return err
 		}
 		return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
 	})
+	if err != nil {
+		return err
+	}
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("VM %d to be stopped (an HA-managed VM stops a CRM round after its stop is queued)", vmid),
+		Timeout: c.opts.TaskTimeout, Interval: c.opts.TaskPoll, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			st, err := c.statusOn(ctx, node, vmid)
+			if err != nil {
+				return false, "", err
+			}
+			return !st.Running(), "status " + st.Status, nil
+		})
 }
 
 // Delete removes a stopped VM and its disks and waits; a VM that no longer
@@ -373,13 +405,16 @@ func (c *Client) Delete(ctx context.Context, vmid int) error {
 		return err
 	}
 	defer unlock()
-	return c.deleteLocked(ctx, vmid)
+	return c.deleteOn(ctx, c.node, vmid)
 }
 
-func (c *Client) deleteLocked(ctx context.Context, vmid int) error {
+// deleteOn destroys a stopped VM on node with its disks. purge also takes
+// it out of the HA resources, which PVE requires of an HA-managed VM
+// ("used in HA resources and purge parameter not set").
+func (c *Client) deleteOn(ctx context.Context, node string, vmid int) error {
 	what := fmt.Sprintf("VM %d delete", vmid)
 	return retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
-		upid, err := c.del(ctx, c.vmPath(vmid)+"?purge=1&destroy-unreferenced-disks=1")
+		upid, err := c.del(ctx, vmPathOn(node, vmid)+"?purge=1&destroy-unreferenced-disks=1")
 		if IsNotFound(err) {
 			return nil
 		}
@@ -391,14 +426,23 @@ func (c *Client) deleteLocked(ctx context.Context, vmid int) error {
 }
 
 // DestroyClusterVM stops and deletes a VM only if it carries cluster's tag,
-// checked right before acting; a missing VM is not an error.
-func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, vmid int) error {
+// checked right before acting, on the node that runs it (v.Node, from
+// /cluster/resources; this client's node when empty); a missing VM is not
+// an error. An HA-managed VM is taken out of HA first (DELETE
+// /cluster/ha/resources/vm:<id>, Sys.Console on /), so HA neither restarts
+// nor relocates it while it goes; without that privilege HA stops it and
+// the purging delete removes it from HA.
+func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, v VMSummary) error {
+	vmid, node := v.VMID, v.Node
+	if node == "" {
+		node = c.node
+	}
 	unlock, err := c.lockVM(ctx, vmid)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	st, err := c.Status(ctx, vmid)
+	st, err := c.statusOn(ctx, node, vmid)
 	if IsNotFound(err) {
 		return nil
 	}
@@ -412,12 +456,23 @@ func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, vmid int)
 		}
 	}
 	if !owned {
-		return fmt.Errorf("refusing to destroy VM %d (%s): it has no tag %s", vmid, st.Name, ClusterTag(cluster))
+		return fmt.Errorf("refusing to destroy VM %d (%s) on node %s: it has no tag %s", vmid, st.Name, node, ClusterTag(cluster))
 	}
-	if err := c.stopLocked(ctx, vmid); err != nil {
+	if st.HAManaged {
+		_, err := c.del(ctx, fmt.Sprintf("/cluster/ha/resources/vm:%d", vmid))
+		switch {
+		case err == nil:
+			c.log.Info().Int("vmid", vmid).Msg("removed the VM from the HA resources")
+		case IsForbidden(err):
+			c.log.Warn().Int("vmid", vmid).Err(err).Msg("cannot take the VM out of HA (it needs Sys.Console on /): HA stops it, and the delete purges it from HA")
+		default:
+			return fmt.Errorf("removing VM %d from the HA resources: %w", vmid, err)
+		}
+	}
+	if err := c.stopOn(ctx, node, vmid); err != nil {
 		return err
 	}
-	return c.deleteLocked(ctx, vmid)
+	return c.deleteOn(ctx, node, vmid)
 }
 
 // waitUnlocked waits until a VM's config lock (e.g. "create" from a run that

@@ -138,7 +138,7 @@ func destroy(ctx context.Context, env *stages.Env, o destroyOptions) error {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			errs[i] = env.Wet(fmt.Sprintf("stop and delete VM %d %s", v.VMID, v.Name), func() error {
-				if err := c.DestroyClusterVM(ctx, cluster, v.VMID); err != nil {
+				if err := c.DestroyClusterVM(ctx, cluster, v); err != nil {
 					return err
 				}
 				env.ForgetVM(v.VMID)

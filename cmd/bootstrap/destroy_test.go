@@ -43,6 +43,13 @@ func TestDestroyCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The cluster's VM 702 runs on another node, pve2: destroy finds it
+	// in /cluster/resources and destroys it there. VM 701 is HA-managed:
+	// its stop only queues, and its delete must purge it from HA.
+	sim.SeedGuest(pvesim.GuestSpec{VMID: 702, Type: "qemu", Node: "pve2", Name: "cp-2", Tags: "talos;bootstrap-homelab;controlplane", Status: "running"})
+	if err := sim.SetHAManaged(701, true); err != nil {
+		t.Fatal(err)
+	}
 	run := func(stdin string, args ...string) (int, string) {
 		var out, errb bytes.Buffer
 		app := &App{Stdout: &out, Stderr: &errb, LookupEnv: func(k string) (string, bool) {
@@ -75,7 +82,7 @@ func TestDestroyCommand(t *testing.T) {
 	}
 	paths := loaded.Paths()
 	st := state.New(loaded.Cluster.Name)
-	st.Outputs.Nodes = map[string]state.Node{"cp-1": {Name: "cp-1", VMID: 701}, "w-1": {Name: "w-1", VMID: 711}}
+	st.Outputs.Nodes = map[string]state.Node{"cp-1": {Name: "cp-1", VMID: 701}, "cp-2": {Name: "cp-2", VMID: 702}, "w-1": {Name: "w-1", VMID: 711}}
 	if err := st.Save(paths.StateDir, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +98,12 @@ func TestDestroyCommand(t *testing.T) {
 	}
 	if got := sim.VMIDs(); len(got) != 1 || got[0] != 650 {
 		t.Fatalf("left %v\n%s", got, out)
+	}
+	if _, ok := sim.Guest(702); ok {
+		t.Fatalf("VM 702 on node pve2 must be destroyed there, not dropped as gone:\n%s", out)
+	}
+	if sim.HAManaged(701) {
+		t.Fatal("VM 701 is still an HA resource")
 	}
 	if strings.Contains(out, secret) {
 		t.Fatal("the token secret leaked into the output")

@@ -29,6 +29,10 @@ func (s *Server) SeedGuest(g GuestSpec) {
 		s.guests = map[int]GuestSpec{}
 	}
 	s.guests[g.VMID] = g
+	if g.Node != s.node.Name && !slices.Contains(s.otherNodes, g.Node) {
+		s.otherNodes = append(s.otherNodes, g.Node)
+		sort.Strings(s.otherNodes)
+	}
 }
 
 // guestTypeLocked names what holds vmid cluster-wide: "VM" or "CT" and its

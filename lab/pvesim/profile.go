@@ -42,6 +42,11 @@ type Profile struct {
 	// no name and status "unknown", and a started one its old status,
 	// until the next broadcast. Zero shows live values.
 	RRDInterval time.Duration
+	// HAStop is how long after a 'hastop' task (which only queues the
+	// stop) the HA stack stops the VM: the CRM's next round, then the
+	// node's LRM (pve-ha-manager src/PVE/HA/Manager.pm; its timing is
+	// unverified: ~10 s taken for one CRM round).
+	HAStop time.Duration
 	// TicketLifetime is how long a login ticket is valid (2 h:
 	// $ticket_lifetime in pve-access-control src/PVE/AccessControl.pm).
 	TicketLifetime time.Duration
@@ -49,7 +54,9 @@ type Profile struct {
 
 // Instant answers everything at once; only lock waits keep a bound.
 func Instant() Profile {
-	return Profile{Name: "instant", LockTimeout: 2 * time.Second, TicketLifetime: 2 * time.Hour}
+	// HAStop stays above zero: the VM must still run when the hastop
+	// task has ended, as it does on PVE.
+	return Profile{Name: "instant", LockTimeout: 2 * time.Second, HAStop: 300 * time.Millisecond, TicketLifetime: 2 * time.Hour}
 }
 
 // N100 approximates a small Intel N100 host with an NVMe disk and a
@@ -70,6 +77,7 @@ func N100() Profile {
 		AuthFailure:    3 * time.Second,
 		LockTimeout:    10 * time.Second,
 		RRDInterval:    10 * time.Second,
+		HAStop:         10 * time.Second,
 		TicketLifetime: 2 * time.Hour,
 	}
 }

@@ -835,7 +835,7 @@ func (s *Server) vmStatusLocked(v *vm) map[string]any {
 		"netout":    0,
 		"diskread":  0,
 		"diskwrite": 0,
-		"ha":        map[string]any{"managed": 0},
+		"ha":        s.haStatusLocked(v.id),
 	}
 	// vmstatus: "$d->{name} = $conf->{name} || \"VM $vmid\"" (qemu-server
 	// 9.2.6 and 8.4.10 src/PVE/QemuServer.pm): a VM being created (its
@@ -909,6 +909,12 @@ func (s *Server) powerAction(r *request, idStr, action string) (any, *apiError) 
 			return s.startWork(ctx, t, v, skiplock)
 		}), nil
 	case "stop":
+		s.mu.Lock()
+		_, ha := s.ha[id]
+		s.mu.Unlock()
+		if ha {
+			return s.haStop(r, v), nil
+		}
 		return s.startTask(r, "qmstop", sid, func(ctx context.Context, t *task) error {
 			return s.stopWork(ctx, t, v, skiplock, s.opts.Profile.Stop)
 		}), nil
@@ -1091,6 +1097,16 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 		return nil, aerr
 	}
 	skiplock := r.param("skiplock") == "1"
+	purge := r.param("purge") == "1"
+	s.mu.Lock()
+	_, ha := s.ha[id]
+	s.mu.Unlock()
+	// destroy_vm's early checks (qemu-server 9.2.6 src/PVE/API2/Qemu.pm):
+	// an HA resource needs purge, which removes it from HA after the
+	// disks.
+	if ha && !purge {
+		return nil, errf(500, "unable to remove VM %d - used in HA resources and purge parameter not set.", id)
+	}
 	check := func() error {
 		if lock := v.conf["lock"]; lock != "" && !skiplock {
 			return fmt.Errorf("VM is locked (%s)", lock)
@@ -1145,9 +1161,14 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 			}
 		}
 		delete(s.vms, id)
+		_, ha := s.ha[id]
+		delete(s.ha, id)
 		hooks := slices.Clone(s.onDestroy)
 		s.mu.Unlock()
 		t.logf("destroyed VM %d", id)
+		if ha {
+			t.logf("NOTE: removed VM %d from HA resource configuration.", id)
+		}
 		for _, h := range hooks {
 			h(ev)
 		}
@@ -1344,7 +1365,11 @@ func (s *Server) nodeEntryLocked() map[string]any {
 func (s *Server) listNodes() any {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return []any{s.nodeEntryLocked()}
+	out := []any{s.nodeEntryLocked()}
+	for _, n := range s.otherNodesLocked() {
+		out = append(out, otherNodeEntry(n))
+	}
+	return out
 }
 
 func (s *Server) nodeStatus(r *request) (any, *apiError) {

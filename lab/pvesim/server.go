@@ -66,6 +66,8 @@ type Server struct {
 	users      map[string]User
 	tickets    map[string]ticket
 	guests     map[int]GuestSpec
+	ha         map[int]string // HA-managed VMs: vmid → requested state (ha.go)
+	otherNodes []string       // other cluster nodes, sorted (other.go)
 	faults     []*faultRule
 	counts     map[string]int
 	rng        *mrand.Rand
@@ -113,6 +115,7 @@ func New(opts Options) (*Server, error) {
 		users:      map[string]User{},
 		tickets:    map[string]ticket{},
 		counts:     map[string]int{},
+		ha:         map[int]string{},
 		rng:        mrand.New(mrand.NewPCG(uint64(opts.Seed), uint64(opts.Seed)^0x9e3779b97f4a7c15)),
 		pid:        4000,
 		onStart:    slices.Clone(opts.OnStart),
@@ -546,9 +549,14 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 	case n == 4 && seg[0] == "cluster" && seg[1] == "sdn" && seg[2] == "vnets" && get:
 		return s.readVNet(r, seg[3])
 	case n == 4 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "resources" && get:
-		return nil, errf(500, "no such resource '%s'", haSID(seg[3]))
+		return s.haRead(r, seg[3])
+	case n == 4 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "resources" && del:
+		return s.haDelete(r, seg[3])
 	case n == 1 && seg[0] == "nodes" && get:
 		return s.listNodes(), nil
+	}
+	if n >= 2 && seg[0] == "nodes" && seg[1] != s.node.Name && s.isOtherNode(seg[1]) {
+		return s.routeOther(ctx, r, seg[1], seg[2:])
 	}
 	if n >= 2 && seg[0] == "nodes" {
 		if seg[1] != s.node.Name {

@@ -50,6 +50,12 @@ func (t *task) logf(format string, a ...any) {
 // worker's error text becomes the exit status; a task-error fault on the
 // request replaces the work.
 func (s *Server) startTask(r *request, typ, id string, work func(ctx context.Context, t *task) error) string {
+	return s.startTaskOn(r, s.node.Name, typ, id, work)
+}
+
+// startTaskOn starts a task on node (another cluster node's guests: see
+// other.go); its UPID names that node.
+func (s *Server) startTaskOn(r *request, node, typ, id string, work func(ctx context.Context, t *task) error) string {
 	s.mu.Lock()
 	s.pid++
 	pid := s.pid
@@ -57,7 +63,7 @@ func (s *Server) startTask(r *request, typ, id string, work func(ctx context.Con
 	now := time.Now()
 	user := r.who.user
 	t := &task{
-		node:   s.node.Name,
+		node:   node,
 		typ:    typ,
 		id:     id,
 		user:   user,
@@ -70,7 +76,7 @@ func (s *Server) startTask(r *request, typ, id string, work func(ctx context.Con
 		_, t.tokenID, _ = strings.Cut(r.who.tokenID, "!")
 	}
 	ident := r.who.name()
-	t.upid = fmt.Sprintf("UPID:%s:%08X:%08X:%08X:%s:%s:%s:", s.node.Name, pid, t.pstart, now.Unix(), typ, id, ident)
+	t.upid = fmt.Sprintf("UPID:%s:%08X:%08X:%08X:%s:%s:%s:", node, pid, t.pstart, now.Unix(), typ, id, ident)
 	s.mu.Lock()
 	s.tasks[t.upid] = t
 	s.mu.Unlock()

@@ -1,0 +1,110 @@
+package pvesim
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// HA-managed VMs (pve-ha-manager 5.2.0 and qemu-server 9.2.6; the same
+// paths in 8.4.10). A VM listed in the HA resources is started and stopped
+// by the HA stack: a stop request only queues a CRM command, and a destroy
+// without purge is refused. Starting an HA-managed VM ('hastart') and HA
+// groups, rules and relocation are not modelled.
+
+// SetHAManaged adds a VM to the HA resources (ha-manager add vm:<id>) with
+// its requested state "started", or removes it.
+func (s *Server) SetHAManaged(vmid int, managed bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.vms[vmid]; !ok {
+		return fmt.Errorf("VM %d does not exist", vmid)
+	}
+	if managed {
+		s.ha[vmid] = "started"
+	} else {
+		delete(s.ha, vmid)
+	}
+	return nil
+}
+
+// HAManaged reports whether vmid is an HA resource.
+func (s *Server) HAManaged(vmid int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.ha[vmid]
+	return ok
+}
+
+// haSIDVMID parses "vm:100" or "100" (pve-ha-resource-or-vm-id).
+func haSIDVMID(sid string) (int, bool) {
+	id, err := strconv.Atoi(strings.TrimPrefix(sid, "vm:"))
+	return id, err == nil
+}
+
+// haRead answers GET /cluster/ha/resources/{sid} (pve-ha-manager
+// src/PVE/API2/HA/Resources.pm read).
+func (s *Server) haRead(r *request, sid string) (any, *apiError) {
+	id, ok := haSIDVMID(sid)
+	s.mu.Lock()
+	state, managed := s.ha[id]
+	s.mu.Unlock()
+	if !ok || !managed {
+		return nil, errf(500, "no such resource '%s'", haSID(sid))
+	}
+	return map[string]any{"sid": haSID(sid), "type": "vm", "state": state, "digest": randHex(20)}, nil
+}
+
+// haDelete answers DELETE /cluster/ha/resources/{sid} (Resources.pm
+// delete): Sys.Console on /, synchronous, and refused for a VM HA does not
+// manage.
+func (s *Server) haDelete(r *request, sid string) (any, *apiError) {
+	if aerr := r.who.check("/", "Sys.Console"); aerr != nil {
+		return nil, aerr
+	}
+	id, ok := haSIDVMID(sid)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, managed := s.ha[id]; !ok || !managed {
+		return nil, errf(500, "cannot delete service '%s', not HA managed!", haSID(sid))
+	}
+	delete(s.ha, id)
+	return nil, nil
+}
+
+// haStatusLocked is vmstatus' "ha" field.
+func (s *Server) haStatusLocked(vmid int) map[string]any {
+	state, ok := s.ha[vmid]
+	if !ok {
+		return map[string]any{"managed": 0}
+	}
+	return map[string]any{"managed": 1, "state": state}
+}
+
+// haStop is the stop of an HA-managed VM (qemu-server 9.2.6
+// src/PVE/API2/Qemu.pm vm_stop): a 'hastop' task that only runs
+// `ha-manager crm-command stop vm:<id> 0` and ends at once. The CRM then
+// sets the requested state to stopped and the node's LRM stops the VM,
+// Profile.HAStop later.
+func (s *Server) haStop(r *request, v *vm) string {
+	id := v.id
+	return s.startTask(r, "hastop", strconv.Itoa(id), func(ctx context.Context, t *task) error {
+		t.logf("Requesting HA stop for VM %d", id)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.pause(s.ctx, s.opts.Profile.HAStop); err != nil {
+				return
+			}
+			s.mu.Lock()
+			if _, ok := s.ha[id]; ok {
+				s.ha[id] = "stopped"
+			}
+			s.mu.Unlock()
+			lrm := &task{node: s.node.Name, typ: "qmstop", id: strconv.Itoa(id)}
+			_ = s.stopWork(s.ctx, lrm, v, false, 0)
+		}()
+		return nil
+	})
+}
