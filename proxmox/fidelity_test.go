@@ -390,3 +390,25 @@ func TestDestroyHAManagedVM(t *testing.T) {
 		})
 	}
 }
+
+// An offline storage for VM disks (an NFS share whose server is down)
+// makes PVE's destroy with destroy-unreferenced-disks fail after it
+// deleted the VM's disks; the delete leaves that flag out then.
+func TestDestroyWithAnOfflineStorage(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Storages: []pvesim.StorageSpec{
+		{Name: "local", Type: "dir", Content: []string{"iso"}, TotalBytes: 94 << 30, Path: "/var/lib/vz"},
+		{Name: "local-lvm", Type: "lvmthin", Content: []string{"images"}, TotalBytes: 348 << 30},
+		{Name: "nas", Type: "nfs", Content: []string{"images", "backup"}, TotalBytes: 2 << 40, Shared: true},
+	}})
+	ctx := ctxT(t)
+	e.provision(ctx, e.c, specs(1))
+	if err := e.sim.SetStorageOffline("nas", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.DestroyClusterVM(ctx, "lab", VMSummary{VMID: 701}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.sim.VM(701); ok {
+		t.Fatal("VM 701 left")
+	}
+}

@@ -413,8 +413,18 @@ func (c *Client) Delete(ctx context.Context, vmid int) error {
 // ("used in HA resources and purge parameter not set").
 func (c *Client) deleteOn(ctx context.Context, node string, vmid int) error {
 	what := fmt.Sprintf("VM %d delete", vmid)
+	params := "?purge=1"
+	offline, err := c.offlineImageStorages(ctx, node)
+	if err != nil {
+		return err
+	}
+	if len(offline) == 0 {
+		params += "&destroy-unreferenced-disks=1"
+	} else {
+		c.log.Warn().Int("vmid", vmid).Strs("offline", offline).Msg("deleting the VM without looking for its unreferenced disks: a storage for VM disks is offline, and Proxmox would fail the delete after removing the VM's disks")
+	}
 	return retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
-		upid, err := c.del(ctx, vmPathOn(node, vmid)+"?purge=1&destroy-unreferenced-disks=1")
+		upid, err := c.del(ctx, vmPathOn(node, vmid)+params)
 		if IsNotFound(err) {
 			return nil
 		}
@@ -423,6 +433,27 @@ func (c *Client) deleteOn(ctx context.Context, node string, vmid int) error {
 		}
 		return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
 	})
+}
+
+// offlineImageStorages names the enabled storages for VM disks on node
+// that are not active. destroy-unreferenced-disks lists the VM's volumes
+// on every such storage after deleting the disks its config names
+// (qemu-server destroy_vm, vdisk_list), and an offline one ("storage 'x'
+// is not online") fails the task there, leaving a VM without its disks.
+// Storages the token cannot see are not listed, and not known here.
+func (c *Client) offlineImageStorages(ctx context.Context, node string) ([]string, error) {
+	list, err := c.getList(ctx, "/nodes/"+node+"/storage?content=images")
+	if err != nil {
+		return nil, fmt.Errorf("listing the storages of node %s: %w", node, err)
+	}
+	var out []string
+	for _, e := range list {
+		if num(e["enabled"]) == 1 && num(e["active"]) != 1 {
+			out = append(out, str(e["storage"]))
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // DestroyClusterVM stops and deletes a VM only if it carries cluster's tag,

@@ -127,6 +127,12 @@ type StorageSpec struct {
 	Shared bool
 	// Disabled storages are configured but not enabled.
 	Disabled bool
+	// Offline storages are enabled but cannot be activated (an NFS server
+	// that is down): listed with active 0 and no sizes, and anything that
+	// activates them fails with "storage '<id>' is not online" (pve-storage
+	// 9.1.7 src/PVE/Storage.pm activate_storage). SetStorageOffline
+	// changes it.
+	Offline bool
 }
 
 // BridgeSpec describes one bridge on the node: a Linux bridge, an Open

@@ -1098,6 +1098,7 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 	}
 	skiplock := r.param("skiplock") == "1"
 	purge := r.param("purge") == "1"
+	unreferenced := r.param("destroy-unreferenced-disks") == "1"
 	s.mu.Lock()
 	_, ha := s.ha[id]
 	s.mu.Unlock()
@@ -1158,6 +1159,27 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 			}
 			if _, vol := s.volumeLocked(d.file); vol != nil && vol.vmid == id {
 				s.freeLocked(d.file)
+			}
+		}
+		// destroy-unreferenced-disks then lists the VM's volumes on every
+		// enabled storage with images content (qemu-server 9.2.6
+		// destroy_vm, vdisk_list): an offline one fails the task here,
+		// its referenced disks already gone and its config left
+		// (disabled storages are skipped).
+		if unreferenced {
+			for _, st := range s.storages {
+				if st.spec.Disabled || !st.hasContent("images") {
+					continue
+				}
+				if st.spec.Offline {
+					s.mu.Unlock()
+					return fmt.Errorf("storage '%s' is not online", st.spec.Name)
+				}
+				for name, vol := range st.vols {
+					if vol.vmid == id && vol.content == "images" {
+						s.freeLocked(st.spec.Name + ":" + name)
+					}
+				}
 			}
 		}
 		delete(s.vms, id)

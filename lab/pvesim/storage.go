@@ -210,12 +210,12 @@ func (s *Server) storageEntryLocked(st *storage, withName bool) map[string]any {
 		"content": strings.Join(content, ","),
 		"shared":  boolInt(st.spec.Shared),
 		"enabled": boolInt(!st.spec.Disabled),
-		"active":  boolInt(!st.spec.Disabled),
+		"active":  boolInt(!st.spec.Disabled && !st.spec.Offline),
 	}
 	if withName {
 		e["storage"] = st.spec.Name
 	}
-	if !st.spec.Disabled {
+	if !st.spec.Disabled && !st.spec.Offline {
 		e["total"] = st.spec.TotalBytes
 		e["used"] = st.used
 		e["avail"] = st.avail()
@@ -319,6 +319,19 @@ func (s *Server) AddRemoteFile(url string, f RemoteFile) {
 
 // SetStorageUsed sets how many bytes of a storage are used by things other
 // than the simulator's VMs and ISOs (e.g. to fill it up).
+// SetStorageOffline takes an enabled storage offline or back (see
+// StorageSpec.Offline).
+func (s *Server) SetStorageOffline(name string, offline bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.storageByName(name)
+	if st == nil {
+		return fmt.Errorf("storage %q does not exist", name)
+	}
+	st.spec.Offline = offline
+	return nil
+}
+
 func (s *Server) SetStorageUsed(name string, used int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
