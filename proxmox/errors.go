@@ -67,7 +67,11 @@ var lockText = regexp.MustCompile(`VM is locked|can't lock file|got timeout|cfs-
 // permanent500 matches 500 answers that describe a state, not a hiccup:
 // PVE uses 500 for almost everything, and retrying these only delays the
 // real message.
-var permanent500 = regexp.MustCompile(`already exists|does not exist|is running - destroy failed|not running|protection mode|only root|no such|not supported|does not support|not configured for content-type|not a file based storage|no options specified|detected modified configuration|refusing to override|Permission check failed`)
+// Among them: a storage disabled or not on the node (pve-storage
+// src/PVE/Storage.pm storage_check_enabled, storage_check_node) and a node
+// name the cluster cannot resolve (pve-manager PVE/HTTPServer.pm proxying
+// through pve-cluster remote_node_ip and pve-common get_ip_from_hostname).
+var permanent500 = regexp.MustCompile(`is disabled|is not available on node|hostname lookup|address lookup for|unable to get remote IP address|already exists|does not exist|is running - destroy failed|not running|protection mode|only root|no such|not supported|does not support|not configured for content-type|not a file based storage|no options specified|detected modified configuration|refusing to override|Permission check failed`)
 
 // IsLockError reports whether err is PVE saying the VM is locked or busy.
 func IsLockError(err error) bool {
@@ -106,6 +110,11 @@ func IsUnauthorized(err error) bool {
 	return errors.As(err, &ae) && ae.Status == 401
 }
 
+// transientStatus: a 5xx may clear by itself, except 501, PVE's answer to
+// a path or method it has no handler for ("Method '…' not implemented",
+// pve-http-server / pve-manager PVE/HTTPServer.pm).
+func transientStatus(code int) bool { return code >= 500 && code != 501 }
+
 // classify turns what Telmate returned for one call into our error, marked
 // retryable at this boundary when it is transient: 5xx that are not a
 // state description, PVE's lock texts, and network failures. 4xx answers
@@ -137,7 +146,7 @@ func classify(method, path string, err error) error {
 		if ae.Status == 401 {
 			return fmt.Errorf("%w: check the API token ID and secret (or user and password)", ae)
 		}
-		if lockText.MatchString(ae.Message) || (ae.Status >= 500 && !permanent500.MatchString(ae.Message)) {
+		if lockText.MatchString(ae.Message) || (transientStatus(ae.Status) && !permanent500.MatchString(ae.Message)) {
 			return retry.Retryable(ae)
 		}
 		return ae
@@ -146,7 +155,7 @@ func classify(method, path string, err error) error {
 	if m := regexp.MustCompile(`^(\d{3}) (.*)$`).FindStringSubmatch(err.Error()); m != nil {
 		code, _ := strconv.Atoi(m[1])
 		ae := &APIError{Method: method, Path: path, Status: code, Message: m[2]}
-		if code >= 500 || lockText.MatchString(m[2]) {
+		if transientStatus(code) || lockText.MatchString(m[2]) {
 			return retry.Retryable(ae)
 		}
 		return ae

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/internal/retry"
 	"github.com/homelab/bootstrap/lab/pvesim"
 )
 
@@ -410,5 +411,26 @@ func TestDestroyWithAnOfflineStorage(t *testing.T) {
 	}
 	if _, ok := e.sim.VM(701); ok {
 		t.Fatal("VM 701 left")
+	}
+}
+
+// Answers that describe a state are not retried: a node name the cluster
+// cannot resolve, a path PVE has no handler for (501).
+func TestPermanentErrorsAreNotRetried(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge})
+	c := e.client(func(o *Options) { o.Node = "pve3" })
+	ctx := ctxT(t)
+	before := e.sim.Counts()["GET /nodes/pve3/qemu/701/status/current"]
+	_, err := c.Status(ctx, 701)
+	if err == nil || !strings.Contains(err.Error(), "hostname lookup 'pve3' failed") || retry.IsRetryable(err) {
+		t.Fatalf("want a permanent hostname lookup error, got %v", err)
+	}
+	if n := e.sim.Counts()["GET /nodes/pve3/qemu/701/status/current"] - before; n != 1 {
+		t.Fatalf("the call was made %d times", n)
+	}
+	_, err = e.c.getMap(ctx, "/nodes/pve/no-such-path")
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != 501 || retry.IsRetryable(err) {
+		t.Fatalf("want a permanent 501, got %v", err)
 	}
 }
