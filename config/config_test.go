@@ -243,3 +243,14 @@ func TestReferenceDoc(t *testing.T) {
 		}
 	}
 }
+
+// Talos deploys flannel itself; with cilium or none no CNI runs until one
+// is installed, and the talos stage's health wait must not wait for Ready
+// nodes or CoreDNS (talosctl health skips both then).
+func TestTalosDeploysCNI(t *testing.T) {
+	for name, want := range map[string]bool{"": true, "flannel": true, "cilium": false, "none": false} {
+		if got := (CNI{Name: name}).TalosDeploysCNI(); got != want {
+			t.Errorf("cni %q: TalosDeploysCNI %v, want %v", name, got, want)
+		}
+	}
+}

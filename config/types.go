@@ -150,6 +150,13 @@ type CNI struct {
 	Cilium Cilium `yaml:"cilium" doc:"Cilium chart settings, used when name is cilium."`
 }
 
+// TalosDeploysCNI reports whether Talos deploys the CNI itself (flannel).
+// With cilium or none the nodes run no CNI until one is installed on the
+// cluster: they stay NotReady and CoreDNS cannot run, so the health wait
+// skips both as `talosctl health` does (talos pkg/cluster/check
+// default.go, cniDisabledStatus, v1.13.3).
+func (c CNI) TalosDeploysCNI() bool { return c.Name == "" || c.Name == "flannel" }
+
 // Cilium is the Cilium Helm chart.
 type Cilium struct {
 	ChartRepo    string `yaml:"chartRepo" doc:"Helm repository of Cilium."`

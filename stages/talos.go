@@ -94,7 +94,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		Mutate:         env.Wet,
 		DryRun:         env.DryRun,
 		Parallelism:    env.Config.Cluster.Parallelism,
-		CNIDisabled:    env.Config.CNI.Name == "cilium",
+		CNIDisabled:    !env.Config.CNI.TalosDeploysCNI(),
 		Recover:        env.Options.Recover,
 		BootstrappedAt: out.BootstrappedAt,
 		NewEtcd:        env.Options.NewEtcd,
@@ -423,7 +423,7 @@ func snapshotBeforeUpgrade(ctx context.Context, env *Env, ops *talos.Ops, what s
 // upgradeHealth is the health an upgrade waits for before it starts and
 // after each node: every node's services, etcd, kubelets, Nodes Ready.
 func upgradeHealth(env *Env, targets []talos.Target) talos.HealthInput {
-	health := talos.HealthInput{CNIDisabled: env.Config.CNI.Name == "cilium"}
+	health := talos.HealthInput{CNIDisabled: !env.Config.CNI.TalosDeploysCNI()}
 	for _, t := range targets {
 		health.Nodes = append(health.Nodes, talos.HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
 	}
