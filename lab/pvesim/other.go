@@ -98,6 +98,11 @@ func (s *Server) routeOther(ctx context.Context, r *request, node string, rest [
 			t.logf("destroyed VM %d", g.VMID)
 			return nil
 		}), nil
+	case m == 1 && rest[0] == "storage" && get:
+		// storage.cfg is cluster-wide: another node lists the same
+		// storages (that each is available there, as pvesim answers, is
+		// unverified: storage.cfg's nodes option may exclude a node).
+		return s.listStorage(r), nil
 	case m == 3 && rest[0] == "tasks" && rest[2] == "status" && get:
 		return s.taskStatus(r, rest[1])
 	case m == 3 && rest[0] == "tasks" && rest[2] == "log" && get:
