@@ -596,3 +596,29 @@ func TestMaintenanceApplyRefusedIsRetried(t *testing.T) {
 		t.Errorf("wk-1: %d maintenance applies, %d installs; want 1 each", c.MaintenanceApplies, c.Installs)
 	}
 }
+
+// A node whose API refuses connections for a moment (its apid restarting,
+// a flaky link) does not fail a read of its extensions: TestFaults met one
+// between the install and the schematic check.
+func TestExtensionsReadThroughAConnectionDrop(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := h.node("cp-1")
+	f := n.Faults()
+	f.RefuseConnections = true
+	n.SetFaults(f)
+	go func() {
+		time.Sleep(400 * time.Millisecond)
+		f := n.Faults()
+		f.RefuseConnections = false
+		n.SetFaults(f)
+	}()
+	ip := h.targets()[0].IP
+	if _, err := h.ops.Extensions(ctx, ip); err != nil {
+		t.Fatalf("a 400ms connection drop failed the read: %v", err)
+	}
+}
