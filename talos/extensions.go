@@ -10,7 +10,6 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 
 	"github.com/homelab/bootstrap/factory"
-	"github.com/homelab/bootstrap/internal/retry"
 )
 
 // Extension is a system extension a node runs, by its manifest's name and
@@ -30,19 +29,17 @@ type Extension struct {
 // retried with backoff: one drop must not fail a stage.
 func (o *Ops) Extensions(ctx context.Context, ip string) ([]Extension, error) {
 	var out []Extension
-	err := retry.Do(ctx, retry.Policy{}, o.opts.Log, "reading the extensions of "+ip, func(ctx context.Context) error {
-		return retryableCall(o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-			list, err := safe.StateListAll[*runtime.ExtensionStatus](ctx, c.COSI)
-			if err != nil {
-				return err
-			}
-			out = out[:0]
-			for r := range list.All() {
-				m := r.TypedSpec().Metadata
-				out = append(out, Extension{Name: m.Name, Version: m.Version})
-			}
-			return nil
-		}))
+	err := o.callRetrying(ctx, ip, "reading the extensions of "+ip, func(ctx context.Context, c *client.Client) error {
+		list, err := safe.StateListAll[*runtime.ExtensionStatus](ctx, c.COSI)
+		if err != nil {
+			return err
+		}
+		out = out[:0]
+		for r := range list.All() {
+			m := r.TypedSpec().Metadata
+			out = append(out, Extension{Name: m.Name, Version: m.Version})
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading the extensions of %s: %w", ip, err)

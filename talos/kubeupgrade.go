@@ -311,7 +311,7 @@ func PinKubeImages(cfg []byte, versions map[string]string) ([]byte, error) {
 // resources upgrade-k8s reads for the configured images.
 func (o *Ops) KubeImages(ctx context.Context, t Target) (map[string]string, error) {
 	out := map[string]string{}
-	err := o.call(ctx, t.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+	err := o.callRetrying(ctx, t.IP, "reading the Kubernetes images of "+t.Name, func(ctx context.Context, c *client.Client) error {
 		ks, err := safe.StateGet[*k8s.KubeletSpec](ctx, c.COSI, resource.NewMetadata(k8s.NamespaceName, k8s.KubeletSpecType, k8s.KubeletID, resource.VersionUndefined))
 		if err != nil {
 			return err
@@ -359,6 +359,13 @@ type ComponentState struct {
 // the Ready condition), as upgrade-k8s checks both (checkPodStatus in
 // talos_managed.go, checkNodeKubeletVersion in kubelet.go at v1.13.3).
 func (o *Ops) Component(ctx context.Context, t Target, component string, kc kubernetes.Interface) ComponentState {
+	return o.component(ctx, t, component, kc, false)
+}
+
+// component is Component; retrying makes a static pod read retry a
+// dropped connection (callRetrying): a plan needs the answer, while a
+// wait polls again anyway.
+func (o *Ops) component(ctx context.Context, t Target, component string, kc kubernetes.Interface, retrying bool) ComponentState {
 	if component == Kubelet {
 		if kc == nil {
 			return ComponentState{Detail: "no Kubernetes client"}
@@ -381,7 +388,7 @@ func (o *Ops) Component(ctx context.Context, t Target, component string, kc kube
 		return st
 	}
 	var st ComponentState
-	err := o.call(ctx, t.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+	read := func(ctx context.Context, c *client.Client) error {
 		id := "kube-system/" + component + "-" + t.Name
 		p, err := safe.StateGet[*k8s.StaticPodStatus](ctx, c.COSI, resource.NewMetadata(k8s.NamespaceName, k8s.StaticPodStatusType, id, resource.VersionUndefined))
 		if err != nil {
@@ -389,7 +396,13 @@ func (o *Ops) Component(ctx context.Context, t Target, component string, kc kube
 		}
 		st = podState(p.TypedSpec().PodStatus)
 		return nil
-	})
+	}
+	var err error
+	if retrying {
+		err = o.callRetrying(ctx, t.IP, "reading the "+component+" static pod of "+t.Name, read)
+	} else {
+		err = o.call(ctx, t.IP, true, o.opts.CallTimeout, read)
+	}
 	if err != nil {
 		return ComponentState{Detail: fmt.Sprintf("reading the %s static pod status: %v", component, err)}
 	}
@@ -429,7 +442,7 @@ func (o *Ops) KubeRunning(ctx context.Context, nodes []Target, kc kubernetes.Int
 	out := KubeVersions{}
 	for _, n := range nodes {
 		for _, comp := range ComponentsOf(n.Role) {
-			if st := o.Component(ctx, n, comp, kc); st.Version != "" {
+			if st := o.component(ctx, n, comp, kc, true); st.Version != "" {
 				out.set(n.Name, comp, st.Version)
 			}
 		}

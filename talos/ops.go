@@ -138,6 +138,16 @@ func (o *Ops) call(ctx context.Context, ip string, secure bool, timeout time.Dur
 	return fn(cctx, c)
 }
 
+// callRetrying is call for a single read a stage cannot do without: a
+// refused or cut connection, or a node not ready for the request yet
+// (retryableCall), is retried with backoff (internal/retry's default: 5
+// attempts over ~4 s), so one connection drop does not fail the stage.
+func (o *Ops) callRetrying(ctx context.Context, ip, what string, fn func(context.Context, *client.Client) error) error {
+	return retry.Do(ctx, retry.Policy{}, o.opts.Log, what, func(ctx context.Context) error {
+		return retryableCall(o.call(ctx, ip, true, o.opts.CallTimeout, fn))
+	})
+}
+
 // NodeMode is what a probe found at a node's address.
 type NodeMode int
 
