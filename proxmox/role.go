@@ -19,9 +19,9 @@ const RunnerRole = "BootstrapRunner"
 // alternatives adds nothing when one of them is already held, else its
 // smallest (Sys.AccessNetwork rather than Sys.Audit+Sys.Modify for the
 // download where PVE has it). Removing a node needs VM.PowerMgmt and
-// VM.Allocate, already in it. Tags need Sys.Modify on / only where
-// datacenter.cfg restricts user tags (the precheck's tags row says so);
-// that is left out.
+// VM.Allocate, already in it. Tags need Sys.Modify on / only on PVE 9.2+
+// where datacenter.cfg's user-tag-access is not free (the precheck's tags
+// row says so); that is left out.
 func RunnerPrivileges(v Version) []string {
 	full := VMSpec{Cluster: "c", Name: "cp-1", Role: "controlplane", VMID: 1, DiskStorage: "disks",
 		Bridge: "vmbr0", VLAN: 20, ISOStorage: "isos", GuestAgent: true}
