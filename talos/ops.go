@@ -193,14 +193,23 @@ type Probe struct {
 // cluster), or not at all (down). Errors are returned only when the answer
 // fits none of these.
 func (o *Ops) Probe(ctx context.Context, ip string) (Probe, error) {
-	var version string
-	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-		resp, err := c.Version(ctx)
-		if err == nil {
-			version = versionTag(resp.GetMessages())
-		}
-		return err
+	return classifyProbe(ip, func(secure bool) (string, error) {
+		var version string
+		err := o.call(ctx, ip, secure, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+			resp, err := c.Version(ctx)
+			if err == nil {
+				version = versionTag(resp.GetMessages())
+			}
+			return err
+		})
+		return version, err
 	})
+}
+
+// classifyProbe is Probe's logic over ask, one Version call with (secure)
+// or without the cluster's credentials.
+func classifyProbe(ip string, ask func(secure bool) (string, error)) (Probe, error) {
+	version, err := ask(true)
 	if err == nil {
 		return Probe{Mode: ModeConfigured, Version: version}, nil
 	}
@@ -215,13 +224,7 @@ func (o *Ops) Probe(ctx context.Context, ip string) (Probe, error) {
 	// reset); ask again before calling the node down.
 	var ierr error
 	for attempt := 0; attempt < 3; attempt++ {
-		ierr = o.call(ctx, ip, false, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-			resp, err := c.Version(ctx)
-			if err == nil {
-				version = versionTag(resp.GetMessages())
-			}
-			return err
-		})
+		version, ierr = ask(false)
 		if ierr == nil || isCertRequired(ierr) || strings.Contains(ierr.Error(), "connection refused") {
 			break
 		}
@@ -230,6 +233,17 @@ func (o *Ops) Probe(ctx context.Context, ip string) (Probe, error) {
 	case ierr == nil:
 		return Probe{Mode: ModeMaintenance, Version: version}, nil
 	case isCertRequired(ierr):
+		// The two answers may come from two servers: right after a
+		// config is applied a node stops its maintenance service and
+		// starts apid with the cluster's CA, and a probe whose first
+		// call met the one and second met the other would take this
+		// cluster's node for another cluster's. Another cluster's node
+		// still does not trust us when asked again.
+		if version, err := ask(true); err == nil {
+			return Probe{Mode: ModeConfigured, Version: version}, nil
+		} else if isDown(err) {
+			return Probe{Mode: ModeDown, Detail: shortErr(err)}, nil
+		}
 		return Probe{Mode: ModeForeign}, nil
 	case isDown(ierr):
 		return Probe{Mode: ModeDown, Detail: shortErr(ierr)}, nil
