@@ -186,21 +186,13 @@ func TestDetachedStartFailureQuotesTheLog(t *testing.T) {
 	fx := newFixture(t)
 	for _, tc := range []struct {
 		name string
-		// occupy takes the port and returns a func that frees it.
-		occupy func(t *testing.T, opts StartOptions) func()
+		// occupy holds the port with ln and returns a func that frees it.
+		occupy func(t *testing.T, ln net.Listener, opts StartOptions) func()
 	}{
-		{"silent listener", func(t *testing.T, opts StartOptions) func() {
-			ln, err := net.Listen("tcp", opts.Flags.Listen)
-			if err != nil {
-				t.Fatal(err)
-			}
+		{"silent listener", func(t *testing.T, ln net.Listener, opts StartOptions) func() {
 			return func() { ln.Close() }
 		}},
-		{"another git server", func(t *testing.T, opts StartOptions) func() {
-			ln, err := net.Listen("tcp", opts.Flags.Listen)
-			if err != nil {
-				t.Fatal(err)
-			}
+		{"another git server", func(t *testing.T, ln net.Listener, opts StartOptions) func() {
 			srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir}, URL: opts.Flags.URL})
 			if err != nil {
 				t.Fatal(err)
@@ -212,10 +204,20 @@ func TestDetachedStartFailureQuotesTheLog(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// The port is bound here and then handed to the server, not
+			// picked free and bound later: in between, under a loaded
+			// make test, another process took it ("bind: address already
+			// in use" in the test's own Listen, the third cold CI run).
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
 			opts := detachedOptions(t, fx)
-			defer tc.occupy(t, opts)()
+			opts.Flags.Listen = ln.Addr().String()
+			opts.Flags.URL = "http://" + opts.Flags.Listen + "/homelab.git"
+			defer tc.occupy(t, ln, opts)()
 			start := time.Now()
-			_, err := Start(context.Background(), opts)
+			_, err = Start(context.Background(), opts)
 			if err == nil {
 				t.Fatal("Start on a busy port succeeded")
 			}
