@@ -317,8 +317,6 @@ func (s *Server) AddRemoteFile(url string, f RemoteFile) {
 	s.remote[url] = f
 }
 
-// SetStorageUsed sets how many bytes of a storage are used by things other
-// than the simulator's VMs and ISOs (e.g. to fill it up).
 // SetStorageOffline takes an enabled storage offline or back (see
 // StorageSpec.Offline).
 func (s *Server) SetStorageOffline(name string, offline bool) error {
@@ -332,6 +330,8 @@ func (s *Server) SetStorageOffline(name string, offline bool) error {
 	return nil
 }
 
+// SetStorageUsed sets how many bytes of a storage are used by things other
+// than the simulator's VMs and ISOs (e.g. to fill it up).
 func (s *Server) SetStorageUsed(name string, used int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
