@@ -213,7 +213,7 @@ func (s *Server) memoryLocked() map[string]any {
 	available := total - used
 	free := max(available-s.node.PageCacheBytes, 0)
 	out := map[string]any{"total": total, "used": used, "free": free}
-	if major, _ := strconv.Atoi(strings.SplitN(s.version, ".", 2)[0]); major >= 9 {
+	if major, _ := s.versionLocked(); major >= 9 {
 		out["available"] = available
 	}
 	return out

@@ -39,12 +39,7 @@ func newVM(id int, conf map[string]string) *vm {
 func (s *Server) createChecksTags() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	parts := strings.SplitN(s.version, ".", 3)
-	major, _ := strconv.Atoi(parts[0])
-	minor := 0
-	if len(parts) > 1 {
-		minor, _ = strconv.Atoi(parts[1])
-	}
+	major, minor := s.versionLocked()
 	return major > 9 || (major == 9 && minor >= 2)
 }
 
@@ -72,8 +67,19 @@ func (s *Server) createTagsCheck(who *identity, id int, tags string) *apiError {
 func (s *Server) major() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, _ := strconv.Atoi(strings.SplitN(s.version, ".", 2)[0])
+	m, _ := s.versionLocked()
 	return m
+}
+
+// versionLocked is the pve-manager version's major and minor ("9.2.11":
+// 9, 2); s.mu must be held.
+func (s *Server) versionLocked() (major, minor int) {
+	parts := strings.SplitN(s.version, ".", 3)
+	major, _ = strconv.Atoi(parts[0])
+	if len(parts) > 1 {
+		minor, _ = strconv.Atoi(parts[1])
+	}
+	return major, minor
 }
 
 func noConfig(node string, id int) *apiError {
