@@ -53,8 +53,13 @@ type Options struct {
 	// Retry bounds retries of transient failures (default 6 attempts,
 	// 250ms doubling to 5s).
 	Retry retry.Policy
-	// TaskPoll is how often a running task's status is polled (default 150ms).
+	// TaskPoll is the first interval between polls of a running task's
+	// status (default 150ms); each further poll waits a quarter longer, up
+	// to TaskPollMax (default 2s), so a download of minutes is not asked
+	// about seven times a second.
 	TaskPoll time.Duration
+	// TaskPollMax caps the interval between task status polls.
+	TaskPollMax time.Duration
 	// TaskTimeout bounds a VM task: create, start, stop, delete (default 5m).
 	TaskTimeout time.Duration
 	// DownloadTimeout bounds an ISO download task (default 30m).
@@ -98,6 +103,9 @@ func New(ctx context.Context, o Options) (*Client, error) {
 	}
 	if o.TaskPoll <= 0 {
 		o.TaskPoll = 150 * time.Millisecond
+	}
+	if o.TaskPollMax < o.TaskPoll {
+		o.TaskPollMax = max(2*time.Second, o.TaskPoll)
 	}
 	if o.TaskTimeout <= 0 {
 		o.TaskTimeout = 5 * time.Minute

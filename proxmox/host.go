@@ -106,6 +106,28 @@ func (c *Client) NodeStatus(ctx context.Context) (NodeStatus, error) {
 	return ns, nil
 }
 
+// ZFSARC reads the ZFS ARC's current size from the node's RRD (GET
+// /nodes/{node}/rrddata?timeframe=hour): node status does not report it,
+// and Linux counts the ARC as used memory, not in MemAvailable, although
+// ZFS gives it back under memory pressure. PVE 9 records it as arcsize
+// (pve-manager 9.2.11 PVE/Service/pvestatd.pm, pve-node-9.0 schema); its
+// UI shows 'used without ZFS ARC' as memused − arcsize. known is false
+// when the RRD has no arcsize, as on PVE 8 (pve2-node schema).
+func (c *Client) ZFSARC(ctx context.Context) (arc int64, known bool, err error) {
+	rows, err := c.getList(ctx, "/nodes/"+c.node+"/rrddata?timeframe=hour&cf=AVERAGE")
+	if err != nil {
+		return 0, false, err
+	}
+	// Rows run oldest first; the current step is not consolidated yet and
+	// carries no values, so the newest row with a value is the one to read.
+	for i := len(rows) - 1; i >= 0; i-- {
+		if v, ok := rows[i]["arcsize"]; ok {
+			return num(v), true, nil
+		}
+	}
+	return 0, false, nil
+}
+
 // Storage is one storage as the node sees it.
 type Storage struct {
 	Name    string

@@ -769,13 +769,31 @@ func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
 			needMem += int64(s.MemoryMiB) << 20
 		}
 	}
-	if needMem > ns.MemoryAvailable {
-		return check.Failf("%s RAM needed for VMs to start, only %s available of %s", gib(needMem), gib(ns.MemoryAvailable), gib(ns.MemoryTotal))
+	// The ZFS ARC is counted as used, yet ZFS shrinks it when VMs need the
+	// memory (down to zfs_arc_min, which PVE does not report): RAM the
+	// VMs can have only once the ARC shrinks is a warning, not a failure.
+	arc, arcKnown, arcErr := f.c.ZFSARC(ctx)
+	if arcErr != nil {
+		arc, arcKnown = 0, false
 	}
-	after := ns.MemoryUsed + needMem
+	if needMem > ns.MemoryAvailable+arc {
+		msg := fmt.Sprintf("%s RAM needed for VMs to start, only %s available of %s", gib(needMem), gib(ns.MemoryAvailable), gib(ns.MemoryTotal))
+		if arc > 0 {
+			msg += fmt.Sprintf(" even with all of the ZFS ARC (%s) given back", gib(arc))
+		}
+		return check.Failf("%s", msg)
+	}
+	after := ns.MemoryUsed - arc + needMem
 	pct := float64(after) * 100 / float64(ns.MemoryTotal)
 	reason := fmt.Sprintf("RAM %s of %s after start (%.0f%%), %d vCPUs on %d CPUs", gib(after), gib(ns.MemoryTotal), pct, vcpus, ns.CPUs)
+	if arc > 0 {
+		reason += fmt.Sprintf("; ZFS ARC %s not counted as used", gib(arc))
+	} else if !arcKnown && arcErr != nil {
+		reason += "; ZFS ARC unknown (" + arcErr.Error() + ")"
+	}
 	switch {
+	case needMem > ns.MemoryAvailable:
+		return check.Warnf("%s: the VMs need %s more than is available, which the ZFS ARC must give back (it shrinks only down to zfs_arc_min; cap it with zfs_arc_max)", reason, gib(needMem-ns.MemoryAvailable))
 	case pct > 90:
 		return check.Warnf("%s: above 90%% leaves the host little room", reason)
 	case vcpus > 4*ns.CPUs:

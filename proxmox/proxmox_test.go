@@ -548,6 +548,33 @@ func TestTaskCompletionNoticedQuickly(t *testing.T) {
 	}
 }
 
+// A long task is polled ever less often, and its end is still noticed
+// within a quarter of the time it took.
+func TestLongTaskPolledWithBackoff(t *testing.T) {
+	p := pvesim.Instant()
+	p.Start = 2 * time.Second
+	e := newEnv(t, pvesim.Options{Profile: p})
+	ctx := ctxT(t)
+	c := e.client(nil) // 20 ms first poll
+	s := spec(1)
+	if err := e.sim.SeedVM(s.VMID, map[string]string{"name": s.Name, "scsi0": "local-lvm:8", "memory": "1024"}, false); err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	if err := c.Start(ctx, s.VMID); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(begin)
+	polls := e.sim.Count("GET", "/nodes/pve/tasks/*/status")
+	// Every 20 ms would be 100 polls; a quarter longer each time is 15.
+	if polls > 25 || polls < 5 {
+		t.Errorf("%d status polls for a 2 s task", polls)
+	}
+	if took > p.Start*5/4+100*time.Millisecond {
+		t.Errorf("a 2 s task's end noticed after %s", took)
+	}
+}
+
 func TestTLSVerification(t *testing.T) {
 	e := newEnv(t, pvesim.Options{})
 	ctx := ctxT(t)

@@ -19,8 +19,8 @@ func taskNode(upid string) (string, error) {
 	return parts[1], nil
 }
 
-// waitTask polls a task's status every TaskPoll until it stops, instead of
-// Telmate's fixed 2-second sleep, and turns a failed exit status into a
+// waitTask polls a task's status until it stops, from every TaskPoll backing
+// off to every TaskPollMax, instead of Telmate's fixed 2-second sleep, and turns a failed exit status into a
 // TaskError (retryable when it is a lock text).
 func (c *Client) waitTask(ctx context.Context, upid, what string, timeout time.Duration) error {
 	if upid == "" {
@@ -31,7 +31,7 @@ func (c *Client) waitTask(ctx context.Context, upid, what string, timeout time.D
 		return err
 	}
 	path := "/nodes/" + node + "/tasks/" + upid + "/status"
-	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: c.opts.TaskPoll, Log: c.log},
+	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: c.opts.TaskPoll, MaxInterval: c.opts.TaskPollMax, Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
 			cctx, cl := withCall(ctx)
 			m, err := c.px.GetItemList(cctx, path)

@@ -387,7 +387,7 @@ func (c *Client) stopOn(ctx context.Context, node string, vmid int) error {
 		return err
 	}
 	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("VM %d to be stopped (an HA-managed VM stops a CRM round after its stop is queued)", vmid),
-		Timeout: c.opts.TaskTimeout, Interval: c.opts.TaskPoll, Log: c.log},
+		Timeout: c.opts.TaskTimeout, Interval: c.opts.TaskPoll, MaxInterval: c.opts.TaskPollMax, Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
 			st, err := c.statusOn(ctx, node, vmid)
 			if err != nil {
@@ -509,7 +509,7 @@ func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, v VMSumma
 // waitUnlocked waits until a VM's config lock (e.g. "create" from a run that
 // was interrupted while PVE kept creating) clears or the VM disappears.
 func (c *Client) waitUnlocked(ctx context.Context, vmid int, lock string) (exists bool, err error) {
-	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("VM %d lock %q to clear", vmid, lock), Timeout: c.opts.TaskTimeout, Interval: c.opts.TaskPoll, Log: c.log},
+	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("VM %d lock %q to clear", vmid, lock), Timeout: c.opts.TaskTimeout, Interval: c.opts.TaskPoll, MaxInterval: c.opts.TaskPollMax, Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
 			st, err := c.Status(ctx, vmid)
 			if IsNotFound(err) {

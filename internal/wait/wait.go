@@ -48,6 +48,11 @@ type Spec struct {
 	Timeout time.Duration
 	// Interval between polls (default 500ms).
 	Interval time.Duration
+	// MaxInterval, when above Interval, makes the wait back off: each poll
+	// that is not done lengthens the next interval by a quarter, up to
+	// MaxInterval. A short wait stays quick; a long one (an ISO download,
+	// a slow start) does not ask the same question many times a second.
+	MaxInterval time.Duration
 	// Log receives progress lines; the zero logger discards them.
 	Log zerolog.Logger
 	// ProgressEvery spaces out progress lines (default 5s).
@@ -82,6 +87,7 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 	var status string
 	polls := pollLog{spec: spec}
 	defer polls.flush()
+	interval := spec.Interval
 	key := liveKey(spec.What)
 	defer liveEnd(spec.Log, key)
 	for poll := 1; ; poll++ {
@@ -117,7 +123,10 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 				Str("elapsed", Round(time.Since(start)).String()).
 				Msgf("waiting for %s (%s elapsed)%s", spec.What, Round(time.Since(start)), suffix(status))
 		}
-		t := time.NewTimer(spec.Interval)
+		t := time.NewTimer(interval)
+		if spec.MaxInterval > interval {
+			interval = min(interval+interval/4, spec.MaxInterval)
+		}
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -83,6 +83,10 @@ type NodeSpec struct {
 	// PageCacheBytes is RAM the kernel uses for its page cache (default
 	// 3 GiB, a warm host): MemAvailable counts it, MemFree does not.
 	PageCacheBytes int64
+	// ARCBytes is the ZFS ARC's size (default 0: no ZFS). Linux counts it
+	// as used, not in MemAvailable, so node status's 'used' includes it;
+	// PVE 9 reports it only in the node RRD (arcsize in rrddata).
+	ARCBytes int64
 }
 
 // GuestSpec is a guest this node does not run for the test (a container,

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -421,6 +422,56 @@ func TestSlowProbabilisticAndUnauthorizedFaultsStopAndDestroyHooks(t *testing.T)
 	mu.Lock()
 	if st["exitstatus"] != "OK" || len(destroyed) != 1 || destroyed[0].VMID != 710 || len(destroyed[0].Disks) != 1 || destroyed[0].IPv4.String() != "10.1.0.5/24" {
 		t.Fatalf("destroy %v, events %+v", st, destroyed)
+	}
+}
+
+// Memory as a ZFS host reports it: the ARC is used memory, given only in
+// the PVE 9 node RRD; a start checks no free memory, only the kernel's
+// one-mapping limit.
+func TestMemoryARCAndStartWithoutAMemoryCheck(t *testing.T) {
+	for _, version := range []string{"9.1.2", "8.4.1"} {
+		t.Run(version, func(t *testing.T) {
+			s := newSim(t, Options{Version: version, Node: NodeSpec{MemoryBytes: 8 * gib, ARCBytes: 2 * gib}})
+			c := newClient(t, s)
+			mem := c.ok("GET", "/nodes/pve/status", nil).(map[string]any)["memory"].(map[string]any)
+			if mem["used"].(float64) != float64(2*gib+3*gib/2) {
+				t.Errorf("used %v: the ARC counts as used", mem["used"])
+			}
+			rows := c.ok("GET", "/nodes/pve/rrddata", url.Values{"timeframe": {"hour"}}).([]any)
+			if len(rows) != 60 {
+				t.Fatalf("%d rows", len(rows))
+			}
+			last, prev := rows[59].(map[string]any), rows[58].(map[string]any)
+			if _, ok := last["memused"]; ok || last["time"] == nil {
+				t.Errorf("the current step carries values: %v", last)
+			}
+			arc, ok := prev["arcsize"]
+			if version == "9.1.2" && (!ok || arc.(float64) != float64(2*gib)) {
+				t.Errorf("9.x row %v: want arcsize", prev)
+			}
+			if version == "8.4.1" && ok {
+				t.Errorf("8.x row %v: pve2-node has no arcsize", prev)
+			}
+			if a := c.do("GET", "/nodes/pve/rrddata", url.Values{"timeframe": {"minute"}}); a.code != 400 || a.errs["timeframe"] == nil {
+				t.Errorf("bad timeframe: %s", a.status)
+			}
+			// Three 3 GiB VMs on 4.5 GiB available all start.
+			for id := 701; id <= 703; id++ {
+				if err := s.SeedVM(id, map[string]string{"name": fmt.Sprint("vm", id), "memory": "3072"}, false); err != nil {
+					t.Fatal(err)
+				}
+				if st := c.waitTask(c.ok("POST", fmt.Sprintf("/nodes/pve/qemu/%d/status/start", id), nil).(string)); st["exitstatus"] != "OK" {
+					t.Fatalf("start %d: %v", id, st)
+				}
+			}
+			// One VM larger than RAM and swap (8 + 8 GiB) does not.
+			if err := s.SeedVM(704, map[string]string{"name": "huge", "memory": "17408"}, false); err != nil {
+				t.Fatal(err)
+			}
+			if st := c.waitTask(c.ok("POST", "/nodes/pve/qemu/704/status/start", nil).(string)); st["exitstatus"] != "start failed: QEMU exited with code 1" {
+				t.Errorf("start of a VM larger than RAM + swap: %v", st)
+			}
+		})
 	}
 }
 

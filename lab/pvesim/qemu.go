@@ -982,8 +982,14 @@ func (s *Server) startWork(ctx context.Context, t *task, v *vm, skiplock bool) e
 			return err
 		}
 	}
+	// PVE's vm_start checks no memory (qemu-server
+	// 9.2.6 src/PVE/QemuServer.pm vm_start_nolock checks only hugepages): QEMU's RAM is mmap'ed and
+	// the kernel's overcommit heuristic (OVERCOMMIT_GUESS, Linux
+	// mm/util.c __vm_enough_memory) refuses only one mapping larger than
+	// RAM plus swap. A host started past its free RAM runs, and the OOM
+	// killer settles it later (not modelled).
 	need := memoryMiB(v.conf) * mib
-	if need > s.freeMemoryLocked() {
+	if need > s.node.MemoryBytes+swapBytes {
 		s.mu.Unlock()
 		t.logf("kvm: cannot set up guest memory 'pc.ram': Cannot allocate memory")
 		return errors.New("start failed: QEMU exited with code 1")
@@ -1086,15 +1092,11 @@ func (s *Server) plugLocked(n nic) error {
 }
 
 func (s *Server) usedMemoryLocked() int64 {
-	used := s.node.HostUsedBytes
+	used := s.node.HostUsedBytes + s.node.ARCBytes
 	for _, v := range s.vms {
 		used += v.reserved
 	}
 	return used
-}
-
-func (s *Server) freeMemoryLocked() int64 {
-	return s.node.MemoryBytes - s.usedMemoryLocked()
 }
 
 func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
@@ -1411,7 +1413,7 @@ func (s *Server) nodeStatus(r *request) (any, *apiError) {
 		"wait":   0.0001,
 		"uptime": int64(time.Since(s.bootTime).Seconds()),
 		"memory": s.memoryLocked(),
-		"swap":   map[string]any{"total": 8 * gib, "used": 0, "free": 8 * gib},
+		"swap":   map[string]any{"total": swapBytes, "used": 0, "free": swapBytes},
 		"rootfs": map[string]any{"total": 94 * gib, "used": 9 * gib, "free": 85 * gib, "avail": 80 * gib},
 		"cpuinfo": map[string]any{
 			"cpus": s.node.CPUs, "cores": s.node.CPUs, "sockets": 1, "model": s.node.CPUModel,
@@ -1423,6 +1425,52 @@ func (s *Server) nodeStatus(r *request) (any, *apiError) {
 		"ksm":        map[string]any{"shared": 0},
 		"boot-info":  map[string]any{"mode": "efi", "secureboot": 0},
 	}, nil
+}
+
+// swapBytes is the node's swap, as node status reports it.
+const swapBytes = 8 * gib
+
+// rrdData answers GET /nodes/{node}/rrddata (pve-manager 9.2.11
+// PVE/API2/Nodes.pm rrddata: Sys.Audit on /nodes/{node}; pve-cluster 9.1.6
+// src/PVE/RRD.pm create_rrd_data): one row per step, oldest first, each
+// with its 'time'; a value the RRD has not consolidated yet (the current
+// step) is left out of its row. PVE 9 reads the pve-node-9.0 schema, which
+// pvestatd fills with memavailable and the ZFS ARC's arcsize (pve-manager
+// PVE/Service/pvestatd.pm update_node_status); PVE 8 reads pve2-node,
+// which has neither (pve-manager 8.4.21 Nodes.pm rrddata).
+func (s *Server) rrdData(r *request) (any, *apiError) {
+	if aerr := r.who.check("/nodes/"+s.node.Name, "Sys.Audit"); aerr != nil {
+		return nil, aerr
+	}
+	steps := map[string]int64{"hour": 60, "day": 60, "week": 1800, "month": 1800, "year": 21600, "decade": 604800}
+	tf := r.param("timeframe")
+	step, ok := steps[tf]
+	if !ok {
+		return nil, paramErr(map[string]string{"timeframe": "value '" + tf + "' does not have a value in the enumeration 'hour, day, week, month, year, decade'"})
+	}
+	if cf := r.param("cf"); cf != "" && cf != "AVERAGE" && cf != "MAX" {
+		return nil, paramErr(map[string]string{"cf": "value '" + cf + "' does not have a value in the enumeration 'AVERAGE, MAX'"})
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	major, _ := s.versionLocked()
+	total, used := s.node.MemoryBytes, s.usedMemoryLocked()
+	now := step * (time.Now().Unix() / step)
+	const rows = 60
+	out := make([]map[string]any, 0, rows)
+	for i := int64(rows - 1); i >= 0; i-- {
+		row := map[string]any{"time": now - i*step}
+		if i > 0 {
+			row["memtotal"], row["memused"] = float64(total), float64(used)
+			row["swaptotal"], row["swapused"] = float64(swapBytes), 0.0
+			row["maxcpu"], row["cpu"] = float64(s.node.CPUs), 0.03
+			if major >= 9 {
+				row["memavailable"], row["arcsize"] = float64(total-used), float64(s.node.ARCBytes)
+			}
+		}
+		out = append(out, row)
+	}
+	return out, nil
 }
 
 // listNetwork answers GET /nodes/{node}/network. Bridges (and, for

@@ -573,6 +573,8 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 		switch {
 		case m == 1 && rest[0] == "status" && get:
 			return s.nodeStatus(r)
+		case m == 1 && rest[0] == "rrddata" && get:
+			return s.rrdData(r)
 		case m == 1 && rest[0] == "network" && get:
 			return s.listNetwork(r), nil
 		case m == 1 && rest[0] == "storage" && get:
