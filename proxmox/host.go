@@ -151,6 +151,54 @@ func (s Storage) HasContent(ct string) bool {
 	return false
 }
 
+// Provisioning says how a new disk image takes space on a storage type:
+// ThickProvisioned takes its whole size from the free space at once,
+// ThinProvisioned takes what the guest writes, MaybeThin depends on a
+// storage.cfg option a token without Datastore.Allocate cannot read.
+type Provisioning int
+
+// The ways a storage type provisions disk images (see Storage.Provisioning).
+const (
+	ThickProvisioned Provisioning = iota
+	ThinProvisioned
+	MaybeThin
+)
+
+// Provisioning tells how the storage's plugin allocates a new disk image
+// (pve-storage 9.1.7): lvmthin creates thin volumes (LvmThinPlugin.pm,
+// whose status is the pool's data allocation); image files on dir, nfs,
+// cifs, glusterfs, cephfs and btrfs storages are sparse (Plugin.pm
+// preallocation_cmd_opt: qcow2 'metadata', raw 'off') unless the storage
+// sets 'preallocation'; a zfspool's zvols are thin only with 'sparse'
+// (ZFSPoolPlugin.pm zfs_create_zvol -s), otherwise their refreservation
+// takes the whole size. Storage config (GET /storage/{id}) needs
+// Datastore.Allocate, so neither option is read.
+func (s Storage) Provisioning() Provisioning {
+	switch s.Type {
+	case "lvmthin", "dir", "nfs", "cifs", "glusterfs", "cephfs", "btrfs":
+		return ThinProvisioned
+	case "zfspool":
+		return MaybeThin
+	}
+	return ThickProvisioned
+}
+
+// ImagesSize sums the virtual sizes of the disk images on a storage the
+// token may see (GET /nodes/{node}/storage/{storage}/content?content=images;
+// volumes of VMs the token cannot audit are left out by PVE). On thin
+// storage this is what the guests may write, against the pool's total.
+func (c *Client) ImagesSize(ctx context.Context, storage string) (int64, int, error) {
+	list, err := c.getList(ctx, "/nodes/"+c.node+"/storage/"+storage+"/content?content=images")
+	if err != nil {
+		return 0, 0, err
+	}
+	var sum int64
+	for _, e := range list {
+		sum += num(e["size"])
+	}
+	return sum, len(list), nil
+}
+
 // Storages lists the node's storages the token can see (GET /nodes/{node}/storage).
 func (c *Client) Storages(ctx context.Context) ([]Storage, error) {
 	list, err := c.getList(ctx, "/nodes/"+c.node+"/storage")

@@ -550,7 +550,7 @@ func (f *facts) checkDiskStorage(ctx context.Context) (check.Status, string) {
 			need[s.DiskStorage] += p.GrowDisk - p.Config.Disk.SizeBytes
 		}
 	}
-	var parts []string
+	var parts, warns []string
 	for _, name := range order {
 		st, ok, err := f.storage(ctx, name)
 		switch {
@@ -562,12 +562,55 @@ func (f *facts) checkDiskStorage(ctx context.Context) (check.Status, string) {
 			return check.Failf("storage %s is not enabled and active", name)
 		case !st.HasContent("images"):
 			return check.Failf("storage %s does not hold content type images (has %s)", name, strings.Join(st.Content, ","))
-		case need[name] > st.Avail:
-			return check.Failf("storage %s: %s needed for %d new disk(s), only %s free", name, gib(need[name]), count[name], gib(st.Avail))
 		}
-		parts = append(parts, fmt.Sprintf("%s: %s needed, %s free", name, gib(need[name]), gib(st.Avail)))
+		part, warn, fail := f.diskRoom(ctx, st, need[name], count[name])
+		if fail != "" {
+			return check.Failf("%s", fail)
+		}
+		parts = append(parts, part)
+		warns = append(warns, warn...)
+	}
+	if len(warns) > 0 {
+		return check.Warnf("%s: %s", strings.Join(parts, "; "), strings.Join(warns, "; "))
 	}
 	return check.Passf("%s", strings.Join(parts, "; "))
+}
+
+// diskRoom judges one storage's room for need bytes of new disks. Thick
+// storage must have them free now. Thin storage creates them anyway, so a
+// shortfall is a warning, as is a pool whose disks' virtual sizes (those
+// already there and the new ones) exceed it: once a thin pool fills,
+// every guest on it gets write errors.
+func (f *facts) diskRoom(ctx context.Context, st Storage, need int64, disks int) (part string, warns []string, fail string) {
+	switch st.Provisioning() {
+	case ThickProvisioned:
+		if need > st.Avail {
+			return "", nil, fmt.Sprintf("storage %s: %s needed for %d new disk(s), only %s free", st.Name, gib(need), disks, gib(st.Avail))
+		}
+		return fmt.Sprintf("%s: %s needed, %s free", st.Name, gib(need), gib(st.Avail)), nil, ""
+	case MaybeThin:
+		if need > st.Avail {
+			return "", nil, fmt.Sprintf("storage %s: %s needed for %d new disk(s), only %s free (a %s zvol reserves its whole size unless the storage is 'sparse', which this token cannot read)", st.Name, gib(need), disks, gib(st.Avail), st.Type)
+		}
+		return fmt.Sprintf("%s: %s needed, %s free", st.Name, gib(need), gib(st.Avail)), nil, ""
+	}
+	part = fmt.Sprintf("%s (thin): %s for new disks, %s free", st.Name, gib(need), gib(st.Avail))
+	if need > st.Avail {
+		warns = append(warns, fmt.Sprintf("%s has %s free, less than the %s the new disks may hold", st.Name, gib(st.Avail), gib(need)))
+	}
+	virtual, _, err := f.c.ImagesSize(ctx, st.Name)
+	if err != nil {
+		return part + fmt.Sprintf(", committed size unknown (%v)", err), warns, ""
+	}
+	committed := virtual + need
+	if st.Total > 0 {
+		pct := float64(committed) * 100 / float64(st.Total)
+		part += fmt.Sprintf(", %s of %s committed (%.0f%%)", gib(committed), gib(st.Total), pct)
+		if committed > st.Total {
+			warns = append(warns, fmt.Sprintf("%s is overcommitted: its disks may hold %s, the storage has %s; when it fills, every VM on it gets write errors", st.Name, gib(committed), gib(st.Total)))
+		}
+	}
+	return part, warns, ""
 }
 
 func (f *facts) checkISOStorage(ctx context.Context) (check.Status, string) {

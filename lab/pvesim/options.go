@@ -129,6 +129,9 @@ type StorageSpec struct {
 	Path string
 	// Shared marks shared storages.
 	Shared bool
+	// Sparse makes a zfspool create sparse zvols (storage.cfg 'sparse 1'):
+	// thin, like lvmthin and image files on file-based storages.
+	Sparse bool
 	// Disabled storages are configured but not enabled.
 	Disabled bool
 	// Offline storages are enabled but cannot be activated (an NFS server

@@ -248,7 +248,12 @@ func TestAuthAndPrivileges(t *testing.T) {
 
 func TestTasksLocksCapacityAndHooks(t *testing.T) {
 	s := newSim(t, Options{Profile: N100(), TimeScale: 0.02,
-		ISOs: []ISOSpec{{Storage: "local", Name: "talos.iso", Size: 100 << 20}}})
+		ISOs: []ISOSpec{{Storage: "local", Name: "talos.iso", Size: 100 << 20}},
+		Storages: []StorageSpec{
+			{Name: "local", Type: "dir", Content: []string{"iso"}, TotalBytes: 94 * gib, Path: "/var/lib/vz"},
+			{Name: "local-lvm", Type: "lvmthin", Content: []string{"images"}, TotalBytes: 348 * gib},
+			{Name: "thick", Type: "lvm", Content: []string{"images"}, TotalBytes: 348 * gib},
+		}})
 	c := newClient(t, s)
 	var mu sync.Mutex
 	var started []VMEvent
@@ -301,9 +306,15 @@ func TestTasksLocksCapacityAndHooks(t *testing.T) {
 		t.Fatalf("config while locked: %s %s", a.status, a.body)
 	}
 
-	// Storage capacity: a disk that does not fit fails the create task and leaves nothing behind.
+	// Storage capacity: on thick storage a disk that does not fit fails
+	// the create task and leaves nothing behind; a thin pool creates it.
 	_ = s.SetStorageUsed("local-lvm", 340<<30)
-	big := url.Values{"vmid": {"702"}, "scsi0": {"local-lvm:32"}}
+	_ = s.SetStorageUsed("thick", 340<<30)
+	thin := url.Values{"vmid": {"703"}, "scsi0": {"local-lvm:32"}}
+	if st := c.waitTask(c.ok("POST", "/nodes/pve/qemu", thin).(string)); st["exitstatus"] != "OK" {
+		t.Fatalf("overcommitted thin pool: %v", st)
+	}
+	big := url.Values{"vmid": {"702"}, "scsi0": {"thick:32"}}
 	st = c.waitTask(c.ok("POST", "/nodes/pve/qemu", big).(string))
 	if ex, _ := st["exitstatus"].(string); !strings.HasPrefix(ex, "unable to create VM 702 - lvcreate") {
 		t.Fatalf("full storage: %v", st)

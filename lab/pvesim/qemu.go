@@ -784,7 +784,11 @@ func (s *Server) resize(r *request, idStr string) (any, *apiError) {
 			s.mu.Unlock()
 			return errors.New("shrinking disks is not supported")
 		}
-		if newSize-vol.size > st.avail() {
+		grow := newSize - vol.size
+		if st.thin() {
+			grow = 0
+		}
+		if grow > st.avail() {
 			s.mu.Unlock()
 			return fmt.Errorf("lvextend 'pve/%s' error:   Insufficient free space", vol.name)
 		}
@@ -793,7 +797,8 @@ func (s *Server) resize(r *request, idStr string) (any, *apiError) {
 			return err
 		}
 		s.mu.Lock()
-		st.used += newSize - vol.size
+		st.used += grow
+		vol.alloc += grow
 		vol.size = newSize
 		d.set("size", formatSize(newSize))
 		v.conf[disk] = d.String()
