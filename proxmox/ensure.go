@@ -433,8 +433,15 @@ func (c *Client) applyLocked(ctx context.Context, p Plan, depth int) (Result, er
 			}
 			return replan()
 		}
-		if IsForbidden(err) {
-			return res, fmt.Errorf("creating VM %d %s: %w (the token needs VM.Allocate on /vms/%d; run precheck for the full list)", s.VMID, s.Name, err, s.VMID)
+		var ae *APIError
+		if errors.As(err, &ae) && ae.Status == 403 {
+			if _, _, named := ae.MissingPrivilege(); !named {
+				// create_vm's own check raises a bare "Permission check
+				// failed" when VM.Allocate is missing on /vms/<id> and
+				// the pool (qemu-server 9.2.6 src/PVE/API2/Qemu.pm);
+				// other 403s name their privilege themselves.
+				return res, fmt.Errorf("creating VM %d %s: %w (creating a VM needs VM.Allocate on /vms/%d; precheck lists every missing privilege)", s.VMID, s.Name, err, s.VMID)
+			}
 		}
 		if err != nil {
 			return res, fmt.Errorf("creating VM %d %s: %w", s.VMID, s.Name, err)

@@ -31,6 +31,9 @@ type APIError struct {
 
 func (e *APIError) Error() string {
 	msg := fmt.Sprintf("Proxmox API %s %s: %d %s", e.Method, e.Path, e.Status, e.Message)
+	if path, privs, ok := e.MissingPrivilege(); ok {
+		msg += fmt.Sprintf(" (the token needs %s on %s; precheck lists every missing privilege)", strings.Join(privs, " or "), path)
+	}
 	if len(e.Params) > 0 {
 		keys := make([]string, 0, len(e.Params))
 		for k := range e.Params {
@@ -44,6 +47,27 @@ func (e *APIError) Error() string {
 		msg += " (" + strings.Join(parts, "; ") + ")"
 	}
 	return msg
+}
+
+// permText is PVE's 403 text naming what was missing: "Permission check
+// failed (<path>, <priv>)", or "(<path>, <a>|<b>)" when any one of them
+// would do (pve-common src/PVE/Exception.pm raise_perm_exc; pve-access-control
+// 9.1.1 src/PVE/RPCEnvironment.pm check, check_any).
+var permText = regexp.MustCompile(`^Permission check failed \((/[^,]*), ([^)]+)\)$`)
+
+// MissingPrivilege returns the path and privileges a 403 answer names,
+// exactly as PVE's message names them (any one of privs is enough). A
+// privilege check PVE reports without a path (root@pam only, say) gives
+// ok false.
+func (e *APIError) MissingPrivilege() (path string, privs []string, ok bool) {
+	if e.Status != 403 {
+		return "", nil, false
+	}
+	m := permText.FindStringSubmatch(e.Message)
+	if m == nil {
+		return "", nil, false
+	}
+	return m[1], strings.Split(m[2], "|"), true
 }
 
 // TaskError is a Proxmox task that ended with an error exit status.

@@ -3,6 +3,7 @@ package proxmox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -84,6 +85,35 @@ func TestPrecheckNamesEveryMissingPrivilege(t *testing.T) {
 		t.Errorf("granted privileges must not be listed: %s", rs["proxmox: privileges"].Reason)
 	}
 	expect(t, rs, "proxmox: token", check.Pass)
+}
+
+// A 403 says what PVE's own message names (here SDN.Use on the VLAN the
+// NIC asks for), not a privilege guessed from the call.
+func TestForbiddenNamesTheMissingPrivilege(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Tokens: []pvesim.Token{{
+		ID: "bootstrap@pve!run", Secret: "secret",
+		ACL: []pvesim.ACE{
+			{Path: "/", Privileges: []string{"Sys.Audit", "Datastore.Audit", "VM.Audit"}},
+			{Path: "/vms", Privileges: []string{"VM.Allocate", "VM.Audit", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Options", "VM.Config.HWType", "VM.Config.Disk", "VM.Config.Network", "VM.Config.CDROM", "VM.Config.Cloudinit"}},
+			{Path: "/storage", Privileges: []string{"Datastore.AllocateSpace", "Datastore.Audit"}},
+		},
+	}}, ISOs: []pvesim.ISOSpec{{Storage: "local", Name: "talos-nocloud-amd64.iso", Size: 100 << 20}}})
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "secret" })
+	_, err := c.EnsureVM(ctxT(t), spec(1))
+	want := "the token needs SDN.Use on /sdn/zones/localnetwork/vmbr0/20"
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "needs VM.Allocate") {
+		t.Fatalf("create without SDN.Use: %v\nwant it to say %q", err, want)
+	}
+	var ae *APIError
+	if !errors.As(err, &ae) {
+		t.Fatalf("%T", err)
+	}
+	if path, privs, ok := ae.MissingPrivilege(); !ok || path != "/sdn/zones/localnetwork/vmbr0/20" || len(privs) != 1 || privs[0] != "SDN.Use" {
+		t.Errorf("MissingPrivilege: %q %q %v", path, privs, ok)
+	}
+	if _, ok := e.sim.VM(701); ok {
+		t.Error("a VM was created")
+	}
 }
 
 // thinAndThick is a host with every kind of disk storage the precheck

@@ -495,7 +495,7 @@ func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, v VMSumma
 		case err == nil:
 			c.log.Info().Int("vmid", vmid).Msg("removed the VM from the HA resources")
 		case IsForbidden(err):
-			c.log.Warn().Int("vmid", vmid).Err(err).Msg("cannot take the VM out of HA (it needs Sys.Console on /): HA stops it, and the delete purges it from HA")
+			c.log.Warn().Int("vmid", vmid).Err(err).Msg("cannot take the VM out of HA: HA stops it, and the delete purges it from HA")
 		default:
 			return fmt.Errorf("removing VM %d from the HA resources: %w", vmid, err)
 		}

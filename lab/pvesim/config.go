@@ -96,7 +96,11 @@ var (
 	serialRE   = regexp.MustCompile(`^serial[0-3]$`)
 	dnsNameRE  = regexp.MustCompile(`^(?:[a-zA-Z0-9](?:[a-zA-Z0-9\-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9\-]*[a-zA-Z0-9])?)*$`)
 	tagRE      = regexp.MustCompile(`^(?i)[a-z0-9_][a-z0-9_\-+.]*$`)
-	macRE      = regexp.MustCompile(`^(?i)[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
+	// macRE is pve-common's mac-addr format (9.2.1 src/PVE/JSONSchema.pm
+	// pve_verify_mac_addr): unicast only, the I/G bit of the first octet
+	// clear.
+	isoVolRE = regexp.MustCompile(`^[^:/]+:iso/`)
+	macRE    = regexp.MustCompile(`^(?i)[0-9a-f][02468ace](:[0-9a-f]{2}){5}$`)
 )
 
 var driveMax = map[string]int{"ide": 3, "sata": 5, "scsi": 30, "virtio": 15}
@@ -117,12 +121,18 @@ func driveBus(k string) string {
 	return ""
 }
 
-// Option groups as qemu-server's check_vm_modify_config_perm sees them.
+// Option groups as qemu-server's $check_vm_modify_config_perm sees them
+// (9.2.6 and 8.4.10 src/PVE/API2/Qemu.pm; 9.x adds allow-ksm). An option
+// in none of them (args, affinity, hookscript, meta, vmgenid, …) is for
+// root@pam only. Tags are skipped there and checked by
+// assert_tag_permissions, which wants VM.Config.Options (pve-guest-common
+// GuestHelpers.pm), so they are listed with the general options here.
 var (
-	cpuOptions      = set("cores", "cpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus", "affinity")
-	memoryOptions   = set("memory", "balloon", "shares")
-	hwtypeOptions   = set("acpi", "hotplug", "kvm", "machine", "scsihw", "smbios1", "tablet", "vga", "watchdog", "audio0", "vmgenid")
-	generalOptions  = set("agent", "autostart", "bios", "description", "keyboard", "localtime", "migrate_downtime", "migrate_speed", "name", "onboot", "ostype", "protection", "reboot", "startdate", "startup", "tdf", "template", "tags", "hookscript", "meta")
+	cpuOptions      = set("cores", "cpu", "runningcpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus")
+	memoryOptions   = set("memory", "balloon", "shares", "allow-ksm")
+	hwtypeOptions   = set("acpi", "hotplug", "kvm", "machine", "runningmachine", "scsihw", "smbios1", "tablet", "vga", "watchdog", "audio0", "rng0")
+	generalOptions  = set("agent", "autostart", "bios", "description", "keyboard", "localtime", "migrate_downtime", "migrate_speed", "name", "onboot", "ostype", "protection", "reboot", "startdate", "startup", "tdf", "template", "tags")
+	powerOptions    = set("freeze")
 	diskOptions     = set("boot", "bootdisk", "vmstatestorage")
 	cloudinitOption = set("cicustom", "cipassword", "citype", "ciuser", "nameserver", "searchdomain", "sshkeys", "ciupgrade")
 	// fastPlug options change a running VM's config directly; the rest of
@@ -227,6 +237,13 @@ func validateOption(k, v string, major int) string {
 		if m := d.get("media"); m != "" && m != "disk" && m != "cdrom" {
 			return "invalid format - format error\n" + k + ".media: value '" + m + "' does not have a value in the enumeration 'cdrom, disk'"
 		}
+		// An existing ISO volume must say it is a CD-ROM (qemu-server
+		// 9.2.6 src/PVE/API2/Qemu.pm $check_drive_param, on create and
+		// update); ISOs live under iso/ on file-based storages
+		// (pve-storage Plugin.pm parse_volname).
+		if isoVolRE.MatchString(d.file) && d.get("media") != "cdrom" {
+			return "explicit 'media=cdrom' is required for iso images"
+		}
 	}
 	if min, ok := intKeys[k]; ok {
 		n, err := strconv.Atoi(v)
@@ -297,7 +314,7 @@ func parseNet(v string) (nic, error) {
 		return n, fmt.Errorf("format error\nmodel: property is missing and it is not optional")
 	}
 	if n.mac != "" && !macRE.MatchString(n.mac) {
-		return n, fmt.Errorf("format error\nmacaddr: value does not look like a valid MAC address")
+		return n, fmt.Errorf("format error\nmacaddr: value does not look like a valid unicast MAC address")
 	}
 	return n, nil
 }

@@ -186,9 +186,11 @@ func (s *Server) authenticate(hr *http.Request) (*identity, *apiError) {
 			return nil, errf(http.StatusUnauthorized, "Authentication failed!")
 		}
 		// A ticket older than its lifetime no longer verifies
-		// (verify_ticket with $ticket_lifetime in AccessControl.pm).
+		// (verify_ticket with $ticket_lifetime in AccessControl.pm), and
+		// auth_handler turns every verification failure into
+		// "Authentication failed!" (pve-manager 9.2.11 PVE/HTTPServer.pm).
 		if life := s.scaled(s.opts.Profile.TicketLifetime); life > 0 && time.Since(t.issued) > life {
-			return nil, errf(http.StatusUnauthorized, "permission denied - invalid PVE ticket")
+			return nil, errf(http.StatusUnauthorized, "Authentication failed!")
 		}
 		if hr.Method != http.MethodGet && hr.Header.Get("CSRFPreventionToken") != t.csrf {
 			return nil, errf(http.StatusUnauthorized, "Permission denied - invalid csrf token")

@@ -436,6 +436,57 @@ func TestSlowProbabilisticAndUnauthorizedFaultsStopAndDestroyHooks(t *testing.T)
 	}
 }
 
+// Smaller rules read from qemu-server 9.2.6, pve-common 9.2.1 and
+// pve-manager 9.2.11 (docs/fidelity.md).
+func TestCreateAndDestroyRules(t *testing.T) {
+	s := newSim(t, Options{ISOs: []ISOSpec{{Storage: "local", Name: "talos.iso", Size: 100 << 20}}})
+	c := newClient(t, s)
+	create := func(k, v string) answer {
+		form := url.Values{"vmid": {"790"}, "name": {"x"}, k: {v}}
+		return c.do("POST", "/nodes/pve/qemu", form)
+	}
+	// pve_verify_mac_addr: unicast only.
+	if a := create("net0", "virtio=01:00:5E:00:00:01,bridge=vmbr0"); a.code != 400 || !strings.Contains(fmt.Sprint(a.errs["net0"]), "valid unicast MAC address") {
+		t.Errorf("multicast MAC: %s %v", a.status, a.errs)
+	}
+	// $check_drive_param: an ISO volume needs media=cdrom.
+	if a := create("ide2", "local:iso/talos.iso"); a.code != 400 || strings.TrimSpace(fmt.Sprint(a.errs["ide2"])) != "explicit 'media=cdrom' is required for iso images" {
+		t.Errorf("ISO without media=cdrom: %s %v", a.status, a.errs)
+	}
+	// $check_vm_modify_config_perm: meta, vmgenid, hookscript are for
+	// root@pam, the user; its token is not root@pam.
+	for _, k := range []string{"meta", "vmgenid", "hookscript", "affinity"} {
+		if a := create(k, "1"); a.code != 500 || a.msg != "only root can set '"+k+"' config\n" {
+			t.Errorf("%s by a token: %s %s", k, a.status, a.msg)
+		}
+	}
+	// The filter's enum has no pool.
+	if a := c.do("GET", "/cluster/resources", url.Values{"type": {"pool"}}); a.code != 400 || a.errs["type"] == nil {
+		t.Errorf("type=pool: %s", a.status)
+	}
+	// destroy: skiplock only for root@pam; the lock is checked inside the
+	// task (destroy_vm), not before it starts.
+	if err := s.SeedVM(791, map[string]string{"name": "y", "scsi0": "local-lvm:8"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetLock(791, "backup", 0); err != nil {
+		t.Fatal(err)
+	}
+	if a := c.do("DELETE", "/nodes/pve/qemu/791", url.Values{"skiplock": {"1"}}); a.code != 400 || strings.TrimSpace(fmt.Sprint(a.errs["skiplock"])) != "Only root may use this option." {
+		t.Errorf("skiplock by a token: %s %v", a.status, a.errs)
+	}
+	upid, ok := c.ok("DELETE", "/nodes/pve/qemu/791", nil).(string)
+	if !ok {
+		t.Fatal("DELETE of a locked VM must answer a task")
+	}
+	if st := c.waitTask(upid); st["exitstatus"] != "VM is locked (backup)" {
+		t.Errorf("destroy task of a locked VM: %v", st)
+	}
+	if _, ok := s.VM(791); !ok {
+		t.Error("locked VM destroyed")
+	}
+}
+
 // Memory as a ZFS host reports it: the ARC is used memory, given only in
 // the PVE 9 node RRD; a start checks no free memory, only the kernel's
 // one-mapping limit.

@@ -178,14 +178,24 @@ func configPerms(who *identity, id int, keys []string) *apiError {
 			err = who.check(path, "VM.Config.HWType")
 		case generalOptions[k]:
 			err = who.check(path, "VM.Config.Options")
+			// 'startup' changes how the host boots its guests.
+			if err == nil && k == "startup" {
+				err = who.check("/", "Sys.Modify")
+			}
+		case powerOptions[k]:
+			err = who.check(path, "VM.PowerMgmt")
 		case diskOptions[k]:
 			err = who.check(path, "VM.Config.Disk")
-		case netKeyRE.MatchString(k) || ipcfgKeyRE.MatchString(k):
+		case netKeyRE.MatchString(k):
 			err = who.check(path, "VM.Config.Network")
-		case cloudinitOption[k]:
+		case cloudinitOption[k] || ipcfgKeyRE.MatchString(k):
 			err = who.checkAny(path, "VM.Config.Cloudinit", "VM.Config.Network")
+		case k == "vmstate":
+			err = who.check(path, "VM.Config.Disk", "VM.PowerMgmt")
 		default:
-			if !who.root {
+			// 'root@pam' the user, not a token of it: a token's user is
+			// its full ID (pve-manager PVE/HTTPServer.pm auth_handler).
+			if who.name() != "root@pam" {
 				err = errf(500, "only root can set '%s' config", k)
 			}
 		}
@@ -900,7 +910,10 @@ func (s *Server) powerAction(r *request, idStr, action string) (any, *apiError) 
 		return nil, aerr
 	}
 	skiplock := r.param("skiplock") == "1"
-	if skiplock && !r.who.root {
+	// Only the user root@pam: a token's user is its full ID, so not even
+	// a root@pam token may skip the lock (pve-manager PVE/HTTPServer.pm
+	// auth_handler).
+	if skiplock && r.who.name() != "root@pam" {
 		return nil, paramErr(map[string]string{"skiplock": "Only root may use this option."})
 	}
 	s.mu.Lock()
@@ -1110,6 +1123,9 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 		return nil, aerr
 	}
 	skiplock := r.param("skiplock") == "1"
+	if skiplock && !r.who.root {
+		return nil, paramErr(map[string]string{"skiplock": "Only root may use this option."})
+	}
 	purge := r.param("purge") == "1"
 	unreferenced := r.param("destroy-unreferenced-disks") == "1"
 	s.mu.Lock()
@@ -1121,20 +1137,24 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 	if ha && !purge {
 		return nil, errf(500, "unable to remove VM %d - used in HA resources and purge parameter not set.", id)
 	}
-	check := func() error {
-		if lock := v.conf["lock"]; lock != "" && !skiplock {
-			return fmt.Errorf("VM is locked (%s)", lock)
+	// The early checks (protection, HA, running) answer the request; the
+	// lock is checked only inside the task, by destroy_vm
+	// (src/PVE/QemuServer.pm), so a locked VM's DELETE answers a UPID
+	// whose task fails "VM is locked (<lock>)".
+	check := func(inTask bool) error {
+		if p := v.conf["protection"]; p == "1" {
+			return fmt.Errorf("can't remove VM %d - protection mode enabled", id)
 		}
 		if v.state != "stopped" {
 			return fmt.Errorf("VM %d is running - destroy failed", id)
 		}
-		if p := v.conf["protection"]; p == "1" {
-			return fmt.Errorf("can't remove VM %d - protection mode enabled", id)
+		if lock := v.conf["lock"]; inTask && lock != "" && !skiplock {
+			return fmt.Errorf("VM is locked (%s)", lock)
 		}
 		return nil
 	}
 	s.mu.Lock()
-	err := check()
+	err := check(false)
 	s.mu.Unlock()
 	if err != nil {
 		return nil, errf(500, "%s", err.Error())
@@ -1148,7 +1168,7 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 			return err
 		}
 		s.mu.Lock()
-		err := check()
+		err := check(true)
 		s.mu.Unlock()
 		if err != nil {
 			return err
@@ -1300,8 +1320,10 @@ func (s *Server) vmIDsLocked() []int {
 
 func (s *Server) clusterResources(r *request) (any, *apiError) {
 	typ := r.param("type")
-	if typ != "" && typ != "vm" && typ != "storage" && typ != "node" && typ != "sdn" && typ != "pool" {
-		return nil, paramErr(map[string]string{"type": "value '" + typ + "' does not have a value in the enumeration 'vm, storage, node, sdn, pool'"})
+	// The filter's enum (pve-manager 9.2.11 and 8.4.21 PVE/API2/Cluster.pm
+	// resources) has no 'pool', although pools are listed unfiltered.
+	if typ != "" && typ != "vm" && typ != "storage" && typ != "node" && typ != "sdn" {
+		return nil, paramErr(map[string]string{"type": "value '" + typ + "' does not have a value in the enumeration 'vm, storage, node, sdn'"})
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

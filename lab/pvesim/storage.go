@@ -41,11 +41,11 @@ type volume struct {
 	// alloc is what the volume takes from the storage's free space: its
 	// size on thick storage and for ISOs, nothing on thin storage until
 	// the guest writes (see storage.thin).
-	alloc   int64
-	vmid    int
-	ctime   time.Time
-	data    []byte
-	sha256  string
+	alloc  int64
+	vmid   int
+	ctime  time.Time
+	data   []byte
+	sha256 string
 }
 
 func newStorage(spec StorageSpec) *storage {
