@@ -98,6 +98,9 @@ func counters(t *testing.T, ctx context.Context, h *e2e.Harness) e2e.Counters {
 
 // testContext bounds a test.
 func testContext(t *testing.T, d time.Duration) context.Context {
+	// The budget starts once the test holds its lab slot: a wait for one
+	// (other tests run their labs) must not eat the test's own time.
+	kubetest.Binaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx

@@ -86,6 +86,7 @@ func helmHome(t *testing.T) {
 // against a real API server and a real chart repository.
 func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 	helmHome(t)
+	kubetest.Binaries(t) // the slot before the budget: waiting for one must not eat it
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	lab := oneNodeLab(t, ctx)
@@ -184,6 +185,7 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 // node count it is Available at once.
 func TestCiliumOnOneNodeWithTheRealChart(t *testing.T) {
 	helmHome(t)
+	kubetest.Binaries(t) // the slot before the budget: waiting for one must not eat it
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	lab := oneNodeLab(t, ctx)

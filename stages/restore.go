@@ -31,9 +31,18 @@ type EtcdRunsError struct {
 	Node     string
 	Members  int
 	Snapshot backup.Info
+	// NoLeader: etcd runs on Node but answers without a leader (or not
+	// at all): the cluster lost quorum, and the survivors' data can only
+	// be replaced.
+	NoLeader error
 }
 
 func (e *EtcdRunsError) Error() string {
+	if e.NoLeader != nil {
+		return fmt.Sprintf("etcd runs on %s but has no leader (%v): the cluster lost quorum, more than half of its members are gone. %s. "+
+			"To restore, pass --force: the etcd data the surviving control planes keep is wiped first",
+			e.Node, e.NoLeader, e.loss())
+	}
 	return fmt.Sprintf("etcd runs on %s (%d member(s)): %s. "+
 		"A restore replaces a lost etcd; to replace this one anyway, pass --force (the control planes' etcd data is wiped first)",
 		e.Node, e.Members, e.loss())
@@ -41,8 +50,12 @@ func (e *EtcdRunsError) Error() string {
 
 // loss says what restoring the snapshot over a running etcd loses.
 func (e *EtcdRunsError) loss() string {
-	return fmt.Sprintf("restoring %s (taken %s, revision %d) would replace it and lose every change written since then",
-		filepath.Base(e.Snapshot.Path), e.Snapshot.Taken.Format(time.RFC3339), e.Snapshot.Revision)
+	what := "it"
+	if e.NoLeader != nil {
+		what = "what the surviving members hold"
+	}
+	return fmt.Sprintf("restoring %s (taken %s, revision %d) would replace %s and lose every change written since then",
+		filepath.Base(e.Snapshot.Path), e.Snapshot.Taken.Format(time.RFC3339), e.Snapshot.Revision, what)
 }
 
 // PrepareRestore checks a restore of the verified snapshot info (the
@@ -63,12 +76,18 @@ func PrepareRestore(ctx context.Context, env *Env, info backup.Info, force bool)
 	out := &env.State.Outputs.Talos
 	prev := out.Restore
 	same := prev != nil && prev.SHA256 == info.SHA256 && prev.Finished.IsZero()
-	var running *EtcdRunsError
+	var running, leaderless *EtcdRunsError
 	for _, n := range env.Config.ControlPlanes() {
 		if running != nil {
 			break
 		}
 		members, err := ops.EtcdMembers(ctx, n.IP)
+		if err != nil && leaderless == nil && (talos.IsNoLeader(err) || ops.EtcdServiceRuns(ctx, n.IP)) {
+			// etcd runs there but the member list (which needs a
+			// leader) fails: quorum is lost, and the survivors' data
+			// is what a restore replaces.
+			leaderless = &EtcdRunsError{Node: n.Name, Snapshot: info, NoLeader: err}
+		}
 		if err != nil || len(members) == 0 {
 			// A control plane in maintenance mode, powered off or without
 			// etcd: no etcd answers there.
@@ -76,6 +95,9 @@ func PrepareRestore(ctx context.Context, env *Env, info backup.Info, force bool)
 			continue
 		}
 		running = &EtcdRunsError{Node: n.Name, Members: len(members), Snapshot: info}
+	}
+	if running == nil {
+		running = leaderless
 	}
 	resuming := same && (running == nil || prev.Bootstrapped || !prev.Forced)
 	switch {

@@ -453,9 +453,20 @@ func wipeReplacedEtcd(ctx context.Context, env *Env, ops *talos.Ops, targets []t
 	var cps []talos.Target
 	var names []string
 	for _, t := range targets {
-		if t.Role == talos.RoleControlPlane {
-			cps, names = append(cps, t), append(names, t.Name)
+		if t.Role != talos.RoleControlPlane {
+			continue
 		}
+		// A control plane that runs no installed system (re-created, in
+		// maintenance mode) keeps no etcd data, and its reset would be
+		// refused: it installs and joins after the recovery.
+		if p, err := ops.Probe(ctx, t.IP); err == nil && p.Mode == talos.ModeMaintenance {
+			env.Log.Info().Str("node", t.Name).Msgf("%s runs in maintenance mode: no etcd data to wipe", t.Name)
+			continue
+		}
+		cps, names = append(cps, t), append(names, t.Name)
+	}
+	if len(cps) == 0 {
+		return nil
 	}
 	return env.Wet(fmt.Sprintf("wipe etcd's data on %s (reset EPHEMERAL, not graceful, reboot; configs stay) before restoring %s", strings.Join(names, ", "), rec.Name), func() error {
 		return ops.ResetEtcdData(ctx, cps)

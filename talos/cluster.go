@@ -1,6 +1,7 @@
 package talos
 
 import (
+	"strings"
 	"context"
 	"errors"
 	"fmt"
@@ -105,6 +106,26 @@ func etcdMembersOn(ctx context.Context, c *client.Client) ([]EtcdMember, error) 
 		}
 	}
 	return out, nil
+}
+
+// IsNoLeader reports whether err is etcd refusing a request for want of a
+// leader ("etcdserver: no leader", etcd api/v3rpc/rpctypes ErrNoLeader):
+// EtcdMemberList asks WithRequireLeader (v1alpha1_server.go at v1.13.3),
+// so a cluster that lost quorum answers this while its survivors' etcd
+// service still reads Running.
+func IsNoLeader(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "etcdserver: no leader")
+}
+
+// EtcdServiceRuns reports whether the etcd service on the node at ip runs
+// (whatever its health), from ServiceList.
+func (o *Ops) EtcdServiceRuns(ctx context.Context, ip string) bool {
+	svcs, err := o.Services(ctx, ip)
+	if err != nil {
+		return false
+	}
+	s, ok := findService(svcs, "etcd")
+	return ok && s.State == "Running"
 }
 
 // Service is one Talos service's state on a node.

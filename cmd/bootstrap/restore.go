@@ -94,6 +94,13 @@ func restore(ctx context.Context, env *stages.Env, snap backup.Info, force bool,
 	if err := stages.FinishRestore(env); err != nil {
 		return err
 	}
+	// Only a recovery bootstrap this restore made (or an interrupted
+	// attempt of it recorded) restored anything: a node whose etcd data
+	// directory was not empty answers AlreadyExists and keeps its data.
+	if r := env.State.Outputs.Talos.Restore; r == nil || !r.Bootstrapped {
+		fmt.Fprintf(env.Out, "etcd was NOT restored from %s: the control plane's etcd already had data (Bootstrap answered AlreadyExists), and the cluster runs on that; the postcheck passed\n", snap.Path)
+		return nil
+	}
 	fmt.Fprintf(env.Out, "restored etcd from %s (revision %d); the postcheck passed\n", snap.Path, snap.Revision)
 	return nil
 }

@@ -2,6 +2,7 @@ package pvesim
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -164,6 +165,41 @@ func (s *Server) AddToken(t Token) {
 	s.mu.Lock()
 	s.tokens[t.ID] = t
 	s.mu.Unlock()
+}
+
+// LoseVM takes a VM away with its disks behind the API's back, as a dead
+// host disk or someone else's destroy does: a running VM stops first (the
+// OnStop listeners hear it), then the VM and the volumes it owns are gone
+// and the OnDestroy listeners hear that.
+func (s *Server) LoseVM(vmid int) error {
+	s.mu.Lock()
+	v := s.vms[vmid]
+	if v == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("no VM %d", vmid)
+	}
+	ev := s.eventLocked(v)
+	wasRunning := v.state != "stopped"
+	stops, destroys := slices.Clone(s.onStop), slices.Clone(s.onDestroy)
+	for _, st := range s.storages {
+		for name, vol := range st.vols {
+			if vol.vmid == vmid && vol.content == "images" {
+				s.freeLocked(st.spec.Name + ":" + name)
+			}
+		}
+	}
+	delete(s.vms, vmid)
+	delete(s.ha, vmid)
+	s.mu.Unlock()
+	if wasRunning {
+		for _, h := range stops {
+			h(ev)
+		}
+	}
+	for _, h := range destroys {
+		h(ev)
+	}
+	return nil
 }
 
 // OnStart registers a listener called when a VM has started; an error

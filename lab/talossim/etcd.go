@@ -15,6 +15,9 @@ type etcdCluster struct {
 	readyAt       time.Time
 	members       map[string]*etcdMember // by IP
 	failed        error                  // the control plane failed to start
+	// quorumLost is set once the members that keep their data are no
+	// longer a majority: etcd elects no leader, the control plane stops.
+	quorumLost bool
 }
 
 type etcdMember struct {
@@ -48,14 +51,23 @@ func (s *Sim) bootstrapEtcd(clusterID string, n *Node, hostname string, now time
 
 // joinEtcd adds a configured control plane to its bootstrapped cluster;
 // callers hold s.mu. Nothing happens before bootstrap: a control plane
-// without etcd data waits for one.
+// without etcd data waits for one. A cluster without quorum admits no one
+// (adding a member needs a leader: the node's etcd waits to join, then
+// fails). A member that lost its data rejoins as the same member while
+// the cluster has quorum (etcd keeps the member until it is removed; the
+// removal Talos' etcd service does for a same-named member is not
+// modelled) and is synced again.
 func (s *Sim) joinEtcd(clusterID string, ip, hostname string, now time.Time) {
 	c := s.etcd[clusterID]
-	if c == nil {
+	if c == nil || c.quorumLost {
 		return
 	}
 	if m, ok := c.members[ip]; ok {
 		m.hostname = hostname
+		if m.dataLost {
+			join := s.scaled(s.opts.Profile.EtcdJoin)
+			m.dataLost, m.startedAt, m.readyAt = false, now.Add(join/2), now.Add(join)
+		}
 		return
 	}
 	start := now
@@ -82,6 +94,23 @@ func (s *Sim) etcdView(clusterID, ip string) (*etcdCluster, *etcdMember) {
 func (s *Sim) etcdRunningLocked(clusterID string) bool {
 	c := s.etcd[clusterID]
 	return c != nil && len(c.readyMembers(time.Now())) > 0
+}
+
+// hasQuorum reports whether etcd can elect a leader: more than half of its
+// voting members (learners do not vote) keep their data (etcd raft; a
+// member whose VM is only powered off counts as alive here: not modelled).
+func (c *etcdCluster) hasQuorum(now time.Time) bool {
+	voting, alive := 0, 0
+	for _, m := range c.members {
+		if m.readyAt.After(now) && m.ip != c.bootstrapNode {
+			continue // a learner, or not yet a member
+		}
+		voting++
+		if !m.dataLost {
+			alive++
+		}
+	}
+	return alive*2 > voting
 }
 
 // readyMembers lists members whose etcd is up, by hostname.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
@@ -209,7 +210,10 @@ func (s *Sim) wipeEphemeral(clusterID, ip string) {
 }
 
 // loseMemberLocked marks the member's data lost and drops the cluster when
-// no member keeps data; it reports whether it did. s.mu is held.
+// no member keeps data. It reports whether the cluster's etcd stopped
+// serving with this loss: its last data, or its quorum (the survivors
+// keep their data, but without a leader etcd serves nothing, so the
+// control plane stops as well). s.mu is held.
 func (s *Sim) loseMemberLocked(clusterID, ip string) bool {
 	c := s.etcd[clusterID]
 	if c == nil {
@@ -220,11 +224,15 @@ func (s *Sim) loseMemberLocked(clusterID, ip string) bool {
 		return false
 	}
 	m.dataLost = true
+	wasLost := c.quorumLost
+	if !c.hasQuorum(time.Now()) {
+		c.quorumLost = true
+	}
 	for _, m := range c.members {
 		if !m.dataLost {
-			return false
+			return c.quorumLost && !wasLost
 		}
 	}
 	delete(s.etcd, clusterID)
-	return true
+	return !wasLost
 }

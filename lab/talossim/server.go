@@ -442,7 +442,7 @@ func (a *apid) Bootstrap(_ context.Context, req *machine.BootstrapRequest) (*mac
 // through the control planes' endpoints, not only the local member
 // (etcd.NewClientFromControlPlaneIPs), so any configured control plane of a
 // running cluster answers with the cluster's members.
-func (a *apid) EtcdMemberList(context.Context, *machine.EtcdMemberListRequest) (*machine.EtcdMemberListResponse, error) {
+func (a *apid) EtcdMemberList(ctx context.Context, _ *machine.EtcdMemberListRequest) (*machine.EtcdMemberListResponse, error) {
 	if a.mode == serveMaintenance {
 		return nil, status.Error(codes.Unimplemented, "machine type is not set, cannot use member list API")
 	}
@@ -455,8 +455,25 @@ func (a *apid) EtcdMemberList(context.Context, *machine.EtcdMemberListRequest) (
 	}
 	s := n.sim
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	now := time.Now()
+	if c := s.etcd[clusterID]; c != nil && c.quorumLost {
+		s.mu.Unlock()
+		// WithRequireLeader (v1alpha1_server.go EtcdMemberList at
+		// v1.13.3): without a leader etcd answers ErrGRPCNoLeader
+		// (Unavailable "etcdserver: no leader", etcd api/v3rpc/rpctypes),
+		// which etcd's client retries (100 times, 25 ms apart:
+		// client/v3 options.go) before apid relays it. The code apid
+		// relays is unverified.
+		t := time.NewTimer(s.scaled(100 * 25 * time.Millisecond))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-t.C:
+		}
+		return nil, status.Error(codes.Unavailable, "etcdserver: no leader")
+	}
+	defer s.mu.Unlock()
 	c := s.etcd[clusterID]
 	if c == nil || len(c.readyMembers(now)) == 0 {
 		// No etcd answers at the control planes' endpoints; the exact
@@ -533,6 +550,12 @@ func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceLis
 		if c != nil && c.bootstrapNode == n.ip {
 			failed = c.failed
 		}
+		noLeader := c != nil && c.quorumLost
+		if noLeader && m != nil && m.dataLost {
+			// A node that lost its data waits to join a cluster that
+			// can admit no one.
+			m = nil
+		}
 		s.mu.Unlock()
 		evs := []event{{"Waiting", `Waiting for service "cri" to be "up"`, booted}}
 		switch {
@@ -548,6 +571,11 @@ func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceLis
 		case m.readyAt.After(now):
 			evs = append(evs, event{"Preparing", "Running pre state", criAt}, event{"Running", "Started task etcd (PID 2001) for container etcd", m.startedAt})
 			services = append(services, svc("etcd", evs, &machine.ServiceHealth{Healthy: false, LastMessage: "etcd is starting", LastChange: timestamppb.New(m.startedAt)}))
+		case noLeader:
+			// The survivor's etcd process runs; what its health check
+			// reports without a leader is unverified (talossim: unhealthy).
+			evs = append(evs, event{"Preparing", "Running pre state", criAt}, event{"Running", "Started task etcd (PID 2001) for container etcd", m.startedAt})
+			services = append(services, svc("etcd", evs, &machine.ServiceHealth{Healthy: false, LastMessage: "etcdserver: no leader", LastChange: timestamppb.New(now)}))
 		case failed != nil:
 			evs = append(evs, event{"Running", "Started task etcd (PID 2001) for container etcd", m.startedAt})
 			services = append(services, svc("etcd", evs, &machine.ServiceHealth{Healthy: false, LastMessage: "control plane failed to start: " + failed.Error(), LastChange: timestamppb.New(m.readyAt)}))
