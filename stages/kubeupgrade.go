@@ -25,6 +25,8 @@ type kubeUpgrade struct {
 	// configured are the versions each configured node's applied config
 	// names.
 	configured talos.KubeVersions
+	// order is which of Talos and Kubernetes moves first (upgradeInOrder).
+	order talos.UpgradeOrder
 }
 
 // pinKubernetes keeps the converge from moving Kubernetes: every node that
@@ -106,7 +108,7 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 	for _, t := range nodes {
 		if p, err := ops.Probe(ctx, t.IP); err == nil && p.Mode == talos.ModeConfigured {
 			talosVersions[t.Name] = p.Version
-			if env.DryRun {
+			if env.DryRun && ku.order == talos.TalosFirst {
 				// The Talos rollout runs first and stops the run when it
 				// cannot finish: by the time Kubernetes moves, every node
 				// runs the configured Talos. A dry run has not rolled it

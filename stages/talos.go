@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Masterminds/semver/v3"
+
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/factory"
@@ -123,10 +125,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		if err != nil {
 			return err
 		}
-		if err := upgradeTalos(ctx, env, ops, targets, conv); err != nil {
-			return err
-		}
-		if err := upgradeKubernetes(ctx, env, ops, ku, targets); err != nil {
+		if err := upgradeInOrder(ctx, env, ops, ku, targets, conv); err != nil {
 			return err
 		}
 		return mergeUserConfigs(env, res.Talosconfig)
@@ -134,10 +133,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := upgradeTalos(ctx, env, ops, targets, conv); err != nil {
-		return err
-	}
-	if err := upgradeKubernetes(ctx, env, ops, ku, targets); err != nil {
+	if err := upgradeInOrder(ctx, env, ops, ku, targets, conv); err != nil {
 		return err
 	}
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
@@ -400,6 +396,68 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 				env.Log.Warn().Err(err).Str("node", s.Name).Msg("saving state after the upgrade")
 			}
 		}})
+}
+
+// upgradeInOrder moves Talos and Kubernetes to the configured versions in
+// the order every node can pass through (talos.PlanUpgradeOrder, from the
+// Talos each node runs and the Kubernetes its config names): Talos first
+// unless the target Talos cannot run the current Kubernetes. A change with
+// no supported order is refused (exit 2) before either moves.
+func upgradeInOrder(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUpgrade, targets []talos.Target, conv *talos.ConvergeResult) error {
+	talosNow, kubeNow := map[string]string{}, map[string]string{}
+	for _, t := range targets {
+		r, ok := conv.Nodes[t.Name]
+		if !ok || r.Version == "" || r.Found != talos.ModeConfigured {
+			continue
+		}
+		talosNow[t.Name] = r.Version
+		if k := lowestVersion(ku.configured[t.Name]); k != "" {
+			kubeNow[t.Name] = k
+		}
+	}
+	order, err := talos.PlanUpgradeOrder(talosNow, kubeNow, env.Config.Cluster.TalosVersion, env.Config.Cluster.KubernetesVersion)
+	var planErr *talos.PlanError
+	if errors.As(err, &planErr) {
+		return config.Userf("%s", planErr.Reason)
+	}
+	if err != nil {
+		return err
+	}
+	ku.order = order
+	if order == talos.KubernetesFirst {
+		why := fmt.Sprintf("upgrade %s: Talos %s cannot run the Kubernetes the nodes run now", order, env.Config.Cluster.TalosVersion)
+		if env.DryRun {
+			if err := env.Wet(why, nil); err != nil {
+				return err
+			}
+		} else {
+			env.UI.OK("%s", why)
+		}
+		if err := upgradeKubernetes(ctx, env, ops, ku, targets); err != nil {
+			return err
+		}
+		return upgradeTalos(ctx, env, ops, targets, conv)
+	}
+	if err := upgradeTalos(ctx, env, ops, targets, conv); err != nil {
+		return err
+	}
+	return upgradeKubernetes(ctx, env, ops, ku, targets)
+}
+
+// lowestVersion is the lowest of a node's component versions.
+func lowestVersion(components map[string]string) string {
+	var low *semver.Version
+	out := ""
+	for _, v := range components {
+		sv, err := semver.NewVersion(strings.TrimPrefix(v, "v"))
+		if err != nil {
+			continue
+		}
+		if low == nil || sv.LessThan(low) {
+			low, out = sv, v
+		}
+	}
+	return out
 }
 
 // snapshotBeforeUpgrade keeps the way back should the upgrade of what

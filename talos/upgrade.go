@@ -8,6 +8,7 @@ import (
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 
@@ -118,6 +119,11 @@ func PlanUpgradesTo(nodes []Target, liveNodes map[string]Running, wantRunning Ru
 		case c > 0 && !allowDowngrade:
 			return nil, &PlanError{Downgrade: true, Reason: fmt.Sprintf("%s runs Talos %s, newer than cluster.talosVersion %s: a downgrade is refused; set cluster.talosVersion to %s, or pass --allow-downgrade if you mean it", n, from, want, from)}
 		}
+		if c := fv.Compare(wv); c != 0 {
+			if err := installerAccepts(want, from); err != nil {
+				return nil, &PlanError{Reason: fmt.Sprintf("%s runs Talos %s: the Talos %s installer refuses to install over it (%v; its pre-flight check runs after the Upgrade call is accepted and leaves the node on its old version); go through an intermediate Talos release first", n, from, want, err)}
+			}
+		}
 		step := UpgradeStep{Target: n, From: from, To: want, FromSchematic: cur.Schematic, ToSchematic: wantRunning.Schematic}
 		if n.Role == RoleControlPlane {
 			cps = append(cps, step)
@@ -133,6 +139,26 @@ func PlanUpgradesTo(nodes []Target, liveNodes map[string]Running, wantRunning Ru
 		steps[i].Pos, steps[i].Of = i+1, len(steps)
 	}
 	return steps, nil
+}
+
+// installerAccepts is the installer's pre-flight version check
+// (cmd/installer/pkg/install/preflight.go at v1.13.3): the target's
+// machinery UpgradeableFrom the host's version (minimum host version for
+// an upgrade, maximum for a downgrade). A target release this build's
+// machinery does not know is left to its own installer.
+func installerAccepts(target, host string) error {
+	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: target})
+	if err != nil {
+		return nil
+	}
+	hv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: host})
+	if err != nil {
+		return nil
+	}
+	if err := tv.UpgradeableFrom(hv); err != nil && !strings.HasPrefix(err.Error(), "upgrades to version") {
+		return err
+	}
+	return nil
 }
 
 // Upgrade asks the node to upgrade to the installer image (as `talosctl

@@ -40,6 +40,21 @@ func TestPlanUpgrades(t *testing.T) {
 	if _, err := PlanUpgrades(nodes, map[string]string{"cp-1": "v1.13.2"}, "v1.13.3", false); err == nil || errors.As(err, &pe) {
 		t.Fatalf("unknown versions: %v", err)
 	}
+	// The 1.13 installer's pre-flight check refuses hosts below 1.11
+	// (talos113.MinimumHostUpgradeVersion): refused here, before the
+	// call it would fail after.
+	old := map[string]string{"wk-1": "v1.10.7", "cp-1": "v1.12.6", "cp-2": "v1.12.6", "cp-3": "v1.12.6"}
+	if _, err := PlanUpgrades(nodes, old, "v1.13.3", false); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "runs Talos v1.10.7: the Talos v1.13.3 installer refuses to install over it (host version 1.10.7 is too old to upgrade to Talos 1.13.3") {
+		t.Fatalf("host below the installer's minimum: %v", err)
+	}
+	old["wk-1"] = "v1.11.5"
+	if steps, err := PlanUpgrades(nodes, old, "v1.13.3", false); err != nil || len(steps) != 4 {
+		t.Fatalf("hosts the installer accepts: %v %v", steps, err)
+	}
+	// A release this machinery does not know is left to its installer.
+	if _, err := PlanUpgrades(nodes, old, "v1.14.0", false); err != nil {
+		t.Fatalf("unknown target release: %v", err)
+	}
 }
 
 // A node at the wanted version that runs another schematic (or a stock

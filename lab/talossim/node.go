@@ -91,6 +91,9 @@ type Counters struct {
 	// UpgradeCalls counts every Upgrade call; Upgrades the accepted ones.
 	UpgradeCalls int
 	Upgrades     int
+	// FailedUpgrades counts accepted upgrades whose sequence failed after
+	// the answer (the installer's pre-flight check).
+	FailedUpgrades int
 	// RecoverUploads counts complete EtcdRecover uploads; Recoveries the
 	// accepted Bootstrap calls with recover_etcd.
 	RecoverUploads int

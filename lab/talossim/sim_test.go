@@ -622,4 +622,37 @@ func TestUpgradeRPC(t *testing.T) {
 	if c := f.node(f.wk).Counters(); c.UpgradeCalls != 3 || c.Upgrades != 1 {
 		t.Fatalf("worker counters %+v", c)
 	}
+
+	// The installer's pre-flight check runs after the answer: the 1.11
+	// installer refuses a 1.13 host (talos111.MaximumHostDowngradeVersion),
+	// the sequence fails, the stage reads rebooting, the version stays.
+	waitStage := func(want runtime.MachineStage) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			st, err := safe.StateGetByID[*runtime.MachineStatus](ctx, secure(t, f.cfg, f.wk).COSI, runtime.MachineStatusID)
+			if err == nil && st.TypedSpec().Stage == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("machine stage never %s: %v %v", want, st, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitStage(runtime.MachineStageRunning)
+	if _, err := secure(t, f.cfg, f.wk).MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.11.5"}); err != nil {
+		t.Fatalf("the answer comes before the pre-flight check: %v", err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for f.node(f.wk).Counters().FailedUpgrades == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the pre-flight check never failed the sequence")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if v, p := f.node(f.wk).Version(), f.node(f.wk).Phase(); v != "v1.13.4" || p != talossim.PhaseRunning {
+		t.Fatalf("after a failed pre-flight check: %s %s", v, p)
+	}
+	waitStage(runtime.MachineStageRebooting)
 }

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/distribution/reference"
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -82,6 +84,24 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 	n.rebootPending = true
 	n.setStageLocked(runtime.MachineStageUpgrading)
 	n.setCordonedLocked(hostname, true)
+	if err := installerPreflight(target, n.version); err != nil {
+		// The installer's pre-flight check runs inside the sequence, after
+		// the answer (cmd/installer/pkg/install/preflight.go at v1.13.3:
+		// the installer's UpgradeableFrom the host's version). The failed
+		// sequence publishes a FATAL sequence event, which turns the
+		// machine stage to rebooting (controllers/runtime/machine_status.go);
+		// the Upgrade RPC's goroutine only logs "upgrade failed", so the
+		// node keeps running its old version, cordoned, services of the
+		// sequence stopped (whether anything reboots it then is
+		// unverified: talossim leaves it).
+		n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), func() {
+			n.counters.FailedUpgrades++
+			n.rebootPending = false
+			n.log.Warn().Err(err).Msg("talossim: upgrade failed: pre-flight checks failed")
+			n.setStageLocked(runtime.MachineStageRebooting)
+		})
+		return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: "talossim"}}}, nil
+	}
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), func() {
 		sys := n.sim.installedSystem(n.ip)
 		sys.version, sys.extensions = target, exts
@@ -90,6 +110,24 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 		n.rebootLocked()
 	})
 	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: "talossim"}}}, nil
+}
+
+// installerPreflight is the installer's version check: the installer's
+// Talos must accept the host's as one to upgrade from. A target this
+// machinery does not know passes (its own installer would judge it).
+func installerPreflight(target, host string) error {
+	tv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: target})
+	if err != nil {
+		return nil
+	}
+	hv, err := compatibility.ParseTalosVersion(&machine.VersionInfo{Tag: host})
+	if err != nil {
+		return nil
+	}
+	if err := tv.UpgradeableFrom(hv); err != nil && !strings.HasPrefix(err.Error(), "upgrades to version") {
+		return fmt.Errorf("pre-flight checks failed: %w", err)
+	}
+	return nil
 }
 
 // validateEtcdForUpgrade is ValidateForUpgrade against the simulated
