@@ -57,6 +57,24 @@ func kubeState(t *testing.T, ctx context.Context, h *e2e.Harness) (apiserver str
 	return v.GitVersion, kubelets
 }
 
+// kubeProxyImage is the image the kube-proxy DaemonSet runs, once every
+// node runs its current template.
+func kubeProxyImage(t *testing.T, ctx context.Context, h *e2e.Harness) string {
+	t.Helper()
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := kc.Client().AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("kube-proxy: %v", err)
+	}
+	if ds.Status.UpdatedNumberScheduled != ds.Status.DesiredNumberScheduled || ds.Status.NumberReady != ds.Status.DesiredNumberScheduled || ds.Status.DesiredNumberScheduled == 0 {
+		t.Fatalf("kube-proxy not rolled out: %+v", ds.Status)
+	}
+	return ds.Spec.Template.Spec.Containers[0].Image
+}
+
 // applies counts the configs each node accepted, by IP.
 func applies(h *e2e.Harness) map[string]int {
 	out := map[string]int{}
@@ -104,6 +122,9 @@ func TestKubernetesUpgrade(t *testing.T) {
 				}
 			}
 			createConfigMap(t, ctx, h, "default", "before-upgrade", map[string]string{"k": "v"})
+			if img := kubeProxyImage(t, ctx, h); img != "registry.k8s.io/kube-proxy:v1.35.4" {
+				t.Fatalf("kube-proxy created at bootstrap runs %s", img)
+			}
 
 			setKubernetesVersion(t, h, "1.36.1")
 			setTalosVersion(t, h, "v1.13.2", "v1.13.3")
@@ -152,6 +173,13 @@ func TestKubernetesUpgrade(t *testing.T) {
 			}
 			if cm, err := kc.Client().CoreV1().ConfigMaps("default").Get(ctx, "before-upgrade", metav1.GetOptions{}); err != nil || cm.Data["k"] != "v" {
 				t.Fatalf("the ConfigMap written before the upgrade: %v %v", cm, err)
+			}
+			// The bootstrap manifests were synced: Talos only creates them.
+			if img := kubeProxyImage(t, ctx, h); img != "registry.k8s.io/kube-proxy:v1.36.1" {
+				t.Fatalf("after the upgrade kube-proxy runs %s, want the 1.36.1 image", img)
+			}
+			if st, err := h.State(); err != nil || st.Outputs.Talos.ManifestSync != "" {
+				t.Fatalf("a manifest sync is still pending: %v %v", st.Outputs.Talos.ManifestSync, err)
 			}
 			after := applies(h)
 			versions, up := nodeVersions(h)

@@ -34,14 +34,25 @@ type Client struct {
 
 // NewClient connects to the cluster behind kubeconfig.
 func NewClient(kubeconfigPath string, log zerolog.Logger) (*Client, error) {
+	return NewClientAs(kubeconfigPath, owner, log)
+}
+
+// NewClientAs is NewClient applying as another field manager: the Talos
+// bootstrap manifests are synced as "talos", the manager Talos created
+// them with, as talosctl upgrade-k8s does.
+func NewClientAs(kubeconfigPath string, as ssa.Owner, log zerolog.Logger) (*Client, error) {
 	cfg, err := kube.RESTConfig(kubeconfigPath)
 	if err != nil {
 		return nil, err
 	}
-	return newClient(cfg, log)
+	return newClientAs(cfg, as, log)
 }
 
 func newClient(cfg *rest.Config, log zerolog.Logger) (*Client, error) {
+	return newClientAs(cfg, owner, log)
+}
+
+func newClientAs(cfg *rest.Config, as ssa.Owner, log zerolog.Logger) (*Client, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err
@@ -59,7 +70,7 @@ func newClient(cfg *rest.Config, log zerolog.Logger) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	rm := ssa.NewResourceManager(c, polling.NewStatusPoller(c, mapper, polling.Options{}), owner)
+	rm := ssa.NewResourceManager(c, polling.NewStatusPoller(c, mapper, polling.Options{}), as)
 	return &Client{kube: c, dyn: dyn, rm: rm, log: log}, nil
 }
 

@@ -13,9 +13,18 @@ import (
 	"sync"
 
 	"github.com/rs/zerolog"
+	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
 
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/talossim"
@@ -138,6 +147,9 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	kc, err := kube.Start(ctx, o)
 	if err != nil {
 		return c.fail(fmt.Errorf("starting the lab control plane: %w", err))
+	}
+	if err := applyBootstrapManifests(ctx, kc, cfg); err != nil {
+		c.log.Warn().Err(err).Msg("lab control plane: bootstrap manifests")
 	}
 	c.mu.Lock()
 	c.cluster = kc
@@ -326,4 +338,52 @@ func (c *ControlPlane) Stop() error {
 		return nil
 	}
 	return kc.Stop()
+}
+
+// applyBootstrapManifests creates the bootstrap manifests the bootstrap
+// node's config renders (talossim.BootstrapManifests) where they are
+// missing, as Talos' ManifestApplyController does
+// (internal/app/machined/pkg/controllers/k8s/manifest_apply.go at
+// v1.13.3): an object that exists is left as it is (a restored etcd keeps
+// its own), a new one is applied with field manager "talos" and the
+// bootstrap manifests' inventory annotation. Only talosctl upgrade-k8s
+// (here: the product's manifest sync) changes them later.
+func applyBootstrapManifests(ctx context.Context, kc *kube.Cluster, cfg config.Provider) error {
+	dyn, err := dynamic.NewForConfig(kc.RESTConfig())
+	if err != nil {
+		return err
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(kc.Client().Discovery()))
+	var errs []error
+	for _, m := range talossim.BootstrapManifests(cfg) {
+		for _, o := range m.Objects {
+			obj := &unstructured.Unstructured{Object: runtime.DeepCopyJSON(o)}
+			gvk := obj.GroupVersionKind()
+			mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s %s: %w", gvk.Kind, obj.GetName(), err))
+				continue
+			}
+			var r dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+			if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+				r = dyn.Resource(mapping.Resource).Namespace(obj.GetNamespace())
+			}
+			if _, err := r.Get(ctx, obj.GetName(), metav1.GetOptions{}); err == nil {
+				continue
+			} else if !apierrors.IsNotFound(err) {
+				errs = append(errs, err)
+				continue
+			}
+			ann := obj.GetAnnotations()
+			if ann == nil {
+				ann = map[string]string{}
+			}
+			ann["config.k8s.io/owning-inventory"] = constants.KubernetesBootstrapManifestsInventoryName
+			obj.SetAnnotations(ann)
+			if _, err := r.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: constants.KubernetesFieldManagerName}); err != nil {
+				errs = append(errs, fmt.Errorf("creating %s %s: %w", gvk.Kind, obj.GetName(), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

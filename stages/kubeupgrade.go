@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/fluxcd/pkg/ssa"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
 	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/talos"
 )
@@ -131,6 +134,12 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 		return err
 	}
 	if len(plan.Steps) == 0 {
+		// A run killed between the rollout and the sync syncs now.
+		if env.State.Outputs.Talos.ManifestSync == want {
+			if err := syncBootstrapManifests(ctx, env, ops, nodes, want); err != nil {
+				return err
+			}
+		}
 		recordKubernetesVersion(env, targets, want)
 		return nil
 	}
@@ -138,7 +147,9 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 		return err
 	}
 	if env.DryRun {
-		for _, what := range append([]string{plan.Summary(), "take an etcd snapshot before upgrading Kubernetes"}, kubeStepNames(plan.Steps)...) {
+		steps := append([]string{plan.Summary(), "take an etcd snapshot before upgrading Kubernetes"}, kubeStepNames(plan.Steps)...)
+		steps = append(steps, "sync the bootstrap manifests (kube-proxy, CoreDNS) the control planes render for "+want+", as talosctl upgrade-k8s does")
+		for _, what := range steps {
 			if err := env.Wet(what, nil); err != nil {
 				return err
 			}
@@ -149,6 +160,10 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 	if err := snapshotBeforeUpgrade(ctx, env, ops, "Kubernetes"); err != nil {
 		return err
 	}
+	env.State.Outputs.Talos.ManifestSync = want
+	if err := env.SaveState(); err != nil {
+		return err
+	}
 	err = ops.RollOutKubernetes(ctx, talos.KubeRollOutOptions{
 		Plan: plan, Configs: ku.rendered, Configured: ku.configured, Kube: kc,
 		Health: upgradeHealth(env, targets), Mutate: env.Wet,
@@ -156,9 +171,62 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 	if err != nil {
 		return err
 	}
+	if err := syncBootstrapManifests(ctx, env, ops, nodes, want); err != nil {
+		return err
+	}
 	recordKubernetesVersion(env, targets, want)
 	env.UI.OK("Kubernetes %s on %d node(s)", want, len(nodes))
 	return nil
+}
+
+// syncBootstrapManifests applies the bootstrap manifests a control plane
+// renders for the new version (kube-proxy's image follows Kubernetes) with
+// server-side apply as field manager "talos", and waits until they are
+// rolled out, as talosctl upgrade-k8s ends (pkg/cluster/kubernetes/
+// talos_managed.go PerformManifestsSync at v1.13.3). Talos only creates
+// missing objects, so without this kube-proxy stays at the version the
+// cluster was created with.
+func syncBootstrapManifests(ctx context.Context, env *Env, ops *talos.Ops, nodes []talos.Target, want string) error {
+	var cp *talos.Target
+	for i := range nodes {
+		if nodes[i].Role == talos.RoleControlPlane {
+			cp = &nodes[i]
+			break
+		}
+	}
+	if cp == nil {
+		return nil
+	}
+	objs, err := ops.BootstrapManifests(ctx, *cp)
+	if err != nil {
+		return err
+	}
+	if len(objs) > 0 {
+		cl, err := flux.NewClientAs(env.Paths.Kubeconfig, ssa.Owner{Field: constants.KubernetesFieldManagerName, Group: "talos.dev"}, env.Log)
+		if err != nil {
+			return err
+		}
+		changes, err := cl.Plan(ctx, objs)
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, c := range changes {
+			names = append(names, c.Object+" "+c.Action)
+		}
+		what := fmt.Sprintf("sync the bootstrap manifests %s renders for Kubernetes %s: %d of %d object(s) change", cp.Name, want, len(changes), len(objs))
+		if len(names) > 0 {
+			what += " (" + strings.Join(names, ", ") + ")"
+		}
+		if err := env.Wet(what, func() error {
+			_, err := cl.Apply(ctx, objs, env.Config.Cluster.Timeouts.Health.D())
+			return err
+		}); err != nil {
+			return fmt.Errorf("syncing the bootstrap manifests: %w", err)
+		}
+	}
+	env.State.Outputs.Talos.ManifestSync = ""
+	return env.SaveState()
 }
 
 // checkRemovedInUpgrade refuses an upgrade that would lose objects or

@@ -49,6 +49,11 @@ type Talos struct {
 	// is uploaded, so a killed restore resumes instead of refusing the etcd
 	// it started.
 	Restore *Restore `json:"restore,omitempty"`
+	// ManifestSync is the Kubernetes version whose bootstrap manifests
+	// (kube-proxy, CoreDNS) still have to be synced: set before a
+	// Kubernetes rollout, cleared once the sync applied, so a killed run
+	// syncs on resume.
+	ManifestSync string `json:"manifest_sync,omitempty"`
 }
 
 // Restore records one etcd restore.

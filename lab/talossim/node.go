@@ -399,6 +399,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.serveLocked()
 
 	publishKubernetesConfig(n.cosi, imagesOf(n.parsed))
+	publishManifests(n.cosi, n.parsed)
 	publishExtensions(n.cosi, installed.extensions)
 	info := n.infoLocked()
 	if info.Role == "controlplane" {

@@ -337,6 +337,7 @@ func (a *apid) applyConfigured(in *machine.ApplyConfigurationRequest, cfg config
 		before := imagesOf(n.parsed)
 		n.config, n.parsed = data, cfg
 		n.kubernetesImagesChangedLocked(before, imagesOf(cfg))
+		publishManifests(n.cosi, cfg)
 	case machine.ApplyConfigurationRequest_STAGED:
 		n.sim.persistConfig(n.ip, data)
 	case machine.ApplyConfigurationRequest_REBOOT:
