@@ -148,9 +148,6 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	if err != nil {
 		return c.fail(fmt.Errorf("starting the lab control plane: %w", err))
 	}
-	if err := applyBootstrapManifests(ctx, kc, cfg); err != nil {
-		c.log.Warn().Err(err).Msg("lab control plane: bootstrap manifests")
-	}
 	c.mu.Lock()
 	c.cluster = kc
 	c.fluxStoragePort = kc.FluxStoragePort()
@@ -158,6 +155,11 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	c.pending = nil
 	c.closeStartedLocked()
 	c.mu.Unlock()
+	// Once the API server serves, as ManifestApplyController applies them
+	// then (a health check may run before they exist, as on Talos).
+	if err := applyBootstrapManifests(ctx, kc, cfg); err != nil {
+		c.log.Warn().Err(err).Msg("lab control plane: bootstrap manifests")
+	}
 	// Nodes configured while Flux started register now.
 	for _, n := range pending {
 		if early[n.Hostname] {

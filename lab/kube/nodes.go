@@ -137,9 +137,36 @@ func (c *Cluster) StopHeartbeat(ctx context.Context, name string) error {
 	return c.setHeartbeatLabel(ctx, name, heartbeatStopped)
 }
 
-// ResumeHeartbeat hands the node back to kwok, which marks it Ready again.
+// ResumeHeartbeat hands the node back to kwok, which marks it Ready again,
+// and reports its pods Ready again as a returning kubelet's status sync
+// does: the node lifecycle controller marked them not Ready while the node
+// was unreachable, and kwok does not undo that.
 func (c *Cluster) ResumeHeartbeat(ctx context.Context, name string) error {
-	return c.setHeartbeatLabel(ctx, name, "")
+	if err := c.setHeartbeatLabel(ctx, name, ""); err != nil {
+		return err
+	}
+	pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+	if err != nil {
+		return fmt.Errorf("listing the pods of node %s: %w", name, err)
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		changed := false
+		for j := range p.Status.Conditions {
+			cond := &p.Status.Conditions[j]
+			if (cond.Type == corev1.PodReady || cond.Type == corev1.ContainersReady) && cond.Status != corev1.ConditionTrue {
+				cond.Status, cond.LastTransitionTime, cond.Reason, cond.Message = corev1.ConditionTrue, metav1.Now(), "", ""
+				changed = true
+			}
+		}
+		if !changed || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		if _, err := c.client.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("reporting pod %s/%s Ready again: %w", p.Namespace, p.Name, err)
+		}
+	}
+	return nil
 }
 
 func (c *Cluster) setHeartbeatLabel(ctx context.Context, name, value string) error {
