@@ -325,4 +325,18 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 	if cp.Version() != "v1.13.10" || wk.Version() != "v1.13.10" {
 		t.Fatalf("after resuming: cp-1 %s, wk-1 %s", cp.Version(), wk.Version())
 	}
+
+	// v1.13.11, and wk-1's upgrade sequence fails after the call was
+	// accepted (its installer fails): the node's events tell at once,
+	// instead of the version wait running out.
+	l.cfg.Cluster.TalosVersion, l.cfg.Cluster.InstallImage = "v1.13.11", "ghcr.io/siderolabs/installer:v1.13.11"
+	wk.SetFaults(talossim.Faults{UpgradeSequenceFails: 1})
+	err = (TalosStage{}).Run(ctx, l.env(t, false, false))
+	if err == nil || !strings.Contains(err.Error(), "upgrade sequence failed after the Upgrade call was accepted") ||
+		!strings.Contains(err.Error(), "it still runs Talos v1.13.10") || !strings.Contains(err.Error(), "rollout stopped at wk-1 (2/2)") {
+		t.Fatalf("failed upgrade sequence: %v", err)
+	}
+	if cp.Version() != "v1.13.11" || wk.Version() != "v1.13.10" || wk.Counters().FailedUpgrades != 1 {
+		t.Fatalf("after the failed sequence: cp-1 %s, wk-1 %s (%+v)", cp.Version(), wk.Version(), wk.Counters())
+	}
 }

@@ -165,15 +165,62 @@ func installerAccepts(target, host string) error {
 // upgrade --image`, not staged, default reboot mode). The node pulls and
 // validates the image, and on a control plane checks etcd, before it
 // answers; the upgrade itself runs after the answer.
-func (o *Ops) Upgrade(ctx context.Context, t Target, image string) error {
-	err := o.call(ctx, t.IP, true, o.opts.InstallTimeout, func(ctx context.Context, c *client.Client) error {
-		_, err := c.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: image})
+//
+// It returns the actor ID the upgrade sequence runs under: its events carry
+// it (v1alpha1_server.go Upgrade at v1.13.3), so UpgradeFailure can follow
+// exactly this sequence.
+func (o *Ops) Upgrade(ctx context.Context, t Target, image string) (actorID string, err error) {
+	err = o.call(ctx, t.IP, true, o.opts.InstallTimeout, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: image})
+		for _, m := range resp.GetMessages() {
+			actorID = m.GetActorId()
+		}
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("upgrading %s to %s: %w", t, image, err)
+		return "", fmt.Errorf("upgrading %s to %s: %w", t, image, err)
 	}
-	return nil
+	return actorID, nil
+}
+
+// UpgradeFailure follows the upgrade sequence actorID on t through the
+// node's runtime events, as `talosctl upgrade --wait` does, and delivers
+// its failure: a sequence event that carries an error (Controller.Run
+// publishes a failed sequence as a NOOP event with a FATAL error,
+// v1alpha1_controller.go at v1.13.3). The Upgrade call answers before the
+// sequence runs, and a failed sequence leaves the node up on its old
+// version (stage rebooting) instead of rebooting: without this a rollout
+// would only learn of it when its version wait runs out. The watch ends
+// with ctx, or when the node's API goes away (its reboot empties the
+// event ring; what happens after it is the version wait's to judge).
+func (o *Ops) UpgradeFailure(ctx context.Context, t Target, actorID string) <-chan error {
+	out := make(chan error, 1)
+	if actorID == "" {
+		return out
+	}
+	go func() {
+		_ = o.call(ctx, t.IP, true, o.opts.InstallTimeout+o.opts.RebootTimeout, func(ctx context.Context, c *client.Client) error {
+			ch := make(chan client.EventResult)
+			if err := c.EventsWatchV2(ctx, ch, client.WithTailEvents(-1), client.WithActorID(actorID)); err != nil {
+				return err
+			}
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case r := <-ch:
+					if r.Error != nil {
+						return r.Error
+					}
+					if se, ok := r.Event.Payload.(*machine.SequenceEvent); ok && se.GetError() != nil {
+						out <- fmt.Errorf("its %s sequence failed after the Upgrade call was accepted: %s", se.GetSequence(), se.GetError().GetMessage())
+						return nil
+					}
+				}
+			}
+		})
+	}()
+	return out
 }
 
 // Settled is the one condition both the rollout's waits and its checks
@@ -262,13 +309,31 @@ func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep
 			}
 			done = have == s.ToSchematic
 		}
+		actorID := ""
 		if !done {
-			if err := o.Upgrade(ctx, s.Target, opts.Image); err != nil {
+			if actorID, err = o.Upgrade(ctx, s.Target, opts.Image); err != nil {
 				return err
 			}
 		}
-		if _, err := o.waitSettled(ctx, s.Target, s.To, s.ToSchematic); err != nil {
-			return err
+		// The version wait and the sequence's events side by side: a
+		// sequence that fails after the answer is reported at once.
+		wctx, cancel := context.WithCancel(ctx)
+		failed := o.UpgradeFailure(wctx, s.Target, actorID)
+		settled := make(chan error, 1)
+		go func() {
+			_, err := o.waitSettled(wctx, s.Target, s.To, s.ToSchematic)
+			settled <- err
+		}()
+		select {
+		case err := <-failed:
+			cancel()
+			<-settled
+			return fmt.Errorf("upgrading %s to Talos %s: %w; it still runs Talos %s (its machine stage reads rebooting until it is rebooted; `talosctl -n %s dmesg` shows the installer's output)", s.Target, s.To, err, s.From, s.IP)
+		case err := <-settled:
+			cancel()
+			if err != nil {
+				return err
+			}
 		}
 		return o.WaitHealthy(ctx, fmt.Sprintf("the cluster healthy after upgrading %s", s.Name), opts.Health)
 	})

@@ -63,6 +63,10 @@ type Faults struct {
 	// UpgradePullFails makes the next N Upgrade calls fail to pull the
 	// installer image: the RPC errors and the node keeps its version.
 	UpgradePullFails int
+	// UpgradeSequenceFails makes the next N accepted upgrades fail inside
+	// their sequence, after the answer (as a failing installer does): the
+	// node keeps its version, its stage reads rebooting.
+	UpgradeSequenceFails int
 }
 
 // Counters are per-node call counts.
@@ -136,6 +140,11 @@ type Node struct {
 	// rebootPending once a reboot-mode apply or a Reboot was accepted.
 	applying      bool
 	rebootPending bool
+	// events is machined's runtime event ring (see events.go); eventsWake
+	// is closed when one is added.
+	events     []runtimeEvent
+	eventSeq   uint64
+	eventsWake chan struct{}
 	faults        Faults
 	counters      Counters
 	timers        map[*time.Timer]struct{}
@@ -462,6 +471,7 @@ func (n *Node) etcdUpLocked(now time.Time) bool {
 // rebootLocked takes the API down for the reboot time and boots from disk.
 func (n *Node) rebootLocked() {
 	n.gen++
+	n.events = nil
 	n.counters.Reboots++
 	n.wantUp = false
 	srv, lis := n.detachLocked()

@@ -641,8 +641,31 @@ func TestUpgradeRPC(t *testing.T) {
 		}
 	}
 	waitStage(runtime.MachineStageRunning)
-	if _, err := secure(t, f.cfg, f.wk).MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.11.5"}); err != nil {
+	wkc := secure(t, f.cfg, f.wk)
+	resp, err := wkc.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.11.5"})
+	if err != nil {
 		t.Fatalf("the answer comes before the pre-flight check: %v", err)
+	}
+	// The sequence's events carry the actor ID of the answer; its failure
+	// is a NOOP sequence event with a FATAL error.
+	actor := resp.GetMessages()[0].GetActorId()
+	events := make(chan client.EventResult)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := wkc.EventsWatchV2(wctx, events, client.WithTailEvents(-1), client.WithActorID(actor)); err != nil {
+		t.Fatal(err)
+	}
+	var seq []string
+	for len(seq) < 2 {
+		r := <-events
+		if r.Error != nil {
+			t.Fatalf("events of %s: %v (so far %v)", actor, r.Error, seq)
+		}
+		se := r.Event.Payload.(*machine.SequenceEvent)
+		seq = append(seq, se.GetAction().String()+" "+se.GetError().GetCode().String()+" "+se.GetError().GetMessage())
+	}
+	if !strings.HasPrefix(seq[0], "START") || !strings.HasPrefix(seq[1], "NOOP FATAL sequence failed:") || !strings.Contains(seq[1], "host version 1.13.4 is too new to downgrade to Talos 1.11.5") {
+		t.Fatalf("events of the failed upgrade: %q", seq)
 	}
 	deadline = time.Now().Add(5 * time.Second)
 	for f.node(f.wk).Counters().FailedUpgrades == 0 {

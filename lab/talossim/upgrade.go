@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/distribution/reference"
+	"github.com/google/uuid"
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
@@ -82,9 +83,18 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 	target := installerVersion(image, n.version)
 	hostname := n.hostnameLocked()
 	n.rebootPending = true
+	// The sequence runs under an actor ID the answer returns; its events
+	// carry it (v1alpha1_server.go Upgrade: runtime.ActorIDCtxKey).
+	actorID := uuid.NewString()
+	n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_START})
 	n.setStageLocked(runtime.MachineStageUpgrading)
 	n.setCordonedLocked(hostname, true)
-	if err := installerPreflight(target, n.version); err != nil {
+	seqErr := installerPreflight(target, n.version)
+	if seqErr == nil && n.faults.UpgradeSequenceFails > 0 {
+		n.faults.UpgradeSequenceFails--
+		seqErr = errors.New("(injected) failed to install bootloader: no space left on device")
+	}
+	if err := seqErr; err != nil {
 		// The installer's pre-flight check runs inside the sequence, after
 		// the answer (cmd/installer/pkg/install/preflight.go at v1.13.3:
 		// the installer's UpgradeableFrom the host's version). The failed
@@ -98,9 +108,16 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 			n.counters.FailedUpgrades++
 			n.rebootPending = false
 			n.log.Warn().Err(err).Msg("talossim: upgrade failed: pre-flight checks failed")
+			// Controller.Run publishes the failure as a NOOP sequence
+			// event with a FATAL error, its text wrapped by runPhase and
+			// the task runner (v1alpha1_controller.go; the phase number
+			// here, the upgrade phase's place in the sequence, is
+			// unverified).
+			n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_NOOP,
+				Error: &common.Error{Code: common.Code_FATAL, Message: "sequence failed: error running phase 9 in upgrade sequence: task 1/1: failed, " + err.Error()}})
 			n.setStageLocked(runtime.MachineStageRebooting)
 		})
-		return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: "talossim"}}}, nil
+		return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
 	}
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), func() {
 		sys := n.sim.installedSystem(n.ip)
@@ -109,7 +126,7 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 		n.uncordonOnBoot = true
 		n.rebootLocked()
 	})
-	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: "talossim"}}}, nil
+	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
 }
 
 // installerPreflight is the installer's version check: the installer's
