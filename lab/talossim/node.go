@@ -145,10 +145,10 @@ type Node struct {
 	events     []runtimeEvent
 	eventSeq   uint64
 	eventsWake chan struct{}
-	faults        Faults
-	counters      Counters
-	timers        map[*time.Timer]struct{}
-	changed       chan struct{} // closed and replaced on every phase change
+	faults     Faults
+	counters   Counters
+	timers     map[*time.Timer]struct{}
+	changed    chan struct{} // closed and replaced on every phase change
 }
 
 type serveMode int
