@@ -171,6 +171,13 @@ func PlanKubernetes(nodes []Target, running KubeVersions, talos map[string]strin
 			if c > 0 && !allowDowngrade {
 				return nil, &PlanError{Downgrade: true, Reason: fmt.Sprintf("%s on %s runs Kubernetes %s, newer than cluster.kubernetesVersion %s: a downgrade is refused; set cluster.kubernetesVersion to %s, or pass --allow-downgrade if you mean it", comp, n, from, want, from)}
 			}
+			if c > 0 && (fv.Major() != wv.Major() || fv.Minor() != wv.Minor()) {
+				// upgrade-k8s knows only paths within a minor and to the
+				// next one (go-kubernetes v0.2.37 upgrade/path.go
+				// IsSupported): a minor downgrade is no path, whatever
+				// the flag says.
+				return nil, &PlanError{Downgrade: true, Reason: fmt.Sprintf("%s on %s runs Kubernetes %s: going back to %s is a minor downgrade, which neither Kubernetes nor talosctl upgrade-k8s supports, even with --allow-downgrade; set cluster.kubernetesVersion to a %d.%d release, or restore the etcd snapshot taken before the upgrade (bootstrap restore)", comp, n, from, want, fv.Major(), fv.Minor())}
+			}
 			if fv.Major() != wv.Major() || absDiff(fv.Minor(), wv.Minor()) > 1 {
 				return nil, &PlanError{Reason: fmt.Sprintf("%s on %s runs Kubernetes %s: going to %s skips a minor version; Kubernetes moves one minor at a time, so set cluster.kubernetesVersion to a 1.%d release first", comp, n, from, want, nextMinor(fv, wv))}
 			}

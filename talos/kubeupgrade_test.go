@@ -68,11 +68,17 @@ func TestPlanKubernetes(t *testing.T) {
 	if _, err := PlanKubernetes(nodes, kubeVersions("1.34.4", nodes...), nil, "1.36.1", false); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "skips a minor") || !strings.Contains(pe.Reason, "1.35 release first") {
 		t.Fatalf("minor skip: %v", err)
 	}
-	if _, err := PlanKubernetes(nodes, kubeVersions("1.36.1", nodes...), nil, "1.34.4", true); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "skips a minor") {
+	if _, err := PlanKubernetes(nodes, kubeVersions("1.36.1", nodes...), nil, "1.34.4", true); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "minor downgrade") {
 		t.Fatalf("downgrade by two minors: %v", err)
 	}
-	if plan, err := PlanKubernetes(nodes, kubeVersions("1.36.1", nodes...), nil, "1.35.4", true); err != nil || len(plan.Steps) != 9 {
-		t.Fatalf("allowed downgrade: %v %v", plan, err)
+	// A minor downgrade is no upgrade-k8s path (go-kubernetes
+	// upgrade/path.go IsSupported), even with --allow-downgrade; a patch
+	// downgrade within the minor is.
+	if _, err := PlanKubernetes(nodes, kubeVersions("1.36.1", nodes...), nil, "1.35.4", true); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "minor downgrade, which neither Kubernetes nor talosctl upgrade-k8s supports, even with --allow-downgrade") {
+		t.Fatalf("minor downgrade allowed: %v", err)
+	}
+	if plan, err := PlanKubernetes(nodes, kubeVersions("1.36.1", nodes...), nil, "1.36.0", true); err != nil || len(plan.Steps) != 9 {
+		t.Fatalf("allowed patch downgrade: %v %v", plan, err)
 	}
 	// Talos v1.12 supports Kubernetes up to 1.35.
 	if _, err := PlanKubernetes(nodes, kubeVersions("1.35.4", nodes...), map[string]string{"wk-1": "v1.12.6"}, "1.36.1", false); !errors.As(err, &pe) || !strings.Contains(pe.Reason, "wk-1") || !strings.Contains(pe.Reason, "upgrade Talos first") {
