@@ -225,7 +225,7 @@ func (c *ControlPlane) register(ctx context.Context, kc *kube.Cluster, n talossi
 	if n.Role == "controlplane" {
 		role = kube.RoleControlPlane
 	}
-	return kc.RegisterKubelet(ctx, n.Hostname, n.IP, role, talossim.ImageTag(n.KubeletImage))
+	return kc.RegisterKubelet(ctx, n.Hostname, n.IP, role, talossim.KubeletVersion(n.KubeletImage))
 }
 
 // StaticPodImage implements talossim.KubernetesUpdater: the lab's one
@@ -251,7 +251,7 @@ func (c *ControlPlane) KubeletImage(ctx context.Context, node talossim.NodeInfo,
 	if err != nil {
 		return err
 	}
-	v := talossim.ImageTag(image)
+	v := talossim.KubeletVersion(image)
 	if v == "" {
 		return fmt.Errorf("kubelet image %q names no version", image)
 	}

@@ -223,24 +223,42 @@ func nextMinor(f, w *semver.Version) uint64 {
 	return f.Minor() - 1
 }
 
-// imageVersion is the tag of an image reference without its "v"
-// ("1.36.1" of "registry.k8s.io/kube-apiserver:v1.36.1"); "" without a tag.
+// imageVersion is the tag of an image reference without its "v" and its
+// kubelet variant ("1.36.1" of "registry.k8s.io/kube-apiserver:v1.36.1"
+// and of "ghcr.io/siderolabs/kubelet:v1.36.1-fat"); "" without a tag.
 func imageVersion(image string) string {
 	image, _, _ = strings.Cut(image, "@")
 	i := strings.LastIndex(image, ":")
 	if i < 0 || strings.Contains(image[i:], "/") {
 		return ""
 	}
-	return strings.TrimPrefix(image[i+1:], "v")
+	tag := image[i+1:]
+	return strings.TrimPrefix(strings.TrimSuffix(tag, imageVariant(tag)), "v")
 }
 
-// withTag returns image with its tag replaced by "v"+version.
+// imageVariant is the kubelet image variant a tag ends with, "-fat" or
+// "-slim", which upgrade-k8s keeps across versions
+// (pkg/cluster/kubernetes/kubelet.go extractKubeletVersionSuffix at
+// v1.13.3); "" for none.
+func imageVariant(tag string) string {
+	for _, v := range []string{"-fat", "-slim"} {
+		if strings.HasSuffix(tag, v) {
+			return v
+		}
+	}
+	return ""
+}
+
+// withTag returns image with its tag replaced by "v"+version, keeping a
+// kubelet variant suffix the old tag had.
 func withTag(image, version string) string {
 	image, _, _ = strings.Cut(image, "@")
+	variant := ""
 	if i := strings.LastIndex(image, ":"); i >= 0 && !strings.Contains(image[i:], "/") {
+		variant = imageVariant(image[i+1:])
 		image = image[:i]
 	}
-	return image + ":v" + strings.TrimPrefix(version, "v")
+	return image + ":v" + strings.TrimPrefix(version, "v") + variant
 }
 
 // PinKubeImages returns the machine config cfg with the images of the

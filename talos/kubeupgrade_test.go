@@ -90,6 +90,24 @@ func TestPlanKubernetes(t *testing.T) {
 	}
 }
 
+// A kubelet image variant (-fat, -slim) is kept across versions, as
+// upgrade-k8s keeps it, and is not part of the version.
+func TestKubeletImageVariant(t *testing.T) {
+	for image, want := range map[string]string{
+		"ghcr.io/siderolabs/kubelet:v1.35.4-fat":              "ghcr.io/siderolabs/kubelet:v1.36.1-fat",
+		"ghcr.io/siderolabs/kubelet:v1.35.4-slim@sha256:abcd": "ghcr.io/siderolabs/kubelet:v1.36.1-slim",
+		"ghcr.io/siderolabs/kubelet:v1.35.4":                  "ghcr.io/siderolabs/kubelet:v1.36.1",
+		"registry.local:5000/kubelet:v1.35.4":                 "registry.local:5000/kubelet:v1.36.1",
+	} {
+		if got := withTag(image, "1.36.1"); got != want {
+			t.Errorf("withTag(%s) = %s, want %s", image, got, want)
+		}
+		if v := imageVersion(image); v != "1.35.4" {
+			t.Errorf("imageVersion(%s) = %q", image, v)
+		}
+	}
+}
+
 func TestPinKubeImages(t *testing.T) {
 	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1})
 	for _, n := range h.res.Nodes {

@@ -558,6 +558,17 @@ func installerVersion(image, fallback string) string {
 	return fallback
 }
 
+// KubeletVersion is the version a kubelet of image reports: its tag
+// without the image variant (-fat, -slim: packaging upgrade-k8s keeps
+// across versions, pkg/cluster/kubernetes/kubelet.go at v1.13.3).
+func KubeletVersion(image string) string {
+	tag := ImageTag(image)
+	for _, v := range []string{"-fat", "-slim"} {
+		tag = strings.TrimSuffix(tag, v)
+	}
+	return tag
+}
+
 // ImageTag is the tag of an image reference without its digest ("v1.36.1"
 // of "registry.k8s.io/kube-apiserver:v1.36.1@sha256:…"); "" without a
 // tag (a registry port is not a tag).
