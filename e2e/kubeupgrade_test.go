@@ -57,6 +57,27 @@ func kubeState(t *testing.T, ctx context.Context, h *e2e.Harness) (apiserver str
 	return v.GitVersion, kubelets
 }
 
+// addWorker adds a worker to the lab's config at the lab address ending in
+// last (the control planes' subnet) and returns that address.
+func addWorker(t *testing.T, h *e2e.Harness, name string, vmid int, last byte) string {
+	t.Helper()
+	var ip string
+	if err := h.EditConfig(func(s string) (string, error) {
+		m := regexp.MustCompile(`(?m)^  - \{name: cp-1, .*ip: (\d+\.\d+\.\d+)\.\d+,.*\}\n`).FindStringSubmatch(s)
+		if m == nil {
+			return "", fmt.Errorf("no cp-1 line in the config")
+		}
+		ip = fmt.Sprintf("%s.%d", m[1], last)
+		line := fmt.Sprintf("  - {name: %s, role: worker, vmid: %d, ip: %s, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", name, vmid, ip)
+		i := strings.LastIndex(s, "\n  - {name: ")
+		j := strings.Index(s[i+1:], "\n") + i + 2
+		return s[:j] + line + s[j:], nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ip
+}
+
 // kubeProxyImage is the image the kube-proxy DaemonSet runs, once every
 // node runs its current template.
 func kubeProxyImage(t *testing.T, ctx context.Context, h *e2e.Harness) string {
@@ -151,9 +172,20 @@ func TestKubernetesUpgrade(t *testing.T) {
 				t.Fatalf("the dry run upgraded %d nodes", sum(up))
 			}
 
+			// A worker joins in the same run: it must install at the
+			// Kubernetes the API server runs (a kubelet newer than
+			// kube-apiserver breaks the version skew policy) and move
+			// with the others.
+			newWorker := ""
+			if tc.controlPlanes == 1 {
+				newWorker = addWorker(t, h, "wk-9", 719, 29)
+			}
 			r := run(t, ctx, h, "run", "--stage", "all")
 			if r.ExitCode != 0 {
 				t.Fatalf("upgrade run:\n%s", r.Tail(60))
+			}
+			if newWorker != "" && !strings.Contains(r.Stdout+r.Stderr, "wk-9 installs at Kubernetes 1.35.4") {
+				t.Errorf("the new worker was not installed at the API server's Kubernetes:\n%s", r.Tail(40))
 			}
 			if err := h.PostcheckGreen(); err != nil {
 				t.Fatalf("after the upgrade: %v", err)
@@ -193,7 +225,11 @@ func TestKubernetesUpgrade(t *testing.T) {
 				if got := after[n.IP()] - before[n.IP()]; got != want {
 					t.Errorf("%s accepted %d config(s) during the upgrade, want %d (the install image, one per Kubernetes component)", n.Hostname(), got, want)
 				}
-				if versions[n.IP()] != "v1.13.3" || up[n.IP()] != 1 {
+				wantUp := 1
+				if n.IP() == newWorker {
+					wantUp = 0 // installed at v1.13.3
+				}
+				if versions[n.IP()] != "v1.13.3" || up[n.IP()] != wantUp {
 					t.Errorf("%s runs Talos %s after %d upgrades", n.Hostname(), versions[n.IP()], up[n.IP()])
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/Masterminds/semver/v3"
 	"github.com/fluxcd/pkg/ssa"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"k8s.io/client-go/dynamic"
@@ -73,12 +74,60 @@ func pinKubernetes(ctx context.Context, env *Env, ops *talos.Ops, targets []talo
 		}
 		targets[i].Config = pinned
 	}
+	if ops != nil {
+		if err := pinNewNodes(env, targets, ku, want); err != nil {
+			return nil, err
+		}
+	}
 	_, err := talos.PlanKubernetes(known, ku.configured, nil, want, env.Options.AllowDowngrade)
 	var planErr *talos.PlanError
 	if errors.As(err, &planErr) {
 		return nil, config.Userf("%s", planErr.Reason)
 	}
 	return ku, nil
+}
+
+// pinNewNodes keeps a node that has no config yet (a new node, or one
+// re-created) at the Kubernetes the control planes are configured with
+// while an upgrade is pending: installed at cluster.kubernetesVersion its
+// kubelet would be newer than the API servers, which Kubernetes' version
+// skew policy forbids (a kubelet must not be newer than kube-apiserver).
+// It installs at the control planes' version and moves with the other
+// nodes in the rollout.
+func pinNewNodes(env *Env, targets []talos.Target, ku *kubeUpgrade, want string) error {
+	var cpVersion *semver.Version
+	cp := ""
+	for name, images := range ku.configured {
+		v := images[talos.KubeAPIServer]
+		sv, err := semver.NewVersion(strings.TrimPrefix(v, "v"))
+		if v == "" || err != nil {
+			continue
+		}
+		if cpVersion == nil || sv.LessThan(cpVersion) {
+			cpVersion, cp = sv, name
+		}
+	}
+	wv, err := semver.NewVersion(strings.TrimPrefix(want, "v"))
+	if cpVersion == nil || err != nil || !cpVersion.LessThan(wv) {
+		return nil
+	}
+	for i, t := range targets {
+		if _, ok := ku.configured[t.Name]; ok {
+			continue
+		}
+		versions := map[string]string{}
+		for _, c := range talos.ComponentsOf(t.Role) {
+			versions[c] = cpVersion.String()
+		}
+		pinned, err := talos.PinKubeImages(t.Config, versions)
+		if err != nil {
+			return fmt.Errorf("pinning the Kubernetes images of %s: %w", t, err)
+		}
+		targets[i].Config = pinned
+		ku.configured[t.Name] = versions
+		env.Log.Info().Str("node", t.Name).Msgf("%s installs at Kubernetes %s, the version %s's API server is configured with, and moves to %s with the others", t.Name, cpVersion, cp, want)
+	}
+	return nil
 }
 
 // upgradeKubernetes moves every node to cluster.kubernetesVersion after the
