@@ -154,13 +154,6 @@ func TestPrecheckCatchesFullStorage(t *testing.T) {
 	}
 	rs = runPrechecks(t, e.c, precheckInput(1))
 	expect(t, rs, "proxmox: ISO storage", check.Fail, "must be downloaded but local has only 0.0 GiB free")
-	_ = e.sim.Close()
-	rs = runPrechecks(t, e.c, precheckInput(1))
-	for name, r := range rs {
-		if r.Status == check.Pass {
-			t.Errorf("%s passed against a dead API: %s", name, r.Reason)
-		}
-	}
 }
 
 // A thin pool holds what guests write, not the sizes of their disks: the
@@ -185,6 +178,45 @@ func TestThinPoolOvercommit(t *testing.T) {
 	// And PVE creates them.
 	e.provision(ctx, e.c, in.VMs)
 	e.checkProvisioned(in.VMs)
+}
+
+func TestPrecheckHostProblems(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Node: pvesim.NodeSpec{MemoryBytes: 8 << 30}})
+	if err := e.sim.SeedVM(702, map[string]string{"name": "pihole", "scsi0": "local-lvm:8"}, false); err != nil {
+		t.Fatal(err)
+	}
+	in := precheckInput(3)
+	in.VMs[2].Cores = 8
+	e.sim.SetNodeOnline(false)
+	rs := runPrechecks(t, e.c, in)
+	expect(t, rs, "proxmox: node", check.Fail, "node pve is offline")
+	e.sim.SetNodeOnline(true)
+	rs = runPrechecks(t, e.c, in)
+	expect(t, rs, "proxmox: bridge", check.Pass, "vmbr0 (VLAN 20 through vmbr0v20 over enp1s0.20")
+	expect(t, rs, "proxmox: VMIDs and names", check.Fail, `vmid 702 is used by VM "pihole"`)
+	expect(t, rs, "proxmox: RAM and CPU headroom", check.Fail, "VM node-3 wants 8 cores, the node has 4 CPUs")
+	in.VMs[2].Cores = 2
+	rs = runPrechecks(t, e.c, in)
+	// 1.5 GiB host + 3×2 GiB of 8 GiB.
+	expect(t, rs, "proxmox: RAM and CPU headroom", check.Warn, "above 90%")
+	in.VMs[0].MemoryMiB = 4096
+	rs = runPrechecks(t, e.c, in)
+	expect(t, rs, "proxmox: RAM and CPU headroom", check.Fail, "8.0 GiB RAM needed for VMs to start, only 6.5 GiB available")
+}
+
+func TestPrecheckAuthAndReachability(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge})
+	bad := e.client(func(o *Options) { o.TokenSecret = "nope" })
+	rs := runPrechecks(t, bad, precheckInput(1))
+	expect(t, rs, "proxmox: token", check.Fail, "rejected", "Authentication failed!")
+	_ = e.sim.Close()
+	rs = runPrechecks(t, e.c, precheckInput(1))
+	expect(t, rs, "proxmox: API and version", check.Fail, "unreachable")
+	for name, r := range rs {
+		if r.Status == check.Pass {
+			t.Errorf("%s passed against a dead API: %s", name, r.Reason)
+		}
+	}
 }
 
 func TestPrecheckAfterProvisionAdoptsAndNeedsLess(t *testing.T) {
