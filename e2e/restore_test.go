@@ -72,6 +72,18 @@ func checkDrillObjects(t *testing.T, ctx context.Context, h *e2e.Harness) {
 	}
 }
 
+// drilledLab is a converged lab of controlPlanes control planes holding
+// the drill's objects, and the path of a snapshot taken with them.
+func drilledLab(t *testing.T, ctx context.Context, controlPlanes int) (*e2e.Harness, string) {
+	t.Helper()
+	h := startHarness(t, e2e.Options{ControlPlanes: controlPlanes})
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("pipeline:\n%s", r.Tail(40))
+	}
+	drillObjects(t, ctx, h)
+	return h, backupNow(t, ctx, h)
+}
+
 // backupNow takes a snapshot with `bootstrap backup` and returns its path.
 func backupNow(t *testing.T, ctx context.Context, h *e2e.Harness) string {
 	t.Helper()
@@ -236,12 +248,7 @@ func TestRestoreDrill(t *testing.T) {
 func TestRestoreKilled(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 1})
-	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
-		t.Fatalf("pipeline:\n%s", r.Tail(40))
-	}
-	drillObjects(t, ctx, h)
-	snap := backupNow(t, ctx, h)
+	h, snap := drilledLab(t, ctx, 1)
 	rng := rand.New(rand.NewPCG(20, 20))
 	var log []string
 	for i := 0; i < 3; i++ {
@@ -290,12 +297,7 @@ func TestRestoreKilled(t *testing.T) {
 func TestRestoreAfterQuorumLoss(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 3})
-	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
-		t.Fatalf("pipeline:\n%s", r.Tail(40))
-	}
-	drillObjects(t, ctx, h)
-	snap := backupNow(t, ctx, h)
+	h, snap := drilledLab(t, ctx, 3)
 	createConfigMap(t, ctx, h, "drill", "after-backup", nil) // not in the snapshot
 
 	st, err := h.State()

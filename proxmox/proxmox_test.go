@@ -529,10 +529,10 @@ func TestKilledDuringCreateResumesAndConverges(t *testing.T) {
 	}
 }
 
-func TestTaskCompletionNoticedQuickly(t *testing.T) {
-	e := newEnv(t, pvesim.Options{Profile: pvesim.N100(), TimeScale: 0.2})
-	ctx := ctxT(t)
-	c := e.client(func(o *Options) { o.TaskPoll = 0 }) // the default poll
+// timedStart seeds a stopped VM and returns how long c took to start it
+// (the start task, polled to its end).
+func timedStart(t *testing.T, ctx context.Context, e *env, c *Client) time.Duration {
+	t.Helper()
 	s := spec(1)
 	if err := e.sim.SeedVM(s.VMID, map[string]string{"name": s.Name, "scsi0": "local-lvm:8", "memory": "1024"}, false); err != nil {
 		t.Fatal(err)
@@ -541,7 +541,14 @@ func TestTaskCompletionNoticedQuickly(t *testing.T) {
 	if err := c.Start(ctx, s.VMID); err != nil {
 		t.Fatal(err)
 	}
-	took := time.Since(begin)
+	return time.Since(begin)
+}
+
+func TestTaskCompletionNoticedQuickly(t *testing.T) {
+	e := newEnv(t, pvesim.Options{Profile: pvesim.N100(), TimeScale: 0.2})
+	ctx := ctxT(t)
+	c := e.client(func(o *Options) { o.TaskPoll = 0 }) // the default poll
+	took := timedStart(t, ctx, e, c)
 	task := 300 * time.Millisecond // 1.5s start at scale 0.2
 	if took < task || took > task+500*time.Millisecond {
 		t.Fatalf("start took %s for a %s task: completion must be noticed within 0.5s", took, task)
@@ -556,15 +563,7 @@ func TestLongTaskPolledWithBackoff(t *testing.T) {
 	e := newEnv(t, pvesim.Options{Profile: p})
 	ctx := ctxT(t)
 	c := e.client(nil) // 20 ms first poll
-	s := spec(1)
-	if err := e.sim.SeedVM(s.VMID, map[string]string{"name": s.Name, "scsi0": "local-lvm:8", "memory": "1024"}, false); err != nil {
-		t.Fatal(err)
-	}
-	begin := time.Now()
-	if err := c.Start(ctx, s.VMID); err != nil {
-		t.Fatal(err)
-	}
-	took := time.Since(begin)
+	took := timedStart(t, ctx, e, c)
 	polls := e.sim.Count("GET", "/nodes/pve/tasks/*/status")
 	// Every 20 ms would be 100 polls; a quarter longer each time is 15.
 	if polls > 25 || polls < 5 {
