@@ -352,7 +352,7 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 	for _, d := range ev.Disks {
 		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes)})
 	}
-	n, err := l.Talos.BootNode(context.Background(), talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID})
+	n, err := l.Talos.BootNode(context.Background(), talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID, MemoryBytes: uint64(ev.MemoryMiB) << 20})
 	if err == nil && l.opts.OnNodeBoot != nil {
 		l.opts.OnNodeBoot(n)
 	}

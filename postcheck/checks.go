@@ -524,10 +524,12 @@ func (c *checker) talosAPI(ctx context.Context) (check.Status, string) {
 	return c.healthVerdict(ctx, fmt.Sprintf("Talos API answers on all %d node(s)", len(c.o.Nodes)), talos.HealthApidReady)
 }
 
-// talosHealth is the rest of `talosctl health`: boot sequences, kubelets,
-// static pods, registration, kube-proxy and CoreDNS where deployed.
+// talosHealth is the rest of `talosctl health`: Talos' memory and disk
+// minimums, no diagnostics, boot sequences, kubelets, static pods,
+// registration, kube-proxy and CoreDNS where deployed.
 func (c *checker) talosHealth(ctx context.Context) (check.Status, string) {
-	return c.healthVerdict(ctx, "every node finished its boot sequence; kubelet, control-plane static pods, kube-proxy and CoreDNS (where deployed) ready",
+	return c.healthVerdict(ctx, "every node has Talos' minimum memory and disk, no diagnostics, finished its boot sequence; kubelet, control-plane static pods, kube-proxy and CoreDNS (where deployed) ready",
+		talos.HealthMemorySizes, talos.HealthDiskSizes, talos.HealthNoDiagnostics,
 		talos.HealthKubeletHealthy, talos.HealthBootFinished, talos.HealthK8sNodesReported, talos.HealthStaticPods,
 		talos.HealthKubeProxyReady, talos.HealthCoreDNSReady, talos.HealthK8sNodesSchedulable)
 }

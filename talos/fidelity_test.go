@@ -173,6 +173,35 @@ func TestInstallImageChangeDoesNotUpgrade(t *testing.T) {
 // Healthy means what `talosctl health` means: a control plane still joining
 // is an etcd learner, which the member list names like any member; the
 // cluster is not healthy until it is promoted.
+// talosctl health's pre-boot checks also want Talos' minimum memory and
+// EPHEMERAL size on every node, and no active diagnostics.
+func TestHealthWantsTalosMinimumsAndNoDiagnostics(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1,
+		memory: map[string]uint64{"wk-1": 768 << 20}, diskSize: map[string]uint64{"wk-1": 5 << 30}})
+	ctx := testCtx(t)
+	_, err := h.converge(ctx, nil)
+	if err == nil || !strings.Contains(err.Error(), "node wk-1 does not meet memory requirements: expected at least 874 MiB, actual 640 MiB") ||
+		!strings.Contains(err.Error(), "the EPHEMERAL partition of wk-1 is too small") {
+		t.Fatalf("a worker below Talos' minimums: %v", err)
+	}
+	var nodes []HealthTarget
+	for _, n := range h.res.Nodes {
+		nodes = append(nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
+	}
+	h.node("cp-1").SetDiagnostic("address-binding", "host and Kubernetes pod/service CIDR addresses overlap")
+	r := h.ops.Health(ctx, HealthInput{Nodes: nodes})
+	for name, want := range map[string]string{
+		HealthMemorySizes:   "wk-1 does not meet memory requirements",
+		HealthDiskSizes:     "EPHEMERAL partition of wk-1 is too small",
+		HealthNoDiagnostics: "cp-1: host and Kubernetes pod/service CIDR addresses overlap",
+	} {
+		if c, _ := r.Get(name); c.OK || !strings.Contains(c.Detail, want) {
+			t.Errorf("%s: %+v, want a failure naming %q", name, c, want)
+		}
+	}
+}
+
 func TestHealthCountsALearnerAsNotYetAMember(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, harnessOptions{controlPlanes: 2,

@@ -41,6 +41,9 @@ type harnessOptions struct {
 	// noDiscovery makes the discovery service unreachable: workers find
 	// trustd only through the cluster endpoint.
 	noDiscovery bool
+	// memory and diskSize per node name replace the VMs' defaults (2 GiB
+	// of RAM, one 64 GiB disk).
+	memory, diskSize map[string]uint64
 }
 
 func testLogger(t *testing.T) zerolog.Logger {
@@ -92,7 +95,10 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	t.Cleanup(func() { h.sim.Close() })
 	for _, n := range nodes {
 		disk := talossim.Disk{Bus: n.DiskBus, Size: 64 << 30}
-		node, err := h.sim.BootNode(context.Background(), talossim.NodeSpec{IP: n.IP, Hostname: n.Name, Disks: []talossim.Disk{disk}})
+		if size, ok := ho.diskSize[n.Name]; ok {
+			disk.Size = size
+		}
+		node, err := h.sim.BootNode(context.Background(), talossim.NodeSpec{IP: n.IP, Hostname: n.Name, Disks: []talossim.Disk{disk}, MemoryBytes: ho.memory[n.Name]})
 		if err != nil {
 			t.Fatal(err)
 		}

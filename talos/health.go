@@ -2,6 +2,7 @@ package talos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,7 +10,12 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/siderolabs/talos/pkg/machinery/client"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+	"github.com/siderolabs/talos/pkg/machinery/imager/quirks"
+	"github.com/siderolabs/talos/pkg/machinery/resources/block"
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"google.golang.org/grpc/codes"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +33,9 @@ const (
 	HealthEtcdConsistent      = "etcd members to be consistent across nodes"
 	HealthEtcdControlPlanes   = "etcd members to be control plane nodes"
 	HealthApidReady           = "apid to be ready"
+	HealthMemorySizes         = "all nodes memory sizes"
+	HealthDiskSizes           = "all nodes disk sizes"
+	HealthNoDiagnostics       = "no diagnostics"
 	HealthKubeletHealthy      = "kubelet to be healthy"
 	HealthBootFinished        = "all nodes to finish boot sequence"
 	HealthK8sNodesReported    = "all k8s nodes to report"
@@ -126,6 +135,12 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 		versionOK error
 		static    []string
 		staticErr error
+		memTotal  uint64 // bytes
+		memErr    error
+		ephemeral uint64 // bytes; 0 when the node does not report it
+		ephErr    error
+		diags     []string
+		diagErr   error
 	}
 	facts := make(map[string]*nodeFacts, len(all))
 	var wg sync.WaitGroup
@@ -143,6 +158,9 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 				}
 				f.svcs, f.svcErr = servicesOn(ctx, c)
 				f.stage, _, f.stageErr = machineStatusOn(ctx, c)
+				f.memTotal, f.memErr = memTotalOn(ctx, c)
+				f.ephemeral, f.ephErr = ephemeralSizeOn(ctx, c)
+				f.diags, f.diagErr = diagnosticsOn(ctx, c)
 				if n.Role == RoleControlPlane {
 					f.members, f.memberErr = etcdMembersOn(ctx, c)
 					if in.Kube != nil {
@@ -153,6 +171,7 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 			})
 			if err != nil {
 				f.versionOK, f.svcErr, f.stageErr, f.memberErr, f.staticErr = err, err, err, err, err
+				f.memErr, f.ephErr, f.diagErr = err, err, err
 			}
 		}()
 	}
@@ -232,6 +251,45 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 		}
 	}
 	add(HealthApidReady, problems)
+
+	// Talos' minimums (talosctl health's AllNodesMemorySizes and
+	// AllNodesDiskSizes, pkg/cluster/check/nodes.go at v1.13.3).
+	problems = nil
+	for _, n := range all {
+		f := facts[n.Name]
+		if f.memErr != nil {
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.memErr)))
+			continue
+		}
+		if min := MinimumMemory(n.Role); f.memTotal < min {
+			problems = append(problems, fmt.Sprintf("node %s does not meet memory requirements: expected at least %d MiB, actual %d MiB", n.Name, min>>20, f.memTotal>>20))
+		}
+	}
+	add(HealthMemorySizes, problems)
+
+	problems = nil
+	for _, n := range all {
+		f := facts[n.Name]
+		switch {
+		case f.ephErr != nil:
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.ephErr)))
+		case f.ephemeral > 0 && f.ephemeral < MinimumEphemeral():
+			problems = append(problems, fmt.Sprintf("the EPHEMERAL partition of %s is too small: expected at least %d MiB, actual %d MiB", n.Name, MinimumEphemeral()>>20, f.ephemeral>>20))
+		}
+	}
+	add(HealthDiskSizes, problems)
+
+	problems = nil
+	for _, n := range all {
+		f := facts[n.Name]
+		switch {
+		case f.diagErr != nil:
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.diagErr)))
+		case len(f.diags) > 0:
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, strings.Join(f.diags, ", ")))
+		}
+	}
+	add(HealthNoDiagnostics, problems)
 
 	problems = nil
 	for _, n := range cps {
@@ -451,4 +509,65 @@ func (o *Ops) WaitHealthy(ctx context.Context, what string, in HealthInput) erro
 		r := o.Health(ctx, in)
 		return r.OK(), r.Summary(), nil
 	})
+}
+
+// MinimumMemory is the RAM Talos wants a node's kernel to report
+// (MemTotal): 1848 MiB for a control plane and 1 GiB for a worker, each
+// less 150 MiB the kernel keeps (pkg/minimal/limits.go Memory at v1.13.3,
+// which talosctl health checks).
+func MinimumMemory(r Role) uint64 {
+	if r == RoleControlPlane {
+		return (1848 - 150) << 20
+	}
+	return (1024 - 150) << 20
+}
+
+// MinimumEphemeral is the smallest EPHEMERAL partition talosctl health
+// accepts: a 6 GiB disk (pkg/minimal DiskSize) less the EFI, STATE and
+// META partitions and 10 MiB of GPT overhead (pkg/cluster/check/nodes.go
+// AllNodesDiskSizes at v1.13.3, partition sizes from machinery's quirks).
+func MinimumEphemeral() uint64 {
+	ps := quirks.New("").PartitionSizes()
+	return 6<<30 - (ps.UKIEFISize() + ps.StateSize() + ps.METASize() + 10<<20)
+}
+
+func memTotalOn(ctx context.Context, c *client.Client) (uint64, error) {
+	resp, err := c.Memory(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, m := range resp.GetMessages() {
+		return m.GetMeminfo().GetMemtotal() * 1024, nil
+	}
+	return 0, errors.New("no memory information in the answer")
+}
+
+// ephemeralSizeOn reads the EPHEMERAL volume's size; a Talos that does
+// not expose VolumeStatus (PermissionDenied, as talosctl health allows)
+// reports 0.
+func ephemeralSizeOn(ctx context.Context, c *client.Client) (uint64, error) {
+	vs, err := safe.StateGetByID[*block.VolumeStatus](ctx, c.COSI, constants.EphemeralPartitionLabel)
+	if err != nil {
+		if client.StatusCode(err) == codes.PermissionDenied {
+			return 0, nil
+		}
+		return 0, err
+	}
+	return vs.TypedSpec().Size, nil
+}
+
+// diagnosticsOn lists the node's active runtime diagnostics.
+func diagnosticsOn(ctx context.Context, c *client.Client) ([]string, error) {
+	list, err := safe.StateListAll[*runtime.Diagnostic](ctx, c.COSI)
+	if err != nil {
+		if client.StatusCode(err) == codes.PermissionDenied {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []string
+	for d := range list.All() {
+		out = append(out, d.TypedSpec().Message)
+	}
+	return out, nil
 }

@@ -226,7 +226,7 @@ func (s *Server) OnDestroy(fn func(VMEvent)) {
 
 // eventLocked describes v as its guest would see it; s.mu must be held.
 func (s *Server) eventLocked(v *vm) VMEvent {
-	ev := VMEvent{Node: s.node.Name, VMID: v.id, Name: v.conf["name"], Tags: splitTags(v.conf["tags"]), At: time.Now()}
+	ev := VMEvent{Node: s.node.Name, VMID: v.id, Name: v.conf["name"], Tags: splitTags(v.conf["tags"]), MemoryMiB: memoryMiB(v.conf), At: time.Now()}
 	if ipc := v.conf["ipconfig0"]; ipc != "" {
 		if p, gw, err := parseIPConfig(ipc); err == nil {
 			ev.IPv4, ev.Gateway = p, gw

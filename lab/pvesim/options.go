@@ -220,6 +220,8 @@ type VMEvent struct {
 	Gateway     netip.Addr
 	Nameservers []string
 	Disks       []Disk
+	// MemoryMiB is the VM's configured memory.
+	MemoryMiB int64
 	// MAC of net0, upper case.
 	MAC    string
 	Bridge string

@@ -409,6 +409,14 @@ func (n *Node) bootLocked(installed installedSystem) {
 
 	publishKubernetesConfig(n.cosi, imagesOf(n.parsed))
 	publishManifests(n.cosi, n.parsed)
+	if n.parsed.Machine() != nil {
+		disk := n.parsed.Machine().Install().Disk()
+		for i := range n.spec.Disks {
+			if devPathFor(n.spec.Disks, i) == disk {
+				publishEphemeral(n.cosi, n.spec.Disks[i].Size, disk)
+			}
+		}
+	}
 	publishExtensions(n.cosi, installed.extensions)
 	info := n.infoLocked()
 	if info.Role == "controlplane" {

@@ -6,8 +6,13 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/extensions"
+	"github.com/siderolabs/talos/pkg/machinery/imager/quirks"
+	"github.com/siderolabs/talos/pkg/machinery/resources/block"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/homelab/bootstrap/lab/imagefactory"
 )
@@ -58,4 +63,57 @@ func publishExtensions(st state.State, exts []imagefactory.Extension) {
 			return nil
 		})
 	}
+}
+
+// kernelReservedBytes is what the kernel and firmware keep of a VM's RAM
+// before /proc/meminfo's MemTotal: Talos' minimal memory limits allow 150
+// MiB for it (pkg/minimal/limits.go at v1.13.3); the amount on a real VM
+// is unverified, talossim takes 128 MiB.
+const kernelReservedBytes = 128 << 20
+
+// Memory implements machine.MachineServiceServer: MemTotal in KiB, as
+// machined reads /proc/meminfo (only the total is simulated).
+func (a *apid) Memory(context.Context, *emptypb.Empty) (*machine.MemoryResponse, error) {
+	total := a.n.spec.MemoryBytes
+	if total == 0 {
+		total = 2 << 30
+	}
+	return &machine.MemoryResponse{Messages: []*machine.Memory{{Meminfo: &machine.MemInfo{Memtotal: (total - kernelReservedBytes) / 1024}}}}, nil
+}
+
+// publishEphemeral sets the EPHEMERAL VolumeStatus (runtime namespace) of
+// an installed system to what the install disk leaves it: the disk less
+// the EFI (UKI), META and STATE partitions and the GPT's overhead and
+// alignment (machinery imager/quirks PartitionSizes at v1.13.3; the 10 MiB
+// overhead is the allowance talosctl health's AllNodesDiskSizes makes in
+// pkg/cluster/check/nodes.go, the real layout's is unverified).
+func publishEphemeral(st state.State, diskSize uint64, location string) {
+	ps := quirks.New("").PartitionSizes()
+	other := ps.UKIEFISize() + ps.METASize() + ps.StateSize() + 10<<20
+	size := uint64(0)
+	if diskSize > other {
+		size = diskSize - other
+	}
+	_ = safe.StateModify(context.Background(), st, block.NewVolumeStatus(block.NamespaceName, "EPHEMERAL"), func(v *block.VolumeStatus) error {
+		v.TypedSpec().Phase = block.VolumePhaseReady
+		v.TypedSpec().Location = location
+		v.TypedSpec().SetSize(size)
+		return nil
+	})
+}
+
+// SetDiagnostic publishes (or, with an empty message, withdraws) one of
+// the node's runtime Diagnostics, as machined's diagnostic controllers do
+// for a problem they detect (runtime.Diagnostic, read by talosctl health's
+// NoDiagnostics in pkg/cluster/check/diagnostics.go at v1.13.3).
+func (n *Node) SetDiagnostic(id, message string) {
+	ctx := context.Background()
+	if message == "" {
+		_ = n.cosi.Destroy(ctx, runtime.NewDiagnostic(runtime.NamespaceName, id).Metadata())
+		return
+	}
+	_ = safe.StateModify(ctx, n.cosi, runtime.NewDiagnostic(runtime.NamespaceName, id), func(d *runtime.Diagnostic) error {
+		d.TypedSpec().Message = message
+		return nil
+	})
 }

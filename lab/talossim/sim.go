@@ -214,6 +214,8 @@ type NodeSpec struct {
 	Wipe bool
 	// TalosVersion of the ISO this VM boots (default Options.TalosVersion).
 	TalosVersion string
+	// MemoryBytes is the VM's RAM (default 2 GiB).
+	MemoryBytes uint64
 }
 
 // BootNode starts a node at spec.IP, as a VM that was just powered on. A
