@@ -23,19 +23,27 @@ type Removed struct {
 	// --resource argument.
 	Resources    []string
 	FeatureGates []string
+	// Flags are command-line flags removed, by component (kubelet,
+	// kube-apiserver, kube-controller-manager): a config that still
+	// passes one in extraArgs makes the component fail to start.
+	Flags map[string][]string
 }
 
 // removedByMinor is what each minor release removed, for the releases
 // Talos v1.12 and v1.13 run (Kubernetes 1.31 to 1.36). Upgrade-k8s checks
 // the same before it starts (siderolabs/go-kubernetes
 // kubernetes/upgrade/checks.go at v0.2.37, upgradeVersionCheck, taken from
-// the Kubernetes changelogs and the API deprecation guide); only the API
-// resources and feature gates are kept here: component flags are Talos'
-// to render. A release not listed removed nothing of either (unverified
-// beyond that file).
+// the Kubernetes changelogs and the API deprecation guide), with the
+// component flags it lists (a user's extraArgs can carry them). A release
+// not listed removed nothing of these (unverified beyond that file).
 var removedByMinor = map[uint64]Removed{
 	31: {FeatureGates: []string{"APIPriorityAndFairness", "CSINodeExpandSecret", "ConsistentHTTPGetHandlers",
-		"DefaultHostNetworkHostPortsInPodTemplates", "ServiceNodePortStaticSubrange", "SkipReadOnlyValidationGCE"}},
+		"DefaultHostNetworkHostPortsInPodTemplates", "ServiceNodePortStaticSubrange", "SkipReadOnlyValidationGCE"},
+		Flags: map[string][]string{
+			Kubelet: {"keep-terminated-pod-volumes", "iptables-masquerade-bit", "iptables-drop-bit"},
+			KubeControllerManager: {"volume-host-cidr-denylist", "volume-host-allow-local-loopback",
+				"horizontal-pod-autoscaler-upscale-delay", "horizontal-pod-autoscaler-downscale-delay"},
+		}},
 	32: {
 		Resources: []string{"podschedulingcontexts.v1alpha3.resource.k8s.io"},
 		FeatureGates: []string{"AllowServiceLBStatusOnNonLB", "CloudDualStackNodeIPs", "DRAControlPlaneController",
@@ -45,9 +53,12 @@ var removedByMinor = map[uint64]Removed{
 	},
 	33: {FeatureGates: []string{"AppArmor", "AppArmorFields", "CPUManager", "DisableCloudProviders",
 		"DisableKubeletCloudCredentialProviders", "JobPodFailurePolicy", "KubeProxyDrainingTerminatingNodes",
-		"PDBUnhealthyPodEvictionPolicy", "PersistentVolumeLastPhaseTransitionTime", "VolumeCapacityPriority"}},
-	34: {FeatureGates: []string{"DevicePluginCDIDevices", "LegacySidecarContainers", "PodDisruptionConditions"}},
-	35: {FeatureGates: []string{"SizeMemoryBackedVolumes", "UserNamespacesHostNetworkSupport"}},
+		"PDBUnhealthyPodEvictionPolicy", "PersistentVolumeLastPhaseTransitionTime", "VolumeCapacityPriority"},
+		Flags: map[string][]string{KubeAPIServer: {"cloud-config"}}},
+	34: {FeatureGates: []string{"DevicePluginCDIDevices", "LegacySidecarContainers", "PodDisruptionConditions"},
+		Flags: map[string][]string{Kubelet: {"cloud-config"}}},
+	35: {FeatureGates: []string{"SizeMemoryBackedVolumes", "UserNamespacesHostNetworkSupport"},
+		Flags: map[string][]string{Kubelet: {"pod-infra-container-image"}}},
 	36: {FeatureGates: []string{"CSIMigrationPortworx", "HonorPVReclaimPolicy", "InTreePluginPortworxUnregister",
 		"WatchFromStorageWithoutResourceVersion"}},
 }
@@ -64,6 +75,12 @@ func RemovedIn(from, to string) Removed {
 	for m := f.Minor() + 1; m <= t.Minor(); m++ {
 		r.Resources = append(r.Resources, removedByMinor[m].Resources...)
 		r.FeatureGates = append(r.FeatureGates, removedByMinor[m].FeatureGates...)
+		for comp, flags := range removedByMinor[m].Flags {
+			if r.Flags == nil {
+				r.Flags = map[string][]string{}
+			}
+			r.Flags[comp] = append(r.Flags[comp], flags...)
+		}
 	}
 	return r
 }
@@ -71,9 +88,12 @@ func RemovedIn(from, to string) Removed {
 // CheckConfigs refuses machine configs (by node name) that give a removed
 // feature gate to the API server, controller manager, scheduler or
 // kubelet (their extraArgs "feature-gates", the kubelet's extraConfig
-// featureGates). The error names each node, component and gate.
+// featureGates), or still pass a removed flag in their extraArgs (as
+// upgrade-k8s' PopulateRemovedCLIFlags reads the live static pods'
+// commands and the KubeletSpec's args: what Talos renders from these
+// configs). The error names each node, component and gate or flag.
 func (r Removed) CheckConfigs(configs map[string][]byte) error {
-	if len(r.FeatureGates) == 0 {
+	if len(r.FeatureGates) == 0 && len(r.Flags) == 0 {
 		return nil
 	}
 	var problems []string
@@ -87,8 +107,9 @@ func (r Removed) CheckConfigs(configs map[string][]byte) error {
 		if err != nil {
 			return fmt.Errorf("reading the machine config of %s: %w", node, err)
 		}
-		gates := map[string][]string{}
+		gates, args := map[string][]string{}, map[string]map[string][]string{}
 		if m := cfg.Machine(); m != nil {
+			args[Kubelet] = m.Kubelet().ExtraArgs()
 			gates["kubelet"] = append(gates["kubelet"], argGates(m.Kubelet().ExtraArgs()["feature-gates"])...)
 			if fg, ok := m.Kubelet().ExtraConfig()["featureGates"].(map[string]any); ok {
 				for g := range fg {
@@ -100,6 +121,14 @@ func (r Removed) CheckConfigs(configs map[string][]byte) error {
 			gates["kube-apiserver"] = argGates(c.APIServer().ExtraArgs()["feature-gates"])
 			gates["kube-controller-manager"] = argGates(c.ControllerManager().ExtraArgs()["feature-gates"])
 			gates["kube-scheduler"] = argGates(c.Scheduler().ExtraArgs()["feature-gates"])
+			args[KubeAPIServer], args[KubeControllerManager], args[KubeScheduler] = c.APIServer().ExtraArgs(), c.ControllerManager().ExtraArgs(), c.Scheduler().ExtraArgs()
+		}
+		for _, comp := range []string{KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet} {
+			for _, f := range r.Flags[comp] {
+				if _, ok := args[comp][f]; ok {
+					problems = append(problems, fmt.Sprintf("%s: %s flag --%s", node, comp, f))
+				}
+			}
 		}
 		for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"} {
 			for _, g := range gates[comp] {
@@ -110,7 +139,7 @@ func (r Removed) CheckConfigs(configs map[string][]byte) error {
 		}
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("the target Kubernetes removed feature gates the configs still set (the component would not start): %s; remove them from the config patches", strings.Join(problems, "; "))
+		return fmt.Errorf("the target Kubernetes removed feature gates or flags the configs still set (the component would not start): %s; remove them from the config patches", strings.Join(problems, "; "))
 	}
 	return nil
 }

@@ -177,6 +177,18 @@ func TestRemovedInUpgrade(t *testing.T) {
 	if err := RemovedIn("1.32.0", "1.33.0").CheckConfigs(map[string][]byte{n.Name: []byte(withGate)}); err != nil {
 		t.Fatalf("gate removed in another release: %v", err)
 	}
+	// A flag Kubernetes 1.35 removed from the kubelet, still in extraArgs.
+	withFlag := strings.Replace(string(patched), "    kubelet:\n", "    kubelet:\n        extraArgs:\n            pod-infra-container-image: registry.k8s.io/pause:3.10\n", 1)
+	if withFlag == string(patched) {
+		t.Fatal("test config has no kubelet section to patch")
+	}
+	err = RemovedIn("1.34.3", "1.35.0").CheckConfigs(map[string][]byte{n.Name: []byte(withFlag)})
+	if err == nil || !strings.Contains(err.Error(), "cp-1: kubelet flag --pod-infra-container-image") {
+		t.Fatalf("removed flag: %v", err)
+	}
+	if err := RemovedIn("1.35.0", "1.36.1").CheckConfigs(map[string][]byte{n.Name: []byte(withFlag)}); err != nil {
+		t.Fatalf("a flag removed before: %v", err)
+	}
 
 	gvr := schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1alpha3", Resource: "podschedulingcontexts"}
 	obj := &unstructured.Unstructured{}
