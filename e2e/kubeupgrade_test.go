@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/lab/talossim"
 )
 
 var kubernetesVersionLine = regexp.MustCompile(`(?m)^  kubernetesVersion: \S+\n`)
@@ -55,6 +56,18 @@ func kubeState(t *testing.T, ctx context.Context, h *e2e.Harness) (apiserver str
 		kubelets[n.Name] = n.Status.NodeInfo.KubeletVersion
 	}
 	return v.GitVersion, kubelets
+}
+
+// nodeNamed is the lab's Talos node with hostname name.
+func nodeNamed(t *testing.T, h *e2e.Harness, name string) *talossim.Node {
+	t.Helper()
+	for _, n := range h.Lab.Talos.Nodes() {
+		if n.Hostname() == name {
+			return n
+		}
+	}
+	t.Fatalf("no node %s in the lab", name)
+	return nil
 }
 
 // addWorker adds a worker to the lab's config at the lab address ending in
@@ -176,15 +189,28 @@ func TestKubernetesUpgrade(t *testing.T) {
 			// Kubernetes the API server runs (a kubelet newer than
 			// kube-apiserver breaks the version skew policy) and move
 			// with the others.
-			newWorker := ""
+			newWorker, earlier := "", ""
 			if tc.controlPlanes == 1 {
 				newWorker = addWorker(t, h, "wk-9", 719, 29)
+				// An image no registry serves stops the upgrade at the
+				// pre-pull, before any Kubernetes component moved.
+				cp := nodeNamed(t, h, "cp-1")
+				cp.SetFaults(talossim.Faults{MissingImages: []string{"registry.k8s.io/kube-apiserver:v1.36.1"}})
+				failed := run(t, ctx, h, "run", "--stage", "all")
+				if failed.ExitCode == 0 || !strings.Contains(failed.Stdout+failed.Stderr, "pre-pulling registry.k8s.io/kube-apiserver:v1.36.1 on cp-1") {
+					t.Fatalf("upgrade with an image no registry serves: exit %d\n%s", failed.ExitCode, failed.Tail(30))
+				}
+				earlier = failed.Stdout + failed.Stderr
+				if api, _ := kubeState(t, ctx, h); api != "v1.35.4" {
+					t.Fatalf("the API server moved to %s although an image could not be pulled", api)
+				}
+				cp.SetFaults(talossim.Faults{})
 			}
 			r := run(t, ctx, h, "run", "--stage", "all")
 			if r.ExitCode != 0 {
 				t.Fatalf("upgrade run:\n%s", r.Tail(60))
 			}
-			if newWorker != "" && !strings.Contains(r.Stdout+r.Stderr, "wk-9 installs at Kubernetes 1.35.4") {
+			if newWorker != "" && !strings.Contains(earlier+r.Stdout+r.Stderr, "wk-9 installs at Kubernetes 1.35.4") {
 				t.Errorf("the new worker was not installed at the API server's Kubernetes:\n%s", r.Tail(40))
 			}
 			if err := h.PostcheckGreen(); err != nil {

@@ -196,7 +196,7 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 		return err
 	}
 	if env.DryRun {
-		steps := append([]string{plan.Summary(), "take an etcd snapshot before upgrading Kubernetes"}, kubeStepNames(plan.Steps)...)
+		steps := append([]string{plan.Summary(), "pre-pull the " + want + " images on the nodes that run them", "take an etcd snapshot before upgrading Kubernetes"}, kubeStepNames(plan.Steps)...)
 		steps = append(steps, "sync the bootstrap manifests (kube-proxy, CoreDNS) the control planes render for "+want+", as talosctl upgrade-k8s does")
 		for _, what := range steps {
 			if err := env.Wet(what, nil); err != nil {
@@ -206,6 +206,9 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 		return nil
 	}
 	env.UI.OK("%s", plan.Summary())
+	if err := ops.PrePullKubernetes(ctx, plan, ku.rendered); err != nil {
+		return err
+	}
 	if err := snapshotBeforeUpgrade(ctx, env, ops, "Kubernetes"); err != nil {
 		return err
 	}

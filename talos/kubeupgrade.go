@@ -2,6 +2,7 @@ package talos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/Masterminds/semver/v3"
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
@@ -17,6 +19,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -565,4 +569,58 @@ func (o *Ops) kubeStep(ctx context.Context, opts KubeRollOutOptions, s KubeStep,
 		}
 		return st.Ready, st.Detail, nil
 	})
+}
+
+// PrePullKubernetes pulls every image the plan's steps will run, on the
+// node each runs on, before the first step: the static pods' images into
+// the CRI namespace of the control planes, the kubelet's into the system
+// namespace of every node (talosctl upgrade-k8s prePullImages,
+// pkg/cluster/kubernetes/talos_managed.go at v1.13.3, with the deprecated
+// ImagePull it still uses). An image no registry serves stops the upgrade
+// before anything changed, instead of leaving a static pod that cannot
+// start half way through. A node whose Talos does not implement the call
+// is skipped, as upgrade-k8s does. configs are the nodes' configs rendered
+// for the target version.
+func (o *Ops) PrePullKubernetes(ctx context.Context, plan *KubePlan, configs map[string][]byte) error {
+	type pull struct {
+		node Target
+		ns   common.ContainerdNamespace
+		ref  string
+	}
+	var pulls []pull
+	seen := map[string]bool{}
+	for _, s := range plan.Steps {
+		cfg, err := configloader.NewFromBytes(configs[s.Name])
+		if err != nil {
+			return fmt.Errorf("reading the machine config of %s: %w", s.Name, err)
+		}
+		p := pull{node: s.Target, ns: common.ContainerdNamespace_NS_CRI}
+		switch s.Component {
+		case Kubelet:
+			p.ns, p.ref = common.ContainerdNamespace_NS_SYSTEM, cfg.Machine().Kubelet().Image()
+		case KubeAPIServer:
+			p.ref = cfg.Cluster().APIServer().Image()
+		case KubeControllerManager:
+			p.ref = cfg.Cluster().ControllerManager().Image()
+		case KubeScheduler:
+			p.ref = cfg.Cluster().Scheduler().Image()
+		}
+		if key := s.Name + "\x00" + p.ref; p.ref != "" && !seen[key] {
+			seen[key] = true
+			pulls = append(pulls, p)
+		}
+	}
+	for _, p := range pulls {
+		o.opts.Log.Info().Str("node", p.node.Name).Str("image", p.ref).Msgf("pre-pulling %s on %s", p.ref, p.node.Name)
+		err := o.call(ctx, p.node.IP, true, o.opts.InstallTimeout, func(ctx context.Context, c *client.Client) error {
+			return c.ImagePull(ctx, p.ns, p.ref) //nolint:staticcheck // the call upgrade-k8s itself still makes
+		})
+		switch {
+		case client.StatusCode(err) == codes.Unimplemented || status.Code(errors.Unwrap(err)) == codes.Unimplemented:
+			o.opts.Log.Info().Str("node", p.node.Name).Msg("image pull not implemented by this Talos; skipped")
+		case err != nil:
+			return fmt.Errorf("pre-pulling %s on %s before the Kubernetes upgrade (nothing was changed): %w", p.ref, p.node, err)
+		}
+	}
+	return nil
 }

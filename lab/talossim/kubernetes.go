@@ -2,6 +2,7 @@ package talossim
 
 import (
 	"context"
+	"slices"
 
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -136,6 +137,12 @@ func (n *Node) kubernetesImagesChangedLocked(before, after kubernetesImages) {
 		}
 		if n.stage == runtime.MachineStageRunning {
 			publishStaticPod(n.cosi, hostname, name, image, false)
+		}
+		if slices.Contains(n.faults.MissingImages, image) {
+			// kubelet cannot pull it: the pod stays not Ready
+			// (ImagePullBackOff) and the old one is gone.
+			n.log.Warn().Str("pod", name).Str("image", image).Msg("talossim: static pod image cannot be pulled")
+			continue
 		}
 		go func() {
 			if updater != nil {

@@ -67,6 +67,9 @@ type Faults struct {
 	// their sequence, after the answer (as a failing installer does): the
 	// node keeps its version, its stage reads rebooting.
 	UpgradeSequenceFails int
+	// MissingImages are image references no registry serves: ImagePull
+	// answers NotFound for them.
+	MissingImages []string
 }
 
 // Counters are per-node call counts.
@@ -104,6 +107,8 @@ type Counters struct {
 	Recoveries     int
 	// Resets counts accepted Reset calls.
 	Resets int
+	// ImagePulls counts the images pulled through the API.
+	ImagePulls int
 }
 
 // Node is one simulated Talos machine.

@@ -75,6 +75,7 @@ var adminOnly = map[string]bool{
 // every reader.
 var needRoles = map[string]role.Set{
 	machine.MachineService_EtcdSnapshot_FullMethodName: role.MakeSet(role.Admin, role.Operator, role.EtcdBackup),
+	machine.MachineService_ImagePull_FullMethodName:    role.MakeSet(role.Admin, role.Operator),
 }
 
 func newGRPCServer(n *Node, tlsCfg *tls.Config, mode serveMode) *grpc.Server {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -254,4 +255,29 @@ func (a *apid) EtcdSnapshot(_ *machine.EtcdSnapshotRequest, stream grpc.ServerSt
 			return fmt.Errorf("failed reading etcd snapshot: %w", err)
 		}
 	}
+}
+
+// ImagePull implements machine.MachineServiceServer as
+// v1alpha1_images.go ImagePull does at v1.13.3 (deprecated there, still
+// what upgrade-k8s pre-pulls with): os:admin or os:operator
+// (services/machined.go rules), the CRI's containerd must run
+// (Unavailable "error connecting to containerd" before), an image no
+// registry serves is NotFound "error pulling image: …" at once (no
+// retries). Pulled images are only counted.
+func (a *apid) ImagePull(_ context.Context, req *machine.ImagePullRequest) (*machine.ImagePullResponse, error) {
+	n := a.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a.mode == serveMaintenance || !n.criUpLocked(time.Now()) {
+		return nil, status.Errorf(codes.Unavailable, "error connecting to containerd: containerd is not running")
+	}
+	ref := req.GetReference()
+	if _, err := reference.ParseNormalizedNamed(ref); err != nil {
+		return nil, fmt.Errorf("error pulling image: %w", err)
+	}
+	if slices.Contains(n.faults.MissingImages, ref) {
+		return nil, status.Errorf(codes.NotFound, "error pulling image: failed to resolve reference %q: %s: not found", ref, ref)
+	}
+	n.counters.ImagePulls++
+	return &machine.ImagePullResponse{Messages: []*machine.ImagePull{{}}}, nil
 }
