@@ -177,27 +177,40 @@ func TestInstallImageChangeDoesNotUpgrade(t *testing.T) {
 // EPHEMERAL size on every node, and no active diagnostics.
 func TestHealthWantsTalosMinimumsAndNoDiagnostics(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1,
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1, ops: OpsOptions{HealthTimeout: 5 * time.Second},
 		memory: map[string]uint64{"wk-1": 768 << 20}, diskSize: map[string]uint64{"wk-1": 5 << 30}})
 	ctx := testCtx(t)
-	_, err := h.converge(ctx, nil)
-	if err == nil || !strings.Contains(err.Error(), "node wk-1 does not meet memory requirements: expected at least 874 MiB, actual 640 MiB") ||
-		!strings.Contains(err.Error(), "the EPHEMERAL partition of wk-1 is too small") {
-		t.Fatalf("a worker below Talos' minimums: %v", err)
+	if _, err := h.converge(ctx, nil); err == nil {
+		t.Fatal("a cluster with a worker below Talos' minimums converged as healthy")
 	}
 	var nodes []HealthTarget
 	for _, n := range h.res.Nodes {
 		nodes = append(nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
 	}
 	h.node("cp-1").SetDiagnostic("address-binding", "host and Kubernetes pod/service CIDR addresses overlap")
-	r := h.ops.Health(ctx, HealthInput{Nodes: nodes})
-	for name, want := range map[string]string{
-		HealthMemorySizes:   "wk-1 does not meet memory requirements",
-		HealthDiskSizes:     "EPHEMERAL partition of wk-1 is too small",
+	want := map[string]string{
+		HealthMemorySizes:   "node wk-1 does not meet memory requirements: expected at least 874 MiB, actual 640 MiB",
+		HealthDiskSizes:     "the EPHEMERAL partition of wk-1 is too small",
 		HealthNoDiagnostics: "cp-1: host and Kubernetes pod/service CIDR addresses overlap",
-	} {
-		if c, _ := r.Get(name); c.OK || !strings.Contains(c.Detail, want) {
-			t.Errorf("%s: %+v, want a failure naming %q", name, c, want)
+	}
+	// One poll judges; a loaded machine may cut a poll's calls, so a few.
+	var r HealthReport
+	for try := 0; try < 20; try++ {
+		r = h.ops.Health(ctx, HealthInput{Nodes: nodes})
+		ok := true
+		for name, w := range want {
+			if c, _ := r.Get(name); c.OK || !strings.Contains(c.Detail, w) {
+				ok = false
+			}
+		}
+		if ok {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for name, w := range want {
+		if c, _ := r.Get(name); c.OK || !strings.Contains(c.Detail, w) {
+			t.Errorf("%s: %+v, want a failure naming %q", name, c, w)
 		}
 	}
 }
