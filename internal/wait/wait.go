@@ -92,7 +92,9 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 	defer liveEnd(spec.Log, key)
 	for poll := 1; ; poll++ {
 		done, st, err := cond(ctx)
-		if st != "" {
+		// A poll the deadline cut short saw only its own calls fail: the
+		// timeout error keeps what the last whole poll saw.
+		if st != "" && (ctx.Err() == nil || status == "") {
 			status = st
 		}
 		if err != nil {

@@ -53,6 +53,22 @@ func TestUntilDeadlineDuringAPoll(t *testing.T) {
 	if !strings.Contains(err.Error(), "unschedulable: 0/1 nodes available") {
 		t.Fatalf("the timeout lost the last status: %v", err)
 	}
+	// A poll the deadline cuts short that reports a status (the health
+	// polls do: every call failed with the deadline) does not replace
+	// what the last whole poll saw.
+	polls = 0
+	err = Until(context.Background(), Spec{What: "cluster healthy", Timeout: 100 * time.Millisecond, Interval: time.Millisecond},
+		func(ctx context.Context) (bool, string, error) {
+			polls++
+			if polls == 1 {
+				return false, "wk-1 does not meet memory requirements", nil
+			}
+			<-ctx.Done()
+			return false, "wk-1: context deadline exceeded while waiting for connections to become ready", nil
+		})
+	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "wk-1 does not meet memory requirements") || strings.Contains(err.Error(), "waiting for connections") {
+		t.Fatalf("the timeout quotes the cut poll: %v", err)
+	}
 	// A caller's own cancellation is still reported as such.
 	ctx, cancel := context.WithCancel(context.Background())
 	err = Until(ctx, Spec{What: "x", Timeout: time.Minute, Interval: time.Millisecond},
