@@ -253,43 +253,39 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 	add(HealthApidReady, problems)
 
 	// Talos' minimums (talosctl health's AllNodesMemorySizes and
-	// AllNodesDiskSizes, pkg/cluster/check/nodes.go at v1.13.3).
-	problems = nil
-	for _, n := range all {
-		f := facts[n.Name]
-		if f.memErr != nil {
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.memErr)))
-			continue
+	// AllNodesDiskSizes, pkg/cluster/check/nodes.go at v1.13.3) and no
+	// active diagnostics: one problem per node that has one, its read
+	// error first.
+	perNode := func(name string, read func(f *nodeFacts) error, judge func(n HealthTarget, f *nodeFacts) string) {
+		var problems []string
+		for _, n := range all {
+			f := facts[n.Name]
+			if err := read(f); err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(err)))
+			} else if p := judge(n, f); p != "" {
+				problems = append(problems, p)
+			}
 		}
+		add(name, problems)
+	}
+	perNode(HealthMemorySizes, func(f *nodeFacts) error { return f.memErr }, func(n HealthTarget, f *nodeFacts) string {
 		if min := MinimumMemory(n.Role); f.memTotal < min {
-			problems = append(problems, fmt.Sprintf("node %s does not meet memory requirements: expected at least %d MiB, actual %d MiB", n.Name, min>>20, f.memTotal>>20))
+			return fmt.Sprintf("node %s does not meet memory requirements: expected at least %d MiB, actual %d MiB", n.Name, min>>20, f.memTotal>>20)
 		}
-	}
-	add(HealthMemorySizes, problems)
-
-	problems = nil
-	for _, n := range all {
-		f := facts[n.Name]
-		switch {
-		case f.ephErr != nil:
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.ephErr)))
-		case f.ephemeral > 0 && f.ephemeral < MinimumEphemeral():
-			problems = append(problems, fmt.Sprintf("the EPHEMERAL partition of %s is too small: expected at least %d MiB, actual %d MiB", n.Name, MinimumEphemeral()>>20, f.ephemeral>>20))
+		return ""
+	})
+	perNode(HealthDiskSizes, func(f *nodeFacts) error { return f.ephErr }, func(n HealthTarget, f *nodeFacts) string {
+		if f.ephemeral > 0 && f.ephemeral < MinimumEphemeral() {
+			return fmt.Sprintf("the EPHEMERAL partition of %s is too small: expected at least %d MiB, actual %d MiB", n.Name, MinimumEphemeral()>>20, f.ephemeral>>20)
 		}
-	}
-	add(HealthDiskSizes, problems)
-
-	problems = nil
-	for _, n := range all {
-		f := facts[n.Name]
-		switch {
-		case f.diagErr != nil:
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.diagErr)))
-		case len(f.diags) > 0:
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, strings.Join(f.diags, ", ")))
+		return ""
+	})
+	perNode(HealthNoDiagnostics, func(f *nodeFacts) error { return f.diagErr }, func(n HealthTarget, f *nodeFacts) string {
+		if len(f.diags) > 0 {
+			return fmt.Sprintf("%s: %s", n.Name, strings.Join(f.diags, ", "))
 		}
-	}
-	add(HealthNoDiagnostics, problems)
+		return ""
+	})
 
 	problems = nil
 	for _, n := range cps {
