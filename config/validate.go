@@ -135,6 +135,8 @@ func (v *validator) cluster() {
 		v.errf("cluster.endpoint", "is required: https://<vip or first control plane IP>:6443")
 	case err != nil || u.Scheme != "https" || u.Hostname() == "" || u.Port() == "" || (u.Path != "" && u.Path != "/"):
 		v.errf("cluster.endpoint", "%q must be https://<host>:<port>, e.g. https://10.0.20.10:6443", c.Endpoint)
+	case !portInRange(u.Port()):
+		v.errf("cluster.endpoint", "port %s is not a TCP port (1-65535): the API server listens on 6443, e.g. https://%s:6443", u.Port(), u.Hostname())
 	default:
 		endpointHost = u.Hostname()
 	}
@@ -543,8 +545,10 @@ func (v *validator) flux() {
 		v.errf("flux.auth", "set only one of tokenFile and tokenEnv")
 	}
 	if ls.Enabled {
-		if _, _, err := net.SplitHostPort(ls.Listen); err != nil {
+		if _, port, err := net.SplitHostPort(ls.Listen); err != nil {
 			v.errf("flux.localSnapshot.listen", "%q is not host:port (e.g. 0.0.0.0:8418)", ls.Listen)
+		} else if !portInRange(port) {
+			v.errf("flux.localSnapshot.listen", "port %s is not a TCP port to listen on (1-65535; 0 would pick a random one the url cannot name), e.g. 0.0.0.0:8418", port)
 		}
 		u, err := url.Parse(ls.URL)
 		switch {
@@ -613,4 +617,11 @@ func sortedKeys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return sortedCopy(out)
+}
+
+// portInRange reports whether p is a TCP port a server can be reached at:
+// 1 to 65535 (0 asks the kernel for any free port).
+func portInRange(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
