@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -252,5 +253,33 @@ func TestTalosDeploysCNI(t *testing.T) {
 		if got := (CNI{Name: name}).TalosDeploysCNI(); got != want {
 			t.Errorf("cni %q: TalosDeploysCNI %v, want %v", name, got, want)
 		}
+	}
+}
+
+// TestProtected: the paths a snapshot must never serve follow the config's
+// own state, Talos and credential locations, resolved like every path.
+func TestProtected(t *testing.T) {
+	env := envMap(map[string]string{EnvTalosDir: "/tmp/talos-other", EnvKubeconfig: "kube/cfg"})
+	cfg, err := Parse("testdata/good/three-plus-two.yaml", mustRead(t, "testdata/good/three-plus-two.yaml"), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.State.Dir, cfg.State.TalosDir = "var/state", "secrets/talos"
+	cfg.Proxmox.TokenSecretFile = "creds/pve-token"
+	cfg.Flux.Auth.SSHKeyFile = "/home/u/.ssh/deploy"
+	cfg.Backup.CopyDir = "backups"
+	base := cfg.Paths().Base
+	got := cfg.Protected()
+	for _, want := range []string{
+		filepath.Join(base, "var", "state"), filepath.Join(base, "secrets", "talos"), "/tmp/talos-other",
+		filepath.Join(base, "var", "state", cfg.Cluster.Name), filepath.Join(base, "kube", "cfg"),
+		filepath.Join(base, "backups"), filepath.Join(base, "creds", "pve-token"), "/home/u/.ssh/deploy",
+	} {
+		if !slices.Contains(got, want) {
+			t.Errorf("Protected() = %v, missing %s", got, want)
+		}
+	}
+	if slices.Contains(got, "") {
+		t.Errorf("Protected() holds an empty path: %q", got)
 	}
 }

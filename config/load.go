@@ -252,3 +252,30 @@ func sortedCopy(in []string) []string {
 	sort.Strings(out)
 	return out
 }
+
+// Protected lists the paths a git snapshot of a work tree must never
+// serve, whatever its exclude patterns: the state and Talos directories of
+// every cluster (state.dir, state.talosDir), this cluster's directories and
+// kubeconfig when they are overridden, the backup copies, and every file
+// holding a credential the config names. A snapshot leaves out a path
+// inside its tree, everything under it and its "<path>.bak-*" backups.
+func (c *Config) Protected() []string {
+	p := c.Paths()
+	out := []string{
+		c.Resolve(c.State.Dir), c.Resolve(c.State.TalosDir), p.TalosDir, p.StateDir, p.Kubeconfig,
+		c.Resolve(c.Backup.CopyDir),
+		c.Resolve(c.Proxmox.TokenSecretFile),
+		c.Resolve(c.Secrets.Age.KeyFile),
+		c.Resolve(c.Flux.Auth.SSHKeyFile), c.Resolve(c.Flux.Auth.TokenFile),
+		c.Resolve(c.Flux.LocalSnapshot.TLSKeyFile),
+	}
+	seen := map[string]bool{}
+	kept := out[:0]
+	for _, s := range out {
+		if s != "" && !seen[s] {
+			seen[s] = true
+			kept = append(kept, s)
+		}
+	}
+	return kept
+}

@@ -44,7 +44,9 @@ func TestSOPSEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The user's encrypted Secret, as `sops encrypt` writes it.
+	// The user's encrypted Secret, as `sops encrypt` writes it, under the
+	// name common Flux layouts give it: the snapshot serves an encrypted
+	// secrets.yaml (it left any secrets.yaml out by name before).
 	const password = "sops-e2e-plaintext-4d1f9c"
 	manifest := "apiVersion: v1\nkind: Secret\nmetadata:\n  name: demo\n  namespace: homelab\ntype: Opaque\nstringData:\n  password: " + password + "\n"
 	enc, err := sops.Encrypt([]byte(manifest), sops.EncryptOptions{Recipients: []string{recipient}, EncryptedRegex: "^(data|stringData)$"})
@@ -52,12 +54,12 @@ func TestSOPSEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	infraDir := filepath.Join(h.Lab.GitDir(), "infra")
-	writeFile(t, filepath.Join(infraDir, "demo.sops.yaml"), enc)
+	writeFile(t, filepath.Join(infraDir, "secrets.yaml"), enc)
 	kust, err := os.ReadFile(filepath.Join(infraDir, "kustomization.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(infraDir, "kustomization.yaml"), append(kust, "  - demo.sops.yaml\n"...))
+	writeFile(t, filepath.Join(infraDir, "kustomization.yaml"), append(kust, "  - secrets.yaml\n"...))
 
 	first := run(t, ctx, h, "run", "--stage", "all")
 	if first.ExitCode != 0 {
@@ -66,7 +68,7 @@ func TestSOPSEndToEnd(t *testing.T) {
 	if err := h.PostcheckGreen(); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(first.Stdout+first.Stderr, "infra/demo.sops.yaml decrypts with "+keyFile) {
+	if !strings.Contains(first.Stdout+first.Stderr, "infra/secrets.yaml decrypts with "+keyFile) {
 		t.Errorf("the precheck did not prove the identity on the repository's SOPS file:\n%s", first.Tail(40))
 	}
 	kc, err := h.Lab.Kube.Cluster()
@@ -92,7 +94,7 @@ func TestSOPSEndToEnd(t *testing.T) {
 	other, _, _ := sops.GenerateIdentity()
 	writeSecretFile(t, keyFile, other+"\n")
 	pre := run(t, ctx, h, "run", "--stage", "precheck")
-	if pre.ExitCode == 0 || !strings.Contains(pre.Stdout+pre.Stderr, "infra/demo.sops.yaml") {
+	if pre.ExitCode == 0 || !strings.Contains(pre.Stdout+pre.Stderr, "infra/secrets.yaml") {
 		t.Fatalf("precheck with the wrong identity (exit %d) does not name the file:\n%s", pre.ExitCode, pre.Tail(30))
 	}
 	writeSecretFile(t, keyFile, identity+"\n")

@@ -43,16 +43,18 @@ var ErrAlreadyRunning = errors.New("a git snapshot server is already running")
 // struct as its kong command, and Start builds the detached child's argv
 // from it, so both always agree.
 type ServeFlags struct {
-	Repo     string        `help:"Work tree to snapshot." required:"" type:"existingdir"`
-	Listen   string        `help:"Address to listen on (host:port), reachable from the cluster's pods." required:""`
-	URL      string        `name:"url" help:"Clone URL to announce, as used by Flux's GitRepository." required:""`
-	Branch   string        `help:"Branch the snapshot is published under." default:"main"`
-	Interval time.Duration `help:"Re-snapshot interval (0 disables; SIGHUP always re-snapshots)." default:"1m"`
-	Exclude  []string      `help:"Extra gitignore-style pattern to leave out of the snapshot (repeatable)." sep:"none"`
-	StateDir string        `help:"State directory of a detached server (kept current by the server)." type:"path"`
-	AuthFile string        `help:"File holding user:password (mode 0600) that clients must present with HTTP basic auth; without it the snapshot is served to anyone who can reach the port." type:"path"`
-	TLSCert  string        `name:"tls-cert" help:"Serve HTTPS with this PEM certificate (chain); --url must be https://." type:"path"`
-	TLSKey   string        `name:"tls-key" help:"PEM private key of --tls-cert." type:"path"`
+	Repo      string        `help:"Work tree to snapshot." required:"" type:"existingdir"`
+	Listen    string        `help:"Address to listen on (host:port), reachable from the cluster's pods." required:""`
+	URL       string        `name:"url" help:"Clone URL to announce, as used by Flux's GitRepository." required:""`
+	Branch    string        `help:"Branch the snapshot is published under." default:"main"`
+	Interval  time.Duration `help:"Re-snapshot interval (0 disables; SIGHUP always re-snapshots)." default:"1m"`
+	Exclude   []string      `help:"Extra gitignore-style pattern to leave out of the snapshot (repeatable)." sep:"none"`
+	StateDir  string        `help:"State directory of a detached server (kept current by the server)." type:"path"`
+	Protect   []string      `help:"Path never served, with everything under it and its .bak-* backups (repeatable): state, Talos files, credential files." sep:"none" type:"path"`
+	AuthFile  string        `help:"File holding user:password (mode 0600) that clients must present with HTTP basic auth. Default: the credential in --state-dir (created once, 0600)." type:"path"`
+	Anonymous bool          `help:"Serve without a credential, to anyone who can reach the port (needs no --auth-file)."`
+	TLSCert   string        `name:"tls-cert" help:"Serve HTTPS with this PEM certificate (chain); --url must be https://." type:"path"`
+	TLSKey    string        `name:"tls-key" help:"PEM private key of --tls-cert." type:"path"`
 }
 
 // Args is the argv of `bootstrap gitsnap serve` for these flags, without
@@ -67,6 +69,12 @@ func (f ServeFlags) Args() []string {
 	}
 	for _, e := range f.Exclude {
 		args = append(args, "--exclude="+e)
+	}
+	for _, p := range f.Protect {
+		args = append(args, "--protect="+p)
+	}
+	if f.Anonymous {
+		args = append(args, "--anonymous")
 	}
 	if f.StateDir != "" {
 		args = append(args, "--state-dir="+f.StateDir)
@@ -90,7 +98,7 @@ func (f ServeFlags) branch() string {
 // ServerOptions turns the flags into server options.
 func (f ServeFlags) ServerOptions(log zerolog.Logger) ServerOptions {
 	return ServerOptions{
-		Build:    BuildOptions{Dir: f.Repo, Branch: f.branch(), Excludes: f.Exclude},
+		Build:    BuildOptions{Dir: f.Repo, Branch: f.branch(), Excludes: f.Exclude, Protect: f.Protect},
 		Listen:   f.Listen,
 		URL:      f.URL,
 		Interval: f.Interval,
@@ -104,14 +112,28 @@ func (f ServeFlags) ServerOptions(log zerolog.Logger) ServerOptions {
 // from refresh (the CLI passes SIGHUP) and every interval.
 func Serve(ctx context.Context, f ServeFlags, log zerolog.Logger, refresh <-chan os.Signal) error {
 	opts := f.ServerOptions(log)
-	if f.AuthFile != "" {
+	switch {
+	case f.Anonymous && f.AuthFile != "":
+		return errors.New("--anonymous and --auth-file exclude each other: drop one")
+	case f.Anonymous:
+		log.Warn().Msg("--anonymous: anyone who can reach the port can clone the snapshot")
+	case f.AuthFile != "":
 		a, err := ReadAuth(f.AuthFile)
 		if err != nil {
 			return fmt.Errorf("reading the snapshot credential: %w", err)
 		}
 		opts.Auth = &a
-	} else {
-		log.Warn().Msg("no --auth-file: anyone who can reach the port can clone the snapshot")
+	case f.StateDir != "":
+		// Secure by default: the cluster's credential, as the flux stage
+		// hands it to Flux.
+		a, path, err := EnsureAuth(f.StateDir)
+		if err != nil {
+			return fmt.Errorf("the snapshot credential in %s: %w", f.StateDir, err)
+		}
+		log.Info().Str("auth_file", path).Msg("clients must present the credential in this file (user:password)")
+		opts.Auth = &a
+	default:
+		return errors.New("gitsnap serve needs a credential: --auth-file FILE (user:password, 0600), or --state-dir DIR to use (or create) the cluster's credential there; --anonymous serves to anyone who can reach the port")
 	}
 	opts.TLSCert, opts.TLSKey = f.TLSCert, f.TLSKey
 	srv, err := NewServer(ctx, opts)
@@ -136,6 +158,7 @@ type State struct {
 	Repo     string        `json:"repo"`
 	Interval time.Duration `json:"interval"`
 	Excludes []string      `json:"excludes,omitempty"`
+	Protect  []string      `json:"protect,omitempty"`
 	// AuthFile is the credential file the server requires (its path, never
 	// its content).
 	AuthFile string `json:"auth_file,omitempty"`
@@ -149,7 +172,7 @@ type State struct {
 
 func (s *State) sameServer(f ServeFlags) bool {
 	return s.Repo == f.Repo && s.Listen == f.Listen && s.URL == f.URL && s.Branch == f.branch() &&
-		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude) && s.AuthFile == f.AuthFile && s.TLSCert == f.TLSCert
+		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude) && slices.Equal(s.Protect, f.Protect) && s.AuthFile == f.AuthFile && s.TLSCert == f.TLSCert
 }
 
 // ReadState returns the recorded server in stateDir, or nil if none is recorded.
@@ -220,6 +243,15 @@ func (o *StartOptions) normalize() error {
 	o.Flags.Repo = repo
 	o.Flags.Branch = o.Flags.branch()
 	o.Flags.StateDir = o.StateDir
+	if !o.Flags.Anonymous && o.Flags.AuthFile == "" {
+		// The child would use the credential in the state directory; the
+		// probes must present it too.
+		_, path, err := EnsureAuth(o.StateDir)
+		if err != nil {
+			return fmt.Errorf("the snapshot credential: %w", err)
+		}
+		o.Flags.AuthFile = path
+	}
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Second
 	}
@@ -280,7 +312,7 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 	st := &State{
 		PID: pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL,
 		Branch: opts.Flags.Branch, Repo: opts.Flags.Repo, Interval: opts.Flags.Interval,
-		Excludes: opts.Flags.Exclude, AuthFile: opts.Flags.AuthFile, TLSCert: opts.Flags.TLSCert, LogFile: logPath, StartedAt: now, UpdatedAt: now,
+		Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect, AuthFile: opts.Flags.AuthFile, TLSCert: opts.Flags.TLSCert, LogFile: logPath, StartedAt: now, UpdatedAt: now,
 	}
 	if err := writeState(opts.StateDir, st); err != nil {
 		_ = cmd.Process.Kill()

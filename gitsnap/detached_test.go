@@ -32,7 +32,7 @@ func detachedOptions(t *testing.T, fx fixture, env ...string) StartOptions {
 	opts := StartOptions{
 		Flags: ServeFlags{
 			Repo: fx.dir, Listen: addr, URL: "http://" + addr + "/homelab.git",
-			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes, AuthFile: authFile,
+			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes, Protect: fx.protect, AuthFile: authFile,
 		},
 		StateDir:   stateDir,
 		Executable: os.Args[0],
@@ -259,7 +259,7 @@ func TestEnsureStaleStateAndExternalServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(ctx, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes}, URL: opts.Flags.URL})
+	srv, err := NewServer(ctx, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect}, URL: opts.Flags.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,12 +439,12 @@ func TestEnsureWaitsForARecordedServerStillStarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &State{PID: cmd.Process.Pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL, Branch: opts.Flags.Branch,
-		Repo: opts.Flags.Repo, Interval: opts.Flags.Interval, Excludes: opts.Flags.Exclude, AuthFile: opts.Flags.AuthFile}
+		Repo: opts.Flags.Repo, Interval: opts.Flags.Interval, Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect, AuthFile: opts.Flags.AuthFile}
 	if err := writeState(opts.StateDir, rec); err != nil {
 		t.Fatal(err)
 	}
 	// The hash the server will serve: what Build makes of the same options.
-	snap, err := Build(context.Background(), BuildOptions{Dir: opts.Flags.Repo, Branch: opts.Flags.Branch, Excludes: opts.Flags.Exclude})
+	snap, err := Build(context.Background(), BuildOptions{Dir: opts.Flags.Repo, Branch: opts.Flags.Branch, Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect})
 	if err != nil {
 		t.Fatal(err)
 	}

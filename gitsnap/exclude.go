@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"path"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -36,6 +36,26 @@ const (
 	// RuleTokenPrefix starts the rule of a well-known token format found in
 	// a text file: "token: github", "token: aws access key", ...
 	RuleTokenPrefix = "token: "
+	// RuleTalosSecretsBundle: a Talos secrets bundle (cluster, secrets,
+	// trustdinfo and certs, talos pkg/machinery/config/generate/secrets
+	// Bundle), plaintext or SOPS-encrypted, wherever it sits: the keys of
+	// the whole cluster are never served, not even encrypted.
+	RuleTalosSecretsBundle = "talos secrets bundle"
+	// RuleProtected: a path the cluster's config keeps its state, keys or
+	// backups in (state.dir, state.talosDir, the kubeconfig, backup.copyDir,
+	// every credential file it names, and their "<file>.bak-*" backups),
+	// when that path lies inside the served tree.
+	RuleProtected = "bootstrap state or credential"
+	// RuleSecretGenerator: a kustomization whose secretGenerator holds
+	// literals, or a plaintext file or env file such a generator reads.
+	// kustomize-controller decrypts SOPS-encrypted generator files, so
+	// those are served.
+	RuleSecretGenerator = "kustomize secretGenerator"
+	// RuleFiltered: a file with a git filter attribute (LFS, git-crypt)
+	// whose work-tree content is not what git holds (changed since it was
+	// added, or never added): the smudged content may be the plaintext
+	// the filter exists to keep out of the repository.
+	RuleFiltered = "filtered file not as git holds it"
 )
 
 // tokenRules are the token formats looked for in every inspected file: a
@@ -55,11 +75,6 @@ var tokenRules = []struct {
 	{"slack", "xox", regexp.MustCompile(`\bxox[abprs]-[A-Za-z0-9-]{10,}`)},
 	{"age secret key", "AGE-SECRET-KEY-1", regexp.MustCompile(`AGE-SECRET-KEY-1[0-9A-Z]{58}`)},
 }
-
-// sniffLimit bounds the files whose content is inspected for credentials:
-// kubeconfigs, talosconfigs and keys are small, and reading past this would
-// only slow snapshots of large assets.
-const sniffLimit = 1 << 20
 
 // Exclusions counts excluded files by rule. It carries no names or content,
 // so it can be logged as is.
@@ -93,9 +108,14 @@ func (e Exclusions) String() string {
 
 type excluder struct {
 	configured gitignore.Matcher
+	// protected are slash-separated paths relative to the work tree root.
+	protected []string
 }
 
-func newExcluder(patterns []string) (*excluder, error) {
+// newExcluder takes the configured patterns and the protected paths
+// (absolute, or relative to root); protected paths outside root are
+// dropped, as no snapshot can reach them.
+func newExcluder(root string, patterns, protected []string) (*excluder, error) {
 	var ps []gitignore.Pattern
 	for _, p := range patterns {
 		if strings.TrimSpace(p) == "" {
@@ -103,7 +123,24 @@ func newExcluder(patterns []string) (*excluder, error) {
 		}
 		ps = append(ps, gitignore.ParsePattern(p, nil))
 	}
-	return &excluder{configured: gitignore.NewMatcher(ps)}, nil
+	x := &excluder{configured: gitignore.NewMatcher(ps)}
+	for _, p := range protected {
+		if p == "" {
+			continue
+		}
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(root, p)
+		}
+		rel, err := filepath.Rel(root, filepath.Clean(p))
+		if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			continue
+		}
+		if rel == "." {
+			return nil, fmt.Errorf("the snapshot source %s is itself a protected path (state, Talos files or credentials): serve a directory that does not hold them", root)
+		}
+		x.protected = append(x.protected, filepath.ToSlash(rel))
+	}
+	return x, nil
 }
 
 // byPath returns the rule that excludes the slash-separated path p, or "".
@@ -119,18 +156,19 @@ func (x *excluder) byPath(p string) string {
 			return RuleStateDir
 		}
 	}
+	for _, prot := range x.protected {
+		if p == prot || strings.HasPrefix(p, prot+"/") || strings.HasPrefix(p, prot+".bak-") {
+			return RuleProtected
+		}
+	}
 	base := path.Base(p)
 	switch {
 	case base == "kubeconfig" || strings.HasSuffix(base, ".kubeconfig"):
 		return RuleKubeconfig
 	case base == "talosconfig" || strings.HasSuffix(base, ".talosconfig"):
 		return RuleTalosconfig
-	case base == "secrets.yaml" || base == "secrets.yml":
-		return RuleSecretsBundle
-	case strings.HasSuffix(base, ".age") || strings.HasSuffix(base, ".agekey"):
+	case strings.HasSuffix(base, ".agekey"):
 		return RuleAgeKey
-	case base == ".env" || strings.HasPrefix(base, ".env."):
-		return RuleDotEnv
 	}
 	if x.configured.Match(parts, false) {
 		return RuleConfiguredExclude
@@ -138,13 +176,37 @@ func (x *excluder) byPath(p string) string {
 	return ""
 }
 
+// byEncryptedName returns the rule of a name that usually holds secrets
+// (secrets.yaml, *.age, .env*) when the content is not encrypted, or "".
+// Flux layouts keep SOPS-encrypted Secrets under exactly these names, so
+// an encrypted one is served: kustomize-controller decrypts it.
+func byEncryptedName(p string, data []byte) string {
+	base := path.Base(p)
+	switch {
+	case base == "secrets.yaml" || base == "secrets.yml":
+		if !sopsSealed(data) {
+			return RuleSecretsBundle
+		}
+	case strings.HasSuffix(base, ".age"):
+		if !isAgeCiphertext(data) {
+			return RuleAgeKey
+		}
+	case base == ".env" || strings.HasPrefix(base, ".env."):
+		if !sopsDotenvSealed(data) {
+			return RuleDotEnv
+		}
+	}
+	return ""
+}
+
 // byContent returns the rule that excludes a regular file with this content
 // whatever its name, or "". Cheap byte checks come first so only likely
 // candidates are parsed.
+//
+// Every file is inspected whatever its size: a credential appended to a
+// large manifest leaks as much as a small one, and the snapshot holds the
+// whole file in memory anyway.
 func (x *excluder) byContent(data []byte) string {
-	if len(data) > sniffLimit {
-		return ""
-	}
 	if isPrivateKey(data) {
 		return RulePrivateKey
 	}
@@ -156,6 +218,9 @@ func (x *excluder) byContent(data []byte) string {
 	}
 	if bytes.Contains(data, []byte("v1alpha1")) && bytes.Contains(data, []byte("machine")) && isTalosMachineConfig(data) {
 		return RuleTalosMachineConfig
+	}
+	if bytes.Contains(data, []byte("trustdinfo")) && isTalosSecretsBundle(data) {
+		return RuleTalosSecretsBundle
 	}
 	if bytes.Contains(data, []byte("Secret")) && isUnencryptedSecret(data) {
 		return RuleUnencryptedSecret
@@ -180,19 +245,169 @@ func isTalosMachineConfig(data []byte) bool {
 	return false
 }
 
-// isUnencryptedSecret: a core/v1 Secret with data or stringData and no
-// top-level sops metadata (what `sops --encrypt` adds).
+// isUnencryptedSecret: a core/v1 Secret with data or stringData that is
+// not fully SOPS-encrypted, at the top level or inside any *List's items.
+// A document that does not parse but names kind Secret counts too: git
+// serves its bytes whether or not kustomize could read them.
 func isUnencryptedSecret(data []byte) bool {
+	for _, chunk := range splitYAMLDocs(data) {
+		if !bytes.Contains(chunk, []byte("Secret")) {
+			continue
+		}
+		var doc map[string]any
+		if err := yaml.Unmarshal(chunk, &doc); err != nil {
+			if secretKindLine.Match(chunk) {
+				return true
+			}
+			continue
+		}
+		if plaintextSecret(doc, 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// secretKindLine finds "kind: Secret" in a document that does not parse.
+var secretKindLine = regexp.MustCompile(`(?m)^\s*"?kind"?\s*:\s*["']?Secret["']?\s*,?\s*$`)
+
+// plaintextSecret judges one decoded object: a Secret whose data or
+// stringData holds a value that is not an ENC[...] string, or whose sops
+// metadata has no MAC (what `sops --encrypt` always writes: getsops/sops
+// v3.11.0 stores/stores.go Metadata.MessageAuthenticationCode, "mac").
+// A value left in plaintext by encrypted_regex or an unencrypted suffix is
+// plaintext once served. Lists (kind v1 List, or any *List) are searched
+// through their items.
+func plaintextSecret(doc map[string]any, depth int) bool {
+	kind, _ := doc["kind"].(string)
+	if items, ok := doc["items"].([]any); ok && strings.HasSuffix(kind, "List") && depth < 8 {
+		for _, it := range items {
+			if m, ok := it.(map[string]any); ok && plaintextSecret(m, depth+1) {
+				return true
+			}
+		}
+		return false
+	}
+	if kind != "Secret" || (doc["apiVersion"] != "v1" && doc["apiVersion"] != nil) {
+		return false
+	}
+	d, _ := doc["data"].(map[string]any)
+	sd, _ := doc["stringData"].(map[string]any)
+	if len(d) == 0 && len(sd) == 0 {
+		return false
+	}
+	if !sopsMetadataSealed(doc) {
+		return true
+	}
+	return !allEncrypted(d) || !allEncrypted(sd)
+}
+
+// allEncrypted reports whether every leaf value of v is an ENC[...] string.
+func allEncrypted(v any) bool {
+	switch t := v.(type) {
+	case map[string]any:
+		for _, x := range t {
+			if !allEncrypted(x) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		for _, x := range t {
+			if !allEncrypted(x) {
+				return false
+			}
+		}
+		return true
+	case string:
+		return strings.HasPrefix(t, "ENC[")
+	case nil:
+		return true
+	default:
+		return false
+	}
+}
+
+// sopsMetadataSealed: the document carries sops metadata with an
+// encrypted MAC.
+func sopsMetadataSealed(doc map[string]any) bool {
+	m, _ := doc["sops"].(map[string]any)
+	mac, _ := m["mac"].(string)
+	return strings.HasPrefix(mac, "ENC[")
+}
+
+// sopsSealed: a YAML or JSON file (sops' yaml, json and binary formats)
+// every document of which parses and carries sealed sops metadata.
+func sopsSealed(data []byte) bool {
+	n := 0
+	for _, chunk := range splitYAMLDocs(data) {
+		var doc map[string]any
+		if err := yaml.Unmarshal(chunk, &doc); err != nil {
+			return false
+		}
+		if doc == nil {
+			continue
+		}
+		if !sopsMetadataSealed(doc) {
+			return false
+		}
+		n++
+	}
+	return n > 0
+}
+
+// sopsDotenvSealed: a dotenv file as sops writes it (stores/dotenv: the
+// metadata as sops_-prefixed keys, sops_mac among them) with every other
+// value encrypted.
+func sopsDotenvSealed(data []byte) bool {
+	mac := false
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, value, ok := strings.Cut(line, "=")
+		if !ok {
+			return false
+		}
+		if key == "sops_mac" {
+			mac = strings.HasPrefix(value, "ENC[")
+			continue
+		}
+		if strings.HasPrefix(key, "sops_") {
+			continue
+		}
+		if !strings.HasPrefix(value, "ENC[") {
+			return false
+		}
+	}
+	return mac
+}
+
+// sopsINISealed: an INI file as sops writes it (a [sops] section with an
+// encrypted mac).
+func sopsINISealed(data []byte) bool {
+	return bytes.Contains(data, []byte("[sops]")) && iniMAC.Match(data)
+}
+
+var iniMAC = regexp.MustCompile(`(?m)^mac\s*=\s*ENC\[`)
+
+// isAgeCiphertext: an age-encrypted file, binary or armored (the age
+// format's header line, C2SP age.md).
+func isAgeCiphertext(data []byte) bool {
+	return bytes.HasPrefix(data, []byte("age-encryption.org/v1\n")) ||
+		bytes.HasPrefix(bytes.TrimSpace(data), []byte("-----BEGIN AGE ENCRYPTED FILE-----"))
+}
+
+// isTalosSecretsBundle: a document with the sections of a Talos secrets
+// bundle. SOPS keeps key names in plaintext, so an encrypted bundle is
+// recognised too.
+func isTalosSecretsBundle(data []byte) bool {
 	for _, doc := range yamlDocs(data) {
-		if doc["kind"] != "Secret" || doc["apiVersion"] != "v1" {
-			continue
-		}
-		if _, encrypted := doc["sops"]; encrypted {
-			continue
-		}
-		d, _ := doc["data"].(map[string]any)
-		sd, _ := doc["stringData"].(map[string]any)
-		if len(d) > 0 || len(sd) > 0 {
+		_, certs := doc["certs"].(map[string]any)
+		_, trustd := doc["trustdinfo"].(map[string]any)
+		_, cluster := doc["cluster"].(map[string]any)
+		if certs && trustd && cluster {
 			return true
 		}
 	}
@@ -211,21 +426,46 @@ func isPrivateKey(data []byte) bool {
 	return bytes.Contains(line, []byte("PRIVATE KEY-----"))
 }
 
-// yamlDocs decodes every YAML (or JSON) document in data as a generic map;
-// anything that does not parse ends the list.
+// yamlDocs decodes every YAML (or JSON) document in data that parses as a
+// mapping; one that does not is skipped, so a broken first document does
+// not hide the ones after it.
 func yamlDocs(data []byte) []map[string]any {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var docs []map[string]any
-	for {
+	for _, chunk := range splitYAMLDocs(data) {
 		var m map[string]any
-		err := dec.Decode(&m)
-		if errors.Is(err, io.EOF) || err != nil {
-			return docs
-		}
-		if m != nil {
+		if err := yaml.Unmarshal(chunk, &m); err == nil && m != nil {
 			docs = append(docs, m)
 		}
 	}
+	return docs
+}
+
+// splitYAMLDocs splits data at document markers ("---" at the start of a
+// line, alone or before a comment or a value). A marker inside a block
+// scalar is indented, so a marker in column 0 always starts a document.
+func splitYAMLDocs(data []byte) [][]byte {
+	var out [][]byte
+	start := 0
+	for i := 0; i <= len(data); {
+		end := bytes.IndexByte(data[i:], '\n')
+		if end < 0 {
+			end = len(data)
+		} else {
+			end += i
+		}
+		line := data[i:end]
+		if bytes.HasPrefix(line, []byte("---")) && (len(line) == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r') {
+			if i > start {
+				out = append(out, data[start:i])
+			}
+			start = i + 3
+		}
+		i = end + 1
+	}
+	if start < len(data) {
+		out = append(out, data[start:])
+	}
+	return out
 }
 
 func isKubeconfigWithCredentials(data []byte) bool {

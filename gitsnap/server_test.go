@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"fmt"
+	"github.com/rs/zerolog"
 	"io"
 	"net"
 	"net/http"
@@ -29,7 +30,7 @@ func serveFixture(t *testing.T) (fixture, *Server, chan os.Signal) {
 	t.Helper()
 	fx := newFixture(t)
 	srv, refresh := startServer(t, ServerOptions{
-		Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes},
+		Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect},
 	})
 	return fx, srv, refresh
 }
@@ -440,36 +441,43 @@ func TestConcurrentClonesDuringRefresh(t *testing.T) {
 		wg    sync.WaitGroup
 		heads sync.Map
 	)
-	for i := 0; i < 6; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			dst := filepath.Join(t.TempDir(), fmt.Sprintf("clone%d", i))
-			args := []string{"clone", "-q", srv.URL(), dst}
-			if i%2 == 0 {
-				args = []string{"clone", "-q", "--depth", "1", srv.URL(), dst}
-			}
-			if out, err := gitErr("", args...); err != nil {
-				t.Errorf("concurrent clone %d: %v\n%s", i, err, out)
-				return
-			}
-			if out, err := gitErr(dst, "fsck", "--full", "--strict", "--no-dangling"); err != nil {
-				t.Errorf("fsck of concurrent clone %d: %v\n%s", i, err, out)
-			}
-			head, err := gitErr(dst, "rev-parse", "HEAD")
-			if err != nil {
-				t.Errorf("clone %d: rev-parse HEAD: %v %s", i, err, head)
-			}
-			heads.Store(i, strings.TrimSpace(head))
-		}(i)
+	count := func() int {
+		n := 0
+		served.Range(func(any, any) bool { n++; return true })
+		return n
 	}
-	wg.Wait()
+	// Rounds of clones until the refresher swapped snapshots under them at
+	// least twice: on a loaded machine one round can finish between swaps.
+	for round := 0; round < 5 && (round == 0 || count() < 3); round++ {
+		for i := round * 6; i < round*6+6; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				dst := filepath.Join(t.TempDir(), fmt.Sprintf("clone%d", i))
+				args := []string{"clone", "-q", srv.URL(), dst}
+				if i%2 == 0 {
+					args = []string{"clone", "-q", "--depth", "1", srv.URL(), dst}
+				}
+				if out, err := gitErr("", args...); err != nil {
+					t.Errorf("concurrent clone %d: %v\n%s", i, err, out)
+					return
+				}
+				if out, err := gitErr(dst, "fsck", "--full", "--strict", "--no-dangling"); err != nil {
+					t.Errorf("fsck of concurrent clone %d: %v\n%s", i, err, out)
+				}
+				head, err := gitErr(dst, "rev-parse", "HEAD")
+				if err != nil {
+					t.Errorf("clone %d: rev-parse HEAD: %v %s", i, err, head)
+				}
+				heads.Store(i, strings.TrimSpace(head))
+			}(i)
+		}
+		wg.Wait()
+	}
 	cancel()
 	<-refresher
-	n := 0
-	served.Range(func(any, any) bool { n++; return true })
-	if n < 3 {
-		t.Errorf("only %d snapshots were served during the clones; the test did not exercise swaps", n)
+	if n := count(); n < 3 {
+		t.Errorf("only %d snapshots were served during five rounds of clones; the test did not exercise swaps", n)
 	}
 	heads.Range(func(i, head any) bool {
 		if _, ok := served.Load(head); !ok {
@@ -506,7 +514,7 @@ func TestAuthRequired(t *testing.T) {
 		t.Fatalf("a second EnsureAuth rewrote the credential: %v", err)
 	}
 	fx := newFixture(t)
-	srv, _ := startServer(t, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes}, Auth: &auth})
+	srv, _ := startServer(t, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect}, Auth: &auth})
 
 	env := append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false", "SSH_ASKPASS=/bin/false")
 	gitFails := func(what, u string) {
@@ -564,7 +572,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := "https://" + ln.Addr().String() + "/homelab.git"
-	srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes},
+	srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect},
 		URL: u, Auth: &auth, TLSCert: certFile, TLSKey: keyFile})
 	if err != nil {
 		t.Fatal(err)
@@ -597,5 +605,60 @@ func TestTLS(t *testing.T) {
 	st := &State{URL: u, Branch: testRepoBranch, TLSCert: certFile, AuthFile: filepath.Join(dir, AuthFileName)}
 	if h, _, err := probe(context.Background(), st.client(), st.URL, st.Branch, st.auth()); err != nil || h != srv.Snapshot().Hash {
 		t.Errorf("probe of a TLS server: %s %v", h, err)
+	}
+}
+
+// TestServeIsSecureByDefault: `gitsnap serve` without --auth-file uses the
+// credential in --state-dir (creating it), refuses to start with neither,
+// and serves anonymously only with --anonymous.
+func TestServeIsSecureByDefault(t *testing.T) {
+	fx := newFixture(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	flags := func(mod func(*ServeFlags)) ServeFlags {
+		addr := freeAddr(t)
+		f := ServeFlags{Repo: fx.dir, Listen: addr, URL: "http://" + addr + "/homelab.git", Branch: testRepoBranch, Exclude: fx.excludes, Protect: fx.protect}
+		mod(&f)
+		return f
+	}
+	log := zerolog.New(zerolog.NewTestWriter(t))
+	if err := Serve(ctx, flags(func(*ServeFlags) {}), log, nil); err == nil || !strings.Contains(err.Error(), "--anonymous") {
+		t.Errorf("serve without a credential: %v, want a refusal naming the choices", err)
+	}
+	if err := Serve(ctx, flags(func(f *ServeFlags) { f.Anonymous, f.AuthFile = true, "/x" }), log, nil); err == nil {
+		t.Error("serve with --anonymous and --auth-file started")
+	}
+
+	stateDir := filepath.Join(t.TempDir(), "state")
+	secured := flags(func(f *ServeFlags) { f.StateDir = stateDir })
+	anon := flags(func(f *ServeFlags) { f.Anonymous = true })
+	for _, f := range []ServeFlags{secured, anon} {
+		go func() {
+			if err := Serve(ctx, f, log, nil); err != nil && ctx.Err() == nil {
+				t.Errorf("Serve: %v", err)
+			}
+		}()
+	}
+	statusOf := func(url string) int {
+		resp, err := http.Get(url + "/info/refs?service=git-upload-pack")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	waitFor(t, "both servers to answer", func() bool { return statusOf(secured.URL) != 0 && statusOf(anon.URL) != 0 })
+	if got := statusOf(secured.URL); got != http.StatusUnauthorized {
+		t.Errorf("anonymous request to the default server: %d, want 401", got)
+	}
+	auth, err := ReadAuth(filepath.Join(stateDir, AuthFileName))
+	if err != nil {
+		t.Fatalf("the default server did not create the state directory's credential: %v", err)
+	}
+	if _, err := Probe(ctx, secured.URL, testRepoBranch, &auth); err != nil {
+		t.Errorf("probe with the state directory's credential: %v", err)
+	}
+	if got := statusOf(anon.URL); got != http.StatusOK {
+		t.Errorf("--anonymous server: %d, want 200", got)
 	}
 }

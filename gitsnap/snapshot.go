@@ -50,6 +50,12 @@ type BuildOptions struct {
 	// Excludes are extra gitignore-style patterns, applied on top of the
 	// built-in exclusions (which cannot be turned off).
 	Excludes []string
+	// Protect are paths (absolute, or relative to the work tree's root)
+	// never served, with everything under them and their "<path>.bak-*"
+	// backups: the cluster's state and Talos directories, its kubeconfig
+	// and backup copies, and the credential files its config names, when
+	// they sit inside the work tree (config.Config.Protected).
+	Protect []string
 }
 
 // Snapshot is one immutable commit built from a work tree, held in memory.
@@ -100,10 +106,6 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 	if err := ref.Validate(); err != nil {
 		return nil, fmt.Errorf("snapshot branch %q: %w", branch, err)
 	}
-	ex, err := newExcluder(opts.Excludes)
-	if err != nil {
-		return nil, err
-	}
 	repo, err := gogit.PlainOpenWithOptions(opts.Dir, &gogit.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
 	if err != nil {
 		return nil, fmt.Errorf("opening git repository at %s: %w", opts.Dir, err)
@@ -113,11 +115,20 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 		return nil, fmt.Errorf("opening work tree of %s: %w", opts.Dir, err)
 	}
 	root := wt.Filesystem.Root()
+	ex, err := newExcluder(root, opts.Excludes, opts.Protect)
+	if err != nil {
+		return nil, err
+	}
 
 	candidates, skipped, err := listCandidates(ctx, repo, root)
 	if err != nil {
 		return nil, err
 	}
+	held, err := newGitView(repo, root, candidates)
+	if err != nil {
+		return nil, err
+	}
+	generated := secretGeneratorInputs(root, candidates)
 
 	snap := &Snapshot{Branch: branch, Excluded: Exclusions{}, Skipped: skipped, storage: memory.NewStorage()}
 	files := map[string]treeFile{}
@@ -154,14 +165,26 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 			}
 			data, mode = []byte(filepath.ToSlash(target)), filemode.Symlink
 		case fi.Mode().IsRegular():
-			data, err = os.ReadFile(full)
+			var ok bool
+			data, ok, err = held.content(p, full, fi)
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
 			if err != nil {
 				return nil, fmt.Errorf("reading %s: %w", p, err)
 			}
-			if rule := ex.byContent(data); rule != "" {
+			if !ok {
+				snap.Excluded[RuleFiltered]++
+				continue
+			}
+			rule := byEncryptedName(p, data)
+			if rule == "" {
+				rule = generated.judge(p, data)
+			}
+			if rule == "" {
+				rule = ex.byContent(data)
+			}
+			if rule != "" {
 				snap.Excluded[rule]++
 				continue
 			}

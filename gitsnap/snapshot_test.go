@@ -72,6 +72,7 @@ type fixture struct {
 	// skipped paths).
 	excluded map[string]string
 	excludes []string
+	protect  []string
 }
 
 func newFixture(t *testing.T) fixture {
@@ -85,6 +86,9 @@ func newFixture(t *testing.T) fixture {
 		modes:    map[string]filemode.FileMode{},
 		excluded: map[string]string{},
 		excludes: []string{"private/", "*.secret"},
+		// Absolute, as config.Protected gives them (a relative path in
+		// --protect is relative to the server's working directory).
+		protect: []string{filepath.Join(dir, "var", "state"), filepath.Join(dir, "keys", "talos"), filepath.Join(dir, "creds", "token"), "/elsewhere/outside"},
 	}
 	add := func(rel, content string, perm os.FileMode) {
 		writeFile(t, dir, rel, content, perm)
@@ -155,13 +159,50 @@ func newFixture(t *testing.T) fixture {
 	exclude("backup/cp-1.yaml", "---\napiVersion: v1alpha1\nkind: HostnameConfig\nhostname: cp-1\n---\n"+talosMachineConfig, RuleTalosMachineConfig)
 	exclude("apps/db-secret.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2\n", RuleUnencryptedSecret)
 	exclude("apps/all.yaml", configMap+"---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: db\ndata:\n  password: aHVudGVyMg==\n", RuleUnencryptedSecret)
-	add("apps/db-secret.sops.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops:\n  age:\n    - recipient: age1xyz\n  version: 3.9.0\n", 0o644)
+	add("apps/db-secret.sops.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops:\n  age:\n    - recipient: age1xyz\n  mac: ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\n  version: 3.9.0\n", 0o644)
 	add("apps/empty-secret.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: filled-by-a-controller\n", 0o644)
 	add("docs/tokens.md", "GitHub tokens start with ghp_ and AWS keys with AKIA.\n", 0o644)
 	exclude("notes/github.txt", "token = gh"+"p_"+strings.Repeat("A1b2", 9)+"\n", RuleTokenPrefix+"github")
 	exclude("ci/aws.env.txt", "AWS_ACCESS_KEY_ID=AK"+"IA"+strings.Repeat("Q7", 8)+"\n", RuleTokenPrefix+"aws access key")
 	exclude("ci/gitlab.txt", "gl"+"pat-"+strings.Repeat("x", 20)+"\n", RuleTokenPrefix+"gitlab")
 	exclude("keys/age.txt", "# created: 2026-01-01\nAGE-SECRET-KEY-1"+strings.Repeat("Q", 58)+"\n", RuleTokenPrefix+"age secret key")
+
+	// Encrypted files under names that usually hold plaintext secrets are
+	// served: Flux decrypts them. The same names in plaintext are not.
+	add("apps/secrets.yaml", sopsSecret, 0o644)
+	add("apps/.env.prod", "DB_PASSWORD=ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops_age__list_0__map_recipient=age1xyz\nsops_mac=ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\nsops_version=3.11.0\n", 0o644)
+	add("backups/notes.yaml.age", "age-encryption.org/v1\n-> X25519 abc\nxyz\n--- def\n\x00\x01", 0o644)
+	exclude("apps/.env.half", "DB_PASSWORD=hunter2\nsops_mac=ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\n", RuleDotEnv)
+	exclude("apps/other/secrets.yml", strings.Replace(sopsSecret, "  mac: ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\n", "", 1), RuleSecretsBundle)
+	// The leak guard's bypasses: a Secret in a List, a sops block without
+	// a MAC, plaintext left by encrypted_regex, a broken first document, a
+	// Secret that does not parse, a large file.
+	exclude("apps/list.yaml", "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: a}\n- apiVersion: v1\n  kind: Secret\n  metadata: {name: b}\n  stringData: {password: hunter2}\n", RuleUnencryptedSecret)
+	exclude("apps/secretlist.json", `{"apiVersion":"v1","kind":"SecretList","items":[{"apiVersion":"v1","kind":"Secret","metadata":{"name":"b"},"data":{"p":"aHVudGVy"}}]}`, RuleUnencryptedSecret)
+	exclude("apps/nomac.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: db}\nstringData:\n  password: ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops:\n  version: 3.11.0\n", RuleUnencryptedSecret)
+	exclude("apps/regex.yaml", strings.Replace(sopsSecret, "  token: ENC[AES256_GCM,data:t,iv:i,tag:g,type:str]", "  token: plaintext-left-by-encrypted-regex", 1), RuleUnencryptedSecret)
+	exclude("apps/broken-first.yaml", "key: [unclosed\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: db}\nstringData: {password: hunter2}\n", RuleUnencryptedSecret)
+	exclude("apps/broken-secret.yaml", "apiVersion: v1\nkind: Secret\nstringData:\n  password: hunter2\n  other: [\n", RuleUnencryptedSecret)
+	exclude("assets/big.yaml", configMap+"---\n# "+strings.Repeat("x", 1<<20)+"\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: db}\nstringData: {password: hunter2}\n", RuleUnencryptedSecret)
+	// kustomize secretGenerators: literals refuse the kustomization, a
+	// plaintext input file refuses that file, an encrypted one is served.
+	add("gen/kustomization.yaml", "secretGenerator:\n- name: db\n  files: [token=token.txt, sealed.yaml, app.env=creds.bin]\n  envs: [db.env, sealed.env]\n", 0o644)
+	exclude("gen/token.txt", "hunter2\n", RuleSecretGenerator)
+	exclude("gen/db.env", "PASSWORD=hunter2\n", RuleSecretGenerator)
+	add("gen/sealed.env", "PASSWORD=ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops_mac=ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\n", 0o644)
+	add("gen/sealed.yaml", "password: ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops:\n  mac: ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\n", 0o644)
+	// kustomize-controller picks a file source's format by its key.
+	add("gen/creds.bin", "A=ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops_mac=ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\n", 0o644)
+	exclude("gen2/kustomization.yml", "secretGenerator:\n- name: db\n  literals: [password=hunter2]\n", RuleSecretGenerator)
+	// A Talos secrets bundle is never served, encrypted or not.
+	exclude("clusters/bundle.yaml", talosBundle, RuleTalosSecretsBundle)
+	exclude("clusters/sealed/secrets.yaml", sopsTalosBundle, RuleTalosSecretsBundle)
+	// The paths the config protects, wherever state.dir and talosDir point.
+	exclude("var/state/homelab/state.json", "{}\n", RuleProtected)
+	exclude("keys/talos/homelab/notes.txt", "notes\n", RuleProtected)
+	exclude("creds/token", "s3cr3t\n", RuleProtected)
+	exclude("creds/token.bak-20260101T000000Z", "s3cr3t\n", RuleProtected)
+	add("creds/tokenizer.md", "a different file\n", 0o644)
 
 	// A nested repository is its own project.
 	nested := filepath.Join(dir, "vendor", "other")
@@ -185,7 +226,7 @@ func (fx fixture) expectedExclusions() Exclusions {
 
 func (fx fixture) build(t *testing.T) *Snapshot {
 	t.Helper()
-	snap, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes})
+	snap, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect})
 	if err != nil {
 		t.Fatalf("Build: %v", err)
 	}
@@ -283,7 +324,11 @@ func TestBuildIsDeterministic(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", fx.dir, copyDir).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v\n%s", err, out)
 	}
-	other, err := Build(context.Background(), BuildOptions{Dir: copyDir, Branch: testRepoBranch, Excludes: fx.excludes})
+	var protect []string
+	for _, p := range fx.protect {
+		protect = append(protect, strings.Replace(p, fx.dir, copyDir, 1))
+	}
+	other, err := Build(context.Background(), BuildOptions{Dir: copyDir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: protect})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +373,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(fx.dir, "deep")); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: "dev", Excludes: fx.excludes})
+	dev, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: "dev", Excludes: fx.excludes, Protect: fx.protect})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,6 +434,51 @@ func sortedKeys[V any](m map[string]V) []string {
 	return ks
 }
 
+// sopsSecret is a Secret as `sops --encrypt` writes it (values and the MAC
+// as ENC[...] strings; the ciphertexts are placeholders).
+const sopsSecret = `apiVersion: v1
+kind: Secret
+metadata:
+  name: db
+stringData:
+  password: ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]
+  token: ENC[AES256_GCM,data:t,iv:i,tag:g,type:str]
+sops:
+  age:
+    - recipient: age1xyz
+  lastmodified: "2026-01-01T00:00:00Z"
+  mac: ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]
+  version: 3.11.0
+`
+
+// talosBundle has the sections of a Talos secrets bundle (placeholders).
+const talosBundle = `cluster:
+  id: abc
+  secret: c2VjcmV0
+secrets:
+  bootstraptoken: abcdef.0123456789abcdef
+trustdinfo:
+  token: abcdef.0123456789abcdef
+certs:
+  os:
+    crt: LS0t
+    key: LS0t
+`
+
+const sopsTalosBundle = `cluster:
+  id: ENC[AES256_GCM,data:a,iv:b,tag:c,type:str]
+  secret: ENC[AES256_GCM,data:a,iv:b,tag:c,type:str]
+trustdinfo:
+  token: ENC[AES256_GCM,data:a,iv:b,tag:c,type:str]
+certs:
+  os:
+    crt: ENC[AES256_GCM,data:a,iv:b,tag:c,type:str]
+    key: ENC[AES256_GCM,data:a,iv:b,tag:c,type:str]
+sops:
+  mac: ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]
+  version: 3.11.0
+`
+
 // talosMachineConfig is the shape of a Talos v1alpha1 machine config (the
 // secrets are placeholders; what matters is the document's root).
 const talosMachineConfig = `version: v1alpha1
@@ -403,3 +493,80 @@ machine:
 cluster:
   secret: c2VjcmV0
 `
+
+// TestBuildServesWhatGitHolds: a file under a filter attribute (git-crypt,
+// LFS) is smudged in the work tree; the snapshot serves the cleaned blob
+// git holds, and leaves the file out when the work tree no longer matches
+// the index or the file was never added. The filter here is rot13 for
+// both clean and smudge, configured as git-crypt's is (filter.<name>.clean
+// and .smudge in the repository config).
+func TestBuildServesWhatGitHolds(t *testing.T) {
+	requireGit(t)
+	dir := t.TempDir()
+	git(t, dir, "init", "-q", "-b", testRepoBranch)
+	git(t, dir, "config", "filter.rot13.clean", "tr a-zA-Z n-za-mN-ZA-M")
+	git(t, dir, "config", "filter.rot13.smudge", "tr a-zA-Z n-za-mN-ZA-M")
+	writeFile(t, dir, ".gitattributes", "*.crypt filter=rot13 diff=rot13\n", 0o644)
+	writeFile(t, dir, "sub/.gitattributes", "plain.crypt -filter\n", 0o644)
+	writeFile(t, dir, "vault.crypt", "password=hunter2\n", 0o644)
+	writeFile(t, dir, "changed.crypt", "password=hunter2\n", 0o644)
+	writeFile(t, dir, "sub/plain.crypt", "not filtered here\n", 0o644)
+	git(t, dir, "add", ".")
+	git(t, dir, "commit", "-q", "-m", "initial")
+	if got := git(t, dir, "cat-file", "-p", "HEAD:vault.crypt"); got != "cnffjbeq=uhagre2\n" {
+		t.Fatalf("git holds %q for vault.crypt; the test filter is not in effect", got)
+	}
+	writeFile(t, dir, "changed.crypt", "password=hunter3\n", 0o644)
+	writeFile(t, dir, "new.crypt", "password=hunter4\n", 0o644)
+
+	snap, err := Build(context.Background(), BuildOptions{Dir: dir, Branch: testRepoBranch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _, _ := snapshotFiles(t, snap)
+	want := map[string]string{
+		".gitattributes":     "*.crypt filter=rot13 diff=rot13\n",
+		"sub/.gitattributes": "plain.crypt -filter\n",
+		"vault.crypt":        "cnffjbeq=uhagre2\n",
+		"sub/plain.crypt":    "not filtered here\n",
+	}
+	if !maps.Equal(files, want) {
+		t.Errorf("snapshot files = %q, want %q", files, want)
+	}
+	if got := snap.Excluded[RuleFiltered]; got != 2 {
+		t.Errorf("Excluded = %v, want changed.crypt and new.crypt under %q", snap.Excluded, RuleFiltered)
+	}
+	// The real git CLI, cloning what gitsnap serves, reads the same bytes
+	// a clone of the repository itself gives without the filter.
+	if out := git(t, dir, "show", "HEAD:vault.crypt"); out != files["vault.crypt"] {
+		t.Errorf("git show HEAD:vault.crypt = %q, snapshot serves %q", out, files["vault.crypt"])
+	}
+}
+
+// TestBuildProtectsConfiguredPaths: absolute protected paths inside the tree
+// are left out; one that is the tree itself refuses the build.
+func TestBuildProtectsConfiguredPaths(t *testing.T) {
+	requireGit(t)
+	dir := t.TempDir()
+	git(t, dir, "init", "-q", "-b", testRepoBranch)
+	writeFile(t, dir, "infra/a.yaml", "a: b\n", 0o644)
+	writeFile(t, dir, "custom-state/homelab/gitsnap-auth", "flux:0123456789abcdef0123\n", 0o600)
+	writeFile(t, dir, "kube/admin.conf", "anything\n", 0o600)
+	writeFile(t, dir, "kube/admin.conf.bak-20260101T000000.000000000Z", "anything\n", 0o600)
+	snap, err := Build(context.Background(), BuildOptions{Dir: dir, Protect: []string{
+		filepath.Join(dir, "custom-state"), filepath.Join(dir, "kube", "admin.conf"), filepath.Join(t.TempDir(), "outside"),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _, _ := snapshotFiles(t, snap)
+	if want := []string{"infra/a.yaml"}; !slices.Equal(sortedKeys(files), want) {
+		t.Errorf("snapshot files = %v, want %v", sortedKeys(files), want)
+	}
+	if snap.Excluded[RuleProtected] != 3 {
+		t.Errorf("Excluded = %v, want 3 under %q", snap.Excluded, RuleProtected)
+	}
+	if _, err := Build(context.Background(), BuildOptions{Dir: dir, Protect: []string{dir}}); err == nil || !strings.Contains(err.Error(), "protected") {
+		t.Errorf("Build of a protected tree: %v, want a refusal", err)
+	}
+}

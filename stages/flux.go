@@ -181,7 +181,7 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	if !ls.Enabled {
 		return f.Repo, "", nil
 	}
-	snap, err := gitsnap.Build(ctx, gitsnap.BuildOptions{Dir: env.Config.Resolve(ls.Source), Branch: f.Branch, Excludes: ls.Exclude})
+	snap, err := gitsnap.Build(ctx, gitsnap.BuildOptions{Dir: env.Config.Resolve(ls.Source), Branch: f.Branch, Excludes: ls.Exclude, Protect: env.Config.Protected()})
 	if err != nil {
 		return "", "", fmt.Errorf("snapshotting %s: %w", ls.Source, err)
 	}
@@ -205,7 +205,7 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	}
 	opts := gitsnap.StartOptions{
 		Flags: gitsnap.ServeFlags{Repo: env.Config.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: f.Branch,
-			Interval: ls.Refresh.D(), Exclude: ls.Exclude, AuthFile: authFile},
+			Interval: ls.Refresh.D(), Exclude: ls.Exclude, Protect: env.Config.Protected(), AuthFile: authFile},
 		StateDir: env.Paths.StateDir, Log: env.Log,
 	}
 	if tlsCert != "" {
@@ -385,7 +385,7 @@ func sourceChecks(env *Env) []check.Check {
 		ls := f.LocalSnapshot
 		return []check.Check{
 			{Name: "git snapshot", Run: func(ctx context.Context) (check.Status, string) {
-				snap, err := gitsnap.Build(ctx, gitsnap.BuildOptions{Dir: env.Config.Resolve(ls.Source), Branch: f.Branch, Excludes: ls.Exclude})
+				snap, err := gitsnap.Build(ctx, gitsnap.BuildOptions{Dir: env.Config.Resolve(ls.Source), Branch: f.Branch, Excludes: ls.Exclude, Protect: env.Config.Protected()})
 				if err != nil {
 					return check.Failf("snapshot of %s: %v", ls.Source, err)
 				}

@@ -115,7 +115,7 @@ func TestFluxStageReplacesAnUnauthenticatedSnapshotServer(t *testing.T) {
 	ctx := context.Background()
 	ls := l.cfg.Flux.LocalSnapshot
 	old, err := gitsnap.Start(ctx, gitsnap.StartOptions{
-		Flags:    gitsnap.ServeFlags{Repo: l.cfg.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: l.cfg.Flux.Branch, Interval: ls.Refresh.D()},
+		Flags:    gitsnap.ServeFlags{Repo: l.cfg.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: l.cfg.Flux.Branch, Interval: ls.Refresh.D(), Anonymous: true},
 		StateDir: l.cfg.Paths().StateDir, Log: zerolog.Nop(),
 	})
 	if err != nil {
