@@ -42,7 +42,14 @@ func RemoteBranchHead(ctx context.Context, url, branch string, cr Credentials, k
 func remoteAuth(url string, cr Credentials, knownHostsFile string) (transport.AuthMethod, error) {
 	switch {
 	case len(cr.SSHKey) > 0:
-		keys, err := gitssh.NewPublicKeys("git", cr.SSHKey, "")
+		// The user the URL names (ssh://user@host/...), "git" when it
+		// names none, as source-controller connects (fluxcd/pkg/git
+		// v0.52.0 options.go NewAuthOptions).
+		user := "git"
+		if ep, err := transport.NewEndpoint(url); err == nil && ep.User != "" {
+			user = ep.User
+		}
+		keys, err := gitssh.NewPublicKeys(user, cr.SSHKey, "")
 		if err != nil {
 			return nil, fmt.Errorf("SSH deploy key: %w", err)
 		}

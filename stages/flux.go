@@ -179,7 +179,11 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	f := env.Config.Flux
 	ls := f.LocalSnapshot
 	if !ls.Enabled {
-		return f.Repo, "", nil
+		head, err := remoteHead(ctx, env)
+		if err != nil {
+			return "", "", err
+		}
+		return f.Repo, f.Branch + "@sha1:" + head, nil
 	}
 	snap, err := gitsnap.Build(ctx, gitsnap.BuildOptions{Dir: env.Config.Resolve(ls.Source), Branch: f.Branch, Excludes: ls.Exclude, Protect: env.Config.Protected()})
 	if err != nil {
@@ -417,6 +421,27 @@ func sourceChecks(env *Env) []check.Check {
 		}
 		return check.Passf("%s branch %s at %s", f.Repo, f.Branch, short(head))
 	}}}
+}
+
+// remoteHead lists the remote branch as a clone starts (git ls-remote)
+// and returns the commit Flux must reach: as `flux bootstrap` does, the
+// stage waits for that revision, not for whatever Flux fetched last (a
+// GitRepository Ready at the previous commit would otherwise pass for a
+// sync of the new one until its next interval).
+func remoteHead(ctx context.Context, env *Env) (string, error) {
+	f := env.Config.Flux
+	cr, _, err := fluxCredentials(env)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	head, err := flux.RemoteBranchHead(ctx, f.Repo, f.Branch, cr, env.Config.Resolve(f.Auth.KnownHostsFile))
+	if err != nil {
+		return "", fmt.Errorf("the head of %s branch %s, which Flux must reach: %w", f.Repo, f.Branch, err)
+	}
+	env.Log.Info().Str("repo", f.Repo).Str("branch", f.Branch).Str("head", head).Msg("remote branch head")
+	return head, nil
 }
 
 // snapshotAuthSecret builds the Secret Flux presents to the snapshot

@@ -2,9 +2,12 @@ package stages
 
 import (
 	"context"
+	"github.com/homelab/bootstrap/config"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -150,4 +153,59 @@ func newFluxLab(t *testing.T) *kubeLab {
 		gitsnap.Stop(ctx, l.cfg.Paths().StateDir, 5*time.Second, zerolog.Nop())
 	})
 	return l
+}
+
+// TestFluxStageWaitsForTheRemoteHead: with a remote repository the stage
+// lists the branch head (git ls-remote) and waits until Flux reports that
+// commit, asking for a reconcile when Flux still serves an older one, as
+// `flux bootstrap` does: a commit pushed since the last run is synced when
+// the stage says so, not at the GitRepository's next interval. The remote
+// is a git smart HTTP server over a real repository's work tree.
+func TestFluxStageWaitsForTheRemoteHead(t *testing.T) {
+	l := newFluxLab(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr := "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t))
+	srv, err := gitsnap.NewServer(ctx, gitsnap.ServerOptions{Build: gitsnap.BuildOptions{Dir: l.git, Branch: "main"}, URL: "http://" + addr + "/remote.git"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ctx, ln, nil)
+	l.cfg.Flux.LocalSnapshot.Enabled = false
+	l.cfg.Flux.Repo = srv.URL()
+	// Flux would only look again after an hour by itself.
+	l.cfg.Flux.Interval = config.Duration(time.Hour)
+
+	if _, err := l.runStage(FluxStage{}, false); err != nil {
+		t.Fatal(err)
+	}
+	first := srv.Snapshot().Revision()
+	if got := l.st.Outputs.Flux.Revision; got != first {
+		t.Fatalf("after the first run Flux is at %q, want the remote head %s", got, first)
+	}
+
+	// A commit pushed to the remote.
+	os.WriteFile(filepath.Join(l.git, "infra", "kustomization.yaml"), []byte("resources: [namespace.yaml, pushed.yaml]\n"), 0o644)
+	os.WriteFile(filepath.Join(l.git, "infra", "pushed.yaml"), []byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: pushed\n"), 0o644)
+	snap, changed, err := srv.Refresh(ctx)
+	if err != nil || !changed {
+		t.Fatalf("refreshing the remote: %v (changed %v)", err, changed)
+	}
+	env, err := l.runStage(FluxStage{}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.st.Outputs.Flux.Revision; got != snap.Revision() {
+		t.Fatalf("after a push the stage reported Flux at %q, want the new head %s", got, snap.Revision())
+	}
+	if got := changeList(env); !strings.Contains(got, "ask Flux to fetch "+snap.Revision()) {
+		t.Errorf("the stage did not ask Flux for the new head:\n%s", got)
+	}
+	if _, err := l.client().CoreV1().Namespaces().Get(ctx, "pushed", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the pushed commit was not applied: %v", err)
+	}
 }

@@ -290,17 +290,29 @@ func TestGitsnapServeCommand(t *testing.T) {
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := l.Addr().String()
 	l.Close()
+	serve := []string{"gitsnap", "serve", "--repo", repo, "--listen", addr, "--url", "http://" + addr + "/homelab.git", "--interval", "0"}
+	// Secure by default: no credential source, no server.
+	if code := h.run(context.Background(), serve...); code == 0 || !strings.Contains(h.stderr.String(), "--anonymous") {
+		t.Fatalf("serve without a credential: exit %d, %s", code, h.stderr.String())
+	}
+	stateDir := filepath.Join(h.dir, "state")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int)
 	go func() {
-		done <- h.run(ctx, "gitsnap", "serve", "--repo", repo, "--listen", addr, "--url", "http://"+addr+"/homelab.git", "--interval", "0")
+		done <- h.run(ctx, append(serve, "--state-dir", stateDir)...)
 	}()
 	clone := filepath.Join(h.dir, "clone")
 	var out []byte
 	var err error
 	for i := 0; i < 100; i++ {
-		if out, err = exec.Command("git", "clone", "-q", "--depth", "1", "http://"+addr+"/homelab.git", clone).CombinedOutput(); err == nil {
-			break
+		// The credential the server created in --state-dir.
+		cred, rerr := os.ReadFile(filepath.Join(stateDir, "gitsnap-auth"))
+		if rerr == nil {
+			if out, err = exec.Command("git", "clone", "-q", "--depth", "1", "http://"+strings.TrimSpace(string(cred))+"@"+addr+"/homelab.git", clone).CombinedOutput(); err == nil {
+				break
+			}
+		} else {
+			err = rerr
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

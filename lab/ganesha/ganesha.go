@@ -202,13 +202,43 @@ func (s *Server) start(ctx context.Context, exports []Export) error {
 	if err != nil {
 		return err
 	}
-	return wait.Until(ctx, wait.Spec{What: "ganesha MOUNT and NFS ports", Timeout: 30 * time.Second, Interval: 100 * time.Millisecond},
-		func(context.Context) (bool, string, error) {
+	// Open ports are not enough: ganesha registers MOUNT with the
+	// portmapper after it listens, and a client that asks the portmapper
+	// first would find NFSv4 only.
+	return wait.Until(ctx, wait.Spec{What: "ganesha MOUNT and NFS ports, MOUNT registered with the portmapper", Timeout: 30 * time.Second, Interval: 100 * time.Millisecond},
+		func(ctx context.Context) (bool, string, error) {
 			if gone, why := s.cmd.exited(); gone {
 				return false, "", fmt.Errorf("%s\n%s", why, s.Log())
 			}
-			return portOpen(fmt.Sprintf("127.0.0.1:%d", s.MountPort)) && portOpen(fmt.Sprintf("127.0.0.1:%d", s.NFSPort)), "", nil
+			if !portOpen(fmt.Sprintf("127.0.0.1:%d", s.MountPort)) || !portOpen(fmt.Sprintf("127.0.0.1:%d", s.NFSPort)) {
+				return false, "ports not open yet", nil
+			}
+			return s.mountRegistered(ctx), "MOUNT not registered yet", nil
 		})
+}
+
+// mountRegistered reports whether the portmapper lists MOUNT (program
+// 100005) on MountPort, read with rpcbind's own rpcinfo; true when rpcinfo
+// is not installed (the ports are then all there is to wait for).
+func (s *Server) mountRegistered(ctx context.Context) bool {
+	rpcinfo, err := exec.LookPath("rpcinfo")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/rpcinfo"); serr != nil {
+			return true
+		}
+		rpcinfo = "/usr/sbin/rpcinfo"
+	}
+	out, err := exec.CommandContext(ctx, rpcinfo, "-p", "127.0.0.1").Output()
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] == "100005" && f[3] == strconv.Itoa(s.MountPort) {
+			return true
+		}
+	}
+	return false
 }
 
 // Log returns ganesha's log, for test failure output.
