@@ -105,6 +105,7 @@ func TestGoodConfigs(t *testing.T) {
 // TestBadConfigs runs the corpus of broken configs: each must fail as a user
 // error whose text (field paths, positions, fixes) matches its golden file.
 func TestBadConfigs(t *testing.T) {
+	secureCorpusFiles(t, "testdata/bad/files")
 	files, _ := filepath.Glob("testdata/bad/*.yaml")
 	if len(files) < 60 {
 		t.Fatalf("bad-config corpus has %d entries, want at least 25", len(files))
@@ -281,5 +282,28 @@ func TestProtected(t *testing.T) {
 	}
 	if slices.Contains(got, "") {
 		t.Errorf("Protected() holds an empty path: %q", got)
+	}
+}
+
+// secureCorpusFiles gives the corpus's credential files the 0600 a user's
+// would have (git checks every file out 0644); a file whose name says
+// world-readable keeps 0644 for the case about exactly that.
+func secureCorpusFiles(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		mode := os.FileMode(0o600)
+		if strings.Contains(e.Name(), "world-readable") {
+			mode = 0o644
+		}
+		if err := os.Chmod(filepath.Join(dir, e.Name()), mode); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

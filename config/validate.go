@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -117,6 +118,9 @@ func (v *validator) cluster() {
 		v.errf("cluster.network.gateway", "%q is not an IPv4 address", n.Gateway)
 	} else if okCIDR && !prefix.Contains(gw) {
 		v.errf("cluster.network.gateway", "%s is outside cluster.network.cidr %s: use an address inside the CIDR", n.Gateway, prefix)
+	} else if okCIDR && prefix.Bits() < 31 && (gw == prefix.Masked().Addr() || gw == lastAddr(prefix)) {
+		v.errf("cluster.network.gateway", "%s is the %s address of %s, not a host: use the router's address (e.g. %s)", n.Gateway,
+			map[bool]string{true: "network", false: "broadcast"}[gw == prefix.Masked().Addr()], prefix.Masked(), prefix.Masked().Addr().Next())
 	}
 	if len(n.Nameservers) == 0 {
 		v.errf("cluster.network.nameservers", "is required: list at least one DNS server")
@@ -348,6 +352,11 @@ func (v *validator) proxmox() {
 	}
 	if p.Node == "" {
 		v.errf("proxmox.node", "is required: the Proxmox node name (Datacenter → node), e.g. pve")
+	} else if !pveNodeRe.MatchString(p.Node) {
+		v.errf("proxmox.node", "%q is not a Proxmox node name (letters, digits and inner hyphens, as the node's hostname; PVE refuses anything else): e.g. pve", p.Node)
+	}
+	if p.Bridge != "" && !pveBridgeRe.MatchString(p.Bridge) {
+		v.errf("proxmox.bridge", "%q is not a Proxmox bridge name (letters, digits, '-', '_', '.'): e.g. vmbr0", p.Bridge)
 	}
 	if p.TokenID == "" {
 		v.errf("proxmox.tokenID", "is required: an API token id such as bootstrap@pve!ci (Datacenter → Permissions → API Tokens)")
@@ -358,7 +367,7 @@ func (v *validator) proxmox() {
 		if st, err := os.Stat(v.c.Resolve(p.TokenSecretFile)); err != nil {
 			v.errf("proxmox.tokenSecretFile", "%s cannot be read: %v", p.TokenSecretFile, unwrapPathErr(err))
 		} else if st.Mode().Perm()&0o077 != 0 {
-			v.warnf("proxmox.tokenSecretFile", "%s is readable by others (mode %#o): chmod 600 it", p.TokenSecretFile, st.Mode().Perm())
+			v.errf("proxmox.tokenSecretFile", "%s is readable by others (mode %#o): chmod 600 it", p.TokenSecretFile, st.Mode().Perm())
 		}
 	}
 	modes := 0
@@ -370,9 +379,7 @@ func (v *validator) proxmox() {
 	}
 	if p.CAFile != "" {
 		modes++
-		if _, err := os.Stat(v.c.Resolve(p.CAFile)); err != nil {
-			v.errf("proxmox.caFile", "%s cannot be read: %v", p.CAFile, unwrapPathErr(err))
-		}
+		v.caFile("proxmox.caFile", p.CAFile)
 	}
 	if p.Insecure {
 		modes++
@@ -463,7 +470,7 @@ func (v *validator) storage() {
 		v.errf("storage.nfs.reclaimPolicy", "%q must be Delete or Retain", n.ReclaimPolicy)
 	}
 	v.chart("storage.nfs.chart", n.ChartRepo, n.ChartVersion)
-	v.file("storage.nfs.valuesFile", n.ValuesFile)
+	v.valuesFile("storage.nfs.valuesFile", n.ValuesFile)
 	for path, port := range map[string]int{"storage.nfs.probe.portmapperPort": n.Probe.PortmapperPort, "storage.nfs.probe.mountPort": n.Probe.MountPort, "storage.nfs.probe.nfsPort": n.Probe.NFSPort} {
 		if port < 0 || port > 65535 {
 			v.errf(path, "%d is not a port", port)
@@ -487,6 +494,12 @@ func (v *validator) cni() {
 		v.errf("cni.name", "%q is not supported: use flannel (Talos default), cilium, or none", c.Name)
 	}
 }
+
+// minFluxVersion is the oldest Flux whose controllers serve every API
+// version bootstrap writes: GitRepository and Kustomization v1 (Flux
+// v2.0.0) and HelmRelease v2 (helm-controller v1.0.0, shipped with Flux
+// v2.3.0; the pairing is from flux2's release notes, unverified here).
+var minFluxVersion = semver.MustParse("2.3.0")
 
 var knownFluxComponents = map[string]bool{
 	"source-controller": true, "kustomize-controller": true, "helm-controller": true,
@@ -518,8 +531,10 @@ func (v *validator) flux() {
 	if !strings.HasPrefix(f.Path, "./") {
 		v.errf("flux.path", "%q must be relative to the repository root and start with ./ (e.g. ./infra)", f.Path)
 	}
-	if _, err := semver.StrictNewVersion(strings.TrimPrefix(f.Version, "v")); err != nil || !strings.HasPrefix(f.Version, "v") {
+	if fv, err := semver.StrictNewVersion(strings.TrimPrefix(f.Version, "v")); err != nil || !strings.HasPrefix(f.Version, "v") {
 		v.errf("flux.version", "%q is not a Flux version: use the form v2.9.5", f.Version)
+	} else if fv.LessThan(minFluxVersion) || fv.Major() != 2 {
+		v.errf("flux.version", "%s cannot be installed by bootstrap: it writes helm.toolkit.fluxcd.io/v2 HelmReleases and source/kustomize v1 objects, which Flux serves from %s on (Flux 1 is end-of-life); use %s or later in v2", f.Version, "v"+minFluxVersion.String(), "v"+minFluxVersion.String())
 	}
 	if len(f.Components) == 0 {
 		v.errf("flux.components", "is empty: source-controller and kustomize-controller are needed")
@@ -536,11 +551,20 @@ func (v *validator) flux() {
 	}
 	v.positive("flux.interval", f.Interval)
 	v.positive("flux.timeout", f.Timeout)
-	v.file("flux.auth.sshKeyFile", f.Auth.SSHKeyFile)
+	v.sshKey("flux.auth.sshKeyFile", f.Auth.SSHKeyFile)
+	if f.Auth.SSHKeyFile != "" && strings.HasPrefix(f.Repo, "http") {
+		v.warnf("flux.auth.sshKeyFile", "is set but flux.repo %s is %s: the key is not used (set tokenFile or tokenEnv, or use the ssh:// URL)", f.Repo, strings.SplitN(f.Repo, ":", 2)[0])
+	}
+	v.manifests()
+	if f.Path != "" && strings.HasPrefix(f.Path, "./") {
+		if clean := path.Clean(f.Path); clean == ".." || strings.HasPrefix(clean, "../") {
+			v.errf("flux.path", "%q leaves the repository (it cleans to %s): name a directory inside it, e.g. ./infra", f.Path, clean)
+		}
+	}
 	if u, err := url.Parse(f.Repo); err != nil || u.Scheme != "ssh" {
 		v.file("flux.auth.knownHostsFile", f.Auth.KnownHostsFile)
 	}
-	v.file("flux.auth.tokenFile", f.Auth.TokenFile)
+	v.secretFile("flux.auth.tokenFile", f.Auth.TokenFile)
 	if f.Auth.TokenEnv != "" && f.Auth.TokenFile != "" {
 		v.errf("flux.auth", "set only one of tokenFile and tokenEnv")
 	}

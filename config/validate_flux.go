@@ -112,6 +112,6 @@ func (v *validator) snapshotTLS(u *url.URL) {
 		return
 	}
 	if st, err := os.Stat(key); err == nil && st.Mode().Perm()&0o077 != 0 {
-		v.warnf("flux.localSnapshot.tlsKeyFile", "%s is readable by others (mode %#o): chmod 600 it", ls.TLSKeyFile, st.Mode().Perm())
+		v.errf("flux.localSnapshot.tlsKeyFile", "%s is readable by others (mode %#o): chmod 600 it", ls.TLSKeyFile, st.Mode().Perm())
 	}
 }

@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 
@@ -24,9 +23,7 @@ func (v *validator) schematic() {
 		v.errf("cluster.factory", "%q is not an Image Factory base URL: use https://factory.talos.dev or your own factory's https://host[:port]", c.Factory)
 	}
 	if c.FactoryCAFile != "" {
-		if _, err := os.Stat(v.c.Resolve(c.FactoryCAFile)); err != nil {
-			v.errf("cluster.factoryCAFile", "%s cannot be read: %v", c.FactoryCAFile, unwrapPathErr(err))
-		}
+		v.caFile("cluster.factoryCAFile", c.FactoryCAFile)
 	}
 	seen := map[string]int{}
 	valid := true

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"filippo.io/age"
@@ -29,9 +28,8 @@ func (v *validator) secrets() {
 	if a.KeyFile == "" {
 		return
 	}
-	data, err := os.ReadFile(v.c.Resolve(a.KeyFile))
-	if err != nil {
-		v.errf("secrets.age.keyFile", "%s cannot be read: %v", a.KeyFile, unwrapPathErr(err))
+	data, ok := v.secretFile("secrets.age.keyFile", a.KeyFile)
+	if !ok {
 		return
 	}
 	ids, err := age.ParseIdentities(strings.NewReader(string(data)))

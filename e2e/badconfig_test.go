@@ -42,6 +42,17 @@ func TestBadConfigCorpus(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Credential files 0600 as a user's are (the copy, like a git
+	// checkout, has 0644), except the one the world-readable case is about.
+	files := filepath.Join(work, "testdata", "bad", "files")
+	entries, _ := os.ReadDir(files)
+	for _, e := range entries {
+		if e.Type().IsRegular() && !strings.Contains(e.Name(), "world-readable") {
+			if err := os.Chmod(filepath.Join(files, e.Name()), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	cases, _ := filepath.Glob(filepath.Join(work, "testdata", "bad", "*.yaml"))
 	if len(cases) < 60 {
 		t.Fatalf("the corpus has %d cases", len(cases))
