@@ -44,6 +44,9 @@ type source struct {
 	// talosDirOverride is TALOS_CONFIG_DIR: the cluster's Talos directory itself.
 	talosDirOverride string
 	tokenSecretEnv   string
+	// env is the environment the config was read with: validate looks
+	// up age identities where the sops CLI does.
+	env LookupEnv
 }
 
 // LookupEnv reads one environment variable; os.LookupEnv in production.
@@ -81,7 +84,7 @@ func Parse(path string, data []byte, env LookupEnv) (*Config, error) {
 		return nil, &UserError{Err: err}
 	}
 	cfg := Default()
-	cfg.src = &source{file: path, base: filepath.Dir(abs), positions: map[string]pos{}, fromEnv: map[string]string{}}
+	cfg.src = &source{file: path, base: filepath.Dir(abs), positions: map[string]pos{}, fromEnv: map[string]string{}, env: env}
 	errs := &Errors{File: path}
 
 	var root yaml.Node

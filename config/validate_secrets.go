@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/homelab/bootstrap/sops"
 	"strings"
 
 	"filippo.io/age"
@@ -57,9 +58,20 @@ func (v *validator) secrets() {
 		a.KeyFile, strings.Join(own, ", "), own[0])
 }
 
-// fluxDecryption needs an identity to hand to Flux.
+// fluxDecryption needs an identity to hand to Flux: without
+// secrets.age.keyFile it is looked up where the sops CLI reads identities,
+// and finding none there fails now rather than in the flux stage.
 func (v *validator) fluxDecryption() {
-	if v.c.Flux.Decryption.Enabled && v.c.Secrets.Age.KeyFile == "" && len(v.c.Secrets.Age.Recipients) == 0 {
-		v.warnf("flux.decryption.enabled", "no secrets.age.keyFile: the identity is looked up as the sops CLI does ($SOPS_AGE_KEY_FILE, $SOPS_AGE_KEY, ~/.config/sops/age/keys.txt)")
+	if !v.c.Flux.Decryption.Enabled || v.c.Secrets.Age.KeyFile != "" {
+		return
+	}
+	var env LookupEnv
+	if v.c.src != nil {
+		env = v.c.src.env
+	}
+	if _, err := sops.LoadIdentities("", env); err != nil {
+		// Where it looked, not the error: the user config directory
+		// differs per machine and the message must not.
+		v.errf("flux.decryption.enabled", "needs an age identity to hand to Flux and finds none where the sops CLI looks ($%s, $%s, $%s, <user config dir>/%s): set secrets.age.keyFile, or one of those", sops.KeyEnv, sops.KeyFileEnv, sops.KeyCmdEnv, sops.UserConfigPath)
 	}
 }

@@ -12,7 +12,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -26,15 +28,16 @@ import (
 	"github.com/getsops/sops/v3/keyservice"
 	sopsyaml "github.com/getsops/sops/v3/stores/yaml"
 	"github.com/getsops/sops/v3/version"
+	"github.com/google/shlex"
 	"go.yaml.in/yaml/v3"
 )
 
-// The environment and file the sops CLI finds age identities in
-// (age/keysource.go at getsops/sops v3.11.0): SOPS_AGE_KEY_FILE, SOPS_AGE_KEY,
-// then <user config dir>/sops/age/keys.txt.
+// The environment and file the sops CLI reads age identities from, all of
+// them together (age/keysource.go at getsops/sops v3.11.0).
 const (
 	KeyFileEnv     = sopsage.SopsAgeKeyFileEnv
 	KeyEnv         = sopsage.SopsAgeKeyEnv
+	KeyCmdEnv      = sopsage.SopsAgeKeyCmdEnv
 	UserConfigPath = sopsage.SopsAgeKeyUserConfigPath
 )
 
@@ -223,33 +226,109 @@ func ParseIdentities(data []byte, source string) (Identities, error) {
 	return ids, nil
 }
 
-// LoadIdentities finds the age identities the way the sops CLI does, with
-// an explicit file first: file when set, else $SOPS_AGE_KEY_FILE, else
-// $SOPS_AGE_KEY, else <user config dir>/sops/age/keys.txt.
+// LoadIdentities finds the age identities: the file when set (the
+// config's secrets.age.keyFile, alone), else every source the sops CLI
+// reads, together (age/keysource.go loadIdentities at getsops/sops
+// v3.11.0): $SOPS_AGE_KEY, the file $SOPS_AGE_KEY_FILE names, the output of
+// $SOPS_AGE_KEY_CMD, and <user config dir>/sops/age/keys.txt. A source that
+// fails is reported only when none yields an identity, as the CLI does.
+// SSH identities, which the CLI also reads, are left out: Flux's decryption
+// takes age X25519 identities.
 func LoadIdentities(file string, lookupEnv func(string) (string, bool)) (Identities, error) {
 	if lookupEnv == nil {
 		lookupEnv = os.LookupEnv
 	}
-	if file == "" {
-		if f, ok := lookupEnv(KeyFileEnv); ok && f != "" {
-			file = f
-		} else if k, ok := lookupEnv(KeyEnv); ok && k != "" {
-			return ParseIdentities([]byte(k), "$"+KeyEnv)
+	if file != "" {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			// %v, not %w: a missing identity must never read as a missing
+			// file to a caller that creates what is missing.
+			return Identities{}, fmt.Errorf("age identity file: %v", err)
+		}
+		return ParseIdentities(bytes.TrimSpace(data), file)
+	}
+	type source struct {
+		name string
+		data []byte
+	}
+	var sources []source
+	var problems, unused []string
+	if k, ok := lookupEnv(KeyEnv); ok {
+		sources = append(sources, source{"$" + KeyEnv, []byte(k)})
+	} else {
+		unused = append(unused, "$"+KeyEnv)
+	}
+	if f, ok := lookupEnv(KeyFileEnv); ok {
+		if data, err := os.ReadFile(f); err != nil {
+			problems = append(problems, fmt.Sprintf("$%s: %v", KeyFileEnv, err))
 		} else {
-			dir, err := os.UserConfigDir()
+			sources = append(sources, source{f, data})
+		}
+	} else {
+		unused = append(unused, "$"+KeyFileEnv)
+	}
+	if c, ok := lookupEnv(KeyCmdEnv); ok {
+		args, err := shlex.Split(c)
+		switch {
+		case err != nil || len(args) == 0:
+			problems = append(problems, fmt.Sprintf("$%s %q does not parse as a command: %v", KeyCmdEnv, c, err))
+		default:
+			out, err := exec.Command(args[0], args[1:]...).Output()
 			if err != nil {
-				return Identities{}, fmt.Errorf("no age identity: set %s or %s (%v)", KeyFileEnv, KeyEnv, err)
+				problems = append(problems, fmt.Sprintf("$%s %q failed: %v", KeyCmdEnv, c, err))
+			} else {
+				sources = append(sources, source{"$" + KeyCmdEnv, out})
 			}
-			file = filepath.Join(dir, filepath.FromSlash(UserConfigPath))
+		}
+	} else {
+		unused = append(unused, "$"+KeyCmdEnv)
+	}
+	if dir, err := os.UserConfigDir(); err == nil {
+		path := filepath.Join(dir, filepath.FromSlash(UserConfigPath))
+		data, err := os.ReadFile(path)
+		switch {
+		case err == nil:
+			sources = append(sources, source{path, data})
+		case errors.Is(err, fs.ErrNotExist):
+			unused = append(unused, path)
+		default:
+			problems = append(problems, err.Error())
 		}
 	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		// %v, not %w: a missing identity must never read as a missing
-		// file to a caller that creates what is missing.
-		return Identities{}, fmt.Errorf("age identity file: %v", err)
+	var all Identities
+	var names []string
+	seen := map[string]bool{}
+	for _, src := range sources {
+		ids, err := ParseIdentities(bytes.TrimSpace(src.data), src.name)
+		if err != nil {
+			problems = append(problems, err.Error())
+			continue
+		}
+		names = append(names, src.name)
+		all.parsed = append(all.parsed, ids.parsed...)
+		for _, r := range ids.Recipients {
+			if !seen[r] {
+				seen[r] = true
+				all.Recipients = append(all.Recipients, r)
+			}
+		}
+		if len(all.Data) > 0 {
+			all.Data = append(all.Data, '\n')
+		}
+		all.Data = append(all.Data, bytes.TrimSpace(src.data)...)
 	}
-	return ParseIdentities(bytes.TrimSpace(data), file)
+	if len(all.Recipients) == 0 {
+		msg := "no age identity in any place the sops CLI reads"
+		if len(unused) > 0 {
+			msg += " (unset or missing: " + strings.Join(unused, ", ") + ")"
+		}
+		if len(problems) > 0 {
+			msg += ": " + strings.Join(problems, "; ")
+		}
+		return Identities{}, errors.New(msg)
+	}
+	all.Source = strings.Join(names, " + ")
+	return all, nil
 }
 
 // GenerateIdentity returns a new age identity and its recipient, as

@@ -2,7 +2,9 @@ package sops_test
 
 import (
 	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -157,21 +159,57 @@ func TestFileSealer(t *testing.T) {
 	}
 }
 
-func TestLoadIdentitiesOrder(t *testing.T) {
-	env := map[string]string{sops.KeyFileEnv: "testdata/test-identity.agekey"}
+// TestLoadIdentitiesFromEverySource: without an explicit file the
+// identities of every source the sops CLI reads count together
+// ($SOPS_AGE_KEY, $SOPS_AGE_KEY_FILE, $SOPS_AGE_KEY_CMD, keys.txt); a
+// failing source does not hide the others; none at all names them.
+func TestLoadIdentitiesFromEverySource(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	fromFile := testIdentity(t).Recipients[0]
+	keyID, keyRec, _ := sops.GenerateIdentity()
+	cmdID, cmdRec, _ := sops.GenerateIdentity()
+	cfgID, cfgRec, _ := sops.GenerateIdentity()
+	keysTxt := filepath.Join(os.Getenv("XDG_CONFIG_HOME"), filepath.FromSlash(sops.UserConfigPath))
+	if err := os.MkdirAll(filepath.Dir(keysTxt), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keysTxt, []byte("# created: 2026-01-01\n"+cfgID+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		sops.KeyFileEnv: "testdata/test-identity.agekey",
+		sops.KeyEnv:     keyID,
+		sops.KeyCmdEnv:  "printf '%s\\n' " + cmdID,
+	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	ids, err := sops.LoadIdentities("", lookup)
-	if err != nil || ids.Source != "testdata/test-identity.agekey" {
-		t.Fatalf("from %s: %+v %v", sops.KeyFileEnv, ids.Source, err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	id, rec, _ := sops.GenerateIdentity()
-	env = map[string]string{sops.KeyEnv: id}
-	if ids, err = sops.LoadIdentities("", lookup); err != nil || ids.Recipients[0] != rec {
-		t.Fatalf("from %s: %+v %v", sops.KeyEnv, ids.Recipients, err)
+	for _, want := range []string{fromFile, keyRec, cmdRec, cfgRec} {
+		if !slices.Contains(ids.Recipients, want) {
+			t.Errorf("recipients %v lack %s (sources %s)", ids.Recipients, want, ids.Source)
+		}
 	}
-	// An explicit file wins over both.
-	env[sops.KeyFileEnv] = "nowhere"
-	if ids, err = sops.LoadIdentities("testdata/test-identity.agekey", lookup); err != nil || ids.Recipients[0] != testIdentity(t).Recipients[0] {
+	// The identities handed to Flux decrypt for every one of them.
+	for _, id := range []string{keyID, cmdID, cfgID} {
+		if !strings.Contains(string(ids.Data), id) {
+			t.Errorf("the identity data lacks one of the sources' identities")
+		}
+	}
+	// A broken source does not hide a working one, as in the CLI.
+	env = map[string]string{sops.KeyFileEnv: "nowhere", sops.KeyCmdEnv: "false"}
+	if ids, err = sops.LoadIdentities("", lookup); err != nil || !slices.Equal(ids.Recipients, []string{cfgRec}) {
+		t.Errorf("with a missing file and a failing command: %v %v, want keys.txt's identity", ids.Recipients, err)
+	}
+	// Nothing anywhere: the error names where it looked.
+	os.Remove(keysTxt)
+	if _, err = sops.LoadIdentities("", lookup); err == nil || !strings.Contains(err.Error(), sops.KeyFileEnv) || !strings.Contains(err.Error(), "keys.txt") {
+		t.Errorf("no identity anywhere: %v", err)
+	}
+	// An explicit file is read alone.
+	env = map[string]string{sops.KeyEnv: keyID}
+	if ids, err = sops.LoadIdentities("testdata/test-identity.agekey", lookup); err != nil || !slices.Equal(ids.Recipients, []string{fromFile}) {
 		t.Fatalf("explicit file: %+v %v", ids.Recipients, err)
 	}
 }
