@@ -504,6 +504,9 @@ var minFluxVersion = semver.MustParse("2.3.0")
 var knownFluxComponents = map[string]bool{
 	"source-controller": true, "kustomize-controller": true, "helm-controller": true,
 	"notification-controller": true, "image-reflector-controller": true, "image-automation-controller": true,
+	// An extra component since Flux v2.7 (flux2 v2.9.5
+	// pkg/manifestgen/install/options.go ComponentsExtra).
+	"source-watcher": true,
 }
 
 func (v *validator) flux() {

@@ -69,6 +69,14 @@ func (v *validator) ciliumValues() {
 		v.errf("cni.cilium.valuesFile", "%s is not a YAML values file: %v", f, err)
 		return
 	}
+	var all map[string]any
+	_ = yaml.Unmarshal(data, &all)
+	for _, key := range talosCiliumValues {
+		if _, set := lookupValue(all, key); set {
+			v.errf("cni.cilium.valuesFile", "%s sets %s, which bootstrap sets as Talos requires (kube-proxy replacement, the API through KubePrism, Talos' cgroup mount and capabilities: siderolabs/talos v1.13.3 hack/test/e2e.sh): "+
+				"the merge would replace it silently and Cilium would not run on Talos; remove the key", f, key)
+		}
+	}
 	if r := vals.Operator.Replicas; r != nil && *r > len(v.c.Nodes) {
 		v.errf("cni.cilium.valuesFile", "%s sets operator.replicas: %d, but the cluster has %s: the chart puts each operator replica on its own node, so %s never schedule%s and Cilium never becomes ready. "+
 			"Remove it (bootstrap runs one operator per node, up to 2) or set at most %d",
@@ -81,4 +89,26 @@ func plural(n int, word string) string {
 		return fmt.Sprintf("1 %s", word)
 	}
 	return fmt.Sprintf("%d %ss", n, word)
+}
+
+// talosCiliumValues are the chart values bootstrap sets because Talos needs
+// them (infra.Cilium); a values file may not override them.
+var talosCiliumValues = []string{
+	"kubeProxyReplacement", "k8sServiceHost", "k8sServicePort",
+	"cgroup.autoMount.enabled", "cgroup.hostRoot",
+	"securityContext.capabilities.ciliumAgent", "securityContext.capabilities.cleanCiliumState",
+}
+
+// lookupValue finds a dotted key in decoded YAML.
+func lookupValue(m map[string]any, key string) (any, bool) {
+	head, rest, nested := strings.Cut(key, ".")
+	val, ok := m[head]
+	if !ok || !nested {
+		return val, ok
+	}
+	sub, isMap := val.(map[string]any)
+	if !isMap {
+		return nil, false
+	}
+	return lookupValue(sub, rest)
 }
