@@ -35,6 +35,10 @@ type ClassSpec struct {
 	Provisioner   string
 	Parameters    map[string]string
 	ReclaimPolicy string
+	// VolumeBindingMode is immutable too (kubernetes v1.36.1
+	// pkg/apis/storage/validation ValidateStorageClassUpdate); unset is
+	// stored as Immediate (pkg/apis/storage/v1/defaults.go).
+	VolumeBindingMode string
 }
 
 // ClassIn returns the StorageClass a rendered release manifest creates,
@@ -50,9 +54,13 @@ func ClassIn(manifest string) (ClassSpec, bool, error) {
 		if sc.Kind != "StorageClass" {
 			continue
 		}
-		spec := ClassSpec{Name: sc.Name, Provisioner: sc.Provisioner, Parameters: sc.Parameters, ReclaimPolicy: string(storagev1DefaultReclaim)}
+		spec := ClassSpec{Name: sc.Name, Provisioner: sc.Provisioner, Parameters: sc.Parameters, ReclaimPolicy: string(storagev1DefaultReclaim),
+			VolumeBindingMode: string(storagev1.VolumeBindingImmediate)}
 		if sc.ReclaimPolicy != nil {
 			spec.ReclaimPolicy = string(*sc.ReclaimPolicy)
+		}
+		if sc.VolumeBindingMode != nil {
+			spec.VolumeBindingMode = string(*sc.VolumeBindingMode)
 		}
 		return spec, true, nil
 	}
@@ -94,6 +102,9 @@ func CheckClass(ctx context.Context, cs kubernetes.Interface, want ClassSpec, ow
 	}
 	if sc.ReclaimPolicy != nil && string(*sc.ReclaimPolicy) != want.ReclaimPolicy {
 		diffs = append(diffs, fmt.Sprintf("reclaimPolicy %s (want %s)", *sc.ReclaimPolicy, want.ReclaimPolicy))
+	}
+	if sc.VolumeBindingMode != nil && want.VolumeBindingMode != "" && string(*sc.VolumeBindingMode) != want.VolumeBindingMode {
+		diffs = append(diffs, fmt.Sprintf("volumeBindingMode %s (want %s)", *sc.VolumeBindingMode, want.VolumeBindingMode))
 	}
 	if len(diffs) > 0 {
 		return true, fmt.Errorf("StorageClass %s already exists with %s; these fields are immutable, so it cannot be updated: "+

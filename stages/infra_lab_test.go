@@ -230,6 +230,20 @@ func TestInfraStageOnTheLab(t *testing.T) {
 	}
 	l.cfg.Storage.NFS.ValuesFile = ""
 
+	// A class the release would own but with another volumeBindingMode
+	// (immutable) is named, not left to fail Helm's upgrade.
+	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	late := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "nfs-late", Labels: map[string]string{"app.kubernetes.io/managed-by": "Helm"},
+		Annotations: map[string]string{"meta.helm.sh/release-name": "nfs-provisioner", "meta.helm.sh/release-namespace": "nfs-provisioner"}},
+		Provisioner: pattern.Provisioner, Parameters: pattern.Parameters, ReclaimPolicy: pattern.ReclaimPolicy, VolumeBindingMode: &wffc}
+	if _, err := cs.StorageV1().StorageClasses().Create(ctx, late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l.cfg.Storage.NFS.StorageClass = "nfs-late"
+	if _, err := l.runStage(InfraStage{}, false); err == nil || !strings.Contains(err.Error(), "volumeBindingMode WaitForFirstConsumer (want Immediate)") {
+		t.Fatalf("class with another binding mode: %v", err)
+	}
+
 	// An nfs-storage class from another provisioner cannot be taken over.
 	l.cfg.Storage.NFS.StorageClass = "nfs-other"
 	foreign := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "nfs-other"}, Provisioner: "example.com/other"}
