@@ -501,6 +501,12 @@ func (v *validator) cni() {
 // v2.3.0; the pairing is from flux2's release notes, unverified here).
 var minFluxVersion = semver.MustParse("2.3.0")
 
+// fluxKubernetesFloor is the oldest Kubernetes `flux check --pre` accepts
+// for Flux v2.9.5 (cmd/flux/check.go kubernetesConstraints ">=1.33.0-0"),
+// applied to that Flux and later; older Flux versions' floors are
+// unverified here and not checked.
+var fluxKubernetesFloor = struct{ flux, kubernetes *semver.Version }{semver.MustParse("2.9.5"), semver.MustParse("1.33.0")}
+
 var knownFluxComponents = map[string]bool{
 	"source-controller": true, "kustomize-controller": true, "helm-controller": true,
 	"notification-controller": true, "image-reflector-controller": true, "image-automation-controller": true,
@@ -538,6 +544,9 @@ func (v *validator) flux() {
 		v.errf("flux.version", "%q is not a Flux version: use the form v2.9.5", f.Version)
 	} else if fv.LessThan(minFluxVersion) || fv.Major() != 2 {
 		v.errf("flux.version", "%s cannot be installed by bootstrap: it writes helm.toolkit.fluxcd.io/v2 HelmReleases and source/kustomize v1 objects, which Flux serves from %s on (Flux 1 is end-of-life); use %s or later in v2", f.Version, "v"+minFluxVersion.String(), "v"+minFluxVersion.String())
+	} else if kv, err := semver.NewVersion(strings.TrimPrefix(v.c.Cluster.KubernetesVersion, "v")); err == nil && !fv.LessThan(fluxKubernetesFloor.flux) && kv.LessThan(fluxKubernetesFloor.kubernetes) {
+		v.errf("flux.version", "%s needs Kubernetes %s or later (flux check --pre: flux2 v2.9.5 cmd/flux/check.go kubernetesConstraints), and cluster.kubernetesVersion is %s: upgrade Kubernetes first, or pin an older Flux",
+			f.Version, fluxKubernetesFloor.kubernetes, v.c.Cluster.KubernetesVersion)
 	}
 	if len(f.Components) == 0 {
 		v.errf("flux.components", "is empty: source-controller and kustomize-controller are needed")
