@@ -35,6 +35,11 @@ type InstallOptions struct {
 	Manifests string
 	// Components to install, e.g. source-controller, kustomize-controller.
 	Components []string
+	// ClusterDomain is the cluster's DNS domain (Talos'
+	// cluster.network.dnsDomain); the controllers reach
+	// notification-controller at <svc>.<ns>.svc.<domain>. Empty:
+	// cluster.local, flux2's default.
+	ClusterDomain string
 	Namespace  string
 }
 
@@ -61,6 +66,9 @@ func InstallObjects(ctx context.Context, o InstallOptions) ([]*unstructured.Unst
 	opts.Version = o.Version
 	opts.Namespace = o.Namespace
 	opts.Components = o.Components
+	if o.ClusterDomain != "" {
+		opts.ClusterDomain = o.ClusterDomain
+	}
 	// The manifests are already in base; an http BaseURL makes manifestgen
 	// generate the kustomization over them instead of treating BaseURL as
 	// a prebuilt directory.

@@ -15,6 +15,7 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/talos"
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/state"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -44,7 +45,8 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	}
 
 	// 1. Flux itself.
-	inst := flux.InstallOptions{Version: f.Version, Manifests: manifestsSource(env.Config), Components: f.Components, Namespace: FluxNamespace}
+	inst := flux.InstallOptions{Version: f.Version, Manifests: manifestsSource(env.Config), Components: f.Components, Namespace: FluxNamespace,
+		ClusterDomain: clusterDomain(env)}
 	objs, err := flux.InstallObjects(ctx, inst)
 	if err != nil {
 		return err
@@ -426,6 +428,21 @@ func sourceChecks(env *Env) []check.Check {
 		}
 		return check.Passf("%s branch %s at %s", f.Repo, f.Branch, short(head))
 	}}}
+}
+
+// clusterDomain is the DNS domain the talos stage rendered for the
+// cluster, which Flux's controllers address each other with; the default
+// when no rendered config is at hand (a flux stage run on another machine).
+func clusterDomain(env *Env) string {
+	for _, n := range env.Config.ControlPlanes() {
+		d, err := talos.DNSDomain(env.Paths.TalosDir, n.Name)
+		if err != nil {
+			env.Log.Warn().Err(err).Msg("Flux is rendered for the default cluster domain cluster.local")
+			return ""
+		}
+		return d
+	}
+	return ""
 }
 
 // remoteHead lists the remote branch as a clone starts (git ls-remote)

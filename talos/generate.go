@@ -519,6 +519,17 @@ func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error)
 	return namedPatch{source: "generated node patch", patch: configpatcher.NewStrategicMergePatch(c)}, text, disk, nil
 }
 
+// DNSDomain reads the cluster's DNS domain (cluster.network.dnsDomain,
+// cluster.local unless a patch changes it) from the rendered config of
+// node in dir.
+func DNSDomain(dir, node string) (string, error) {
+	cfg, err := configloader.NewFromFile(NodeConfigPath(dir, node))
+	if err != nil {
+		return "", fmt.Errorf("reading the rendered config of %s: %w", node, err)
+	}
+	return cfg.Cluster().Network().DNSDomain(), nil
+}
+
 // KubePrismPort reads the rendered configs of the named nodes from dir and
 // returns the KubePrism port they all serve the API on, or 0 when any of
 // them has KubePrism off or a different port (a user patch can change
