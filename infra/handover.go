@@ -114,6 +114,15 @@ type Handover struct {
 	Interval time.Duration
 }
 
+// PruneAnnotation, set to PruneDisabled, keeps kustomize-controller from
+// deleting an object when it leaves the repository or its Kustomization is
+// deleted (kustomize-controller v1.9.5 internal/controller/
+// kustomization_controller.go: the prune Exclusions).
+const (
+	PruneAnnotation = "kustomize.toolkit.fluxcd.io/prune"
+	PruneDisabled   = "disabled"
+)
+
 // Manifest renders, for each release, a HelmRepository for its chart
 // repository and a HelmRelease that adopts it as it is installed: the same
 // release name, target and storage namespace (what helm-controller looks
@@ -132,7 +141,7 @@ func (o Handover) Manifest(rels []Release) ([]byte, error) {
 			repos[repoName] = r.RepoURL
 			repo := sourcev1.HelmRepository{
 				TypeMeta:   metav1.TypeMeta{APIVersion: sourcev1.GroupVersion.String(), Kind: sourcev1.HelmRepositoryKind},
-				ObjectMeta: metav1.ObjectMeta{Name: repoName, Namespace: o.Namespace},
+				ObjectMeta: metav1.ObjectMeta{Name: repoName, Namespace: o.Namespace, Annotations: essential(r)},
 				Spec:       sourcev1.HelmRepositorySpec{URL: r.RepoURL, Interval: metav1.Duration{Duration: o.Interval}},
 			}
 			b, err := cleanYAML(&repo)
@@ -147,7 +156,11 @@ func (o Handover) Manifest(rels []Release) ([]byte, error) {
 		}
 		hr := helmv2.HelmRelease{
 			TypeMeta:   metav1.TypeMeta{APIVersion: helmv2.GroupVersion.String(), Kind: helmv2.HelmReleaseKind},
-			ObjectMeta: metav1.ObjectMeta{Name: r.Name, Namespace: o.Namespace},
+			// An essential release (the CNI) is never pruned: deleting its
+			// HelmRelease would uninstall it and cut every pod's network,
+			// Flux's own included. Removing it is a deliberate two steps
+			// (README: Handing the cluster to GitOps).
+			ObjectMeta: metav1.ObjectMeta{Name: r.Name, Namespace: o.Namespace, Annotations: essential(r)},
 			Spec: helmv2.HelmReleaseSpec{
 				Interval:         metav1.Duration{Duration: o.Interval},
 				ReleaseName:      r.Name,
@@ -193,4 +206,13 @@ func jsonValues(v map[string]any) (*apiextensionsv1.JSON, error) {
 		return nil, err
 	}
 	return &apiextensionsv1.JSON{Raw: j}, nil
+}
+
+// essential returns the annotations that keep an essential release's
+// objects from being pruned.
+func essential(r Release) map[string]string {
+	if !r.Essential {
+		return nil
+	}
+	return map[string]string{PruneAnnotation: PruneDisabled}
 }

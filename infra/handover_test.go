@@ -53,6 +53,12 @@ func TestHandoverIsRecognisedAsTheOwner(t *testing.T) {
 	if got := strings.Join(kinds, ", "); got != "HelmRepository cilium, HelmRelease cilium, HelmRepository nfs-subdir-external-provisioner, HelmRelease nfs-provisioner" {
 		t.Fatalf("handover objects: %s", got)
 	}
+	// The CNI's objects are never pruned; the others are.
+	for i, o := range objs {
+		if got, want := o.GetAnnotations()[PruneAnnotation], map[bool]string{true: PruneDisabled, false: ""}[i < 2]; got != want {
+			t.Errorf("%s %s: %s=%q, want %q", o.GetKind(), o.GetName(), PruneAnnotation, got, want)
+		}
+	}
 	hr := objs[3]
 	if v, _, _ := unstructured.NestedString(hr.Object, "spec", "chart", "spec", "version"); v != "4.0.18" {
 		t.Errorf("chart version %q", v)

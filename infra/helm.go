@@ -47,6 +47,9 @@ type Release struct {
 	Values    map[string]any
 	// Timeout bounds the install/upgrade and the wait for its Deployments.
 	Timeout time.Duration
+	// Essential marks a release the cluster cannot lose (the CNI): once
+	// handed to Flux, pruning must never uninstall it.
+	Essential bool
 }
 
 func (r Release) String() string {

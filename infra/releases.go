@@ -91,7 +91,7 @@ type CiliumOptions struct {
 // node, up to the chart's default.
 func Cilium(o CiliumOptions) Release {
 	return Release{
-		Name: CiliumRelease, Namespace: CiliumNamespace, RepoURL: o.RepoURL, Chart: CiliumChart, Version: o.Version, Timeout: o.Timeout,
+		Name: CiliumRelease, Namespace: CiliumNamespace, RepoURL: o.RepoURL, Chart: CiliumChart, Version: o.Version, Timeout: o.Timeout, Essential: true,
 		Values: map[string]any{
 			"ipam":                 map[string]any{"mode": "kubernetes"},
 			"kubeProxyReplacement": true,
