@@ -172,6 +172,11 @@ func (o Handover) Manifest(rels []Release) ([]byte, error) {
 					SourceRef: helmv2.CrossNamespaceObjectReference{Kind: sourcev1.HelmRepositoryKind, Name: repoName},
 				}},
 				Values: values,
+				// A cluster rebuilt from the repository installs before the
+				// infra stage ever ran: helm-controller then creates the
+				// target namespace, as the infra stage does
+				// (helm-controller/api v1.6.4 Install.CreateNamespace).
+				Install: &helmv2.Install{CreateNamespace: true},
 			},
 		}
 		b, err := cleanYAML(&hr)

@@ -60,6 +60,9 @@ func TestHandoverIsRecognisedAsTheOwner(t *testing.T) {
 		}
 	}
 	hr := objs[3]
+	if v, _, _ := unstructured.NestedBool(hr.Object, "spec", "install", "createNamespace"); !v {
+		t.Error("the HelmRelease does not create its target namespace on a cluster rebuilt from the repository")
+	}
 	if v, _, _ := unstructured.NestedString(hr.Object, "spec", "chart", "spec", "version"); v != "4.0.18" {
 		t.Errorf("chart version %q", v)
 	}
