@@ -144,6 +144,13 @@ func (o Handover) Manifest(rels []Release) ([]byte, error) {
 				ObjectMeta: metav1.ObjectMeta{Name: repoName, Namespace: o.Namespace, Annotations: essential(r)},
 				Spec:       sourcev1.HelmRepositorySpec{URL: r.RepoURL, Interval: metav1.Duration{Duration: o.Interval}},
 			}
+			if IsOCI(r.RepoURL) {
+				// source-controller refuses an oci:// URL in a HelmRepository
+				// of the default type ("'oci' URL scheme cannot be used with
+				// 'default' HelmRepository type": source-controller v1.9.5
+				// internal/controller/helmrepository_controller.go).
+				repo.Spec.Type = sourcev1.HelmRepositoryTypeOCI
+			}
 			b, err := cleanYAML(&repo)
 			if err != nil {
 				return nil, err

@@ -117,3 +117,22 @@ func TestOriginLabels(t *testing.T) {
 		t.Error("labels of another group taken for Flux's")
 	}
 }
+
+// A release from an OCI registry is handed over with a HelmRepository of
+// type oci: source-controller refuses an oci:// URL under the default type.
+func TestHandoverOfAnOCIChart(t *testing.T) {
+	cilium := Cilium(CiliumOptions{RepoURL: "oci://quay.io/cilium/charts", Version: "1.18.4", APIHost: KubePrismHost, APIPort: 7445, Nodes: 1})
+	nfs := NFSProvisioner(NFSOptions{Server: "10.0.20.5", Path: "/export/k8s", StorageClass: "nfs-storage", ReclaimPolicy: "Delete",
+		RepoURL: "https://kubernetes-sigs.github.io/nfs-subdir-external-provisioner/", Version: "4.0.18"})
+	objs := handoverObjects(t, cilium, nfs)
+	for _, o := range objs {
+		if o.GetKind() != "HelmRepository" {
+			continue
+		}
+		typ, _, _ := unstructured.NestedString(o.Object, "spec", "type")
+		url, _, _ := unstructured.NestedString(o.Object, "spec", "url")
+		if want := map[bool]string{true: "oci", false: ""}[strings.HasPrefix(url, "oci://")]; typ != want {
+			t.Errorf("HelmRepository %s (%s): type %q, want %q", o.GetName(), url, typ, want)
+		}
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"helm.sh/helm/v3/pkg/cli"
 	"helm.sh/helm/v3/pkg/downloader"
 	"helm.sh/helm/v3/pkg/getter"
+	"helm.sh/helm/v3/pkg/registry"
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	"helm.sh/helm/v3/pkg/repo"
@@ -339,8 +340,16 @@ func (h *Helm) loadChart(r Release) (*chart.Chart, error) {
 	return ch, nil
 }
 
+// IsOCI reports whether a chart repository URL names an OCI registry
+// (oci://host/path): charts are then artifacts <path>/<chart>:<version>,
+// with no index.yaml.
+func IsOCI(repoURL string) bool { return strings.HasPrefix(repoURL, registry.OCIScheme+"://") }
+
 // downloadChart fetches the archive of the pinned chart version.
 func (h *Helm) downloadChart(r Release) ([]byte, error) {
+	if IsOCI(r.RepoURL) {
+		return h.pullOCIChart(r)
+	}
 	getters := getter.All(h.settings)
 	url, err := repo.FindChartInRepoURL(r.RepoURL, r.Chart, r.Version, "", "", "", getters)
 	if err != nil {
@@ -362,6 +371,23 @@ func (h *Helm) downloadChart(r Release) ([]byte, error) {
 		return nil, fmt.Errorf("reading chart %s: %w", filepath.Base(path), err)
 	}
 	return b, nil
+}
+
+// pullOCIChart pulls <repo>/<chart>:<version> with Helm's registry client,
+// as `helm pull oci://…` does (credentials from Helm's registry config;
+// a registry that answers plain HTTP is used over HTTP, the v3 client's
+// fallback).
+func (h *Helm) pullOCIChart(r Release) ([]byte, error) {
+	c, err := registry.NewClient(registry.ClientOptWriter(io.Discard), registry.ClientOptCredentialsFile(h.settings.RegistryConfig))
+	if err != nil {
+		return nil, fmt.Errorf("Helm registry client: %w", err)
+	}
+	ref := strings.TrimPrefix(strings.TrimSuffix(r.RepoURL, "/"), registry.OCIScheme+"://") + "/" + r.Chart + ":" + r.Version
+	res, err := c.Pull(ref, registry.PullOptWithChart(true))
+	if err != nil {
+		return nil, fmt.Errorf("pulling chart %s@%s from %s: %w", r.Chart, r.Version, r.RepoURL, err)
+	}
+	return res.Chart.Data, nil
 }
 
 // waitDeployments waits for every Deployment in the release's manifest.

@@ -18,6 +18,7 @@ import (
 	"github.com/homelab/bootstrap/lab/chartrepo"
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
+	"github.com/homelab/bootstrap/lab/ociregistry"
 )
 
 const demoDeployment = `apiVersion: apps/v1
@@ -60,6 +61,66 @@ func chartRepo(t *testing.T, versions ...string) string {
 		t.Fatal(err)
 	}
 	return srv.URL
+}
+
+// demoChart is the demo chart at version v.
+func demoChart(v string) *chart.Chart {
+	return &chart.Chart{
+		Metadata:  &chart.Metadata{APIVersion: chart.APIVersionV2, Name: "demo", Version: v, Type: "application"},
+		Values:    map[string]any{"greeting": "hello"},
+		Templates: []*chart.File{{Name: "templates/deploy.yaml", Data: []byte(demoDeployment)}},
+	}
+}
+
+// TestHelmInstallsFromAnOCIRegistry: a chart repository named oci:// is
+// an OCI registry (no index.yaml): the chart is pulled as the artifact
+// <path>/<chart>:<version> with Helm's registry client from a real
+// registry (distribution's, in the lab), installed, and a re-run changes
+// nothing.
+func TestHelmInstallsFromAnOCIRegistry(t *testing.T) {
+	helmHome(t)
+	kubetest.Binaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	lab := oneNodeLab(t, ctx)
+	reg, err := ociregistry.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Close)
+	for _, v := range []string{"1.0.0", "1.1.0"} {
+		if err := reg.PushChart("charts", demoChart(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := NewHelm(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Release{Name: "demo", Namespace: "demo-oci", RepoURL: reg.RepoURL("charts"), Chart: "demo", Version: "1.1.0", Values: map[string]any{"greeting": "oci"}, Timeout: time.Minute}
+	for _, want := range []Action{ActionInstall, ActionNone} {
+		p, err := h.Plan(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Action != want {
+			t.Fatalf("plan %s (%s), want %s", p.Action, p.Reason, want)
+		}
+		rel, err := h.Apply(ctx, r, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rel.Version != 1 || rel.Chart.Metadata.Version != "1.1.0" {
+			t.Fatalf("release revision %d chart %s", rel.Version, rel.Chart.Metadata.Version)
+		}
+	}
+	if _, err := lab.Client().AppsV1().Deployments("demo-oci").Get(ctx, "demo-demo", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the chart pulled from the registry was not installed: %v", err)
+	}
+	r.Version = "9.9.9"
+	if _, err := h.Render(ctx, r); err == nil || !strings.Contains(err.Error(), "pulling chart demo@9.9.9 from "+reg.RepoURL("charts")) {
+		t.Fatalf("a version the registry lacks: %v", err)
+	}
 }
 
 // oneNodeLab is a real control plane with one schedulable, Ready node cp-1.
