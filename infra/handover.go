@@ -162,7 +162,7 @@ func (o Handover) Manifest(rels []Release) ([]byte, error) {
 			return nil, fmt.Errorf("release %s values: %w", r.Name, err)
 		}
 		hr := helmv2.HelmRelease{
-			TypeMeta:   metav1.TypeMeta{APIVersion: helmv2.GroupVersion.String(), Kind: helmv2.HelmReleaseKind},
+			TypeMeta: metav1.TypeMeta{APIVersion: helmv2.GroupVersion.String(), Kind: helmv2.HelmReleaseKind},
 			// An essential release (the CNI) is never pruned: deleting its
 			// HelmRelease would uninstall it and cut every pod's network,
 			// Flux's own included. Removing it is a deliberate two steps
