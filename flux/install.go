@@ -40,7 +40,7 @@ type InstallOptions struct {
 	// notification-controller at <svc>.<ns>.svc.<domain>. Empty:
 	// cluster.local, flux2's default.
 	ClusterDomain string
-	Namespace  string
+	Namespace     string
 }
 
 // Source describes where the manifests were taken from, for messages.

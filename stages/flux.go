@@ -15,9 +15,9 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/gitsnap"
-	"github.com/homelab/bootstrap/talos"
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/talos"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
