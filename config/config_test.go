@@ -309,3 +309,35 @@ func secureCorpusFiles(t *testing.T, dir string) {
 		}
 	}
 }
+
+// TestStateDirsOverlap: run state and Talos files in one directory, or
+// one inside the other, is warned about; apart, nothing is said.
+func TestStateDirsOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		dir, talos string
+		warn       bool
+	}{
+		{"ai/state", ".talos", false},
+		{"state", "state", true},
+		{"state", "state/talos", true},
+		{"/srv/bootstrap", "/srv", true},
+	} {
+		cfg, err := Parse("testdata/good/three-plus-two.yaml", mustRead(t, "testdata/good/three-plus-two.yaml"), noEnv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.State.Dir, cfg.State.TalosDir = tc.dir, tc.talos
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("%s + %s: %v", tc.dir, tc.talos, err)
+		}
+		warned := false
+		for _, w := range cfg.Warnings() {
+			if strings.HasPrefix(w.Path, "state.talosDir") {
+				warned = true
+			}
+		}
+		if warned != tc.warn {
+			t.Errorf("state.dir %s, talosDir %s: warned %v, want %v", tc.dir, tc.talos, warned, tc.warn)
+		}
+	}
+}

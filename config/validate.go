@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -62,6 +63,7 @@ func (c *Config) validate() error {
 	v.fluxDecryption()
 	v.secrets()
 	v.gitBranch()
+	v.stateDirs()
 	v.postcheck()
 	// Patches are applied to a config generated from the rest: only once
 	// the rest is valid.
@@ -660,4 +662,25 @@ func sortedKeys[V any](m map[string]V) []string {
 func portInRange(p string) bool {
 	n, err := strconv.Atoi(p)
 	return err == nil && n >= 1 && n <= 65535
+}
+
+// stateDirs warns when the run state and the Talos files share a
+// directory: the per-cluster subdirectories then mix (state.json and the
+// lock beside secrets.yaml), and a tool that archives or cleans one (the
+// run logs, `bootstrap destroy`) reaches into the other.
+func (v *validator) stateDirs() {
+	d, t := v.c.Resolve(v.c.State.Dir), v.c.Resolve(v.c.State.TalosDir)
+	if d == "" || t == "" {
+		return
+	}
+	inside := func(a, b string) bool {
+		rel, err := filepath.Rel(b, a)
+		return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+	}
+	switch {
+	case d == t:
+		v.warnf("state.talosDir", "%s is also state.dir: run state and the cluster's secrets would share %s/<cluster>/; give each its own directory (defaults: ai/state and .talos)", v.c.State.TalosDir, v.c.State.TalosDir)
+	case inside(t, d) || inside(d, t):
+		v.warnf("state.talosDir", "%s and state.dir %s are nested: keep the run state and the cluster's secrets apart (defaults: ai/state and .talos)", v.c.State.TalosDir, v.c.State.Dir)
+	}
 }
