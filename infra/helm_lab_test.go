@@ -42,12 +42,7 @@ spec:
 func chartRepo(t *testing.T, versions ...string) string {
 	dir := t.TempDir()
 	for _, v := range versions {
-		ch := &chart.Chart{
-			Metadata:  &chart.Metadata{APIVersion: chart.APIVersionV2, Name: "demo", Version: v, Type: "application"},
-			Values:    map[string]any{"greeting": "hello"},
-			Templates: []*chart.File{{Name: "templates/deploy.yaml", Data: []byte(demoDeployment)}},
-		}
-		if _, err := chartutil.Save(ch, dir); err != nil {
+		if _, err := chartutil.Save(demoChart(v), dir); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -99,18 +94,7 @@ func TestHelmInstallsFromAnOCIRegistry(t *testing.T) {
 	}
 	r := Release{Name: "demo", Namespace: "demo-oci", RepoURL: reg.RepoURL("charts"), Chart: "demo", Version: "1.1.0", Values: map[string]any{"greeting": "oci"}, Timeout: time.Minute}
 	for _, want := range []Action{ActionInstall, ActionNone} {
-		p, err := h.Plan(ctx, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.Action != want {
-			t.Fatalf("plan %s (%s), want %s", p.Action, p.Reason, want)
-		}
-		rel, err := h.Apply(ctx, r, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rel.Version != 1 || rel.Chart.Metadata.Version != "1.1.0" {
+		if rel := planAndApply(t, ctx, h, r, want); rel.Version != 1 || rel.Chart.Metadata.Version != "1.1.0" {
 			t.Fatalf("release revision %d chart %s", rel.Version, rel.Chart.Metadata.Version)
 		}
 	}
@@ -121,6 +105,23 @@ func TestHelmInstallsFromAnOCIRegistry(t *testing.T) {
 	if _, err := h.Render(ctx, r); err == nil || !strings.Contains(err.Error(), "pulling chart demo@9.9.9 from "+reg.RepoURL("charts")) {
 		t.Fatalf("a version the registry lacks: %v", err)
 	}
+}
+
+// planAndApply plans r, wants the plan's action, and applies it.
+func planAndApply(t *testing.T, ctx context.Context, h *Helm, r Release, want Action) *release.Release {
+	t.Helper()
+	p, err := h.Plan(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Action != want {
+		t.Fatalf("plan %s (%s), want %s", p.Action, p.Reason, want)
+	}
+	rel, err := h.Apply(ctx, r, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel
 }
 
 // oneNodeLab is a real control plane with one schedulable, Ready node cp-1.
@@ -160,18 +161,7 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 
 	apply := func(want Action) *release.Release {
 		t.Helper()
-		p, err := h.Plan(ctx, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.Action != want {
-			t.Fatalf("plan %s (%s), want %s", p.Action, p.Reason, want)
-		}
-		rel, err := h.Apply(ctx, r, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rel
+		return planAndApply(t, ctx, h, r, want)
 	}
 	if rel := apply(ActionInstall); rel.Version != 1 {
 		t.Fatalf("first install is revision %d", rel.Version)
