@@ -341,3 +341,33 @@ func TestStateDirsOverlap(t *testing.T) {
 		}
 	}
 }
+
+// TestSSHKeyWithHTTPSRepoWarns: a deploy key configured for an https://
+// repository is never used; validate says so and still passes.
+func TestSSHKeyWithHTTPSRepoWarns(t *testing.T) {
+	cfg, err := Parse("testdata/good/three-plus-two.yaml", mustRead(t, "testdata/good/three-plus-two.yaml"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(t.TempDir(), "deploy_key")
+	b, err := os.ReadFile("testdata/bad/files/deploy_key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(key, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Flux.Repo, cfg.Flux.Auth.SSHKeyFile = "https://git.example.com/homelab.git", key
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, w := range cfg.Warnings() {
+		if w.Path == "flux.auth.sshKeyFile" && strings.Contains(w.Msg, "not used") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no warning about the unused SSH key: %v", cfg.Warnings())
+	}
+}
