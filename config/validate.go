@@ -365,13 +365,7 @@ func (v *validator) proxmox() {
 	} else if !tokenIDRe.MatchString(p.TokenID) {
 		v.errf("proxmox.tokenID", "%q is not a token id: use user@realm!tokenname", p.TokenID)
 	}
-	if p.TokenSecretFile != "" {
-		if st, err := os.Stat(v.c.Resolve(p.TokenSecretFile)); err != nil {
-			v.errf("proxmox.tokenSecretFile", "%s cannot be read: %v", p.TokenSecretFile, unwrapPathErr(err))
-		} else if st.Mode().Perm()&0o077 != 0 {
-			v.errf("proxmox.tokenSecretFile", "%s is readable by others (mode %#o): chmod 600 it", p.TokenSecretFile, st.Mode().Perm())
-		}
-	}
+	v.secretFile("proxmox.tokenSecretFile", p.TokenSecretFile)
 	modes := 0
 	if p.TLSFingerprint != "" {
 		modes++

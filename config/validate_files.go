@@ -52,14 +52,20 @@ func (v *validator) secretFile(path, f string) ([]byte, bool) {
 		return nil, false
 	}
 	data, ok := v.readFile(path, f)
-	if !ok {
-		return nil, false
-	}
-	if st, err := os.Stat(v.c.Resolve(f)); err == nil && st.Mode().Perm()&0o077 != 0 {
-		v.errf(path, "%s is readable by others (mode %#o): chmod 600 it", f, st.Mode().Perm())
+	if !ok || !v.ownerOnly(path, f) {
 		return nil, false
 	}
 	return data, true
+}
+
+// ownerOnly reports a credential file that others may read, and whether
+// it is readable by its owner alone.
+func (v *validator) ownerOnly(path, f string) bool {
+	if st, err := os.Stat(v.c.Resolve(f)); err == nil && st.Mode().Perm()&0o077 != 0 {
+		v.errf(path, "%s is readable by others (mode %#o): chmod 600 it", f, st.Mode().Perm())
+		return false
+	}
+	return true
 }
 
 // caFile checks a PEM file of CA certificates.

@@ -111,7 +111,5 @@ func (v *validator) snapshotTLS(u *url.URL) {
 		v.errf("flux.localSnapshot.tlsCertFile", "%s and %s are not a certificate and its key: %s", ls.TLSCertFile, ls.TLSKeyFile, msg)
 		return
 	}
-	if st, err := os.Stat(key); err == nil && st.Mode().Perm()&0o077 != 0 {
-		v.errf("flux.localSnapshot.tlsKeyFile", "%s is readable by others (mode %#o): chmod 600 it", ls.TLSKeyFile, st.Mode().Perm())
-	}
+	v.ownerOnly("flux.localSnapshot.tlsKeyFile", ls.TLSKeyFile)
 }

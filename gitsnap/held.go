@@ -32,15 +32,11 @@ type gitView struct {
 	entries map[string]*index.Entry
 }
 
-// newGitView reads the index and the attributes git applies to the work
-// tree: the system and global attributes files, every .gitattributes among
+// newGitView indexes idx by path and reads the attributes git applies to
+// the work tree: the system and global attributes files, every .gitattributes among
 // the candidates (outer directories first, as deeper files take
 // precedence), then $GIT_DIR/info/attributes, which wins over all.
-func newGitView(repo *gogit.Repository, root string, candidates []string) (*gitView, error) {
-	idx, err := repo.Storer.Index()
-	if err != nil {
-		return nil, fmt.Errorf("reading the git index of %s: %w", root, err)
-	}
+func newGitView(repo *gogit.Repository, idx *index.Index, root string, candidates []string) (*gitView, error) {
 	v := &gitView{repo: repo, entries: make(map[string]*index.Entry, len(idx.Entries))}
 	for _, e := range idx.Entries {
 		v.entries[e.Name] = e
@@ -110,10 +106,10 @@ func (v *gitView) content(p, full string, fi fs.FileInfo) (data []byte, ok bool,
 		data, err = os.ReadFile(full)
 		return data, err == nil, err
 	}
-	if e := v.entries[p]; e == nil || !statMatches(e, fi) {
+	e := v.entries[p]
+	if e == nil || !statMatches(e, fi) {
 		return nil, false, nil
 	}
-	e := v.entries[p]
 	obj, err := v.repo.Storer.EncodedObject(plumbing.BlobObject, e.Hash)
 	if err != nil {
 		return nil, false, fmt.Errorf("reading the index blob of %s: %w", p, err)

@@ -22,6 +22,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
+	"github.com/go-git/go-git/v5/plumbing/format/index"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/storage/memory"
 )
@@ -120,11 +121,15 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 		return nil, err
 	}
 
-	candidates, skipped, err := listCandidates(ctx, repo, root)
+	idx, err := repo.Storer.Index()
+	if err != nil {
+		return nil, fmt.Errorf("reading the git index of %s: %w", root, err)
+	}
+	candidates, skipped, err := listCandidates(ctx, idx, root)
 	if err != nil {
 		return nil, err
 	}
-	held, err := newGitView(repo, root, candidates)
+	held, err := newGitView(repo, idx, root, candidates)
 	if err != nil {
 		return nil, err
 	}
@@ -235,11 +240,7 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 // listCandidates returns the sorted slash-separated paths of tracked files
 // and of untracked files that git would not ignore, and how many paths were
 // skipped because a snapshot cannot carry them.
-func listCandidates(ctx context.Context, repo *gogit.Repository, root string) ([]string, int, error) {
-	idx, err := repo.Storer.Index()
-	if err != nil {
-		return nil, 0, fmt.Errorf("reading the git index of %s: %w", root, err)
-	}
+func listCandidates(ctx context.Context, idx *index.Index, root string) ([]string, int, error) {
 	set := map[string]bool{}
 	skipped := 0
 	for _, e := range idx.Entries {
