@@ -175,3 +175,59 @@ func TestStockInstallerRunsNoGuestAgent(t *testing.T) {
 		t.Errorf("postcheck row talos-extensions: %q", l)
 	}
 }
+
+// TestReorderedSchematicIsNotRolled: a cluster installed from a schematic
+// made elsewhere with the same extensions in another order (another ID:
+// the factory hashes them as written) is not rebooted to swap the ID when
+// the config takes over the installer; the talos stage says why and the
+// postcheck's extensions row passes. (Every node was upgraded in place
+// before, for the same image.)
+func TestReorderedSchematicIsNotRolled(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 4*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, Workers: 1})
+	cfg := h.Config()
+	c, err := factory.NewClient(factory.ClientOptions{URL: h.Lab.Factory.URL(), CAFile: cfg.Resolve(cfg.Cluster.FactoryCAFile)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := factory.New([]string{factory.GuestAgent, "siderolabs/i915"}, nil)
+	if _, err := c.Register(ctx, elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	installer := factory.Images{Factory: h.Lab.Factory.URL(), ID: elsewhere.MustID(), Version: "v1.13.3"}.Installer()
+	const schematic = "  schematic:\n    extensions: [siderolabs/i915, siderolabs/qemu-guest-agent]\n"
+	if err := h.EditConfig(func(s string) (string, error) {
+		return strings.Replace(s, "  talosVersion: v1.13.3\n", "  talosVersion: v1.13.3\n"+schematic+"  installImage: "+installer+"\n", 1), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("run with the schematic made elsewhere:\n%s", r.Tail(60))
+	}
+	if err := h.EditConfig(func(s string) (string, error) {
+		return strings.Replace(s, "  installImage: "+installer+"\n", "", 1), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	declared := h.Config().Images().SchematicID
+	if declared == elsewhere.MustID() {
+		t.Fatal("the config's schematic has the other order's ID: the test proves nothing")
+	}
+	r := run(t, ctx, h, "run", "--stage", "talos")
+	if r.ExitCode != 0 {
+		t.Fatalf("talos stage with the config's schematic:\n%s", r.Tail(60))
+	}
+	if !strings.Contains(r.Stderr, "kept, not rolled") {
+		t.Errorf("the stage did not say why the nodes were kept:\n%s", r.Tail(30))
+	}
+	for _, n := range h.Lab.Talos.Nodes() {
+		if c := n.Counters(); c.UpgradeCalls != 0 {
+			t.Errorf("node %s: %d upgrade calls for the same image under another ID", n.IP(), c.UpgradeCalls)
+		}
+	}
+	p := run(t, ctx, h, "run", "--stage", "postcheck")
+	if l := checkRow(p.Stdout, "talos-extensions"); !strings.Contains(l, "PASS") || !strings.Contains(l, "i915, qemu-guest-agent") {
+		t.Errorf("postcheck row talos-extensions: %q\n%s", l, p.Tail(30))
+	}
+}

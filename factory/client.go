@@ -159,6 +159,21 @@ func (c *Client) Known(ctx context.Context, id string) (bool, error) {
 	return false, &StatusError{Method: "GET", URL: c.base + "/schematics/" + id, Code: code, Body: string(data)}
 }
 
+// Get reads a schematic the factory holds (GET /schematics/:id,
+// handleSchematicGet: its normalised YAML, 404 "schematic not found"). A
+// schematic with customizations this tool does not declare (an overlay,
+// meta values) is an error: it cannot be compared.
+func (c *Client) Get(ctx context.Context, id string) (Schematic, error) {
+	code, data, err := c.do(ctx, http.MethodGet, "/schematics/"+id, "", nil)
+	if err != nil {
+		return Schematic{}, err
+	}
+	if code != http.StatusOK {
+		return Schematic{}, &StatusError{Method: "GET", URL: c.base + "/schematics/" + id, Code: code, Body: string(data)}
+	}
+	return Unmarshal(data)
+}
+
 // Register uploads the schematic (POST /schematics with its YAML; 201 and
 // {"id", "schematic"}, handleSchematicCreate). The factory's ID must be the
 // one computed here: if not, the images derived from the local ID would

@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	// The factory marshals with go.yaml.in/yaml/v4 (image-factory v1.5.0
@@ -114,4 +115,22 @@ func (s Schematic) Summary() string {
 		return "no extensions"
 	}
 	return what
+}
+
+// SameImage reports whether two schematics build the same image content:
+// the same official extensions in any order, and the same kernel
+// arguments in the same order (a later argument can override an earlier
+// one). The factory hashes the extensions as written (image-factory v1.5.0
+// pkg/schematic/schematic.go ID, no sort), so a schematic made elsewhere
+// — the factory's UI lists extensions in catalogue order — can carry what
+// the config declares under another ID; rolling every node to swap one ID
+// for the other would reboot the cluster for nothing.
+func (s Schematic) SameImage(o Schematic) bool {
+	set := func(v []string) []string {
+		out := slices.Clone(v)
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	return slices.Equal(set(s.Extensions()), set(o.Extensions())) &&
+		slices.Equal(s.Customization.ExtraKernelArgs, o.Customization.ExtraKernelArgs)
 }

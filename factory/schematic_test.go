@@ -49,3 +49,22 @@ func TestOrderMatters(t *testing.T) {
 		t.Error("reordered extensions gave the same ID; the factory hashes them as written")
 	}
 }
+
+func TestSameImage(t *testing.T) {
+	base := New([]string{"siderolabs/i915", "siderolabs/intel-ucode"}, []string{"a=1", "b=2"})
+	for _, tc := range []struct {
+		name string
+		o    Schematic
+		want bool
+	}{
+		{"same", New([]string{"siderolabs/i915", "siderolabs/intel-ucode"}, []string{"a=1", "b=2"}), true},
+		{"extensions reordered", New([]string{"siderolabs/intel-ucode", "siderolabs/i915"}, []string{"a=1", "b=2"}), true},
+		{"one extension more", New([]string{"siderolabs/intel-ucode", "siderolabs/i915", "siderolabs/qemu-guest-agent"}, []string{"a=1", "b=2"}), false},
+		{"kernel args reordered", New([]string{"siderolabs/i915", "siderolabs/intel-ucode"}, []string{"b=2", "a=1"}), false},
+		{"no kernel args", New([]string{"siderolabs/i915", "siderolabs/intel-ucode"}, nil), false},
+	} {
+		if got := base.SameImage(tc.o); got != tc.want {
+			t.Errorf("%s: SameImage = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -135,6 +135,10 @@ type Options struct {
 	// run them from ("" when the installer is not derived from one).
 	Extensions []string
 	Schematic  string
+	// SameSchematic, when set, says whether a node's other schematic ID
+	// carries the same image (the extensions in another order): such a
+	// node is not asked to roll.
+	SameSchematic func(ctx context.Context, id string) (bool, error)
 	// GuestAgent: the VMs have agent: 1 and their image runs the agent,
 	// so it must answer (a warning when not).
 	GuestAgent bool
@@ -687,8 +691,17 @@ func (c *checker) extensions(ctx context.Context) (check.Status, string) {
 		if len(missing) > 0 {
 			bad = append(bad, fmt.Sprintf("%s lacks %s", n.Name, strings.Join(missing, ", ")))
 		}
-		if c.o.Schematic != "" && talos.SchematicOf(got[n.Name]) != c.o.Schematic {
-			bad = append(bad, fmt.Sprintf("%s runs schematic %q, not %.12s", n.Name, talos.SchematicOf(got[n.Name]), c.o.Schematic))
+		if have := talos.SchematicOf(got[n.Name]); c.o.Schematic != "" && have != c.o.Schematic {
+			same, err := false, error(nil)
+			if c.o.SameSchematic != nil && have != "" {
+				same, err = c.o.SameSchematic(ctx, have)
+			}
+			switch {
+			case err != nil:
+				bad = append(bad, fmt.Sprintf("%s runs schematic %.12s, not %.12s (%v)", n.Name, have, c.o.Schematic, err))
+			case !same:
+				bad = append(bad, fmt.Sprintf("%s runs schematic %q, not %.12s", n.Name, have, c.o.Schematic))
+			}
 		}
 	}
 	if len(bad) > 0 {

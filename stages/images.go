@@ -2,7 +2,9 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -31,6 +33,42 @@ func usesFactory(im config.Images) bool { return im.ISODerived || im.InstallerDe
 // describeSchematic is "ce4c980550dd (siderolabs/qemu-guest-agent)".
 func describeSchematic(im config.Images) string {
 	return factory.ShortID(im.SchematicID) + " (" + im.Schematic.Summary() + ")"
+}
+
+// sameImageAs returns a test of whether a schematic a node runs carries
+// what cluster.schematic declares under another ID (factory.SameImage:
+// the factory hashes extensions in the order written, so one created in
+// its UI or by hand can differ only in order). It asks the factory once
+// per ID; a schematic the factory does not hold is not the same.
+func sameImageAs(env *Env) func(ctx context.Context, id string) (bool, error) {
+	want := env.Config.Images()
+	seen := map[string]bool{}
+	return func(ctx context.Context, id string) (bool, error) {
+		if id == want.SchematicID {
+			return true, nil
+		}
+		if id == "" {
+			return false, nil
+		}
+		if same, ok := seen[id]; ok {
+			return same, nil
+		}
+		c, err := FactoryClient(env)
+		if err != nil {
+			return false, err
+		}
+		got, err := c.Get(ctx, id)
+		var se *factory.StatusError
+		switch {
+		case errors.As(err, &se) && se.Code == http.StatusNotFound:
+			seen[id] = false
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("asking %s what schematic %s carries: %w", c.URL(), factory.ShortID(id), err)
+		}
+		seen[id] = got.SameImage(want.Schematic)
+		return seen[id], nil
+	}
 }
 
 // ensureSchematic registers the schematic with the factory unless it

@@ -51,6 +51,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 	opts.GuestAgent = im.GuestAgent
 	if im.InstallerDerived {
 		opts.Schematic = im.SchematicID
+		opts.SameSchematic = sameImageAs(env)
 		for _, e := range im.Schematic.Extensions() {
 			opts.Extensions = append(opts.Extensions, factory.ManifestName(e))
 		}

@@ -342,6 +342,7 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	}
 	live := map[string]talos.Running{}
 	var installed []talos.Target
+	sameImage := sameImageAs(env)
 	for _, t := range targets {
 		r, ok := conv.Nodes[t.Name]
 		if ok && r.Version != "" && (r.Found == talos.ModeConfigured || r.Action == talos.ActionInstalled) {
@@ -352,6 +353,18 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 					return err
 				}
 				run.Schematic = sch
+				// Another ID with the same extensions (another order) is
+				// kept: the node runs what is declared.
+				if sch != wantSchematic {
+					same, err := sameImage(ctx, sch)
+					if err != nil {
+						return err
+					}
+					if same {
+						env.Log.Info().Str("node", t.Name).Str("schematic", sch).Msgf("%s runs schematic %s, which carries what cluster.schematic declares (%s) under another ID: kept, not rolled", t.Name, factory.ShortID(sch), im.Schematic.Summary())
+						run.Schematic = wantSchematic
+					}
+				}
 			}
 			live[t.Name] = run
 			installed = append(installed, t)

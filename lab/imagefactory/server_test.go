@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/homelab/bootstrap/factory"
@@ -166,5 +167,34 @@ func TestRenamedExtensionReportsItsNewName(t *testing.T) {
 		if !reported[factory.ManifestName(name)] {
 			t.Errorf("%s: the product expects %q, the node reports %v", name, factory.ManifestName(name), exts)
 		}
+	}
+}
+
+// A schematic with its extensions in another order is another ID (the
+// factory hashes them as written); Get returns what was registered, and
+// the product's SameImage sees through the order.
+func TestReorderedSchematicIsAnotherIDWithTheSameImage(t *testing.T) {
+	ctx := context.Background()
+	_, c := start(t, Options{})
+	a := factory.New([]string{"siderolabs/i915", "siderolabs/qemu-guest-agent"}, nil)
+	b := factory.New([]string{"siderolabs/qemu-guest-agent", "siderolabs/i915"}, nil)
+	for _, s := range []factory.Schematic{a, b} {
+		if _, err := c.Register(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.MustID() == b.MustID() {
+		t.Fatal("the reordered schematic got the same ID")
+	}
+	got, err := c.Get(ctx, b.MustID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.MustID() != b.MustID() || !got.SameImage(a) {
+		t.Errorf("Get: %+v (ID %s), want the registered order and the same image as %v", got, got.MustID(), a.Extensions())
+	}
+	var se *factory.StatusError
+	if _, err := c.Get(ctx, strings.Repeat("0", 64)); !errors.As(err, &se) || se.Code != http.StatusNotFound {
+		t.Errorf("Get of an unknown schematic: %v, want a 404", err)
 	}
 }
