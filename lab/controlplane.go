@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/siderolabs/talos/pkg/machinery/config"
@@ -53,6 +54,16 @@ type ControlPlane struct {
 	lost          chan struct{}
 	// fluxStoragePort is kept from the first control plane for the next.
 	fluxStoragePort int
+	// mirrors is each control plane's latest static pod report, by
+	// hostname: applied when it comes and again when the node registers
+	// (kubelet creates mirror pods once its Node exists).
+	mirrors   map[string]mirrorReport
+	mirrorsMu sync.Mutex
+}
+
+type mirrorReport struct {
+	seq  uint64
+	pods []talossim.StaticPod
 }
 
 var (
@@ -60,6 +71,7 @@ var (
 	_ talossim.EtcdRecoverer     = (*ControlPlane)(nil)
 	_ talossim.EtcdLoser         = (*ControlPlane)(nil)
 	_ talossim.KubernetesUpdater = (*ControlPlane)(nil)
+	_ talossim.MirrorPodSyncer   = (*ControlPlane)(nil)
 )
 
 // NewControlPlane returns a control plane that starts on Bootstrap. base
@@ -225,7 +237,73 @@ func (c *ControlPlane) register(ctx context.Context, kc *kube.Cluster, n talossi
 	if n.Role == "controlplane" {
 		role = kube.RoleControlPlane
 	}
-	return kc.RegisterKubelet(ctx, n.Hostname, n.IP, role, talossim.KubeletVersion(n.KubeletImage))
+	if err := kc.RegisterKubelet(ctx, n.Hostname, n.IP, role, talossim.KubeletVersion(n.KubeletImage)); err != nil {
+		return err
+	}
+	if role == kube.RoleControlPlane {
+		return c.syncMirrors(ctx, kc, n.Hostname)
+	}
+	return nil
+}
+
+// MirrorPods implements talossim.MirrorPodSyncer: the report is kept and,
+// once the control plane runs and the Node exists, shown as mirror pods.
+func (c *ControlPlane) MirrorPods(ctx context.Context, node talossim.NodeInfo, seq uint64, pods []talossim.StaticPod) error {
+	c.mirrorsMu.Lock()
+	if c.mirrors == nil {
+		c.mirrors = map[string]mirrorReport{}
+	}
+	if cur, ok := c.mirrors[node.Hostname]; ok && cur.seq >= seq {
+		c.mirrorsMu.Unlock()
+		return nil
+	}
+	c.mirrors[node.Hostname] = mirrorReport{seq: seq, pods: pods}
+	c.mirrorsMu.Unlock()
+	c.mu.Lock()
+	kc := c.cluster
+	c.mu.Unlock()
+	if kc == nil {
+		return nil
+	}
+	// The API server may be restarting (a control plane's new image):
+	// kubelet keeps trying, so does this, until a later report takes over.
+	for attempt := 0; ; attempt++ {
+		err := c.syncMirrors(ctx, kc, node.Hostname)
+		switch {
+		case err == nil, apierrors.IsNotFound(err):
+			// Not registered yet: register applies it.
+			return nil
+		case attempt == 60:
+			return err
+		}
+		c.mirrorsMu.Lock()
+		superseded := c.mirrors[node.Hostname].seq != seq
+		c.mirrorsMu.Unlock()
+		if superseded {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// syncMirrors applies the node's latest report; the lock serialises
+// reports, so the API ends at the latest one.
+func (c *ControlPlane) syncMirrors(ctx context.Context, kc *kube.Cluster, hostname string) error {
+	c.mirrorsMu.Lock()
+	defer c.mirrorsMu.Unlock()
+	r, ok := c.mirrors[hostname]
+	if !ok {
+		return nil
+	}
+	pods := make([]kube.MirrorPod, 0, len(r.pods))
+	for _, p := range r.pods {
+		pods = append(pods, kube.MirrorPod{Name: p.Name, Image: p.Image, Version: talossim.ImageTag(p.Image), Ready: p.Ready})
+	}
+	return kc.SyncMirrorPods(ctx, hostname, pods)
 }
 
 // StaticPodImage implements talossim.KubernetesUpdater: the lab's one

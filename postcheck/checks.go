@@ -532,9 +532,9 @@ func (c *checker) talosAPI(ctx context.Context) (check.Status, string) {
 // minimums, no diagnostics, boot sequences, kubelets, static pods,
 // registration, kube-proxy and CoreDNS where deployed.
 func (c *checker) talosHealth(ctx context.Context) (check.Status, string) {
-	return c.healthVerdict(ctx, "every node has Talos' minimum memory and disk, no diagnostics, finished its boot sequence; kubelet, control-plane static pods, kube-proxy and CoreDNS (where deployed) ready",
+	return c.healthVerdict(ctx, "every node has Talos' minimum memory and disk, no diagnostics, finished its boot sequence and is the config's; kubelet, control-plane static pods and components, kube-proxy and CoreDNS (where deployed) ready",
 		talos.HealthMemorySizes, talos.HealthDiskSizes, talos.HealthNoDiagnostics,
-		talos.HealthKubeletHealthy, talos.HealthBootFinished, talos.HealthK8sNodesReported, talos.HealthStaticPods,
+		talos.HealthKubeletHealthy, talos.HealthBootFinished, talos.HealthK8sNodesReported, talos.HealthStaticPods, talos.HealthControlPlaneReady,
 		talos.HealthKubeProxyReady, talos.HealthCoreDNSReady, talos.HealthK8sNodesSchedulable)
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/lab"
+	labkube "github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/stages"
@@ -213,6 +214,54 @@ func TestPostcheckCriteriaOnTheLab(t *testing.T) {
 			_, notReady, err := kube.NodeStatus(ctx, cs, []string{victim})
 			return len(notReady) == 0, "", err
 		})
+	})
+
+	t.Run("control plane component not Ready", func(t *testing.T) {
+		// The kubelet's mirror of cp-1's scheduler reports not Ready:
+		// talosctl health's "all control plane components to be ready"
+		// (K8sFullControlPlaneAssertion) fails on it.
+		name := "kube-scheduler-cp-1"
+		pod, err := cs.CoreV1().Pods("kube-system").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the lab shows no mirror pod of cp-1's scheduler: %v", err)
+		}
+		if pod.Labels["k8s-app"] != "kube-scheduler" || pod.Spec.NodeName != "cp-1" || pod.Annotations["kubernetes.io/config.mirror"] == "" {
+			t.Errorf("mirror pod %s: labels %v, node %q, annotations %v", name, pod.Labels, pod.Spec.NodeName, pod.Annotations)
+		}
+		setReady := func(status corev1.ConditionStatus) {
+			t.Helper()
+			pod, err := cs.CoreV1().Pods("kube-system").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range pod.Status.Conditions {
+				if pod.Status.Conditions[i].Type == corev1.PodReady {
+					pod.Status.Conditions[i].Status = status
+				}
+			}
+			if _, err := cs.CoreV1().Pods("kube-system").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setReady(corev1.ConditionFalse)
+		rep, _, err := p.postcheck()
+		p.expectOnly(rep, err, postcheck.CheckTalosHealth, "all control plane components to be ready: kube-scheduler not Ready: "+name)
+		setReady(corev1.ConditionTrue)
+	})
+
+	t.Run("node not in the config", func(t *testing.T) {
+		// A Node no config entry accounts for (a machine removed from the
+		// config, or joined by hand): talosctl health matches nodes by
+		// address and fails on one left over.
+		kc, _ := l.Kube.Cluster()
+		if err := kc.RegisterNode(ctx, "stray", "127.0.0.99", labkube.RoleWorker); err != nil {
+			t.Fatal(err)
+		}
+		rep, _, err := p.postcheck()
+		p.expectOnly(rep, err, postcheck.CheckTalosHealth, "unexpected nodes, registered but not in the config: stray (127.0.0.99)")
+		if err := cs.CoreV1().Nodes().Delete(ctx, "stray", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("default annotation removed", func(t *testing.T) {

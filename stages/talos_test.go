@@ -83,7 +83,8 @@ nodes:
 	if err != nil {
 		t.Fatal(err)
 	}
-	api := talostest.NewAPIServer(t, b.Certs.K8s.Crt, b.Certs.K8s.Key, "cp-1", "wk-1")
+	api := talostest.NewAPIServer(t, b.Certs.K8s.Crt, b.Certs.K8s.Key,
+		talostest.Node{Name: "cp-1", IP: l.ips["cp-1"], ControlPlane: true}, talostest.Node{Name: "wk-1", IP: l.ips["wk-1"]})
 	cluster := talossim.NewMemoryCluster(api.Kubeconfig("lab", b.Certs.K8s.Crt, b.Certs.K8s.Key))
 	cluster.SetSnapshot(backuptest.Snapshot(t, 7))
 	l.sim = talossim.New(talossim.Options{Cluster: cluster, Log: zerolog.New(zerolog.NewTestWriter(t))})

@@ -84,12 +84,12 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := make([]string, 0, len(nodes))
+	registered := make([]talostest.Node, 0, len(nodes))
 	for _, n := range nodes {
-		names = append(names, n.Name)
+		registered = append(registered, talostest.Node{Name: n.Name, IP: n.IP, ControlPlane: n.Role == RoleControlPlane})
 	}
 	k8sCA := h.res.Bundle.Certs.K8s
-	h.api = talostest.NewAPIServer(t, k8sCA.Crt, k8sCA.Key, names...)
+	h.api = talostest.NewAPIServer(t, k8sCA.Crt, k8sCA.Key, registered...)
 	h.cluster = talossim.NewMemoryCluster(h.api.Kubeconfig("lab", k8sCA.Crt, k8sCA.Key))
 	h.sim = talossim.New(talossim.Options{Profile: ho.profile, TimeScale: ho.timeScale, Cluster: h.cluster, DiscoveryUnreachable: ho.noDiscovery, Log: testLogger(t)})
 	t.Cleanup(func() { h.sim.Close() })

@@ -40,6 +40,7 @@ const (
 	HealthBootFinished        = "all nodes to finish boot sequence"
 	HealthK8sNodesReported    = "all k8s nodes to report"
 	HealthStaticPods          = "all control plane static pods to be running"
+	HealthControlPlaneReady   = "all control plane components to be ready"
 	HealthK8sNodesReady       = "all k8s nodes to report ready"
 	HealthKubeProxyReady      = "kube-proxy to report ready"
 	HealthCoreDNSReady        = "coredns to report ready"
@@ -368,29 +369,15 @@ func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthT
 	nodes, err := in.Kube.CoreV1().Nodes().List(cctx, metav1.ListOptions{})
 	if err != nil {
 		msg := []string{"listing nodes: " + kube.Classify(err).Error()}
-		add(HealthK8sNodesReported, false, msg)
-		add(HealthStaticPods, false, msg)
-		add(HealthK8sNodesReady, false, msg)
-		add(HealthKubeProxyReady, false, msg)
-		add(HealthCoreDNSReady, false, msg)
-		add(HealthK8sNodesSchedulable, false, msg)
+		for _, name := range []string{HealthK8sNodesReported, HealthStaticPods, HealthControlPlaneReady, HealthK8sNodesReady, HealthKubeProxyReady, HealthCoreDNSReady, HealthK8sNodesSchedulable} {
+			add(name, false, msg)
+		}
 		return r
 	}
-	byName := map[string]corev1.Node{}
-	for _, n := range nodes.Items {
-		byName[n.Name] = n
-	}
-	var missing []string
-	for _, n := range all {
-		if _, ok := byName[n.Name]; !ok {
-			missing = append(missing, n.Name)
-		}
-	}
-	if len(missing) > 0 {
-		add(HealthK8sNodesReported, false, []string{"not registered: " + strings.Join(missing, ", ")})
-	} else {
-		add(HealthK8sNodesReported, false, nil)
-	}
+
+	// Every node of the config registered and no other: talosctl matches
+	// by address, not name (K8sAllNodesReportedAssertion, NodesMatch).
+	add(HealthK8sNodesReported, false, matchNodes(all, nodes.Items))
 
 	var problems []string
 	for _, n := range cps {
@@ -411,11 +398,14 @@ func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthT
 	}
 	add(HealthStaticPods, false, problems)
 
+	add(HealthControlPlaneReady, false, o.controlPlaneReady(ctx, in.Kube, cps, nodes.Items))
+
+	// Every registered node Ready, as K8sAllNodesReadyAssertion lists them.
 	problems = nil
 	if !in.CNIDisabled {
-		for _, n := range all {
-			if kn, ok := byName[n.Name]; ok && !kube.NodeReady(&kn) {
-				problems = append(problems, n.Name+" not Ready")
+		for i := range nodes.Items {
+			if !kube.NodeReady(&nodes.Items[i]) {
+				problems = append(problems, nodes.Items[i].Name+" not Ready")
 			}
 		}
 	}
@@ -431,8 +421,8 @@ func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthT
 	}
 
 	problems = nil
-	for _, n := range all {
-		if kn, ok := byName[n.Name]; ok && kn.Spec.Unschedulable {
+	for _, n := range nodes.Items {
+		if n.Spec.Unschedulable {
 			problems = append(problems, n.Name+" is cordoned")
 		}
 	}
@@ -440,13 +430,112 @@ func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthT
 	return r
 }
 
-// podsReady checks the pods of the DaemonSet (or Deployment) selected by
-// selector: as many Ready as it wants (K8sPodReadyAssertion). present is
-// false when there is no such workload, and then the check is skipped.
+// nodeIPs are a Node's InternalIP and ExternalIP addresses, what talosctl
+// health identifies it by.
+func nodeIPs(n *corev1.Node) []string {
+	var ips []string
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP {
+			ips = append(ips, a.Address)
+		}
+	}
+	return ips
+}
+
+// matchNodes pairs each expected node with a registered one by address
+// (cluster.NodesMatch in pkg/cluster/cluster.go at v1.13.3): an expected
+// node none answers for is missing, a registered node left over is
+// unexpected. Both are problems: a node removed from the config but not
+// from the cluster keeps the cluster unhealthy until it is removed.
+func matchNodes(want []HealthTarget, got []corev1.Node) []string {
+	left := make([]*corev1.Node, 0, len(got))
+	for i := range got {
+		left = append(left, &got[i])
+	}
+	var missing []string
+	for _, w := range want {
+		i := slices.IndexFunc(left, func(n *corev1.Node) bool { return slices.Contains(nodeIPs(n), w.IP) })
+		if i < 0 {
+			missing = append(missing, fmt.Sprintf("%s (%s)", w.Name, w.IP))
+			continue
+		}
+		left = slices.Delete(left, i, i+1)
+	}
+	var problems []string
+	if len(missing) > 0 {
+		problems = append(problems, "not registered: "+strings.Join(missing, ", "))
+	}
+	if len(left) > 0 {
+		var extra []string
+		for _, n := range left {
+			extra = append(extra, fmt.Sprintf("%s (%s)", n.Name, strings.Join(nodeIPs(n), ", ")))
+		}
+		problems = append(problems, "unexpected nodes, registered but not in the config: "+strings.Join(extra, ", ")+" (delete them from Kubernetes or add them to nodes)")
+	}
+	return problems
+}
+
+// controlPlaneReady is K8sFullControlPlaneAssertion (pkg/cluster/check/
+// kubernetes.go at v1.13.3): the Nodes labelled control-plane are exactly
+// the control planes (by address), and for each of kube-apiserver,
+// kube-controller-manager and kube-scheduler there is one pod (the
+// kubelet's mirror of the static pod, label k8s-app) per such Node, none
+// reporting PodReady other than True. A pod with no PodReady condition yet
+// is not counted as not ready, as there.
+func (o *Ops) controlPlaneReady(ctx context.Context, cs kubernetes.Interface, cps []HealthTarget, nodes []corev1.Node) []string {
+	var labelled []corev1.Node
+	for _, n := range nodes {
+		if _, ok := n.Labels[constants.LabelNodeRoleControlPlane]; ok {
+			labelled = append(labelled, n)
+		}
+	}
+	if problems := matchNodes(cps, labelled); len(problems) > 0 {
+		return []string{"control-plane nodes: " + strings.Join(problems, "; ")}
+	}
+	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
+	defer cancel()
+	var problems []string
+	for _, app := range []string{"kube-apiserver", "kube-scheduler", "kube-controller-manager"} {
+		pods, err := cs.CoreV1().Pods("kube-system").List(cctx, metav1.ListOptions{LabelSelector: "k8s-app=" + app})
+		if err != nil {
+			return []string{fmt.Sprintf("listing the %s pods: %s", app, kube.Classify(err))}
+		}
+		var count int
+		var notReady []string
+		for _, p := range pods.Items {
+			// Pod checkpoints of self-hosted control planes are not counted.
+			if _, ok := p.Annotations["checkpointer.alpha.coreos.com/checkpoint-of"]; ok {
+				continue
+			}
+			count++
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {
+					notReady = append(notReady, p.Name)
+				}
+			}
+		}
+		switch {
+		case count != len(labelled):
+			problems = append(problems, fmt.Sprintf("%d %s pods for %d control planes", count, app, len(labelled)))
+		case len(notReady) > 0:
+			problems = append(problems, fmt.Sprintf("%s not Ready: %s", app, strings.Join(notReady, ", ")))
+		}
+	}
+	return problems
+}
+
+// podsReady is K8sPodReadyAssertion for the DaemonSet (or Deployment)
+// selected by selector (pkg/cluster/check/kubernetes.go at v1.13.3):
+// deleted and failed pods and pods whose containers have all terminated
+// (or that report none yet) are left out; of the rest at least one must
+// be Ready, none may be not Ready, and the Ready ones must be as many as
+// the workload wants (the DaemonSet's desired number scheduled, the
+// Deployment's replicas). present is false when there is no such
+// workload, and then the check is skipped.
 func (o *Ops) podsReady(ctx context.Context, cs kubernetes.Interface, ns, selector string, daemonSet bool) (problems []string, present bool) {
 	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
 	defer cancel()
-	var want int32
+	var want int
 	if daemonSet {
 		list, err := cs.AppsV1().DaemonSets(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
@@ -455,7 +544,7 @@ func (o *Ops) podsReady(ctx context.Context, cs kubernetes.Interface, ns, select
 		if len(list.Items) == 0 {
 			return nil, false
 		}
-		want = list.Items[0].Status.DesiredNumberScheduled
+		want = int(list.Items[0].Status.DesiredNumberScheduled)
 	} else {
 		list, err := cs.AppsV1().Deployments(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
@@ -464,24 +553,56 @@ func (o *Ops) podsReady(ctx context.Context, cs kubernetes.Interface, ns, select
 		if len(list.Items) == 0 {
 			return nil, false
 		}
-		want = deploymentReplicas(&list.Items[0])
+		want = int(deploymentReplicas(&list.Items[0]))
 	}
 	pods, err := cs.CoreV1().Pods(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return []string{kube.Classify(err).Error()}, true
 	}
-	var ready int32
+	if len(pods.Items) == 0 {
+		return []string{fmt.Sprintf("no pods (%s)", selector)}, true
+	}
+	var ready, notReady []string
 	for _, p := range pods.Items {
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				ready++
-			}
+		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || allContainersTerminated(&p) {
+			continue
+		}
+		if podReady(&p) {
+			ready = append(ready, p.Name)
+		} else {
+			notReady = append(notReady, p.Name)
 		}
 	}
-	if ready < want {
-		return []string{fmt.Sprintf("%d/%d pods Ready (%s)", ready, want, selector)}, true
+	switch {
+	case len(ready) == 0:
+		return []string{fmt.Sprintf("no Ready pods (%s)", selector)}, true
+	case len(notReady) > 0:
+		return []string{fmt.Sprintf("not Ready: %s (%s)", strings.Join(notReady, ", "), selector)}, true
+	case len(ready) != want:
+		return []string{fmt.Sprintf("%d Ready pods, want %d (%s)", len(ready), want, selector)}, true
 	}
 	return nil, true
+}
+
+// allContainersTerminated is true for a pod `kubectl get pods` shows as
+// Completed after a graceful kubelet shutdown, and for one that reports no
+// container yet (the loop in K8sPodReadyAssertion finds nothing running).
+func allContainersTerminated(p *corev1.Pod) bool {
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Terminated == nil {
+			return false
+		}
+	}
+	return true
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func deploymentReplicas(d *appsv1.Deployment) int32 {

@@ -551,6 +551,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		"--kubeconfig=" + c.path("pki", "kwok.conf"),
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-label-selector=" + HeartbeatLabel + "!=" + heartbeatStopped,
+		"--disregard-status-with-annotation-selector=" + AnnotationMirror,
 		"--node-lease-duration-seconds=" + strconv.Itoa(int(c.opts.NodeLeaseDuration/time.Second)),
 		"--server-address=127.0.0.1:" + strconv.Itoa(kwokPort),
 		"--config=" + c.path("kwok-stages.yaml"),

@@ -32,6 +32,24 @@ type KubernetesUpdater interface {
 	KubeletImage(ctx context.Context, node NodeInfo, image string) error
 }
 
+// StaticPod is one control-plane static pod as the node's kubelet runs it.
+type StaticPod struct {
+	Name, Image string
+	Ready       bool
+}
+
+// MirrorPodSyncer is a Cluster whose API shows a control plane's static
+// pods as its kubelet does, as mirror pods (pkg/kubelet/pod/mirror_client.go
+// at Kubernetes v1.36.1): what talosctl health's "all control plane
+// components to be ready" counts (K8sFullControlPlaneAssertion,
+// pkg/cluster/check/kubernetes.go at v1.13.3). The simulator calls it
+// outside its locks whenever a control plane's static pods change; seq
+// grows with every report of a node, so a report that arrives after a
+// later one is ignored.
+type MirrorPodSyncer interface {
+	MirrorPods(ctx context.Context, node NodeInfo, seq uint64, pods []StaticPod) error
+}
+
 // kubernetesImages are the Kubernetes images a machine config asks for:
 // the kubelet's on every node, the static pods' on a control plane.
 type kubernetesImages struct {
@@ -112,6 +130,33 @@ func publishStaticPod(st state.State, hostname, name, image string, ready bool) 
 	})
 }
 
+// setStaticPodLocked publishes one static pod's status and reports the
+// node's static pods to a MirrorPodSyncer.
+func (n *Node) setStaticPodLocked(name, image string, ready bool) {
+	publishStaticPod(n.cosi, n.hostnameLocked(), name, image, ready)
+	if n.staticPods == nil {
+		n.staticPods = map[string]StaticPod{}
+	}
+	n.staticPods[name] = StaticPod{Name: name, Image: image, Ready: ready}
+	syncer, ok := n.sim.opts.Cluster.(MirrorPodSyncer)
+	if !ok {
+		return
+	}
+	n.mirrorSeq++
+	info, seq := n.infoLocked(), n.mirrorSeq
+	pods := make([]StaticPod, 0, len(n.staticPods))
+	for _, name := range staticPods {
+		if p, ok := n.staticPods[name]; ok {
+			pods = append(pods, p)
+		}
+	}
+	go func() {
+		if err := syncer.MirrorPods(context.Background(), info, seq, pods); err != nil {
+			n.log.Debug().Err(err).Msg("talossim: mirror pods not synced")
+		}
+	}()
+}
+
 // removeStaticPods removes a control plane's static pod statuses (the node
 // goes down).
 func removeStaticPods(st state.State, hostname string) {
@@ -129,14 +174,14 @@ func (n *Node) kubernetesImagesChangedLocked(before, after kubernetesImages) {
 	publishKubernetesConfig(n.cosi, after)
 	info := n.infoLocked()
 	updater, _ := n.sim.opts.Cluster.(KubernetesUpdater)
-	hostname, gen := info.Hostname, n.gen
+	gen := n.gen
 	for _, name := range staticPods {
 		image := after.staticPods[name]
 		if image == "" || image == before.staticPods[name] {
 			continue
 		}
 		if n.stage == runtime.MachineStageRunning {
-			publishStaticPod(n.cosi, hostname, name, image, false)
+			n.setStaticPodLocked(name, image, false)
 		}
 		if slices.Contains(n.faults.MissingImages, image) {
 			// kubelet cannot pull it: the pod stays not Ready
@@ -155,7 +200,7 @@ func (n *Node) kubernetesImagesChangedLocked(before, after kubernetesImages) {
 			defer n.mu.Unlock()
 			// A reboot since then publishes the pods again from the config.
 			if n.gen == gen && n.stage == runtime.MachineStageRunning {
-				publishStaticPod(n.cosi, hostname, name, image, true)
+				n.setStaticPodLocked(name, image, true)
 			}
 		}()
 	}

@@ -122,6 +122,10 @@ type Node struct {
 	mu    sync.Mutex
 	phase Phase
 	gen   uint64 // bumped by every power or API transition; stale timers check it
+	// staticPods are the control plane's static pods as last published;
+	// mirrorSeq numbers their reports to a MirrorPodSyncer.
+	staticPods map[string]StaticPod
+	mirrorSeq  uint64
 	// uncordonOnBoot: an upgrade cordoned the Node; the machine's
 	// controllers uncordon it once it runs again.
 	uncordonOnBoot bool
@@ -458,7 +462,7 @@ func (n *Node) finishBootLocked() {
 	if n.roleLocked() == "controlplane" {
 		// kubelet runs the control plane's static pods once etcd is up.
 		for name, image := range imagesOf(n.parsed).staticPods {
-			publishStaticPod(n.cosi, n.hostnameLocked(), name, image, true)
+			n.setStaticPodLocked(name, image, true)
 		}
 	}
 }
@@ -492,6 +496,9 @@ func (n *Node) rebootLocked() {
 	n.setPhaseLocked(PhaseRebooting)
 	n.setStageLocked(runtime.MachineStageRebooting)
 	removeStaticPods(n.cosi, n.hostnameLocked())
+	// The mirror pods stay in the API (no kubelet to remove them); the
+	// node lifecycle controller marks them not Ready with the node.
+	n.staticPods = nil
 	d := n.sim.scaled(n.sim.opts.Profile.Reboot) + n.faults.ExtraRebootDelay
 	n.afterLocked(d, func() { n.bootLocked(n.sim.installedSystem(n.ip)) })
 }

@@ -22,20 +22,28 @@ import (
 // APIServer stands in for kube-apiserver for the calls the talos package
 // makes: TLS with a serving certificate from the Kubernetes CA, client
 // certificates required and verified against it, /version, the Node list
-// and each Node (every listed node Ready, its kubelet at the version
-// /version reports) and empty kube-system DaemonSet and Deployment
+// and each Node (every listed node Ready with its InternalIP and role
+// label, its kubelet at the version /version reports), each control
+// plane's mirror pods of kube-apiserver, kube-controller-manager and
+// kube-scheduler (Ready) and empty kube-system DaemonSet and Deployment
 // lists (no kube-proxy, no CoreDNS).
 type APIServer struct {
 	srv        *httptest.Server
 	ca         *x509.CertificateAuthority
 	caCrt      []byte
 	authorized atomic.Int64
-	nodes      atomic.Pointer[[]string]
+	nodes      atomic.Pointer[[]Node]
+}
+
+// Node is a registered node of the stand-in.
+type Node struct {
+	Name, IP     string
+	ControlPlane bool
 }
 
 // NewAPIServer starts a stand-in API server for the Kubernetes CA
 // (PEM certificate and key) that reports nodes as registered and Ready.
-func NewAPIServer(t testing.TB, caCrt, caKey []byte, nodes ...string) *APIServer {
+func NewAPIServer(t testing.TB, caCrt, caKey []byte, nodes ...Node) *APIServer {
 	t.Helper()
 	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(&x509.PEMEncodedCertificateAndKey{Crt: caCrt, Key: caKey})
 	if err != nil {
@@ -73,27 +81,44 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 			items = append(items, nodeJSON(n))
 		}
 		fmt.Fprintf(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
+	case "/api/v1/namespaces/kube-system/pods":
+		app, _ := strings.CutPrefix(r.URL.Query().Get("labelSelector"), "k8s-app=")
+		var items []string
+		if slices.Contains([]string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}, app) {
+			for _, n := range *a.nodes.Load() {
+				if n.ControlPlane {
+					items = append(items, fmt.Sprintf(`{"metadata":{"name":"%s-%s","namespace":"kube-system","labels":{"k8s-app":%q}},"spec":{"nodeName":%q},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`, app, n.Name, app, n.Name))
+				}
+			}
+		}
+		fmt.Fprintf(w, `{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
 	case "/apis/apps/v1/namespaces/kube-system/daemonsets":
 		fmt.Fprint(w, `{"kind":"DaemonSetList","apiVersion":"apps/v1","metadata":{},"items":[]}`)
 	case "/apis/apps/v1/namespaces/kube-system/deployments":
 		fmt.Fprint(w, `{"kind":"DeploymentList","apiVersion":"apps/v1","metadata":{},"items":[]}`)
 	default:
-		if name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/nodes/"); ok && slices.Contains(*a.nodes.Load(), name) {
-			fmt.Fprint(w, nodeJSON(name))
-			return
+		if name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/nodes/"); ok {
+			if i := slices.IndexFunc(*a.nodes.Load(), func(n Node) bool { return n.Name == name }); i >= 0 {
+				fmt.Fprint(w, nodeJSON((*a.nodes.Load())[i]))
+				return
+			}
 		}
 		http.NotFound(w, r)
 	}
 }
 
-func nodeJSON(name string) string {
-	return fmt.Sprintf(`{"kind":"Node","apiVersion":"v1","metadata":{"name":%q},"status":{"conditions":[{"type":"Ready","status":"True"}],"nodeInfo":{"kubeletVersion":"v1.36.1"}}}`, name)
+func nodeJSON(n Node) string {
+	role := "node-role.kubernetes.io/worker"
+	if n.ControlPlane {
+		role = "node-role.kubernetes.io/control-plane"
+	}
+	return fmt.Sprintf(`{"kind":"Node","apiVersion":"v1","metadata":{"name":%q,"labels":{%q:""}},"status":{"addresses":[{"type":"InternalIP","address":%q}],"conditions":[{"type":"Ready","status":"True"}],"nodeInfo":{"kubeletVersion":"v1.36.1"}}}`, n.Name, role, n.IP)
 }
 
 // SetNodes replaces the registered nodes.
-func (a *APIServer) SetNodes(nodes ...string) {
-	names := append([]string(nil), nodes...)
-	a.nodes.Store(&names)
+func (a *APIServer) SetNodes(nodes ...Node) {
+	list := append([]Node(nil), nodes...)
+	a.nodes.Store(&list)
 }
 
 // Authorized counts requests made with a client certificate from the CA.
