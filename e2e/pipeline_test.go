@@ -8,8 +8,14 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/stages"
+	"github.com/homelab/bootstrap/state"
 )
 
 // TestPipeline runs `bootstrap run --stage all` as a user would against a
@@ -164,5 +170,64 @@ func checkNoChanges(t *testing.T, r *e2e.Result) {
 		if !done[s] {
 			t.Errorf("re-run: no completion line for stage %s", s)
 		}
+	}
+}
+
+// TestBringYourOwnCNI: with cni.name none Talos deploys no CNI, so the
+// nodes stay NotReady (the lab's kubelets report "container runtime
+// network not ready" as real ones do). The talos stage still ends green
+// (talosctl health skips Ready nodes and CoreDNS then), the infra stage
+// stops with what to do instead of waiting for a provisioner that cannot
+// be scheduled, and once the user's CNI runs a resumed run ends green.
+func TestBringYourOwnCNI(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 4*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, Workers: 1, CNI: "none"})
+	first := run(t, ctx, h, "run", "--stage", "all")
+	if first.ExitCode == 0 || !strings.Contains(first.Stderr, "cni.name is none and the cluster has no pod network yet") ||
+		!strings.Contains(first.Stderr, "container runtime network not ready") || !strings.Contains(first.Stderr, "--stage infra") {
+		t.Fatalf("first run: exit %d, want the infra stage to stop and say why\n%s", first.ExitCode, first.Tail(40))
+	}
+	st, err := h.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl, in := st.Stages[stages.Talos].EffectiveStatus(), st.Stages[stages.Infra].EffectiveStatus(); tl != state.OK || in != state.Failed {
+		t.Fatalf("after the first run the talos stage is %s and infra %s; want ok and failed", tl, in)
+	}
+
+	// The user's CNI, as upstream flannel installs itself: its own
+	// namespace, a DaemonSet that tolerates the not-ready taint.
+	cs, _, err := kube.Clientset(h.Paths().Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": "flannel", "k8s-app": "flannel", "tier": "node"}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-flannel"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-flannel-ds", Namespace: "kube-flannel", Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					HostNetwork: true,
+					Containers:  []corev1.Container{{Name: "kube-flannel", Image: "ghcr.io/flannel-io/flannel:v0.28.4"}},
+					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+				},
+			},
+		},
+	}
+	if _, err := cs.AppsV1().DaemonSets("kube-flannel").Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := run(t, ctx, h, "run", "--stage", "all")
+	if second.ExitCode != 0 {
+		t.Fatalf("run once the CNI runs:\n%s", second.Tail(40))
+	}
+	if err := h.PostcheckGreen(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -77,6 +77,8 @@ var (
 // NewControlPlane returns a control plane that starts on Bootstrap. base
 // carries the lab settings (binaries, logging, whether Flux runs).
 func NewControlPlane(base kube.Options) *ControlPlane {
+	// Talos nodes wait for their CNI as real ones do.
+	base.NetworkGate = true
 	return &ControlPlane{opts: base, log: base.Log, started: make(chan struct{}), lost: make(chan struct{})}
 }
 

@@ -5,7 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
@@ -64,6 +69,11 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 					return fmt.Errorf("before installing the NFS provisioner: %w", err)
 				}
 				env.UI.OK("all %d node(s) Ready", len(names))
+			}
+			if cfg.CNI.Name == "none" && !env.DryRun {
+				if err := ownCNIRuns(ctx, env, cs, names); err != nil {
+					return err
+				}
 			}
 			// The class as the chart renders it with the merged values: a
 			// values file may add parameters (pathPattern, onDelete) to it.
@@ -253,4 +263,35 @@ func (InfraStage) Prechecks(_ context.Context, env *Env) []check.Check {
 		Server: n.Server, Path: n.Path, PortmapperPort: n.Probe.PortmapperPort, MountPort: n.Probe.MountPort,
 		NFSPort: n.Probe.NFSPort, WriteTest: n.Probe.WriteTest, Timeout: n.Probe.Timeout.D(),
 	})}
+}
+
+// ownCNIRuns is where a cluster with cni.name none (bring your own) stops
+// until its CNI runs: a node without one stays NotReady and tainted
+// not-ready (kubelet: "container runtime network not ready"), so the NFS
+// provisioner and everything after it would wait for ever. It does not
+// wait: the user installs the CNI, then resumes.
+func ownCNIRuns(ctx context.Context, env *Env, cs kubernetes.Interface, names []string) error {
+	missing, notReady, err := kube.NodeStatus(ctx, cs, names)
+	if err != nil {
+		return fmt.Errorf("reading the nodes: %w", err)
+	}
+	if len(missing)+len(notReady) == 0 {
+		env.UI.OK("all %d node(s) Ready with your CNI", len(names))
+		return nil
+	}
+	var why []string
+	for _, n := range notReady {
+		why = append(why, n+" NotReady")
+		if node, err := cs.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{}); err == nil {
+			for _, c := range node.Status.Conditions {
+				if c.Type == corev1.NodeReady && c.Message != "" {
+					why[len(why)-1] += " (" + c.Message + ")"
+				}
+			}
+		}
+	}
+	for _, n := range missing {
+		why = append(why, n+" not registered")
+	}
+	return fmt.Errorf("cni.name is none and the cluster has no pod network yet: %s. install your CNI now (its agent must run on every node), then run `bootstrap run --stage infra` (or --stage all) to go on", strings.Join(why, "; "))
 }

@@ -112,6 +112,10 @@ type Options struct {
 	// statuses then stay valid, as a real cluster's source-controller
 	// Service address does.
 	FluxStoragePort int
+	// NetworkGate keeps a registered node NotReady until a CNI agent pod
+	// runs on it, as on hardware (see network.go); without it kwok marks
+	// every node Ready at once.
+	NetworkGate bool
 	// ControllersStarted, when set, runs once the controller manager,
 	// scheduler and kwok run and before Flux starts: a caller registers its
 	// nodes there, so kwok makes them Ready while the Flux controllers start
@@ -146,6 +150,8 @@ type Cluster struct {
 	apiPort   int
 	stopped   bool
 	stopErr   error
+	// stopMarker ends the network-ready marker (NetworkGate).
+	stopMarker context.CancelFunc
 	startedAt time.Time
 	readyIn   time.Duration
 }
@@ -260,6 +266,13 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 	if err := c.startControllers(ctx); err != nil {
 		return err
+	}
+	if c.opts.NetworkGate {
+		mctx, cancel := context.WithCancel(context.Background())
+		c.mu.Lock()
+		c.stopMarker = cancel
+		c.mu.Unlock()
+		go c.markNetworkReady(mctx)
 	}
 	if c.opts.ControllersStarted != nil {
 		if err := c.opts.ControllersStarted(ctx, c); err != nil {
@@ -664,6 +677,9 @@ func (c *Cluster) Stop() error {
 	}
 	c.stopped = true
 	procs := append([]*process(nil), c.procs...)
+	if c.stopMarker != nil {
+		c.stopMarker()
+	}
 	c.mu.Unlock()
 
 	var errs []error

@@ -234,6 +234,13 @@ func (c *Cluster) kwokStages(ctx context.Context) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading kwok stage %s: %w", f, err)
 		}
+		if c.opts.NetworkGate && strings.HasSuffix(f, "/node-initialize.yaml") {
+			gated, err := gateNodeStages(string(data))
+			if err != nil {
+				return nil, err
+			}
+			data = []byte(gated)
+		}
 		docs = append(docs, strings.TrimSpace(string(data)))
 	}
 	if len(docs) == 0 {

@@ -7,6 +7,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
 )
 
@@ -30,13 +31,50 @@ type Manifest struct {
 // Talos' own (names, labels, selectors, image, tolerations, service
 // account, replicas; k8stemplates testdata at v1.13.3); container details
 // kwok does not run (probes, mounts, resources) are left out, and the
-// token, CSR, RBAC and flannel manifests are not rendered (docs/lab.md).
+// token, CSR and RBAC manifests are not rendered (docs/lab.md). "05-flannel"
+// (its ServiceAccount and DaemonSet) comes first when the CNI is flannel.
 func BootstrapManifests(cfg config.Provider) []Manifest {
 	if cfg == nil || cfg.Cluster() == nil || cfg.Machine() == nil || !cfg.Machine().Type().IsControlPlane() {
 		return nil
 	}
 	cl := cfg.Cluster()
 	var out []Manifest
+	if cl.Network().CNI().Name() == constants.FlannelCNI {
+		// "05-flannel": FlannelDaemonSetTemplate and its ServiceAccount
+		// (k8stemplates/flannel.go at v1.13.3), image pkg/images/list.go's
+		// ghcr.io/siderolabs/flannel at constants.FlannelVersion. Its
+		// ClusterRole, binding and ConfigMap are not rendered (docs/lab.md).
+		labels := map[string]any{"k8s-app": "flannel", "tier": "node"}
+		image := "ghcr.io/siderolabs/flannel:" + constants.FlannelVersion
+		out = append(out, Manifest{ID: "05-flannel", Objects: []map[string]any{
+			serviceAccount("flannel"),
+			{
+				"apiVersion": "apps/v1", "kind": "DaemonSet",
+				"metadata": map[string]any{"name": "kube-flannel", "namespace": "kube-system", "labels": labels},
+				"spec": map[string]any{
+					"selector": map[string]any{"matchLabels": labels},
+					"template": map[string]any{
+						"metadata": map[string]any{"labels": labels},
+						"spec": map[string]any{
+							"initContainers": []any{map[string]any{
+								"name": "install-config", "image": image, "command": []any{"cp"},
+								"args": []any{"-f", "/etc/kube-flannel/cni-conf.json", "/etc/cni/net.d/10-flannel.conflist"},
+							}},
+							"containers": []any{map[string]any{
+								"name": "kube-flannel", "image": image,
+								"command": []any{"/opt/bin/flanneld"}, "args": []any{"--ip-masq", "--kube-subnet-mgr"},
+							}},
+							"hostNetwork": true, "priorityClassName": "system-node-critical", "serviceAccountName": "flannel",
+							"tolerations": []any{
+								map[string]any{"effect": "NoSchedule", "operator": "Exists"},
+								map[string]any{"effect": "NoExecute", "operator": "Exists"},
+							},
+						},
+					},
+				},
+			},
+		}})
+	}
 	if cl.Proxy().Enabled() {
 		labels := map[string]any{"k8s-app": "kube-proxy", "tier": "node"}
 		out = append(out, Manifest{ID: "10-kube-proxy", Objects: []map[string]any{

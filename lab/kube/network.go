@@ -1,0 +1,111 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// A real node is NotReady until a CNI runs on it: kubelet asks the
+// container runtime, which reports NetworkReady=false until a CNI config
+// is in /etc/cni/net.d (written by the CNI agent's pod: flannel's
+// install-config init container, cilium-agent), and kubelet's Ready
+// condition then says "container runtime network not ready"
+// (pkg/kubelet/kubelet.go updateRuntimeUp, nodestatus/setters.go
+// ReadyCondition at Kubernetes v1.36.1). The node lifecycle controller
+// taints such a node not-ready, so only pods that tolerate it (the CNI's
+// own DaemonSet, kube-proxy) run there until then.
+//
+// With Options.NetworkGate the lab does the same with kwok: the node
+// stages are read from kwok's module as always, and kwok's
+// node-initialize applies only to a Node marked network-ready; a derived
+// stage gives an unmarked Node kwok's initial status with Ready False and
+// kubelet's reason and message. The lab marks a Node once a CNI agent pod
+// runs on it (cniAgents).
+const (
+	// AnnotationNetworkReady marks a Node whose CNI config exists.
+	AnnotationNetworkReady = "lab.bootstrap.homelab/network-ready"
+	// networkNotReadyMessage is kubelet's message; the part after
+	// "message:" is containerd's CRI plugin's wording (unverified: not
+	// in the sources read).
+	networkNotReadyMessage = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"
+)
+
+// cniAgents select the pods whose running makes their node's network
+// ready: Talos' flannel DaemonSet (k8stemplates/flannel.go at v1.13.3:
+// k8s-app=flannel), the Cilium chart's agent (k8s-app=cilium) and
+// Calico's node agent (k8s-app=calico-node).
+const cniAgents = "k8s-app in (flannel,cilium,calico-node)"
+
+// gateNodeStages rewrites kwok's node-initialize stage (YAML text, as
+// read from kwok's module) into the network-gated pair. It fails when
+// kwok's text is not what it was written against, so a kwok bump cannot
+// silently drop the gate.
+func gateNodeStages(initialize string) (string, error) {
+	const readySel = `    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values:
+      - 'True'
+`
+	const condFields = `        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+`
+	if strings.Count(initialize, readySel) != 1 || strings.Count(initialize, condFields) != 1 || !strings.Contains(initialize, "name: node-initialize\n") {
+		return "", fmt.Errorf("kwok's node-initialize stage is not the one the lab's network gate was written against")
+	}
+	key := fmt.Sprintf(`.metadata.annotations["%s"]`, AnnotationNetworkReady)
+	gated := strings.Replace(initialize, readySel, readySel+fmt.Sprintf(`    - key: '%s'
+      operator: 'In'
+      values:
+      - 'true'
+`, key), 1)
+	notReady := strings.Replace(initialize, "name: node-initialize\n", "name: node-network-not-ready\n", 1)
+	notReady = strings.Replace(notReady, readySel, fmt.Sprintf(`    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values:
+      - 'False'
+    - key: '%s'
+      operator: 'DoesNotExist'
+`, key), 1)
+	notReady = strings.Replace(notReady, condFields, fmt.Sprintf(`        {{ if eq .type "Ready" }}
+        message: %q
+        reason: "KubeletNotReady"
+        status: "False"
+        {{ else }}
+`, networkNotReadyMessage)+condFields+"        {{ end }}\n", 1)
+	return gated + "\n---\n" + notReady, nil
+}
+
+// markNetworkReady annotates, until ctx ends, every Node on which a CNI
+// agent pod runs.
+func (c *Cluster) markNetworkReady(ctx context.Context) {
+	marked := map[string]bool{}
+	for {
+		pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: cniAgents})
+		if err == nil {
+			for _, p := range pods.Items {
+				node := p.Spec.NodeName
+				if node == "" || marked[node] || p.Status.Phase != corev1.PodRunning {
+					continue
+				}
+				patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{AnnotationNetworkReady: "true"}}})
+				if _, err := c.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
+					marked[node] = true
+					c.log.Debug().Str("node", node).Str("pod", p.Namespace+"/"+p.Name).Msg("CNI agent runs: node network ready")
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,85 @@
+package kube_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/lab/kube/kubetest"
+)
+
+// TestNodesWaitForTheirCNI: with the network gate a registered node is
+// NotReady with kubelet's "container runtime network not ready" and
+// tainted not-ready, so an ordinary pod stays Pending; the CNI's own
+// DaemonSet (tolerating the taint) runs there, and the node turns Ready.
+func TestNodesWaitForTheirCNI(t *testing.T) {
+	ctx := context.Background()
+	c := kubetest.Start(t, kube.Options{PKI: kubetest.PKI(t), NetworkGate: true})
+	cs := c.Client()
+	if err := c.RegisterNode(ctx, "n1", kubetest.LoopbackIP(), kube.RoleWorker); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "n1 NotReady for want of a CNI, and tainted", 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		n, err := cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		tainted := false
+		for _, tn := range n.Spec.Taints {
+			tainted = tainted || tn.Key == "node.kubernetes.io/not-ready"
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				return cond.Status == corev1.ConditionFalse && strings.Contains(cond.Message, "container runtime network not ready") && tainted,
+					string(cond.Status) + " " + cond.Message, nil
+			}
+		}
+		return false, "no Ready condition", nil
+	})
+	web := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if p, err := cs.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Fatalf("a pod was scheduled onto a node without a network: %v %q", err, p.Spec.NodeName)
+	}
+
+	labels := map[string]string{"k8s-app": "flannel", "tier": "node"}
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-flannel", Namespace: "kube-system", Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					HostNetwork: true,
+					Containers:  []corev1.Container{{Name: "kube-flannel", Image: "ghcr.io/siderolabs/flannel:v0.28.4"}},
+					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}, {Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
+				},
+			},
+		},
+	}
+	if _, err := cs.AppsV1().DaemonSets("kube-system").Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "n1 Ready once flannel runs", 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		return nodeReady(ctx, cs, "n1") == corev1.ConditionTrue, string(nodeReady(ctx, cs, "n1")), nil
+	})
+	poll(t, "the ordinary pod scheduled", 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return p.Spec.NodeName == "n1", string(p.Status.Phase), nil
+	})
+}
