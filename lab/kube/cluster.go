@@ -146,14 +146,14 @@ type Cluster struct {
 	versions map[string]string
 	// apiHost and apiPort are where the API server listens (a restart binds
 	// the same).
-	apiHost   string
-	apiPort   int
-	stopped   bool
-	stopErr   error
+	apiHost string
+	apiPort int
+	stopped bool
+	stopErr error
 	// stopMarker ends the network-ready marker (NetworkGate).
 	stopMarker context.CancelFunc
-	startedAt time.Time
-	readyIn   time.Duration
+	startedAt  time.Time
+	readyIn    time.Duration
 }
 
 // Start runs the control plane and returns once the API server is ready, the
