@@ -79,3 +79,57 @@ func TestLostEtcdIsRestoredNotReplaced(t *testing.T) {
 		t.Fatalf("new etcd on purpose: %+v %v", res, err)
 	}
 }
+
+// TestReplacedControlPlaneRejoinsUnderANewMemberID: a control plane whose
+// VM was re-created with an empty disk joins again as Talos' etcd service
+// makes it: the member its old disk held is removed (same hostname) and
+// it is added anew under another member ID, so the cluster ends with
+// three members, none a learner, and converge's health wait passes.
+func TestReplacedControlPlaneRejoinsUnderANewMemberID(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 3})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	ids := func() map[string]uint64 {
+		t.Helper()
+		members, err := h.ops.EtcdMembers(ctx, h.res.Nodes[0].IP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint64{}
+		for _, m := range members {
+			if _, dup := out[m.Hostname]; dup || m.Learner {
+				t.Fatalf("members %+v: a hostname twice or a learner", members)
+			}
+			out[m.Hostname] = m.ID
+		}
+		return out
+	}
+	before := ids()
+	cp3 := h.res.Nodes[2]
+	if err := h.sim.StopNode(cp3.IP); err != nil {
+		t.Fatal(err)
+	}
+	h.sim.WipeDisk(cp3.IP)
+	node, err := h.sim.BootNode(ctx, talossim.NodeSpec{IP: cp3.IP, Hostname: cp3.Name, Disks: []talossim.Disk{{Bus: "scsi", Size: 64 << 30}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := node.WaitPhase(wctx, talossim.PhaseMaintenance); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	after := ids()
+	if len(after) != 3 || after["cp-1"] != before["cp-1"] || after["cp-2"] != before["cp-2"] {
+		t.Errorf("members %v, were %v: want cp-1 and cp-2 unchanged", after, before)
+	}
+	if after[cp3.Name] == before[cp3.Name] {
+		t.Errorf("%s rejoined under its old member ID %x: Talos removes the stale member and adds a new one", cp3.Name, after[cp3.Name])
+	}
+}

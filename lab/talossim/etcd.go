@@ -1,6 +1,7 @@
 package talossim
 
 import (
+	"fmt"
 	"hash/fnv"
 	"slices"
 	"strings"
@@ -18,6 +19,9 @@ type etcdCluster struct {
 	// quorumLost is set once the members that keep their data are no
 	// longer a majority: etcd elects no leader, the control plane stops.
 	quorumLost bool
+	// joins numbers the members added after the bootstrap (each gets a new
+	// ID); removed counts members removed.
+	joins, removed int
 }
 
 type etcdMember struct {
@@ -52,30 +56,35 @@ func (s *Sim) bootstrapEtcd(clusterID string, n *Node, hostname string, now time
 // joinEtcd adds a configured control plane to its bootstrapped cluster;
 // callers hold s.mu. Nothing happens before bootstrap: a control plane
 // without etcd data waits for one. A cluster without quorum admits no one
-// (adding a member needs a leader: the node's etcd waits to join, then
-// fails). A member that lost its data rejoins as the same member while
-// the cluster has quorum (etcd keeps the member until it is removed; the
-// removal Talos' etcd service does for a same-named member is not
-// modelled) and is synced again.
+// (the member list and the add need a leader: the node's etcd waits to
+// join, then fails). A control plane joining with an empty data directory
+// first removes every member of its hostname (the member a re-created or
+// wiped node left behind), then is added as a learner under a new member
+// ID, as Talos' etcd service does (addMember in
+// internal/app/machined/pkg/system/services/etcd.go at v1.13.3;
+// MemberAddAsLearner gives the new member its own ID).
 func (s *Sim) joinEtcd(clusterID string, ip, hostname string, now time.Time) {
 	c := s.etcd[clusterID]
 	if c == nil || c.quorumLost {
 		return
 	}
-	if m, ok := c.members[ip]; ok {
+	if m, ok := c.members[ip]; ok && !m.dataLost {
 		m.hostname = hostname
-		if m.dataLost {
-			join := s.scaled(s.opts.Profile.EtcdJoin)
-			m.dataLost, m.startedAt, m.readyAt = false, now.Add(join/2), now.Add(join)
-		}
 		return
+	}
+	for at, m := range c.members {
+		if m.hostname == hostname || at == ip {
+			delete(c.members, at)
+			c.removed++
+		}
 	}
 	start := now
 	if c.readyAt.After(start) {
 		start = c.readyAt
 	}
 	join := s.scaled(s.opts.Profile.EtcdJoin)
-	c.members[ip] = &etcdMember{id: memberID(clusterID, ip), hostname: hostname, ip: ip,
+	c.joins++
+	c.members[ip] = &etcdMember{id: memberID(clusterID, fmt.Sprintf("%s#%d", ip, c.joins)), hostname: hostname, ip: ip,
 		startedAt: start.Add(join / 2), readyAt: start.Add(join)}
 }
 
