@@ -114,6 +114,14 @@ type Handover struct {
 	Interval time.Duration
 }
 
+// RepositoryInterval is the shortest interval a handed-over HelmRepository
+// gets: each reconcile of an index repository downloads and parses its
+// whole index.yaml (source-controller v1.9.5 holds it in memory; Cilium's
+// is megabytes), while the releases pin their chart versions, so a new
+// index only matters when a version in git changes (`flux reconcile source
+// helm NAME` fetches it at once). The HelmReleases keep flux.interval.
+const RepositoryInterval = 10 * time.Minute
+
 // PruneAnnotation, set to PruneDisabled, keeps kustomize-controller from
 // deleting an object when it leaves the repository or its Kustomization is
 // deleted (kustomize-controller v1.9.5 internal/controller/
@@ -142,7 +150,7 @@ func (o Handover) Manifest(rels []Release) ([]byte, error) {
 			repo := sourcev1.HelmRepository{
 				TypeMeta:   metav1.TypeMeta{APIVersion: sourcev1.GroupVersion.String(), Kind: sourcev1.HelmRepositoryKind},
 				ObjectMeta: metav1.ObjectMeta{Name: repoName, Namespace: o.Namespace, Annotations: essential(r)},
-				Spec:       sourcev1.HelmRepositorySpec{URL: r.RepoURL, Interval: metav1.Duration{Duration: o.Interval}},
+				Spec:       sourcev1.HelmRepositorySpec{URL: r.RepoURL, Interval: metav1.Duration{Duration: max(o.Interval, RepositoryInterval)}},
 			}
 			if IsOCI(r.RepoURL) {
 				// source-controller refuses an oci:// URL in a HelmRepository

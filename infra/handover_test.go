@@ -136,3 +136,32 @@ func TestHandoverOfAnOCIChart(t *testing.T) {
 		}
 	}
 }
+
+// A HelmRepository is not re-fetched every flux.interval: its index is
+// downloaded whole on each reconcile, and the versions are pinned.
+func TestHandoverRepositoryInterval(t *testing.T) {
+	nfs := NFSProvisioner(NFSOptions{Server: "10.0.20.5", Path: "/export/k8s", StorageClass: "nfs-storage", ReclaimPolicy: "Delete",
+		RepoURL: "https://kubernetes-sigs.github.io/nfs-subdir-external-provisioner/", Version: "4.0.18"})
+	for _, tc := range []struct{ interval, repo, release string }{
+		{"1m0s", "10m0s", "1m0s"},
+		{"30m0s", "30m0s", "30m0s"},
+	} {
+		d, _ := time.ParseDuration(tc.interval)
+		out, err := Handover{Namespace: "flux-system", Interval: d}.Manifest([]Release{nfs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(out), "---\n") {
+			var m map[string]any
+			if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+				t.Fatal(err)
+			}
+			o := &unstructured.Unstructured{Object: m}
+			got, _, _ := unstructured.NestedString(o.Object, "spec", "interval")
+			want := map[string]string{"HelmRepository": tc.repo, "HelmRelease": tc.release}[o.GetKind()]
+			if got != want {
+				t.Errorf("flux.interval %s: %s interval %s, want %s", tc.interval, o.GetKind(), got, want)
+			}
+		}
+	}
+}
