@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/homelab/bootstrap/sops"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -369,5 +371,48 @@ func TestSSHKeyWithHTTPSRepoWarns(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no warning about the unused SSH key: %v", cfg.Warnings())
+	}
+}
+
+// A .sops.yaml creation rule for the secrets bundle is followed when it is
+// sealed; one the tool cannot follow (a PGP key), or one whose key groups
+// the key file does not open, fails config validate.
+func TestBundleCreationRuleIsValidated(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.CopyFS(filepath.Join(dir, "patches"), os.DirFS("testdata/good/patches")); err != nil {
+		t.Fatal(err)
+	}
+	mine, myRec, _ := sops.GenerateIdentity()
+	_, otherRec, _ := sops.GenerateIdentity()
+	keyFile := filepath.Join(dir, "age.key")
+	if err := os.WriteFile(keyFile, []byte(mine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := string(mustRead(t, "testdata/good/three-plus-two.yaml")) + "secrets:\n  age:\n    recipients: [" + myRec + "]\n    keyFile: age.key\n"
+	cfgPath := filepath.Join(dir, "bootstrap.yaml")
+	for _, tc := range []struct{ name, rules, want string }{
+		{"no .sops.yaml", "", ""},
+		{"a rule for other files", "creation_rules:\n  - path_regex: ^clusters/\n    pgp: FBC7B9E2A4F9289AC0C1D4843D16CEE4A27381B4\n", ""},
+		{"a PGP rule for the bundle", "creation_rules:\n  - path_regex: secrets\\.yaml$\n    pgp: FBC7B9E2A4F9289AC0C1D4843D16CEE4A27381B4\n", "secrets.age.recipients"},
+		{"groups the key file opens", "creation_rules:\n  - path_regex: secrets\\.yaml$\n    shamir_threshold: 1\n    key_groups:\n      - age: [" + myRec + "]\n      - age: [" + otherRec + "]\n", ""},
+		{"groups it does not", "creation_rules:\n  - path_regex: secrets\\.yaml$\n    key_groups:\n      - age: [" + myRec + "]\n      - age: [" + otherRec + "]\n", "secrets.age.keyFile"},
+	} {
+		os.Remove(filepath.Join(dir, ".sops.yaml"))
+		if tc.rules != "" {
+			if err := os.WriteFile(filepath.Join(dir, ".sops.yaml"), []byte(tc.rules), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg, err := Parse(cfgPath, []byte(base), noEnv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = cfg.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.want)
+		}
 	}
 }

@@ -2,10 +2,12 @@ package config
 
 import (
 	"fmt"
-	"github.com/homelab/bootstrap/sops"
+	"slices"
 	"strings"
 
 	"filippo.io/age"
+
+	"github.com/homelab/bootstrap/sops"
 )
 
 // secrets checks the age recipients and the identity file: both are
@@ -26,6 +28,17 @@ func (v *validator) secrets() {
 		}
 		recipients = append(recipients, strings.TrimSpace(r))
 	}
+	// A .sops.yaml creation rule for the bundle's path decides how it is
+	// encrypted (sops.FileSealer): one the tool cannot write fails here.
+	var rule sops.CreationRule
+	hasRule := false
+	if len(recipients) > 0 {
+		var err error
+		if rule, hasRule, err = sops.RuleFor(v.c.Paths().Secrets); err != nil {
+			v.errf("secrets.age.recipients", "the secrets bundle %s is governed by a .sops.yaml this tool cannot follow: %v", v.c.Paths().Secrets, err)
+			return
+		}
+	}
 	if a.KeyFile == "" {
 		return
 	}
@@ -45,6 +58,22 @@ func (v *validator) secrets() {
 		}
 	}
 	if len(recipients) == 0 {
+		return
+	}
+	if hasRule {
+		opened, need := 0, max(1, rule.Options.ShamirThreshold)
+		if len(rule.Options.Groups) > 1 && rule.Options.ShamirThreshold <= 0 {
+			need = len(rule.Options.Groups)
+		}
+		for _, g := range rule.Options.Groups {
+			if slices.ContainsFunc(g, func(r string) bool { return slices.Contains(own, r) }) {
+				opened++
+			}
+		}
+		if opened < need {
+			v.errf("secrets.age.keyFile", "%s decrypts %d of the key groups %s gives the secrets bundle, which needs %d: the bundle encrypted by that rule could not be read back; add %s to the rule or name a key file that opens it",
+				a.KeyFile, opened, rule.Config, need, own[0])
+		}
 		return
 	}
 	for _, r := range recipients {

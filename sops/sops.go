@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	sopsconfig "github.com/getsops/sops/v3/config"
 	"github.com/getsops/sops/v3/keys"
 	"github.com/getsops/sops/v3/keyservice"
+	"github.com/getsops/sops/v3/shamir"
 	sopsyaml "github.com/getsops/sops/v3/stores/yaml"
 	"github.com/getsops/sops/v3/version"
 	"github.com/google/shlex"
@@ -53,6 +55,18 @@ type EncryptOptions struct {
 	EncryptedRegex string
 	// Now stamps the file (sops.lastmodified, which the MAC is bound to).
 	Now time.Time
+	// Groups, when set, replace Recipients: one key group per entry, the
+	// data key split among them with Shamir's secret sharing so that any
+	// ShamirThreshold groups (all when 0) decrypt, as .sops.yaml's
+	// key_groups and shamir_threshold make the sops CLI do.
+	Groups          [][]string
+	ShamirThreshold int
+	// UnencryptedRegex, EncryptedSuffix and UnencryptedSuffix are
+	// .sops.yaml's other ways to choose what is encrypted (at most one of
+	// the four is set; none: every value but those ending _unencrypted).
+	UnencryptedRegex, EncryptedSuffix, UnencryptedSuffix string
+	// MACOnlyEncrypted binds the MAC to the encrypted values only.
+	MACOnlyEncrypted bool
 }
 
 // IsEncrypted says whether a YAML document carries SOPS metadata (a
@@ -75,7 +89,11 @@ func IsEncrypted(data []byte) bool {
 // each recipient, every value encrypted with AES-GCM and a MAC over the
 // plaintext (cmd/sops/encrypt.go and common.EncryptTree at v3.11.0).
 func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
-	if len(o.Recipients) == 0 {
+	groups := o.Groups
+	if len(groups) == 0 && len(o.Recipients) > 0 {
+		groups = [][]string{o.Recipients}
+	}
+	if len(groups) == 0 || slices.ContainsFunc(groups, func(g []string) bool { return len(g) == 0 }) {
 		return nil, errors.New("sops: no age recipients to encrypt to")
 	}
 	if IsEncrypted(plain) {
@@ -89,18 +107,27 @@ func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 	if len(branches) == 0 {
 		return nil, errors.New("sops: the file holds no YAML document")
 	}
-	masters, err := sopsage.MasterKeysFromRecipients(strings.Join(o.Recipients, ","))
-	if err != nil {
-		return nil, fmt.Errorf("sops: age recipients: %w", err)
+	md := gosops.Metadata{Version: version.Version}
+	for _, recipients := range groups {
+		masters, err := sopsage.MasterKeysFromRecipients(strings.Join(recipients, ","))
+		if err != nil {
+			return nil, fmt.Errorf("sops: age recipients: %w", err)
+		}
+		group := make(gosops.KeyGroup, 0, len(masters))
+		for _, m := range masters {
+			group = append(group, keys.MasterKey(m))
+		}
+		md.KeyGroups = append(md.KeyGroups, group)
 	}
-	group := make(gosops.KeyGroup, 0, len(masters))
-	for _, m := range masters {
-		group = append(group, keys.MasterKey(m))
+	if len(md.KeyGroups) > 1 {
+		md.ShamirThreshold = o.ShamirThreshold
+		if md.ShamirThreshold <= 0 || md.ShamirThreshold > len(md.KeyGroups) {
+			md.ShamirThreshold = len(md.KeyGroups)
+		}
 	}
-	md := gosops.Metadata{KeyGroups: []gosops.KeyGroup{group}, Version: version.Version}
-	if o.EncryptedRegex != "" {
-		md.EncryptedRegex = o.EncryptedRegex
-	} else {
+	md.EncryptedRegex, md.UnencryptedRegex, md.EncryptedSuffix, md.UnencryptedSuffix = o.EncryptedRegex, o.UnencryptedRegex, o.EncryptedSuffix, o.UnencryptedSuffix
+	md.MACOnlyEncrypted = o.MACOnlyEncrypted
+	if o.EncryptedRegex == "" && o.UnencryptedRegex == "" && o.EncryptedSuffix == "" && o.UnencryptedSuffix == "" {
 		md.UnencryptedSuffix = gosops.DefaultUnencryptedSuffix
 	}
 	tree := gosops.Tree{Branches: branches, Metadata: md}
@@ -156,15 +183,60 @@ func Decrypt(data []byte, ids Identities) ([]byte, error) {
 	return store.EmitPlainFile(tree.Branches)
 }
 
-// dataKey unwraps the file's data key with the first age recipient the
-// identities open. Only files with one key group are read: the sops CLI
-// writes one unless .sops.yaml asks for Shamir key groups.
+// dataKey unwraps the file's data key. With one key group the first age
+// recipient the identities open gives it; with several (Shamir's secret
+// sharing, .sops.yaml key_groups) each group the identities open gives a
+// share, and shamir_threshold shares are combined, as the sops CLI does
+// (Metadata.GetDataKeyWithKeyServices at v3.11.0).
 func dataKey(md gosops.Metadata, ids Identities) ([]byte, error) {
-	if len(md.KeyGroups) != 1 {
-		return nil, fmt.Errorf("sops: %d key groups (Shamir secret sharing) are not supported: re-encrypt with one", len(md.KeyGroups))
+	if len(md.KeyGroups) == 0 {
+		return nil, errors.New("sops: the file has no key groups")
 	}
+	var parts [][]byte
+	var recipients, failures []string
+	for i, group := range md.KeyGroups {
+		part, rs, err := groupKey(group, ids)
+		recipients = append(recipients, rs...)
+		switch {
+		case err != nil:
+			return nil, err
+		case part != nil:
+			parts = append(parts, part)
+		case len(md.KeyGroups) > 1:
+			failures = append(failures, fmt.Sprintf("group %d (%s)", i+1, strings.Join(rs, ", ")))
+		}
+	}
+	if len(md.KeyGroups) == 1 {
+		if len(parts) == 1 {
+			return parts[0], nil
+		}
+		if len(recipients) == 0 {
+			return nil, errors.New("sops: the file is not encrypted to any age recipient")
+		}
+		return nil, fmt.Errorf("sops: no identity in %s opens the file: it is encrypted to %s; the identities are for %s",
+			ids.Source, strings.Join(recipients, ", "), strings.Join(ids.Recipients, ", "))
+	}
+	threshold := md.ShamirThreshold
+	if threshold <= 0 {
+		threshold = len(md.KeyGroups)
+	}
+	if len(parts) < threshold {
+		return nil, fmt.Errorf("sops: the file splits its key among %d key groups and needs %d of them; the identities in %s (for %s) open %d: not %s",
+			len(md.KeyGroups), threshold, ids.Source, strings.Join(ids.Recipients, ", "), len(parts), strings.Join(failures, ", "))
+	}
+	key, err := shamir.Combine(parts)
+	if err != nil {
+		return nil, fmt.Errorf("sops: combining the key groups' shares: %w", err)
+	}
+	return key, nil
+}
+
+// groupKey unwraps the group's key (the data key, or its share) with the
+// first age recipient the identities open; nil when none does. Keys of
+// other kinds (PGP, KMS) are not tried: only age identities are taken.
+func groupKey(group gosops.KeyGroup, ids Identities) ([]byte, []string, error) {
 	var recipients []string
-	for _, k := range md.KeyGroups[0] {
+	for _, k := range group {
 		ak, ok := k.(*sopsage.MasterKey)
 		if !ok {
 			continue
@@ -176,15 +248,11 @@ func dataKey(md gosops.Metadata, ids Identities) ([]byte, error) {
 		ids.parsed.ApplyToMasterKey(ak)
 		key, err := ak.Decrypt()
 		if err != nil {
-			return nil, fmt.Errorf("sops: unwrapping the data key for %s with %s: %w", ak.Recipient, ids.Source, err)
+			return nil, recipients, fmt.Errorf("sops: unwrapping the data key for %s with %s: %w", ak.Recipient, ids.Source, err)
 		}
-		return key, nil
+		return key, recipients, nil
 	}
-	if len(recipients) == 0 {
-		return nil, errors.New("sops: the file is not encrypted to any age recipient")
-	}
-	return nil, fmt.Errorf("sops: no identity in %s opens the file: it is encrypted to %s; the identities are for %s",
-		ids.Source, strings.Join(recipients, ", "), strings.Join(ids.Recipients, ", "))
+	return nil, recipients, nil
 }
 
 // Identities are age identities that decrypt, and where they came from.
@@ -341,15 +409,78 @@ func GenerateIdentity() (identity, recipient string, err error) {
 	return id.String(), id.Recipient().String(), nil
 }
 
+// CreationRule is the .sops.yaml creation rule that governs a file: how
+// the sops CLI encrypts it (`sops encrypt`, `updatekeys`), and so how
+// Seal encrypts it too, or the next `sops updatekeys` would rewrite it.
+type CreationRule struct {
+	// Config is the .sops.yaml the rule is in.
+	Config string
+	// Options are the rule's key groups, threshold and what to encrypt.
+	Options EncryptOptions
+}
+
+// RuleFor finds the .sops.yaml nearest the file (its directory, then up,
+// as the sops CLI searches from where it runs: config.LookupConfigFile at
+// v3.11.0) and the first of its creation rules whose path_regex matches
+// the file's path relative to it. ok is false when there is no
+// .sops.yaml or no rule matches (the file then keeps the tool's own
+// recipients). A rule naming keys other than age (PGP, KMS, Vault) is an
+// error: only age identities decrypt here.
+func RuleFor(file string) (rule CreationRule, ok bool, err error) {
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return CreationRule{}, false, err
+	}
+	found, err := sopsconfig.LookupConfigFile(abs)
+	if err != nil || found.Path == "" {
+		return CreationRule{}, false, nil
+	}
+	conf, err := sopsconfig.LoadCreationRuleForFile(found.Path, abs, nil)
+	switch {
+	case err != nil && strings.Contains(err.Error(), "no matching creation rules"):
+		return CreationRule{}, false, nil
+	case err != nil:
+		return CreationRule{}, false, fmt.Errorf("sops: %s: %w", found.Path, err)
+	case conf == nil:
+		return CreationRule{}, false, nil
+	}
+	o := EncryptOptions{ShamirThreshold: conf.ShamirThreshold, EncryptedRegex: conf.EncryptedRegex, UnencryptedRegex: conf.UnencryptedRegex,
+		EncryptedSuffix: conf.EncryptedSuffix, UnencryptedSuffix: conf.UnencryptedSuffix, MACOnlyEncrypted: conf.MACOnlyEncrypted}
+	if conf.EncryptedCommentRegex != "" || conf.UnencryptedCommentRegex != "" {
+		return CreationRule{}, false, fmt.Errorf("sops: %s: the creation rule for %s chooses values by comment (encrypted_comment_regex), which this tool does not write: use encrypted_regex for it", found.Path, file)
+	}
+	for _, group := range conf.KeyGroups {
+		var recipients []string
+		for _, k := range group {
+			ak, isAge := k.(*sopsage.MasterKey)
+			if !isAge {
+				return CreationRule{}, false, fmt.Errorf("sops: %s: the creation rule for %s names a %s key; this tool encrypts and decrypts with age only: give the file a rule of age recipients (path_regex)", found.Path, file, k.TypeToIdentifier())
+			}
+			recipients = append(recipients, ak.Recipient)
+		}
+		if len(recipients) > 0 {
+			o.Groups = append(o.Groups, recipients)
+		}
+	}
+	if len(o.Groups) == 0 {
+		return CreationRule{}, false, fmt.Errorf("sops: %s: the creation rule for %s names no age recipient", found.Path, file)
+	}
+	return CreationRule{Config: found.Path, Options: o}, true, nil
+}
+
 // FileSealer stores YAML SOPS-encrypted to Recipients and opens encrypted
 // YAML with the identities LoadIdentities finds from KeyFile, read once on
 // first use. With no recipients it stores plaintext; plaintext it opens as
 // is (a bundle written before encryption was configured).
 type FileSealer struct {
 	Recipients []string
-	KeyFile    string
-	LookupEnv  func(string) (string, bool)
-	Now        func() time.Time
+	// Path, when set, is where the sealed file lives: a .sops.yaml
+	// creation rule for it (RuleFor) then decides its key groups and what
+	// is encrypted, as the sops CLI would.
+	Path      string
+	KeyFile   string
+	LookupEnv func(string) (string, bool)
+	Now       func() time.Time
 
 	ids    *Identities
 	idsErr error
@@ -367,7 +498,18 @@ func (s *FileSealer) Seal(plain []byte) ([]byte, error) {
 	if s.Now != nil {
 		now = s.Now
 	}
-	return Encrypt(plain, EncryptOptions{Recipients: s.Recipients, Now: now()})
+	o := EncryptOptions{Recipients: s.Recipients}
+	if s.Path != "" {
+		rule, ok, err := RuleFor(s.Path)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			o = rule.Options
+		}
+	}
+	o.Now = now()
+	return Encrypt(plain, o)
 }
 
 // Open implements talos.Sealer.

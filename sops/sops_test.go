@@ -213,3 +213,104 @@ func TestLoadIdentitiesFromEverySource(t *testing.T) {
 		t.Fatalf("explicit file: %+v %v", ids.Recipients, err)
 	}
 }
+
+// identities makes n fresh age identities: their file text and recipients.
+func identities(t *testing.T, n int) (keys, recipients []string) {
+	t.Helper()
+	for range n {
+		id, rec, err := sops.GenerateIdentity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, recipients = append(keys, id), append(recipients, rec)
+	}
+	return keys, recipients
+}
+
+// Shamir key groups: the data key is split among three groups, any two
+// decrypt. The sops library reads what Encrypt writes; Decrypt combines
+// two groups' shares and names what is missing with one.
+func TestShamirKeyGroups(t *testing.T) {
+	keys, recs := identities(t, 3)
+	enc, err := sops.Encrypt([]byte(plain), sops.EncryptOptions{Groups: [][]string{{recs[0]}, {recs[1]}, {recs[2]}}, ShamirThreshold: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(enc), "- recipient: age1"); n != 3 || !strings.Contains(string(enc), "key_groups:") || !strings.Contains(string(enc), "shamir_threshold: 2") {
+		t.Fatalf("%d key groups:\n%s", n, enc)
+	}
+	t.Setenv(sops.KeyEnv, keys[0]+"\n"+keys[2])
+	if out, err := decrypt.DataWithFormat(enc, formats.Yaml); err != nil || !reflect.DeepEqual(parse(t, out), parse(t, []byte(plain))) {
+		t.Fatalf("the sops library with two of three groups: %v\n%s", err, out)
+	}
+	two, err := sops.ParseIdentities([]byte(keys[1]+"\n"+keys[2]), "two.agekey")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := sops.Decrypt(enc, two); err != nil || !reflect.DeepEqual(parse(t, out), parse(t, []byte(plain))) {
+		t.Fatalf("Decrypt with two of three groups: %v\n%s", err, out)
+	}
+	one, err := sops.ParseIdentities([]byte(keys[1]), "one.agekey")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sops.Decrypt(enc, one); err == nil || !strings.Contains(err.Error(), "needs 2 of them") || !strings.Contains(err.Error(), recs[0]) {
+		t.Errorf("Decrypt with one group: %v", err)
+	}
+}
+
+// A .sops.yaml creation rule for the bundle decides how it is sealed, as
+// `sops encrypt` would: its key groups and threshold replace the
+// configured recipients; a rule for other files leaves them; a rule with
+// a PGP key is refused before anything is written.
+func TestCreationRuleDecidesTheBundle(t *testing.T) {
+	keys, recs := identities(t, 3)
+	repo := t.TempDir()
+	bundle := filepath.Join(repo, ".talos", "lab", "secrets.yaml")
+	if err := os.MkdirAll(filepath.Dir(bundle), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeRules := func(rules string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(repo, ".sops.yaml"), []byte(rules), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sealer := &sops.FileSealer{Recipients: []string{recs[2]}, Path: bundle}
+
+	writeRules(`creation_rules:
+  - path_regex: ^clusters/.*\.yaml$
+    age: ` + recs[2] + `
+  - path_regex: ^\.talos/.*/secrets\.yaml$
+    shamir_threshold: 2
+    key_groups:
+      - age: [` + recs[0] + `]
+      - age: [` + recs[1] + `]
+`)
+	enc, err := sealer.Seal([]byte(plain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(enc), recs[2]) || !strings.Contains(string(enc), recs[0]) || !strings.Contains(string(enc), "shamir_threshold: 2") {
+		t.Fatalf("sealed without the rule's key groups:\n%s", enc)
+	}
+	t.Setenv(sops.KeyEnv, keys[0]+"\n"+keys[1])
+	if out, err := decrypt.DataWithFormat(enc, formats.Yaml); err != nil || !reflect.DeepEqual(parse(t, out), parse(t, []byte(plain))) {
+		t.Fatalf("the sops library: %v\n%s", err, out)
+	}
+
+	writeRules(`creation_rules:
+  - path_regex: ^clusters/.*\.yaml$
+    age: ` + recs[0] + `
+`)
+	if enc, err = sealer.Seal([]byte(plain)); err != nil || !strings.Contains(string(enc), recs[2]) || strings.Contains(string(enc), recs[0]) {
+		t.Fatalf("no rule for the bundle: want the configured recipient: %v\n%s", err, enc)
+	}
+
+	writeRules(`creation_rules:
+  - pgp: FBC7B9E2A4F9289AC0C1D4843D16CEE4A27381B4
+`)
+	if _, err := sealer.Seal([]byte(plain)); err == nil || !strings.Contains(err.Error(), "age only") || !strings.Contains(err.Error(), ".sops.yaml") {
+		t.Errorf("a PGP rule: %v", err)
+	}
+}

@@ -142,11 +142,12 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 }
 
 // bundleSealer keeps the secrets bundle SOPS-encrypted to
-// secrets.age.recipients (plaintext, 0600, without them) and opens an
-// encrypted bundle with secrets.age.keyFile's identity.
+// secrets.age.recipients, or as a .sops.yaml creation rule for its path
+// says (plaintext, 0600, without recipients), and opens an encrypted
+// bundle with secrets.age.keyFile's identity.
 func bundleSealer(env *Env) *sops.FileSealer {
 	a := env.Config.Secrets.Age
-	return &sops.FileSealer{Recipients: a.Recipients, KeyFile: env.Config.Resolve(a.KeyFile), Now: env.now}
+	return &sops.FileSealer{Recipients: a.Recipients, KeyFile: env.Config.Resolve(a.KeyFile), Path: env.Paths.Secrets, Now: env.now}
 }
 
 // talosGenerateOptions maps the config onto the talos package's options.

@@ -35,7 +35,7 @@ func (s *SecretsEncryptCmd) Run(ctx context.Context, a *App) error {
 	}
 	defer sess.Close()
 	path := cfg.Paths().Secrets
-	sealer := &sops.FileSealer{Recipients: age.Recipients, KeyFile: cfg.Resolve(age.KeyFile), Now: a.now}
+	sealer := &sops.FileSealer{Recipients: age.Recipients, KeyFile: cfg.Resolve(age.KeyFile), Path: path, Now: a.now}
 	backup, done, err := talos.EncryptSecrets(path, sealer, a.now())
 	if err != nil {
 		return err
