@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -23,11 +24,14 @@ import (
 // release (and installed another HelmRelease of the tree from the lab's
 // chart repository). A chart bump in git is then rolled out by Flux, and neither a
 // re-run of the infra stage nor of the whole pipeline (whose config still
-// names the old chart) writes a Helm revision or reverts it.
+// names the old chart) writes a Helm revision or reverts it. Cilium is
+// handed over with them; when the file leaves the repository Flux prunes
+// the NFS provisioner's objects but not Cilium's (the handover marks them
+// prune: disabled: uninstalling the CNI would cut every pod's network).
 func TestFluxTakesOverHelmReleases(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 1})
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, CNI: "cilium"})
 	// The infra stage installs the previous chart release.
 	if err := h.EditConfig(func(s string) (string, error) {
 		return strings.Replace(s, "  nfs:\n", "  nfs:\n    chartVersion: 4.0.17\n", 1), nil
@@ -83,7 +87,7 @@ spec:
 	if adopt.ExitCode != 0 {
 		t.Fatalf("flux stage with the HelmRelease failed:\n%s", adopt.Tail(40))
 	}
-	if !strings.Contains(adopt.Stdout+adopt.Stderr, "3 of 3 Kustomization(s) and HelmRelease(s) Ready") {
+	if !strings.Contains(adopt.Stdout+adopt.Stderr, "4 of 4 Kustomization(s) and HelmRelease(s) Ready") {
 		t.Errorf("the flux stage did not wait for the HelmRelease:\n%s", adopt.Tail(30))
 	}
 	// helm-controller took the release it had no history of as unmanaged
@@ -97,6 +101,9 @@ spec:
 	}
 	if r := adopted.HelmReleases["homelab/demo-app"]; r.Revision != 1 || r.Status != "deployed" {
 		t.Errorf("the release Flux installs: %+v (all: %v)", r, adopted.HelmReleases)
+	}
+	if r := adopted.HelmReleases[ciliumRelease]; r.Revision != 2 || r.Status != "deployed" {
+		t.Errorf("Cilium after the takeover: %+v, want revision 2 deployed", r)
 	}
 
 	verify := run(t, ctx, h, "run", "--stage", "infra")
@@ -160,7 +167,34 @@ spec:
 		t.Errorf("state records chart %q, want the live 4.0.18", got)
 	}
 	checkPostcheckTable(t, again)
+
+	// The handover file leaves the repository: Flux prunes what it
+	// applied from it, except Cilium's objects.
+	writeFile(t, filepath.Join(infraDir, "kustomization.yaml"), append(kustomization, "  - demo-app.yaml\n"...))
+	prune := run(t, ctx, h, "run", "--stage", "flux")
+	if prune.ExitCode != 0 {
+		t.Fatalf("flux stage without the handover file failed:\n%s", prune.Tail(40))
+	}
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(kc.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(flux.HelmReleaseGVR).Namespace("flux-system").Get(ctx, "nfs-provisioner", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the NFS provisioner's HelmRelease was not pruned (%v): the prune check below proves nothing", err)
+	}
+	if _, err := dyn.Resource(flux.HelmReleaseGVR).Namespace("flux-system").Get(ctx, "cilium", metav1.GetOptions{}); err != nil {
+		t.Errorf("Cilium's HelmRelease was pruned with the file: %v", err)
+	}
+	if r := counters(t, ctx, h).HelmReleases[ciliumRelease]; r.Status != "deployed" {
+		t.Errorf("Cilium's release after the prune: %+v", r)
+	}
 }
+
+const ciliumRelease = "kube-system/cilium"
 
 const nfsRelease = "nfs-provisioner/nfs-provisioner"
 
