@@ -112,6 +112,10 @@ type Handover struct {
 	Namespace string
 	// Interval is their reconcile interval.
 	Interval time.Duration
+	// PlainHTTP names the oci:// repositories whose registry speaks
+	// plain HTTP only (OCIPlainHTTP): their HelmRepository gets
+	// `insecure: true`, without which source-controller cannot reach them.
+	PlainHTTP map[string]bool
 }
 
 // RepositoryInterval is the shortest interval a handed-over HelmRepository
@@ -158,6 +162,7 @@ func (o Handover) Manifest(rels []Release) ([]byte, error) {
 				// 'default' HelmRepository type": source-controller v1.9.5
 				// internal/controller/helmrepository_controller.go).
 				repo.Spec.Type = sourcev1.HelmRepositoryTypeOCI
+				repo.Spec.Insecure = o.PlainHTTP[r.RepoURL]
 			}
 			b, err := cleanYAML(&repo)
 			if err != nil {

@@ -168,12 +168,23 @@ func infraReleases(env *Env) ([]infra.Release, error) {
 // that adopt the releases the infra stage keeps, exactly as it keeps them
 // (`bootstrap handover`): committed under flux.path, they make Flux the
 // owner, and the infra stage only verifies those releases from then on.
-func HandoverManifest(env *Env, namespace string, interval time.Duration) ([]byte, error) {
+func HandoverManifest(ctx context.Context, env *Env, namespace string, interval time.Duration) ([]byte, error) {
 	rels, err := infraReleases(env)
 	if err != nil {
 		return nil, err
 	}
-	return infra.Handover{Namespace: namespace, Interval: interval}.Manifest(rels)
+	plain := map[string]bool{}
+	for _, r := range rels {
+		if !infra.IsOCI(r.RepoURL) {
+			continue
+		}
+		isPlain, err := infra.OCIPlainHTTP(ctx, r.RepoURL)
+		if err != nil {
+			env.UI.Warn("%v: the HelmRepository for %s is written for HTTPS", err, r.RepoURL)
+		}
+		plain[r.RepoURL] = isPlain
+	}
+	return infra.Handover{Namespace: namespace, Interval: interval, PlainHTTP: plain}.Manifest(rels)
 }
 
 func nodeNames(cfg *config.Config) []string {

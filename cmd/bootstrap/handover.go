@@ -26,7 +26,7 @@ func (h *HandoverCmd) Run(ctx context.Context, a *App) error {
 		interval = cfg.Flux.Interval.D()
 	}
 	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: a.Stdout, Now: a.Now, Log: log, UI: ui.NewReporter(log)}
-	out, err := stages.HandoverManifest(env, h.Namespace, interval)
+	out, err := stages.HandoverManifest(ctx, env, h.Namespace, interval)
 	if err != nil {
 		return err
 	}
