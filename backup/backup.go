@@ -11,6 +11,7 @@
 package backup
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"filippo.io/age"
+	"filippo.io/age/armor"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -37,8 +39,11 @@ const timeLayout = "20060102T150405Z"
 
 // Info describes a verified snapshot.
 type Info struct {
-	Path  string
-	Taken time.Time
+	// Path is the snapshot file read; Origin, when set, the age-encrypted
+	// copy it was decrypted from (Path is then a temporary file).
+	Path   string
+	Origin string
+	Taken  time.Time
 	// Size is the database's size (without the digest).
 	Size   int64
 	SHA256 string
@@ -50,7 +55,35 @@ type Info struct {
 
 // String is one line for the user.
 func (i Info) String() string {
-	return fmt.Sprintf("%s: revision %d, %d key revisions, %.1f MiB, sha256 %s… verified", filepath.Base(i.Path), i.Revision, i.Keys, float64(i.Size)/(1<<20), i.SHA256[:12])
+	return fmt.Sprintf("%s: revision %d, %d key revisions, %.1f MiB, sha256 %s… verified", filepath.Base(i.Source()), i.Revision, i.Keys, float64(i.Size)/(1<<20), i.SHA256[:12])
+}
+
+// Source is the file the user has: the encrypted copy when the snapshot
+// was decrypted from one, else the snapshot itself.
+func (i Info) Source() string {
+	if i.Origin != "" {
+		return i.Origin
+	}
+	return i.Path
+}
+
+// VerifyDecrypted is Verify for plain, the plaintext Decrypt wrote from
+// the copy origin: the snapshot is named by its copy, and taken when the
+// copy's name says (or, failing that, at the copy's modification time),
+// not when it was decrypted.
+func VerifyDecrypted(plain, origin string) (Info, error) {
+	info, err := Verify(plain)
+	if err != nil {
+		return Info{}, err
+	}
+	info.Origin = origin
+	base := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(origin), AgeSuffix), Suffix)
+	if t, err := time.Parse(timeLayout, base); err == nil {
+		info.Taken = t
+	} else if st, err := os.Stat(origin); err == nil {
+		info.Taken = st.ModTime().UTC()
+	}
+	return info, nil
 }
 
 // Source streams one snapshot into w (talos.Ops.EtcdSnapshot).
@@ -355,11 +388,20 @@ func Decrypt(src, identityFile, dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", identityFile, err)
 	}
-	in, err := os.Open(src)
+	f, err := os.Open(src)
 	if err != nil {
 		return "", err
 	}
-	defer in.Close()
+	defer f.Close()
+	// An ASCII-armored copy (`age -a`) is read as the age CLI reads it:
+	// armor is recognised by its header, after leading whitespace
+	// (cmd/age/age.go decrypt at filippo.io/age v1.3.1).
+	rr := bufio.NewReader(f)
+	var in io.Reader = rr
+	const maxWhitespace = 1024
+	if start, _ := rr.Peek(maxWhitespace + len(armor.Header)); strings.HasPrefix(string(bytes.TrimSpace(start)), armor.Header) {
+		in = armor.NewReader(rr)
+	}
 	r, err := age.Decrypt(in, ids...)
 	if err != nil {
 		return "", fmt.Errorf("decrypting %s with %s: %w", filepath.Base(src), identityFile, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"filippo.io/age"
+	"filippo.io/age/armor"
 
 	"github.com/homelab/bootstrap/backup/backuptest"
 )
@@ -160,5 +162,87 @@ func TestTakeFallsBackToTheNextSource(t *testing.T) {
 	}
 	if _, err := Take(context.Background(), []Source{broken, broken}, dir, time.Now()); err == nil || !strings.Contains(err.Error(), "none of 2 source(s)") || !strings.Contains(err.Error(), "stream broke") {
 		t.Fatalf("all sources broken: %v", err)
+	}
+}
+
+// TestDecryptReadsBothAgeForms: Decrypt reads a binary copy and one
+// re-encrypted ASCII-armored (`age -a`, as README's own `age` commands
+// may leave it), as the age CLI does.
+func TestDecryptReadsBothAgeForms(t *testing.T) {
+	orig := backuptest.Snapshot(t, 4)
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key.txt")
+	os.WriteFile(keyFile, []byte(id.String()+"\n"), 0o600)
+	for _, armored := range []bool{false, true} {
+		var buf bytes.Buffer
+		var sink io.WriteCloser = nopCloser{&buf}
+		if armored {
+			buf.WriteString("\n")
+			sink = armor.NewWriter(&buf)
+		}
+		w, err := age.Encrypt(sink, id.Recipient())
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write(orig)
+		w.Close()
+		sink.Close()
+		src := filepath.Join(dir, fmt.Sprintf("etcd-armored-%v.snapshot.age", armored))
+		os.WriteFile(src, buf.Bytes(), 0o600)
+		out, err := Decrypt(src, keyFile, dir)
+		if err != nil {
+			t.Fatalf("armored %v: %v", armored, err)
+		}
+		got, _ := os.ReadFile(out)
+		if !bytes.Equal(got, orig) {
+			t.Errorf("armored %v: the decrypted copy differs", armored)
+		}
+	}
+}
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }
+
+// TestVerifyDecryptedNamesTheCopy: a snapshot decrypted from an age copy
+// is named by the copy and taken when the copy's name says (or at the
+// copy's modification time when renamed), not when it was decrypted.
+func TestVerifyDecryptedNamesTheCopy(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etcd")
+	taken := time.Date(2026, 11, 23, 3, 0, 0, 0, time.UTC)
+	info, err := Take(context.Background(), source(backuptest.Snapshot(t, 3)), dir, taken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := age.GenerateX25519Identity()
+	keyFile := filepath.Join(t.TempDir(), "key.txt")
+	os.WriteFile(keyFile, []byte(id.String()+"\n"), 0o600)
+	recipients, _ := ParseRecipients([]string{id.Recipient().String()})
+	copyPath, err := Copy(info.Path, filepath.Join(t.TempDir(), "nas"), recipients)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed := filepath.Join(filepath.Dir(copyPath), "cluster-backup.age")
+	if err := os.Link(copyPath, renamed); err != nil {
+		t.Fatal(err)
+	}
+	mtime := time.Date(2026, 11, 24, 5, 6, 7, 0, time.UTC)
+	os.Chtimes(renamed, mtime, mtime)
+	for copyFile, want := range map[string]time.Time{copyPath: taken, renamed: mtime} {
+		plain, err := Decrypt(copyFile, keyFile, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := VerifyDecrypted(plain, copyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Taken.Equal(want) || got.Source() != copyFile || got.Path != plain || !strings.Contains(got.String(), filepath.Base(copyFile)) {
+			t.Errorf("%s: taken %s (want %s), source %s, %s", filepath.Base(copyFile), got.Taken, want, got.Source(), got)
+		}
 	}
 }

@@ -55,7 +55,7 @@ func (e *EtcdRunsError) loss() string {
 		what = "what the surviving members hold"
 	}
 	return fmt.Sprintf("restoring %s (taken %s, revision %d) would replace %s and lose every change written since then",
-		filepath.Base(e.Snapshot.Path), e.Snapshot.Taken.Format(time.RFC3339), e.Snapshot.Revision, what)
+		filepath.Base(e.Snapshot.Source()), e.Snapshot.Taken.Format(time.RFC3339), e.Snapshot.Revision, what)
 }
 
 // PrepareRestore checks a restore of the verified snapshot info (the
@@ -68,7 +68,9 @@ func (e *EtcdRunsError) loss() string {
 // anything changes; the returned recovery is for the talos stage, and the
 // caller closes its file.
 func PrepareRestore(ctx context.Context, env *Env, info backup.Info, force bool) (*talos.Recovery, error) {
-	from := info.Path
+	// The state records the file the user has (an encrypted copy, not
+	// the plaintext it was decrypted to for this run).
+	from := info.Source()
 	ops, err := savedTalosOps(env)
 	if err != nil {
 		return nil, err
@@ -119,7 +121,7 @@ func PrepareRestore(ctx context.Context, env *Env, info backup.Info, force bool)
 		// The talos stage wipes it (Recovery.Replaces), before it restores.
 		env.UI.Warn("--force: %s", running.loss())
 	}
-	f, err := os.Open(from)
+	f, err := os.Open(info.Path)
 	if err != nil {
 		return nil, err
 	}

@@ -105,7 +105,7 @@ func Run(ctx context.Context, env *Env, selected []Stage, info RunInfo) error {
 		}
 	}
 	if env.DryRun {
-		env.printPlan(names)
+		env.printPlan(names, runErr)
 		return runErr
 	}
 	env.State.LastRun.Finished = env.now().UTC()
@@ -128,17 +128,34 @@ func runStage(ctx context.Context, env *Env, s Stage) (err error) {
 	return s.Run(ctx, env)
 }
 
-func (e *Env) printPlan(names []string) {
+// printPlan lists what each stage would change. A stage whose planning
+// failed says so (its plan is incomplete, not empty), and the stages after
+// it were not planned at all.
+func (e *Env) printPlan(names []string, runErr error) {
+	var se *StageError
+	failed := ""
+	if errors.As(runErr, &se) {
+		failed = se.Stage
+	}
 	var b strings.Builder
 	b.WriteString("Plan (dry run: nothing was changed)\n")
+	after := false
 	for _, n := range names {
 		fmt.Fprintf(&b, "  %s:\n", n)
-		ch := e.changesOf(n)
-		if len(ch) == 0 {
-			b.WriteString("    no changes\n")
+		if after {
+			fmt.Fprintf(&b, "    not planned: %s failed first\n", failed)
+			continue
 		}
+		ch := e.changesOf(n)
 		for _, c := range ch {
 			fmt.Fprintf(&b, "    would %s\n", c)
+		}
+		switch {
+		case n == failed:
+			fmt.Fprintf(&b, "    FAILED, the plan stops here: %s\n", e.Secrets.String(se.Err.Error()))
+			after = true
+		case len(ch) == 0:
+			b.WriteString("    no changes\n")
 		}
 	}
 	fmt.Fprint(e.Out, b.String())

@@ -158,6 +158,12 @@ func consoleWriter(w io.Writer, noColor bool) zerolog.ConsoleWriter {
 	}
 	cw.FormatPrepare = func(ev map[string]any) error {
 		if k, ok := ev[FieldUI].(string); ok {
+			// A warning or failure already shows its glyph in the level
+			// column: the message does not repeat it.
+			level := fmt.Sprint(ev[zerolog.LevelFieldName])
+			if k == kindWarn && level == "warn" || k == kindFail && (level == "error" || level == "fatal") {
+				return nil
+			}
 			if g, ok := glyphs[k]; ok {
 				ev[zerolog.MessageFieldName] = g + " " + fmt.Sprint(ev[zerolog.MessageFieldName])
 			}

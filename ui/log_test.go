@@ -3,9 +3,11 @@ package ui
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/homelab/bootstrap/internal/redact"
 )
@@ -52,6 +54,14 @@ func TestConsoleRendering(t *testing.T) {
 	r.Would("create VM 701 cp-1")
 	out := term.String()
 	if !strings.Contains(out, "▶ [2/6] provision") || !strings.Contains(out, "◇ would create VM 701 cp-1") || strings.Contains(out, "stage=") {
+		t.Fatalf("console output:\n%s", out)
+	}
+	// Warnings and failures carry their glyph once, in the level column.
+	term.Reset()
+	r.Warn("disk is small")
+	r.StageDone("talos", time.Second, 0, errors.New("boom"), false)
+	out = term.String()
+	if strings.Count(out, "⚠") != 1 || strings.Count(out, "✗") != 1 || !strings.Contains(out, "disk is small") {
 		t.Fatalf("console output:\n%s", out)
 	}
 	if _, err := NewLogger(Options{Format: "xml"}); err == nil {

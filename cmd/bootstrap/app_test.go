@@ -190,6 +190,29 @@ func TestDryRunWritesNothing(t *testing.T) {
 	}
 }
 
+// A dry run whose planning fails says so in the plan: the failed stage's
+// plan is incomplete (not "no changes"), the stages after it unplanned.
+func TestFailedDryRunPlan(t *testing.T) {
+	h := newHarness(t)
+	h.behave["talos"] = "fail"
+	if code := h.run(context.Background(), "run", "--dry-run"); code != 1 {
+		t.Fatalf("code %d", code)
+	}
+	out := h.stdout.String()
+	for _, want := range []string{
+		"  provision:\n    would touch provision\n",
+		"  talos:\n    would touch talos\n    FAILED, the plan stops here: boom in talos\n",
+		"  infra:\n    not planned: talos failed first\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plan lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "no changes") {
+		t.Errorf("a failed plan says no changes:\n%s", out)
+	}
+}
+
 func TestInterruptIsRecorded(t *testing.T) {
 	h := newHarness(t)
 	h.behave["talos"] = "block"

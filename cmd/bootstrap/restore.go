@@ -50,6 +50,9 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 	// The snapshot is checked before any lock, log or call: a bad file
 	// changes nothing.
 	snap, err := backup.Verify(from)
+	if from != r.From {
+		snap, err = backup.VerifyDecrypted(from, r.From)
+	}
 	if err != nil {
 		return config.Userf("--from %s: %v; nothing was touched", r.From, err)
 	}
@@ -98,9 +101,9 @@ func restore(ctx context.Context, env *stages.Env, snap backup.Info, force bool,
 	// attempt of it recorded) restored anything: a node whose etcd data
 	// directory was not empty answers AlreadyExists and keeps its data.
 	if r := env.State.Outputs.Talos.Restore; r == nil || !r.Bootstrapped {
-		fmt.Fprintf(env.Out, "etcd was NOT restored from %s: the control plane's etcd already had data (Bootstrap answered AlreadyExists), and the cluster runs on that; the postcheck passed\n", snap.Path)
+		fmt.Fprintf(env.Out, "etcd was NOT restored from %s: the control plane's etcd already had data (Bootstrap answered AlreadyExists), and the cluster runs on that; the postcheck passed\n", snap.Source())
 		return nil
 	}
-	fmt.Fprintf(env.Out, "restored etcd from %s (revision %d); the postcheck passed\n", snap.Path, snap.Revision)
+	fmt.Fprintf(env.Out, "restored etcd from %s (revision %d); the postcheck passed\n", snap.Source(), snap.Revision)
 	return nil
 }

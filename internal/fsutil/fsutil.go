@@ -96,7 +96,13 @@ func Backup(path string, now time.Time) (string, error) {
 
 func writeTemp(path string, data []byte, perm fs.FileMode) (string, error) {
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// A directory made to hold an owner-only file is owner-only too
+	// (.talos/<cluster>/nodes/ holds the machine configs' keys).
+	dirPerm := fs.FileMode(0o755)
+	if perm.Perm()&0o077 == 0 {
+		dirPerm = 0o700
+	}
+	if err := os.MkdirAll(dir, dirPerm); err != nil {
 		return "", err
 	}
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")

@@ -83,3 +83,17 @@ func TestBackup(t *testing.T) {
 		t.Fatalf("backup %s: %q %v", got, b, fi.Mode())
 	}
 }
+
+// Directories made for an owner-only file are owner-only.
+func TestDirectoriesForSecretsAreOwnerOnly(t *testing.T) {
+	root := t.TempDir()
+	secret := filepath.Join(root, "talos", "nodes", "cp-1.yaml")
+	if err := WriteAtomic(secret, []byte("key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{filepath.Join(root, "talos"), filepath.Join(root, "talos", "nodes")} {
+		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %v %v, want 0700", d, fi.Mode().Perm(), err)
+		}
+	}
+}
