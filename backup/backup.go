@@ -29,6 +29,8 @@ import (
 	"filippo.io/age"
 	"filippo.io/age/armor"
 	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // Suffix ends every kept snapshot's file name: <UTC timestamp>.snapshot.
@@ -48,14 +50,16 @@ type Info struct {
 	Size   int64
 	SHA256 string
 	// Revision is the newest etcd revision in the snapshot; Keys the number
-	// of key revisions it holds.
+	// of key revisions it holds; LiveKeys the keys that exist at Revision
+	// (what `etcdutl snapshot status` calls totalKey).
 	Revision int64
 	Keys     int
+	LiveKeys int
 }
 
 // String is one line for the user.
 func (i Info) String() string {
-	return fmt.Sprintf("%s: revision %d, %d key revisions, %.1f MiB, sha256 %s… verified", filepath.Base(i.Source()), i.Revision, i.Keys, float64(i.Size)/(1<<20), i.SHA256[:12])
+	return fmt.Sprintf("%s: revision %d, %d keys (%d key revisions), %.1f MiB, sha256 %s… verified", filepath.Base(i.Source()), i.Revision, i.LiveKeys, i.Keys, float64(i.Size)/(1<<20), i.SHA256[:12])
 }
 
 // Source is the file the user has: the encrypted copy when the snapshot
@@ -200,7 +204,7 @@ func Verify(path string) (Info, error) {
 	if t, err := time.Parse(timeLayout, strings.TrimSuffix(filepath.Base(path), Suffix)); err == nil {
 		info.Taken = t
 	}
-	if info.Revision, info.Keys, err = readDatabase(f, size); err != nil {
+	if info.Revision, info.Keys, info.LiveKeys, err = readDatabase(f, size); err != nil {
 		return Info{}, fmt.Errorf("%s: %w", filepath.Base(path), err)
 	}
 	return info, nil
@@ -209,30 +213,30 @@ func Verify(path string) (Info, error) {
 // readDatabase opens the first size bytes of f (the database without its
 // digest) with bbolt, read-only, from a private copy: bbolt maps the whole
 // file, and the digest is not part of the database.
-func readDatabase(f *os.File, size int64) (rev int64, keys int, err error) {
+func readDatabase(f *os.File, size int64) (rev int64, keys, live int, err error) {
 	tmp, err := os.CreateTemp("", "bootstrap-etcd-verify-*")
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		tmp.Close()
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if err := tmp.Chmod(0o600); err != nil {
 		tmp.Close()
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if _, err := io.CopyN(tmp, f, size); err != nil {
 		tmp.Close()
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if err := tmp.Close(); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	db, err := bolt.Open(tmp.Name(), 0o400, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
 	if err != nil {
-		return 0, 0, fmt.Errorf("not a database bbolt can open: %w", err)
+		return 0, 0, 0, fmt.Errorf("not a database bbolt can open: %w", err)
 	}
 	defer db.Close()
 	err = db.View(func(tx *bolt.Tx) error {
@@ -240,17 +244,37 @@ func readDatabase(f *os.File, size int64) (rev int64, keys int, err error) {
 		if b == nil {
 			return errors.New("no key bucket: not an etcd database")
 		}
+		// Each entry is one revision of one key, its value the KeyValue;
+		// a deletion is a tombstone: the revision key marked 't'
+		// (storage/mvcc/revision.go at etcd v3.6.5). The keys alive at
+		// the last revision are counted as etcdutl's snapshot status does
+		// (etcdutl/snapshot/v3_snapshot.go Status).
+		seen := map[string]struct{}{}
 		c := b.Cursor()
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		for k, v := c.First(); k != nil; k, v = c.Next() {
 			keys++
+			var kv mvccpb.KeyValue
+			if err := proto.Unmarshal(v, &kv); err != nil {
+				return fmt.Errorf("revision %x: not an etcd key value: %w", k, err)
+			}
+			if len(k) == tombstoneLen && k[tombstoneLen-1] == 't' {
+				delete(seen, string(kv.Key))
+			} else {
+				seen[string(kv.Key)] = struct{}{}
+			}
 		}
+		live = len(seen)
 		if k, _ := c.Last(); len(k) >= 8 {
 			rev = int64(binary.BigEndian.Uint64(k[:8]))
 		}
 		return nil
 	})
-	return rev, keys, err
+	return rev, keys, live, err
 }
+
+// tombstoneLen is a marked revision key's length: main and sub revision
+// (8 + 1 + 8 bytes) and the mark.
+const tombstoneLen = 8 + 1 + 8 + 1
 
 // List returns the kept snapshots (and age-encrypted copies) in dir,
 // newest first (names only; they are verified when taken).

@@ -20,6 +20,9 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -109,11 +112,25 @@ func TestReportPrometheus(t *testing.T) {
 			t.Fatalf("prometheus output lacks %q:\n%s", want, out)
 		}
 	}
-	// Every sample line is "name{labels} value".
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		if !strings.HasPrefix(line, "#") && len(strings.Fields(line)) != 2 {
-			t.Fatalf("malformed sample %q", line)
+	// node_exporter's textfile collector reads the file with this parser
+	// (prometheus/common expfmt.TextParser): every family parses, is a
+	// gauge, and a broken line would fail the scrape.
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(out))
+	if err != nil {
+		t.Fatalf("the textfile collector's parser: %v", err)
+	}
+	for name, f := range families {
+		if !strings.HasPrefix(name, "bootstrap_") || f.GetType() != dto.MetricType_GAUGE || len(f.GetMetric()) == 0 {
+			t.Errorf("family %s: type %s, %d samples", name, f.GetType(), len(f.GetMetric()))
 		}
+	}
+	if len(families) < 10 {
+		t.Errorf("%d families parsed", len(families))
+	}
+	bad := expfmt.NewTextParser(model.UTF8Validation)
+	if _, err := bad.TextToMetricFamilies(strings.NewReader(out + "bootstrap_broken{cluster=\"homelab\" 1\n")); err == nil {
+		t.Error("the parser took a malformed line: the check above proves nothing")
 	}
 }
 

@@ -9,14 +9,18 @@ package backuptest
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/protobuf/proto"
 )
 
-// Snapshot returns a snapshot whose key bucket holds revisions 1..revisions.
+// Snapshot returns a snapshot whose key bucket holds revisions 1..revisions,
+// each creating its own key (its value a marshalled mvccpb.KeyValue).
 func Snapshot(t testing.TB, revisions int) []byte {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "db")
@@ -36,7 +40,11 @@ func Snapshot(t testing.TB, revisions int) []byte {
 			k := make([]byte, 17)
 			binary.BigEndian.PutUint64(k[:8], uint64(r))
 			k[8] = '_'
-			if err := b.Put(k, []byte("value")); err != nil {
+			v, err := proto.Marshal(&mvccpb.KeyValue{Key: fmt.Appendf(nil, "/demo/key-%d", r), CreateRevision: int64(r), ModRevision: int64(r), Version: 1, Value: []byte("value")})
+			if err != nil {
+				return err
+			}
+			if err := b.Put(k, v); err != nil {
 				return err
 			}
 		}

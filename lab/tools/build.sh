@@ -2,14 +2,16 @@
 # Builds the lab's binaries (etcd, etcdutl, kube-apiserver, kube-controller-manager,
 # kube-scheduler and the same three of the previous Kubernetes minor, prefixed
 # previous-, kwok, source-controller, kustomize-controller, helm-controller,
-# controller-gen) from the Go
+# controller-gen, and the users' CLIs the e2e tests run: kubectl, age, sops,
+# helm) from the Go
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
 # the repository root), and records where the pinned Cilium source is, whose
 # real Helm chart the lab's chart repository serves. Builds nothing when the
 # binaries are already built for the pinned versions.
 #
 # --demo builds only what a lab needs to run (make demo): the previous
-# Kubernetes minor, used only by the upgrade tests, is left for make test.
+# Kubernetes minor, used only by the upgrade tests, and the CLIs, used only
+# by e2e, are left for make test.
 # Every module download starts at once, and the binaries build in two chains
 # side by side (the Kubernetes control plane; everything else): one go build
 # leaves a core idle while it links or waits on the network, and a second
@@ -48,6 +50,9 @@ kustomize_controller_version=$(mod_version flux github.com/fluxcd/kustomize-cont
 helm_controller_version=$(mod_version helm-controller github.com/fluxcd/helm-controller)
 notification_api_version=$(mod_version notification-controller github.com/fluxcd/notification-controller/api)
 cilium_version=$(mod_version cilium github.com/cilium/cilium)
+age_version=$(mod_version clients filippo.io/age)
+sops_version=$(mod_version clients github.com/getsops/sops/v3)
+helm_version=$(mod_version clients helm.sh/helm/v3)
 # The Flux distribution whose manifests (manifests/ in its module) the lab
 # bundles into a release-like manifests.tar.gz: the one the product uses.
 flux2_version=$(cd "$repo_root" && go list -m -f '{{.Version}}' github.com/fluxcd/flux2/v2)
@@ -89,6 +94,10 @@ declare -A specs=(
 	[kustomize-controller]="flux|github.com/fluxcd/kustomize-controller|"
 	[helm-controller]="helm-controller|github.com/fluxcd/helm-controller|"
 	[controller-gen]="notification-controller|sigs.k8s.io/controller-tools/cmd/controller-gen|"
+	[kubectl]="kubectl|k8s.io/kubernetes/cmd/kubectl|$k8s_ldflags"
+	[age]="clients|filippo.io/age/cmd/age|"
+	[sops]="clients|github.com/getsops/sops/v3/cmd/sops|"
+	[helm]="clients|helm.sh/helm/v3/cmd/helm|"
 )
 # The two build chains. The control plane's three commands share most of
 # their packages, so after kube-apiserver the other two mostly link.
@@ -96,6 +105,13 @@ declare -A specs=(
 chain_kubernetes=(kube-apiserver kube-controller-manager kube-scheduler)
 chain_rest=(etcd etcdutl kwok source-controller kustomize-controller helm-controller controller-gen)
 tool_mods=(kubernetes etcd kwok flux helm-controller notification-controller cilium)
+if [[ $set_name == all ]]; then
+	# The users' own tools, which the e2e tests read the artifacts with
+	# (e2e TestRealClients); a lab runs without them.
+	chain_kubernetes+=(kubectl)
+	chain_rest+=(age sops helm)
+	tool_mods+=(clients kubectl)
+fi
 versions="kubernetes $k8s_version"
 if [[ $set_name == all ]]; then
 	chain_kubernetes+=(previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler)
@@ -221,7 +237,11 @@ cat >"$manifest.tmp" <<EOF
     "github.com/fluxcd/helm-controller": {"version": "$helm_controller_version", "dir": "$helm_controller_dir"},
     "github.com/fluxcd/notification-controller": {"version": "$notification_api_version", "dir": "$notification_dir"},
     "github.com/fluxcd/flux2/v2": {"version": "$flux2_version", "dir": "$flux2_dir"},
-    "github.com/cilium/cilium": {"version": "$cilium_version", "dir": "$cilium_dir"}
+    "github.com/cilium/cilium": {"version": "$cilium_version", "dir": "$cilium_dir"},
+    "k8s.io/kubernetes/cmd/kubectl": {"version": "$k8s_version"},
+    "filippo.io/age": {"version": "$age_version"},
+    "github.com/getsops/sops/v3": {"version": "$sops_version"},
+    "helm.sh/helm/v3": {"version": "$helm_version"}
   }
 }
 EOF

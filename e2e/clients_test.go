@@ -1,0 +1,268 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/backup"
+	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/lab/kube/kubetest"
+	"github.com/homelab/bootstrap/sops"
+)
+
+// tool runs one of the users' own CLIs (built by make lab-bins from its
+// pinned module) with extra environment and returns its stdout; failure
+// is returned with stderr, for the negative checks.
+func tool(t *testing.T, ctx context.Context, env []string, name string, args ...string) (string, error) {
+	t.Helper()
+	bin := filepath.Join(kubetest.Binaries(t).Dir, name)
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("%s is not built (make lab-bins): %v", name, err)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), &toolError{name: name, args: args, err: err, stderr: stderr.String()}
+	}
+	return stdout.String(), nil
+}
+
+type toolError struct {
+	name   string
+	args   []string
+	err    error
+	stderr string
+}
+
+func (e *toolError) Error() string {
+	return e.name + " " + strings.Join(e.args, " ") + ": " + e.err.Error() + ": " + strings.TrimSpace(e.stderr)
+}
+
+// TestRealClients reads what one pipeline wrote with the tools its users
+// read it with: kubectl with the written kubeconfig, helm on the releases,
+// sops on the encrypted secrets bundle (and the product on a bundle the
+// CLI rewrote), age on the encrypted backup copy, etcdutl on the kept
+// snapshots, git on the snapshot server. Each tool also gets a broken
+// artifact and must refuse it, so a check that cannot fail is not one.
+func TestRealClients(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 6*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, Workers: 1})
+	dir := t.TempDir()
+	identity, recipient, err := sops.GenerateIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(dir, "age.agekey")
+	writeSecretFile(t, keyFile, identity+"\n")
+	copyDir := filepath.Join(dir, "nas")
+	if err := os.Mkdir(copyDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EditConfig(func(s string) (string, error) {
+		return s + "secrets:\n  age:\n    recipients: [" + recipient + "]\n    keyFile: " + keyFile + "\n" +
+			"backup:\n  copyDir: " + copyDir + "\n  ageRecipients: [" + recipient + "]\n", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("pipeline:\n%s", r.Tail(40))
+	}
+	paths := h.Paths()
+	kubeEnv := []string{"KUBECONFIG=" + paths.Kubeconfig}
+	helmEnv := append([]string{"HELM_CACHE_HOME=" + filepath.Join(dir, "helm-cache"), "HELM_CONFIG_HOME=" + filepath.Join(dir, "helm-config"),
+		"HELM_DATA_HOME=" + filepath.Join(dir, "helm-data")}, kubeEnv...)
+	sopsEnv := []string{sops.KeyFileEnv + "=" + keyFile}
+
+	t.Run("kubectl", func(t *testing.T) {
+		out, err := tool(t, ctx, kubeEnv, "kubectl", "get", "nodes", "-o", "name")
+		if err != nil || strings.Fields(out)[0] != "node/cp-1" || !strings.Contains(out, "node/wk-1") {
+			t.Fatalf("kubectl get nodes: %q %v", out, err)
+		}
+		out, err = tool(t, ctx, kubeEnv, "kubectl", "get", "sc")
+		if err != nil || strings.Count(out, "(default)") != 1 || !strings.Contains(out, h.Config().Storage.NFS.StorageClass+" (default)") {
+			t.Fatalf("kubectl get sc: want one default class, %s:\n%s %v", h.Config().Storage.NFS.StorageClass, out, err)
+		}
+		// A kubeconfig for another cluster's CA is refused.
+		other := filepath.Join(dir, "other.kubeconfig")
+		b, _ := os.ReadFile(paths.Kubeconfig)
+		os.WriteFile(other, bytes.Replace(b, []byte("certificate-authority-data: "), []byte("certificate-authority-data: AAAA"), 1), 0o600)
+		if _, err := tool(t, ctx, []string{"KUBECONFIG=" + other}, "kubectl", "get", "nodes", "--request-timeout=5s"); err == nil {
+			t.Error("kubectl accepted a kubeconfig with a broken CA")
+		}
+	})
+
+	t.Run("helm", func(t *testing.T) {
+		type rel struct {
+			Name, Namespace, Revision, Status, Chart string
+		}
+		list := func() []rel {
+			t.Helper()
+			out, err := tool(t, ctx, helmEnv, "helm", "list", "-A", "-o", "json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rels []rel
+			if err := json.Unmarshal([]byte(out), &rels); err != nil {
+				t.Fatalf("helm list: %v\n%s", err, out)
+			}
+			return rels
+		}
+		want := rel{Name: "nfs-provisioner", Namespace: "nfs-provisioner", Revision: "1", Status: "deployed",
+			Chart: "nfs-subdir-external-provisioner-" + h.Config().Storage.NFS.ChartVersion}
+		if rels := list(); len(rels) != 1 || rels[0] != want {
+			t.Fatalf("helm list -A: %+v, want only %+v", rels, want)
+		}
+		out, err := tool(t, ctx, helmEnv, "helm", "get", "values", "nfs-provisioner", "-n", "nfs-provisioner", "-o", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var values struct {
+			NFS          struct{ Server, Path string }
+			StorageClass struct {
+				Name         string
+				DefaultClass bool
+			}
+		}
+		json.Unmarshal([]byte(out), &values)
+		nfs := h.Config().Storage.NFS
+		if values.NFS.Server != nfs.Server || values.NFS.Path != nfs.Path || values.StorageClass.Name != nfs.StorageClass || !values.StorageClass.DefaultClass {
+			t.Errorf("helm get values: %s", out)
+		}
+		// A converged infra stage writes no revision.
+		if r := run(t, ctx, h, "run", "--stage", "infra"); r.ExitCode != 0 {
+			t.Fatalf("infra re-run:\n%s", r.Tail(20))
+		}
+		if rels := list(); len(rels) != 1 || rels[0].Revision != "1" {
+			t.Errorf("after a converged infra stage: %+v", rels)
+		}
+		if _, err := tool(t, ctx, helmEnv, "helm", "history", "nfs-provisioner", "-n", "default"); err == nil {
+			t.Error("helm found the release in the wrong namespace")
+		}
+	})
+
+	t.Run("sops", func(t *testing.T) {
+		stored, err := os.ReadFile(paths.Secrets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain, err := tool(t, ctx, sopsEnv, "sops", "decrypt", paths.Secrets)
+		if err != nil || !strings.Contains(plain, "trustdinfo:") || !strings.Contains(plain, "certs:") {
+			t.Fatalf("sops decrypt of the bundle: %v\n%.200s", err, plain)
+		}
+		// The CLI rotates the data key in place; the product reads it and
+		// finds nothing to change.
+		if _, err := tool(t, ctx, sopsEnv, "sops", "rotate", "-i", paths.Secrets); err != nil {
+			t.Fatal(err)
+		}
+		rotated, _ := os.ReadFile(paths.Secrets)
+		if bytes.Equal(rotated, stored) {
+			t.Fatal("sops rotate left the bundle as it was")
+		}
+		if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 || !strings.Contains(r.Stderr, "no changes") {
+			t.Fatalf("talos stage on the bundle the sops CLI rotated:\n%s", r.Tail(20))
+		}
+		// A value changed without its key: the CLI refuses the MAC.
+		broken := filepath.Join(dir, "broken.yaml")
+		i := bytes.Index(rotated, []byte("ENC[AES256_GCM,data:")) + len("ENC[AES256_GCM,data:")
+		tampered := bytes.Clone(rotated)
+		tampered[i] ^= 'A' ^ 'B'
+		if tampered[i] == rotated[i] {
+			tampered[i] = 'C'
+		}
+		os.WriteFile(broken, tampered, 0o600)
+		if _, err := tool(t, ctx, sopsEnv, "sops", "decrypt", broken); err == nil {
+			t.Error("sops decrypted a tampered bundle")
+		}
+	})
+
+	kept, err := backup.List(filepath.Join(paths.StateDir, "etcd"))
+	if err != nil || len(kept) == 0 {
+		t.Fatalf("kept snapshots: %v %v", kept, err)
+	}
+
+	t.Run("age", func(t *testing.T) {
+		copies, err := filepath.Glob(filepath.Join(copyDir, "*"+backup.Suffix+backup.AgeSuffix))
+		if err != nil || len(copies) == 0 {
+			t.Fatalf("encrypted copies in %s: %v %v", copyDir, copies, err)
+		}
+		for _, c := range copies {
+			out := filepath.Join(dir, filepath.Base(c)+".plain")
+			if _, err := tool(t, ctx, nil, "age", "-d", "-i", keyFile, "-o", out, c); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := os.ReadFile(out)
+			orig, err := os.ReadFile(filepath.Join(paths.StateDir, "etcd", strings.TrimSuffix(filepath.Base(c), backup.AgeSuffix)))
+			if err != nil || !bytes.Equal(got, orig) {
+				t.Errorf("age -d %s: not the kept snapshot (%v)", filepath.Base(c), err)
+			}
+		}
+		other, _, _ := sops.GenerateIdentity()
+		otherFile := filepath.Join(dir, "other.agekey")
+		writeSecretFile(t, otherFile, other+"\n")
+		if _, err := tool(t, ctx, nil, "age", "-d", "-i", otherFile, "-o", filepath.Join(dir, "x"), copies[0]); err == nil {
+			t.Error("age decrypted a copy with another identity")
+		}
+	})
+
+	t.Run("etcdutl", func(t *testing.T) {
+		for _, k := range kept {
+			info, err := backup.Verify(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := tool(t, ctx, nil, "etcdutl", "snapshot", "status", k, "-w", "json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st struct {
+				Revision  int64 `json:"revision"`
+				TotalKey  int   `json:"totalKey"`
+				TotalSize int64 `json:"totalSize"`
+			}
+			if err := json.Unmarshal([]byte(out), &st); err != nil || st.Revision != info.Revision || st.TotalKey != info.LiveKeys {
+				t.Errorf("etcdutl snapshot status %s: %s (%v), the product says revision %d, %d keys", filepath.Base(k), out, err, info.Revision, info.LiveKeys)
+			}
+		}
+		b, _ := os.ReadFile(kept[0])
+		b[4096+17] ^= 0x01
+		bad := filepath.Join(dir, "corrupt.snapshot")
+		os.WriteFile(bad, b, 0o600)
+		if out, err := tool(t, ctx, nil, "etcdutl", "snapshot", "restore", bad, "--data-dir", filepath.Join(dir, "restored")); err == nil {
+			t.Errorf("etcdutl restored a corrupted snapshot: %s", out)
+		}
+	})
+
+	t.Run("git", func(t *testing.T) {
+		snap := h.Config().Flux.LocalSnapshot.URL
+		anon := exec.CommandContext(ctx, "git", "ls-remote", snap)
+		anon.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0")
+		if out, err := anon.CombinedOutput(); err == nil || !strings.Contains(string(out), "401") && !strings.Contains(string(out), "Authentication failed") && !strings.Contains(string(out), "terminal prompts disabled") {
+			t.Errorf("git without the credential: %v\n%s", err, out)
+		}
+		auth, err := gitsnap.ReadAuth(filepath.Join(paths.StateDir, gitsnap.AuthFileName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, _ := url.Parse(snap)
+		u.User = url.UserPassword(auth.Username, auth.Password)
+		clone := filepath.Join(dir, "clone")
+		if out, err := exec.CommandContext(ctx, "git", "clone", "-q", u.String(), clone).CombinedOutput(); err != nil {
+			t.Fatalf("git clone with the credential: %v %s", err, out)
+		}
+		if _, err := os.Stat(filepath.Join(clone, "infra", "kustomization.yaml")); err != nil {
+			t.Errorf("the clone lacks ./infra: %v", err)
+		}
+	})
+}
