@@ -495,7 +495,7 @@ func snapshotBeforeUpgrade(ctx context.Context, env *Env, ops *talos.Ops, what s
 // upgradeHealth is the health an upgrade waits for before it starts and
 // after each node: every node's services, etcd, kubelets, Nodes Ready.
 func upgradeHealth(env *Env, targets []talos.Target) talos.HealthInput {
-	health := talos.HealthInput{CNIDisabled: !env.Config.CNI.TalosDeploysCNI()}
+	health := talos.HealthInput{CNIDisabled: !env.Config.CNI.TalosDeploysCNI(), TolerateUnexpected: true}
 	for _, t := range targets {
 		health.Nodes = append(health.Nodes, talos.HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
 	}

@@ -168,7 +168,7 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 	for _, t := range opts.Nodes {
 		health = append(health, HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
 	}
-	in := HealthInput{Nodes: health, CNIDisabled: opts.CNIDisabled}
+	in := HealthInput{Nodes: health, CNIDisabled: opts.CNIDisabled, TolerateUnexpected: true}
 	if err := o.WaitHealthy(ctx, fmt.Sprintf("the cluster's Talos side healthy (etcd on %d control plane(s), apid, kubelet, boot sequences)", len(opts.Nodes)-workers(opts.Nodes)), in); err != nil {
 		return res, err
 	}

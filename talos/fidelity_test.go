@@ -12,6 +12,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/client"
 
 	"github.com/homelab/bootstrap/lab/talossim"
+	"github.com/homelab/bootstrap/talos/talostest"
 )
 
 // These tests pin the behaviours of real Talos (v1.13.3 source, see
@@ -246,5 +247,38 @@ func TestHealthCountsALearnerAsNotYetAMember(t *testing.T) {
 	}
 	if r.OK() {
 		t.Error("the cluster counts as healthy with a learner")
+	}
+}
+
+// TestUnexpectedNodeFailsHealthButNotTheWait: a registered Node no config
+// entry accounts for fails "all k8s nodes to report" as talosctl health's
+// NodesMatch does, but the talos stage's wait tolerates it (waiting cannot
+// remove it): converge ends, and the postcheck's judgement names it.
+func TestUnexpectedNodeFailsHealthButNotTheWait(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1})
+	ctx := testCtx(t)
+	var registered []talostest.Node
+	var nodes []HealthTarget
+	for _, n := range h.res.Nodes {
+		registered = append(registered, talostest.Node{Name: n.Name, IP: n.IP, ControlPlane: n.Role == RoleControlPlane})
+		nodes = append(nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
+	}
+	h.api.SetNodes(append(registered, talostest.Node{Name: "stray", IP: "127.0.0.99"})...)
+	res, err := h.converge(ctx, nil)
+	if err != nil {
+		t.Fatalf("converge with a stray Node: %v", err)
+	}
+	cs, err := kubeClient(res.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := h.ops.Health(ctx, HealthInput{Nodes: nodes, Kube: cs})
+	if c, _ := r.Get(HealthK8sNodesReported); c.OK || !strings.Contains(c.Detail, "unexpected nodes, registered but not in the config: stray (127.0.0.99)") {
+		t.Errorf("%s: %+v", HealthK8sNodesReported, c)
+	}
+	r = h.ops.Health(ctx, HealthInput{Nodes: nodes, Kube: cs, TolerateUnexpected: true})
+	if c, _ := r.Get(HealthK8sNodesReported); !c.OK {
+		t.Errorf("tolerated: %+v", c)
 	}
 }

@@ -59,6 +59,12 @@ type HealthInput struct {
 	// CoreDNS cannot run before it, so those assertions are skipped, as
 	// talosctl does.
 	CNIDisabled bool
+	// TolerateUnexpected keeps a registered Node that no config entry
+	// accounts for (removed from the config, joined by hand) from failing
+	// "all k8s nodes to report". The talos stage's waits set it: waiting
+	// cannot make such a Node go away, it is the user's to delete or to
+	// add; the postcheck, which does not wait, reports it.
+	TolerateUnexpected bool
 }
 
 // HealthCheck is one assertion's verdict.
@@ -114,10 +120,10 @@ func (r HealthReport) Summary() string {
 // control plane sees identical and equal to the control planes (no
 // learners), apid answering on every node, kubelet healthy on the control
 // planes, every node's boot sequence finished (MachineStatus running), and
-// with a Kubernetes client: every node registered, the control-plane static
-// pods on every control plane, nodes Ready and schedulable, kube-proxy and
-// CoreDNS ready where they are deployed. Every assertion runs; none
-// short-circuits.
+// with a Kubernetes client: every node registered and no other (matched by
+// address), the control-plane static pods on every control plane and their
+// mirror pods Ready, nodes Ready and schedulable, kube-proxy and CoreDNS
+// ready where they are deployed. Every assertion runs; none short-circuits.
 func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 	var cps, all []HealthTarget
 	for _, n := range in.Nodes {
@@ -377,7 +383,11 @@ func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthT
 
 	// Every node of the config registered and no other: talosctl matches
 	// by address, not name (K8sAllNodesReportedAssertion, NodesMatch).
-	add(HealthK8sNodesReported, false, matchNodes(all, nodes.Items))
+	missing, unexpected := matchNodes(all, nodes.Items)
+	if !in.TolerateUnexpected {
+		missing = append(missing, unexpected...)
+	}
+	add(HealthK8sNodesReported, false, missing)
 
 	var problems []string
 	for _, n := range cps {
@@ -398,7 +408,7 @@ func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthT
 	}
 	add(HealthStaticPods, false, problems)
 
-	add(HealthControlPlaneReady, false, o.controlPlaneReady(ctx, in.Kube, cps, nodes.Items))
+	add(HealthControlPlaneReady, false, o.controlPlaneReady(ctx, in.Kube, cps, nodes.Items, in.TolerateUnexpected))
 
 	// Every registered node Ready, as K8sAllNodesReadyAssertion lists them.
 	problems = nil
@@ -445,34 +455,33 @@ func nodeIPs(n *corev1.Node) []string {
 // matchNodes pairs each expected node with a registered one by address
 // (cluster.NodesMatch in pkg/cluster/cluster.go at v1.13.3): an expected
 // node none answers for is missing, a registered node left over is
-// unexpected. Both are problems: a node removed from the config but not
-// from the cluster keeps the cluster unhealthy until it is removed.
-func matchNodes(want []HealthTarget, got []corev1.Node) []string {
+// unexpected. Both fail talosctl health: a node removed from the config
+// but not from the cluster keeps it unhealthy until it is deleted.
+func matchNodes(want []HealthTarget, got []corev1.Node) (missing, unexpected []string) {
 	left := make([]*corev1.Node, 0, len(got))
 	for i := range got {
 		left = append(left, &got[i])
 	}
-	var missing []string
+	var absent []string
 	for _, w := range want {
 		i := slices.IndexFunc(left, func(n *corev1.Node) bool { return slices.Contains(nodeIPs(n), w.IP) })
 		if i < 0 {
-			missing = append(missing, fmt.Sprintf("%s (%s)", w.Name, w.IP))
+			absent = append(absent, fmt.Sprintf("%s (%s)", w.Name, w.IP))
 			continue
 		}
 		left = slices.Delete(left, i, i+1)
 	}
-	var problems []string
-	if len(missing) > 0 {
-		problems = append(problems, "not registered: "+strings.Join(missing, ", "))
+	if len(absent) > 0 {
+		missing = append(missing, "not registered: "+strings.Join(absent, ", "))
 	}
 	if len(left) > 0 {
 		var extra []string
 		for _, n := range left {
 			extra = append(extra, fmt.Sprintf("%s (%s)", n.Name, strings.Join(nodeIPs(n), ", ")))
 		}
-		problems = append(problems, "unexpected nodes, registered but not in the config: "+strings.Join(extra, ", ")+" (delete them from Kubernetes or add them to nodes)")
+		unexpected = append(unexpected, "unexpected nodes, registered but not in the config: "+strings.Join(extra, ", ")+" (delete them from Kubernetes or add them to nodes)")
 	}
-	return problems
+	return missing, unexpected
 }
 
 // controlPlaneReady is K8sFullControlPlaneAssertion (pkg/cluster/check/
@@ -482,14 +491,18 @@ func matchNodes(want []HealthTarget, got []corev1.Node) []string {
 // kubelet's mirror of the static pod, label k8s-app) per such Node, none
 // reporting PodReady other than True. A pod with no PodReady condition yet
 // is not counted as not ready, as there.
-func (o *Ops) controlPlaneReady(ctx context.Context, cs kubernetes.Interface, cps []HealthTarget, nodes []corev1.Node) []string {
+func (o *Ops) controlPlaneReady(ctx context.Context, cs kubernetes.Interface, cps []HealthTarget, nodes []corev1.Node, tolerateUnexpected bool) []string {
 	var labelled []corev1.Node
 	for _, n := range nodes {
 		if _, ok := n.Labels[constants.LabelNodeRoleControlPlane]; ok {
 			labelled = append(labelled, n)
 		}
 	}
-	if problems := matchNodes(cps, labelled); len(problems) > 0 {
+	missing, unexpected := matchNodes(cps, labelled)
+	if !tolerateUnexpected {
+		missing = append(missing, unexpected...)
+	}
+	if problems := missing; len(problems) > 0 {
 		return []string{"control-plane nodes: " + strings.Join(problems, "; ")}
 	}
 	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
