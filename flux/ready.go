@@ -26,16 +26,16 @@ var (
 
 // Readiness is what a Flux object's status says.
 type Readiness struct {
-	Ready bool
+	Ready bool `json:"ready"`
 	// Revision is the GitRepository's artifact revision or the
 	// Kustomization's last applied revision ("main@sha1:<hex>"), or the
 	// chart version a HelmRelease's latest release runs.
-	Revision string
+	Revision string `json:"revision,omitempty"`
 	// Detail is the Ready condition's reason and message when not ready.
-	Detail string
+	Detail string `json:"detail,omitempty"`
 	// HandledRequest is the last reconcile request the controller handled
 	// (status.lastHandledReconcileAt, the requestedAt value it saw).
-	HandledRequest string
+	HandledRequest string `json:"handled_request,omitempty"`
 }
 
 // ReadinessOf reads a Flux object's Ready condition: it counts only when

@@ -20,8 +20,10 @@ import (
 	"github.com/homelab/bootstrap/talos"
 )
 
-// SchemaVersion versions report.json.
-const SchemaVersion = 1
+// SchemaVersion versions report.json; docs/report.schema.json describes
+// it. 2: flux_objects' readiness keys are snake_case (ready, revision,
+// detail, handled_request), as every other key.
+const SchemaVersion = 2
 
 // Report is the outcome of one postcheck.
 type Report struct {

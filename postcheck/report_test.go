@@ -2,6 +2,7 @@ package postcheck
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -28,6 +29,8 @@ import (
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/flux"
+	"github.com/homelab/bootstrap/postcheck/reporttest"
+	"github.com/homelab/bootstrap/talos"
 )
 
 func sampleReport() Report {
@@ -53,8 +56,42 @@ func TestReportJSON(t *testing.T) {
 			t.Fatalf("report.json lacks %s", k)
 		}
 	}
-	if m["overall"] != "fail" || m["schema_version"].(float64) != 1 || len(m["checks"].([]any)) != 3 {
+	if m["overall"] != "fail" || m["schema_version"].(float64) != 2 || len(m["checks"].([]any)) != 3 {
 		t.Fatalf("report: %s", b)
+	}
+}
+
+// Every field of a report, filled, validates against the schema the
+// project ships; so does the minimal one. A report the schema does not
+// describe (an unknown key, a status outside pass/warn/fail) does not.
+func TestReportMatchesTheShippedSchema(t *testing.T) {
+	full := sampleReport()
+	full.TalosVersions, full.WantTalos = map[string]string{"cp-1": "v1.13.3"}, "v1.13.3"
+	full.KubeletVersions, full.APIServerVersion, full.WantKubernetes = map[string]string{"cp-1": "1.36.1"}, "1.36.1", "1.36.1"
+	full.NewestBackup = time.Date(2026, 11, 21, 2, 0, 0, 0, time.UTC)
+	full.FluxObjects = []flux.Object{{Kind: "HelmRelease", Namespace: "flux-system", Name: "nfs-provisioner", Suspended: true,
+		Readiness: flux.Readiness{Ready: true, Revision: "4.0.18", Detail: "x", HandledRequest: "2026-11-21T02:00:00Z"}}}
+	full.Extensions = map[string][]talos.Extension{"cp-1": {{Name: "qemu-guest-agent", Version: "10.0.2"}}}
+	for name, r := range map[string]Report{"full": full, "minimal": sampleReport()} {
+		b, err := r.JSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := reporttest.Validate(t, b); err != nil {
+			t.Errorf("%s report: %v\n%s", name, err, b)
+		}
+	}
+	b, _ := sampleReport().JSON()
+	for what, bad := range map[string][]byte{
+		"an unknown key":   bytes.Replace(b, []byte(`"cluster":`), []byte(`"clutser": "x", "cluster":`), 1),
+		"a status unknown": bytes.Replace(b, []byte(`"overall": "fail"`), []byte(`"overall": "broken"`), 1),
+	} {
+		if bytes.Equal(bad, b) {
+			t.Fatalf("%s: the edit did not apply", what)
+		}
+		if err := reporttest.Validate(t, bad); err == nil {
+			t.Errorf("the schema accepts %s", what)
+		}
 	}
 }
 

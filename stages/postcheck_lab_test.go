@@ -33,6 +33,7 @@ import (
 	labkube "github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 	"github.com/homelab/bootstrap/postcheck"
+	"github.com/homelab/bootstrap/postcheck/reporttest"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/ui"
@@ -67,6 +68,9 @@ func (p *postcheckLab) postcheck() (postcheck.Report, map[string][]byte, error) 
 	var rep postcheck.Report
 	if err := json.Unmarshal(files["report.json"], &rep); err != nil {
 		p.t.Fatalf("report.json: %v", err)
+	}
+	if err := reporttest.Validate(p.t, files["report.json"]); err != nil {
+		p.t.Errorf("report.json against docs/report.schema.json: %v", err)
 	}
 	return rep, files, runErr
 }
