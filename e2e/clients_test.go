@@ -147,6 +147,11 @@ func TestRealClients(t *testing.T) {
 		if rels := list(); len(rels) != 1 || rels[0].Revision != "1" {
 			t.Errorf("after a converged infra stage: %+v", rels)
 		}
+		hist, err := tool(t, ctx, helmEnv, "helm", "history", "nfs-provisioner", "-n", "nfs-provisioner", "-o", "json")
+		var revs []struct{ Revision int }
+		if err != nil || json.Unmarshal([]byte(hist), &revs) != nil || len(revs) != 1 || revs[0].Revision != 1 {
+			t.Errorf("helm history: %v\n%s", err, hist)
+		}
 		if _, err := tool(t, ctx, helmEnv, "helm", "history", "nfs-provisioner", "-n", "default"); err == nil {
 			t.Error("helm found the release in the wrong namespace")
 		}
@@ -173,6 +178,25 @@ func TestRealClients(t *testing.T) {
 		if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 || !strings.Contains(r.Stderr, "no changes") {
 			t.Fatalf("talos stage on the bundle the sops CLI rotated:\n%s", r.Tail(20))
 		}
+		// A .sops.yaml rule adds a second recipient; `sops updatekeys`
+		// re-wraps the data key for it: the product still reads the
+		// bundle, and the new identity opens it with the CLI.
+		second, secondRec, _ := sops.GenerateIdentity()
+		secondFile := filepath.Join(dir, "second.agekey")
+		writeSecretFile(t, secondFile, second+"\n")
+		rules := filepath.Join(filepath.Dir(h.ConfigPath()), ".sops.yaml")
+		writeFile(t, rules, []byte("creation_rules:\n  - path_regex: secrets\\.yaml$\n    age: "+recipient+","+secondRec+"\n"))
+		defer os.Remove(rules)
+		if _, err := tool(t, ctx, sopsEnv, "sops", "--config", rules, "updatekeys", "-y", paths.Secrets); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tool(t, ctx, []string{sops.KeyFileEnv + "=" + secondFile}, "sops", "decrypt", paths.Secrets); err != nil {
+			t.Errorf("the recipient updatekeys added cannot decrypt: %v", err)
+		}
+		if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 || !strings.Contains(r.Stderr, "no changes") {
+			t.Fatalf("talos stage on the bundle after sops updatekeys:\n%s", r.Tail(20))
+		}
+		rotated, _ = os.ReadFile(paths.Secrets)
 		// A value changed without its key: the CLI refuses the MAC.
 		broken := filepath.Join(dir, "broken.yaml")
 		i := bytes.Index(rotated, []byte("ENC[AES256_GCM,data:")) + len("ENC[AES256_GCM,data:")
