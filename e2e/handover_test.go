@@ -175,14 +175,7 @@ spec:
 	if prune.ExitCode != 0 {
 		t.Fatalf("flux stage without the handover file failed:\n%s", prune.Tail(40))
 	}
-	kc, err := h.Lab.Kube.Cluster()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(kc.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := labDynamic(t, h)
 	if _, err := dyn.Resource(flux.HelmReleaseGVR).Namespace("flux-system").Get(ctx, "nfs-provisioner", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the NFS provisioner's HelmRelease was not pruned (%v): the prune check below proves nothing", err)
 	}
@@ -202,15 +195,7 @@ const nfsRelease = "nfs-provisioner/nfs-provisioner"
 // release runs, from the object helm-controller wrote.
 func helmReleaseChart(t *testing.T, ctx context.Context, h *e2e.Harness) string {
 	t.Helper()
-	kc, err := h.Lab.Kube.Cluster()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(kc.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := dyn.Resource(flux.HelmReleaseGVR).Namespace("flux-system").Get(ctx, "nfs-provisioner", metav1.GetOptions{})
+	u, err := labDynamic(t, h).Resource(flux.HelmReleaseGVR).Namespace("flux-system").Get(ctx, "nfs-provisioner", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,4 +205,18 @@ func helmReleaseChart(t *testing.T, ctx context.Context, h *e2e.Harness) string 
 	}
 	v, _ := hist[0].(map[string]any)["chartVersion"].(string)
 	return v
+}
+
+// labDynamic is a dynamic client for the lab's API server, as admin.
+func labDynamic(t *testing.T, h *e2e.Harness) dynamic.Interface {
+	t.Helper()
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(kc.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn
 }

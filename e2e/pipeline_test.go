@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/lab/kube/kubetest"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
 )
@@ -202,24 +202,10 @@ func TestBringYourOwnCNI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	labels := map[string]string{"app": "flannel", "k8s-app": "flannel", "tier": "node"}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-flannel"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Name: "kube-flannel-ds", Namespace: "kube-flannel", Labels: labels},
-		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					HostNetwork: true,
-					Containers:  []corev1.Container{{Name: "kube-flannel", Image: "ghcr.io/flannel-io/flannel:v0.28.4"}},
-					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
-				},
-			},
-		},
-	}
+	ds := kubetest.FlannelDaemonSet("kube-flannel", "kube-flannel-ds")
 	if _, err := cs.AppsV1().DaemonSets("kube-flannel").Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -85,6 +85,16 @@ func NodeReady(n *corev1.Node) bool {
 	return false
 }
 
+// PodReady reports whether a pod's Ready condition is True.
+func PodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // NodeStatus compares the registered nodes with the expected names and
 // returns the ones missing and the ones registered but not Ready.
 func NodeStatus(ctx context.Context, cs kubernetes.Interface, names []string) (missing, notReady []string, err error) {

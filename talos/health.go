@@ -580,7 +580,7 @@ func (o *Ops) podsReady(ctx context.Context, cs kubernetes.Interface, ns, select
 		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || allContainersTerminated(&p) {
 			continue
 		}
-		if podReady(&p) {
+		if kube.PodReady(&p) {
 			ready = append(ready, p.Name)
 		} else {
 			notReady = append(notReady, p.Name)
@@ -607,15 +607,6 @@ func allContainersTerminated(p *corev1.Pod) bool {
 		}
 	}
 	return true
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 func deploymentReplicas(d *appsv1.Deployment) int32 {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -54,21 +53,7 @@ func TestNodesWaitForTheirCNI(t *testing.T) {
 		t.Fatalf("a pod was scheduled onto a node without a network: %v %q", err, p.Spec.NodeName)
 	}
 
-	labels := map[string]string{"k8s-app": "flannel", "tier": "node"}
-	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Name: "kube-flannel", Namespace: "kube-system", Labels: labels},
-		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					HostNetwork: true,
-					Containers:  []corev1.Container{{Name: "kube-flannel", Image: "ghcr.io/siderolabs/flannel:v0.28.4"}},
-					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}, {Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
-				},
-			},
-		},
-	}
+	ds := kubetest.FlannelDaemonSet("kube-system", "kube-flannel")
 	if _, err := cs.AppsV1().DaemonSets("kube-system").Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
