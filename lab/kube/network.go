@@ -26,7 +26,11 @@ import (
 // stages are read from kwok's module as always, and kwok's
 // node-initialize applies only to a Node marked network-ready; a derived
 // stage gives an unmarked Node kwok's initial status with Ready False and
-// kubelet's reason and message. The lab marks a Node once a CNI agent pod
+// kubelet's reason and message. The Node is registered with that Ready
+// condition already, as a kubelet posts its status with the Node it
+// creates: without one the node lifecycle controller lifts the not-ready
+// taint the API server's admission put on it, and for a moment a pod can
+// be scheduled there. The lab marks a Node once a CNI agent pod
 // runs on it (cniAgents).
 const (
 	// AnnotationNetworkReady marks a Node whose CNI config exists.
@@ -67,10 +71,10 @@ func gateNodeStages(initialize string) (string, error) {
       - 'true'
 `, key), 1)
 	notReady := strings.Replace(initialize, "name: node-initialize\n", "name: node-network-not-ready\n", 1)
-	notReady = strings.Replace(notReady, readySel, fmt.Sprintf(`    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+	notReady = strings.Replace(notReady, readySel, fmt.Sprintf(`    - key: '.status.phase'
       operator: 'NotIn'
       values:
-      - 'False'
+      - 'Running'
     - key: '%s'
       operator: 'DoesNotExist'
 `, key), 1)
@@ -108,4 +112,11 @@ func (c *Cluster) markNetworkReady(ctx context.Context) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// networkNotReady is the Ready condition a kubelet registers with before
+// its CNI runs.
+func networkNotReady(now metav1.Time) corev1.NodeCondition {
+	return corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "KubeletNotReady",
+		Message: networkNotReadyMessage, LastHeartbeatTime: now, LastTransitionTime: now}
 }

@@ -29,9 +29,11 @@ func TestNodesWaitForTheirCNI(t *testing.T) {
 		if err != nil {
 			return false, err.Error(), nil
 		}
+		// The node lifecycle controller's NoSchedule taint is what keeps
+		// ordinary pods off (its NoExecute one they tolerate for 300 s).
 		tainted := false
 		for _, tn := range n.Spec.Taints {
-			tainted = tainted || tn.Key == "node.kubernetes.io/not-ready"
+			tainted = tainted || tn.Key == "node.kubernetes.io/not-ready" && tn.Effect == corev1.TaintEffectNoSchedule
 		}
 		for _, cond := range n.Status.Conditions {
 			if cond.Type == corev1.NodeReady {
@@ -50,7 +52,8 @@ func TestNodesWaitForTheirCNI(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	if p, err := cs.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
-		t.Fatalf("a pod was scheduled onto a node without a network: %v %q", err, p.Spec.NodeName)
+		n, _ := cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		t.Fatalf("a pod was scheduled onto a node without a network: %v %q; node conditions %+v taints %+v annotations %v", err, p.Spec.NodeName, n.Status.Conditions, n.Spec.Taints, n.Annotations)
 	}
 
 	ds := kubetest.FlannelDaemonSet("kube-system", "kube-flannel")

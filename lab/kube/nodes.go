@@ -88,6 +88,9 @@ func (c *Cluster) RegisterKubelet(ctx context.Context, name, ip string, role Rol
 			Spec:       corev1.NodeSpec{Taints: taints},
 			Status:     corev1.NodeStatus{Addresses: addrs, NodeInfo: nodeInfo},
 		}
+		if c.opts.NetworkGate {
+			n.Status.Conditions = []corev1.NodeCondition{networkNotReady(metav1.Now())}
+		}
 		if _, err := nodes.Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("registering node %s: %w", name, err)
 		}
