@@ -61,10 +61,7 @@ func (v *validator) secrets() {
 		return
 	}
 	if hasRule {
-		opened, need := 0, max(1, rule.Options.ShamirThreshold)
-		if len(rule.Options.Groups) > 1 && rule.Options.ShamirThreshold <= 0 {
-			need = len(rule.Options.Groups)
-		}
+		opened, need := 0, rule.Options.GroupsNeeded()
 		for _, g := range rule.Options.Groups {
 			if slices.ContainsFunc(g, func(r string) bool { return slices.Contains(own, r) }) {
 				opened++

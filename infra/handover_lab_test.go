@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/yaml"
-
 	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
@@ -26,13 +23,7 @@ func TestHandedOverOCIRepositoryIsReconciled(t *testing.T) {
 	kubetest.Binaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lab := kubetest.Start(t, kube.Options{ScheduleOnControlPlanes: true, Flux: true})
-	if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
-		t.Fatal(err)
-	}
-	if err := lab.WaitNodesReady(ctx, []string{"cp-1"}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	lab := oneNodeLab(t, ctx, kube.Options{Flux: true})
 	reg, err := ociregistry.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -59,14 +50,7 @@ func TestHandedOverOCIRepositoryIsReconciled(t *testing.T) {
 	if !strings.Contains(string(out), "insecure: true") {
 		t.Fatalf("handover for a plain-HTTP registry:\n%s", out)
 	}
-	var objs []*unstructured.Unstructured
-	for _, doc := range strings.Split(string(out), "---\n") {
-		var m map[string]any
-		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
-			t.Fatal(err)
-		}
-		objs = append(objs, &unstructured.Unstructured{Object: m})
-	}
+	objs := manifestObjects(t, out)
 	c, err := flux.NewClient(lab.AdminKubeconfigPath(), kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,12 @@ func handoverObjects(t *testing.T, rels ...Release) []*unstructured.Unstructured
 	if err != nil {
 		t.Fatal(err)
 	}
+	return manifestObjects(t, out)
+}
+
+// manifestObjects decodes the documents of a handover manifest.
+func manifestObjects(t *testing.T, out []byte) []*unstructured.Unstructured {
+	t.Helper()
 	var objs []*unstructured.Unstructured
 	for _, doc := range strings.Split(string(out), "---\n") {
 		var m map[string]any
@@ -151,12 +157,7 @@ func TestHandoverRepositoryInterval(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, doc := range strings.Split(string(out), "---\n") {
-			var m map[string]any
-			if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
-				t.Fatal(err)
-			}
-			o := &unstructured.Unstructured{Object: m}
+		for _, o := range manifestObjects(t, out) {
 			got, _, _ := unstructured.NestedString(o.Object, "spec", "interval")
 			want := map[string]string{"HelmRepository": tc.repo, "HelmRelease": tc.release}[o.GetKind()]
 			if got != want {

@@ -77,7 +77,7 @@ func TestHelmInstallsFromAnOCIRegistry(t *testing.T) {
 	kubetest.Binaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lab := oneNodeLab(t, ctx)
+	lab := oneNodeLab(t, ctx, kube.Options{})
 	reg, err := ociregistry.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -124,10 +124,12 @@ func planAndApply(t *testing.T, ctx context.Context, h *Helm, r Release, want Ac
 	return rel
 }
 
-// oneNodeLab is a real control plane with one schedulable, Ready node cp-1.
-func oneNodeLab(t *testing.T, ctx context.Context) *kube.Cluster {
+// oneNodeLab is a real control plane (opts, e.g. with Flux) with one
+// schedulable, Ready node cp-1.
+func oneNodeLab(t *testing.T, ctx context.Context, opts kube.Options) *kube.Cluster {
 	t.Helper()
-	lab := kubetest.Start(t, kube.Options{ScheduleOnControlPlanes: true})
+	opts.ScheduleOnControlPlanes = true
+	lab := kubetest.Start(t, opts)
 	if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +153,7 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 	kubetest.Binaries(t) // the slot before the budget: waiting for one must not eat it
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lab := oneNodeLab(t, ctx)
+	lab := oneNodeLab(t, ctx, kube.Options{})
 	url := chartRepo(t, "1.0.0", "1.1.0")
 	h, err := NewHelm(lab.AdminKubeconfigPath(), kubetest.Logger(t))
 	if err != nil {
@@ -239,7 +241,7 @@ func TestCiliumOnOneNodeWithTheRealChart(t *testing.T) {
 	kubetest.Binaries(t) // the slot before the budget: waiting for one must not eat it
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lab := oneNodeLab(t, ctx)
+	lab := oneNodeLab(t, ctx, kube.Options{})
 	chartDir, err := lab.Binaries().CiliumChart(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -216,10 +216,7 @@ func dataKey(md gosops.Metadata, ids Identities) ([]byte, error) {
 		return nil, fmt.Errorf("sops: no identity in %s opens the file: it is encrypted to %s; the identities are for %s",
 			ids.Source, strings.Join(recipients, ", "), strings.Join(ids.Recipients, ", "))
 	}
-	threshold := md.ShamirThreshold
-	if threshold <= 0 {
-		threshold = len(md.KeyGroups)
-	}
+	threshold := groupsNeeded(len(md.KeyGroups), md.ShamirThreshold)
 	if len(parts) < threshold {
 		return nil, fmt.Errorf("sops: the file splits its key among %d key groups and needs %d of them; the identities in %s (for %s) open %d: not %s",
 			len(md.KeyGroups), threshold, ids.Source, strings.Join(ids.Recipients, ", "), len(parts), strings.Join(failures, ", "))
@@ -229,6 +226,26 @@ func dataKey(md gosops.Metadata, ids Identities) ([]byte, error) {
 		return nil, fmt.Errorf("sops: combining the key groups' shares: %w", err)
 	}
 	return key, nil
+}
+
+// groupsNeeded is how many of groups key groups must be opened to get the
+// data key: one when there is one group (every key wraps the whole key),
+// else shamir_threshold, all of them when it is 0 (sops' rule in
+// GetDataKeyWithKeyServices and UpdateMasterKeysWithKeyServices).
+func groupsNeeded(groups, threshold int) int {
+	switch {
+	case groups <= 1:
+		return 1
+	case threshold <= 0:
+		return groups
+	}
+	return threshold
+}
+
+// GroupsNeeded is how many of the options' key groups open what Encrypt
+// writes with them.
+func (o EncryptOptions) GroupsNeeded() int {
+	return groupsNeeded(max(1, len(o.Groups)), o.ShamirThreshold)
 }
 
 // groupKey unwraps the group's key (the data key, or its share) with the
