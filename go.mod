@@ -26,6 +26,7 @@ require (
 	github.com/google/shlex v0.0.0-20191202100458-e7afc7fbc510
 	github.com/google/uuid v1.6.0
 	github.com/hashicorp/go-multierror v1.1.1
+	github.com/joshdk/go-junit v1.0.0
 	github.com/mattn/go-isatty v0.0.20
 	github.com/posener/complete v1.2.3
 	github.com/prometheus/client_model v0.6.2

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,7 +51,10 @@ func (e *toolError) Error() string {
 }
 
 // TestRealClients reads what one pipeline wrote with the tools its users
-// read it with: kubectl with the written kubeconfig, helm on the releases,
+// read it with: kubectl with the written kubeconfig (and the merged
+// ~/.kube/config), helm on the releases, flux on the installed Flux,
+// node_exporter on the Prometheus file, a JUnit consumer and the shipped
+// JSON Schema on the postcheck's reports,
 // sops on the encrypted secrets bundle (and the product on a bundle the
 // CLI rewrote), age on the encrypted backup copy, etcdutl on the kept
 // snapshots, git on the snapshot server. Each tool also gets a broken
@@ -70,7 +74,9 @@ func TestRealClients(t *testing.T) {
 	if err := os.Mkdir(copyDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	promFile := filepath.Join(dir, "textfile", "bootstrap.prom")
 	if err := h.EditConfig(func(s string) (string, error) {
+		s = strings.Replace(s, "\npostcheck:\n", "\npostcheck:\n  prometheusFile: "+promFile+"\n", 1)
 		return s + "secrets:\n  age:\n    recipients: [" + recipient + "]\n    keyFile: " + keyFile + "\n" +
 			"backup:\n  copyDir: " + copyDir + "\n  ageRecipients: [" + recipient + "]\n", nil
 	}); err != nil {
@@ -100,6 +106,33 @@ func TestRealClients(t *testing.T) {
 		os.WriteFile(other, bytes.Replace(b, []byte("certificate-authority-data: "), []byte("certificate-authority-data: AAAA"), 1), 0o600)
 		if _, err := tool(t, ctx, []string{"KUBECONFIG=" + other}, "kubectl", "get", "nodes", "--request-timeout=5s"); err == nil {
 			t.Error("kubectl accepted a kubeconfig with a broken CA")
+		}
+
+		// --merge-configs into a ~/.kube/config that holds another
+		// cluster: kubectl's default file then reaches this cluster by
+		// the current context and keeps the other one.
+		home := filepath.Join(dir, "home")
+		homeEnv := []string{"HOME=" + home, "KUBECONFIG="}
+		if _, err := tool(t, ctx, homeEnv, "kubectl", "config", "set-cluster", "elsewhere", "--server=https://127.0.0.1:1"); err != nil {
+			t.Fatal(err)
+		}
+		tool(t, ctx, homeEnv, "kubectl", "config", "set-context", "elsewhere", "--cluster=elsewhere", "--user=elsewhere")
+		tool(t, ctx, homeEnv, "kubectl", "config", "use-context", "elsewhere")
+		r, err := h.RunWith(ctx, e2e.RunOptions{Env: homeEnv}, "run", "--stage", "talos", "--merge-configs")
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("talos stage with --merge-configs: %v\n%s", err, r.Tail(20))
+		}
+		contexts, err := tool(t, ctx, homeEnv, "kubectl", "config", "get-contexts", "-o", "name")
+		current, _ := tool(t, ctx, homeEnv, "kubectl", "config", "current-context")
+		if err != nil || !slices.Contains(strings.Fields(contexts), "elsewhere") || strings.TrimSpace(current) == "elsewhere" {
+			t.Errorf("merged ~/.kube/config: contexts %q, current %q, %v", contexts, current, err)
+		}
+		out, err = tool(t, ctx, homeEnv, "kubectl", "get", "sc")
+		if err != nil || strings.Count(out, "(default)") != 1 {
+			t.Errorf("kubectl get sc with the merged ~/.kube/config: %v\n%s", err, out)
+		}
+		if _, err := tool(t, ctx, homeEnv, "kubectl", "--context", "elsewhere", "get", "nodes", "--request-timeout=3s"); err == nil {
+			t.Error("the other cluster's context reaches this cluster")
 		}
 	})
 
@@ -268,6 +301,24 @@ func TestRealClients(t *testing.T) {
 		}
 	})
 
+	t.Run("flux", func(t *testing.T) {
+		out, err := exec.CommandContext(ctx, "git", "ls-remote", snapshotURL(t, h), "refs/heads/"+h.Config().Flux.Branch).Output()
+		if err != nil || len(strings.Fields(string(out))) != 2 {
+			t.Fatalf("git ls-remote of the snapshot: %v %s", err, out)
+		}
+		checkFlux(t, ctx, h, kubeEnv, strings.Fields(string(out))[0], dir)
+	})
+
+	t.Run("node_exporter", func(t *testing.T) { checkNodeExporter(t, ctx, promFile) })
+
+	t.Run("reports", func(t *testing.T) {
+		st, err := h.State()
+		if err != nil || st.Outputs.Postcheck == nil {
+			t.Fatalf("no postcheck recorded: %v", err)
+		}
+		checkReports(t, st.Outputs.Postcheck.Archive)
+	})
+
 	t.Run("git", func(t *testing.T) {
 		snap := h.Config().Flux.LocalSnapshot.URL
 		anon := exec.CommandContext(ctx, "git", "ls-remote", snap)
@@ -275,18 +326,28 @@ func TestRealClients(t *testing.T) {
 		if out, err := anon.CombinedOutput(); err == nil || !strings.Contains(string(out), "401") && !strings.Contains(string(out), "Authentication failed") && !strings.Contains(string(out), "terminal prompts disabled") {
 			t.Errorf("git without the credential: %v\n%s", err, out)
 		}
-		auth, err := gitsnap.ReadAuth(filepath.Join(paths.StateDir, gitsnap.AuthFileName))
-		if err != nil {
-			t.Fatal(err)
-		}
-		u, _ := url.Parse(snap)
-		u.User = url.UserPassword(auth.Username, auth.Password)
 		clone := filepath.Join(dir, "clone")
-		if out, err := exec.CommandContext(ctx, "git", "clone", "-q", u.String(), clone).CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, "git", "clone", "-q", snapshotURL(t, h), clone).CombinedOutput(); err != nil {
 			t.Fatalf("git clone with the credential: %v %s", err, out)
 		}
 		if _, err := os.Stat(filepath.Join(clone, "infra", "kustomization.yaml")); err != nil {
 			t.Errorf("the clone lacks ./infra: %v", err)
 		}
 	})
+}
+
+// snapshotURL is the local git snapshot's URL with the credential the
+// flux stage gave Flux.
+func snapshotURL(t *testing.T, h *e2e.Harness) string {
+	t.Helper()
+	auth, err := gitsnap.ReadAuth(filepath.Join(h.Paths().StateDir, gitsnap.AuthFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(h.Config().Flux.LocalSnapshot.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(auth.Username, auth.Password)
+	return u.String()
 }

@@ -286,6 +286,9 @@ type RunOptions struct {
 	Debug bool
 	// OnStage is called as each stage starts.
 	OnStage func(stage string)
+	// Env is added to the run's environment (e.g. HOME for a run that
+	// merges into the user's configs).
+	Env []string
 }
 
 // RunWith runs `bootstrap <args> --config <lab config> --log-format json`
@@ -307,7 +310,7 @@ func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*
 	}
 	cmd := exec.CommandContext(ctx, h.opts.Binary, full...)
 	cmd.Dir = h.opts.Dir
-	cmd.Env = h.childEnv()
+	cmd.Env = append(h.childEnv(), ro.Env...)
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
 	stderrPipe, err := cmd.StderrPipe()
