@@ -183,24 +183,13 @@ func checkNodeExporter(t *testing.T, ctx context.Context, promFile string) {
 		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	ectx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
-	go func() {
-		_, err := tool(t, ectx, nil, "node_exporter", "--collector.disable-defaults", "--collector.textfile",
-			"--collector.textfile.directory="+filepath.Dir(promFile), "--web.listen-address="+addr, "--web.disable-exporter-metrics")
-		done <- err
-	}()
+	startTool(t, ctx, "node_exporter", "--collector.disable-defaults", "--collector.textfile",
+		"--collector.textfile.directory="+filepath.Dir(promFile), "--web.listen-address="+addr, "--web.disable-exporter-metrics")
 	var got map[string]*dto.MetricFamily
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if got, err = scrape(ctx, addr); err == nil {
 			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("node_exporter exited: %v", err)
-		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("waiting 15s for node_exporter on %s: %v", addr, err)

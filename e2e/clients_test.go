@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -13,9 +14,13 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 	"github.com/homelab/bootstrap/sops"
 )
@@ -37,6 +42,28 @@ func tool(t *testing.T, ctx context.Context, env []string, name string, args ...
 		return stdout.String(), &toolError{name: name, args: args, err: err, stderr: stderr.String()}
 	}
 	return stdout.String(), nil
+}
+
+// startTool starts one of the lab's binaries as a server for the rest of
+// the test (its output in a log under the test's temp dir), stopped at
+// cleanup.
+func startTool(t *testing.T, ctx context.Context, name string, args ...string) {
+	t.Helper()
+	bin := filepath.Join(kubetest.Binaries(t).Dir, name)
+	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s (make lab-bins): %v", name, err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		log.Close()
+	})
 }
 
 type toolError struct {
@@ -199,6 +226,18 @@ func TestRealClients(t *testing.T) {
 		if err != nil || !strings.Contains(plain, "trustdinfo:") || !strings.Contains(plain, "certs:") {
 			t.Fatalf("sops decrypt of the bundle: %v\n%.200s", err, plain)
 		}
+		// A bundle the CLI encrypted itself (every value, its own
+		// defaults) is read by the product as the same secrets.
+		plainFile := filepath.Join(dir, "plain-secrets.yaml")
+		writeSecretFile(t, plainFile, plain)
+		if _, err := tool(t, ctx, sopsEnv, "sops", "encrypt", "--age", recipient, "--output", paths.Secrets, plainFile); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(plainFile)
+		if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 || !strings.Contains(r.Stderr, "no changes") {
+			t.Fatalf("talos stage on the bundle the sops CLI encrypted:\n%s", r.Tail(20))
+		}
+		stored, _ = os.ReadFile(paths.Secrets)
 		// The CLI rotates the data key in place; the product reads it and
 		// finds nothing to change.
 		if _, err := tool(t, ctx, sopsEnv, "sops", "rotate", "-i", paths.Secrets); err != nil {
@@ -292,6 +331,7 @@ func TestRealClients(t *testing.T) {
 				t.Errorf("etcdutl snapshot status %s: %s (%v), the product says revision %d, %d keys", filepath.Base(k), out, err, info.Revision, info.LiveKeys)
 			}
 		}
+		restoredEtcdHasTheKeys(t, ctx, dir, kept[len(kept)-1])
 		b, _ := os.ReadFile(kept[0])
 		b[4096+17] ^= 0x01
 		bad := filepath.Join(dir, "corrupt.snapshot")
@@ -350,4 +390,56 @@ func snapshotURL(t *testing.T, h *e2e.Harness) string {
 	}
 	u.User = url.UserPassword(auth.Username, auth.Password)
 	return u.String()
+}
+
+// restoredEtcdHasTheKeys restores a kept snapshot with `etcdutl snapshot
+// restore` as a one-member cluster, starts the lab's real etcd on it and
+// reads it back: every live key the product counted in the snapshot, the
+// API server's objects among them.
+func restoredEtcdHasTheKeys(t *testing.T, ctx context.Context, dir, snapshot string) {
+	t.Helper()
+	info, err := backup.Verify(snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ports [2]int
+	for i := range ports {
+		if ports[i], err = kube.FreePort("127.0.0.1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	peer, client := fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	data := filepath.Join(dir, "restored-etcd")
+	if _, err := tool(t, ctx, nil, "etcdutl", "snapshot", "restore", snapshot, "--data-dir", data,
+		"--name", "restored", "--initial-cluster", "restored="+peer, "--initial-advertise-peer-urls", peer); err != nil {
+		t.Fatal(err)
+	}
+	startTool(t, ctx, "etcd", "--name", "restored", "--data-dir", data, "--listen-peer-urls", peer,
+		"--initial-advertise-peer-urls", peer, "--listen-client-urls", client, "--advertise-client-urls", client)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	var resp *clientv3.GetResponse
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		resp, err = cli.Get(rctx, "", clientv3.WithFromKey(), clientv3.WithKeysOnly())
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting 20s for the etcd restored from %s: %v", filepath.Base(snapshot), err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	found := false
+	for _, kv := range resp.Kvs {
+		found = found || string(kv.Key) == "/registry/namespaces/kube-system"
+	}
+	if int(resp.Count) != info.LiveKeys || !found {
+		t.Errorf("the etcd restored from %s holds %d keys (kube-system namespace: %v), the product counted %d", filepath.Base(snapshot), resp.Count, found, info.LiveKeys)
+	}
 }

@@ -5,10 +5,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/homelab/bootstrap/e2e"
@@ -138,6 +140,16 @@ func TestSOPSEndToEnd(t *testing.T) {
 		if strings.Contains(string(stored), v) {
 			t.Fatal("a secret of the bundle is stored in plaintext after the migration")
 		}
+	}
+	// The sops CLI opens what `bootstrap secrets encrypt` wrote, to the
+	// bundle as it was.
+	cliPlain, err := tool(t, ctx, []string{sops.KeyFileEnv + "=" + keyFile}, "sops", "decrypt", secretsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotTree, wantTree any
+	if err := yaml.Unmarshal([]byte(cliPlain), &gotTree); err != nil || yaml.Unmarshal(plain, &wantTree) != nil || !reflect.DeepEqual(gotTree, wantTree) {
+		t.Errorf("sops decrypt of the migrated bundle is not the plaintext bundle (%v):\n%.300s", err, cliPlain)
 	}
 	again := run(t, ctx, h, "secrets", "encrypt")
 	if again.ExitCode != 0 || !strings.Contains(again.Stdout, "already SOPS-encrypted") {
