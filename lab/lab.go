@@ -236,7 +236,10 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 		return nil, fmt.Errorf("starting the image factory: %w", err)
 	}
 	l.Talos = talossim.New(talossim.Options{Cluster: l.Kube, Profile: talosProfile, TimeScale: o.TimeScale, DiscoveryUnreachable: true,
-		TalosVersion: o.TalosVersion, Installer: l.Factory.Installer, Log: o.Log})
+		TalosVersion: o.TalosVersion, Installer: l.Factory.Installer, Log: o.Log,
+		// A node that shuts itself down stops its VM (l.PVE is set below,
+		// before any VM starts).
+		PowerOff: func(vmid int) { _ = l.PVE.GuestPowerOff(vmid) }})
 	// The Proxmox host trusts the factory's CA, as a host whose trust
 	// store holds a self-hosted factory's CA would.
 	fetch := http.DefaultTransport.(*http.Transport).Clone()

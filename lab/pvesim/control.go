@@ -202,6 +202,34 @@ func (s *Server) LoseVM(vmid int) error {
 	return nil
 }
 
+// GuestPowerOff is a guest shutting itself down (Talos' reset without
+// reboot ends in a shutdown). QEMU runs with -no-shutdown (qemu-server
+// 9.2.6 src/PVE/QemuServer.pm config_to_command) and qmeventd, on the
+// guest's SHUTDOWN event, terminates it unless a backup runs
+// (src/qmeventd/qmeventd.c handle_qmp_event, terminate_check; a running
+// backup is not simulated): the VM is stopped and the OnStop listeners
+// hear it. A VM that is not running is left alone.
+func (s *Server) GuestPowerOff(vmid int) error {
+	s.mu.Lock()
+	v := s.vms[vmid]
+	if v == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("no VM %d", vmid)
+	}
+	if v.state != "running" {
+		s.mu.Unlock()
+		return nil
+	}
+	v.state, v.reserved, v.pid = "stopped", 0, 0
+	ev := s.eventLocked(v)
+	hooks := slices.Clone(s.onStop)
+	s.mu.Unlock()
+	for _, h := range hooks {
+		h(ev)
+	}
+	return nil
+}
+
 // OnStart registers a listener called when a VM has started; an error
 // fails the start task with "start failed: <err>".
 func (s *Server) OnStart(fn func(VMEvent) error) {

@@ -22,6 +22,9 @@ type etcdCluster struct {
 	// joins numbers the members added after the bootstrap (each gets a new
 	// ID); removed counts members removed.
 	joins, removed int
+	// evicted lists the nodes (by IP) whose member another node removed
+	// while they ran: their etcd learns it and stops until they rejoin.
+	evicted map[string]bool
 }
 
 type etcdMember struct {
@@ -72,6 +75,7 @@ func (s *Sim) joinEtcd(clusterID string, ip, hostname string, now time.Time) {
 		m.hostname = hostname
 		return
 	}
+	delete(c.evicted, ip)
 	for at, m := range c.members {
 		if m.hostname == hostname || at == ip {
 			delete(c.members, at)

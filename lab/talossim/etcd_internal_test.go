@@ -39,3 +39,33 @@ func TestEtcdQuorum(t *testing.T) {
 		t.Fatal("the cluster outlived its last data")
 	}
 }
+
+// etcd's strict reconfiguration check (mayRemoveMember): the last member
+// never goes; a member that is down goes; a running member goes only if
+// the running members left are still a quorum; a learner always goes.
+func TestStrictReconfigCheck(t *testing.T) {
+	now := time.Now()
+	c := &etcdCluster{bootstrapNode: "10.0.0.1", members: map[string]*etcdMember{}}
+	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+		c.members[ip] = &etcdMember{ip: ip, startedAt: now.Add(-time.Minute), readyAt: now.Add(-time.Second)}
+	}
+	all := map[string]bool{"10.0.0.1": true, "10.0.0.2": true, "10.0.0.3": true}
+	if err := c.mayRemoveLocked(c.members["10.0.0.3"], all, now); err != nil {
+		t.Fatalf("3 of 3 running, removing one: %v", err)
+	}
+	twoUp := map[string]bool{"10.0.0.1": true, "10.0.0.3": true}
+	if err := c.mayRemoveLocked(c.members["10.0.0.3"], twoUp, now); err != etcdUnhealthy {
+		t.Fatalf("10.0.0.2 down, removing a running member: %v, want unhealthy", err)
+	}
+	if err := c.mayRemoveLocked(c.members["10.0.0.2"], twoUp, now); err != nil {
+		t.Fatalf("removing the member that is down: %v", err)
+	}
+	c.members["10.0.0.4"] = &etcdMember{ip: "10.0.0.4", startedAt: now.Add(-time.Second), readyAt: now.Add(time.Hour)}
+	if err := c.mayRemoveLocked(c.members["10.0.0.4"], twoUp, now); err != nil {
+		t.Fatalf("removing a learner: %v", err)
+	}
+	last := &etcdCluster{bootstrapNode: "10.0.0.1", members: map[string]*etcdMember{"10.0.0.1": c.members["10.0.0.1"]}}
+	if err := last.mayRemoveLocked(last.members["10.0.0.1"], all, now); err != etcdNotEnoughStarted {
+		t.Fatalf("removing the last member: %v, want not enough started members", err)
+	}
+}

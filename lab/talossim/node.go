@@ -145,6 +145,9 @@ type Node struct {
 	// etcdJoinDeadline is when a control plane's etcd stops trying to
 	// join a cluster and fails (EtcdJoinTimeout after its boot).
 	etcdJoinDeadline time.Time
+	// etcdLeft: the node left its etcd cluster (EtcdLeaveCluster): its
+	// etcd service is stopped and its data gone until it boots again.
+	etcdLeft bool
 	// applying is set while an ApplyConfiguration is processed;
 	// rebootPending once a reboot-mode apply or a Reboot was accepted.
 	applying      bool
@@ -387,6 +390,7 @@ func (n *Node) powerOff() {
 // system boots configured, nothing boots the ISO's maintenance mode.
 func (n *Node) bootLocked(installed installedSystem) {
 	n.gen++
+	n.etcdLeft = false
 	n.rebootPending, n.applying = false, false
 	if installed.config == nil {
 		n.config, n.parsed = nil, nil

@@ -156,12 +156,17 @@ func (s *Sim) tellEtcdLost(lost bool) {
 // --system-labels-to-wipe=EPHEMERAL`, what Talos' own etcd recovery test
 // runs): the node's etcd data and an uploaded recovery snapshot are gone,
 // its config (STATE) stays, and it boots its installed system again with
-// an empty etcd that waits to join a cluster. Other resets answer
-// Unimplemented.
+// an empty etcd that waits to join a cluster. The reset that takes a node
+// out of its cluster (graceful, no reboot, the whole system disk) is
+// gracefulShutdownReset (remove.go). Other resets answer Unimplemented.
 func (a *apid) Reset(_ context.Context, req *machine.ResetRequest) (*machine.ResetResponse, error) {
 	n := a.n
 	if a.mode == serveMaintenance {
 		return nil, status.Error(codes.Unimplemented, "talossim: reset in maintenance mode is not simulated")
+	}
+	if req.GetGraceful() && !req.GetReboot() && len(req.GetSystemPartitionsToWipe()) == 0 && len(req.GetUserDisksToWipe()) == 0 &&
+		req.GetMode() != machine.ResetRequest_USER_DISKS {
+		return a.gracefulShutdownReset(req)
 	}
 	ephemeral := false
 	for _, p := range req.GetSystemPartitionsToWipe() {

@@ -155,3 +155,63 @@ func TestResetWipesEtcd(t *testing.T) {
 		t.Fatal("the reset lost the config on STATE")
 	}
 }
+
+// TestGracefulResetLeavesAndPowersOff: the reset that takes a node out of
+// its cluster (graceful, no reboot) powers a worker off with its disk
+// wiped; on the only control plane it fails leaving etcd (the last member
+// never goes), so the node keeps running, as the real sequence stops at a
+// failed phase. EtcdLeaveCluster and EtcdRemoveMemberByID on the last
+// member say the same; an unknown member ID is NotFound; workers have no
+// such API.
+func TestGracefulResetLeavesAndPowersOff(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	cp := f.bootstrappedControlPlane(ctx)
+	if _, err := insecure(t, f.wk).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("wk-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(f.node(f.wk), talossim.PhaseRunning)
+	wk := secure(t, f.cfg, f.wk)
+
+	err := wk.EtcdLeaveCluster(ctx, &machine.EtcdLeaveClusterRequest{})
+	wantCode(t, err, codes.Unimplemented, "etcd leave is only available on control plane nodes")
+	err = cp.EtcdRemoveMemberByID(ctx, &machine.EtcdRemoveMemberByIDRequest{MemberId: 42})
+	wantCode(t, err, codes.NotFound, "member not found")
+	deadline := time.Now().Add(5 * time.Second)
+	var members *machine.EtcdMemberListResponse
+	for members == nil || len(members.GetMessages()[0].GetMembers()) == 0 {
+		if members, err = cp.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{}); err != nil && time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	err = cp.EtcdRemoveMemberByID(ctx, &machine.EtcdRemoveMemberByIDRequest{MemberId: members.GetMessages()[0].GetMembers()[0].GetId()})
+	wantCode(t, err, codes.Unknown, "not enough started members")
+	err = cp.EtcdLeaveCluster(ctx, &machine.EtcdLeaveClusterRequest{})
+	wantCode(t, err, codes.Unknown, "failed to leave cluster: failed to remove member")
+
+	if _, err := wk.MachineClient.Reset(ctx, &machine.ResetRequest{Graceful: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.MachineClient.Reset(ctx, &machine.ResetRequest{Graceful: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		if _, up := f.sim.Node(f.wk); !up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker did not power off after its reset")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if f.sim.Installed(f.wk) != nil {
+		t.Error("the reset worker's disk still holds its config")
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := f.node(f.cp); n.Phase() != talossim.PhaseRunning || n.Counters().Resets != 1 || f.sim.Installed(f.cp) == nil {
+		t.Errorf("the control plane whose leave failed: phase %s, %d resets, installed %v", n.Phase(), n.Counters().Resets, f.sim.Installed(f.cp) != nil)
+	}
+}

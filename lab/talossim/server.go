@@ -521,7 +521,7 @@ func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceLis
 	n := a.n
 	n.mu.Lock()
 	role, clusterID, booted, phase := n.roleLocked(), n.clusterIDLocked(), n.bootedAt, n.phase
-	joinDeadline := n.etcdJoinDeadline
+	joinDeadline, left := n.etcdJoinDeadline, n.etcdLeft
 	now := time.Now()
 	criUp := n.criUpLocked(now)
 	n.mu.Unlock()
@@ -553,6 +553,7 @@ func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceLis
 			failed = c.failed
 		}
 		noLeader := c != nil && c.quorumLost
+		evicted := c != nil && c.evicted[n.ip]
 		if noLeader && m != nil && m.dataLost {
 			// A node that lost its data waits to join a cluster that
 			// can admit no one.
@@ -562,6 +563,16 @@ func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceLis
 		evs := []event{{"Waiting", `Waiting for service "cri" to be "up"`, booted}}
 		switch {
 		case !criUp:
+			services = append(services, svc("etcd", evs, &machine.ServiceHealth{Unknown: true}))
+		case left:
+			// LeaveCluster stops the service (system.Services(nil).Stop):
+			// state Finished; the event's message is unverified.
+			evs = append(evs, event{"Preparing", "Running pre state", criAt}, event{"Finished", "Service finished successfully", now})
+			services = append(services, svc("etcd", evs, &machine.ServiceHealth{Unknown: true}))
+		case evicted:
+			// The removed member's etcd exits with etcd's ErrMemberRemoved;
+			// how Talos' service reports it is unverified.
+			evs = append(evs, event{"Preparing", "Running pre state", criAt}, event{"Failed", "Failed running service: " + etcdMemberRemoved, now})
 			services = append(services, svc("etcd", evs, &machine.ServiceHealth{Unknown: true}))
 		case m == nil && !now.Before(joinDeadline):
 			evs = append(evs, event{"Preparing", "Running pre state", criAt},

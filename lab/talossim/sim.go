@@ -139,7 +139,11 @@ type Options struct {
 	// not the factory's (no extensions), an error fails the pull. Nil: no
 	// image carries extensions.
 	Installer func(image string) (exts []imagefactory.Extension, pulled bool, err error)
-	Log       zerolog.Logger
+	// PowerOff is the hypervisor's side of a node shutting itself down
+	// (a graceful reset without reboot): the VM whose guest powered off
+	// stops. Nil: the node is only stopped here (StopNode).
+	PowerOff func(vmid int)
+	Log      zerolog.Logger
 }
 
 // Sim is a set of simulated Talos nodes sharing a control plane.
