@@ -147,6 +147,13 @@ func (e *Env) ForgetVM(vmid int) {
 	}
 }
 
+// forgetNode drops the recorded outputs of the node called name.
+func (e *Env) forgetNode(name string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.State.Outputs.Nodes, name)
+}
+
 // SetNode records a node's outputs; safe for parallel workers.
 func (e *Env) SetNode(n state.Node) {
 	e.mu.Lock()

@@ -116,6 +116,9 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	if err := warnLeftNodes(ctx, env, c); err != nil {
+		return err
+	}
 
 	// 1. The Talos ISO every VM boots from until it is installed, built
 	// by the factory from the schematic (registered first: the factory

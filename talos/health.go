@@ -59,11 +59,12 @@ type HealthInput struct {
 	// CoreDNS cannot run before it, so those assertions are skipped, as
 	// talosctl does.
 	CNIDisabled bool
-	// TolerateUnexpected keeps a registered Node that no config entry
-	// accounts for (removed from the config, joined by hand) from failing
-	// "all k8s nodes to report". The talos stage's waits set it: waiting
-	// cannot make such a Node go away, it is the user's to delete or to
-	// add; the postcheck, which does not wait, reports it.
+	// TolerateUnexpected keeps a registered Node, or an etcd member, that
+	// no config entry accounts for (removed from the config, joined by
+	// hand) from failing "all k8s nodes to report" and "etcd members to be
+	// control plane nodes". The talos stage's waits set it: waiting cannot
+	// make such a node go away, it is the user's to remove or to add; the
+	// postcheck, which does not wait, reports it.
 	TolerateUnexpected bool
 }
 
@@ -245,8 +246,22 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 			got = append(got, m.Hostname)
 		}
 		slices.Sort(got)
-		if !slices.Equal(got, want) {
-			problems = append(problems, fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", ")))
+		// A member outside the config (a control plane removed from
+		// it) is, like an unexpected Node, the user's to take out:
+		// the waits tolerate it, the postcheck names the command.
+		var extra []string
+		for _, g := range got {
+			if !slices.Contains(want, g) {
+				extra = append(extra, g)
+			}
+		}
+		missing := slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(got, w) })
+		if missing || len(extra) > 0 && !in.TolerateUnexpected {
+			p := fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", "))
+			if len(extra) > 0 {
+				p += " (take " + strings.Join(extra, ", ") + " out with `bootstrap node remove " + strings.Join(extra, "`, `bootstrap node remove ") + "`)"
+			}
+			problems = append(problems, p)
 		}
 	}
 	add(HealthEtcdControlPlanes, problems)
@@ -475,11 +490,13 @@ func matchNodes(want []HealthTarget, got []corev1.Node) (missing, unexpected []s
 		missing = append(missing, "not registered: "+strings.Join(absent, ", "))
 	}
 	if len(left) > 0 {
-		var extra []string
+		var extra, names []string
 		for _, n := range left {
 			extra = append(extra, fmt.Sprintf("%s (%s)", n.Name, strings.Join(nodeIPs(n), ", ")))
+			names = append(names, n.Name)
 		}
-		unexpected = append(unexpected, "unexpected nodes, registered but not in the config: "+strings.Join(extra, ", ")+" (delete them from Kubernetes or add them to nodes)")
+		unexpected = append(unexpected, "unexpected nodes, registered but not in the config: "+strings.Join(extra, ", ")+
+			" (take each out with `bootstrap node remove "+strings.Join(names, "`, `bootstrap node remove ")+"`, or add it back to nodes)")
 	}
 	return missing, unexpected
 }

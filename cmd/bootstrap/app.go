@@ -36,6 +36,7 @@ type CLI struct {
 	Destroy  DestroyCmd  `cmd:"" help:"Stop and delete this cluster's VMs (only those tagged bootstrap-<cluster>)."`
 	Backup   BackupCmd   `cmd:"" help:"Take, verify and keep an etcd snapshot now (ai/state/<cluster>/etcd)."`
 	Restore  RestoreCmd  `cmd:"" help:"Start a cluster whose etcd was lost from an etcd snapshot, then run the postcheck."`
+	Node     NodeCmd     `cmd:"" help:"Day-two changes to one node: remove a node that left the config."`
 	Cfg      ConfigCmd   `cmd:"" name:"config" help:"Write, validate or describe the config file."`
 	Gitsnap  GitsnapCmd  `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
 	Secrets  SecretsCmd  `cmd:"" help:"The cluster's secrets bundle at rest (SOPS with age)."`

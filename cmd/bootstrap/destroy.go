@@ -59,8 +59,8 @@ type destroyOptions struct {
 	In io.Reader
 }
 
-// errAborted means the user did not confirm a destroy.
-var errAborted = errors.New("destroy aborted: nothing was changed")
+// errAborted means the user did not confirm a destroy or a removal.
+var errAborted = errors.New("aborted: nothing was changed")
 
 // destroy stops and deletes the VMs tagged as this cluster's (and only
 // those: each VM's tag is checked again right before it is deleted), after
@@ -162,7 +162,7 @@ func destroy(ctx context.Context, env *stages.Env, o destroyOptions) error {
 // confirm asks question on out and reads one line from in.
 func confirm(out io.Writer, in io.Reader, question, want string) (bool, error) {
 	if in == nil {
-		return false, config.Userf("destroy needs confirmation: run it on a terminal or pass --yes")
+		return false, config.Userf("this needs confirmation: run it on a terminal or pass --yes")
 	}
 	fmt.Fprint(out, question)
 	line, err := bufio.NewReader(in).ReadString('\n')
@@ -170,7 +170,7 @@ func confirm(out io.Writer, in io.Reader, question, want string) (bool, error) {
 		return false, err
 	}
 	if line == "" && errors.Is(err, io.EOF) {
-		return false, config.Userf("destroy needs confirmation: no answer on standard input (pass --yes to skip it)")
+		return false, config.Userf("this needs confirmation: no answer on standard input (pass --yes to skip it)")
 	}
 	return strings.TrimSpace(line) == want, nil
 }

@@ -68,7 +68,7 @@ func TestDestroyCommand(t *testing.T) {
 	if code, out := run("", "destroy"); code != stages.ExitUsage || !strings.Contains(out, "pass --yes") {
 		t.Fatalf("no terminal, no --yes: exit %d\n%s", code, out)
 	}
-	if code, out := run("no\n", "destroy"); code != stages.ExitFailed || !strings.Contains(out, "destroy aborted") {
+	if code, out := run("no\n", "destroy"); code != stages.ExitFailed || !strings.Contains(out, "aborted: nothing was changed") {
 		t.Fatalf("declined: exit %d\n%s", code, out)
 	}
 	if got := len(sim.VMIDs()); got != 3 {

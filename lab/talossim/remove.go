@@ -3,6 +3,7 @@ package talossim
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
@@ -260,4 +261,23 @@ func (a *apid) gracefulShutdownReset(req *machine.ResetRequest) (*machine.ResetR
 		}
 	}()
 	return &machine.ResetResponse{Messages: []*machine.Reset{{ActorId: "talossim"}}}, nil
+}
+
+// EtcdMembers lists, by hostname, the etcd members of the cluster the node
+// at ip is a member of (nil when it is none's).
+func (s *Sim) EtcdMembers(ip string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.etcd {
+		if c.members[ip] == nil {
+			continue
+		}
+		var out []string
+		for _, m := range c.members {
+			out = append(out, m.hostname)
+		}
+		slices.Sort(out)
+		return out
+	}
+	return nil
 }

@@ -1,0 +1,135 @@
+package e2e_test
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/lab/talossim"
+)
+
+// dropNode deletes a node's entry from the lab config.
+func dropNode(t *testing.T, h *e2e.Harness, name string) {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^  - \{name: ` + regexp.QuoteMeta(name) + `,.*\}\n`)
+	if err := h.EditConfig(func(s string) (string, error) {
+		if !re.MatchString(s) {
+			t.Fatalf("no node %s in the lab config", name)
+		}
+		return re.ReplaceAllString(s, ""), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNodeRemove: nodes deleted from the config are left alone by a run,
+// which names `bootstrap node remove` for each (the postcheck fails on
+// them until then). Removing a control plane while another is powered off
+// is refused before anything changes (etcd's strict reconfiguration check
+// would refuse the member removal: 1 of the 2 members left would run).
+// Then the worker and the control plane are removed: drained, the control
+// plane out of etcd, reset and powered off by Talos, their Nodes and VMs
+// deleted, the state forgotten; etcd has one member per control plane
+// left and the postcheck is green.
+func TestNodeRemove(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 6*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 2})
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("pipeline:\n%s", r.Tail(40))
+	}
+	st, err := h.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := st.Outputs.Nodes
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The worker that runs the NFS provisioner goes: its drain must move
+	// the pod, or the postcheck's PVC stays Pending.
+	pods, err := kc.Client().CoreV1().Pods("nfs-provisioner").List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("provisioner pods: %v", err)
+	}
+	wk := pods.Items[0].Spec.NodeName
+	dropNode(t, h, "cp-3")
+	dropNode(t, h, wk)
+
+	again := run(t, ctx, h, "run", "--stage", "all")
+	out := again.Stdout + again.Stderr
+	for _, n := range []string{"cp-3", wk} {
+		if !strings.Contains(out, "run `bootstrap node remove "+n+"` to take it out") {
+			t.Errorf("the run does not say how to take %s out:\n%s", n, again.Tail(40))
+		}
+	}
+	if again.ExitCode == 0 || !strings.Contains(out, "bootstrap node remove cp-3") {
+		t.Errorf("a cluster with nodes outside the config passed the postcheck (exit %d):\n%s", again.ExitCode, again.Tail(30))
+	}
+	if _, ok := h.Lab.Talos.Node(nodes[wk].IP); !ok {
+		t.Fatalf("the run touched %s", wk)
+	}
+
+	// cp-2 powered off: removing cp-3 would leave 1 of 2 members running.
+	if err := h.Lab.PVE.GuestPowerOff(nodes["cp-2"].VMID); err != nil {
+		t.Fatal(err)
+	}
+	refused := run(t, ctx, h, "node", "remove", "cp-3", "--yes")
+	if out := refused.Stdout + refused.Stderr; refused.ExitCode == 0 || !strings.Contains(out, "etcd would refuse to remove its member: 1 of the 2 members left would run") ||
+		!strings.Contains(out, "nothing was changed") {
+		t.Fatalf("removing cp-3 with cp-2 down (exit %d):\n%s", refused.ExitCode, refused.Tail(20))
+	}
+	if n, ok := h.Lab.Talos.Node(nodes["cp-3"].IP); !ok || n.Counters().Resets != 0 || n.Phase() != talossim.PhaseRunning {
+		t.Fatal("the refused removal touched cp-3")
+	}
+	if r := run(t, ctx, h, "run", "--stage", "provision"); r.ExitCode != 0 {
+		t.Fatalf("provision starting cp-2 again:\n%s", r.Tail(20))
+	}
+	if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 {
+		t.Fatalf("talos stage waiting for cp-2:\n%s", r.Tail(20))
+	}
+
+	dry := run(t, ctx, h, "node", "remove", wk, "--dry-run")
+	if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "cordon and drain Kubernetes node "+wk) || !strings.Contains(dry.Stdout, fmt.Sprintf("stop and delete VM %d", nodes[wk].VMID)) {
+		t.Fatalf("dry run:\n%s\n%s", dry.Stdout, dry.Tail(10))
+	}
+	if _, ok := h.Lab.Talos.Node(nodes[wk].IP); !ok {
+		t.Fatalf("the dry run touched %s", wk)
+	}
+
+	for _, name := range []string{wk, "cp-3"} {
+		r := run(t, ctx, h, "node", "remove", name, "--yes")
+		if r.ExitCode != 0 || !strings.Contains(r.Stdout, name+" is out of the cluster") {
+			t.Fatalf("node remove %s (exit %d):\n%s\n%s", name, r.ExitCode, r.Stdout, r.Tail(30))
+		}
+		if evicted := regexp.MustCompile(`evicted \d+ pod\(s\) from ` + wk + `: [^"]*nfs-provisioner/`); name == wk && !evicted.MatchString(r.Stderr) {
+			t.Errorf("the drain of %s did not evict the provisioner:\n%s", wk, r.Tail(20))
+		}
+		if _, ok := h.Lab.PVE.VM(nodes[name].VMID); ok {
+			t.Errorf("%s's VM is still there", name)
+		}
+		if _, err := kc.Client().CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil {
+			t.Errorf("%s's Kubernetes Node is still there", name)
+		}
+		st, _ := h.State()
+		if _, ok := st.Outputs.Nodes[name]; ok {
+			t.Errorf("the state still records %s", name)
+		}
+		// A second removal finds nothing to do and says so.
+		if r := run(t, ctx, h, "node", "remove", name, "--yes"); r.ExitCode != 2 || !strings.Contains(r.Stdout+r.Stderr, "no node "+name) {
+			t.Errorf("removing %s again (exit %d):\n%s", name, r.ExitCode, r.Tail(10))
+		}
+	}
+	if got := h.Lab.Talos.EtcdMembers(nodes["cp-1"].IP); len(got) != 2 {
+		t.Errorf("etcd members after removing cp-3: %v, want cp-1 and cp-2", got)
+	}
+	if r := run(t, ctx, h, "run", "--stage", "postcheck"); r.ExitCode != 0 {
+		t.Fatalf("postcheck after the removals:\n%s\n%s", r.Stdout, r.Tail(30))
+	}
+}

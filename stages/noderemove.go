@@ -1,0 +1,333 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/proxmox"
+	"github.com/homelab/bootstrap/talos"
+)
+
+// drainRetry spaces out the drain's polls and its re-asked evictions (a
+// PodDisruptionBudget said not now): Talos' own drain waits 5 s.
+const drainRetry = 2 * time.Second
+
+// NodeRemoval is what `bootstrap node remove` found about a node before
+// changing anything: where it is, whether it still answers, its etcd
+// membership, and what etcd's quorum allows. Every step it plans is
+// skipped when already done, so a removal killed half way resumes.
+type NodeRemoval struct {
+	Name, Role, IP string
+	// VM is the node's VM (nil: gone already).
+	VM *proxmox.VMSummary
+	// Answers: the node's Talos API answers from its installed system.
+	Answers bool
+	// Member is the node's etcd member (nil: none, or gone already), seen
+	// through Via, a control plane that stays.
+	Member *talos.EtcdMember
+	Via    talos.Target
+	Quorum talos.RemovalQuorum
+	// KubeNode: the Kubernetes Node object exists; KubePods: pods are
+	// bound to it.
+	KubeNode, KubePods bool
+}
+
+// RemovalRefusedError says why a node cannot be removed now; nothing was
+// changed.
+type RemovalRefusedError struct {
+	Node, Reason string
+}
+
+func (e *RemovalRefusedError) Error() string {
+	return fmt.Sprintf("not removing %s: %s; nothing was changed", e.Node, e.Reason)
+}
+
+// PlanNodeRemoval looks at the node called name, which must have left the
+// config's nodes (a run would add it back otherwise), without changing
+// anything. A control plane whose removal etcd would refuse (its last
+// member, or too few members left running) is refused here, before any
+// drain.
+func PlanNodeRemoval(ctx context.Context, env *Env, name string) (*NodeRemoval, error) {
+	for _, n := range env.Config.Nodes {
+		if n.Name == name {
+			return nil, config.Userf("%s is still in the config's nodes: delete its entry from %s first (a run would add it back), then run bootstrap node remove %s", name, env.Config.File(), name)
+		}
+	}
+	r := &NodeRemoval{Name: name}
+	recorded, inState := env.State.Outputs.Nodes[name]
+	r.Role, r.IP = recorded.Role, recorded.IP
+	pve, err := ProxmoxClient(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	vms, err := pve.FindClusterVMs(ctx, env.Config.Cluster.Name)
+	if err != nil {
+		return nil, err
+	}
+	for i, v := range vms {
+		if inState && recorded.VMID != 0 && v.VMID == recorded.VMID || (!inState || recorded.VMID == 0) && v.Name == name {
+			r.VM = &vms[i]
+		}
+	}
+	if !inState && r.VM == nil {
+		return nil, config.Userf("no node %s: neither the state (%s) nor a VM tagged %s knows it", name, env.Paths.StateDir, proxmox.ClusterTag(env.Config.Cluster.Name))
+	}
+
+	ops, err := savedTalosOps(env)
+	if err != nil {
+		return nil, err
+	}
+	if r.IP != "" {
+		up, err := ops.InstalledSystemUp(ctx, r.IP)
+		r.Answers = err == nil && up.Installed
+	}
+	if err := r.planEtcd(ctx, env, ops); err != nil {
+		return nil, err
+	}
+	if cs, _, err := kube.Clientset(env.Paths.Kubeconfig); err == nil {
+		if _, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil {
+			r.KubeNode = true
+		}
+		pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+		r.KubePods = err == nil && len(pods.Items) > 0
+	}
+	return r, nil
+}
+
+// planEtcd finds the node's etcd member through a control plane that
+// stays and checks etcd's quorum rule for its removal.
+func (r *NodeRemoval) planEtcd(ctx context.Context, env *Env, ops *talos.Ops) error {
+	if r.Role != config.RoleControlPlane && r.Role != "" {
+		return nil
+	}
+	stays := env.Config.ControlPlanes()
+	if len(stays) == 0 {
+		return &RemovalRefusedError{r.Name, "no control plane would be left"}
+	}
+	var (
+		members []talos.EtcdMember
+		errs    []error
+	)
+	for _, cp := range stays {
+		m, err := ops.EtcdMembers(ctx, cp.IP)
+		if err == nil {
+			members, r.Via = m, talos.Target{Name: cp.Name, IP: cp.IP, Role: talos.RoleControlPlane}
+			break
+		}
+		errs = append(errs, err)
+	}
+	if r.Via.IP == "" {
+		return &RemovalRefusedError{r.Name, fmt.Sprintf("no control plane that stays lists the etcd members: %v", errors.Join(errs...))}
+	}
+	ips := map[string]string{}
+	for _, cp := range stays {
+		ips[cp.Name] = cp.IP
+	}
+	ips[r.Name] = r.IP
+	for i, m := range members {
+		if m.Learner {
+			continue
+		}
+		r.Quorum.Members++
+		runs := ips[m.Hostname] != "" && ops.EtcdServiceRuns(ctx, ips[m.Hostname])
+		if runs {
+			r.Quorum.Running++
+		}
+		if m.Hostname == r.Name {
+			r.Member, r.Quorum.TargetRuns = &members[i], runs
+		}
+	}
+	for i, m := range members {
+		if m.Learner && m.Hostname == r.Name {
+			r.Member = &members[i]
+		}
+	}
+	if r.Member == nil || r.Member.Learner {
+		return nil
+	}
+	if ok, why := r.Quorum.Allowed(); !ok {
+		return &RemovalRefusedError{r.Name, "etcd would refuse to remove its member: " + why}
+	}
+	return nil
+}
+
+// warnLeftNodes names the nodes that left the config's nodes but not the
+// cluster (a VM with the cluster's tag, or a node in the state): a run
+// leaves them alone, and says how to take them out.
+func warnLeftNodes(ctx context.Context, env *Env, pve *proxmox.Client) error {
+	inConfig := map[string]bool{}
+	for _, n := range env.Config.Nodes {
+		inConfig[n.Name] = true
+	}
+	left := map[string]bool{}
+	for name := range env.State.Outputs.Nodes {
+		if !inConfig[name] {
+			left[name] = true
+		}
+	}
+	vms, err := pve.FindClusterVMs(ctx, env.Config.Cluster.Name)
+	if err != nil {
+		return err
+	}
+	for _, v := range vms {
+		if !inConfig[v.Name] && !slices.ContainsFunc(env.Config.Nodes, func(n config.Node) bool { return n.VMID == v.VMID }) {
+			left[v.Name] = true
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(left)) {
+		env.UI.Warn("%s is in the cluster but not in the config's nodes: left alone; run `bootstrap node remove %s` to take it out", name, name)
+	}
+	return nil
+}
+
+// Steps lists what RemoveNode does, in order, for the plan shown first.
+func (r *NodeRemoval) Steps() []string {
+	var s []string
+	if r.KubeNode {
+		s = append(s, fmt.Sprintf("cordon and drain Kubernetes node %s (its pods evicted, PodDisruptionBudgets respected)", r.Name))
+	}
+	switch {
+	case r.Member != nil && r.Answers:
+		s = append(s, fmt.Sprintf("remove %s from etcd: it leaves the cluster (%d members → %d)", r.Name, r.Quorum.Members, r.Quorum.Members-1))
+	case r.Member != nil:
+		s = append(s, fmt.Sprintf("remove etcd member %x (%s, not answering) through %s", r.Member.ID, r.Name, r.Via))
+	}
+	if r.Answers {
+		s = append(s, fmt.Sprintf("reset %s (Talos wipes its disk and powers it off)", r.Name))
+	}
+	if r.KubeNode || r.KubePods {
+		s = append(s, "delete Kubernetes node "+r.Name+" and the pods still bound to it")
+	}
+	if r.VM != nil {
+		s = append(s, fmt.Sprintf("stop and delete VM %d (%s) with its disks", r.VM.VMID, r.VM.Name))
+	}
+	return append(s, "forget "+r.Name+" in the state")
+}
+
+// RemoveNode takes the planned node out of the cluster: drain, etcd
+// membership, Talos reset and power-off, the Kubernetes Node, the VM (only
+// a VM with the cluster's tag), the state. Each step is bounded and says
+// what it waits for.
+func RemoveNode(ctx context.Context, env *Env, r *NodeRemoval) error {
+	t := env.Config.Cluster.Timeouts
+	var cs kubernetes.Interface
+	if r.KubeNode {
+		c, _, err := kube.Clientset(env.Paths.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		cs = c
+		err = env.Wet("cordon and drain Kubernetes node "+r.Name, func() error {
+			if _, err := kube.Cordon(ctx, cs, r.Name); err != nil {
+				return fmt.Errorf("cordoning %s: %w", r.Name, err)
+			}
+			evicted, err := kube.Drain(ctx, cs, r.Name, t.Health.D(), drainRetry)
+			if len(evicted) > 0 {
+				env.UI.OK("evicted %d pod(s) from %s: %s", len(evicted), r.Name, strings.Join(evicted, ", "))
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	ops, err := savedTalosOps(env)
+	if err != nil {
+		return err
+	}
+	target := talos.Target{Name: r.Name, IP: r.IP, Role: talos.Role(r.Role)}
+	if r.Member != nil {
+		if r.Answers {
+			err = env.Wet(fmt.Sprintf("remove %s from etcd (it leaves the cluster)", r.Name), func() error { return ops.EtcdLeave(ctx, target) })
+		} else {
+			err = env.Wet(fmt.Sprintf("remove etcd member %x (%s) through %s", r.Member.ID, r.Name, r.Via), func() error {
+				_, err := ops.EtcdRemoveMember(ctx, r.Via, r.Member.ID)
+				return err
+			})
+		}
+		if err != nil {
+			return err
+		}
+	}
+	pve, err := ProxmoxClient(ctx, env)
+	if err != nil {
+		return err
+	}
+	if r.Answers {
+		err = env.Wet(fmt.Sprintf("reset %s and wait for it to power off", r.Name), func() error {
+			if _, err := ops.ResetAndShutdown(ctx, target); err != nil {
+				return err
+			}
+			return waitPoweredOff(ctx, env, pve, ops, r)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if r.KubeNode || r.KubePods {
+		// Its mirror and DaemonSet pods would wait 40 s for the pod
+		// garbage collector (and fail the health checks meanwhile).
+		if err := env.Wet("delete Kubernetes node "+r.Name+" and the pods still bound to it", func() error {
+			if cs == nil {
+				c, _, err := kube.Clientset(env.Paths.Kubeconfig)
+				if err != nil {
+					return err
+				}
+				cs = c
+			}
+			if _, err := kube.DeleteNode(ctx, cs, r.Name); err != nil {
+				return err
+			}
+			_, err := kube.DeleteNodePods(ctx, cs, r.Name)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	if r.VM != nil {
+		if err := env.Wet(fmt.Sprintf("stop and delete VM %d (%s)", r.VM.VMID, r.VM.Name), func() error {
+			return pve.DestroyClusterVM(ctx, env.Config.Cluster.Name, *r.VM)
+		}); err != nil {
+			return err
+		}
+	}
+	return env.Wet("forget "+r.Name+" in the state", func() error {
+		env.forgetNode(r.Name)
+		return env.SaveState()
+	})
+}
+
+// waitPoweredOff waits, bounded by the reboot timeout, until the reset
+// node's VM stopped (Talos powers it off at the end of its reset), or,
+// without a VM, until its Talos API stops answering.
+func waitPoweredOff(ctx context.Context, env *Env, pve *proxmox.Client, ops *talos.Ops, r *NodeRemoval) error {
+	spec := wait.Spec{What: r.Name + " to power off after its reset", Timeout: env.Config.Cluster.Timeouts.Reboot.D(), Log: env.Log}
+	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
+		if r.VM != nil {
+			st, err := pve.Status(ctx, r.VM.VMID)
+			if proxmox.IsNotFound(err) {
+				return true, "", nil
+			}
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			return st.Status == "stopped", "VM " + st.Status, nil
+		}
+		up, err := ops.InstalledSystemUp(ctx, r.IP)
+		if err != nil {
+			return true, "", nil
+		}
+		return false, "Talos answers: " + up.Detail, nil
+	})
+}
