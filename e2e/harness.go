@@ -289,6 +289,9 @@ type RunOptions struct {
 	// Env is added to the run's environment (e.g. HOME for a run that
 	// merges into the user's configs).
 	Env []string
+	// KillWhen, when set, kills the run with SIGKILL at the first progress
+	// event it accepts, stage or not (for commands that run no stage).
+	KillWhen func(Event) bool
 }
 
 // RunWith runs `bootstrap <args> --config <lab config> --log-format json`
@@ -341,6 +344,12 @@ func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*
 		stderr.Write(line)
 		stderr.WriteByte('\n')
 		ev, ok := ProgressEvent(line)
+		if ok && ro.KillWhen != nil && !killed && ro.KillWhen(ev) {
+			killed = true
+			if cmd.Process.Signal(syscall.SIGKILL) == nil {
+				res.KilledIn, res.KilledEvent = current, ev.Message
+			}
+		}
 		switch {
 		case !ok:
 			continue

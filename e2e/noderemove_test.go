@@ -35,7 +35,8 @@ func dropNode(t *testing.T, h *e2e.Harness, name string) {
 // Then the worker and the control plane are removed: drained, the control
 // plane out of etcd, reset and powered off by Talos, their Nodes and VMs
 // deleted, the state forgotten; etcd has one member per control plane
-// left and the postcheck is green.
+// left and the postcheck is green. Each removal is killed once half way
+// and resumed.
 func TestNodeRemove(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
@@ -103,13 +104,22 @@ func TestNodeRemove(t *testing.T) {
 		t.Fatalf("the dry run touched %s", wk)
 	}
 
+	// Each removal is killed once half way (the worker once its VM is
+	// off, the control plane as its reset is asked for, after it left
+	// etcd) and resumed by running it again.
+	killAt := map[string]string{wk: "delete Kubernetes node " + wk, "cp-3": "reset cp-3"}
 	for _, name := range []string{wk, "cp-3"} {
+		killed, err := h.RunWith(ctx, e2e.RunOptions{KillWhen: func(ev e2e.Event) bool { return strings.HasPrefix(ev.Message, killAt[name]) }},
+			"node", "remove", name, "--yes")
+		if err != nil || !killed.Killed {
+			t.Fatalf("node remove %s was not killed at %q: %v\n%s", name, killAt[name], err, killed.Tail(20))
+		}
 		r := run(t, ctx, h, "node", "remove", name, "--yes")
 		if r.ExitCode != 0 || !strings.Contains(r.Stdout, name+" is out of the cluster") {
 			t.Fatalf("node remove %s (exit %d):\n%s\n%s", name, r.ExitCode, r.Stdout, r.Tail(30))
 		}
-		if evicted := regexp.MustCompile(`evicted \d+ pod\(s\) from ` + wk + `: [^"]*nfs-provisioner/`); name == wk && !evicted.MatchString(r.Stderr) {
-			t.Errorf("the drain of %s did not evict the provisioner:\n%s", wk, r.Tail(20))
+		if evicted := regexp.MustCompile(`evicted \d+ pod\(s\) from ` + wk + `: [^"]*nfs-provisioner/`); name == wk && !evicted.MatchString(killed.Stderr) {
+			t.Errorf("the drain of %s did not evict the provisioner:\n%s", wk, killed.Tail(20))
 		}
 		if _, ok := h.Lab.PVE.VM(nodes[name].VMID); ok {
 			t.Errorf("%s's VM is still there", name)
