@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
@@ -115,7 +116,7 @@ func TestNodeRemove(t *testing.T) {
 			t.Fatalf("node remove %s was not killed at %q: %v\n%s", name, killAt[name], err, killed.Tail(20))
 		}
 		r := run(t, ctx, h, "node", "remove", name, "--yes")
-		if r.ExitCode != 0 || !strings.Contains(r.Stdout, name+" is out of the cluster") {
+		if r.ExitCode != 0 || !strings.Contains(r.Stdout, name+": remove done") {
 			t.Fatalf("node remove %s (exit %d):\n%s\n%s", name, r.ExitCode, r.Stdout, r.Tail(30))
 		}
 		if evicted := regexp.MustCompile(`evicted \d+ pod\(s\) from ` + wk + `: [^"]*nfs-provisioner/`); name == wk && !evicted.MatchString(killed.Stderr) {
@@ -136,6 +137,28 @@ func TestNodeRemove(t *testing.T) {
 			t.Errorf("removing %s again (exit %d):\n%s", name, r.ExitCode, r.Tail(10))
 		}
 	}
+	// The other worker is replaced in place, killed once while its VM is
+	// created again: same VMID, IP and MAC, a freshly installed node.
+	other := map[string]string{"wk-1": "wk-2", "wk-2": "wk-1"}[wk]
+	installs := h.Lab.Talos.InstalledVersion(nodes[other].IP)
+	killed, err := h.RunWith(ctx, e2e.RunOptions{Kill: &e2e.KillPoint{Stage: "provision", Event: 3}}, "node", "replace", other, "--yes")
+	if err != nil || !killed.Killed {
+		t.Fatalf("node replace %s was not killed in provision: %v\n%s", other, err, killed.Tail(20))
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	r := run(t, rctx, h, "node", "replace", other, "--yes")
+	if r.ExitCode != 0 || !strings.Contains(r.Stdout, other+": replace done") || !strings.Contains(r.Stdout, "taken out by an earlier replace") {
+		t.Fatalf("node replace %s resumed (exit %d):\n%s\n%s", other, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	st, _ = h.State()
+	if n := st.Outputs.Nodes[other]; n.VMID != nodes[other].VMID || n.IP != nodes[other].IP || n.MAC != nodes[other].MAC || st.Outputs.Replacing != "" {
+		t.Errorf("replaced %s: %+v (was %+v), replacing %q", other, n, nodes[other], st.Outputs.Replacing)
+	}
+	if n, ok := h.Lab.Talos.Node(nodes[other].IP); !ok || n.Counters().Installs != 1 || installs == "" {
+		t.Errorf("the replaced %s was not installed afresh", other)
+	}
+
 	if got := h.Lab.Talos.EtcdMembers(nodes["cp-1"].IP); len(got) != 2 {
 		t.Errorf("etcd members after removing cp-3: %v, want cp-1 and cp-2", got)
 	}

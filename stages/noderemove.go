@@ -41,6 +41,8 @@ type NodeRemoval struct {
 	// KubeNode: the Kubernetes Node object exists; KubePods: pods are
 	// bound to it.
 	KubeNode, KubePods bool
+	// replacing: the node stays in the config and is created again.
+	replacing bool
 }
 
 // RemovalRefusedError says why a node cannot be removed now; nothing was
@@ -61,10 +63,39 @@ func (e *RemovalRefusedError) Error() string {
 func PlanNodeRemoval(ctx context.Context, env *Env, name string) (*NodeRemoval, error) {
 	for _, n := range env.Config.Nodes {
 		if n.Name == name {
-			return nil, config.Userf("%s is still in the config's nodes: delete its entry from %s first (a run would add it back), then run bootstrap node remove %s", name, env.Config.File(), name)
+			return nil, config.Userf("%s is still in the config's nodes: delete its entry from %s first (a run would add it back), then run bootstrap node remove %s; to re-create it in place, run bootstrap node replace %s", name, env.Config.File(), name, name)
 		}
 	}
-	r := &NodeRemoval{Name: name}
+	return planRemoval(ctx, env, name, false)
+}
+
+// PlanNodeReplacement is PlanNodeRemoval for a node that stays in the
+// config: it is taken out the same way, then ReplaceStages create it again
+// (same name, VMID, IP and MAC, a new disk, a new etcd member). A control
+// plane that is the cluster endpoint's address without a VIP is refused:
+// the API would be unreachable while it is gone.
+func PlanNodeReplacement(ctx context.Context, env *Env, name string) (*NodeRemoval, error) {
+	var node *config.Node
+	for i, n := range env.Config.Nodes {
+		if n.Name == name {
+			node = &env.Config.Nodes[i]
+		}
+	}
+	if node == nil {
+		return nil, config.Userf("%s is not in the config's nodes: bootstrap node replace re-creates a configured node (add its entry first)", name)
+	}
+	if node.Role == config.RoleControlPlane && env.Config.Cluster.VIP == "" && strings.Contains(env.Config.Cluster.Endpoint, "//"+node.IP+":") {
+		return nil, &RemovalRefusedError{name, "the cluster endpoint " + env.Config.Cluster.Endpoint + " is its address: the Kubernetes API would be gone while it is re-created (set cluster.vip first)"}
+	}
+	return planRemoval(ctx, env, name, true)
+}
+
+// ReplaceStages re-create a replaced node and prove the cluster: the VM,
+// its Talos config and etcd join, then the postcheck.
+var ReplaceStages = []string{Provision, Talos, Postcheck}
+
+func planRemoval(ctx context.Context, env *Env, name string, replacing bool) (*NodeRemoval, error) {
+	r := &NodeRemoval{Name: name, replacing: replacing}
 	recorded, inState := env.State.Outputs.Nodes[name]
 	r.Role, r.IP = recorded.Role, recorded.IP
 	pve, err := ProxmoxClient(ctx, env)
@@ -80,8 +111,18 @@ func PlanNodeRemoval(ctx context.Context, env *Env, name string) (*NodeRemoval, 
 			r.VM = &vms[i]
 		}
 	}
-	if !inState && r.VM == nil {
+	if !inState && r.VM == nil && !replacing {
 		return nil, config.Userf("no node %s: neither the state (%s) nor a VM tagged %s knows it", name, env.Paths.StateDir, proxmox.ClusterTag(env.Config.Cluster.Name))
+	}
+	if replacing && r.IP == "" {
+		for _, n := range env.Config.Nodes {
+			if n.Name == name {
+				r.IP = n.IP
+			}
+		}
+		if r.Role == "" {
+			r.Role = configRole(env, name)
+		}
 	}
 
 	ops, err := savedTalosOps(env)
@@ -111,7 +152,12 @@ func (r *NodeRemoval) planEtcd(ctx context.Context, env *Env, ops *talos.Ops) er
 	if r.Role != config.RoleControlPlane && r.Role != "" {
 		return nil
 	}
-	stays := env.Config.ControlPlanes()
+	var stays []config.Node
+	for _, cp := range env.Config.ControlPlanes() {
+		if cp.Name != r.Name {
+			stays = append(stays, cp)
+		}
+	}
 	if len(stays) == 0 {
 		return &RemovalRefusedError{r.Name, "no control plane would be left"}
 	}
@@ -212,7 +258,21 @@ func (r *NodeRemoval) Steps() []string {
 	if r.VM != nil {
 		s = append(s, fmt.Sprintf("stop and delete VM %d (%s) with its disks", r.VM.VMID, r.VM.Name))
 	}
-	return append(s, "forget "+r.Name+" in the state")
+	s = append(s, "forget "+r.Name+" in the state")
+	if r.replacing {
+		s = append(s, "create "+r.Name+" again: the stages "+strings.Join(ReplaceStages, ", ")+" (same name, VMID, IP and MAC; a new disk and etcd member)")
+	}
+	return s
+}
+
+// configRole is the role the config gives the node called name.
+func configRole(env *Env, name string) string {
+	for _, n := range env.Config.Nodes {
+		if n.Name == name {
+			return n.Role
+		}
+	}
+	return ""
 }
 
 // RemoveNode takes the planned node out of the cluster: drain, etcd
@@ -304,8 +364,24 @@ func RemoveNode(ctx context.Context, env *Env, r *NodeRemoval) error {
 	}
 	return env.Wet("forget "+r.Name+" in the state", func() error {
 		env.forgetNode(r.Name)
+		if r.replacing {
+			env.State.Outputs.Replacing = r.Name
+		}
 		return env.SaveState()
 	})
+}
+
+// ReplacementRemoved reports whether an earlier `bootstrap node replace`
+// of name already took the node out: only the stages are left to run.
+func ReplacementRemoved(env *Env, name string) bool {
+	return env.State.Outputs.Replacing == name
+}
+
+// FinishReplacement forgets the replacement once the stages created the
+// node again and the postcheck passed.
+func FinishReplacement(env *Env) error {
+	env.State.Outputs.Replacing = ""
+	return env.SaveState()
 }
 
 // waitPoweredOff waits, bounded by the reboot timeout, until the reset

@@ -12,6 +12,10 @@ type Outputs struct {
 	Flux        Flux            `json:"flux,omitzero"`
 	GitSnapshot GitSnapshot     `json:"git_snapshot,omitzero"`
 	Postcheck   *Postcheck      `json:"postcheck,omitempty"`
+	// Replacing names the node `bootstrap node replace` took out and has
+	// not yet seen created again: a resumed replace goes on with the
+	// stages instead of taking the new VM out.
+	Replacing string `json:"replacing,omitempty"`
 }
 
 // Node is what is known about one cluster node.

@@ -88,20 +88,23 @@ func gateNodeStages(initialize string) (string, error) {
 }
 
 // markNetworkReady annotates, until ctx ends, every Node on which a CNI
-// agent pod runs.
+// agent pod runs. It remembers the pods it acted on, not the node names: a
+// Node deleted and registered again under its name (a replaced node) gets
+// a new agent pod, which marks the new Node, as its kubelet reports the
+// network ready once its CNI runs.
 func (c *Cluster) markNetworkReady(ctx context.Context) {
-	marked := map[string]bool{}
+	marked := map[types.UID]bool{}
 	for {
 		pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: cniAgents})
 		if err == nil {
 			for _, p := range pods.Items {
 				node := p.Spec.NodeName
-				if node == "" || marked[node] || p.Status.Phase != corev1.PodRunning {
+				if node == "" || marked[p.UID] || p.Status.Phase != corev1.PodRunning {
 					continue
 				}
 				patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{AnnotationNetworkReady: "true"}}})
 				if _, err := c.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
-					marked[node] = true
+					marked[p.UID] = true
 					c.log.Debug().Str("node", node).Str("pod", p.Namespace+"/"+p.Name).Msg("CNI agent runs: node network ready")
 				}
 			}
