@@ -118,8 +118,9 @@ func loseTheCluster(t *testing.T, ctx context.Context, h *e2e.Harness) {
 // destroyed with its disks and provisioned again. A talos run refuses to
 // bootstrap an empty etcd over the lost one; a corrupted snapshot and a
 // restore onto a running etcd are refused with exit 2 before any change;
-// the dry run plans the recovery without uploading; `bootstrap restore`
-// uploads the snapshot to cp-1 only, the real etcd is restored with
+// the dry run plans the recovery without uploading; `bootstrap restore
+// --node cp-2` uploads the snapshot to cp-2 only (--node of no control
+// plane exits 2), the real etcd is restored with
 // etcdutl and the real control plane started on it, the other control
 // planes join, and exactly the snapshot's objects are back; postcheck green.
 // Then over the running etcd: refused without --force, and with it the
@@ -178,7 +179,11 @@ func TestRestoreDrill(t *testing.T) {
 	if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "restore etcd on cp-1") {
 		t.Fatalf("restore dry run:\n%s", dry.Tail(30))
 	}
-	r := run(t, ctx, h, "restore", "--from", snap)
+	if bad := run(t, ctx, h, "restore", "--from", snap, "--node", "cp-9"); bad.ExitCode != 2 || !strings.Contains(bad.Stdout+bad.Stderr, "--node cp-9 is not a control plane") {
+		t.Fatalf("restore --node cp-9: exit %d\n%s", bad.ExitCode, bad.Tail(10))
+	}
+	// Onto another control plane than the one etcd was bootstrapped on.
+	r := run(t, ctx, h, "restore", "--from", snap, "--node", "cp-2")
 	if r.ExitCode != 0 || !strings.Contains(r.Stdout, "restored etcd from") {
 		t.Fatalf("restore:\n%s", r.Tail(40))
 	}
@@ -186,7 +191,7 @@ func TestRestoreDrill(t *testing.T) {
 	for _, n := range h.Lab.Talos.Nodes() {
 		c := n.Counters()
 		want := 0
-		if n.Hostname() == "cp-1" {
+		if n.Hostname() == "cp-2" {
 			want = 1
 		}
 		if c.RecoverUploads != want || c.Recoveries != want {
@@ -216,8 +221,9 @@ func TestRestoreDrill(t *testing.T) {
 	if again := run(t, ctx, h, "restore", "--from", snap); again.ExitCode != 2 || !strings.Contains(again.Stdout+again.Stderr, "pass --force") {
 		t.Fatalf("restore over the restored etcd: exit %d\n%s", again.ExitCode, again.Tail(10))
 	}
+	// Without --node the restore goes where etcd last started: cp-2.
 	dryForce := run(t, ctx, h, "restore", "--from", snap, "--force", "--dry-run")
-	if dryForce.ExitCode != 0 || !strings.Contains(dryForce.Stdout, "would wipe etcd's data on cp-1, cp-2, cp-3") || !strings.Contains(dryForce.Stdout, "restore etcd on cp-1") {
+	if dryForce.ExitCode != 0 || !strings.Contains(dryForce.Stdout, "would wipe etcd's data on cp-1, cp-2, cp-3") || !strings.Contains(dryForce.Stdout, "restore etcd on cp-2") {
 		t.Fatalf("forced dry run:\n%s", dryForce.Tail(30))
 	}
 	for _, n := range h.Lab.Talos.Nodes() {

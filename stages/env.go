@@ -57,6 +57,9 @@ type Options struct {
 	// Recover makes the talos stage start etcd from a snapshot (bootstrap
 	// restore).
 	Recover *talos.Recovery
+	// RecoverNode is the control plane a Recover starts etcd on (empty:
+	// the one etcd was last bootstrapped or restored on, else the first).
+	RecoverNode string
 }
 
 // Change is one mutation a stage made, or would make in a dry run.

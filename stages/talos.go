@@ -89,9 +89,13 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 			env.UI.Warn("%v: a node that still has to install Talos cannot pull its installer", err)
 		}
 	}
+	bootNode := out.BootstrapNode
+	if env.Options.Recover != nil && env.Options.RecoverNode != "" {
+		bootNode = env.Options.RecoverNode
+	}
 	conv, err := ops.Converge(ctx, talos.ConvergeOptions{
 		Nodes:          targets,
-		BootstrapNode:  out.BootstrapNode,
+		BootstrapNode:  bootNode,
 		KubeconfigPath: env.Paths.Kubeconfig,
 		Mutate:         env.Wet,
 		DryRun:         env.DryRun,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/homelab/bootstrap/backup"
@@ -18,6 +19,7 @@ type RestoreCmd struct {
 	AgeIdentity string `help:"age identity file that decrypts an encrypted copy (.age); default $SOPS_AGE_KEY_FILE." placeholder:"FILE"`
 	DryRun      bool   `help:"Verify the snapshot and show what the restore would do; change nothing."`
 	Force       bool   `help:"Restore even though etcd runs: the control planes' etcd data is wiped first and every change since the snapshot is lost."`
+	Node        string `help:"The control plane to restore the snapshot on (the others join it); default: the one etcd was last bootstrapped or restored on, else the first in the config." placeholder:"NAME"`
 }
 
 // Run verifies the snapshot, refuses a cluster whose etcd runs, then runs
@@ -57,10 +59,14 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 		return config.Userf("--from %s: %v; nothing was touched", r.From, err)
 	}
 
+	if r.Node != "" && !slices.ContainsFunc(cfg.ControlPlanes(), func(n config.Node) bool { return n.Name == r.Node }) {
+		return config.Userf("--node %s is not a control plane in the config's nodes; nothing was touched", r.Node)
+	}
 	env, sess, err := a.commandEnv(cfg, r.DryRun)
 	if err != nil {
 		return err
 	}
+	env.Options.RecoverNode = r.Node
 	selected := stages.SelectStages(a.Stages(), stages.RestoreStages)
 	if sess == nil {
 		return restore(ctx, env, snap, r.Force, selected, stages.RunInfo{})
