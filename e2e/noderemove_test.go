@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -164,5 +165,64 @@ func TestNodeRemove(t *testing.T) {
 	}
 	if r := run(t, ctx, h, "run", "--stage", "postcheck"); r.ExitCode != 0 {
 		t.Fatalf("postcheck after the removals:\n%s\n%s", r.Stdout, r.Tail(30))
+	}
+}
+
+// TestNodeAdd: a control plane and a worker added to the config's nodes
+// are provisioned, configured and joined by `run --stage all` (the control
+// plane joins the running etcd as a new member), the postcheck is green,
+// and the nodes that were there are left alone: no apply, no reboot.
+func TestNodeAdd(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 5*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, Workers: 1})
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("pipeline:\n%s", r.Tail(40))
+	}
+	st, err := h.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]talossim.Counters{}
+	for _, name := range []string{"cp-1", "wk-1"} {
+		n, ok := h.Lab.Talos.Node(st.Outputs.Nodes[name].IP)
+		if !ok {
+			t.Fatalf("no %s", name)
+		}
+		before[name] = n.Counters()
+	}
+	prefix := strings.TrimSuffix(st.Outputs.Nodes["cp-1"].IP, ".11")
+	if err := h.EditConfig(func(s string) (string, error) {
+		entry := "  - {name: wk-1,"
+		i := strings.Index(s, entry)
+		if i < 0 {
+			t.Fatal("no wk-1 entry in the lab config")
+		}
+		add := fmt.Sprintf("  - {name: cp-2, role: controlplane, vmid: 702, ip: %s.12, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", prefix) +
+			fmt.Sprintf("  - {name: wk-2, role: worker, vmid: 712, ip: %s.22, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", prefix)
+		return s[:i] + add + s[i:], nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, ctx, h, "run", "--stage", "all")
+	if r.ExitCode != 0 {
+		t.Fatalf("run with two nodes added:\n%s", r.Tail(40))
+	}
+	if err := h.PostcheckGreen(); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Lab.Talos.EtcdMembers(st.Outputs.Nodes["cp-1"].IP); !slices.Equal(got, []string{"cp-1", "cp-2"}) {
+		t.Errorf("etcd members %v, want cp-1 and cp-2", got)
+	}
+	for name, was := range before {
+		n, _ := h.Lab.Talos.Node(st.Outputs.Nodes[name].IP)
+		if c := n.Counters(); c.Applies != was.Applies || c.Reboots != was.Reboots || c.Upgrades != was.Upgrades {
+			t.Errorf("%s was touched by the run that added nodes: %+v, was %+v", name, c, was)
+		}
+	}
+	for _, vm := range []string{"create VM 702 cp-2", "create VM 712 wk-2"} {
+		if !strings.Contains(r.Stderr, vm) {
+			t.Errorf("the run does not say %q", vm)
+		}
 	}
 }
