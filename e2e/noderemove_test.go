@@ -13,7 +13,23 @@ import (
 
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/lab/talossim"
+	"github.com/homelab/bootstrap/state"
 )
+
+// greenLab starts a lab, runs the whole pipeline on it and returns the
+// state it left.
+func greenLab(t *testing.T, ctx context.Context, o e2e.Options) (*e2e.Harness, *state.State) {
+	t.Helper()
+	h := startHarness(t, o)
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("pipeline:\n%s", r.Tail(40))
+	}
+	st, err := h.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, st
+}
 
 // dropNode deletes a node's entry from the lab config.
 func dropNode(t *testing.T, h *e2e.Harness, name string) {
@@ -42,14 +58,7 @@ func dropNode(t *testing.T, h *e2e.Harness, name string) {
 func TestNodeRemove(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 2})
-	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
-		t.Fatalf("pipeline:\n%s", r.Tail(40))
-	}
-	st, err := h.State()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, st := greenLab(t, ctx, e2e.Options{ControlPlanes: 3, Workers: 2})
 	nodes := st.Outputs.Nodes
 	kc, err := h.Lab.Kube.Cluster()
 	if err != nil {
@@ -175,14 +184,7 @@ func TestNodeRemove(t *testing.T) {
 func TestNodeAdd(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 1, Workers: 1})
-	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
-		t.Fatalf("pipeline:\n%s", r.Tail(40))
-	}
-	st, err := h.State()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, st := greenLab(t, ctx, e2e.Options{ControlPlanes: 1, Workers: 1})
 	before := map[string]talossim.Counters{}
 	for _, name := range []string{"cp-1", "wk-1"} {
 		n, ok := h.Lab.Talos.Node(st.Outputs.Nodes[name].IP)

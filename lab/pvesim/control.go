@@ -220,13 +220,7 @@ func (s *Server) GuestPowerOff(vmid int) error {
 		s.mu.Unlock()
 		return nil
 	}
-	v.state, v.reserved, v.pid = "stopped", 0, 0
-	ev := s.eventLocked(v)
-	hooks := slices.Clone(s.onStop)
-	s.mu.Unlock()
-	for _, h := range hooks {
-		h(ev)
-	}
+	s.stoppedLocked(v)
 	return nil
 }
 

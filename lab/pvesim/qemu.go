@@ -1062,6 +1062,13 @@ func (s *Server) stopWork(ctx context.Context, t *task, v *vm, skiplock bool, d 
 		return err
 	}
 	s.mu.Lock()
+	s.stoppedLocked(v)
+	return nil
+}
+
+// stoppedLocked records that v's QEMU process is gone and tells the OnStop
+// listeners; s.mu is held on entry and released before they are called.
+func (s *Server) stoppedLocked(v *vm) {
 	v.state, v.reserved, v.pid = "stopped", 0, 0
 	ev := s.eventLocked(v)
 	hooks := slices.Clone(s.onStop)
@@ -1069,7 +1076,6 @@ func (s *Server) stopWork(ctx context.Context, t *task, v *vm, skiplock bool, d 
 	for _, h := range hooks {
 		h(ev)
 	}
-	return nil
 }
 
 func (s *Server) hasBridgeLocked(name string) bool {
