@@ -206,7 +206,7 @@ func TestSchema(t *testing.T) {
 		top = append(top, k)
 	}
 	sort.Strings(top)
-	if strings.Join(top, ",") != "backup,cluster,cni,flux,nodes,postcheck,proxmox,secrets,state,storage" {
+	if strings.Join(top, ",") != "backup,cluster,cni,extends,flux,nodes,postcheck,proxmox,secrets,state,storage" {
 		t.Fatalf("top-level properties: %v", top)
 	}
 	vlan := s.Properties["proxmox"].Properties["vlan"]

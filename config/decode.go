@@ -10,8 +10,12 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// pos is a position in the config file.
-type pos struct{ line, col int }
+// pos is a position in a config file: the loaded one, or (file set) a base
+// it extends.
+type pos struct {
+	line, col int
+	file      string
+}
 
 // decoder overlays a YAML document onto a Go value strictly: unknown keys,
 // duplicate keys and wrongly typed values are errors with file:line and the
@@ -21,12 +25,27 @@ type decoder struct {
 	file      string
 	positions map[string]pos
 	errs      []*FieldError
+	// origin names the base file a node came from (extends.go).
+	origin map[*yaml.Node]string
+}
+
+// at is where n sits: its line and column in the file it came from.
+func (d *decoder) at(n *yaml.Node) pos {
+	p := pos{line: n.Line, col: n.Column}
+	if f := d.origin[n]; f != "" && f != d.file {
+		p.file = f
+	}
+	return p
 }
 
 func (d *decoder) fail(n *yaml.Node, path, format string, a ...any) {
 	fe := &FieldError{File: d.file, Path: path, Msg: fmt.Sprintf(format, a...)}
 	if n != nil {
-		fe.Line, fe.Col = n.Line, n.Column
+		p := d.at(n)
+		fe.Line, fe.Col = p.line, p.col
+		if p.file != "" {
+			fe.File = p.file
+		}
 	}
 	d.errs = append(d.errs, fe)
 }
@@ -42,7 +61,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 	}
 	if path != "" {
 		if _, seen := d.positions[path]; !seen {
-			d.positions[path] = pos{n.Line, n.Column}
+			d.positions[path] = d.at(n)
 		}
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
@@ -84,7 +103,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 				d.fail(k, sub, "duplicate key %q", k.Value)
 				continue
 			}
-			d.positions[sub] = pos{k.Line, k.Column}
+			d.positions[sub] = d.at(k)
 			e := reflect.New(v.Type().Elem()).Elem()
 			d.decode(val, e, sub)
 			m.SetMapIndex(reflect.ValueOf(k.Value), e)
@@ -149,7 +168,7 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 			d.unknown(k, path, sub, fields)
 			continue
 		}
-		d.positions[sub] = pos{k.Line, k.Column}
+		d.positions[sub] = d.at(k)
 		d.decode(val, v.Field(idx), sub)
 	}
 }

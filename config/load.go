@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 
 	"reflect"
@@ -47,6 +46,10 @@ type source struct {
 	// env is the environment the config was read with: validate looks
 	// up age identities where the sops CLI does.
 	env LookupEnv
+	// merged is the document after every base was applied (extends.go),
+	// files the chain it came from, the loaded file first.
+	merged *yaml.Node
+	files  []string
 }
 
 // LookupEnv reads one environment variable; os.LookupEnv in production.
@@ -87,22 +90,20 @@ func Parse(path string, data []byte, env LookupEnv) (*Config, error) {
 	cfg.src = &source{file: path, base: filepath.Dir(abs), positions: map[string]pos{}, fromEnv: map[string]string{}, env: env}
 	errs := &Errors{File: path}
 
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		fe := &FieldError{File: path, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
-		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			fe.Line, _ = strconv.Atoi(m[1])
-			fe.Msg = strings.TrimSpace(strings.TrimPrefix(fe.Msg, m[0][len("yaml: "):]))
-		}
-		errs.Items = append(errs.Items, fe)
+	l, lerrs := layer(path, data, []string{abs})
+	if len(lerrs) > 0 {
+		errs.Items = append(errs.Items, lerrs...)
+		errs.sortItems()
 		return cfg, errs
 	}
+	root := l.root
 	if len(root.Content) == 0 {
 		errs.Items = append(errs.Items, &FieldError{File: path, Msg: "the file is empty: start from `bootstrap config init`"})
 		return cfg, errs
 	}
-	d := &decoder{file: path, positions: cfg.src.positions}
-	d.decode(&root, reflect.ValueOf(cfg).Elem(), "")
+	cfg.src.merged, cfg.src.files = root, l.files
+	d := &decoder{file: path, positions: cfg.src.positions, origin: l.origin}
+	d.decode(root, reflect.ValueOf(cfg).Elem(), "")
 	errs.Items = append(errs.Items, d.errs...)
 	cfg.applyEnv(env, errs)
 	if len(errs.Items) > 0 {

@@ -10,6 +10,9 @@ import (
 // from the Config types and their doc tags, with the defaults filled in.
 func Schema() ([]byte, error) {
 	s := schemaFor(reflect.TypeFor[Config](), reflect.ValueOf(*Default()))
+	// extends is read before decoding (extends.go), so no field holds it.
+	s["properties"].(map[string]any)[extendsKey] = map[string]any{"type": "string",
+		"description": "Optional base config file this one extends (relative to this file): mappings merge deeply, lists and values here replace the base's."}
 	s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
 	s["title"] = "bootstrap.yaml"
 	s["description"] = "Configuration of one cluster for the bootstrap runner."

@@ -30,7 +30,7 @@ type Cluster struct {
 	Schematic Schematic `yaml:"schematic" doc:"Image Factory customization of the ISO and the installer: system extensions and kernel arguments."`
 	Factory   string    `yaml:"factory" doc:"Image Factory base URL (a self-hosted one works too)."`
 	// FactoryCAFile verifies a self-hosted factory with a private CA.
-	FactoryCAFile string   `yaml:"factoryCAFile" doc:"CA file to verify the Image Factory's certificate with (default: the system's roots)."`
+	FactoryCAFile string   `yaml:"factoryCAFile" path:"file" doc:"CA file to verify the Image Factory's certificate with (default: the system's roots)."`
 	Network       Network  `yaml:"network" doc:"The node network (static addresses via cloud-init nocloud)."`
 	Patches       Patches  `yaml:"patches" doc:"Talos config patch files, applied common → role → node."`
 	SANs          []string `yaml:"certSANs" doc:"Extra names/IPs for the API server and Talos API certificates."`
@@ -72,10 +72,10 @@ type Network struct {
 
 // Patches lists Talos machine-config patch files (strategic merge).
 type Patches struct {
-	All          []string            `yaml:"all" doc:"Patch files for every node."`
-	ControlPlane []string            `yaml:"controlplane" doc:"Patch files for control planes."`
-	Worker       []string            `yaml:"worker" doc:"Patch files for workers."`
-	Nodes        map[string][]string `yaml:"nodes" doc:"Patch files per node name."`
+	All          []string            `yaml:"all" path:"file" doc:"Patch files for every node."`
+	ControlPlane []string            `yaml:"controlplane" path:"file" doc:"Patch files for control planes."`
+	Worker       []string            `yaml:"worker" path:"file" doc:"Patch files for workers."`
+	Nodes        map[string][]string `yaml:"nodes" path:"file" doc:"Patch files per node name."`
 }
 
 // Proxmox is the Proxmox VE host and where VMs go on it.
@@ -83,9 +83,9 @@ type Proxmox struct {
 	URL             string   `yaml:"url" doc:"API URL, e.g. https://pve.lan:8006/api2/json."`
 	Node            string   `yaml:"node" doc:"Proxmox node name, e.g. pve."`
 	TokenID         string   `yaml:"tokenID" doc:"API token id user@realm!name; the secret comes from PROXMOX_TOKEN_SECRET or tokenSecretFile, never from this file."`
-	TokenSecretFile string   `yaml:"tokenSecretFile" doc:"File holding the API token secret (used when PROXMOX_TOKEN_SECRET is unset)."`
+	TokenSecretFile string   `yaml:"tokenSecretFile" path:"file" doc:"File holding the API token secret (used when PROXMOX_TOKEN_SECRET is unset)."`
 	TLSFingerprint  string   `yaml:"tlsFingerprint" doc:"SHA-256 fingerprint of the Proxmox certificate (as the GUI shows it) to pin."`
-	CAFile          string   `yaml:"caFile" doc:"CA file to verify the Proxmox certificate with, instead of a fingerprint."`
+	CAFile          string   `yaml:"caFile" path:"file" doc:"CA file to verify the Proxmox certificate with, instead of a fingerprint."`
 	Insecure        bool     `yaml:"insecure" doc:"Skip TLS verification (not recommended; warned loudly)."`
 	DiskStorage     string   `yaml:"diskStorage" doc:"Storage for VM disks and cloud-init drives (content 'images')."`
 	ISOStorage      string   `yaml:"isoStorage" doc:"Storage for the Talos ISO (content 'iso')."`
@@ -131,7 +131,7 @@ type NFS struct {
 	ArchiveOnDelete bool     `yaml:"archiveOnDelete" doc:"Keep a volume's directory (renamed archived-*) when it is deleted."`
 	ChartRepo       string   `yaml:"chartRepo" doc:"Helm repository of nfs-subdir-external-provisioner."`
 	ChartVersion    string   `yaml:"chartVersion" doc:"Chart version to pin."`
-	ValuesFile      string   `yaml:"valuesFile" doc:"Optional Helm values file merged on top of the generated values."`
+	ValuesFile      string   `yaml:"valuesFile" path:"file" doc:"Optional Helm values file merged on top of the generated values."`
 	Probe           NFSProbe `yaml:"probe" doc:"How precheck probes the export."`
 }
 
@@ -161,7 +161,7 @@ func (c CNI) TalosDeploysCNI() bool { return c.Name == "" || c.Name == "flannel"
 type Cilium struct {
 	ChartRepo    string `yaml:"chartRepo" doc:"Helm repository of Cilium."`
 	ChartVersion string `yaml:"chartVersion" doc:"Cilium chart version."`
-	ValuesFile   string `yaml:"valuesFile" doc:"Optional values merged on top (kube-proxy replacement is always on; operator.replicas may not exceed the node count)."`
+	ValuesFile   string `yaml:"valuesFile" path:"file" doc:"Optional values merged on top (kube-proxy replacement is always on; operator.replicas may not exceed the node count)."`
 }
 
 // Flux configures GitOps.
@@ -192,14 +192,14 @@ type Secrets struct {
 // Age names age recipients and the identity file; never a key itself.
 type Age struct {
 	Recipients []string `yaml:"recipients" doc:"age public keys (age1…). When set, .talos/<cluster>/secrets.yaml is stored SOPS-encrypted to them (the sops CLI reads and writes it) and is only ever decrypted in memory; bootstrap secrets encrypt migrates a plaintext bundle."`
-	KeyFile    string   `yaml:"keyFile" doc:"age identity file (AGE-SECRET-KEY-1…) that decrypts; empty: every identity in $SOPS_AGE_KEY, $SOPS_AGE_KEY_FILE, the output of $SOPS_AGE_KEY_CMD and ~/.config/sops/age/keys.txt together, as the sops CLI reads them."`
+	KeyFile    string   `yaml:"keyFile" path:"file" doc:"age identity file (AGE-SECRET-KEY-1…) that decrypts; empty: every identity in $SOPS_AGE_KEY, $SOPS_AGE_KEY_FILE, the output of $SOPS_AGE_KEY_CMD and ~/.config/sops/age/keys.txt together, as the sops CLI reads them."`
 }
 
 // FluxAuth holds references to credentials, never the credentials.
 type FluxAuth struct {
-	SSHKeyFile     string `yaml:"sshKeyFile" doc:"SSH deploy key file for an ssh:// repository."`
-	KnownHostsFile string `yaml:"knownHostsFile" doc:"known_hosts holding the git host's key; required for ssh:// repositories (source-controller refuses SSH without it). Write it with ssh-keyscan and check the fingerprint."`
-	TokenFile      string `yaml:"tokenFile" doc:"File holding an HTTPS token."`
+	SSHKeyFile     string `yaml:"sshKeyFile" path:"file" doc:"SSH deploy key file for an ssh:// repository."`
+	KnownHostsFile string `yaml:"knownHostsFile" path:"file" doc:"known_hosts holding the git host's key; required for ssh:// repositories (source-controller refuses SSH without it). Write it with ssh-keyscan and check the fingerprint."`
+	TokenFile      string `yaml:"tokenFile" path:"file" doc:"File holding an HTTPS token."`
 	TokenEnv       string `yaml:"tokenEnv" doc:"Environment variable holding an HTTPS token."`
 	Username       string `yaml:"username" doc:"HTTPS user name sent with the token."`
 }
@@ -207,15 +207,15 @@ type FluxAuth struct {
 // LocalSnapshot serves a local work tree over git smart HTTP.
 type LocalSnapshot struct {
 	Enabled bool     `yaml:"enabled" doc:"Serve a snapshot instead of using flux.repo. Env: USE_LOCAL_GIT_SNAPSHOT=1."`
-	Source  string   `yaml:"source" doc:"Work tree to snapshot."`
+	Source  string   `yaml:"source" path:"file" doc:"Work tree to snapshot."`
 	Listen  string   `yaml:"listen" doc:"Listen address host:port of the snapshot server."`
 	URL     string   `yaml:"url" doc:"URL the cluster uses to reach the server (this host's LAN address)."`
 	Exclude []string `yaml:"exclude" doc:"Extra path patterns never served (.talos/, ai/state/, kubeconfigs and secrets are always excluded)."`
 	Refresh Duration `yaml:"refresh" doc:"Re-snapshot interval when the tree changed (0 = only on SIGHUP)."`
 	// TLS is optional: the credential already keeps strangers out, TLS also
 	// keeps the LAN from reading the tree and the credential in transit.
-	TLSCertFile string `yaml:"tlsCertFile" doc:"Serve over HTTPS with this PEM certificate (chain); url must then be https://. Flux trusts it as its CA, so a self-signed certificate works."`
-	TLSKeyFile  string `yaml:"tlsKeyFile" doc:"PEM private key of tlsCertFile (keep it 0600)."`
+	TLSCertFile string `yaml:"tlsCertFile" path:"file" doc:"Serve over HTTPS with this PEM certificate (chain); url must then be https://. Flux trusts it as its CA, so a self-signed certificate works."`
+	TLSKeyFile  string `yaml:"tlsKeyFile" path:"file" doc:"PEM private key of tlsCertFile (keep it 0600)."`
 }
 
 // Postcheck configures the exit-criteria checks.
@@ -224,7 +224,7 @@ type Postcheck struct {
 	PVCTimeout     Duration `yaml:"pvcTimeout" doc:"Bound on the test PVC binding."`
 	Keep           int      `yaml:"keep" doc:"Postcheck archives to keep."`
 	CertWarnDays   int      `yaml:"certWarnDays" doc:"Warn when a client certificate expires within this many days."`
-	PrometheusFile string   `yaml:"prometheusFile" doc:"Optional textfile-collector file to write metrics to."`
+	PrometheusFile string   `yaml:"prometheusFile" path:"file" doc:"Optional textfile-collector file to write metrics to."`
 }
 
 // Backup keeps etcd snapshots under ai/state/<cluster>/etcd/.
@@ -233,15 +233,15 @@ type Backup struct {
 	MaxAge Duration `yaml:"maxAge" doc:"The postcheck fails when the newest snapshot is older than this (a nightly run takes one first)."`
 	// CopyDir is typically an NFS mount or a USB disk: the host's own disk
 	// is what a homelab loses.
-	CopyDir       string   `yaml:"copyDir" doc:"Optional directory every verified snapshot is also copied to (keep copies there too)."`
+	CopyDir       string   `yaml:"copyDir" path:"file" doc:"Optional directory every verified snapshot is also copied to (keep copies there too)."`
 	AgeRecipients []string `yaml:"ageRecipients" doc:"age public keys (age1…): copies in copyDir are encrypted to them (.snapshot.age)."`
 }
 
 // StateDirs says where generated files and run state live. Relative paths
 // are relative to the config file's directory.
 type StateDirs struct {
-	Dir        string `yaml:"dir" doc:"Run state, locks, logs and archives: <dir>/<cluster>/."`
-	TalosDir   string `yaml:"talosDir" doc:"Generated Talos files: <talosDir>/<cluster>/. Env: TALOS_CONFIG_DIR (the cluster's directory itself)."`
-	Kubeconfig string `yaml:"kubeconfig" doc:"Where the kubeconfig is written; empty means <talos dir>/kubeconfig. Env: TALOS_KUBECONFIG."`
+	Dir        string `yaml:"dir" path:"file" doc:"Run state, locks, logs and archives: <dir>/<cluster>/."`
+	TalosDir   string `yaml:"talosDir" path:"file" doc:"Generated Talos files: <talosDir>/<cluster>/. Env: TALOS_CONFIG_DIR (the cluster's directory itself)."`
+	Kubeconfig string `yaml:"kubeconfig" path:"file" doc:"Where the kubeconfig is written; empty means <talos dir>/kubeconfig. Env: TALOS_KUBECONFIG."`
 	KeepRuns   int    `yaml:"keepRuns" doc:"Run logs to keep."`
 }

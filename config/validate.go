@@ -30,6 +30,9 @@ func (v *validator) add(warning bool, path, format string, a ...any) {
 	for p := path; p != ""; p = parentPath(p) {
 		if ps, ok := v.c.src.positions[p]; ok {
 			fe.Line, fe.Col = ps.line, ps.col
+			if ps.file != "" {
+				fe.File = ps.file
+			}
 			break
 		}
 	}

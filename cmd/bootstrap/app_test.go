@@ -276,6 +276,34 @@ func TestStatus(t *testing.T) {
 	}
 }
 
+// status --all lists every cluster with state under state.dir, whichever
+// config named it: here the harness's cluster after a run, and another one.
+func TestStatusAll(t *testing.T) {
+	h := newHarness(t)
+	h.run(context.Background(), "run")
+	other := state.New("other")
+	other.LastRun = &state.Run{Command: "bootstrap run --stage all", Started: time.Now(), Finished: time.Now(), ExitCode: 1}
+	if err := other.Save(filepath.Join(h.dir, "ai/state/other"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(h.dir, "ai/state/empty"), 0o700)
+	if code := h.run(context.Background(), "status", "--all"); code != 0 {
+		t.Fatal(h.stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(h.stdout.String()), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[1], "homelab ") || !strings.Contains(lines[1], " 0 ") ||
+		!strings.HasPrefix(lines[2], "other ") || !strings.Contains(lines[2], " 1 ") || !strings.Contains(lines[2], "never") {
+		t.Fatalf("status --all:\n%s", h.stdout.String())
+	}
+	if code := h.run(context.Background(), "status", "--all", "--output", "json"); code != 0 {
+		t.Fatal(h.stderr.String())
+	}
+	var all []clusterLine
+	if err := json.Unmarshal(h.stdout.Bytes(), &all); err != nil || len(all) != 2 || all[1].LastRun.ExitCode != 1 {
+		t.Fatalf("json: %v %s", err, h.stdout.String())
+	}
+}
+
 func TestConfigCommands(t *testing.T) {
 	h := newHarness(t)
 	out := filepath.Join(h.dir, "new.yaml")

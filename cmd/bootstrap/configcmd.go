@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/fsutil"
@@ -13,6 +14,7 @@ type ConfigCmd struct {
 	Init     ConfigInitCmd     `cmd:"" help:"Write a complete, commented example config."`
 	Validate ConfigValidateCmd `cmd:"" help:"Check the config file; exit 2 with every problem listed."`
 	Schema   ConfigSchemaCmd   `cmd:"" help:"Print a JSON Schema of the config (for editor completion)."`
+	Render   ConfigRenderCmd   `cmd:"" help:"Print the config as the tool reads it: every base it extends merged in (extends:), before defaults and environment overrides."`
 }
 
 // ConfigInitCmd is `bootstrap config init`.
@@ -57,8 +59,30 @@ func (c *ConfigValidateCmd) Run(ctx context.Context, a *App) error {
 	for _, w := range cfg.Warnings() {
 		fmt.Fprintln(a.Stderr, w.Error())
 	}
-	fmt.Fprintf(a.Stdout, "%s is valid: cluster %s, %d control plane(s), %d worker(s)\n", cfg.File(), cfg.Cluster.Name, len(cfg.ControlPlanes()), len(cfg.Workers()))
+	from := ""
+	if files := cfg.Files(); len(files) > 1 {
+		from = " (merged from " + strings.Join(files, " ← ") + ")"
+	}
+	fmt.Fprintf(a.Stdout, "%s is valid%s: cluster %s, %d control plane(s), %d worker(s)\n", cfg.File(), from, cfg.Cluster.Name, len(cfg.ControlPlanes()), len(cfg.Workers()))
 	return nil
+}
+
+// ConfigRenderCmd is `bootstrap config render`.
+type ConfigRenderCmd struct{}
+
+// Run validates the config (a merged config that does not validate is
+// not printed as if it were usable) and prints the merged document.
+func (c *ConfigRenderCmd) Run(ctx context.Context, a *App) error {
+	cfg, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	b, err := cfg.Render()
+	if err != nil {
+		return err
+	}
+	_, err = a.Stdout.Write(b)
+	return err
 }
 
 // ConfigSchemaCmd is `bootstrap config schema`.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -18,6 +19,66 @@ import (
 // StatusCmd is `bootstrap status`.
 type StatusCmd struct {
 	Output string `short:"o" default:"text" enum:"text,json" help:"Output format: text or json."`
+	All    bool   `help:"List every cluster with state under the config's state directory (one line each: last run, its exit code, the last postcheck)."`
+}
+
+// clusterLine is one cluster in `bootstrap status --all`.
+type clusterLine struct {
+	Cluster   string           `json:"cluster"`
+	Updated   time.Time        `json:"updated,omitzero"`
+	LastRun   *state.Run       `json:"last_run,omitempty"`
+	Postcheck *state.Postcheck `json:"postcheck,omitempty"`
+}
+
+// allClusters reads the state of every cluster under root (the config's
+// state.dir), sorted by name; a directory without a state file is skipped.
+func allClusters(root string) ([]clusterLine, error) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("listing clusters under %s: %w", root, err)
+	}
+	var out []clusterLine
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(root, e.Name(), state.FileName)); err != nil {
+			continue
+		}
+		st, err := state.Load(filepath.Join(root, e.Name()), e.Name())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, clusterLine{Cluster: st.Cluster, Updated: st.Updated, LastRun: st.LastRun, Postcheck: st.Outputs.Postcheck})
+	}
+	return out, nil
+}
+
+// writeAll prints one line per cluster.
+func writeAll(w io.Writer, root string, lines []clusterLine) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "CLUSTER\tLAST RUN\tEXIT\tPOSTCHECK\tUPDATED\n")
+	for _, l := range lines {
+		run, exit, pc, updated := "never", "-", "never", "-"
+		if l.LastRun != nil {
+			run = l.LastRun.Command
+			exit = fmt.Sprint(l.LastRun.ExitCode)
+			if l.LastRun.Finished.IsZero() {
+				exit = "running or killed"
+			}
+		}
+		if l.Postcheck != nil {
+			pc = fmt.Sprintf("%s (%s)", l.Postcheck.Overall, l.Postcheck.Started.UTC().Format(time.RFC3339))
+		}
+		if !l.Updated.IsZero() {
+			updated = l.Updated.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.Cluster, oneLine(run, 40), exit, pc, updated)
+	}
+	if len(lines) == 0 {
+		fmt.Fprintf(tw, "(no cluster has state under %s)\n", root)
+	}
+	return tw.Flush()
 }
 
 // statusReport is the JSON shape of `bootstrap status --output json`.
@@ -53,6 +114,19 @@ func (s *StatusCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 	paths := cfg.Paths()
+	if s.All {
+		root := filepath.Dir(paths.StateDir)
+		lines, err := allClusters(root)
+		if err != nil {
+			return err
+		}
+		if s.Output == "json" {
+			enc := json.NewEncoder(a.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(lines)
+		}
+		return writeAll(a.Stdout, root, lines)
+	}
 	st, err := state.Load(paths.StateDir, cfg.Cluster.Name)
 	if err != nil {
 		return err
