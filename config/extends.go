@@ -130,10 +130,15 @@ func mark(n *yaml.Node, file string, origin map[*yaml.Node]string) {
 // merge lays over onto base: a key both map to mappings is merged
 // further, any other value of over replaces base's (a list as a whole).
 func merge(base, over *yaml.Node) {
+	seen := map[string]bool{}
 	for i := 0; i+1 < len(over.Content); i += 2 {
 		k, v := over.Content[i], over.Content[i+1]
 		j := mappingIndex(base, k.Value)
 		switch {
+		case seen[k.Value]:
+			// A key the file repeats stays repeated: the decoder
+			// reports it, as it does without a base.
+			base.Content = append(base.Content, k, v)
 		case j < 0:
 			base.Content = append(base.Content, k, v)
 		case base.Content[j+1].Kind == yaml.MappingNode && v.Kind == yaml.MappingNode:
@@ -141,6 +146,7 @@ func merge(base, over *yaml.Node) {
 		default:
 			base.Content[j], base.Content[j+1] = k, v
 		}
+		seen[k.Value] = true
 	}
 }
 

@@ -85,6 +85,9 @@ func TestExtendsErrorsNameTheFile(t *testing.T) {
 	if _, err := Load(write("c.yaml", "extends: nowhere.yaml\n"), noEnv); err == nil || !strings.Contains(err.Error(), "c.yaml:1") || !strings.Contains(err.Error(), "reading the base nowhere.yaml") {
 		t.Errorf("a missing base: %v", err)
 	}
+	if _, err := Load(write("dup.yaml", "extends: base.yaml\ncluster:\n  name: a\ncluster:\n  name: b\n"), noEnv); err == nil || !strings.Contains(err.Error(), "dup.yaml:4") {
+		t.Errorf("a key repeated in the extending file: %v", err)
+	}
 	if _, err := Load(write("d.yaml", "extends: [x]\n"), noEnv); err == nil || !strings.Contains(err.Error(), "expected the path of a base config file") {
 		t.Errorf("a list as extends: %v", err)
 	}

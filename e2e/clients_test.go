@@ -21,7 +21,6 @@ import (
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/lab/kube"
-	"github.com/homelab/bootstrap/lab/kube/kubetest"
 	"github.com/homelab/bootstrap/sops"
 )
 
@@ -30,7 +29,7 @@ import (
 // is returned with stderr, for the negative checks.
 func tool(t *testing.T, ctx context.Context, env []string, name string, args ...string) (string, error) {
 	t.Helper()
-	bin := filepath.Join(kubetest.Binaries(t).Dir, name)
+	bin := toolBin(t, name)
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("%s is not built (make lab-bins): %v", name, err)
 	}
@@ -49,7 +48,7 @@ func tool(t *testing.T, ctx context.Context, env []string, name string, args ...
 // cleanup.
 func startTool(t *testing.T, ctx context.Context, name string, args ...string) {
 	t.Helper()
-	bin := filepath.Join(kubetest.Binaries(t).Dir, name)
+	bin := toolBin(t, name)
 	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +63,19 @@ func startTool(t *testing.T, ctx context.Context, name string, args ...string) {
 		cmd.Wait()
 		log.Close()
 	})
+}
+
+// toolBin is the path of a built lab tool. It does not ask for a lab slot
+// (kubetest.Binaries does): the tools run in subtests of a test that
+// already holds one, and a second slot per subtest would wait for the
+// other tests' labs to end.
+func toolBin(t *testing.T, name string) string {
+	t.Helper()
+	b, err := kube.LoadBinaries("")
+	if err != nil {
+		t.Fatalf("lab binaries (make lab-bins): %v", err)
+	}
+	return filepath.Join(b.Dir, name)
 }
 
 type toolError struct {
