@@ -21,7 +21,6 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/homelab/bootstrap/e2e"
-	"github.com/homelab/bootstrap/internal/targz"
 	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/postcheck/reporttest"
@@ -246,11 +245,7 @@ func checkNodeExporter(t *testing.T, ctx context.Context, promFile string) {
 // (joshdk/go-junit, which CI report tools ingest with): one suite, one
 // passed case per check. A truncated file must be refused.
 func checkReports(t *testing.T, archive string) {
-	b, err := os.ReadFile(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := targz.Unpack(b)
+	files, err := postcheck.ReadArchive(archive)
 	if err != nil {
 		t.Fatal(err)
 	}

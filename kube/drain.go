@@ -38,6 +38,17 @@ func Cordon(ctx context.Context, cs kubernetes.Interface, node string) (changed 
 	return true, nil
 }
 
+// PodsOn lists the pods bound to node, in every namespace.
+func PodsOn(ctx context.Context, cs kubernetes.Interface, node string) ([]corev1.Pod, error) {
+	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return nil, Classify(err)
+	}
+	return pods.Items, nil
+}
+
 // Evictable lists the pods a drain of node evicts, as namespace/name:
 // what Talos' own drain before a reset or shutdown evicts
 // (pkg/kubernetes/kubernetes.go Drain at v1.13.3): every pod bound to
@@ -46,14 +57,12 @@ func Cordon(ctx context.Context, cs kubernetes.Interface, node string) (changed 
 // refuses them without --force) and DaemonSet pods (their controller
 // puts them back on the node at once).
 func Evictable(ctx context.Context, cs kubernetes.Interface, node string) ([]corev1.Pod, error) {
-	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-	})
+	pods, err := PodsOn(ctx, cs, node)
 	if err != nil {
-		return nil, Classify(err)
+		return nil, err
 	}
 	var out []corev1.Pod
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
 			continue
 		}
@@ -184,14 +193,12 @@ func DeleteNode(ctx context.Context, cs kubernetes.Interface, node string) (bool
 // gcOrphaned, markFailedAndDeletePod: grace period 0, since no kubelet is
 // left to confirm a graceful deletion). It returns how many it deleted.
 func DeleteNodePods(ctx context.Context, cs kubernetes.Interface, node string) (int, error) {
-	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-	})
+	pods, err := PodsOn(ctx, cs, node)
 	if err != nil {
-		return 0, Classify(err)
+		return 0, err
 	}
 	n := 0
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		err := cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, *metav1.NewDeleteOptions(0))
 		switch {
 		case apierrors.IsNotFound(err):

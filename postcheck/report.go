@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -219,6 +220,16 @@ func boolInt(b bool) int {
 
 // ArchiveName is the file inside each postcheck/<UTC-timestamp>/ directory.
 const ArchiveName = "postcheck.tar.gz"
+
+// ReadArchive returns the files of an archive WriteArchive wrote (name →
+// content).
+func ReadArchive(path string) (map[string][]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return targz.Unpack(b)
+}
 
 // WriteArchive stores files (name → content) as one tar.gz in a new
 // dir/<UTC-timestamp>/ and returns the archive's path. Files are sorted by

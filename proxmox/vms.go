@@ -74,13 +74,18 @@ func (c *Client) FindClusterVMs(ctx context.Context, cluster string) ([]VMSummar
 	if err != nil {
 		return nil, err
 	}
+	return ClusterVMs(all, cluster), nil
+}
+
+// ClusterVMs picks from a listing the VMs tagged as cluster's.
+func ClusterVMs(all []VMSummary, cluster string) []VMSummary {
 	var out []VMSummary
 	for _, v := range all {
 		if v.Type == "qemu" && v.HasTag(ClusterTag(cluster)) {
 			out = append(out, v)
 		}
 	}
-	return out, nil
+	return out
 }
 
 func splitTags(s string) []string {

@@ -66,7 +66,7 @@ func PlanNodeRemoval(ctx context.Context, env *Env, name string) (*NodeRemoval, 
 			return nil, config.Userf("%s is still in the config's nodes: delete its entry from %s first (a run would add it back), then run bootstrap node remove %s; to re-create it in place, run bootstrap node replace %s", name, env.Config.File(), name, name)
 		}
 	}
-	return planRemoval(ctx, env, name, false)
+	return planRemoval(ctx, env, name, nil)
 }
 
 // PlanNodeReplacement is PlanNodeRemoval for a node that stays in the
@@ -87,17 +87,27 @@ func PlanNodeReplacement(ctx context.Context, env *Env, name string) (*NodeRemov
 	if node.Role == config.RoleControlPlane && env.Config.Cluster.VIP == "" && strings.Contains(env.Config.Cluster.Endpoint, "//"+node.IP+":") {
 		return nil, &RemovalRefusedError{name, "the cluster endpoint " + env.Config.Cluster.Endpoint + " is its address: the Kubernetes API would be gone while it is re-created (set cluster.vip first)"}
 	}
-	return planRemoval(ctx, env, name, true)
+	return planRemoval(ctx, env, name, node)
 }
 
 // ReplaceStages re-create a replaced node and prove the cluster: the VM,
 // its Talos config and etcd join, then the postcheck.
 var ReplaceStages = []string{Provision, Talos, Postcheck}
 
-func planRemoval(ctx context.Context, env *Env, name string, replacing bool) (*NodeRemoval, error) {
+// planRemoval plans taking out the node called name; configured is its
+// config entry when it is being replaced (nil when it left the config),
+// which supplies its address and role when the state has none.
+func planRemoval(ctx context.Context, env *Env, name string, configured *config.Node) (*NodeRemoval, error) {
+	replacing := configured != nil
 	r := &NodeRemoval{Name: name, replacing: replacing}
 	recorded, inState := env.State.Outputs.Nodes[name]
 	r.Role, r.IP = recorded.Role, recorded.IP
+	if replacing && r.IP == "" {
+		r.IP = configured.IP
+	}
+	if replacing && r.Role == "" {
+		r.Role = configured.Role
+	}
 	pve, err := ProxmoxClient(ctx, env)
 	if err != nil {
 		return nil, err
@@ -113,16 +123,6 @@ func planRemoval(ctx context.Context, env *Env, name string, replacing bool) (*N
 	}
 	if !inState && r.VM == nil && !replacing {
 		return nil, config.Userf("no node %s: neither the state (%s) nor a VM tagged %s knows it", name, env.Paths.StateDir, proxmox.ClusterTag(env.Config.Cluster.Name))
-	}
-	if replacing && r.IP == "" {
-		for _, n := range env.Config.Nodes {
-			if n.Name == name {
-				r.IP = n.IP
-			}
-		}
-		if r.Role == "" {
-			r.Role = configRole(env, name)
-		}
 	}
 
 	ops, err := savedTalosOps(env)
@@ -140,8 +140,8 @@ func planRemoval(ctx context.Context, env *Env, name string, replacing bool) (*N
 		if _, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil {
 			r.KubeNode = true
 		}
-		pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
-		r.KubePods = err == nil && len(pods.Items) > 0
+		pods, err := kube.PodsOn(ctx, cs, name)
+		r.KubePods = err == nil && len(pods) > 0
 	}
 	return r, nil
 }
@@ -182,8 +182,11 @@ func (r *NodeRemoval) planEtcd(ctx context.Context, env *Env, ops *talos.Ops) er
 	}
 	ips[r.Name] = r.IP
 	for i, m := range members {
+		if m.Hostname == r.Name {
+			r.Member = &members[i]
+		}
 		if m.Learner {
-			continue
+			continue // learners do not vote
 		}
 		r.Quorum.Members++
 		runs := ips[m.Hostname] != "" && ops.EtcdServiceRuns(ctx, ips[m.Hostname])
@@ -191,12 +194,7 @@ func (r *NodeRemoval) planEtcd(ctx context.Context, env *Env, ops *talos.Ops) er
 			r.Quorum.Running++
 		}
 		if m.Hostname == r.Name {
-			r.Member, r.Quorum.TargetRuns = &members[i], runs
-		}
-	}
-	for i, m := range members {
-		if m.Learner && m.Hostname == r.Name {
-			r.Member = &members[i]
+			r.Quorum.TargetRuns = runs
 		}
 	}
 	if r.Member == nil || r.Member.Learner {
@@ -209,9 +207,9 @@ func (r *NodeRemoval) planEtcd(ctx context.Context, env *Env, ops *talos.Ops) er
 }
 
 // warnLeftNodes names the nodes that left the config's nodes but not the
-// cluster (a VM with the cluster's tag, or a node in the state): a run
-// leaves them alone, and says how to take them out.
-func warnLeftNodes(ctx context.Context, env *Env, pve *proxmox.Client) error {
+// cluster (one of clusterVMs, the VMs with the cluster's tag, or a node in
+// the state): a run leaves them alone, and says how to take them out.
+func warnLeftNodes(env *Env, clusterVMs []proxmox.VMSummary) {
 	inConfig := map[string]bool{}
 	for _, n := range env.Config.Nodes {
 		inConfig[n.Name] = true
@@ -222,11 +220,7 @@ func warnLeftNodes(ctx context.Context, env *Env, pve *proxmox.Client) error {
 			left[name] = true
 		}
 	}
-	vms, err := pve.FindClusterVMs(ctx, env.Config.Cluster.Name)
-	if err != nil {
-		return err
-	}
-	for _, v := range vms {
+	for _, v := range clusterVMs {
 		if !inConfig[v.Name] && !slices.ContainsFunc(env.Config.Nodes, func(n config.Node) bool { return n.VMID == v.VMID }) {
 			left[v.Name] = true
 		}
@@ -234,7 +228,6 @@ func warnLeftNodes(ctx context.Context, env *Env, pve *proxmox.Client) error {
 	for _, name := range slices.Sorted(maps.Keys(left)) {
 		env.UI.Warn("%s is in the cluster but not in the config's nodes: left alone; run `bootstrap node remove %s` to take it out", name, name)
 	}
-	return nil
 }
 
 // Steps lists what RemoveNode does, in order, for the plan shown first.
@@ -265,16 +258,6 @@ func (r *NodeRemoval) Steps() []string {
 	return s
 }
 
-// configRole is the role the config gives the node called name.
-func configRole(env *Env, name string) string {
-	for _, n := range env.Config.Nodes {
-		if n.Name == name {
-			return n.Role
-		}
-	}
-	return ""
-}
-
 // RemoveNode takes the planned node out of the cluster: drain, etcd
 // membership, Talos reset and power-off, the Kubernetes Node, the VM (only
 // a VM with the cluster's tag), the state. Each step is bounded and says
@@ -282,13 +265,15 @@ func configRole(env *Env, name string) string {
 func RemoveNode(ctx context.Context, env *Env, r *NodeRemoval) error {
 	t := env.Config.Cluster.Timeouts
 	var cs kubernetes.Interface
-	if r.KubeNode {
+	if r.KubeNode || r.KubePods {
 		c, _, err := kube.Clientset(env.Paths.Kubeconfig)
 		if err != nil {
 			return err
 		}
 		cs = c
-		err = env.Wet("cordon and drain Kubernetes node "+r.Name, func() error {
+	}
+	if r.KubeNode {
+		err := env.Wet("cordon and drain Kubernetes node "+r.Name, func() error {
 			if _, err := kube.Cordon(ctx, cs, r.Name); err != nil {
 				return fmt.Errorf("cordoning %s: %w", r.Name, err)
 			}
@@ -339,13 +324,6 @@ func RemoveNode(ctx context.Context, env *Env, r *NodeRemoval) error {
 		// Its mirror and DaemonSet pods would wait 40 s for the pod
 		// garbage collector (and fail the health checks meanwhile).
 		if err := env.Wet("delete Kubernetes node "+r.Name+" and the pods still bound to it", func() error {
-			if cs == nil {
-				c, _, err := kube.Clientset(env.Paths.Kubeconfig)
-				if err != nil {
-					return err
-				}
-				cs = c
-			}
 			if _, err := kube.DeleteNode(ctx, cs, r.Name); err != nil {
 				return err
 			}

@@ -25,7 +25,6 @@ import (
 	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/infra"
 	"github.com/homelab/bootstrap/internal/redact"
-	"github.com/homelab/bootstrap/internal/targz"
 	"github.com/homelab/bootstrap/internal/testbin"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/kube"
@@ -77,11 +76,7 @@ func (p *postcheckLab) postcheck() (postcheck.Report, map[string][]byte, error) 
 
 func untar(t *testing.T, path string) map[string][]byte {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := targz.Unpack(b)
+	out, err := postcheck.ReadArchive(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,9 +116,6 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := warnLeftNodes(ctx, env, c); err != nil {
-		return err
-	}
 
 	// 1. The Talos ISO every VM boots from until it is installed, built
 	// by the factory from the schematic (registered first: the factory
@@ -158,6 +155,7 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	warnLeftNodes(env, proxmox.ClusterVMs(vms, cfg.Cluster.Name))
 	plans := make([]proxmox.Plan, len(specs))
 	var problems []error
 	for i, s := range specs {

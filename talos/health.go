@@ -259,7 +259,7 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 		if missing || len(extra) > 0 && !in.TolerateUnexpected {
 			p := fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", "))
 			if len(extra) > 0 {
-				p += " (take " + strings.Join(extra, ", ") + " out with `bootstrap node remove " + strings.Join(extra, "`, `bootstrap node remove ") + "`)"
+				p += " (take " + strings.Join(extra, ", ") + " out with " + removeCommands(extra) + ")"
 			}
 			problems = append(problems, p)
 		}
@@ -467,6 +467,12 @@ func nodeIPs(n *corev1.Node) []string {
 	return ips
 }
 
+// removeCommands names the command that takes each node out of the
+// cluster.
+func removeCommands(names []string) string {
+	return "`bootstrap node remove " + strings.Join(names, "`, `bootstrap node remove ") + "`"
+}
+
 // matchNodes pairs each expected node with a registered one by address
 // (cluster.NodesMatch in pkg/cluster/cluster.go at v1.13.3): an expected
 // node none answers for is missing, a registered node left over is
@@ -496,7 +502,7 @@ func matchNodes(want []HealthTarget, got []corev1.Node) (missing, unexpected []s
 			names = append(names, n.Name)
 		}
 		unexpected = append(unexpected, "unexpected nodes, registered but not in the config: "+strings.Join(extra, ", ")+
-			" (take each out with `bootstrap node remove "+strings.Join(names, "`, `bootstrap node remove ")+"`, or add it back to nodes)")
+			" (take each out with "+removeCommands(names)+", or add it back to nodes)")
 	}
 	return missing, unexpected
 }
