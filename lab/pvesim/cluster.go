@@ -48,6 +48,9 @@ func (s *Server) guestTypeLocked(vmid int) (kind, node string) {
 		}
 		return "VM", g.Node
 	}
+	if n := s.memberHolding(vmid); n != "" {
+		return "VM", n
+	}
 	return "", ""
 }
 

@@ -82,6 +82,7 @@ func (s *Server) SeedVM(vmid int, params map[string]string, running bool) error 
 		v.state, v.startedAt, v.pid, v.reserved = "running", time.Now(), s.pid, memoryMiB(cfg)*mib
 	}
 	s.vms[vmid] = v
+	s.claimLocked(vmid)
 	return nil
 }
 
@@ -189,6 +190,7 @@ func (s *Server) LoseVM(vmid int) error {
 		}
 	}
 	delete(s.vms, vmid)
+	s.releaseLocked(vmid)
 	delete(s.ha, vmid)
 	s.mu.Unlock()
 	if wasRunning {

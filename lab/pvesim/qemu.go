@@ -373,6 +373,7 @@ func (s *Server) createVM(r *request) (any, *apiError) {
 	s.addMACsLocked(cfg)
 	v := newVM(id, map[string]string{"lock": "create"})
 	s.vms[id] = v
+	s.claimLocked(id)
 	s.mu.Unlock()
 
 	startAfter := r.param("start") == "1"
@@ -436,6 +437,7 @@ func (s *Server) dropVM(id int, vols []string) {
 		s.freeLocked(vol)
 	}
 	delete(s.vms, id)
+	s.releaseLocked(id)
 }
 
 // createDisksLocked allocates new disks and the cloud-init drive and
@@ -1222,6 +1224,7 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 			}
 		}
 		delete(s.vms, id)
+		s.releaseLocked(id)
 		_, ha := s.ha[id]
 		delete(s.ha, id)
 		hooks := slices.Clone(s.onDestroy)
@@ -1331,6 +1334,28 @@ func (s *Server) clusterResources(r *request) (any, *apiError) {
 	if typ != "" && typ != "vm" && typ != "storage" && typ != "node" && typ != "sdn" {
 		return nil, paramErr(map[string]string{"type": "value '" + typ + "' does not have a value in the enumeration 'vm, storage, node, sdn'"})
 	}
+	out := s.ownResources(r, typ)
+	if typ == "" || typ == "vm" {
+		s.mu.Lock()
+		for _, id := range sortedGuestIDs(s.guests) {
+			if r.who.has("/vms/"+strconv.Itoa(id), "VM.Audit") {
+				out = append(out, guestEntry(s.guests[id]))
+			}
+		}
+		s.mu.Unlock()
+	}
+	for _, p := range s.peers() {
+		out = append(out, p.ownResources(r, typ)...)
+	}
+	if s.cl != nil {
+		sortResources(out)
+	}
+	return out, nil
+}
+
+// ownResources are this member's rows of /cluster/resources: its VMs, its
+// node and its storages.
+func (s *Server) ownResources(r *request, typ string) []any {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []any{}
@@ -1361,13 +1386,6 @@ func (s *Server) clusterResources(r *request) (any, *apiError) {
 			out = append(out, e)
 		}
 	}
-	if typ == "" || typ == "vm" {
-		for _, id := range sortedGuestIDs(s.guests) {
-			if r.who.has("/vms/"+strconv.Itoa(id), "VM.Audit") {
-				out = append(out, guestEntry(s.guests[id]))
-			}
-		}
-	}
 	if typ == "" || typ == "node" {
 		out = append(out, s.nodeEntryLocked())
 	}
@@ -1389,7 +1407,7 @@ func (s *Server) clusterResources(r *request) (any, *apiError) {
 			})
 		}
 	}
-	return out, nil
+	return out
 }
 
 func (s *Server) nextID(r *request) (any, *apiError) {
@@ -1427,12 +1445,12 @@ func (s *Server) nodeEntryLocked() map[string]any {
 
 func (s *Server) listNodes() any {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	out := []any{s.nodeEntryLocked()}
 	for _, n := range s.otherNodesLocked() {
 		out = append(out, otherNodeEntry(n))
 	}
-	return out
+	s.mu.Unlock()
+	return append(out, s.memberEntries()...)
 }
 
 func (s *Server) nodeStatus(r *request) (any, *apiError) {

@@ -68,6 +68,7 @@ type Server struct {
 	guests     map[int]GuestSpec
 	ha         map[int]string // HA-managed VMs: vmid → requested state (ha.go)
 	otherNodes []string       // other cluster nodes, sorted (other.go)
+	cl         *clusterState  // the cluster this member belongs to (multinode.go); nil alone
 	faults     []*faultRule
 	counts     map[string]int
 	rng        *mrand.Rand
@@ -532,7 +533,7 @@ func writeStatusLine(rw *bufio.ReadWriter, code int, reason, contentType string,
 func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 	seg := r.segs
 	n := len(seg)
-	get, post, put, del := r.method == http.MethodGet, r.method == http.MethodPost, r.method == http.MethodPut, r.method == http.MethodDelete
+	get, post, del := r.method == http.MethodGet, r.method == http.MethodPost, r.method == http.MethodDelete
 	switch {
 	case n == 1 && seg[0] == "version" && get:
 		return s.getVersion(), nil
@@ -555,22 +556,38 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 	case n == 1 && seg[0] == "nodes" && get:
 		return s.listNodes(), nil
 	}
-	if n >= 2 && seg[0] == "nodes" && seg[1] != s.node.Name && s.isOtherNode(seg[1]) {
-		return s.routeOther(ctx, r, seg[1], seg[2:])
+	if n >= 2 && seg[0] == "nodes" && seg[1] != s.node.Name {
+		// pveproxy forwards a call for another member to that node
+		// (proxyto => 'node'); a node pvesim runs in full answers it, a
+		// node only holding seeded guests answers for those.
+		if peer := s.peer(seg[1]); peer != nil {
+			return peer.routeNode(ctx, r, seg[2:])
+		}
+		if s.isOtherNode(seg[1]) {
+			return s.routeOther(ctx, r, seg[1], seg[2:])
+		}
+		return nil, errf(500, "hostname lookup '%s' failed - failed to get address info for: %s: Name or service not known", seg[1], seg[1])
 	}
 	if n >= 2 && seg[0] == "nodes" {
-		if seg[1] != s.node.Name {
-			return nil, errf(500, "hostname lookup '%s' failed - failed to get address info for: %s: Name or service not known", seg[1], seg[1])
-		}
+		return s.routeNode(ctx, r, seg[2:])
+	}
+	return nil, errf(http.StatusNotImplemented, "Method '%s %s' not implemented", r.method, r.path)
+}
+
+// routeNode answers a call below /nodes/{node}/ for this node.
+func (s *Server) routeNode(ctx context.Context, r *request, rest []string) (any, *apiError) {
+	get, post, put, del := r.method == http.MethodGet, r.method == http.MethodPost, r.method == http.MethodPut, r.method == http.MethodDelete
+	{
 		s.mu.Lock()
 		online := s.nodeOnline
 		s.mu.Unlock()
 		if !online {
 			return nil, errf(595, "Connection refused")
 		}
-		rest := seg[2:]
 		m := len(rest)
 		switch {
+		case m == 3 && rest[0] == "qemu" && rest[2] == "migrate" && post:
+			return s.migrateVM(r, rest[1])
 		case m == 1 && rest[0] == "status" && get:
 			return s.nodeStatus(r)
 		case m == 1 && rest[0] == "rrddata" && get:
