@@ -81,7 +81,8 @@ type Patches struct {
 // Proxmox is the Proxmox VE host and where VMs go on it.
 type Proxmox struct {
 	URL             string   `yaml:"url" doc:"API URL, e.g. https://pve.lan:8006/api2/json."`
-	Node            string   `yaml:"node" doc:"Proxmox node name, e.g. pve."`
+	Node            string   `yaml:"node" doc:"Proxmox node name, e.g. pve: the member the API URL reaches, and where VMs go when hosts is empty."`
+	Hosts           []string `yaml:"hosts" doc:"Proxmox cluster members to spread the VMs over (control planes on distinct members, workers by free memory); empty: every VM on node. A VM found on another member (migrated) is adopted where it is."`
 	TokenID         string   `yaml:"tokenID" doc:"API token id user@realm!name; the secret comes from PROXMOX_TOKEN_SECRET or tokenSecretFile, never from this file."`
 	TokenSecretFile string   `yaml:"tokenSecretFile" path:"file" doc:"File holding the API token secret (used when PROXMOX_TOKEN_SECRET is unset)."`
 	TLSFingerprint  string   `yaml:"tlsFingerprint" doc:"SHA-256 fingerprint of the Proxmox certificate (as the GUI shows it) to pin."`
@@ -114,6 +115,7 @@ type Node struct {
 	MemoryMiB int    `yaml:"memoryMiB" doc:"Memory in MiB (Talos needs at least 2048 for a control plane)."`
 	DiskGiB   int    `yaml:"diskGiB" doc:"Install disk size in GiB (at least 10)."`
 	MAC       string `yaml:"mac" doc:"Optional MAC; empty derives a stable locally administered one from cluster+node."`
+	Host      string `yaml:"host" doc:"Optional Proxmox member to create this VM on (one of proxmox.hosts, or proxmox.node); empty places it automatically."`
 }
 
 // Storage holds the storage settings.

@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -288,6 +289,15 @@ func (v *validator) nodes() {
 			ips[n.IP] = p
 		}
 
+		if n.Host != "" {
+			hosts := v.c.Proxmox.Hosts
+			if len(hosts) == 0 {
+				hosts = []string{v.c.Proxmox.Node}
+			}
+			if !slices.Contains(hosts, n.Host) {
+				v.errf(p+".host", "%q is not one of proxmox.hosts (%s): add it there or pick one of them", n.Host, strings.Join(hosts, ", "))
+			}
+		}
 		if n.Cores < 1 {
 			v.errf(p+".cores", "must be at least 1, got %d", n.Cores)
 		}
@@ -359,6 +369,20 @@ func (v *validator) proxmox() {
 		v.errf("proxmox.node", "is required: the Proxmox node name (Datacenter → node), e.g. pve")
 	} else if !pveNodeRe.MatchString(p.Node) {
 		v.errf("proxmox.node", "%q is not a Proxmox node name (letters, digits and inner hyphens, as the node's hostname; PVE refuses anything else): e.g. pve", p.Node)
+	}
+	seenHosts := map[string]bool{}
+	for i, h := range p.Hosts {
+		path := fmt.Sprintf("proxmox.hosts[%d]", i)
+		switch {
+		case !pveNodeRe.MatchString(h):
+			v.errf(path, "%q is not a Proxmox node name (letters, digits and inner hyphens): e.g. pve2", h)
+		case seenHosts[h]:
+			v.errf(path, "%q is listed twice: list each Proxmox member once", h)
+		}
+		seenHosts[h] = true
+	}
+	if len(p.Hosts) > 0 && p.Node != "" && !seenHosts[p.Node] {
+		v.errf("proxmox.hosts", "does not list proxmox.node %q: list every member VMs may go to, the API's own node among them (or leave hosts empty for one host)", p.Node)
 	}
 	if p.Bridge != "" && !pveBridgeRe.MatchString(p.Bridge) {
 		v.errf("proxmox.bridge", "%q is not a Proxmox bridge name (letters, digits, '-', '_', '.'): e.g. vmbr0", p.Bridge)

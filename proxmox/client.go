@@ -74,13 +74,29 @@ type Options struct {
 // Client talks to one Proxmox VE node. It is safe for concurrent use;
 // operations on one VM are serialised.
 type Client struct {
+	*conn
+	node string
+}
+
+// conn is what every Client of one endpoint shares (see On): the API
+// client, its options and the per-VM serialisation.
+type conn struct {
 	px   *pxapi.Client
 	opts Options
-	node string
 	log  zerolog.Logger
 
 	vmMu  sync.Mutex
 	vmSem map[int]chan struct{}
+}
+
+// On is a client for the cluster member node through the same endpoint:
+// PVE forwards every call below /nodes/{node} to that node (proxyto), so
+// one connection reaches every member. "" or this client's node is c.
+func (c *Client) On(node string) *Client {
+	if node == "" || node == c.node {
+		return c
+	}
+	return &Client{conn: c.conn, node: node}
 }
 
 // New builds a client; with password auth it logs in (the only call New makes).
@@ -136,7 +152,7 @@ func New(ctx context.Context, o Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: creating API client: %w", err)
 	}
-	c := &Client{px: px, opts: o, node: o.Node, log: log, vmSem: map[int]chan struct{}{}}
+	c := &Client{conn: &conn{px: px, opts: o, log: log, vmSem: map[int]chan struct{}{}}, node: o.Node}
 	switch {
 	case o.TokenID != "":
 		var id pxapi.ApiTokenID

@@ -95,6 +95,10 @@ type Plan struct {
 	Drift  []Drift
 	Status string
 	Config *VMConfig
+	// Elsewhere names the member the spec asked for when this cluster's
+	// VM was found running on another one (migrated by the user or by
+	// HA): the VM is adopted where it is (Spec.Node), never created again.
+	Elsewhere string
 }
 
 // Refused returns the unsafe drift as an error, or nil.
@@ -148,6 +152,8 @@ func vlanSuffix(v int) string {
 // PlanVM decides how to bring one VM to spec, reading only. vms is the
 // cluster-wide VM list (ListVMs), shared between the specs of one run.
 func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan, error) {
+	c = c.On(spec.Node)
+	spec.Node = c.node
 	p := Plan{Spec: spec}
 	if err := spec.Validate(); err != nil {
 		return p, err
@@ -191,7 +197,13 @@ func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan
 	}
 	if byID.Node != "" && byID.Node != c.node {
 		if byID.HasTag(tag) {
-			return p, &ForeignVMError{Spec: spec, Other: *byID, What: fmt.Sprintf("VM %d carries this cluster's tag but runs on node %s, not %s: migrate it back to %s (bootstrap places every VM on proxmox.node)", byID.VMID, byID.Node, c.node, c.node)}
+			// Moved by a migration (the user's or HA's): every call about
+			// it goes to the member that runs it now.
+			moved := spec
+			moved.Node = byID.Node
+			mp, err := c.On(byID.Node).PlanVM(ctx, moved, vms)
+			mp.Elsewhere = c.node
+			return mp, err
 		}
 		return p, &ForeignVMError{Spec: spec, Other: *byID, What: fmt.Sprintf("vmid %d is used by VM %q on node %s, which is not part of cluster %s; pick another vmid", byID.VMID, byID.Name, byID.Node, spec.Cluster)}
 	}
@@ -225,10 +237,10 @@ func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan
 // guestName is a listed VM's name; a VM not yet in a pvestatd broadcast
 // is listed without one, so its config tells.
 func (c *Client) guestName(ctx context.Context, v VMSummary) (string, error) {
-	if v.Name != "" || v.Node != c.node {
+	if v.Name != "" {
 		return v.Name, nil
 	}
-	st, err := c.Status(ctx, v.VMID)
+	st, err := c.On(v.Node).Status(ctx, v.VMID)
 	if err != nil {
 		if IsNotFound(err) {
 			return "", nil // gone since it was listed
@@ -380,6 +392,7 @@ func resultFor(p Plan) Result {
 // refuses unsafe drift. Safe to repeat: a lost answer to a create is
 // recovered by adopting the VM it made.
 func (c *Client) ApplyPlan(ctx context.Context, p Plan) (Result, error) {
+	c = c.On(p.Spec.Node)
 	unlock, err := c.lockVM(ctx, p.Spec.VMID)
 	if err != nil {
 		return Result{}, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +24,9 @@ type PrecheckInput struct {
 	// Zones maps a VNet to its SDN zone; bridges not in it belong to
 	// localnetwork.
 	Zones map[string]string
+	// Hosts are the members VMs are spread over (proxmox.hosts); with more
+	// than one, the member checks run on each (see Place).
+	Hosts []string
 }
 
 func (in PrecheckInput) zone(bridge string) string {
@@ -74,7 +78,15 @@ var createPrivileges = []string{
 // ISO must be downloaded.
 func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]Plan, downloadISO bool) []Need {
 	var needs []Need
-	needs = append(needs, allOf("read node status", "/nodes/"+node, "Sys.Audit"))
+	members := []string{node}
+	for _, s := range in.VMs {
+		if s.Node != "" && !contains(members, s.Node) {
+			members = append(members, s.Node)
+		}
+	}
+	for _, m := range members {
+		needs = append(needs, allOf("read node status", "/nodes/"+m, "Sys.Audit"))
+	}
 	storages := map[string]bool{}
 	for _, s := range in.VMs {
 		vmPath := "/vms/" + strconv.Itoa(s.VMID)
@@ -124,10 +136,13 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 		// and Sys.Modify on /, or Sys.AccessNetwork on the node, a privilege
 		// pve-access-control only has since 8.1.2 (shipped with PVE 8.2).
 		web := Need{Why: "download from a URL", Options: []Grant{{Path: "/", Privs: []string{"Sys.Audit", "Sys.Modify"}}}}
-		if v.AtLeast(8, 2) {
-			web.Options = append(web.Options, Grant{Path: "/nodes/" + node, Privs: []string{"Sys.AccessNetwork"}})
+		for _, m := range members {
+			web := web
+			if v.AtLeast(8, 2) {
+				web.Options = append(slices.Clip(web.Options), Grant{Path: "/nodes/" + m, Privs: []string{"Sys.AccessNetwork"}})
+			}
+			needs = append(needs, web)
 		}
-		needs = append(needs, web)
 	}
 	for _, s := range in.VMs {
 		if !s.GuestAgent {
@@ -252,17 +267,61 @@ func (l *lazy[T]) get(f func() (T, error)) (T, error) {
 	return l.v, l.err
 }
 
-// facts are the reads the checks share, each made once.
+// facts are the reads the checks share, each made once: the cluster's on
+// the root, a member's on the facts of that member (see member).
 type facts struct {
-	c        *Client
-	in       PrecheckInput
-	version  lazy[Version]
-	vms      lazy[[]VMSummary]
+	c  *Client
+	in PrecheckInput
+	// root holds the cluster-wide reads; nil on the root itself.
+	root    *facts
+	version lazy[Version]
+	vms     lazy[[]VMSummary]
+	plans   lazy[planSet]
+	placed  lazy[[]VMSpec]
+
 	storages lazy[[]Storage]
 	status   lazy[NodeStatus]
-	plans    lazy[planSet]
 	iso      lazy[bool]
 	bridges  lazy[[]Bridge]
+}
+
+func (f *facts) top() *facts {
+	if f.root != nil {
+		return f.root
+	}
+	return f
+}
+
+// member is the facts of one cluster member, sharing the cluster's reads.
+func (f *facts) member(node string) *facts {
+	return &facts{c: f.c.On(node), in: f.in, root: f.top()}
+}
+
+// getPlaced is every spec with the member it runs on or will (Place).
+func (f *facts) getPlaced(ctx context.Context) ([]VMSpec, error) {
+	t := f.top()
+	return t.placed.get(func() ([]VMSpec, error) {
+		vms, err := t.getVMs(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return t.c.PlaceVMs(ctx, t.in.VMs, t.in.Hosts, vms)
+	})
+}
+
+// specs are the VMs on this facts' member.
+func (f *facts) specs(ctx context.Context) ([]VMSpec, error) {
+	all, err := f.getPlaced(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []VMSpec
+	for _, s := range all {
+		if s.Node == f.c.node {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 func (f *facts) getBridges(ctx context.Context) ([]Bridge, error) {
@@ -275,7 +334,8 @@ type planSet struct {
 }
 
 func (f *facts) getVersion(ctx context.Context) (Version, error) {
-	return f.version.get(func() (Version, error) { return f.c.Version(ctx) })
+	t := f.top()
+	return t.version.get(func() (Version, error) { return t.c.Version(ctx) })
 }
 
 // gate fails a check early when the API cannot be used at all, so one dead
@@ -293,7 +353,8 @@ func (f *facts) gate(ctx context.Context) (check.Status, string, bool) {
 }
 
 func (f *facts) getVMs(ctx context.Context) ([]VMSummary, error) {
-	return f.vms.get(func() ([]VMSummary, error) { return f.c.ListVMs(ctx) })
+	t := f.top()
+	return t.vms.get(func() ([]VMSummary, error) { return t.c.ListVMs(ctx) })
 }
 
 func (f *facts) getStorages(ctx context.Context) ([]Storage, error) {
@@ -301,14 +362,19 @@ func (f *facts) getStorages(ctx context.Context) ([]Storage, error) {
 }
 
 func (f *facts) getPlans(ctx context.Context) (planSet, error) {
-	return f.plans.get(func() (planSet, error) {
-		vms, err := f.getVMs(ctx)
+	t := f.top()
+	return t.plans.get(func() (planSet, error) {
+		vms, err := t.getVMs(ctx)
+		if err != nil {
+			return planSet{}, err
+		}
+		placed, err := t.getPlaced(ctx)
 		if err != nil {
 			return planSet{}, err
 		}
 		ps := planSet{plans: map[int]Plan{}, errs: map[int]error{}}
-		for _, s := range f.in.VMs {
-			p, err := f.c.PlanVM(ctx, s, vms)
+		for _, s := range placed {
+			p, err := t.c.PlanVM(ctx, s, vms)
 			if err != nil {
 				ps.errs[s.VMID] = err
 				continue
@@ -338,7 +404,7 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 		in.ISOSizeBytes = 150 << 20
 		f.in = in
 	}
-	return []check.Check{
+	checks := []check.Check{
 		{Name: "proxmox: API and version", Run: func(ctx context.Context) (check.Status, string) {
 			v, err := f.getVersion(ctx)
 			switch {
@@ -396,6 +462,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 					in.Zones[b.Name] = b.Zone
 				}
 			}
+			if placed, err := f.getPlaced(ctx); err == nil {
+				in.VMs = placed
+			}
 			needs := RequiredPrivileges(c.node, v, in, ps.plans, !present)
 			var paths []string
 			for _, n := range needs {
@@ -423,55 +492,20 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			}
 			return check.Passf("every privilege this run needs is granted (%d requirements on %d paths)", len(needs), len(held))
 		}},
-		{Name: "proxmox: node", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			nodes, err := c.Nodes(ctx)
-			if err != nil {
-				return check.Failf("cannot list nodes: %v", err)
-			}
-			var names []string
-			for _, n := range nodes {
-				names = append(names, n.Name)
-				if n.Name == c.node {
-					if !n.Online {
-						return check.Failf("node %s is %s", c.node, n.Status)
-					}
-					return check.Passf("node %s online", c.node)
-				}
-			}
-			return check.Failf("node %s not in the cluster (nodes: %s)", c.node, strings.Join(names, ", "))
-		}},
-		{Name: "proxmox: disk storage", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkDiskStorage(ctx)
-		}},
-		{Name: "proxmox: ISO storage", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkISOStorage(ctx)
-		}},
-		{Name: "proxmox: bridge", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkBridges(ctx)
-		}},
+	}
+	if len(in.Hosts) > 1 {
+		for _, h := range in.Hosts {
+			checks = append(checks, f.member(h).memberChecks(" ("+h+")")...)
+		}
+	} else {
+		checks = append(checks, f.memberChecks("")...)
+	}
+	return append(checks, []check.Check{
 		{Name: "proxmox: tags", Run: func(ctx context.Context) (check.Status, string) {
 			if st, msg, ok := f.gate(ctx); !ok {
 				return st, msg
 			}
 			return f.checkTags(ctx)
-		}},
-		{Name: "proxmox: RAM and CPU headroom", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkCapacity(ctx)
 		}},
 		{Name: "proxmox: VMIDs and names", Run: func(ctx context.Context) (check.Status, string) {
 			if st, msg, ok := f.gate(ctx); !ok {
@@ -511,6 +545,58 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			}
 			return check.Passf("%d to create, %d of this cluster's to adopt, none held by other VMs", created, adopted)
 		}},
+	}...)
+}
+
+// memberChecks are the checks of one member's node, storages, bridges
+// and room, named with suffix.
+func (f *facts) memberChecks(suffix string) []check.Check {
+	c := f.c
+	return []check.Check{
+		{Name: "proxmox: node" + suffix, Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			nodes, err := c.Nodes(ctx)
+			if err != nil {
+				return check.Failf("cannot list nodes: %v", err)
+			}
+			var names []string
+			for _, n := range nodes {
+				names = append(names, n.Name)
+				if n.Name == c.node {
+					if !n.Online {
+						return check.Failf("node %s is %s", c.node, n.Status)
+					}
+					return check.Passf("node %s online", c.node)
+				}
+			}
+			return check.Failf("node %s not in the cluster (nodes: %s)", c.node, strings.Join(names, ", "))
+		}},
+		{Name: "proxmox: disk storage" + suffix, Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkDiskStorage(ctx)
+		}},
+		{Name: "proxmox: ISO storage" + suffix, Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkISOStorage(ctx)
+		}},
+		{Name: "proxmox: bridge" + suffix, Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkBridges(ctx)
+		}},
+		{Name: "proxmox: RAM and CPU headroom" + suffix, Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkCapacity(ctx)
+		}},
 	}
 }
 
@@ -532,10 +618,14 @@ func (f *facts) checkDiskStorage(ctx context.Context) (check.Status, string) {
 	if err != nil {
 		return check.Failf("cannot list VMs: %v", err)
 	}
+	here, err := f.specs(ctx)
+	if err != nil {
+		return check.Failf("cannot place the VMs: %v", err)
+	}
 	need := map[string]int64{}
 	count := map[string]int{}
 	var order []string
-	for _, s := range f.in.VMs {
+	for _, s := range here {
 		if _, ok := need[s.DiskStorage]; !ok {
 			order = append(order, s.DiskStorage)
 			need[s.DiskStorage] = 0
@@ -645,6 +735,10 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 	if err != nil {
 		return check.Failf("cannot list bridges: %v", err)
 	}
+	here, err := f.specs(ctx)
+	if err != nil {
+		return check.Failf("cannot place the VMs: %v", err)
+	}
 	v, err := f.getVersion(ctx)
 	if err != nil {
 		return check.Failf("cannot read version: %v", err)
@@ -655,7 +749,7 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 	}
 	seen := map[string]bool{}
 	var parts []string
-	for _, s := range f.in.VMs {
+	for _, s := range here {
 		key := s.Bridge + "/" + strconv.Itoa(s.VLAN)
 		if seen[key] {
 			continue
@@ -797,13 +891,17 @@ func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
 	if err != nil {
 		return check.Failf("cannot list VMs: %v", err)
 	}
+	here, err := f.specs(ctx)
+	if err != nil {
+		return check.Failf("cannot place the VMs: %v", err)
+	}
 	running := map[int]bool{}
 	for _, v := range vms {
 		running[v.VMID] = v.Status == "running"
 	}
 	var needMem int64
 	vcpus := 0
-	for _, s := range f.in.VMs {
+	for _, s := range here {
 		if s.Cores > ns.CPUs {
 			return check.Failf("VM %s wants %d cores, the node has %d CPUs", s.Name, s.Cores, ns.CPUs)
 		}

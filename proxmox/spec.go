@@ -20,7 +20,10 @@ type VMSpec struct {
 	Role string
 	// VMID comes from config: IDs are never taken from /cluster/nextid,
 	// which reserves nothing and races between parallel creates.
-	VMID      int
+	VMID int
+	// Node is the Proxmox cluster member the VM runs on or is created on
+	// (see Place); "" is the client's node.
+	Node      string
 	Cores     int
 	MemoryMiB int
 	// DiskStorage and DiskGiB describe the install disk.

@@ -38,6 +38,15 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 	}
 	p := cfg.Proxmox
 	im := cfg.Images()
+	host := func(n config.Node) string {
+		if n.Host != "" {
+			return n.Host
+		}
+		if len(p.Hosts) == 0 {
+			return p.Node
+		}
+		return "" // placed by proxmox.Place
+	}
 	specs := make([]proxmox.VMSpec, 0, len(cfg.Nodes))
 	for _, n := range cfg.Nodes {
 		ip, err := netip.ParseAddr(n.IP)
@@ -45,7 +54,7 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 			return nil, config.Userf("node %s: ip %q: %v", n.Name, n.IP, err)
 		}
 		specs = append(specs, proxmox.VMSpec{
-			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID,
+			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID, Node: host(n),
 			Cores: n.Cores, MemoryMiB: n.MemoryMiB, DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
 			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFile, GuestAgent: im.GuestAgent,
 			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
@@ -117,45 +126,31 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 
-	// 1. The Talos ISO every VM boots from until it is installed, built
-	// by the factory from the schematic (registered first: the factory
-	// builds nothing for an ID it does not hold).
-	src := ISOSource(cfg)
-	if _, present, err := c.FindISO(ctx, src.Storage, src.Filename); err != nil {
-		return fmt.Errorf("looking for %s on %s: %w", src.Filename, src.Storage, err)
-	} else if present {
-		env.UI.OK("ISO %s present on %s", src.Filename, src.Storage)
-	} else {
-		if src.URL == "" {
-			return config.Userf("ISO %s is not on storage %s and proxmox.iso.url is empty", src.Filename, src.Storage)
-		}
-		if cfg.Images().ISODerived {
-			if err := ensureSchematic(ctx, env); err != nil {
-				return err
-			}
-			if err := factoryChecksum(ctx, env, &src); err != nil {
-				return err
-			}
-		}
-		verify := "unverified"
-		if src.Checksum != "" {
-			verify = src.ChecksumAlgorithm + " verified"
-		}
-		if err := env.Wet(fmt.Sprintf("download %s to %s from %s (%s)", src.Filename, src.Storage, src.URL, verify), func() error {
-			_, err := c.EnsureISO(ctx, src)
-			return err
-		}); err != nil {
-			return err
-		}
-	}
-
-	// 2. Plan every VM before changing any: a VMID held by another VM or
-	// unsafe drift stops the stage with nothing half done.
+	// 1. Where each VM runs: where it is when it exists, else the
+	// config's host or the placement over proxmox.hosts. The listing is
+	// also what the plans below read.
 	vms, err := c.ListVMs(ctx)
 	if err != nil {
 		return err
 	}
 	warnLeftNodes(env, proxmox.ClusterVMs(vms, cfg.Cluster.Name))
+	if specs, err = c.PlaceVMs(ctx, specs, cfg.Proxmox.Hosts, vms); err != nil {
+		return err
+	}
+	if len(cfg.Proxmox.Hosts) > 1 {
+		env.UI.OK("placement: %s", describePlacement(specs))
+	}
+
+	// 2. The Talos ISO every VM boots from until it is installed, on each
+	// member that runs one (a shared storage has it after the first).
+	for _, h := range usedHosts(specs) {
+		if err := ensureISO(ctx, env, c.On(h)); err != nil {
+			return err
+		}
+	}
+
+	// 3. Plan every VM before changing any: a VMID held by another VM or
+	// unsafe drift stops the stage with nothing half done.
 	plans := make([]proxmox.Plan, len(specs))
 	var problems []error
 	for i, s := range specs {
@@ -168,6 +163,9 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 			continue
 		}
 		plans[i] = p
+		if p.Elsewhere != "" {
+			env.UI.Warn("VM %d %s runs on %s, not on %s where the config puts it: adopted where it is (migrate it to %s to follow the config)", s.VMID, s.Name, p.Spec.Node, p.Elsewhere, p.Elsewhere)
+		}
 		for _, d := range p.Drift {
 			switch {
 			case d.Pending:
@@ -181,7 +179,7 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		return errors.Join(problems...)
 	}
 
-	// 3. Create or adopt, then start, a bounded number of VMs at a time.
+	// 4. Create or adopt, then start, a bounded number of VMs at a time.
 	par := cfg.Proxmox.Parallelism
 	if par < 1 {
 		par = 1
@@ -211,7 +209,7 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		return nil
 	}
 
-	// 4. Every node up in Talos maintenance mode (or already configured).
+	// 5. Every node up in Talos maintenance mode (or already configured).
 	nodes := map[string]string{}
 	for _, s := range specs {
 		nodes[s.Name] = s.IPv4.Addr().String()
@@ -240,7 +238,7 @@ func provisionVM(ctx context.Context, env *Env, c *proxmox.Client, p proxmox.Pla
 	}
 	if !env.DryRun {
 		n := env.Node(s.Name)
-		n.Role, n.VMID, n.IP, n.MAC, n.DiskBus = s.Role, s.VMID, s.IPv4.Addr().String(), s.EffectiveMAC(), s.Bus()
+		n.Role, n.VMID, n.IP, n.MAC, n.DiskBus, n.Host = s.Role, s.VMID, s.IPv4.Addr().String(), s.EffectiveMAC(), s.Bus(), s.Node
 		env.SetNode(n)
 		if err := env.SaveState(); err != nil {
 			return fmt.Errorf("writing state: %w", err)
@@ -250,6 +248,65 @@ func provisionVM(ctx context.Context, env *Env, c *proxmox.Client, p proxmox.Pla
 		return nil
 	}
 	return env.Wet(fmt.Sprintf("start VM %d %s", s.VMID, s.Name), func() error {
-		return c.Start(ctx, s.VMID)
+		return c.On(s.Node).Start(ctx, s.VMID)
 	})
+}
+
+// ensureISO makes the Talos ISO present on c's member: found, or
+// downloaded from the factory (registering the schematic first: the
+// factory builds nothing for an ID it does not hold).
+func ensureISO(ctx context.Context, env *Env, c *proxmox.Client) error {
+	cfg := env.Config
+	src := ISOSource(cfg)
+	where := src.Storage
+	if len(cfg.Proxmox.Hosts) > 1 {
+		where = src.Storage + " on " + c.Node()
+	}
+	if _, present, err := c.FindISO(ctx, src.Storage, src.Filename); err != nil {
+		return fmt.Errorf("looking for %s on %s: %w", src.Filename, where, err)
+	} else if present {
+		env.UI.OK("ISO %s present on %s", src.Filename, where)
+		return nil
+	}
+	if src.URL == "" {
+		return config.Userf("ISO %s is not on storage %s and proxmox.iso.url is empty", src.Filename, where)
+	}
+	if cfg.Images().ISODerived {
+		if err := ensureSchematic(ctx, env); err != nil {
+			return err
+		}
+		if err := factoryChecksum(ctx, env, &src); err != nil {
+			return err
+		}
+	}
+	verify := "unverified"
+	if src.Checksum != "" {
+		verify = src.ChecksumAlgorithm + " verified"
+	}
+	return env.Wet(fmt.Sprintf("download %s to %s from %s (%s)", src.Filename, where, src.URL, verify), func() error {
+		_, err := c.EnsureISO(ctx, src)
+		return err
+	})
+}
+
+// usedHosts lists the members the specs run on, in first-use order.
+func usedHosts(specs []proxmox.VMSpec) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, s := range specs {
+		if !seen[s.Node] {
+			seen[s.Node] = true
+			out = append(out, s.Node)
+		}
+	}
+	return out
+}
+
+// describePlacement is "cp-1 → pve1, cp-2 → pve2, ...".
+func describePlacement(specs []proxmox.VMSpec) string {
+	parts := make([]string, 0, len(specs))
+	for _, s := range specs {
+		parts = append(parts, s.Name+" → "+s.Node)
+	}
+	return strings.Join(parts, ", ")
 }

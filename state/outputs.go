@@ -25,6 +25,9 @@ type Node struct {
 	VMID int    `json:"vmid,omitempty"`
 	IP   string `json:"ip,omitempty"`
 	MAC  string `json:"mac,omitempty"`
+	// Host is the Proxmox member that ran the VM when provision last
+	// planned it.
+	Host string `json:"host,omitempty"`
 	// DiskBus is the bus of the VM's install disk ("scsi", "virtio"); the
 	// talos stage derives the install disk from it.
 	DiskBus string `json:"disk_bus,omitempty"`
