@@ -74,11 +74,20 @@ type TalosProbe interface {
 
 // VMProbe asks Proxmox about the cluster's VMs.
 type VMProbe interface {
-	// NotRunning lists the cluster's VMs that are not running.
-	NotRunning(ctx context.Context) ([]string, error)
+	// VMs reports the cluster's VMs: those not running, and the Proxmox
+	// member each node's VM runs on.
+	VMs(ctx context.Context) (VMState, error)
 	// GuestAgents pings each node's QEMU guest agent through Proxmox: a
 	// nil error by node name is an answer.
 	GuestAgents(ctx context.Context) (map[string]error, error)
+}
+
+// VMState is what VMProbe.VMs saw.
+type VMState struct {
+	// NotRunning describes each VM that is not running, or missing.
+	NotRunning []string
+	// Hosts is the member each node's VM runs on, by node name.
+	Hosts map[string]string
 }
 
 // Node is a node the config expects.
@@ -149,8 +158,12 @@ type Options struct {
 	// Talos and Proxmox are optional; a nil probe makes its checks warn.
 	Talos   TalosProbe
 	Proxmox VMProbe
-	Now     func() time.Time
-	Log     zerolog.Logger
+	// Hosts are the Proxmox members the VMs are spread over
+	// (proxmox.hosts): with more than one, the VM row says where each runs
+	// and warns when control planes share one.
+	Hosts []string
+	Now   func() time.Time
+	Log   zerolog.Logger
 	// DryRun skips the test PVC: a dry run changes nothing, not even that.
 	DryRun bool
 }
@@ -651,14 +664,47 @@ func (c *checker) vms(ctx context.Context) (check.Status, string) {
 	if c.o.Proxmox == nil {
 		return check.Warnf("Proxmox not checked (no API token available to this run)")
 	}
-	down, err := c.o.Proxmox.NotRunning(ctx)
+	st, err := c.o.Proxmox.VMs(ctx)
 	if err != nil {
 		return check.Warnf("could not list the cluster's VMs: %v", err)
 	}
-	if len(down) > 0 {
-		return check.Warnf("VMs not running: %s", strings.Join(down, ", "))
+	if len(st.NotRunning) > 0 {
+		return check.Warnf("VMs not running: %s", strings.Join(st.NotRunning, ", "))
 	}
-	return check.Passf("all of the cluster's VMs are running")
+	if len(c.o.Hosts) <= 1 {
+		return check.Passf("all of the cluster's VMs are running")
+	}
+	// Several members: where each VM runs, and control planes that would
+	// go down together with one host.
+	var where []string
+	cps := map[string][]string{}
+	for _, n := range c.o.Nodes {
+		h := st.Hosts[n.Name]
+		where = append(where, n.Name+" on "+h)
+		if n.Role == "controlplane" && h != "" {
+			cps[h] = append(cps[h], n.Name)
+		}
+	}
+	var shared []string
+	for _, h := range c.o.Hosts {
+		if len(cps[h]) > 1 {
+			shared = append(shared, fmt.Sprintf("%s share %s", strings.Join(cps[h], " and "), h))
+		}
+	}
+	if len(shared) > 0 {
+		return check.Warnf("all running (%s), but control planes %s: that host going down takes %d etcd members with it (migrate one to another member)", strings.Join(where, ", "), strings.Join(shared, "; "), len(cps[firstShared(cps, c.o.Hosts)]))
+	}
+	return check.Passf("all of the cluster's VMs are running: %s", strings.Join(where, ", "))
+}
+
+// firstShared is the first host in order with more than one control plane.
+func firstShared(cps map[string][]string, hosts []string) string {
+	for _, h := range hosts {
+		if len(cps[h]) > 1 {
+			return h
+		}
+	}
+	return ""
 }
 
 // extensions fails when a node does not run every extension of the

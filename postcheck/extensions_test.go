@@ -23,7 +23,7 @@ func (p extProbe) Extensions(context.Context) (map[string][]talos.Extension, err
 
 type agentProbe map[string]error
 
-func (p agentProbe) NotRunning(context.Context) ([]string, error)          { return nil, nil }
+func (p agentProbe) VMs(context.Context) (VMState, error)                  { return VMState{}, nil }
 func (p agentProbe) GuestAgents(context.Context) (map[string]error, error) { return p, nil }
 
 func TestExtensionsAndGuestAgentRows(t *testing.T) {

@@ -369,7 +369,7 @@ func waitPoweredOff(ctx context.Context, env *Env, pve *proxmox.Client, ops *tal
 	spec := wait.Spec{What: r.Name + " to power off after its reset", Timeout: env.Config.Cluster.Timeouts.Reboot.D(), Log: env.Log}
 	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
 		if r.VM != nil {
-			st, err := pve.Status(ctx, r.VM.VMID)
+			st, err := pve.On(r.VM.Node).Status(ctx, r.VM.VMID)
 			if proxmox.IsNotFound(err) {
 				return true, "", nil
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/postcheck"
+	"github.com/homelab/bootstrap/proxmox"
 	"github.com/homelab/bootstrap/talos"
 )
 
@@ -102,51 +103,65 @@ func (e *Env) postcheckVMProbe(ctx context.Context) postcheck.VMProbe {
 
 type vmProbe struct{ env *Env }
 
-func (p vmProbe) NotRunning(ctx context.Context) ([]string, error) {
-	c, err := ProxmoxClient(ctx, p.env)
+func (p vmProbe) VMs(ctx context.Context) (postcheck.VMState, error) {
+	c, vms, err := p.list(ctx)
 	if err != nil {
-		return nil, err
-	}
-	vms, err := c.FindClusterVMs(ctx, p.env.Config.Cluster.Name)
-	if err != nil {
-		return nil, err
+		return postcheck.VMState{}, err
 	}
 	want := map[int]string{}
 	for _, n := range p.env.Config.Nodes {
 		want[n.VMID] = n.Name
 	}
-	var down []string
+	out := postcheck.VMState{Hosts: map[string]string{}}
 	seen := map[int]bool{}
 	for _, v := range vms {
 		seen[v.VMID] = true
+		if name, ok := want[v.VMID]; ok {
+			out.Hosts[name] = v.Node
+		}
 		// The listed status lags by up to one pvestatd broadcast (10 s):
 		// just after the pipeline started a VM it may still say stopped.
-		st, err := c.Status(ctx, v.VMID)
+		st, err := c.On(v.Node).Status(ctx, v.VMID)
 		if err != nil {
-			return nil, err
+			return postcheck.VMState{}, err
 		}
 		if !st.Running() {
-			down = append(down, fmt.Sprintf("%s (vmid %d, %s)", v.Name, v.VMID, st.Status))
+			out.NotRunning = append(out.NotRunning, fmt.Sprintf("%s (vmid %d, %s)", v.Name, v.VMID, st.Status))
 		}
 	}
 	for id, name := range want {
 		if !seen[id] {
-			down = append(down, fmt.Sprintf("%s (vmid %d, missing)", name, id))
+			out.NotRunning = append(out.NotRunning, fmt.Sprintf("%s (vmid %d, missing)", name, id))
 		}
 	}
-	sort.Strings(down)
-	return down, nil
+	sort.Strings(out.NotRunning)
+	return out, nil
 }
 
-// GuestAgents pings the guest agent of every node's VM.
-func (p vmProbe) GuestAgents(ctx context.Context) (map[string]error, error) {
+// list is the cluster's VMs, each with the member that runs it.
+func (p vmProbe) list(ctx context.Context) (*proxmox.Client, []proxmox.VMSummary, error) {
 	c, err := ProxmoxClient(ctx, p.env)
+	if err != nil {
+		return nil, nil, err
+	}
+	vms, err := c.FindClusterVMs(ctx, p.env.Config.Cluster.Name)
+	return c, vms, err
+}
+
+// GuestAgents pings the guest agent of every node's VM, on the member
+// that runs it.
+func (p vmProbe) GuestAgents(ctx context.Context) (map[string]error, error) {
+	c, vms, err := p.list(ctx)
 	if err != nil {
 		return nil, err
 	}
+	member := map[int]string{}
+	for _, v := range vms {
+		member[v.VMID] = v.Node
+	}
 	out := map[string]error{}
 	for _, n := range p.env.Config.Nodes {
-		out[n.Name] = c.AgentPing(ctx, n.VMID)
+		out[n.Name] = c.On(member[n.VMID]).AgentPing(ctx, n.VMID)
 	}
 	return out, nil
 }

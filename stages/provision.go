@@ -111,7 +111,7 @@ func (ProvisionStage) Prechecks(ctx context.Context, env *Env) []check.Check {
 			return check.Failf("%v", err)
 		}}}
 	}
-	return append(proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config)}), factoryCheck(env))
+	return append(proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config), Hosts: env.Config.Proxmox.Hosts}), factoryCheck(env))
 }
 
 // Run implements Stage.
