@@ -48,6 +48,8 @@ type Options struct {
 	ControlPlanes int
 	Workers       int
 	VIP           bool
+	// ProxmoxHosts runs a Proxmox cluster of that many members (lab.Options).
+	ProxmoxHosts int
 	// CNI is flannel (default) or cilium (the real Cilium chart).
 	CNI string
 	// TalosVersion the nodes boot and the config names (lab.Options).
@@ -93,7 +95,7 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 		kubeData = filepath.Join(o.Dir, "kube")
 	}
 	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
-		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion,
+		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
 		OnNodeBoot: o.OnNodeBoot, Log: o.Log,
 	})

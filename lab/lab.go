@@ -47,6 +47,10 @@ type Options struct {
 	Workers       int
 	// VIP gives the control planes a shared address (as a Talos Layer2 VIP).
 	VIP bool
+	// ProxmoxHosts runs a Proxmox VE cluster of that many members (pve1,
+	// pve2, ...; each an N100 with its own local storages) listed in the
+	// config's proxmox.hosts; 0 or 1 is the single host "pve".
+	ProxmoxHosts int
 	// Profile is the latency model of the Proxmox host and Talos nodes:
 	// "instant" or "n100"; TimeScale multiplies its durations (n100 at
 	// 0.1 runs ten times faster than the real box).
@@ -86,12 +90,15 @@ type Lab struct {
 	prefix netip.Prefix
 	log    zerolog.Logger
 
-	PVE      *pvesim.Server
-	Talos    *talossim.Sim
-	Kube     *ControlPlane
-	NFS      *nfs.Server
-	Charts   *chartrepo.Repo
-	Manifest *fluxmanifests.Server
+	// PVE is the Proxmox member the config's URL reaches; PVEMembers all
+	// of them (PVE alone on a single host).
+	PVE        *pvesim.Server
+	PVEMembers []*pvesim.Server
+	Talos      *talossim.Sim
+	Kube       *ControlPlane
+	NFS        *nfs.Server
+	Charts     *chartrepo.Repo
+	Manifest   *fluxmanifests.Server
 	// Factory is the Image Factory the config points at; pvesim downloads
 	// its ISOs and talossim nodes pull its installers.
 	Factory *imagefactory.Server
@@ -122,6 +129,30 @@ func (l *Lab) ConfigPath() string { return l.configPath }
 // AuditLogPath is where the API server writes its audit log when
 // Options.Audit is set.
 func (l *Lab) AuditLogPath() string { return abs(filepath.Join(l.opts.Dir, "audit.log")) }
+
+// PVEFor is the Proxmox member that runs vmid (the first member when none
+// does).
+func (l *Lab) PVEFor(vmid int) *pvesim.Server {
+	node := l.PVE.VMNode(vmid)
+	for _, m := range l.PVEMembers {
+		if m.NodeName() == node {
+			return m
+		}
+	}
+	return l.PVE
+}
+
+// hostsLine is the config's proxmox.hosts for a cluster of members.
+func (l *Lab) hostsLine() string {
+	if len(l.PVEMembers) < 2 {
+		return ""
+	}
+	var names []string
+	for _, m := range l.PVEMembers {
+		names = append(names, m.NodeName())
+	}
+	return "  hosts: [" + strings.Join(names, ", ") + "]\n"
+}
 
 // Options returns the lab's effective options.
 func (l *Lab) Options() Options { return l.opts }
@@ -239,7 +270,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 		TalosVersion: o.TalosVersion, Installer: l.Factory.Installer, Log: o.Log,
 		// A node that shuts itself down stops its VM (l.PVE is set below,
 		// before any VM starts).
-		PowerOff: func(vmid int) { _ = l.PVE.GuestPowerOff(vmid) }})
+		PowerOff: func(vmid int) { _ = l.PVEFor(vmid).GuestPowerOff(vmid) }})
 	// The Proxmox host trusts the factory's CA, as a host whose trust
 	// store holds a self-hosted factory's CA would.
 	fetch := http.DefaultTransport.(*http.Transport).Clone()
@@ -251,7 +282,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// user the same), so every lab run, the e2e suite included, proves the
 	// documented role is enough.
 	role := []pvesim.ACE{{Path: "/", Privileges: proxmox.RunnerPrivileges(labPVEVersion)}}
-	l.PVE, err = pvesim.New(pvesim.Options{
+	pveOpts := pvesim.Options{
 		Version: labPVEVersion.Full,
 		Users:   []pvesim.User{{ID: "bootstrap@pve", ACL: role}},
 		Tokens:  []pvesim.Token{{ID: "bootstrap@pve!homelab", Secret: randomSecret(), ACL: role}},
@@ -261,7 +292,20 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 		OnStart:    []func(pvesim.VMEvent) error{l.bootNode},
 		OnStop:     []func(pvesim.VMEvent){l.stopNode},
 		OnDestroy:  []func(pvesim.VMEvent){l.wipeNode},
-	})
+	}
+	if o.ProxmoxHosts > 1 {
+		var members []pvesim.NodeSpec
+		for i := range o.ProxmoxHosts {
+			members = append(members, pvesim.NodeSpec{Name: fmt.Sprintf("pve%d", i+1)})
+		}
+		l.PVEMembers, err = pvesim.NewCluster(pveOpts, members, nil)
+		if err == nil {
+			l.PVE = l.PVEMembers[0]
+		}
+	} else {
+		l.PVE, err = pvesim.New(pveOpts)
+		l.PVEMembers = []*pvesim.Server{l.PVE}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("starting the Proxmox simulator: %w", err)
 	}
@@ -441,7 +485,7 @@ proxmox:
   diskStorage: local-lvm
   isoStorage: local
   bridge: vmbr0
-nodes:
+%[22]snodes:
 %[12]sstorage:
   nfs:
     server: %[13]s
@@ -464,7 +508,7 @@ postcheck:
   timeout: 3m
 `, l.prefix, filepath.Base(o.ConfigPath), endpointHost, vip, l.addr(1), l.PVE.APIURL(), l.PVE.NodeName(), id, l.PVE.Fingerprint(),
 		l.Factory.URL(), abs(caFile), nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
-		abs(tokenFile), abs(l.gitDir), o.TalosVersion)
+		abs(tokenFile), abs(l.gitDir), o.TalosVersion, l.hostsLine())
 	if o.KubernetesVersion != "" {
 		cfg = strings.Replace(cfg, "  talosVersion: "+o.TalosVersion+"\n", "  talosVersion: "+o.TalosVersion+"\n  kubernetesVersion: "+o.KubernetesVersion+"\n", 1)
 	}
@@ -526,8 +570,8 @@ func (l *Lab) Stop() error {
 	if l.Talos != nil {
 		errs = append(errs, l.Talos.Close())
 	}
-	if l.PVE != nil {
-		errs = append(errs, l.PVE.Close())
+	for _, m := range l.PVEMembers {
+		errs = append(errs, m.Close())
 	}
 	if l.NFS != nil {
 		errs = append(errs, l.NFS.Close())

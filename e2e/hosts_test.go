@@ -1,0 +1,93 @@
+package e2e_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/homelab/bootstrap/e2e"
+)
+
+// A Proxmox cluster of three members: the three control planes land on
+// three members, the run says so, and the postcheck reports where each
+// VM runs. A control plane the user migrates next to another is adopted
+// where it is on the next run (nothing created, nothing changed on
+// Proxmox) and the postcheck warns that two etcd members share a host.
+func TestSeveralProxmoxHosts(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 5*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, ProxmoxHosts: 3})
+	r := run(t, ctx, h, "run", "--stage", "all")
+	if r.ExitCode != 0 {
+		t.Fatalf("pipeline on three members:\n%s", r.Tail(40))
+	}
+	if !strings.Contains(r.Stderr, "placement: cp-1 → pve1, cp-2 → pve2, cp-3 → pve3, wk-1 → pve1") {
+		t.Errorf("the run does not show the placement:\n%s", r.Tail(60))
+	}
+	st, err := h.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []string
+	for _, name := range []string{"cp-1", "cp-2", "cp-3"} {
+		n := st.Outputs.Nodes[name]
+		got := h.Lab.PVE.VMNode(n.VMID)
+		if got != n.Host {
+			t.Errorf("%s: VM %d runs on %q, the state says %q", name, n.VMID, got, n.Host)
+		}
+		hosts = append(hosts, got)
+	}
+	slices.Sort(hosts)
+	if len(slices.Compact(slices.Clone(hosts))) != 3 {
+		t.Errorf("control planes on %v, want three members", hosts)
+	}
+	if err := h.PostcheckGreen(); err != nil {
+		t.Fatal(err)
+	}
+	pr := run(t, ctx, h, "run", "--stage", "precheck")
+	for _, m := range []string{"pve1", "pve2", "pve3"} {
+		if !strings.Contains(pr.Stdout+pr.Stderr, "proxmox: node ("+m+")") {
+			t.Errorf("the precheck does not check member %s:\n%s", m, pr.Tail(40))
+		}
+	}
+
+	// The user moves cp-2 next to cp-1 (its ISO ejected first: a cdrom on
+	// local storage blocks a migration).
+	cp1, cp2 := st.Outputs.Nodes["cp-1"], st.Outputs.Nodes["cp-2"]
+	if err := h.Lab.PVEFor(cp2.VMID).EditVM(cp2.VMID, map[string]string{"ide2": "none,media=cdrom"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Lab.PVE.Migrate(ctx, cp2.VMID, cp1.Host); err != nil {
+		t.Fatal(err)
+	}
+	before, err := h.Counters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, ctx, h, "run", "--stage", "all")
+	if r.ExitCode != 0 {
+		t.Fatalf("run after the migration:\n%s", r.Tail(40))
+	}
+	after, err := h.Counters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := after.ProxmoxMutating - before.ProxmoxMutating; n != 0 {
+		t.Errorf("the run after a migration changed Proxmox %d times: %v", n, after.ProxmoxList)
+	}
+	if got := h.Lab.PVE.VMNode(cp2.VMID); got != cp1.Host {
+		t.Errorf("cp-2 runs on %q after the run, the user put it on %s", got, cp1.Host)
+	}
+	want := "cp-1 and cp-2 share " + cp1.Host
+	if !strings.Contains(r.Stdout, want) {
+		t.Errorf("the postcheck does not warn %q:\n%s", want, r.Tail(40))
+	}
+	st, err = h.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Outputs.Nodes["cp-2"].Host; got != cp1.Host {
+		t.Errorf("state records cp-2 on %q, it runs on %s", got, cp1.Host)
+	}
+}
