@@ -82,6 +82,7 @@ type Patches struct {
 type Proxmox struct {
 	URL             string   `yaml:"url" doc:"API URL, e.g. https://pve.lan:8006/api2/json."`
 	Node            string   `yaml:"node" doc:"Proxmox node name, e.g. pve: the member the API URL reaches, and where VMs go when hosts is empty."`
+	HA              bool     `yaml:"ha" doc:"Make every VM a Proxmox HA resource (state started) so HA restarts it, on another member when its host fails; needs Sys.Console on / and, to recover from a lost host, disks and ISO on shared storage."`
 	Hosts           []string `yaml:"hosts" doc:"Proxmox cluster members to spread the VMs over (control planes on distinct members, workers by free memory); empty: every VM on node. A VM found on another member (migrated) is adopted where it is."`
 	TokenID         string   `yaml:"tokenID" doc:"API token id user@realm!name; the secret comes from PROXMOX_TOKEN_SECRET or tokenSecretFile, never from this file."`
 	TokenSecretFile string   `yaml:"tokenSecretFile" path:"file" doc:"File holding the API token secret (used when PROXMOX_TOKEN_SECRET is unset)."`

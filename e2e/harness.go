@@ -50,6 +50,8 @@ type Options struct {
 	VIP           bool
 	// ProxmoxHosts runs a Proxmox cluster of that many members (lab.Options).
 	ProxmoxHosts int
+	// ProxmoxHA turns on proxmox.ha (lab.Options).
+	ProxmoxHA bool
 	// CNI is flannel (default) or cilium (the real Cilium chart).
 	CNI string
 	// TalosVersion the nodes boot and the config names (lab.Options).
@@ -95,7 +97,7 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 		kubeData = filepath.Join(o.Dir, "kube")
 	}
 	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
-		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion,
+		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
 		OnNodeBoot: o.OnNodeBoot, Log: o.Log,
 	})

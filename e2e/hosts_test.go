@@ -14,10 +14,12 @@ import (
 // VM runs. A control plane the user migrates next to another is adopted
 // where it is on the next run (nothing created, nothing changed on
 // Proxmox) and the postcheck warns that two etcd members share a host.
+// With proxmox.ha every VM becomes an HA resource once, and the precheck
+// says HA cannot recover VMs whose disks are on local storage.
 func TestSeveralProxmoxHosts(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, ProxmoxHosts: 3})
+	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, ProxmoxHosts: 3, ProxmoxHA: true})
 	r := run(t, ctx, h, "run", "--stage", "all")
 	if r.ExitCode != 0 {
 		t.Fatalf("pipeline on three members:\n%s", r.Tail(40))
@@ -45,11 +47,19 @@ func TestSeveralProxmoxHosts(t *testing.T) {
 	if err := h.PostcheckGreen(); err != nil {
 		t.Fatal(err)
 	}
+	for name, n := range st.Outputs.Nodes {
+		if !h.Lab.PVEFor(n.VMID).HAManaged(n.VMID) {
+			t.Errorf("%s: VM %d is not an HA resource", name, n.VMID)
+		}
+	}
 	pr := run(t, ctx, h, "run", "--stage", "precheck")
 	for _, m := range []string{"pve1", "pve2", "pve3"} {
 		if !strings.Contains(pr.Stdout+pr.Stderr, "proxmox: node ("+m+")") {
 			t.Errorf("the precheck does not check member %s:\n%s", m, pr.Tail(40))
 		}
+	}
+	if !strings.Contains(pr.Stdout, "local-lvm and local are not shared storage: HA cannot restart") {
+		t.Errorf("the precheck does not say HA cannot recover VMs on local disks:\n%s", pr.Stdout)
 	}
 
 	// The user moves cp-2 next to cp-1 (its ISO ejected first: a cdrom on

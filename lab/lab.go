@@ -51,6 +51,9 @@ type Options struct {
 	// pve2, ...; each an N100 with its own local storages) listed in the
 	// config's proxmox.hosts; 0 or 1 is the single host "pve".
 	ProxmoxHosts int
+	// ProxmoxHA writes proxmox.ha: true and grants the lab's token the
+	// Sys.Console on / that HA resources need (README's role leaves it out).
+	ProxmoxHA bool
 	// Profile is the latency model of the Proxmox host and Talos nodes:
 	// "instant" or "n100"; TimeScale multiplies its durations (n100 at
 	// 0.1 runs ten times faster than the real box).
@@ -142,16 +145,21 @@ func (l *Lab) PVEFor(vmid int) *pvesim.Server {
 	return l.PVE
 }
 
-// hostsLine is the config's proxmox.hosts for a cluster of members.
+// hostsLine is the config's proxmox.hosts for a cluster of members, and
+// proxmox.ha.
 func (l *Lab) hostsLine() string {
+	out := ""
+	if l.opts.ProxmoxHA {
+		out = "  ha: true\n"
+	}
 	if len(l.PVEMembers) < 2 {
-		return ""
+		return out
 	}
 	var names []string
 	for _, m := range l.PVEMembers {
 		names = append(names, m.NodeName())
 	}
-	return "  hosts: [" + strings.Join(names, ", ") + "]\n"
+	return out + "  hosts: [" + strings.Join(names, ", ") + "]\n"
 }
 
 // Options returns the lab's effective options.
@@ -281,7 +289,11 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// privilege-separated, holding the BootstrapRunner role on / (and its
 	// user the same), so every lab run, the e2e suite included, proves the
 	// documented role is enough.
-	role := []pvesim.ACE{{Path: "/", Privileges: proxmox.RunnerPrivileges(labPVEVersion)}}
+	privs := proxmox.RunnerPrivileges(labPVEVersion)
+	if o.ProxmoxHA {
+		privs = append(privs, "Sys.Console")
+	}
+	role := []pvesim.ACE{{Path: "/", Privileges: privs}}
 	pveOpts := pvesim.Options{
 		Version: labPVEVersion.Full,
 		Users:   []pvesim.User{{ID: "bootstrap@pve", ACL: role}},

@@ -95,6 +95,8 @@ type Plan struct {
 	Drift  []Drift
 	Status string
 	Config *VMConfig
+	// HAManaged: the VM is already a Proxmox HA resource.
+	HAManaged bool
 	// Elsewhere names the member the spec asked for when this cluster's
 	// VM was found running on another one (migrated by the user or by
 	// HA): the VM is adopted where it is (Spec.Node), never created again.
@@ -228,7 +230,7 @@ func (c *Client) PlanVM(ctx context.Context, spec VMSpec, vms []VMSummary) (Plan
 	if err != nil {
 		return p, fmt.Errorf("reading VM %d status: %w", spec.VMID, err)
 	}
-	p.Adopt, p.Config, p.Status = true, cfg, st.Status
+	p.Adopt, p.Config, p.Status, p.HAManaged = true, cfg, st.Status, st.HAManaged
 	p.Start = !st.Running()
 	p.Drift, p.Update, p.GrowDisk = diff(spec, cfg)
 	return p, nil

@@ -77,7 +77,7 @@ func TestSeveralMembers(t *testing.T) {
 	rs := runPrechecks(t, c, in)
 	for _, h := range in.Hosts {
 		expect(t, rs, "proxmox: node ("+h+")", check.Pass, "node "+h+" online")
-		expect(t, rs, "proxmox: ISO storage ("+h+")", check.Pass, "will be downloaded")
+		expect(t, rs, "proxmox: ISO storage ("+h+")", check.Warn, "will be downloaded", "local is not shared", "local cdrom image")
 	}
 	// pve2 has the most memory: a control plane and the worker.
 	expect(t, rs, "proxmox: RAM and CPU headroom (pve2)", check.Pass, "4 vCPUs")

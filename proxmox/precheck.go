@@ -27,6 +27,8 @@ type PrecheckInput struct {
 	// Hosts are the members VMs are spread over (proxmox.hosts); with more
 	// than one, the member checks run on each (see Place).
 	Hosts []string
+	// HA makes every VM a Proxmox HA resource (proxmox.ha).
+	HA bool
 }
 
 func (in PrecheckInput) zone(bridge string) string {
@@ -142,6 +144,14 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 				web.Options = append(slices.Clip(web.Options), Grant{Path: "/nodes/" + m, Privs: []string{"Sys.AccessNetwork"}})
 			}
 			needs = append(needs, web)
+		}
+	}
+	if in.HA {
+		for _, s := range in.VMs {
+			if p, ok := plans[s.VMID]; !ok || !p.HAManaged {
+				needs = append(needs, allOf("add the VMs to the HA resources", "/", "Sys.Console"))
+				break
+			}
 		}
 	}
 	for _, s := range in.VMs {
@@ -500,6 +510,14 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 	} else {
 		checks = append(checks, f.memberChecks("")...)
 	}
+	if in.HA {
+		checks = append(checks, check.Check{Name: "proxmox: HA", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			return f.checkHA(ctx)
+		}})
+	}
 	return append(checks, []check.Check{
 		{Name: "proxmox: tags", Run: func(ctx context.Context) (check.Status, string) {
 			if st, msg, ok := f.gate(ctx); !ok {
@@ -598,6 +616,35 @@ func (f *facts) memberChecks(suffix string) []check.Check {
 			return f.checkCapacity(ctx)
 		}},
 	}
+}
+
+// checkHA judges whether HA can do its job for these VMs: it restarts a
+// VM of a failed member on another one only when every volume of the VM
+// is on shared storage (a local disk went down with its host), and it
+// moves VMs only when their cdrom's ISO is shared too (QemuMigrate's
+// "local cdrom image", qemu-server 9.2.6 src/PVE/QemuMigrate.pm).
+func (f *facts) checkHA(ctx context.Context) (check.Status, string) {
+	var local []string
+	for _, name := range []string{f.in.VMs[0].DiskStorage, f.in.ISO.Storage} {
+		st, ok, err := f.storage(ctx, name)
+		if err != nil {
+			return check.Failf("cannot list storages: %v", err)
+		}
+		if ok && !st.Shared && !contains(local, name) {
+			local = append(local, name)
+		}
+	}
+	if len(f.in.Hosts) < 2 {
+		return check.Warnf("every VM becomes an HA resource, but with one member in proxmox.hosts HA can only restart a VM where it was")
+	}
+	if len(local) > 0 {
+		verb := "is"
+		if len(local) > 1 {
+			verb = "are"
+		}
+		return check.Warnf("every VM becomes an HA resource, but %s %s not shared storage: HA cannot restart a VM of a failed member elsewhere (its disk went down with the host) nor move it (put disks and the ISO on shared storage such as Ceph or NFS)", strings.Join(local, " and "), verb)
+	}
+	return check.Passf("every VM becomes an HA resource; its disk and ISO are on shared storage, so HA can restart it on another member")
 }
 
 func (f *facts) storage(ctx context.Context, name string) (Storage, bool, error) {
@@ -704,6 +751,20 @@ func (f *facts) diskRoom(ctx context.Context, st Storage, need int64, disks int)
 }
 
 func (f *facts) checkISOStorage(ctx context.Context) (check.Status, string) {
+	status, reason := f.isoOnStorage(ctx)
+	st, ok, err := f.storage(ctx, f.in.ISO.Storage)
+	if status == check.Pass && len(f.in.Hosts) > 1 && err == nil && ok && !st.Shared {
+		// QemuMigrate refuses a VM whose cdrom holds an image on storage
+		// that is not shared ("local cdrom image", qemu-server 9.2.6
+		// src/PVE/QemuMigrate.pm), and the VMs keep the Talos ISO in
+		// theirs: neither the user nor HA can move them between members.
+		return check.Warnf("%s; %s is not shared, so Proxmox refuses to migrate a VM with the ISO in its cdrom drive (\"local cdrom image\"): put the ISO on shared storage (proxmox.isoStorage) to move VMs between members", reason, f.in.ISO.Storage)
+	}
+	return status, reason
+}
+
+// isoOnStorage judges the ISO storage and the ISO on this member.
+func (f *facts) isoOnStorage(ctx context.Context) (check.Status, string) {
 	in := f.in
 	st, ok, err := f.storage(ctx, in.ISO.Storage)
 	switch {

@@ -540,3 +540,19 @@ func (c *Client) AgentPing(ctx context.Context, vmid int) error {
 	_, err := c.post(ctx, c.vmPath(vmid)+"/agent/ping", map[string]any{})
 	return err
 }
+
+// AddToHA makes VM vmid a Proxmox HA resource with the requested state
+// started (POST /cluster/ha/resources, Sys.Console on /; pve-ha-manager
+// 5.2.0 src/PVE/API2/HA/Resources.pm create): the HA stack then restarts
+// it, on another member when its host fails. A resource defined already
+// (by an earlier, interrupted run) is fine.
+func (c *Client) AddToHA(ctx context.Context, vmid int) error {
+	_, err := c.post(ctx, "/cluster/ha/resources", map[string]any{"sid": fmt.Sprintf("vm:%d", vmid), "state": "started"})
+	if err != nil && strings.Contains(err.Error(), "already defined") {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("adding VM %d to the HA resources: %w", vmid, err)
+	}
+	return nil
+}

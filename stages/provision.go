@@ -111,7 +111,7 @@ func (ProvisionStage) Prechecks(ctx context.Context, env *Env) []check.Check {
 			return check.Failf("%v", err)
 		}}}
 	}
-	return append(proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config), Hosts: env.Config.Proxmox.Hosts}), factoryCheck(env))
+	return append(proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config), Hosts: env.Config.Proxmox.Hosts, HA: env.Config.Proxmox.HA}), factoryCheck(env))
 }
 
 // Run implements Stage.
@@ -244,11 +244,21 @@ func provisionVM(ctx context.Context, env *Env, c *proxmox.Client, p proxmox.Pla
 			return fmt.Errorf("writing state: %w", err)
 		}
 	}
-	if !p.Start {
+	if p.Start {
+		if err := env.Wet(fmt.Sprintf("start VM %d %s", s.VMID, s.Name), func() error {
+			return c.On(s.Node).Start(ctx, s.VMID)
+		}); err != nil {
+			return err
+		}
+	}
+	if !env.Config.Proxmox.HA || p.HAManaged {
 		return nil
 	}
-	return env.Wet(fmt.Sprintf("start VM %d %s", s.VMID, s.Name), func() error {
-		return c.On(s.Node).Start(ctx, s.VMID)
+	// After the start: HA's requested state "started" then matches, and
+	// the start was a plain one (an HA-managed VM's start only queues a
+	// request for the HA stack).
+	return env.Wet(fmt.Sprintf("add VM %d %s to the Proxmox HA resources", s.VMID, s.Name), func() error {
+		return c.AddToHA(ctx, s.VMID)
 	})
 }
 

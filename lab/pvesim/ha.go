@@ -43,10 +43,65 @@ func haSIDVMID(sid string) (int, bool) {
 	return id, err == nil
 }
 
+// haMember is the cluster member that runs vmid, which keeps its HA state
+// (pvesim keeps the cluster-wide resources config per member; its
+// vmstatus reads it). Alone, or for a VMID no member holds, it is s.
+func (s *Server) haMember(vmid int) *Server {
+	if m := s.peer(s.VMNode(vmid)); m != nil {
+		return m
+	}
+	return s
+}
+
+// haCreate answers POST /cluster/ha/resources (pve-ha-manager 5.2.0
+// src/PVE/API2/HA/Resources.pm create): Sys.Console on /; the sid is
+// "vm:<id>" or a bare VMID of an existing guest (Config.pm parse_sid);
+// the VM must exist in the cluster (Resources/PVEVM.pm exists); a
+// resource defined twice fails inside the HA domain lock ("create
+// resource failed: ..."). The requested state defaults to started.
+func (s *Server) haCreate(r *request) (any, *apiError) {
+	if aerr := r.who.check("/", "Sys.Console"); aerr != nil {
+		return nil, aerr
+	}
+	sid := r.param("sid")
+	if sid == "" {
+		return nil, paramErr(map[string]string{"sid": "property is missing and it is not optional"})
+	}
+	id, ok := haSIDVMID(sid)
+	bare := !strings.Contains(sid, ":")
+	if !ok {
+		return nil, errf(500, "unable to parse service id '%s'", sid)
+	}
+	state := r.param("state")
+	if state == "" {
+		state = "started"
+	}
+	s.mu.Lock()
+	kind, _ := s.guestTypeLocked(id)
+	s.mu.Unlock()
+	switch {
+	case kind == "" && bare:
+		return nil, errf(500, "unable to detect SID from VMID - VM/CT %d does not exist", id)
+	case kind == "":
+		return nil, errf(500, "resource 'vm:%d' does not exist in cluster", id)
+	case kind == "CT":
+		return nil, errf(500, "resource 'vm:%d' - guest with ID %d is not a VM", id, id)
+	}
+	m := s.haMember(id)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, dup := m.ha[id]; dup {
+		return nil, errf(500, "create resource failed: resource ID 'vm:%d' already defined", id)
+	}
+	m.ha[id] = state
+	return nil, nil
+}
+
 // haRead answers GET /cluster/ha/resources/{sid} (pve-ha-manager
 // src/PVE/API2/HA/Resources.pm read).
 func (s *Server) haRead(r *request, sid string) (any, *apiError) {
 	id, ok := haSIDVMID(sid)
+	s = s.haMember(id)
 	s.mu.Lock()
 	state, managed := s.ha[id]
 	s.mu.Unlock()
@@ -64,6 +119,7 @@ func (s *Server) haDelete(r *request, sid string) (any, *apiError) {
 		return nil, aerr
 	}
 	id, ok := haSIDVMID(sid)
+	s = s.haMember(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, managed := s.ha[id]; !ok || !managed {

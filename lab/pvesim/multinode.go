@@ -321,6 +321,8 @@ func (s *Server) moveVM(id int, dst *Server) error {
 	}
 	delete(s.vms, id)
 	reserved := v.reserved
+	haState, ha := s.ha[id]
+	delete(s.ha, id)
 	s.mu.Unlock()
 
 	dst.mu.Lock()
@@ -331,6 +333,9 @@ func (s *Server) moveVM(id int, dst *Server) error {
 		}
 	}
 	v.reserved = reserved
+	if ha {
+		dst.ha[id] = haState
+	}
 	dst.vms[id] = v
 	dst.claimLocked(id)
 	dst.mu.Unlock()

@@ -113,6 +113,25 @@ func TestClusterMembersShareVMIDsAndListings(t *testing.T) {
 	if used("pve2") <= used("pve1") {
 		t.Errorf("pve2 runs a 4 GiB VM but uses %v, pve1 %v", used("pve2"), used("pve1"))
 	}
+
+	// HA resources are the cluster's: created through pve1 for pve2's VM,
+	// pve2's vmstatus shows it managed.
+	for sid, want := range map[string]string{
+		"vm:799": "resource 'vm:799' does not exist in cluster\n",
+		"799":    "unable to detect SID from VMID - VM/CT 799 does not exist\n",
+	} {
+		if a := c.do("POST", "/cluster/ha/resources", url.Values{"sid": {sid}}); a.code != 500 || a.msg != want {
+			t.Errorf("HA resource %s: %s %q", sid, a.status, a.msg)
+		}
+	}
+	c.ok("POST", "/cluster/ha/resources", url.Values{"sid": {"vm:701"}, "state": {"started"}})
+	ha := c.ok("GET", "/nodes/pve2/qemu/701/status/current", nil).(map[string]any)["ha"].(map[string]any)
+	if ha["managed"] != float64(1) || ha["state"] != "started" {
+		t.Errorf("vmstatus ha of an HA resource: %v", ha)
+	}
+	if a := c.do("POST", "/cluster/ha/resources", url.Values{"sid": {"vm:701"}}); a.code != 500 || a.msg != "create resource failed: resource ID 'vm:701' already defined\n" {
+		t.Errorf("HA resource twice: %s %q", a.status, a.msg)
+	}
 }
 
 // Migration as qemu-server's migrate_vm and QemuMigrate check it: online

@@ -549,6 +549,8 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 		return s.clusterOptions(r), nil
 	case n == 4 && seg[0] == "cluster" && seg[1] == "sdn" && seg[2] == "vnets" && get:
 		return s.readVNet(r, seg[3])
+	case n == 3 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "resources" && post:
+		return s.haCreate(r)
 	case n == 4 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "resources" && get:
 		return s.haRead(r, seg[3])
 	case n == 4 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "resources" && del:
