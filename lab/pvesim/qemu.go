@@ -1391,7 +1391,9 @@ func (s *Server) ownResources(r *request, typ string) []any {
 	}
 	if typ == "" || typ == "storage" {
 		for _, st := range s.storages {
-			if !r.who.has("/storage/"+st.spec.Name, "Datastore.Audit") && !r.who.has("/storage/"+st.spec.Name, "Datastore.AllocateSpace") {
+			// Datastore.Audit only (pve-manager 9.2.11 PVE/API2/Cluster.pm
+			// resources), one row per member the storage is enabled on.
+			if !r.who.has("/storage/"+st.spec.Name, "Datastore.Audit") {
 				continue
 			}
 			status := "available"
