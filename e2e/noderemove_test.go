@@ -172,6 +172,18 @@ func TestNodeRemove(t *testing.T) {
 	if got := h.Lab.Talos.EtcdMembers(nodes["cp-1"].IP); len(got) != 2 {
 		t.Errorf("etcd members after removing cp-3: %v, want cp-1 and cp-2", got)
 	}
+	// A control plane replaced: it leaves etcd, is installed afresh and
+	// joins again as a new member; etcd keeps two members, cp-2 among them.
+	r = run(t, rctx, h, "node", "replace", "cp-2", "--yes")
+	if r.ExitCode != 0 || !strings.Contains(r.Stdout, "cp-2: replace done") {
+		t.Fatalf("node replace cp-2 (exit %d):\n%s\n%s", r.ExitCode, r.Stdout, r.Tail(30))
+	}
+	if got := h.Lab.Talos.EtcdMembers(nodes["cp-1"].IP); !slices.Equal(got, []string{"cp-1", "cp-2"}) {
+		t.Errorf("etcd members after replacing cp-2: %v, want cp-1 and cp-2", got)
+	}
+	if n, ok := h.Lab.Talos.Node(nodes["cp-2"].IP); !ok || n.Counters().Installs != 1 {
+		t.Error("the replaced cp-2 was not installed afresh")
+	}
 	if r := run(t, ctx, h, "run", "--stage", "postcheck"); r.ExitCode != 0 {
 		t.Fatalf("postcheck after the removals:\n%s\n%s", r.Stdout, r.Tail(30))
 	}
