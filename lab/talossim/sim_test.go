@@ -44,6 +44,12 @@ type fixture struct {
 
 func newFixture(t *testing.T, bundle string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, bundle, talossim.Profile{})
+}
+
+// newFixtureWith is newFixture on a latency profile (zero: the default).
+func newFixtureWith(t *testing.T, bundle string, profile talossim.Profile) *fixture {
+	t.Helper()
 	prefix, err := talossim.RandomLoopbackPrefix(50000)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +77,7 @@ func newFixture(t *testing.T, bundle string) *fixture {
 		t.Fatal(err)
 	}
 	f.cluster = talossim.NewMemoryCluster([]byte("apiVersion: v1\nkind: Config\n"))
-	f.sim = talossim.New(talossim.Options{Cluster: f.cluster, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	f.sim = talossim.New(talossim.Options{Cluster: f.cluster, Profile: profile, Log: zerolog.New(zerolog.NewTestWriter(t))})
 	t.Cleanup(func() { f.sim.Close() })
 	for _, n := range []talossim.NodeSpec{
 		{IP: f.cp, Hostname: "vm-701", Disks: []talossim.Disk{{Bus: "scsi", Size: 32 << 30}, {Bus: "virtio", Size: 100 << 30}}},
@@ -216,7 +222,12 @@ func TestMaintenanceMode(t *testing.T) {
 
 func TestInstallRebootConfiguredMTLS(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, "secrets.yaml")
+	// An install of 2 s: the instant profile's 20 ms ended before a
+	// loaded machine finished the mutual TLS handshake, so the test
+	// never saw the installing stage (seen under make test).
+	p := talossim.ProfileInstant
+	p.Install = 2 * time.Second
+	f := newFixtureWith(t, "secrets.yaml", p)
 	ctx := callCtx(t)
 	node := f.node(f.cp)
 	if _, err := insecure(t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
