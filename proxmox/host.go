@@ -70,6 +70,45 @@ func (c *Client) Nodes(ctx context.Context) ([]NodeInfo, error) {
 	return out, nil
 }
 
+// ClusterStatus is GET /cluster/status (pve-manager 9.2.11
+// PVE/API2/Cluster.pm get_status).
+type ClusterStatus struct {
+	// Cluster: the node is a member of a PVE cluster (a standalone node
+	// has no "cluster" row).
+	Cluster bool
+	Name    string
+	// Quorate: corosync has its majority; without it pmxcfs is read-only
+	// and creates, starts and migrations fail ("cluster not ready - no
+	// quorum?", pve-cluster src/PVE/Cluster.pm check_cfs_quorum).
+	Quorate bool
+	// Members and Online count the cluster's members and those online.
+	Members, Online int
+}
+
+// ClusterStatus reads GET /cluster/status (Sys.Audit on /).
+func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
+	list, err := c.getList(ctx, "/cluster/status")
+	if err != nil {
+		return ClusterStatus{}, err
+	}
+	var out ClusterStatus
+	for _, e := range list {
+		switch str(e["type"]) {
+		case "cluster":
+			out.Cluster, out.Name, out.Quorate = true, str(e["name"]), num(e["quorate"]) == 1
+		case "node":
+			out.Members++
+			if num(e["online"]) == 1 {
+				out.Online++
+			}
+		}
+	}
+	if !out.Cluster {
+		out.Quorate = true
+	}
+	return out, nil
+}
+
 // NodeStatus is the capacity of the node.
 type NodeStatus struct {
 	CPUs        int

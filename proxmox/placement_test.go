@@ -75,6 +75,7 @@ func TestSeveralMembers(t *testing.T) {
 	in := precheckInput(4)
 	in.Hosts = []string{"pve1", "pve2", "pve3"}
 	rs := runPrechecks(t, c, in)
+	expect(t, rs, "proxmox: cluster quorum", check.Pass, "quorate, 3 of 3 members online")
 	for _, h := range in.Hosts {
 		expect(t, rs, "proxmox: node ("+h+")", check.Pass, "node "+h+" online")
 		expect(t, rs, "proxmox: ISO storage ("+h+")", check.Warn, "will be downloaded", "local is not shared", "local cdrom image")
@@ -150,5 +151,20 @@ func TestSeveralMembers(t *testing.T) {
 	}
 	if again[2].Node != "pve1" {
 		t.Errorf("an existing VM is placed where it runs, got %s", again[2].Node)
+	}
+
+	// Quorum lost: the precheck says what Proxmox will refuse, and the
+	// create does fail that way.
+	ms[0].SetQuorate(false)
+	rs = runPrechecks(t, c, in)
+	expect(t, rs, "proxmox: cluster quorum", check.Fail, "has no quorum", "cluster not ready - no quorum?", "pvecm expected 1")
+	five := spec(5)
+	five.Node = "pve3"
+	p, err = c.PlanVM(ctx, five, vms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ApplyPlan(ctx, p); err == nil || !strings.Contains(err.Error(), "no quorum") {
+		t.Errorf("a create without quorum: %v", err)
 	}
 }

@@ -445,6 +445,23 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			}
 			return check.Passf("%s accepted", who)
 		}},
+		{Name: "proxmox: cluster quorum", Run: func(ctx context.Context) (check.Status, string) {
+			if st, msg, ok := f.gate(ctx); !ok {
+				return st, msg
+			}
+			cs, err := c.ClusterStatus(ctx)
+			switch {
+			case IsForbidden(err):
+				return check.Warnf("cannot read /cluster/status (it needs Sys.Audit on /): a PVE cluster without quorum would refuse to create and start the VMs")
+			case err != nil:
+				return check.Failf("cannot read the cluster status: %v", err)
+			case !cs.Cluster:
+				return check.Passf("standalone node (no PVE cluster)")
+			case !cs.Quorate:
+				return check.Failf("PVE cluster %s has no quorum (%d of %d members online): Proxmox refuses to create, start or migrate VMs (\"cluster not ready - no quorum?\") until a majority is back; in a two-member cluster with one down, 'pvecm expected 1' on the member left lets it act alone", cs.Name, cs.Online, cs.Members)
+			}
+			return check.Passf("PVE cluster %s quorate, %d of %d members online", cs.Name, cs.Online, cs.Members)
+		}},
 		{Name: "proxmox: privileges", Run: func(ctx context.Context) (check.Status, string) {
 			if st, msg, ok := f.gate(ctx); !ok {
 				return st, msg

@@ -39,6 +39,9 @@ type clusterState struct {
 
 	mu    sync.Mutex
 	owner map[int]string // VMID → member holding it
+	// noQuorum: corosync lost its majority, so pmxcfs turned /etc/pve
+	// read-only (SetQuorate).
+	noQuorum bool
 }
 
 // NewCluster starts one simulator per node, joined as one Proxmox VE
@@ -191,6 +194,9 @@ func (s *Server) migrateVM(r *request, idStr string) (any, *apiError) {
 	}
 	if target == s.node.Name {
 		return nil, paramErr(map[string]string{"target": "target is local node."})
+	}
+	if aerr := s.quorumErr(); aerr != nil {
+		return nil, aerr
 	}
 	dst := s.peer(target)
 	if dst == nil {
@@ -428,4 +434,69 @@ func (s *Server) taskExit(upid string) (string, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.exit, t.done
+}
+
+// SetQuorate sets whether the cluster has quorum. Without it pmxcfs makes
+// /etc/pve read-only and every API call that writes a guest config dies
+// in check_cfs_quorum with "cluster not ready - no quorum?" (pve-cluster
+// 9.1.6 src/PVE/Cluster.pm; called by qemu-server 9.2.6 create_vm,
+// vm_start and migrate_vm before they fork their task); GET
+// /cluster/status reports quorate 0. A standalone node always has quorum.
+func (s *Server) SetQuorate(quorate bool) {
+	if s.cl == nil {
+		s.mu.Lock()
+		s.noQuorum = !quorate
+		s.mu.Unlock()
+		return
+	}
+	s.cl.mu.Lock()
+	s.cl.noQuorum = !quorate
+	s.cl.mu.Unlock()
+}
+
+// quorumErr is check_cfs_quorum's error, nil with quorum.
+func (s *Server) quorumErr() *apiError {
+	var lost bool
+	if s.cl == nil {
+		s.mu.Lock()
+		lost = s.noQuorum
+		s.mu.Unlock()
+	} else {
+		s.cl.mu.Lock()
+		lost = s.cl.noQuorum
+		s.cl.mu.Unlock()
+	}
+	if lost {
+		return errf(500, "cluster not ready - no quorum?")
+	}
+	return nil
+}
+
+// clusterStatus answers GET /cluster/status (pve-manager 9.2.11
+// PVE/API2/Cluster.pm get_status): Sys.Audit on /; in a cluster one
+// "cluster" row (nodes, version, name, quorate) and a row per member
+// (nodeid, local, online, ip, level); a standalone node gets only its own
+// row, with nodeid 0.
+func (s *Server) clusterStatus(r *request) (any, *apiError) {
+	if aerr := r.who.check("/", "Sys.Audit"); aerr != nil {
+		return nil, aerr
+	}
+	node := func(m *Server, id int) map[string]any {
+		m.mu.Lock()
+		online := m.nodeOnline
+		m.mu.Unlock()
+		return map[string]any{"type": "node", "id": "node/" + m.node.Name, "name": m.node.Name, "nodeid": id,
+			"local": boolInt(m == s), "online": boolInt(online), "ip": "127.0.0.1", "level": ""}
+	}
+	if s.cl == nil {
+		return []any{node(s, 0)}, nil
+	}
+	s.cl.mu.Lock()
+	quorate := !s.cl.noQuorum
+	s.cl.mu.Unlock()
+	out := []any{map[string]any{"type": "cluster", "id": "cluster", "name": "homelab", "nodes": len(s.cl.members), "version": len(s.cl.members), "quorate": boolInt(quorate)}}
+	for i, m := range s.cl.members {
+		out = append(out, node(m, i+1))
+	}
+	return out, nil
 }

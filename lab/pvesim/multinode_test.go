@@ -184,3 +184,44 @@ func TestMigrateRules(t *testing.T) {
 		t.Errorf("pve1 still holds %v", left)
 	}
 }
+
+// Without corosync quorum pmxcfs is read-only: creates, starts and
+// migrations fail before their task, and /cluster/status says so; a
+// standalone node has no cluster row.
+func TestQuorumLoss(t *testing.T) {
+	ms := newCluster(t, "pve1", "pve2")
+	c := newClient(t, ms[0])
+	rows := c.ok("GET", "/cluster/status", nil).([]any)
+	if len(rows) != 3 || rows[0].(map[string]any)["quorate"] != float64(1) || rows[1].(map[string]any)["local"] != float64(1) {
+		t.Fatalf("/cluster/status: %v", rows)
+	}
+	up := c.ok("POST", "/nodes/pve2/qemu", talosVM).(string)
+	c.waitTaskOn("pve2", up)
+	ms[1].SetQuorate(false)
+	if st := c.ok("GET", "/cluster/status", nil).([]any)[0].(map[string]any); st["quorate"] != float64(0) {
+		t.Errorf("quorum lost, /cluster/status: %v", st)
+	}
+	form := url.Values{}
+	for k, v := range talosVM {
+		form[k] = v
+	}
+	form.Set("vmid", "702")
+	for what, a := range map[string]answer{
+		"create":  c.do("POST", "/nodes/pve1/qemu", form),
+		"start":   c.do("POST", "/nodes/pve2/qemu/701/status/start", nil),
+		"migrate": c.do("POST", "/nodes/pve2/qemu/701/migrate", url.Values{"target": {"pve1"}}),
+	} {
+		if a.code != 500 || a.msg != "cluster not ready - no quorum?\n" {
+			t.Errorf("%s without quorum: %s %q", what, a.status, a.msg)
+		}
+	}
+	ms[0].SetQuorate(true)
+	up = c.ok("POST", "/nodes/pve2/qemu/701/status/start", nil).(string)
+	if st := c.waitTaskOn("pve2", up); st["exitstatus"] != "OK" {
+		t.Errorf("start with quorum back: %v", st)
+	}
+	alone := newClient(t, newSim(t, Options{}))
+	if rows := alone.ok("GET", "/cluster/status", nil).([]any); len(rows) != 1 || rows[0].(map[string]any)["type"] != "node" {
+		t.Errorf("standalone /cluster/status: %v", rows)
+	}
+}

@@ -364,6 +364,9 @@ func (s *Server) createVM(r *request) (any, *apiError) {
 	// ("next if $opt eq 'tags'", qemu-server src/PVE/API2/Qemu.pm, 8.4.10
 	// and 9.2.6); from 9.2.0 the create task checks them (createTagsCheck).
 	checkTags := cfg["tags"] != "" && s.createChecksTags()
+	if aerr := s.quorumErr(); aerr != nil {
+		return nil, aerr
+	}
 
 	s.mu.Lock()
 	if kind, node := s.guestTypeLocked(id); kind != "" {
@@ -924,6 +927,9 @@ func (s *Server) powerAction(r *request, idStr, action string) (any, *apiError) 
 	sid := strconv.Itoa(id)
 	switch action {
 	case "start":
+		if aerr := s.quorumErr(); aerr != nil {
+			return nil, aerr
+		}
 		return s.startTask(r, "qmstart", sid, func(ctx context.Context, t *task) error {
 			if err := s.flock(ctx, v, s.lockTimeout()); err != nil {
 				return err

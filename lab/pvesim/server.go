@@ -68,6 +68,7 @@ type Server struct {
 	guests     map[int]GuestSpec
 	ha         map[int]string // HA-managed VMs: vmid → requested state (ha.go)
 	otherNodes []string       // other cluster nodes, sorted (other.go)
+	noQuorum   bool           // standalone: see SetQuorate
 	cl         *clusterState  // the cluster this member belongs to (multinode.go); nil alone
 	faults     []*faultRule
 	counts     map[string]int
@@ -543,6 +544,8 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 		return s.getPermissions(r)
 	case n == 2 && seg[0] == "cluster" && seg[1] == "resources" && get:
 		return s.clusterResources(r)
+	case n == 2 && seg[0] == "cluster" && seg[1] == "status" && get:
+		return s.clusterStatus(r)
 	case n == 2 && seg[0] == "cluster" && seg[1] == "nextid" && get:
 		return s.nextID(r)
 	case n == 2 && seg[0] == "cluster" && seg[1] == "options" && get:
