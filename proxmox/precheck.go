@@ -308,6 +308,16 @@ func (f *facts) member(node string) *facts {
 }
 
 // getPlaced is every spec with the member it runs on or will (Place).
+// gated is a check that runs only when the API can be used at all (gate).
+func (f *facts) gated(name string, run func(context.Context) (check.Status, string)) check.Check {
+	return check.Check{Name: name, Run: func(ctx context.Context) (check.Status, string) {
+		if st, msg, ok := f.gate(ctx); !ok {
+			return st, msg
+		}
+		return run(ctx)
+	}}
+}
+
 func (f *facts) getPlaced(ctx context.Context) ([]VMSpec, error) {
 	t := f.top()
 	return t.placed.get(func() ([]VMSpec, error) {
@@ -528,20 +538,10 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 		checks = append(checks, f.memberChecks("")...)
 	}
 	if in.HA {
-		checks = append(checks, check.Check{Name: "proxmox: HA", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkHA(ctx)
-		}})
+		checks = append(checks, f.gated("proxmox: HA", f.checkHA))
 	}
 	return append(checks, []check.Check{
-		{Name: "proxmox: tags", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkTags(ctx)
-		}},
+		f.gated("proxmox: tags", f.checkTags),
 		{Name: "proxmox: VMIDs and names", Run: func(ctx context.Context) (check.Status, string) {
 			if st, msg, ok := f.gate(ctx); !ok {
 				return st, msg
@@ -608,30 +608,10 @@ func (f *facts) memberChecks(suffix string) []check.Check {
 			}
 			return check.Failf("node %s not in the cluster (nodes: %s)", c.node, strings.Join(names, ", "))
 		}},
-		{Name: "proxmox: disk storage" + suffix, Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkDiskStorage(ctx)
-		}},
-		{Name: "proxmox: ISO storage" + suffix, Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkISOStorage(ctx)
-		}},
-		{Name: "proxmox: bridge" + suffix, Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkBridges(ctx)
-		}},
-		{Name: "proxmox: RAM and CPU headroom" + suffix, Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			return f.checkCapacity(ctx)
-		}},
+		f.gated("proxmox: disk storage"+suffix, f.checkDiskStorage),
+		f.gated("proxmox: ISO storage"+suffix, f.checkISOStorage),
+		f.gated("proxmox: bridge"+suffix, f.checkBridges),
+		f.gated("proxmox: RAM and CPU headroom"+suffix, f.checkCapacity),
 	}
 }
 

@@ -218,33 +218,19 @@ func (s *Server) migrateVM(r *request, idStr string) (any, *apiError) {
 	if running && !online {
 		return nil, errf(500, "can't migrate running VM without --online")
 	}
-	for _, k := range sortedKeys(conf) {
-		if !isDriveKey(k) {
-			continue
-		}
-		d, _ := parseDrive(conf[k])
-		stName, _, ok := strings.Cut(d.file, ":")
-		if !ok {
-			continue
-		}
-		if dst.storageSpec(stName) == nil {
-			return nil, errf(500, "storage '%s' is not available on node '%s'", stName, target)
+	vols := storageVolumes(conf)
+	for _, v := range vols {
+		if dst.storageSpec(v.storage) == nil {
+			return nil, errf(500, "storage '%s' is not available on node '%s'", v.storage, target)
 		}
 	}
 	localDisks := r.param("with-local-disks") == "1"
 	return s.startTask(r, "qmigrate", strconv.Itoa(id), func(ctx context.Context, t *task) error {
 		t.logf("starting migration of VM %d to node '%s'", id, target)
 		var problems []string
-		for _, k := range sortedKeys(conf) {
-			if !isDriveKey(k) {
-				continue
-			}
-			d, _ := parseDrive(conf[k])
-			stName, _, ok := strings.Cut(d.file, ":")
-			if !ok {
-				continue
-			}
-			spec := s.storageSpec(stName)
+		for _, v := range vols {
+			d := v.drive
+			spec := s.storageSpec(v.storage)
 			if spec == nil || spec.Shared {
 				continue
 			}
@@ -266,6 +252,28 @@ func (s *Server) migrateVM(r *request, idStr string) (any, *apiError) {
 		}
 		return s.moveVM(id, dst)
 	}), nil
+}
+
+// storageVolume is a drive of a VM config that names a storage.
+type storageVolume struct {
+	drive   drive
+	storage string
+}
+
+// storageVolumes lists conf's drives on a storage ("local:iso/x.iso",
+// "local-lvm:vm-701-disk-0"), in option order.
+func storageVolumes(conf map[string]string) []storageVolume {
+	var out []storageVolume
+	for _, k := range sortedKeys(conf) {
+		if !isDriveKey(k) {
+			continue
+		}
+		d, _ := parseDrive(conf[k])
+		if st, _, ok := strings.Cut(d.file, ":"); ok {
+			out = append(out, storageVolume{drive: d, storage: st})
+		}
+	}
+	return out
 }
 
 // Migrate moves a VM to another member as a migration by the user or by
