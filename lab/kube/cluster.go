@@ -150,7 +150,7 @@ type Cluster struct {
 	apiPort int
 	stopped bool
 	stopErr error
-	// stopMarker ends the network-ready marker (NetworkGate).
+	// stopMarker ends the pod Ready reconcile and the network-ready marker.
 	stopMarker context.CancelFunc
 	startedAt  time.Time
 	readyIn    time.Duration
@@ -267,11 +267,12 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.startControllers(ctx); err != nil {
 		return err
 	}
+	mctx, cancel := context.WithCancel(context.Background())
+	c.mu.Lock()
+	c.stopMarker = cancel
+	c.mu.Unlock()
+	go c.resyncPodReady(mctx)
 	if c.opts.NetworkGate {
-		mctx, cancel := context.WithCancel(context.Background())
-		c.mu.Lock()
-		c.stopMarker = cancel
-		c.mu.Unlock()
 		go c.markNetworkReady(mctx)
 	}
 	if c.opts.ControllersStarted != nil {

@@ -123,3 +123,81 @@ func networkNotReady(now metav1.Time) corev1.NodeCondition {
 	return corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "KubeletNotReady",
 		Message: networkNotReadyMessage, LastHeartbeatTime: now, LastTransitionTime: now}
 }
+
+// resyncPodReady plays the kubelet's status reconcile, until ctx ends. The
+// node lifecycle controller sets Ready=False on the pods of a node that is
+// not Ready (MarkPodsNotReady, pkg/controller/util/node/controller_utils.go
+// at Kubernetes v1.36.1) — with the network gate that includes a node whose
+// CNI has not run yet. A real kubelet puts it back once its node is Ready:
+// its status manager re-posts any pod whose API status differs from its own
+// (pkg/kubelet/status/status_manager.go needsReconcile, syncBatch), and its
+// own Ready is ContainersReady and every readiness gate
+// (pkg/kubelet/status/generate.go GeneratePodReadyCondition). kwok's
+// pod-ready stage only acts on Pending pods, so without this a pod the
+// controller marked while its node waited for the CNI stayed not Ready for
+// good (seen: CoreDNS on a worker of the 3+3 benchmark, the health wait
+// never ended). Pods of a node that is not Ready are left as they are.
+func (c *Cluster) resyncPodReady(ctx context.Context) {
+	for {
+		c.reconcilePodReady(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// reconcilePodReady is one pass of resyncPodReady; it returns the pods it
+// set Ready.
+func (c *Cluster) reconcilePodReady(ctx context.Context) []string {
+	nodes, err := c.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	ready := map[string]bool{}
+	for _, n := range nodes.Items {
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				ready[n.Name] = true
+			}
+		}
+	}
+	pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Running"})
+	if err != nil {
+		return nil
+	}
+	var fixed []string
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || !ready[p.Spec.NodeName] || !kubeletWouldBeReady(p) {
+			continue
+		}
+		now := metav1.Now()
+		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{
+			map[string]any{"type": corev1.PodReady, "status": corev1.ConditionTrue, "lastTransitionTime": now},
+		}}})
+		if _, err := c.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err == nil {
+			fixed = append(fixed, p.Namespace+"/"+p.Name)
+			c.log.Debug().Str("pod", p.Namespace+"/"+p.Name).Str("node", p.Spec.NodeName).Msg("pod Ready again: its node is Ready (kubelet status reconcile)")
+		}
+	}
+	return fixed
+}
+
+// kubeletWouldBeReady: the pod is not Ready, yet its containers and every
+// readiness gate are.
+func kubeletWouldBeReady(p corev1.Pod) bool {
+	cond := map[corev1.PodConditionType]corev1.ConditionStatus{}
+	for _, c := range p.Status.Conditions {
+		cond[c.Type] = c.Status
+	}
+	if cond[corev1.PodReady] == corev1.ConditionTrue || cond[corev1.ContainersReady] != corev1.ConditionTrue {
+		return false
+	}
+	for _, g := range p.Spec.ReadinessGates {
+		if cond[g.ConditionType] != corev1.ConditionTrue {
+			return false
+		}
+	}
+	return true
+}

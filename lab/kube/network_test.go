@@ -70,4 +70,38 @@ func TestNodesWaitForTheirCNI(t *testing.T) {
 		}
 		return p.Spec.NodeName == "n1", string(p.Status.Phase), nil
 	})
+
+	// The node lifecycle controller marks a pod not Ready while its node
+	// is not (MarkPodsNotReady); on a Ready node the kubelet's status
+	// reconcile makes it Ready again.
+	podReady := func(ctx context.Context) corev1.ConditionStatus {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return ""
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady {
+				return cond.Status
+			}
+		}
+		return ""
+	}
+	poll(t, "the ordinary pod Ready", 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		return podReady(ctx) == corev1.ConditionTrue, string(podReady(ctx)), nil
+	})
+	p, err := cs.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			p.Status.Conditions[i].Status = corev1.ConditionFalse
+		}
+	}
+	if _, err := cs.CoreV1().Pods("default").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the pod marked not Ready is Ready again on its Ready node", 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		return podReady(ctx) == corev1.ConditionTrue, string(podReady(ctx)), nil
+	})
 }
