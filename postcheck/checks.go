@@ -686,25 +686,19 @@ func (c *checker) vms(ctx context.Context) (check.Status, string) {
 		}
 	}
 	var shared []string
+	together := 0 // the control planes on the first host that has several
 	for _, h := range c.o.Hosts {
 		if len(cps[h]) > 1 {
 			shared = append(shared, fmt.Sprintf("%s share %s", strings.Join(cps[h], " and "), h))
+			if together == 0 {
+				together = len(cps[h])
+			}
 		}
 	}
 	if len(shared) > 0 {
-		return check.Warnf("all running (%s), but control planes %s: that host going down takes %d etcd members with it (migrate one to another member)", strings.Join(where, ", "), strings.Join(shared, "; "), len(cps[firstShared(cps, c.o.Hosts)]))
+		return check.Warnf("all running (%s), but control planes %s: that host going down takes %d etcd members with it (migrate one to another member)", strings.Join(where, ", "), strings.Join(shared, "; "), together)
 	}
 	return check.Passf("all of the cluster's VMs are running: %s", strings.Join(where, ", "))
-}
-
-// firstShared is the first host in order with more than one control plane.
-func firstShared(cps map[string][]string, hosts []string) string {
-	for _, h := range hosts {
-		if len(cps[h]) > 1 {
-			return h
-		}
-	}
-	return ""
 }
 
 // extensions fails when a node does not run every extension of the

@@ -307,7 +307,6 @@ func (f *facts) member(node string) *facts {
 	return &facts{c: f.c.On(node), in: f.in, root: f.top()}
 }
 
-// getPlaced is every spec with the member it runs on or will (Place).
 // gated is a check that runs only when the API can be used at all (gate).
 func (f *facts) gated(name string, run func(context.Context) (check.Status, string)) check.Check {
 	return check.Check{Name: name, Run: func(ctx context.Context) (check.Status, string) {
@@ -318,6 +317,7 @@ func (f *facts) gated(name string, run func(context.Context) (check.Status, stri
 	}}
 }
 
+// getPlaced is every spec with the member it runs on or will (Place).
 func (f *facts) getPlaced(ctx context.Context) ([]VMSpec, error) {
 	t := f.top()
 	return t.placed.get(func() ([]VMSpec, error) {
@@ -455,27 +455,8 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			}
 			return check.Passf("%s accepted", who)
 		}},
-		{Name: "proxmox: cluster quorum", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			cs, err := c.ClusterStatus(ctx)
-			switch {
-			case IsForbidden(err):
-				return check.Warnf("cannot read /cluster/status (it needs Sys.Audit on /): a PVE cluster without quorum would refuse to create and start the VMs")
-			case err != nil:
-				return check.Failf("cannot read the cluster status: %v", err)
-			case !cs.Cluster:
-				return check.Passf("standalone node (no PVE cluster)")
-			case !cs.Quorate:
-				return check.Failf("PVE cluster %s has no quorum (%d of %d members online): Proxmox refuses to create, start or migrate VMs (\"cluster not ready - no quorum?\") until a majority is back; in a two-member cluster with one down, 'pvecm expected 1' on the member left lets it act alone", cs.Name, cs.Online, cs.Members)
-			}
-			return check.Passf("PVE cluster %s quorate, %d of %d members online", cs.Name, cs.Online, cs.Members)
-		}},
-		{Name: "proxmox: privileges", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
+		f.gated("proxmox: cluster quorum", f.checkQuorum),
+		f.gated("proxmox: privileges", func(ctx context.Context) (check.Status, string) {
 			v, err := f.getVersion(ctx)
 			if err != nil {
 				return check.Failf("cannot read version: %v", err)
@@ -528,7 +509,7 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 				return check.Warnf("the run has what it needs, but postcheck's guest-agent row cannot ping the agents without %s", describeMissing(miss))
 			}
 			return check.Passf("every privilege this run needs is granted (%d requirements on %d paths)", len(needs), len(held))
-		}},
+		}),
 	}
 	if len(in.Hosts) > 1 {
 		for _, h := range in.Hosts {
@@ -542,10 +523,7 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 	}
 	return append(checks, []check.Check{
 		f.gated("proxmox: tags", f.checkTags),
-		{Name: "proxmox: VMIDs and names", Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
+		f.gated("proxmox: VMIDs and names", func(ctx context.Context) (check.Status, string) {
 			ps, err := f.getPlans(ctx)
 			if err != nil {
 				return check.Failf("cannot list VMs: %v", err)
@@ -579,40 +557,57 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 				return check.Warnf("%d to create, %d of this cluster's to adopt, %d still being created by Proxmox (interrupted run?)", created, adopted, waiting)
 			}
 			return check.Passf("%d to create, %d of this cluster's to adopt, none held by other VMs", created, adopted)
-		}},
+		}),
 	}...)
 }
 
 // memberChecks are the checks of one member's node, storages, bridges
 // and room, named with suffix.
 func (f *facts) memberChecks(suffix string) []check.Check {
-	c := f.c
 	return []check.Check{
-		{Name: "proxmox: node" + suffix, Run: func(ctx context.Context) (check.Status, string) {
-			if st, msg, ok := f.gate(ctx); !ok {
-				return st, msg
-			}
-			nodes, err := c.Nodes(ctx)
-			if err != nil {
-				return check.Failf("cannot list nodes: %v", err)
-			}
-			var names []string
-			for _, n := range nodes {
-				names = append(names, n.Name)
-				if n.Name == c.node {
-					if !n.Online {
-						return check.Failf("node %s is %s", c.node, n.Status)
-					}
-					return check.Passf("node %s online", c.node)
-				}
-			}
-			return check.Failf("node %s not in the cluster (nodes: %s)", c.node, strings.Join(names, ", "))
-		}},
+		f.gated("proxmox: node"+suffix, f.checkNode),
 		f.gated("proxmox: disk storage"+suffix, f.checkDiskStorage),
 		f.gated("proxmox: ISO storage"+suffix, f.checkISOStorage),
 		f.gated("proxmox: bridge"+suffix, f.checkBridges),
 		f.gated("proxmox: RAM and CPU headroom"+suffix, f.checkCapacity),
 	}
+}
+
+// checkQuorum fails when the PVE cluster has lost quorum: Proxmox then
+// refuses every create, start and migration.
+func (f *facts) checkQuorum(ctx context.Context) (check.Status, string) {
+	cs, err := f.c.ClusterStatus(ctx)
+	switch {
+	case IsForbidden(err):
+		return check.Warnf("cannot read /cluster/status (it needs Sys.Audit on /): a PVE cluster without quorum would refuse to create and start the VMs")
+	case err != nil:
+		return check.Failf("cannot read the cluster status: %v", err)
+	case !cs.Cluster:
+		return check.Passf("standalone node (no PVE cluster)")
+	case !cs.Quorate:
+		return check.Failf("PVE cluster %s has no quorum (%d of %d members online): Proxmox refuses to create, start or migrate VMs (\"cluster not ready - no quorum?\") until a majority is back; in a two-member cluster with one down, 'pvecm expected 1' on the member left lets it act alone", cs.Name, cs.Online, cs.Members)
+	}
+	return check.Passf("PVE cluster %s quorate, %d of %d members online", cs.Name, cs.Online, cs.Members)
+}
+
+// checkNode: this facts' member is in the cluster and online.
+func (f *facts) checkNode(ctx context.Context) (check.Status, string) {
+	c := f.c
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return check.Failf("cannot list nodes: %v", err)
+	}
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+		if n.Name == c.node {
+			if !n.Online {
+				return check.Failf("node %s is %s", c.node, n.Status)
+			}
+			return check.Passf("node %s online", c.node)
+		}
+	}
+	return check.Failf("node %s not in the cluster (nodes: %s)", c.node, strings.Join(names, ", "))
 }
 
 // checkHA judges whether HA can do its job for these VMs: it restarts a
@@ -621,18 +616,26 @@ func (f *facts) memberChecks(suffix string) []check.Check {
 // moves VMs only when their cdrom's ISO is shared too (QemuMigrate's
 // "local cdrom image", qemu-server 9.2.6 src/PVE/QemuMigrate.pm).
 func (f *facts) checkHA(ctx context.Context) (check.Status, string) {
-	var local []string
-	for _, name := range []string{f.in.VMs[0].DiskStorage, f.in.ISO.Storage} {
+	if len(f.in.Hosts) < 2 {
+		return check.Warnf("every VM becomes an HA resource, but with one member in proxmox.hosts HA can only restart a VM where it was")
+	}
+	var names, local []string
+	for _, s := range f.in.VMs {
+		if !contains(names, s.DiskStorage) {
+			names = append(names, s.DiskStorage)
+		}
+	}
+	if !contains(names, f.in.ISO.Storage) {
+		names = append(names, f.in.ISO.Storage)
+	}
+	for _, name := range names {
 		st, ok, err := f.storage(ctx, name)
 		if err != nil {
 			return check.Failf("cannot list storages: %v", err)
 		}
-		if ok && !st.Shared && !contains(local, name) {
+		if ok && !st.Shared {
 			local = append(local, name)
 		}
-	}
-	if len(f.in.Hosts) < 2 {
-		return check.Warnf("every VM becomes an HA resource, but with one member in proxmox.hosts HA can only restart a VM where it was")
 	}
 	if len(local) > 0 {
 		verb := "is"

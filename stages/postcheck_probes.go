@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/postcheck"
@@ -98,12 +99,20 @@ func (e *Env) postcheckVMProbe(ctx context.Context) postcheck.VMProbe {
 	if _, err := e.Config.ProxmoxTokenSecret(); err != nil {
 		return nil
 	}
-	return vmProbe{env: e}
+	return &vmProbe{env: e}
 }
 
-type vmProbe struct{ env *Env }
+// vmProbe answers both Proxmox rows from one listing of the cluster's VMs
+// (the rows run side by side).
+type vmProbe struct {
+	env     *Env
+	once    sync.Once
+	client  *proxmox.Client
+	listing []proxmox.VMSummary
+	err     error
+}
 
-func (p vmProbe) VMs(ctx context.Context) (postcheck.VMState, error) {
+func (p *vmProbe) VMs(ctx context.Context) (postcheck.VMState, error) {
 	c, vms, err := p.list(ctx)
 	if err != nil {
 		return postcheck.VMState{}, err
@@ -138,19 +147,19 @@ func (p vmProbe) VMs(ctx context.Context) (postcheck.VMState, error) {
 	return out, nil
 }
 
-// list is the cluster's VMs, each with the member that runs it.
-func (p vmProbe) list(ctx context.Context) (*proxmox.Client, []proxmox.VMSummary, error) {
-	c, err := ProxmoxClient(ctx, p.env)
-	if err != nil {
-		return nil, nil, err
-	}
-	vms, err := c.FindClusterVMs(ctx, p.env.Config.Cluster.Name)
-	return c, vms, err
+// list is the cluster's VMs, each with the member that runs it, read once.
+func (p *vmProbe) list(ctx context.Context) (*proxmox.Client, []proxmox.VMSummary, error) {
+	p.once.Do(func() {
+		if p.client, p.err = ProxmoxClient(ctx, p.env); p.err == nil {
+			p.listing, p.err = p.client.FindClusterVMs(ctx, p.env.Config.Cluster.Name)
+		}
+	})
+	return p.client, p.listing, p.err
 }
 
 // GuestAgents pings the guest agent of every node's VM, on the member
 // that runs it.
-func (p vmProbe) GuestAgents(ctx context.Context) (map[string]error, error) {
+func (p *vmProbe) GuestAgents(ctx context.Context) (map[string]error, error) {
 	c, vms, err := p.list(ctx)
 	if err != nil {
 		return nil, err
