@@ -83,7 +83,7 @@ bench: deps build lab-bins
 # What each Go module costs in the release binary (scripts/binsize.sh):
 # the stripped size, then the largest modules by symbol bytes.
 binsize: deps
-	TAGS=$(TAGS) ./scripts/binsize.sh
+	./scripts/binsize.sh
 
 # Fuzzing (not part of `make test`): each target runs for FUZZTIME. What it
 # finds lands in the package's testdata/fuzz/<target>/ and then runs in

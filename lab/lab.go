@@ -135,19 +135,11 @@ func (l *Lab) AuditLogPath() string { return abs(filepath.Join(l.opts.Dir, "audi
 
 // PVEFor is the Proxmox member that runs vmid (the first member when none
 // does).
-func (l *Lab) PVEFor(vmid int) *pvesim.Server {
-	node := l.PVE.VMNode(vmid)
-	for _, m := range l.PVEMembers {
-		if m.NodeName() == node {
-			return m
-		}
-	}
-	return l.PVE
-}
+func (l *Lab) PVEFor(vmid int) *pvesim.Server { return l.PVE.MemberOf(vmid) }
 
-// hostsLine is the config's proxmox.hosts for a cluster of members, and
-// proxmox.ha.
-func (l *Lab) hostsLine() string {
+// proxmoxOptionLines are the config's proxmox.ha and, for a cluster of
+// members, proxmox.hosts.
+func (l *Lab) proxmoxOptionLines() string {
 	out := ""
 	if l.opts.ProxmoxHA {
 		out = "  ha: true\n"
@@ -520,7 +512,7 @@ postcheck:
   timeout: 3m
 `, l.prefix, filepath.Base(o.ConfigPath), endpointHost, vip, l.addr(1), l.PVE.APIURL(), l.PVE.NodeName(), id, l.PVE.Fingerprint(),
 		l.Factory.URL(), abs(caFile), nodes.String(), l.NFS.Host(), l.Charts.URL(), l.NFS.Port(), o.CNI, l.Manifest.URL(), snapPort,
-		abs(tokenFile), abs(l.gitDir), o.TalosVersion, l.hostsLine())
+		abs(tokenFile), abs(l.gitDir), o.TalosVersion, l.proxmoxOptionLines())
 	if o.KubernetesVersion != "" {
 		cfg = strings.Replace(cfg, "  talosVersion: "+o.TalosVersion+"\n", "  talosVersion: "+o.TalosVersion+"\n  kubernetesVersion: "+o.KubernetesVersion+"\n", 1)
 	}

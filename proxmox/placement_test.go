@@ -155,7 +155,9 @@ func TestSeveralMembers(t *testing.T) {
 
 	// Quorum lost: the precheck says what Proxmox will refuse, and the
 	// create does fail that way.
-	ms[0].SetQuorate(false)
+	if err := ms[0].SetQuorate(false); err != nil {
+		t.Fatal(err)
+	}
 	rs = runPrechecks(t, c, in)
 	expect(t, rs, "proxmox: cluster quorum", check.Fail, "has no quorum", "cluster not ready - no quorum?", "pvecm expected 1")
 	five := spec(5)

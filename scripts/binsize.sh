@@ -9,9 +9,15 @@
 # line tables (pclntab) are not symbols and are left out of the shares.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${BINSIZE_DIR:-$(mktemp -d)}
+if [[ -n ${BINSIZE_DIR:-} ]]; then
+	out=$BINSIZE_DIR
+else
+	out=$(mktemp -d)
+	trap 'rm -rf "$out"' EXIT
+fi
 top=${1:-25}
-tags=${TAGS:-kustomize_disable_go_plugin_support}
+# The Makefile's build tags, the one place they are set.
+tags=${TAGS:-$(sed -n 's/^TAGS := //p' Makefile)}
 go build -tags "$tags" -trimpath -ldflags="-s -w" -o "$out/bootstrap" ./cmd/bootstrap
 go build -tags "$tags" -trimpath -o "$out/bootstrap.syms" ./cmd/bootstrap
 go list -tags "$tags" -deps -f '{{.ImportPath}} {{with .Module}}{{.Path}}{{else}}std{{end}}' ./cmd/bootstrap >"$out/pkgs"

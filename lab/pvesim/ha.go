@@ -43,15 +43,9 @@ func haSIDVMID(sid string) (int, bool) {
 	return id, err == nil
 }
 
-// haMember is the cluster member that runs vmid, which keeps its HA state
-// (pvesim keeps the cluster-wide resources config per member; its
-// vmstatus reads it). Alone, or for a VMID no member holds, it is s.
-func (s *Server) haMember(vmid int) *Server {
-	if m := s.peer(s.VMNode(vmid)); m != nil {
-		return m
-	}
-	return s
-}
+// The HA state of a VM is kept by the member that runs it (MemberOf):
+// pvesim keeps PVE's cluster-wide resources config per member, where the
+// VM's vmstatus reads it.
 
 // haCreate answers POST /cluster/ha/resources (pve-ha-manager 5.2.0
 // src/PVE/API2/HA/Resources.pm create): Sys.Console on /; the sid is
@@ -87,7 +81,7 @@ func (s *Server) haCreate(r *request) (any, *apiError) {
 	case kind == "CT":
 		return nil, errf(500, "resource 'vm:%d' - guest with ID %d is not a VM", id, id)
 	}
-	m := s.haMember(id)
+	m := s.MemberOf(id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, dup := m.ha[id]; dup {
@@ -101,7 +95,7 @@ func (s *Server) haCreate(r *request) (any, *apiError) {
 // src/PVE/API2/HA/Resources.pm read).
 func (s *Server) haRead(r *request, sid string) (any, *apiError) {
 	id, ok := haSIDVMID(sid)
-	s = s.haMember(id)
+	s = s.MemberOf(id)
 	s.mu.Lock()
 	state, managed := s.ha[id]
 	s.mu.Unlock()
@@ -119,7 +113,7 @@ func (s *Server) haDelete(r *request, sid string) (any, *apiError) {
 		return nil, aerr
 	}
 	id, ok := haSIDVMID(sid)
-	s = s.haMember(id)
+	s = s.MemberOf(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, managed := s.ha[id]; !ok || !managed {

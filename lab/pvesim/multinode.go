@@ -3,7 +3,7 @@ package pvesim
 import (
 	"context"
 	"fmt"
-	"slices"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -168,6 +168,15 @@ func (s *Server) VMNode(vmid int) string {
 	return s.cl.owner[vmid]
 }
 
+// MemberOf is the cluster member that runs vmid; s itself when it is
+// alone or no member holds vmid.
+func (s *Server) MemberOf(vmid int) *Server {
+	if m := s.peer(s.VMNode(vmid)); m != nil {
+		return m
+	}
+	return s
+}
+
 // migrateVM answers POST /nodes/{node}/qemu/{vmid}/migrate (qemu-server
 // 9.2.6 src/PVE/API2/Qemu.pm migrate_vm and src/PVE/QemuMigrate.pm
 // prepare/phase1): VM.Migrate on the VM; the target must be another
@@ -209,7 +218,7 @@ func (s *Server) migrateVM(r *request, idStr string) (any, *apiError) {
 	s.mu.Lock()
 	lock := v.conf["lock"]
 	running := v.state != "stopped"
-	conf := maps(v.conf)
+	conf := maps.Clone(v.conf)
 	s.mu.Unlock()
 	if lock != "" {
 		return nil, errf(500, "VM is locked (%s)", lock)
@@ -408,26 +417,6 @@ func sortResources(rows []any) {
 	})
 }
 
-// memberNames lists every member's name in cluster order.
-func (s *Server) memberNames() []string {
-	if s.cl == nil {
-		return []string{s.node.Name}
-	}
-	var out []string
-	for _, m := range s.cl.members {
-		out = append(out, m.node.Name)
-	}
-	return slices.Clip(out)
-}
-
-func maps(m map[string]string) map[string]string {
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
-}
-
 // rootIdentity is root@pam, for the moves a test makes as the administrator.
 func rootIdentity() *identity { return &identity{user: "root@pam", root: true} }
 
@@ -449,31 +438,26 @@ func (s *Server) taskExit(upid string) (string, bool) {
 // in check_cfs_quorum with "cluster not ready - no quorum?" (pve-cluster
 // 9.1.6 src/PVE/Cluster.pm; called by qemu-server 9.2.6 create_vm,
 // vm_start and migrate_vm before they fork their task); GET
-// /cluster/status reports quorate 0. A standalone node always has quorum.
-func (s *Server) SetQuorate(quorate bool) {
+// /cluster/status reports quorate 0. Only a cluster (NewCluster) can lose
+// quorum: a standalone node always has it, and asking for that is an error.
+func (s *Server) SetQuorate(quorate bool) error {
 	if s.cl == nil {
-		s.mu.Lock()
-		s.noQuorum = !quorate
-		s.mu.Unlock()
-		return
+		return fmt.Errorf("pvesim: node %s is standalone: it has no quorum to lose", s.node.Name)
 	}
 	s.cl.mu.Lock()
 	s.cl.noQuorum = !quorate
 	s.cl.mu.Unlock()
+	return nil
 }
 
 // quorumErr is check_cfs_quorum's error, nil with quorum.
 func (s *Server) quorumErr() *apiError {
-	var lost bool
 	if s.cl == nil {
-		s.mu.Lock()
-		lost = s.noQuorum
-		s.mu.Unlock()
-	} else {
-		s.cl.mu.Lock()
-		lost = s.cl.noQuorum
-		s.cl.mu.Unlock()
+		return nil
 	}
+	s.cl.mu.Lock()
+	lost := s.cl.noQuorum
+	s.cl.mu.Unlock()
 	if lost {
 		return errf(500, "cluster not ready - no quorum?")
 	}

@@ -197,7 +197,9 @@ func TestQuorumLoss(t *testing.T) {
 	}
 	up := c.ok("POST", "/nodes/pve2/qemu", talosVM).(string)
 	c.waitTaskOn("pve2", up)
-	ms[1].SetQuorate(false)
+	if err := ms[1].SetQuorate(false); err != nil {
+		t.Fatal(err)
+	}
 	if st := c.ok("GET", "/cluster/status", nil).([]any)[0].(map[string]any); st["quorate"] != float64(0) {
 		t.Errorf("quorum lost, /cluster/status: %v", st)
 	}
@@ -215,12 +217,18 @@ func TestQuorumLoss(t *testing.T) {
 			t.Errorf("%s without quorum: %s %q", what, a.status, a.msg)
 		}
 	}
-	ms[0].SetQuorate(true)
+	if err := ms[0].SetQuorate(true); err != nil {
+		t.Fatal(err)
+	}
 	up = c.ok("POST", "/nodes/pve2/qemu/701/status/start", nil).(string)
 	if st := c.waitTaskOn("pve2", up); st["exitstatus"] != "OK" {
 		t.Errorf("start with quorum back: %v", st)
 	}
-	alone := newClient(t, newSim(t, Options{}))
+	single := newSim(t, Options{})
+	if err := single.SetQuorate(false); err == nil {
+		t.Error("a standalone node lost quorum")
+	}
+	alone := newClient(t, single)
 	if rows := alone.ok("GET", "/cluster/status", nil).([]any); len(rows) != 1 || rows[0].(map[string]any)["type"] != "node" {
 		t.Errorf("standalone /cluster/status: %v", rows)
 	}

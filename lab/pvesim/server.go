@@ -68,7 +68,6 @@ type Server struct {
 	guests     map[int]GuestSpec
 	ha         map[int]string // HA-managed VMs: vmid → requested state (ha.go)
 	otherNodes []string       // other cluster nodes, sorted (other.go)
-	noQuorum   bool           // standalone: see SetQuorate
 	cl         *clusterState  // the cluster this member belongs to (multinode.go); nil alone
 	faults     []*faultRule
 	counts     map[string]int
