@@ -36,6 +36,9 @@ type PathInput struct {
 	// FluxReconcile is the time the Flux controllers take from the
 	// GitRepository's creation to the Kustomization applied and Ready.
 	FluxReconcile time.Duration
+	// Provisioned says the VMs already run in maintenance mode (a restore
+	// onto VMs provisioned again): the path starts at the config apply.
+	Provisioned bool
 }
 
 // PathPart is one step of the critical path.
@@ -82,10 +85,12 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 			parts = append(parts, PathPart{name, d})
 		}
 	}
-	add("ISO download", s(p.DownloadPerMiB*time.Duration(in.ISOBytes>>20)))
-	vmRounds := batches(in.Nodes, in.ProxmoxParallelism)
-	add(fmt.Sprintf("create+start×%d", vmRounds), time.Duration(vmRounds)*s(p.Create+p.Start))
-	add("boot", s(t.Boot))
+	if !in.Provisioned {
+		add("ISO download", s(p.DownloadPerMiB*time.Duration(in.ISOBytes>>20)))
+		vmRounds := batches(in.Nodes, in.ProxmoxParallelism)
+		add(fmt.Sprintf("create+start×%d", vmRounds), time.Duration(vmRounds)*s(p.Create+p.Start))
+		add("boot", s(t.Boot))
+	}
 	nodeRounds := batches(in.Nodes, in.TalosParallelism)
 	add(fmt.Sprintf("install+reboot×%d", nodeRounds), time.Duration(nodeRounds)*s(t.ApplyLatency+t.Install+t.Reboot))
 	// A worker's API needs its certificate from a control plane's trustd:

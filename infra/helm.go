@@ -314,21 +314,15 @@ func (h *Helm) Render(ctx context.Context, r Release) (string, error) {
 // resolves through the repository index directly, so a local directory
 // that happens to carry the chart's name is never picked up instead.
 func (h *Helm) loadChart(r Release) (*chart.Chart, error) {
-	key := r.RepoURL + "\x00" + r.Chart + "\x00" + r.Version
 	h.mu.Lock()
-	archive, ok := h.archives[key]
+	archive, ok := h.archives[r.chartKey()]
 	h.mu.Unlock()
 	if !ok {
 		var err error
-		if archive, err = h.downloadChart(r); err != nil {
+		if archive, err = downloadChart(h.settings, r); err != nil {
 			return nil, err
 		}
-		h.mu.Lock()
-		if h.archives == nil {
-			h.archives = map[string][]byte{}
-		}
-		h.archives[key] = archive
-		h.mu.Unlock()
+		h.Preload(r, archive)
 	}
 	ch, err := loader.LoadArchive(bytes.NewReader(archive))
 	if err != nil {
@@ -345,12 +339,33 @@ func (h *Helm) loadChart(r Release) (*chart.Chart, error) {
 // with no index.yaml.
 func IsOCI(repoURL string) bool { return strings.HasPrefix(repoURL, registry.OCIScheme+"://") }
 
-// downloadChart fetches the archive of the pinned chart version.
-func (h *Helm) downloadChart(r Release) ([]byte, error) {
-	if IsOCI(r.RepoURL) {
-		return h.pullOCIChart(r)
+// chartKey names a chart archive: repository, chart, version.
+func (r Release) chartKey() string { return r.RepoURL + "\x00" + r.Chart + "\x00" + r.Version }
+
+// Preload hands the client a chart archive fetched earlier (FetchChart)
+// for r's chart version, so that it is not downloaded again. The archive
+// is still checked when loaded: a repository that served another version
+// is refused as if it had been downloaded now.
+func (h *Helm) Preload(r Release, archive []byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.archives == nil {
+		h.archives = map[string][]byte{}
 	}
-	getters := getter.All(h.settings)
+	h.archives[r.chartKey()] = archive
+}
+
+// FetchChart downloads the archive of r's pinned chart version as a Helm
+// client would (Helm's usual repository settings and caches), without a
+// cluster: the infra stage fetches its charts while the cluster comes up.
+func FetchChart(r Release) ([]byte, error) { return downloadChart(cli.New(), r) }
+
+// downloadChart fetches the archive of the pinned chart version.
+func downloadChart(settings *cli.EnvSettings, r Release) ([]byte, error) {
+	if IsOCI(r.RepoURL) {
+		return pullOCIChart(settings, r)
+	}
+	getters := getter.All(settings)
 	url, err := repo.FindChartInRepoURL(r.RepoURL, r.Chart, r.Version, "", "", "", getters)
 	if err != nil {
 		return nil, fmt.Errorf("finding chart %s@%s in %s: %w", r.Chart, r.Version, r.RepoURL, err)
@@ -361,7 +376,7 @@ func (h *Helm) downloadChart(r Release) ([]byte, error) {
 	}
 	defer os.RemoveAll(dir)
 	dl := downloader.ChartDownloader{Out: io.Discard, Getters: getters, Verify: downloader.VerifyNever,
-		RepositoryConfig: h.settings.RepositoryConfig, RepositoryCache: h.settings.RepositoryCache}
+		RepositoryConfig: settings.RepositoryConfig, RepositoryCache: settings.RepositoryCache}
 	path, _, err := dl.DownloadTo(url, r.Version, dir)
 	if err != nil {
 		return nil, fmt.Errorf("downloading chart %s@%s: %w", r.Chart, r.Version, err)
@@ -377,8 +392,8 @@ func (h *Helm) downloadChart(r Release) ([]byte, error) {
 // as `helm pull oci://…` does (credentials from Helm's registry config;
 // a registry that answers plain HTTP is used over HTTP, the v3 client's
 // fallback).
-func (h *Helm) pullOCIChart(r Release) ([]byte, error) {
-	c, err := registry.NewClient(registry.ClientOptWriter(io.Discard), registry.ClientOptCredentialsFile(h.settings.RegistryConfig))
+func pullOCIChart(settings *cli.EnvSettings, r Release) ([]byte, error) {
+	c, err := registry.NewClient(registry.ClientOptWriter(io.Discard), registry.ClientOptCredentialsFile(settings.RegistryConfig))
 	if err != nil {
 		return nil, fmt.Errorf("Helm registry client: %w", err)
 	}

@@ -177,6 +177,15 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	// Nodes configured while Flux started register now.
 	for _, n := range pending {
 		if early[n.Hostname] {
+			// Its static pods reported while Flux started found no
+			// cluster to show them in (c.cluster was still nil) and
+			// were only kept: a kubelet keeps trying until its mirror
+			// pods exist, so they are shown now.
+			if n.Role == "controlplane" {
+				if err := c.syncMirrors(ctx, kc, n.Hostname); err != nil {
+					c.log.Warn().Err(err).Str("node", n.Hostname).Msg("mirror pods")
+				}
+			}
 			continue
 		}
 		if err := c.register(ctx, kc, n); err != nil {

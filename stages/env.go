@@ -42,6 +42,9 @@ type Env struct {
 
 	clientsMu sync.Mutex
 	clients   map[string]any
+
+	// prepared is the Preparers' background work, by key (under mu).
+	prepared map[string]*background
 }
 
 // Options are command-line switches that stages read.

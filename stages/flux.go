@@ -8,8 +8,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
@@ -44,19 +47,33 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 
-	// 1. Flux itself.
-	inst := flux.InstallOptions{Version: f.Version, Manifests: manifestsSource(env.Config), Components: f.Components, Namespace: FluxNamespace,
-		ClusterDomain: clusterDomain(env)}
-	objs, err := flux.InstallObjects(ctx, inst)
-	if err != nil {
+	// 1. Flux itself and 2. where the cluster pulls from. Neither needs
+	// the other, so a run does both at once (the snapshot is built and
+	// served while the install's objects are applied); a plan lists them
+	// in this order.
+	install := func(ctx context.Context) error {
+		inst := fluxInstallOptions(env, clusterDomain(env))
+		objs, err := fluxInstallObjects(ctx, env, inst)
+		if err != nil {
+			return err
+		}
+		return applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()))
+	}
+	var url, revision string
+	source := func(ctx context.Context) (err error) {
+		url, revision, err = fluxSource(ctx, env)
 		return err
 	}
-	if err := applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source())); err != nil {
-		return err
+	if env.DryRun {
+		if err = install(ctx); err == nil {
+			err = source(ctx)
+		}
+	} else {
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error { return install(gctx) })
+		g.Go(func() error { return source(gctx) })
+		err = g.Wait()
 	}
-
-	// 2. Where the cluster pulls from.
-	url, revision, err := fluxSource(ctx, env)
 	if err != nil {
 		return err
 	}
@@ -163,6 +180,59 @@ func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstruc
 		_, err := c.Apply(ctx, objs, env.Config.Flux.Timeout.D())
 		return err
 	})
+}
+
+// prepFluxInstall keys Flux's install objects rendered in the background.
+const prepFluxInstall = "flux-install"
+
+// renderedFlux is Flux's install rendered for one set of options.
+type renderedFlux struct {
+	opts flux.InstallOptions
+	objs []*unstructured.Unstructured
+}
+
+// Prepare implements Preparer: Flux's manifests are fetched and rendered
+// while the VMs boot and Talos installs (a download and a kustomize build,
+// neither needs the cluster). The cluster's DNS domain comes from the
+// rendered Talos configs; before they exist it is Talos' default, and the
+// stage renders again in line if the configs then say otherwise.
+func (FluxStage) Prepare(ctx context.Context, env *Env) {
+	domain := talos.DefaultDNSDomain
+	if cps := env.Config.ControlPlanes(); len(cps) > 0 {
+		if d, err := talos.DNSDomain(env.Paths.TalosDir, cps[0].Name); err == nil {
+			domain = d
+		}
+	}
+	opts := fluxInstallOptions(env, domain)
+	env.prepare(ctx, prepFluxInstall, fmt.Sprintf("Flux %s's manifests from %s", opts.Version, opts.Source()), func(ctx context.Context) (any, error) {
+		objs, err := flux.InstallObjects(ctx, opts)
+		return renderedFlux{opts: opts, objs: objs}, err
+	})
+}
+
+// fluxInstallOptions says which Flux the config asks for, rendered for the
+// cluster's DNS domain ("" is Talos' default).
+func fluxInstallOptions(env *Env, domain string) flux.InstallOptions {
+	f := env.Config.Flux
+	if domain == "" {
+		domain = talos.DefaultDNSDomain
+	}
+	return flux.InstallOptions{Version: f.Version, Manifests: manifestsSource(env.Config), Components: f.Components, Namespace: FluxNamespace,
+		ClusterDomain: domain}
+}
+
+// fluxInstallObjects returns Flux's install objects: those prepared in the
+// background when they were rendered from the same options, else rendered
+// now.
+func fluxInstallObjects(ctx context.Context, env *Env, opts flux.InstallOptions) ([]*unstructured.Unstructured, error) {
+	r, ok, err := takePrepared[renderedFlux](ctx, env, prepFluxInstall, 2*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	if ok && reflect.DeepEqual(r.opts, opts) {
+		return r.objs, nil
+	}
+	return flux.InstallObjects(ctx, opts)
 }
 
 // manifestsSource resolves a local manifests path against the config dir.

@@ -49,6 +49,13 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	cs := h.Clientset()
+	charts, _, err := takePrepared[[]fetchedChart](ctx, env, prepCharts, 2*time.Minute)
+	if err != nil {
+		return err
+	}
+	for _, c := range charts {
+		h.Preload(c.release, c.archive)
+	}
 
 	rels, err := infraReleases(env)
 	if err != nil {
@@ -127,6 +134,40 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 	env.State.Outputs.Infra.CNI = cfg.CNI.Name
 	env.State.Outputs.Infra.StorageClass = n.StorageClass
 	return nil
+}
+
+// prepCharts keys the chart archives fetched in the background.
+const prepCharts = "infra-charts"
+
+// fetchedChart is the archive of a release's pinned chart version.
+type fetchedChart struct {
+	release infra.Release
+	archive []byte
+}
+
+// Prepare implements Preparer: the charts' archives are fetched while the
+// cluster comes up (the chart and version are the config's; values and
+// the API endpoint, which need the Talos configs, are not part of it).
+// One that fails is fetched again in line, where its error is reported.
+func (InfraStage) Prepare(ctx context.Context, env *Env) {
+	cfg := env.Config
+	var refs []infra.Release
+	if cfg.CNI.Name == "cilium" {
+		refs = append(refs, infra.Release{RepoURL: cfg.CNI.Cilium.ChartRepo, Chart: infra.CiliumChart, Version: cfg.CNI.Cilium.ChartVersion})
+	}
+	n := cfg.Storage.NFS
+	refs = append(refs, infra.Release{RepoURL: n.ChartRepo, Chart: infra.NFSChart, Version: n.ChartVersion})
+	env.prepare(ctx, prepCharts, "the infra charts' archives", func(context.Context) (any, error) {
+		var out []fetchedChart
+		for _, r := range refs {
+			archive, err := infra.FetchChart(r)
+			if err != nil {
+				return out, err
+			}
+			out = append(out, fetchedChart{release: r, archive: archive})
+		}
+		return out, nil
+	})
 }
 
 // infraReleases returns the releases the infra stage keeps, in install

@@ -58,6 +58,12 @@ func Run(ctx context.Context, env *Env, selected []Stage, info RunInfo) error {
 			return fmt.Errorf("writing state: %w", err)
 		}
 	}
+	// Work of later stages that needs only the config starts now, in the
+	// background, and ends with the run.
+	prepCtx, stopPrep := context.WithCancel(ctx)
+	defer stopPrep()
+	startPreparers(prepCtx, env, selected)
+
 	var runErr error
 	for _, s := range selected {
 		name := s.Name()

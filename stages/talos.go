@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/Masterminds/semver/v3"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
@@ -45,6 +46,13 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	gen, err := talosGenerateOptions(env)
 	if err != nil {
 		return err
+	}
+	minted, ok, err := takePrepared[mintedBundle](ctx, env, prepBundle, time.Minute)
+	if err != nil {
+		return err
+	}
+	if ok && minted.talosVersion == gen.TalosVersion {
+		gen.NewBundle = minted.bundle
 	}
 	res, err := renderTalos(env, gen)
 	if err != nil {
@@ -143,6 +151,31 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
 		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), conv.APIServerVersion, env.Paths.Kubeconfig)
 	return mergeUserConfigs(env, res.Talosconfig)
+}
+
+// prepBundle keys the secrets bundle minted in the background.
+const prepBundle = "talos-bundle"
+
+// mintedBundle is a secrets bundle minted for a Talos version.
+type mintedBundle struct {
+	talosVersion string
+	bundle       *secrets.Bundle
+}
+
+// Prepare implements Preparer: a cluster without a secrets bundle gets one
+// minted while the VMs are created and boot. Minting costs an RSA-4096 key
+// (0.5–2 s on the reference box), and nothing in it depends on the VMs.
+// Nothing is written here: the bundle is stored by the stage, once, as
+// before (a bundle that appeared meanwhile wins).
+func (TalosStage) Prepare(ctx context.Context, env *Env) {
+	if _, err := os.Stat(env.Paths.Secrets); !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	version, now := env.Config.Cluster.TalosVersion, env.now()
+	env.prepare(ctx, prepBundle, "the cluster's new secrets bundle", func(context.Context) (any, error) {
+		b, err := talos.NewSecrets(version, now)
+		return mintedBundle{talosVersion: version, bundle: b}, err
+	})
 }
 
 // bundleSealer keeps the secrets bundle SOPS-encrypted to

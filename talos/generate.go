@@ -26,6 +26,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/network"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/siderolabs/talos/pkg/machinery/nethelpers"
 	"github.com/siderolabs/talos/pkg/machinery/textdiff"
 
@@ -159,8 +160,10 @@ func Plan(opts GenerateOptions) (*Result, error) {
 	bundle, err := LoadSecrets(secretsPath, opts.Sealer)
 	created := false
 	if errors.Is(err, fs.ErrNotExist) {
-		bundle, err = NewSecrets(opts.TalosVersion, opts.Now())
-		created = true
+		bundle, err, created = opts.NewBundle, nil, true
+		if bundle == nil {
+			bundle, err = NewSecrets(opts.TalosVersion, opts.Now())
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -518,6 +521,10 @@ func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error)
 	}
 	return namedPatch{source: "generated node patch", patch: configpatcher.NewStrategicMergePatch(c)}, text, disk, nil
 }
+
+// DefaultDNSDomain is the cluster's DNS domain unless a patch changes it
+// (machinery constants at v1.13.3).
+const DefaultDNSDomain = constants.DefaultDNSDomain
 
 // DNSDomain reads the cluster's DNS domain (cluster.network.dnsDomain,
 // cluster.local unless a patch changes it) from the rendered config of

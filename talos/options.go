@@ -120,10 +120,11 @@ type GenerateOptions struct {
 	// run, a talosconfig client certificate when none can be reused).
 	// Default time.Now.
 	Now func() time.Time
-	// NewBundle, when set, is stored by Generate if the cluster has no
-	// bundle yet, instead of minting another: Plan's throw-away bundle, so
-	// that a first run pays for the RSA-4096 key once. Ignored when a
-	// bundle exists.
+	// NewBundle, when set, is what Plan renders with and Generate stores
+	// if the cluster has no bundle yet, instead of minting another (one
+	// minted in the background while the VMs boot, or Plan's), so that a
+	// first run pays for the RSA-4096 key once. Ignored when a bundle
+	// exists.
 	NewBundle *secrets.Bundle
 	// Sealer keeps the bundle encrypted at rest; nil stores it as
 	// plaintext (0600).

@@ -1,0 +1,103 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/homelab/bootstrap/internal/wait"
+)
+
+// Preparer is an optional ability of a Stage: work that needs only the
+// config and the files it names, not an earlier stage's result, which the
+// runner starts in the background as the run starts so that it overlaps the
+// stages before it (the talos stage's secrets bundle while the VMs boot,
+// Flux's manifests while Talos installs). Prepare only computes and reads:
+// it changes nothing, so a dry run and a run that fails earlier are exactly
+// what they were without it. The stage takes the result with takePrepared
+// and checks that it was made from the inputs it has now; otherwise it does
+// the work in line, as it would without a Preparer.
+type Preparer interface {
+	Prepare(ctx context.Context, env *Env)
+}
+
+// background is one piece of work a Preparer started.
+type background struct {
+	what    string
+	started time.Time
+	done    chan struct{}
+	val     any
+	err     error
+}
+
+// prepare starts fn in the background under key. A panic in fn becomes its
+// error, with the stack in the log, as runStage does for a stage.
+func (e *Env) prepare(ctx context.Context, key, what string, fn func(context.Context) (any, error)) {
+	b := &background{what: what, started: time.Now(), done: make(chan struct{})}
+	e.mu.Lock()
+	if e.prepared == nil {
+		e.prepared = map[string]*background{}
+	}
+	e.prepared[key] = b
+	e.mu.Unlock()
+	log := e.Log
+	go func() {
+		defer close(b.done)
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error().Str("stack", string(debug.Stack())).Msgf("preparing %s panicked: %v", what, r)
+				b.err = fmt.Errorf("internal error (panic) preparing %s: %v", what, r)
+			}
+		}()
+		b.val, b.err = fn(ctx)
+	}()
+}
+
+// takePrepared returns what was prepared under key, waiting at most limit
+// for it to finish, and forgets it (each result has one taker). ok is
+// false when nothing was started under key, or it ended in an error that
+// the stage should meet in line (the work is then done again, where the
+// error is reported as without a Preparer). A result of another type is a
+// bug and reads as not prepared.
+func takePrepared[T any](ctx context.Context, e *Env, key string, limit time.Duration) (v T, ok bool, err error) {
+	e.mu.Lock()
+	b := e.prepared[key]
+	delete(e.prepared, key)
+	e.mu.Unlock()
+	if b == nil {
+		return v, false, nil
+	}
+	waited := time.Now()
+	select {
+	case <-b.done:
+	default:
+		e.Log.Debug().Msgf("waiting for %s, started in the background %s ago (at most %s)", b.what, wait.Round(time.Since(b.started)), limit)
+		t := time.NewTimer(limit)
+		defer t.Stop()
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return v, false, ctx.Err()
+		case <-t.C:
+			return v, false, fmt.Errorf("%s: not done %s after it started in the background: %w", b.what, wait.Round(time.Since(b.started)), wait.ErrTimeout)
+		}
+	}
+	if b.err != nil {
+		e.Log.Debug().Err(b.err).Msgf("%s failed in the background; the stage does it again in line", b.what)
+		return v, false, nil
+	}
+	v, ok = b.val.(T)
+	e.Log.Debug().Dur("waited", time.Since(waited)).Msgf("%s was prepared in the background (waited %s for it)", b.what, wait.Round(time.Since(waited)))
+	return v, ok, nil
+}
+
+// startPreparers starts the background work of every selected stage that
+// has some. The work stops when ctx ends (the run is over).
+func startPreparers(ctx context.Context, env *Env, selected []Stage) {
+	for _, s := range selected {
+		if p, ok := s.(Preparer); ok {
+			p.Prepare(ctx, env)
+		}
+	}
+}
