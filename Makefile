@@ -75,7 +75,8 @@ e2e: deps lab-bins test-bins
 	$(TEST_ENV) $(GO) test -tags $(TAGS) -count=1 -parallel $(TEST_PARALLEL) -timeout 30m -v -run '$(E2E_RUN)' ./e2e/
 
 # The benchmark table of README: wall time against the critical path of the
-# n100 profile, re-run, postcheck, RSS and API calls for 1, 3+2 and 3+3 nodes.
+# n100 profile, re-run, postcheck, RSS and API calls for 1, 3+2, 3+3 and 3+12
+# nodes (3+12 on three Proxmox hosts).
 BENCH_ARGS ?=
 bench: deps build lab-bins
 	$(GO) run ./e2e/cmd/bench -binary $(BIN) -readme README.md $(BENCH_ARGS)

@@ -148,6 +148,10 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 // pointed message instead of a plain "unknown field".
 var secretKeys = map[string]bool{"tokensecret": true, "secret": true, "password": true, "token": true, "apitoken": true}
 
+// s3SecretKeys are the names an S3 key pair goes by in other tools.
+var s3SecretKeys = map[string]bool{"accesskey": true, "secretkey": true, "accesskeyid": true, "secretaccesskey": true,
+	"aws_access_key_id": true, "aws_secret_access_key": true}
+
 func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 	if n.Kind != yaml.MappingNode {
 		d.fail(n, path, "expected a mapping, got %s", kindName(n))
@@ -174,6 +178,10 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 }
 
 func (d *decoder) unknown(k *yaml.Node, path, sub string, fields map[string]int) {
+	if path == "backup.s3" && (s3SecretKeys[strings.ToLower(k.Value)] || secretKeys[strings.ToLower(k.Value)]) {
+		d.fail(k, sub, "S3 keys are never read from the config file: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or point backup.s3.credentialsFile at a 0600 AWS shared credentials file")
+		return
+	}
 	if secretKeys[strings.ToLower(k.Value)] {
 		d.fail(k, sub, "secrets are never read from the config file: set PROXMOX_TOKEN_SECRET or point proxmox.tokenSecretFile at a 0600 file")
 		return

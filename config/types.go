@@ -237,8 +237,28 @@ type Backup struct {
 	// CopyDir is typically an NFS mount or a USB disk: the host's own disk
 	// is what a homelab loses.
 	CopyDir       string   `yaml:"copyDir" path:"file" doc:"Optional directory every verified snapshot is also copied to (keep copies there too)."`
-	AgeRecipients []string `yaml:"ageRecipients" doc:"age public keys (age1…): copies in copyDir are encrypted to them (.snapshot.age)."`
+	AgeRecipients []string `yaml:"ageRecipients" doc:"age public keys (age1…): copies in copyDir and in the S3 bucket are encrypted to them (.snapshot.age)."`
+	// S3 is where homelabs keep backups off the host: MinIO, Garage,
+	// SeaweedFS, Backblaze B2, AWS.
+	S3 BackupS3 `yaml:"s3" doc:"Optional S3-compatible bucket every verified snapshot is also uploaded to (and read back before it counts)."`
 }
+
+// BackupS3 is an S3-compatible copy target. Its credentials come from the
+// environment or a 0600 file, never from the config file.
+type BackupS3 struct {
+	Endpoint  string `yaml:"endpoint" doc:"Endpoint URL, https://host[:port] (http:// only for a server on a network you trust). Empty: no S3 copies."`
+	Bucket    string `yaml:"bucket" doc:"Bucket the copies go to; it must exist (bootstrap never creates or deletes buckets)."`
+	Prefix    string `yaml:"prefix" doc:"Key prefix of the copies; empty means <cluster>/etcd/."`
+	Region    string `yaml:"region" doc:"Region the bucket is in (MinIO, Garage and SeaweedFS accept their default, us-east-1)."`
+	PathStyle bool   `yaml:"pathStyle" doc:"Address the bucket as <endpoint>/<bucket> (most self-hosted servers) instead of <bucket>.<host>."`
+	// The keys are a credential: by reference only.
+	CredentialsFile string `yaml:"credentialsFile" path:"file" doc:"AWS shared credentials file (0600) with aws_access_key_id and aws_secret_access_key; used when AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are unset."`
+	Profile         string `yaml:"profile" doc:"Profile of credentialsFile; empty means default."`
+	CAFile          string `yaml:"caFile" path:"file" doc:"PEM CA certificates the endpoint's certificate is checked against (a self-signed server), besides the system's."`
+}
+
+// Enabled reports whether snapshots are uploaded to S3.
+func (s BackupS3) Enabled() bool { return s.Endpoint != "" }
 
 // StateDirs says where generated files and run state live. Relative paths
 // are relative to the config file's directory.

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"filippo.io/age"
 	"github.com/distribution/reference"
 	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/minio/minio-go/v7/pkg/s3utils"
 	talosconfig "github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate"
@@ -248,12 +250,59 @@ func (v *validator) backupCopy() {
 			v.errf("backup.copyDir", "%s is not a directory", b.CopyDir)
 		}
 	}
-	if len(b.AgeRecipients) > 0 && b.CopyDir == "" {
-		v.errf("backup.ageRecipients", "are set but backup.copyDir is not: only copies are encrypted (the snapshots on this host are 0600)")
+	if len(b.AgeRecipients) > 0 && b.CopyDir == "" && !b.S3.Enabled() {
+		v.errf("backup.ageRecipients", "are set but neither backup.copyDir nor backup.s3 is: only copies are encrypted (the snapshots on this host are 0600)")
 	}
+	v.backupS3()
 	for i, r := range b.AgeRecipients {
 		if _, err := age.ParseX25519Recipient(r); err != nil {
 			v.errf(fmt.Sprintf("backup.ageRecipients[%d]", i), "%q is not an age public key (age1…, as age-keygen prints): %v", r, err)
 		}
+	}
+}
+
+// backupS3 checks the S3 copy target from what the config and its files
+// say: an endpoint URL, a bucket name S3 accepts, credentials that can be
+// found (the environment or a 0600 shared credentials file holding the
+// profile), a CA file that parses.
+func (v *validator) backupS3() {
+	s := v.c.Backup.S3
+	if !s.Enabled() {
+		for path, set := range map[string]bool{"backup.s3.bucket": s.Bucket != "", "backup.s3.credentialsFile": s.CredentialsFile != "", "backup.s3.caFile": s.CAFile != ""} {
+			if set {
+				v.errf(path, "is set but backup.s3.endpoint is not: set the endpoint (https://host[:port]) or remove backup.s3")
+			}
+		}
+		return
+	}
+	if u, err := url.Parse(s.Endpoint); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		v.errf("backup.s3.endpoint", "%q is not an endpoint URL: want https://host[:port] (no path; the bucket goes in backup.s3.bucket)", s.Endpoint)
+	}
+	if err := s3utils.CheckValidBucketNameStrict(s.Bucket); err != nil {
+		v.errf("backup.s3.bucket", "%q: %v", s.Bucket, err)
+	}
+	if strings.HasPrefix(s.Prefix, "/") {
+		v.errf("backup.s3.prefix", "%q starts with /: keys are relative to the bucket (e.g. homelab/etcd/)", s.Prefix)
+	}
+	if s.CAFile != "" {
+		v.caFile("backup.s3.caFile", s.CAFile)
+	}
+	if env := v.c.src.env; env != nil {
+		id, _ := env(EnvS3AccessKey)
+		secret, _ := env(EnvS3SecretKey)
+		if id != "" && secret != "" {
+			return
+		}
+	}
+	if s.CredentialsFile == "" {
+		v.errf("backup.s3", "no credentials: set %s and %s, or point backup.s3.credentialsFile at a 0600 AWS shared credentials file", EnvS3AccessKey, EnvS3SecretKey)
+		return
+	}
+	data, ok := v.secretFile("backup.s3.credentialsFile", s.CredentialsFile)
+	if !ok {
+		return
+	}
+	if _, err := sharedCredentials(data, s.Profile); err != nil {
+		v.errf("backup.s3.credentialsFile", "%s: %v", s.CredentialsFile, err)
 	}
 }

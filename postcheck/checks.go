@@ -132,6 +132,11 @@ type Options struct {
 	BackupDir    string
 	BackupMaxAge time.Duration
 	TakeBackup   func(ctx context.Context) (string, error)
+	// NewestRemote, when backups are copied off the host (backup.s3),
+	// returns the newest verified remote copy (its URL and when its
+	// snapshot was taken; "" when there is none): the check reports its
+	// age and warns when it is older than BackupMaxAge or missing.
+	NewestRemote func(ctx context.Context) (string, time.Time, error)
 	// TalosVersion is the version the config names; nodes that run another
 	// are reported (a warning: the talos stage upgrades them).
 	TalosVersion string
@@ -240,6 +245,19 @@ func (c *checker) etcdBackup(ctx context.Context) (check.Status, string) {
 		return check.Warnf("%s; %v", took, takeErr)
 	case takeErr != nil:
 		return check.Warnf("taking a snapshot failed: %v; the newest, %s, is %s old", takeErr, filepath.Base(newest), age.Round(time.Minute))
+	}
+	if c.o.NewestRemote != nil {
+		remote, at, err := c.o.NewestRemote(ctx)
+		rage := c.o.now().Sub(at)
+		switch {
+		case err != nil:
+			return check.Warnf("%s; the remote copies cannot be listed: %v", took, err)
+		case remote == "":
+			return check.Warnf("%s; no verified remote copy yet", took)
+		case c.o.BackupMaxAge > 0 && rage > c.o.BackupMaxAge:
+			return check.Warnf("%s; the newest verified remote copy, %s, is %s old (limit %s)", took, remote, rage.Round(time.Minute), c.o.BackupMaxAge)
+		}
+		return check.Passf("%s; newest verified remote copy %s, %s old", took, remote, rage.Round(time.Minute))
 	}
 	return check.Passf("%s", took)
 }

@@ -2,12 +2,19 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
+
+	"filippo.io/age"
 
 	"github.com/homelab/bootstrap/backup"
+	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/talos"
 )
 
@@ -38,21 +45,187 @@ func TakeBackup(ctx context.Context, env *Env, ops *talos.Ops) (backup.Info, err
 		env.Log.Warn().Err(err).Msg("pruning old etcd snapshots")
 	}
 	b := env.Config.Backup
-	if b.CopyDir == "" {
+	if b.CopyDir == "" && !b.S3.Enabled() {
 		return info, nil
 	}
 	recipients, err := backup.ParseRecipients(b.AgeRecipients)
-	if err == nil {
-		var dst string
-		if dst, err = backup.Copy(info.Path, env.Config.Resolve(b.CopyDir), recipients); err == nil {
-			env.Log.Info().Str("copy", dst).Msg("etcd snapshot copied")
-			_, err = backup.Prune(env.Config.Resolve(b.CopyDir), keep)
+	if err != nil {
+		return info, &CopyError{Kept: info.Path, Dir: copyTargets(env), Err: err}
+	}
+	var errs []error
+	if b.CopyDir != "" {
+		if err := copyToDir(env, info, recipients, keep); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", b.CopyDir, err))
 		}
 	}
-	if err != nil {
-		return info, &CopyError{Kept: info.Path, Dir: b.CopyDir, Err: err}
+	if b.S3.Enabled() {
+		if err := copyToS3(ctx, env, info, recipients, keep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(recipients) == 0 {
+		// The bundle holds every CA key of the cluster: never copied in
+		// the clear.
+		errs = append(errs, errors.New("the secrets bundle was not copied with it: set backup.ageRecipients (copies of the bundle are always encrypted), or the snapshots cannot bring the cluster back without this host"))
+	}
+	if len(errs) > 0 {
+		return info, &CopyError{Kept: info.Path, Dir: copyTargets(env), Err: errors.Join(errs...)}
 	}
 	return info, nil
+}
+
+// copyTargets names where copies go, for messages.
+func copyTargets(env *Env) string {
+	b := env.Config.Backup
+	var out []string
+	if b.CopyDir != "" {
+		out = append(out, b.CopyDir)
+	}
+	if b.S3.Enabled() {
+		if s, err := backupS3(env); err == nil {
+			out = append(out, s.URL(""))
+		}
+	}
+	return strings.Join(out, " and ")
+}
+
+// bundleCopyName names the secrets bundle copied with a snapshot:
+// <snapshot time>.secrets.yaml.age.
+func bundleCopyName(info backup.Info) string {
+	return strings.TrimSuffix(filepath.Base(info.Path), backup.Suffix) + BundleCopySuffix
+}
+
+// BundleCopySuffix ends the name of every copy of the secrets bundle.
+const BundleCopySuffix = ".secrets.yaml" + backup.AgeSuffix
+
+// sealedBundle writes the secrets bundle, age-encrypted to recipients, into
+// dir under the snapshot's time; "" without recipients or without a bundle.
+func sealedBundle(env *Env, info backup.Info, recipients []age.Recipient, dir string) (string, error) {
+	if len(recipients) == 0 {
+		return "", nil
+	}
+	if _, err := os.Stat(env.Paths.Secrets); errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	enc, err := backup.Copy(env.Paths.Secrets, dir, recipients)
+	if err != nil {
+		return "", fmt.Errorf("encrypting the secrets bundle: %w", err)
+	}
+	dst := filepath.Join(dir, bundleCopyName(info))
+	if err := os.Rename(enc, dst); err != nil {
+		os.Remove(enc)
+		return "", err
+	}
+	return dst, nil
+}
+
+// copyToDir copies the snapshot (and the sealed bundle) into backup.copyDir
+// and prunes both there to keep.
+func copyToDir(env *Env, info backup.Info, recipients []age.Recipient, keep int) error {
+	dir := env.Config.Resolve(env.Config.Backup.CopyDir)
+	dst, err := backup.Copy(info.Path, dir, recipients)
+	if err != nil {
+		return err
+	}
+	env.Log.Info().Str("copy", dst).Msg("etcd snapshot copied")
+	if _, err := backup.Prune(dir, keep); err != nil {
+		return err
+	}
+	bundle, err := sealedBundle(env, info, recipients, dir)
+	if err != nil || bundle == "" {
+		return err
+	}
+	env.Log.Info().Str("copy", bundle).Msg("secrets bundle copied (age-encrypted)")
+	return pruneSuffix(dir, BundleCopySuffix, keep)
+}
+
+// pruneSuffix removes all but the newest keep files of dir whose names end
+// in suffix (names start with the snapshot time, so they sort by it).
+func pruneSuffix(dir, suffix string, keep int) error {
+	matches, err := filepath.Glob(filepath.Join(dir, "*"+suffix))
+	if err != nil || len(matches) <= keep {
+		return err
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(matches)))
+	for _, m := range matches[keep:] {
+		if err := os.Remove(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// backupS3 is the client of backup.s3's bucket; its secret key joins the
+// values masked in all output.
+func backupS3(env *Env) (*backup.S3, error) {
+	s3, secret, err := BackupBucket(env.Config)
+	if err == nil && env.Secrets != nil {
+		env.Secrets.Add(secret)
+	}
+	return s3, err
+}
+
+// BackupBucket is the client of backup.s3's bucket (keys under
+// backup.s3.prefix, default <cluster>/etcd/) and the secret key it signs
+// with.
+func BackupBucket(cfg *config.Config) (*backup.S3, string, error) {
+	s := cfg.Backup.S3
+	id, secret, err := cfg.S3Credentials()
+	if err != nil {
+		return nil, "", err
+	}
+	prefix := s.Prefix
+	if prefix == "" {
+		prefix = cfg.Cluster.Name + "/etcd/"
+	}
+	ca := ""
+	if s.CAFile != "" {
+		ca = cfg.Resolve(s.CAFile)
+	}
+	s3, err := backup.NewS3(backup.S3Options{Endpoint: s.Endpoint, Bucket: s.Bucket, Prefix: prefix, Region: s.Region, PathStyle: s.PathStyle,
+		AccessKey: id, SecretKey: secret, CAFile: ca})
+	return s3, secret, err
+}
+
+// copyToS3 uploads the snapshot (encrypted to recipients when set) and the
+// sealed bundle; each is read back and compared before it counts. Both are
+// then pruned in the bucket to keep, as in a directory.
+func copyToS3(ctx context.Context, env *Env, info backup.Info, recipients []age.Recipient, keep int) error {
+	s3, err := backupS3(env)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(env.Paths.StateDir, ".s3-upload-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	src := info.Path
+	if len(recipients) > 0 {
+		if src, err = backup.Copy(info.Path, tmp, recipients); err != nil {
+			return err
+		}
+	}
+	r, err := s3.Upload(ctx, src, filepath.Base(src))
+	if err != nil {
+		return err
+	}
+	env.Log.Info().Str("copy", s3.URL(r.Key)).Str("sha256", r.SHA256).Msg("etcd snapshot uploaded and read back")
+	if _, err := s3.Prune(ctx, keep, backup.SnapshotSuffixes...); err != nil {
+		return fmt.Errorf("pruning %s: %w", s3.URL(""), err)
+	}
+	bundle, err := sealedBundle(env, info, recipients, tmp)
+	if err != nil || bundle == "" {
+		return err
+	}
+	if r, err = s3.Upload(ctx, bundle, filepath.Base(bundle)); err != nil {
+		return err
+	}
+	env.Log.Info().Str("copy", s3.URL(r.Key)).Msg("secrets bundle uploaded (age-encrypted) and read back")
+	if _, err := s3.Prune(ctx, keep, BundleCopySuffix); err != nil {
+		return fmt.Errorf("pruning %s: %w", s3.URL(""), err)
+	}
+	return nil
 }
 
 // CopyError says the snapshot was taken and kept on this host but its

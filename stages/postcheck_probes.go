@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
+	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/proxmox"
@@ -89,6 +91,26 @@ func (e *Env) postcheckBackup(ctx context.Context) func(context.Context) (string
 			return "", err
 		}
 		return info.String(), nil
+	}
+}
+
+// postcheckRemote reads the newest verified copy in backup.s3's bucket
+// (nil without one): a copy counts when its upload recorded the sha256 it
+// was read back with.
+func (e *Env) postcheckRemote() func(context.Context) (string, time.Time, error) {
+	if !e.Config.Backup.S3.Enabled() {
+		return nil
+	}
+	return func(ctx context.Context) (string, time.Time, error) {
+		s3, err := backupS3(e)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		r, ok, err := s3.Newest(ctx, backup.SnapshotSuffixes...)
+		if err != nil || !ok || r.SHA256 == "" {
+			return "", time.Time{}, err
+		}
+		return s3.URL(r.Key), r.Taken, nil
 	}
 }
 

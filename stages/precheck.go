@@ -84,6 +84,20 @@ func localChecks(env *Env) []check.Check {
 			return dirWritable(d.path)
 		}})
 	}
+	if env.Config.Backup.S3.Enabled() {
+		// Backups do not stop a bring-up: a bucket that cannot be used
+		// warns here, and every backup's copy warns until it can.
+		out = append(out, check.Check{Name: "backup: S3 bucket", Run: func(ctx context.Context) (check.Status, string) {
+			s3, err := backupS3(env)
+			if err == nil {
+				err = s3.Check(ctx)
+			}
+			if err != nil {
+				return check.Warnf("%v: etcd snapshots will not be copied there", err)
+			}
+			return check.Passf("%s exists and takes these credentials", s3.URL(""))
+		}})
+	}
 	return out
 }
 

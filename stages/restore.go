@@ -1,8 +1,11 @@
 package stages
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/fsutil"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/talos"
 )
@@ -148,4 +152,62 @@ func SelectStages(all []Stage, names []string) []Stage {
 		}
 	}
 	return out
+}
+
+// RestoreBundle puts a secrets bundle recovered from a backup copy (plain:
+// the copy decrypted, in the form the old host kept it: SOPS-encrypted or
+// plaintext) where this cluster's bundle lives, when there is none: a
+// restore on a new machine. A bundle already there is never overwritten; a
+// different one is refused (the configs it made would not match the
+// cluster's). Checked before anything is written: the copy must open (with
+// secrets.age.keyFile when SOPS-encrypted) into a valid bundle.
+func RestoreBundle(env *Env, plain []byte, from string) error {
+	dir, err := os.MkdirTemp(env.Paths.StateDir, ".bundle-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	candidate := filepath.Join(dir, filepath.Base(env.Paths.Secrets))
+	if err := os.WriteFile(candidate, plain, 0o600); err != nil {
+		return err
+	}
+	got, err := talos.LoadSecrets(candidate, bundleSealer(env))
+	if err != nil {
+		return config.Userf("--secrets %s: %v; nothing was touched", from, err)
+	}
+	have, err := talos.LoadSecrets(env.Paths.Secrets, bundleSealer(env))
+	switch {
+	case err == nil && have.Cluster.ID == got.Cluster.ID && bytes.Equal(have.Certs.OS.Key, got.Certs.OS.Key):
+		env.UI.OK("the secrets bundle %s is the one in %s", env.Paths.Secrets, from)
+		return nil
+	case err == nil:
+		return config.Userf("--secrets %s is not the bundle this host has at %s (another cluster's?): move that one away first if it is the wrong one; nothing was touched", from, env.Paths.Secrets)
+	case !errors.Is(err, fs.ErrNotExist):
+		return err
+	}
+	return env.Wet(fmt.Sprintf("restore the secrets bundle %s from %s", env.Paths.Secrets, from), func() error {
+		if err := os.MkdirAll(filepath.Dir(env.Paths.Secrets), 0o700); err != nil {
+			return err
+		}
+		_, err := fsutil.WriteIfChanged(env.Paths.Secrets, plain, 0o600)
+		return err
+	})
+}
+
+// EnsureTalosconfig renders the cluster's Talos configs and talosconfig
+// from its bundle when the talosconfig is missing (a new machine): the
+// restore reaches the nodes with it.
+func EnsureTalosconfig(env *Env) error {
+	if _, err := os.Stat(env.Paths.Talosconfig); !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if _, err := os.Stat(env.Paths.Secrets); err != nil {
+		return config.Userf("no talosconfig at %s and no secrets bundle at %s to make one from: pass --secrets with the bundle copied with the backups (<time>%s)", env.Paths.Talosconfig, env.Paths.Secrets, BundleCopySuffix)
+	}
+	gen, err := talosGenerateOptions(env)
+	if err != nil {
+		return err
+	}
+	_, err = renderTalos(env, gen)
+	return err
 }

@@ -15,7 +15,8 @@ import (
 // RestoreCmd is `bootstrap restore`: disaster recovery of a cluster whose
 // etcd was lost (every control plane VM gone with its disk).
 type RestoreCmd struct {
-	From        string `required:"" help:"The etcd snapshot to restore: one bootstrap backup kept (ai/state/<cluster>/etcd/*.snapshot) or a copy of one (.snapshot.age with --age-identity)." placeholder:"FILE"`
+	From        string `required:"" help:"The etcd snapshot to restore: one bootstrap backup kept (ai/state/<cluster>/etcd/*.snapshot) or a copy of one (.snapshot.age with --age-identity), a file or s3://<backup.s3.bucket>/<key>." placeholder:"FILE"`
+	Secrets     string `help:"The secrets bundle copied with the backups (<time>.secrets.yaml.age, a file or s3://<bucket>/<key>), for a restore on a machine that lost .talos/<cluster>/: it is put in place (never over another bundle) and the Talos configs are made from it." placeholder:"FILE"`
 	AgeIdentity string `help:"age identity file that decrypts an encrypted copy (.age); default $SOPS_AGE_KEY_FILE." placeholder:"FILE"`
 	DryRun      bool   `help:"Verify the snapshot and show what the restore would do; change nothing."`
 	Force       bool   `help:"Restore even though etcd runs: the control planes' etcd data is wiped first and every change since the snapshot is lost."`
@@ -30,17 +31,27 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 	paths := cfg.Paths()
-	from := r.From
-	if strings.HasSuffix(from, backup.AgeSuffix) {
-		id := r.AgeIdentity
-		if id == "" && a.LookupEnv != nil {
-			id, _ = a.LookupEnv("SOPS_AGE_KEY_FILE")
-		}
-		if id == "" {
-			return config.Userf("--from %s is encrypted with age: pass --age-identity FILE (or set SOPS_AGE_KEY_FILE)", from)
-		}
-		if err := os.MkdirAll(paths.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(paths.StateDir, 0o700); err != nil {
+		return err
+	}
+	id := r.AgeIdentity
+	if id == "" && a.LookupEnv != nil {
+		id, _ = a.LookupEnv("SOPS_AGE_KEY_FILE")
+	}
+	from, cleanup, err := fetchCopy(ctx, cfg, "--from", r.From)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	var bundle []byte
+	if r.Secrets != "" {
+		if bundle, err = openBundleCopy(ctx, cfg, r.Secrets, id); err != nil {
 			return err
+		}
+	}
+	if strings.HasSuffix(from, backup.AgeSuffix) {
+		if id == "" {
+			return config.Userf("--from %s is encrypted with age: pass --age-identity FILE (or set SOPS_AGE_KEY_FILE)", r.From)
 		}
 		plain, err := backup.Decrypt(from, id, paths.StateDir)
 		if err != nil {
@@ -67,6 +78,24 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 	env.Options.RecoverNode = r.Node
+	if bundle != nil {
+		if err := stages.RestoreBundle(env, bundle, r.Secrets); err != nil {
+			if sess != nil {
+				sess.Close()
+			}
+			return err
+		}
+	}
+	if _, err := os.Stat(paths.Talosconfig); err != nil && env.DryRun {
+		fmt.Fprintf(env.Out, "Plan (dry run: nothing was changed)\n  restore the secrets bundle, make the Talos configs from it, then restore etcd from %s on the control planes\n", snap.Source())
+		return nil
+	}
+	if err := stages.EnsureTalosconfig(env); err != nil {
+		if sess != nil {
+			sess.Close()
+		}
+		return err
+	}
 	selected := stages.SelectStages(a.Stages(), stages.RestoreStages)
 	if sess == nil {
 		return restore(ctx, env, snap, r.Force, selected, stages.RunInfo{})
@@ -112,4 +141,58 @@ func restore(ctx context.Context, env *stages.Env, snap backup.Info, force bool,
 	}
 	fmt.Fprintf(env.Out, "restored etcd from %s (revision %d); the postcheck passed\n", snap.Source(), snap.Revision)
 	return nil
+}
+
+// fetchCopy returns a local file for a copy given as a path or as
+// s3://<backup.s3.bucket>/<key> (downloaded into the state directory and
+// compared with the digest its upload recorded); cleanup removes the
+// download.
+func fetchCopy(ctx context.Context, cfg *config.Config, flag, arg string) (string, func(), error) {
+	if !strings.HasPrefix(arg, "s3://") {
+		return arg, func() {}, nil
+	}
+	if !cfg.Backup.S3.Enabled() {
+		return "", nil, config.Userf("%s %s: backup.s3 is not configured; nothing was touched", flag, arg)
+	}
+	s3, _, err := stages.BackupBucket(cfg)
+	if err != nil {
+		return "", nil, err
+	}
+	key, err := s3.KeyOf(arg)
+	if err != nil {
+		return "", nil, config.Userf("%s: %v; nothing was touched", flag, err)
+	}
+	dir, err := os.MkdirTemp(cfg.Paths().StateDir, ".download-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	p, err := s3.Download(ctx, key, dir)
+	if err != nil {
+		cleanup()
+		return "", nil, config.Userf("%s: %v; nothing was touched", flag, err)
+	}
+	return p, cleanup, nil
+}
+
+// openBundleCopy reads a copy of the secrets bundle (always age-encrypted)
+// and returns what it holds, decrypted with the age identity.
+func openBundleCopy(ctx context.Context, cfg *config.Config, arg, identity string) ([]byte, error) {
+	if !strings.HasSuffix(arg, backup.AgeSuffix) {
+		return nil, config.Userf("--secrets %s: copies of the secrets bundle are age-encrypted (<time>%s)", arg, stages.BundleCopySuffix)
+	}
+	if identity == "" {
+		return nil, config.Userf("--secrets %s is encrypted with age: pass --age-identity FILE (or set SOPS_AGE_KEY_FILE)", arg)
+	}
+	local, cleanup, err := fetchCopy(ctx, cfg, "--secrets", arg)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	plain, err := backup.Decrypt(local, identity, cfg.Paths().StateDir)
+	if err != nil {
+		return nil, config.Userf("--secrets %s: %v; nothing was touched", arg, err)
+	}
+	defer os.Remove(plain)
+	return os.ReadFile(plain)
 }

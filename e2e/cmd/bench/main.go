@@ -6,7 +6,7 @@
 // the Proxmox and Talos API calls it made; for 3-control-plane sizes also
 // the etcd backup and the restore of a lost cluster to a green postcheck.
 //
-//	go run ./e2e/cmd/bench -binary bin/bootstrap [-scale 0.1] [-sizes 1,3+2,3+3]
+//	go run ./e2e/cmd/bench -binary bin/bootstrap [-scale 0.1] [-sizes 1,3+2,3+3,3+12]
 package main
 
 import (
@@ -97,7 +97,7 @@ func main() {
 	flag.StringVar(&o.binary, "binary", "bin/bootstrap", "bootstrap binary to measure")
 	flag.StringVar(&o.profile, "profile", "n100", "latency profile of the simulated host and nodes")
 	flag.Float64Var(&o.scale, "scale", 0.1, "time scale of the profile (0.1: ten times faster than the real box)")
-	flag.StringVar(&sizes, "sizes", "1,3+2,3+3", "cluster sizes: control planes[+workers], comma separated")
+	flag.StringVar(&sizes, "sizes", "1,3+2,3+3,3+12", "cluster sizes: control planes[+workers], comma separated")
 	flag.BoolVar(&o.sequential, "sequential", true, "also measure parallelism 1 (the one-node-after-another reference)")
 	flag.StringVar(&o.dir, "dir", "", "work directory (default: a temporary one, removed unless -keep)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (labs, state, run logs)")

@@ -1,0 +1,172 @@
+package backup
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"filippo.io/age"
+	"github.com/minio/minio-go/v7"
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/backup/backuptest"
+	"github.com/homelab/bootstrap/lab/s3server"
+)
+
+// labS3 starts the lab's S3 server (versitygw) with one bucket.
+func labS3(t *testing.T) *s3server.Server {
+	t.Helper()
+	srv, err := s3server.Start(context.Background(), s3server.Options{Dir: t.TempDir(), Log: zerolog.New(zerolog.NewTestWriter(t))})
+	if errors.Is(err, s3server.ErrNoBinary) && os.Getenv("BOOTSTRAP_REQUIRE_LAB") != "1" {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	if err := srv.MakeBucket("backups"); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+func bucket(t *testing.T, srv *s3server.Server, name, secret string) *S3 {
+	t.Helper()
+	s, err := NewS3(S3Options{Endpoint: srv.Endpoint, Bucket: name, Prefix: "lab/etcd/", Region: srv.Region, PathStyle: true,
+		AccessKey: srv.AccessKey, SecretKey: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// keptSnapshot writes a verified snapshot taken at t into dir.
+func keptSnapshot(t *testing.T, dir string, at time.Time) string {
+	t.Helper()
+	p := filepath.Join(dir, at.UTC().Format(timeLayout)+Suffix)
+	if err := os.WriteFile(p, backuptest.Snapshot(t, 5), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestS3CopiesAgainstARealServer: an encrypted copy is uploaded, read back
+// and compared before it counts, listed newest first, pruned to keep and
+// downloaded to the same bytes, which the age identity opens into the
+// verified snapshot.
+func TestS3CopiesAgainstARealServer(t *testing.T) {
+	srv := labS3(t)
+	s := bucket(t, srv, "backups", srv.SecretKey)
+	ctx := context.Background()
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, copies := t.TempDir(), t.TempDir()
+	base := time.Date(2026, 11, 27, 3, 0, 0, 0, time.UTC)
+	var last Remote
+	for i := range 3 {
+		snap := keptSnapshot(t, dir, base.Add(time.Duration(i)*time.Hour))
+		enc, err := Copy(snap, copies, []age.Recipient{id.Recipient()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last, err = s.Upload(ctx, enc, filepath.Base(enc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !strings.HasSuffix(last.Key, Suffix+AgeSuffix) || last.SHA256 == "" || !last.Taken.Equal(base.Add(2*time.Hour)) {
+		t.Errorf("upload: %+v", last)
+	}
+	removed, err := s.Prune(ctx, 2, SnapshotSuffixes...)
+	if err != nil || len(removed) != 1 || !strings.Contains(removed[0], "20261127T030000Z") {
+		t.Fatalf("prune removed %v (%v), want the oldest", removed, err)
+	}
+	newest, ok, err := s.Newest(ctx, SnapshotSuffixes...)
+	if err != nil || !ok || newest.Key != last.Key || newest.SHA256 != last.SHA256 {
+		t.Fatalf("newest %+v %v %v, want %+v", newest, ok, err, last)
+	}
+	got, err := s.Download(ctx, newest.Key, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(t.TempDir(), "key.txt")
+	if err := os.WriteFile(keyFile, []byte(id.String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Decrypt(got, keyFile, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := VerifyDecrypted(plain, got); err != nil {
+		t.Fatalf("the downloaded copy does not open into a verified snapshot: %v", err)
+	}
+}
+
+// TestS3Refusals: a wrong key, a missing bucket and an upload cut short
+// each fail with what to do, and leave no object behind.
+func TestS3Refusals(t *testing.T) {
+	srv := labS3(t)
+	ctx := context.Background()
+	snap := keptSnapshot(t, t.TempDir(), time.Date(2026, 11, 27, 3, 0, 0, 0, time.UTC))
+
+	_, err := bucket(t, srv, "backups", "wrong-secret").Upload(ctx, snap, filepath.Base(snap))
+	if err == nil || !strings.Contains(err.Error(), "refused the credentials") || !strings.Contains(err.Error(), "SignatureDoesNotMatch") {
+		t.Errorf("wrong secret: %v", err)
+	}
+	if err := bucket(t, srv, "backups", "wrong-secret").Check(ctx); err == nil {
+		t.Error("the check passed with a wrong secret")
+	}
+	missing := bucket(t, srv, "nobucket", srv.SecretKey)
+	if _, err := missing.Upload(ctx, snap, filepath.Base(snap)); err == nil || !strings.Contains(err.Error(), "bucket nobucket does not exist") {
+		t.Errorf("missing bucket: %v", err)
+	}
+	if err := missing.Check(ctx); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("check of a missing bucket: %v", err)
+	}
+
+	s := bucket(t, srv, "backups", srv.SecretKey)
+	data, err := os.ReadFile(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	// The connection drops halfway through the body.
+	cut := io.MultiReader(strings.NewReader(string(data[:len(data)/2])), errReader{errors.New("connection reset")})
+	_, err = s.put(ctx, cut, int64(len(data)), hex.EncodeToString(sum[:]), filepath.Base(snap))
+	if err == nil || !strings.Contains(err.Error(), "connection reset") {
+		t.Fatalf("an upload cut short: %v", err)
+	}
+	if all, err := s.List(ctx, SnapshotSuffixes...); err != nil || len(all) != 0 {
+		t.Errorf("an upload cut short left %v (%v)", all, err)
+	}
+	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, s.prefix, true) {
+		if u.Err == nil {
+			t.Errorf("an upload cut short left the multipart upload %s", u.Key)
+		}
+	}
+	// The next backup's upload goes through.
+	if _, err := s.Upload(ctx, snap, filepath.Base(snap)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.StatObject(ctx, s.bucket, s.prefix+filepath.Base(snap), minio.StatObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
