@@ -136,7 +136,8 @@ func networkNotReady(now metav1.Time) corev1.NodeCondition {
 // pod-ready stage only acts on Pending pods, so without this a pod the
 // controller marked while its node waited for the CNI stayed not Ready for
 // good (seen: CoreDNS on a worker of the 3+3 benchmark, the health wait
-// never ended). Pods of a node that is not Ready are left as they are.
+// never ended). Pods of a node that is not Ready are left as they are, and
+// so are mirror pods.
 func (c *Cluster) resyncPodReady(ctx context.Context) {
 	for {
 		c.reconcilePodReady(ctx)
@@ -169,7 +170,9 @@ func (c *Cluster) reconcilePodReady(ctx context.Context) []string {
 	}
 	var fixed []string
 	for _, p := range pods.Items {
-		if p.DeletionTimestamp != nil || !ready[p.Spec.NodeName] || !kubeletWouldBeReady(p) {
+		// A mirror pod's status is its static pod's, as its node reports
+		// it (mirror.go): not this reconcile's to change.
+		if p.DeletionTimestamp != nil || p.Annotations[AnnotationMirror] != "" || !ready[p.Spec.NodeName] || !kubeletWouldBeReady(p) {
 			continue
 		}
 		now := metav1.Now()
