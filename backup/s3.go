@@ -39,6 +39,9 @@ type S3Options struct {
 type S3 struct {
 	c              *minio.Client
 	bucket, prefix string
+	// partSize is minio-go's multipart part size (0: its default, 16 MiB
+	// and up): a copy larger than one part goes up in parts.
+	partSize uint64
 }
 
 // metaSHA256 is the user metadata an uploaded copy carries: the sha256 of
@@ -134,8 +137,8 @@ type Remote struct {
 // compares its sha256 and size with what was sent: only then does the copy
 // count. A copy that reads back different is removed. An upload cut short
 // leaves no object: S3 makes a PUT (or a completed multipart upload)
-// visible whole or not at all, and minio-go aborts the parts of one that
-// failed.
+// visible whole or not at all, and minio-go aborts the multipart upload
+// of one that failed (abortFailedUpload in api-remove.go at v7.4.1).
 func (s *S3) Upload(ctx context.Context, src, name string) (Remote, error) {
 	f, err := os.Open(src)
 	if err != nil {
@@ -158,7 +161,7 @@ func (s *S3) Upload(ctx context.Context, src, name string) (Remote, error) {
 func (s *S3) put(ctx context.Context, r io.Reader, size int64, sum, name string) (Remote, error) {
 	key := s.prefix + name
 	if _, err := s.c.PutObject(ctx, s.bucket, key, r, size, minio.PutObjectOptions{
-		ContentType: "application/octet-stream", UserMetadata: map[string]string{metaSHA256: sum}, SendContentMd5: true,
+		ContentType: "application/octet-stream", UserMetadata: map[string]string{metaSHA256: sum}, SendContentMd5: true, PartSize: s.partSize,
 	}); err != nil {
 		return Remote{}, fmt.Errorf("uploading %s: %w", s.URL(key), s3Error(s, err))
 	}
@@ -294,7 +297,10 @@ func nameTime(name string) (time.Time, error) {
 }
 
 // s3Error says what an S3 error means for the user: the server's code
-// (SignatureDoesNotMatch, NoSuchBucket…) with what to do about it.
+// (SignatureDoesNotMatch, NoSuchBucket…, the codes of the S3 API's error
+// responses) with what to do about it. versitygw answers an unknown access
+// key with XAdminUserNotFound where AWS and MinIO say InvalidAccessKeyId
+// (seen against the lab's server); both mean refused credentials.
 func s3Error(s *S3, err error) error {
 	var resp minio.ErrorResponse
 	if !errors.As(err, &resp) || resp.Code == "" {

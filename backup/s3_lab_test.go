@@ -158,6 +158,42 @@ func TestS3Refusals(t *testing.T) {
 			t.Errorf("an upload cut short left the multipart upload %s", u.Key)
 		}
 	}
+	// The listing of incomplete uploads sees one that was left open
+	// (else the checks of it below could not fail).
+	core := minio.Core{Client: s.c}
+	open, err := core.NewMultipartUpload(ctx, s.bucket, s.prefix+"open", minio.PutObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := false
+	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, s.prefix, true) {
+		seen = seen || u.UploadID == open
+	}
+	if err := core.AbortMultipartUpload(ctx, s.bucket, s.prefix+"open", open); err != nil || !seen {
+		t.Fatalf("an open multipart upload is not listed (%v, abort: %v)", seen, err)
+	}
+	// The same for an upload in parts (a snapshot larger than a part):
+	// two 5 MiB parts go up, the third never comes.
+	big := make([]byte, 12<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	bigSum := sha256.Sum256(big)
+	s.partSize = 5 << 20
+	cut = io.MultiReader(strings.NewReader(string(big[:11<<20])), errReader{errors.New("connection reset")})
+	_, err = s.put(ctx, cut, int64(len(big)), hex.EncodeToString(bigSum[:]), "20261127T040000Z"+Suffix)
+	if err == nil || !strings.Contains(err.Error(), "connection reset") {
+		t.Fatalf("a multipart upload cut short: %v", err)
+	}
+	s.partSize = 0
+	if all, err := s.List(ctx, SnapshotSuffixes...); err != nil || len(all) != 0 {
+		t.Errorf("a multipart upload cut short left %v (%v)", all, err)
+	}
+	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, s.prefix, true) {
+		if u.Err == nil {
+			t.Errorf("a multipart upload cut short left its parts under %s", u.Key)
+		}
+	}
 	// The next backup's upload goes through.
 	if _, err := s.Upload(ctx, snap, filepath.Base(snap)); err != nil {
 		t.Fatal(err)

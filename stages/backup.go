@@ -69,7 +69,12 @@ func TakeBackup(ctx context.Context, env *Env, ops *talos.Ops) (backup.Info, err
 		errs = append(errs, errors.New("the secrets bundle was not copied with it: set backup.ageRecipients (copies of the bundle are always encrypted), or the snapshots cannot bring the cluster back without this host"))
 	}
 	if len(errs) > 0 {
-		return info, &CopyError{Kept: info.Path, Dir: copyTargets(env), Err: errors.Join(errs...)}
+		// One line for the postcheck row, each cause still wrapped.
+		err := errs[0]
+		for _, e := range errs[1:] {
+			err = fmt.Errorf("%w; %w", err, e)
+		}
+		return info, &CopyError{Kept: info.Path, Dir: copyTargets(env), Err: err}
 	}
 	return info, nil
 }
@@ -236,7 +241,7 @@ type CopyError struct {
 }
 
 func (e *CopyError) Error() string {
-	return fmt.Sprintf("kept %s, but copying it to %s failed: %v", filepath.Base(e.Kept), e.Dir, e.Err)
+	return fmt.Sprintf("kept %s, but its copies to %s are incomplete: %v", filepath.Base(e.Kept), e.Dir, e.Err)
 }
 
 func (e *CopyError) Unwrap() error { return e.Err }
