@@ -2,8 +2,10 @@ package talos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
@@ -75,24 +77,36 @@ func (o *Ops) RecoverEtcd(ctx context.Context, name, ip string, r Recovery) (alr
 // installed system again with an etcd that waits to join a cluster,
 // bounded by RebootTimeout.
 func (o *Ops) ResetEtcdData(ctx context.Context, cps []Target) error {
-	for _, t := range cps {
-		err := o.call(ctx, t.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-			_, err := c.MachineClient.Reset(ctx, &machine.ResetRequest{
-				Graceful: false, Reboot: true,
-				SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: constants.EphemeralPartitionLabel, Wipe: true}},
+	// The resets go out at once, not one after another: a node whose
+	// reboot is quicker than the other resets' round trips would find
+	// the old etcd still running on them and join it again (seen in the
+	// lab, where a reboot takes milliseconds and one reset took 1.3 s).
+	errs := make([]error, len(cps))
+	var wg sync.WaitGroup
+	for i, t := range cps {
+		wg.Go(func() {
+			err := o.call(ctx, t.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+				_, err := c.MachineClient.Reset(ctx, &machine.ResetRequest{
+					Graceful: false, Reboot: true,
+					SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: constants.EphemeralPartitionLabel, Wipe: true}},
+				})
+				return err
 			})
-			return err
+			switch {
+			case isDown(err):
+				// The node went away before its answer arrived: the reset
+				// sequence may already run. The wait below tells.
+				o.opts.Log.Warn().Str("node", t.Name).Err(err).Msgf("no answer from %s to the reset; waiting for it to come back with an empty etcd", t)
+			case err != nil:
+				errs[i] = fmt.Errorf("resetting EPHEMERAL on %s: %w", t, err)
+			default:
+				o.opts.Log.Info().Str("node", t.Name).Msgf("reset %s: EPHEMERAL (etcd data) wiped, rebooting", t)
+			}
 		})
-		switch {
-		case isDown(err):
-			// The node went away before its answer arrived: the reset
-			// sequence may already run. The wait below tells.
-			o.opts.Log.Warn().Str("node", t.Name).Err(err).Msgf("no answer from %s to the reset; waiting for it to come back with an empty etcd", t)
-		case err != nil:
-			return fmt.Errorf("resetting EPHEMERAL on %s: %w", t, err)
-		default:
-			o.opts.Log.Info().Str("node", t.Name).Msgf("reset %s: EPHEMERAL (etcd data) wiped, rebooting", t)
-		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	for _, t := range cps {
 		if err := o.waitEtcdEmpty(ctx, t); err != nil {

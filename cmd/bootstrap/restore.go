@@ -31,9 +31,6 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 	paths := cfg.Paths()
-	if err := os.MkdirAll(paths.StateDir, 0o700); err != nil {
-		return err
-	}
 	id := r.AgeIdentity
 	if id == "" && a.LookupEnv != nil {
 		id, _ = a.LookupEnv("SOPS_AGE_KEY_FILE")
@@ -52,6 +49,9 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 	if strings.HasSuffix(from, backup.AgeSuffix) {
 		if id == "" {
 			return config.Userf("--from %s is encrypted with age: pass --age-identity FILE (or set SOPS_AGE_KEY_FILE)", r.From)
+		}
+		if err := os.MkdirAll(paths.StateDir, 0o700); err != nil {
+			return err
 		}
 		plain, err := backup.Decrypt(from, id, paths.StateDir)
 		if err != nil {
@@ -162,6 +162,9 @@ func fetchCopy(ctx context.Context, cfg *config.Config, flag, arg string) (strin
 	if err != nil {
 		return "", nil, config.Userf("%s: %v; nothing was touched", flag, err)
 	}
+	if err := os.MkdirAll(cfg.Paths().StateDir, 0o700); err != nil {
+		return "", nil, err
+	}
 	dir, err := os.MkdirTemp(cfg.Paths().StateDir, ".download-")
 	if err != nil {
 		return "", nil, err
@@ -189,6 +192,9 @@ func openBundleCopy(ctx context.Context, cfg *config.Config, arg, identity strin
 		return nil, err
 	}
 	defer cleanup()
+	if err := os.MkdirAll(cfg.Paths().StateDir, 0o700); err != nil {
+		return nil, err
+	}
 	plain, err := backup.Decrypt(local, identity, cfg.Paths().StateDir)
 	if err != nil {
 		return nil, config.Userf("--secrets %s: %v; nothing was touched", arg, err)
