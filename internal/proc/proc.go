@@ -45,6 +45,13 @@ func Alive(pid int, match func(args []string) bool) bool {
 		return true
 	}
 	args, err := Args(pid)
+	if err == nil && len(args) == 1 && args[0] == "" {
+		// An exiting process has released its memory, and with it its
+		// command line, before it becomes a zombie: it is still ours
+		// and still alive (a stop that took it for gone returned while
+		// it was exiting).
+		return true
+	}
 	return err == nil && match(args)
 }
 
