@@ -276,9 +276,14 @@ func readDatabase(f *os.File, size int64) (rev int64, keys, live int, err error)
 // (8 + 1 + 8 bytes) and the mark.
 const tombstoneLen = 8 + 1 + 8 + 1
 
-// List returns the kept snapshots (and age-encrypted copies) in dir,
-// newest first (names only; they are verified when taken).
-func List(dir string) ([]string, error) {
+// List returns the kept files in dir whose names end in one of suffixes
+// (default SnapshotSuffixes: snapshots and their age-encrypted copies),
+// newest first: names start with the snapshot time. Names only; they are
+// verified when taken.
+func List(dir string, suffixes ...string) ([]string, error) {
+	if len(suffixes) == 0 {
+		suffixes = SnapshotSuffixes
+	}
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -288,8 +293,8 @@ func List(dir string) ([]string, error) {
 	}
 	var out []string
 	for _, e := range entries {
-		name := strings.TrimSuffix(e.Name(), AgeSuffix)
-		if e.Type().IsRegular() && strings.HasSuffix(name, Suffix) && !strings.HasPrefix(name, ".") {
+		// A leading dot marks a temp file still being written.
+		if e.Type().IsRegular() && hasSuffix(e.Name(), suffixes) && !strings.HasPrefix(e.Name(), ".") {
 			out = append(out, filepath.Join(dir, e.Name()))
 		}
 	}
@@ -297,9 +302,23 @@ func List(dir string) ([]string, error) {
 	return out, nil
 }
 
-// Prune removes all but the newest keep snapshots and returns what it removed.
-func Prune(dir string, keep int) ([]string, error) {
-	all, err := List(dir)
+// SnapshotSuffixes end the names of snapshot copies: plain or encrypted.
+var SnapshotSuffixes = []string{Suffix, Suffix + AgeSuffix}
+
+// hasSuffix reports whether name ends in one of suffixes.
+func hasSuffix(name string, suffixes []string) bool {
+	for _, s := range suffixes {
+		if strings.HasSuffix(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Prune removes all but the newest keep files that List(dir, suffixes...)
+// gives and returns what it removed.
+func Prune(dir string, keep int, suffixes ...string) ([]string, error) {
+	all, err := List(dir, suffixes...)
 	if err != nil || len(all) <= keep {
 		return nil, err
 	}

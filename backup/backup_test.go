@@ -67,9 +67,23 @@ func TestTakeVerifyPrune(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Other files kept beside the snapshots (a sealed bundle per snapshot)
+	// are pruned only by their own suffix.
+	for i := 0; i <= 4; i++ {
+		name := t0.Add(time.Duration(i)*24*time.Hour).Format(timeLayout) + ".bundle.age"
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	removed, err := Prune(dir, 2)
-	if err != nil || len(removed) != 3 {
+	if err != nil || len(removed) != 3 || strings.Contains(strings.Join(removed, " "), "bundle") {
 		t.Fatalf("prune: %v %v", removed, err)
+	}
+	if removed, err := Prune(dir, 1, ".bundle.age"); err != nil || len(removed) != 4 || !strings.HasSuffix(removed[0], "20261126T030000Z.bundle.age") {
+		t.Fatalf("prune bundles: %v %v", removed, err)
+	}
+	if left, _ := List(dir, ".bundle.age", Suffix); len(left) != 3 {
+		t.Fatalf("left: %v", left)
 	}
 	newest, at, err := Newest(dir)
 	if err != nil || !at.Equal(t0.Add(96*time.Hour)) || filepath.Base(newest) != "20261127T030000Z.snapshot" {

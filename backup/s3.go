@@ -203,7 +203,7 @@ func (s *S3) List(ctx context.Context, suffixes ...string) ([]Remote, error) {
 			return nil, s3Error(s, obj.Err)
 		}
 		name := path.Base(obj.Key)
-		if !slicesHasSuffix(name, suffixes) {
+		if !hasSuffix(name, suffixes) {
 			continue
 		}
 		taken, err := nameTime(name)
@@ -231,18 +231,6 @@ func (s *S3) Newest(ctx context.Context, suffixes ...string) (r Remote, ok bool,
 	r.SHA256 = st.UserMetadata[metaSHA256]
 	return r, true, nil
 }
-
-func slicesHasSuffix(name string, suffixes []string) bool {
-	for _, s := range suffixes {
-		if strings.HasSuffix(name, s) {
-			return true
-		}
-	}
-	return false
-}
-
-// SnapshotSuffixes end the names of snapshot copies: plain or encrypted.
-var SnapshotSuffixes = []string{Suffix, Suffix + AgeSuffix}
 
 // Prune removes all but the newest keep copies whose names end in one of
 // suffixes, as Prune does in a directory, and returns the removed keys.

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"filippo.io/age"
@@ -87,9 +86,7 @@ func copyTargets(env *Env) string {
 		out = append(out, b.CopyDir)
 	}
 	if b.S3.Enabled() {
-		if s, err := backupS3(env); err == nil {
-			out = append(out, s.URL(""))
-		}
+		out = append(out, "s3://"+b.S3.Bucket+"/"+backupPrefix(env.Config))
 	}
 	return strings.Join(out, " and ")
 }
@@ -141,23 +138,8 @@ func copyToDir(env *Env, info backup.Info, recipients []age.Recipient, keep int)
 		return err
 	}
 	env.Log.Info().Str("copy", bundle).Msg("secrets bundle copied (age-encrypted)")
-	return pruneSuffix(dir, BundleCopySuffix, keep)
-}
-
-// pruneSuffix removes all but the newest keep files of dir whose names end
-// in suffix (names start with the snapshot time, so they sort by it).
-func pruneSuffix(dir, suffix string, keep int) error {
-	matches, err := filepath.Glob(filepath.Join(dir, "*"+suffix))
-	if err != nil || len(matches) <= keep {
-		return err
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(matches)))
-	for _, m := range matches[keep:] {
-		if err := os.Remove(m); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err = backup.Prune(dir, keep, BundleCopySuffix)
+	return err
 }
 
 // backupS3 is the client of backup.s3's bucket; its secret key joins the
@@ -179,17 +161,22 @@ func BackupBucket(cfg *config.Config) (*backup.S3, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	prefix := s.Prefix
-	if prefix == "" {
-		prefix = cfg.Cluster.Name + "/etcd/"
-	}
 	ca := ""
 	if s.CAFile != "" {
 		ca = cfg.Resolve(s.CAFile)
 	}
-	s3, err := backup.NewS3(backup.S3Options{Endpoint: s.Endpoint, Bucket: s.Bucket, Prefix: prefix, Region: s.Region, PathStyle: s.PathStyle,
+	s3, err := backup.NewS3(backup.S3Options{Endpoint: s.Endpoint, Bucket: s.Bucket, Prefix: backupPrefix(cfg), Region: s.Region, PathStyle: s.PathStyle,
 		AccessKey: id, SecretKey: secret, CAFile: ca})
 	return s3, secret, err
+}
+
+// backupPrefix is where copies go in backup.s3's bucket: backup.s3.prefix,
+// default <cluster>/etcd/.
+func backupPrefix(cfg *config.Config) string {
+	if p := cfg.Backup.S3.Prefix; p != "" {
+		return p
+	}
+	return cfg.Cluster.Name + "/etcd/"
 }
 
 // copyToS3 uploads the snapshot (encrypted to recipients when set) and the

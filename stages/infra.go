@@ -150,13 +150,10 @@ type fetchedChart struct {
 // the API endpoint, which need the Talos configs, are not part of it).
 // One that fails is fetched again in line, where its error is reported.
 func (InfraStage) Prepare(ctx context.Context, env *Env) {
-	cfg := env.Config
-	var refs []infra.Release
-	if cfg.CNI.Name == "cilium" {
-		refs = append(refs, infra.Release{RepoURL: cfg.CNI.Cilium.ChartRepo, Chart: infra.CiliumChart, Version: cfg.CNI.Cilium.ChartVersion})
+	refs, err := releasesOf(env, false)
+	if err != nil {
+		return // reported in line
 	}
-	n := cfg.Storage.NFS
-	refs = append(refs, infra.Release{RepoURL: n.ChartRepo, Chart: infra.NFSChart, Version: n.ChartVersion})
 	env.prepare(ctx, prepCharts, "the infra charts' archives", func(context.Context) (any, error) {
 		var out []fetchedChart
 		for _, r := range refs {
@@ -174,22 +171,33 @@ func (InfraStage) Prepare(ctx context.Context, env *Env) {
 // order (Cilium first: nothing needing pods works before it), with the
 // user's values files merged.
 func infraReleases(env *Env) ([]infra.Release, error) {
+	return releasesOf(env, true)
+}
+
+// releasesOf is infraReleases; without withAPI, Cilium's API endpoint is
+// left out: it needs the Talos configs, which Prepare runs without, and
+// the chart and version are the config's alone.
+func releasesOf(env *Env, withAPI bool) ([]infra.Release, error) {
 	cfg := env.Config
 	var rels []infra.Release
 	if cfg.CNI.Name == "cilium" {
-		// The agents need the API before any Service works; KubePrism
-		// serves it on every node's localhost when the configs enable it.
-		kubePrism, err := talos.KubePrismPort(env.Paths.TalosDir, nodeNames(cfg))
-		if err != nil {
-			return nil, fmt.Errorf("deciding how Cilium reaches the API: %w", err)
+		o := infra.CiliumOptions{RepoURL: cfg.CNI.Cilium.ChartRepo, Version: cfg.CNI.Cilium.ChartVersion, Nodes: len(cfg.Nodes), Timeout: infraTimeout}
+		if withAPI {
+			// The agents need the API before any Service works; KubePrism
+			// serves it on every node's localhost when the configs enable it.
+			kubePrism, err := talos.KubePrismPort(env.Paths.TalosDir, nodeNames(cfg))
+			if err != nil {
+				return nil, fmt.Errorf("deciding how Cilium reaches the API: %w", err)
+			}
+			host, port, why, err := infra.APIEndpoint(kubePrism, cfg.Cluster.Endpoint)
+			if err != nil {
+				return nil, err
+			}
+			env.Log.Debug().Str("host", host).Int("port", port).Msg("Cilium reaches the API through " + why)
+			o.APIHost, o.APIPort = host, port
 		}
-		host, port, why, err := infra.APIEndpoint(kubePrism, cfg.Cluster.Endpoint)
-		if err != nil {
-			return nil, err
-		}
-		env.Log.Debug().Str("host", host).Int("port", port).Msg("Cilium reaches the API through " + why)
-		rel := infra.Cilium(infra.CiliumOptions{RepoURL: cfg.CNI.Cilium.ChartRepo, Version: cfg.CNI.Cilium.ChartVersion,
-			APIHost: host, APIPort: port, Nodes: len(cfg.Nodes), Timeout: infraTimeout})
+		rel := infra.Cilium(o)
+		var err error
 		if rel.Values, err = infra.MergeValuesFile(rel.Values, cfg.Resolve(cfg.CNI.Cilium.ValuesFile)); err != nil {
 			return nil, err
 		}
