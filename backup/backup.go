@@ -11,7 +11,6 @@
 package backup
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -27,10 +26,11 @@ import (
 	"time"
 
 	"filippo.io/age"
-	"filippo.io/age/armor"
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/homelab/bootstrap/internal/sealed"
 )
 
 // Suffix ends every kept snapshot's file name: <UTC timestamp>.snapshot.
@@ -436,16 +436,7 @@ func Decrypt(src, identityFile, dir string) (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	// An ASCII-armored copy (`age -a`) is read as the age CLI reads it:
-	// armor is recognised by its header, after leading whitespace
-	// (cmd/age/age.go decrypt at filippo.io/age v1.3.1).
-	rr := bufio.NewReader(f)
-	var in io.Reader = rr
-	const maxWhitespace = 1024
-	if start, _ := rr.Peek(maxWhitespace + len(armor.Header)); strings.HasPrefix(string(bytes.TrimSpace(start)), armor.Header) {
-		in = armor.NewReader(rr)
-	}
-	r, err := age.Decrypt(in, ids...)
+	r, err := sealed.Decrypter(f, ids)
 	if err != nil {
 		return "", fmt.Errorf("decrypting %s with %s: %w", filepath.Base(src), identityFile, err)
 	}

@@ -16,8 +16,6 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
-
-	"github.com/homelab/bootstrap/kube"
 )
 
 // FieldManager owns the fields bootstrap applies.
@@ -32,27 +30,15 @@ type Client struct {
 	log  zerolog.Logger
 }
 
-// NewClient connects to the cluster behind kubeconfig.
-func NewClient(kubeconfigPath string, log zerolog.Logger) (*Client, error) {
-	return NewClientAs(kubeconfigPath, owner, log)
+// NewClient connects to the cluster cfg reaches (kube.RESTConfigFrom).
+func NewClient(cfg *rest.Config, log zerolog.Logger) (*Client, error) {
+	return NewClientAs(cfg, owner, log)
 }
 
 // NewClientAs is NewClient applying as another field manager: the Talos
 // bootstrap manifests are synced as "talos", the manager Talos created
 // them with, as talosctl upgrade-k8s does.
-func NewClientAs(kubeconfigPath string, as ssa.Owner, log zerolog.Logger) (*Client, error) {
-	cfg, err := kube.RESTConfig(kubeconfigPath)
-	if err != nil {
-		return nil, err
-	}
-	return newClientAs(cfg, as, log)
-}
-
-func newClient(cfg *rest.Config, log zerolog.Logger) (*Client, error) {
-	return newClientAs(cfg, owner, log)
-}
-
-func newClientAs(cfg *rest.Config, as ssa.Owner, log zerolog.Logger) (*Client, error) {
+func NewClientAs(cfg *rest.Config, as ssa.Owner, log zerolog.Logger) (*Client, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err

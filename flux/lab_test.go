@@ -45,7 +45,7 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	}
 	go srv.Serve(ctx, l, nil)
 
-	c, err := NewClient(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestSSHSyncAgainstRealFlux(t *testing.T) {
 		t.Fatal("AuthSecret wrote an SSH Secret without known_hosts")
 	}
 
-	c, err := NewClient(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestSnapshotOverTLSWithAuthAgainstRealFlux(t *testing.T) {
 	}
 	go srv.Serve(ctx, l, nil)
 
-	c, err := NewClient(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestHandedOverOCIRepositoryIsReconciled(t *testing.T) {
 	if err := reg.PushChart("charts", demoChart("1.0.0")); err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHelm(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	h, err := NewHelm(kubetest.AdminKubeconfig(t, lab), "lab", kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestHandedOverOCIRepositoryIsReconciled(t *testing.T) {
 		t.Fatalf("handover for a plain-HTTP registry:\n%s", out)
 	}
 	objs := manifestObjects(t, out)
-	c, err := flux.NewClient(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	c, err := flux.NewClient(lab.RESTConfig(), kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

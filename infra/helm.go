@@ -85,9 +85,9 @@ type Plan struct {
 
 // Helm runs chart operations against one cluster.
 type Helm struct {
-	kubeconfig string
-	log        zerolog.Logger
-	settings   *cli.EnvSettings
+	getter   *memoryGetter
+	log      zerolog.Logger
+	settings *cli.EnvSettings
 	cs         kubernetes.Interface
 	// dyn reads Flux's HelmReleases (FluxOwner).
 	dyn dynamic.Interface
@@ -100,11 +100,12 @@ type Helm struct {
 	archives map[string][]byte
 }
 
-// NewHelm returns a Helm client for the cluster behind kubeconfig. Chart
-// repository indexes and downloads use Helm's usual cache directories
-// (HELM_CACHE_HOME and friends).
-func NewHelm(kubeconfigPath string, log zerolog.Logger) (*Helm, error) {
-	cs, rc, err := kube.Clientset(kubeconfigPath)
+// NewHelm returns a Helm client for the cluster behind kubeconfig (held
+// in memory; source names it in errors). Chart repository indexes and
+// downloads use Helm's usual cache directories (HELM_CACHE_HOME and
+// friends).
+func NewHelm(kubeconfig []byte, source string, log zerolog.Logger) (*Helm, error) {
+	cs, rc, err := kube.ClientsetFrom(kubeconfig, source)
 	if err != nil {
 		return nil, err
 	}
@@ -113,24 +114,22 @@ func NewHelm(kubeconfigPath string, log zerolog.Logger) (*Helm, error) {
 		return nil, err
 	}
 	settings := cli.New()
-	settings.KubeConfig = kubeconfigPath
-	return &Helm{kubeconfig: kubeconfigPath, log: log, settings: settings, cs: cs, dyn: dyn}, nil
+	getter, err := newMemoryGetter(kubeconfig, settings.BurstLimit, settings.QPS)
+	if err != nil {
+		return nil, fmt.Errorf("helm: kubeconfig %s: %w", source, err)
+	}
+	return &Helm{getter: getter, log: log, settings: settings, cs: cs, dyn: dyn}, nil
 }
 
 // Clientset returns the typed client the Helm wrapper also uses for waits.
 func (h *Helm) Clientset() kubernetes.Interface { return h.cs }
 
 func (h *Helm) config(namespace string) (*action.Configuration, error) {
-	// Templates without a namespace land in the namespace of the flags the
-	// RESTClientGetter carries, not in Install.Namespace: set both. The
-	// settings are built afresh because their client flags point into the
-	// struct they were made with (a copy would keep the old namespace).
-	s := cli.New()
-	s.KubeConfig = h.kubeconfig
-	s.SetNamespace(namespace)
+	// Templates without a namespace land in the namespace of the
+	// RESTClientGetter, not in Install.Namespace: set both.
 	cfg := new(action.Configuration)
 	logf := func(format string, v ...any) { h.log.Debug().Str("component", "helm").Msgf(format, v...) }
-	if err := cfg.Init(s.RESTClientGetter(), namespace, "secret", logf); err != nil {
+	if err := cfg.Init(h.getter.inNamespace(namespace), namespace, "secret", logf); err != nil {
 		return nil, fmt.Errorf("helm: %w", err)
 	}
 	return cfg, nil

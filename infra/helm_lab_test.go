@@ -88,7 +88,7 @@ func TestHelmInstallsFromAnOCIRegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h, err := NewHelm(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	h, err := NewHelm(kubetest.AdminKubeconfig(t, lab), "lab", kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 	defer cancel()
 	lab := oneNodeLab(t, ctx, kube.Options{})
 	url := chartRepo(t, "1.0.0", "1.1.0")
-	h, err := NewHelm(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	h, err := NewHelm(kubetest.AdminKubeconfig(t, lab), "lab", kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestCiliumOnOneNodeWithTheRealChart(t *testing.T) {
 	if version == "" {
 		t.Fatalf("the lab repository serves no Cilium chart: %v", repo.Charts())
 	}
-	h, err := NewHelm(lab.AdminKubeconfigPath(), kubetest.Logger(t))
+	h, err := NewHelm(kubetest.AdminKubeconfig(t, lab), "lab", kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,9 +33,24 @@ func RESTConfig(kubeconfigPath string) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfigPath, err)
 	}
+	return bounded(cfg), nil
+}
+
+// RESTConfigFrom is RESTConfig for a kubeconfig held in memory (one kept
+// age-encrypted is opened in memory only); source names it in errors.
+func RESTConfigFrom(kubeconfig []byte, source string) (*rest.Config, error) {
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", source, err)
+	}
+	return bounded(cfg), nil
+}
+
+// bounded gives a client config its request timeout and rate limits.
+func bounded(cfg *rest.Config) *rest.Config {
 	cfg.Timeout = 30 * time.Second
 	cfg.QPS, cfg.Burst = 50, 100
-	return cfg, nil
+	return cfg
 }
 
 // Clientset builds a typed client from a kubeconfig file.
@@ -44,6 +59,19 @@ func Clientset(kubeconfigPath string) (*kubernetes.Clientset, *rest.Config, erro
 	if err != nil {
 		return nil, nil, err
 	}
+	return clientset(cfg)
+}
+
+// ClientsetFrom builds a typed client from a kubeconfig held in memory.
+func ClientsetFrom(kubeconfig []byte, source string) (*kubernetes.Clientset, *rest.Config, error) {
+	cfg, err := RESTConfigFrom(kubeconfig, source)
+	if err != nil {
+		return nil, nil, err
+	}
+	return clientset(cfg)
+}
+
+func clientset(cfg *rest.Config) (*kubernetes.Clientset, *rest.Config, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, err

@@ -9,7 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -31,6 +31,7 @@ import (
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/flux"
+	"github.com/homelab/bootstrap/internal/sealed"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/talos"
@@ -118,13 +119,16 @@ type Options struct {
 	Cluster         string
 	KubeconfigPath  string
 	TalosconfigPath string
-	Nodes           []Node
-	StorageClass    string
-	PVCNamespace    string
-	PVCTimeout      time.Duration
-	FluxNamespace   string
-	FluxName        string
-	CertWarnDays    int
+	// Files reads both as kept: age-encrypted beside an encrypted secrets
+	// bundle (opened in memory), else plaintext; nil reads plaintext.
+	Files         *sealed.Files
+	Nodes         []Node
+	StorageClass  string
+	PVCNamespace  string
+	PVCTimeout    time.Duration
+	FluxNamespace string
+	FluxName      string
+	CertWarnDays  int
 	// BackupDir holds the etcd snapshots (ai/state/<cluster>/etcd). The
 	// check takes one with TakeBackup (not in a dry run; it verifies,
 	// keeps, copies and prunes, and says what it did) and wants the newest
@@ -185,7 +189,7 @@ func (o Options) now() time.Time {
 func Checks(o Options) []check.Check {
 	c := &checker{o: o}
 	return []check.Check{
-		{Name: CheckKubeconfig, Run: c.kubeconfig},
+		{Name: CheckKubeconfig, Run: c.apiAnswers},
 		{Name: CheckNodesReady, Run: c.nodesReady},
 		{Name: CheckDefaultClass, Run: c.defaultClass},
 		{Name: CheckFlux, Run: c.flux},
@@ -267,6 +271,21 @@ type checker struct {
 
 	healthOnce sync.Once
 	health     talos.HealthReport
+
+	kubeOnce sync.Once
+	kube     []byte
+	kubeErr  error
+}
+
+// kubeconfig reads the kubeconfig once for every check.
+func (c *checker) kubeconfig() ([]byte, error) {
+	c.kubeOnce.Do(func() {
+		c.kube, c.kubeErr = c.o.Files.Read(c.o.KubeconfigPath)
+		if errors.Is(c.kubeErr, fs.ErrNotExist) {
+			c.kubeErr = fmt.Errorf("kubeconfig %s: %w", c.o.Files.Path(c.o.KubeconfigPath), fs.ErrNotExist)
+		}
+	})
+	return c.kube, c.kubeErr
 }
 
 // talosReport runs the cluster health once for the checks that read it.
@@ -298,10 +317,11 @@ func (c *checker) healthVerdict(ctx context.Context, ok string, names ...string)
 }
 
 func (c *checker) client() (*kubernetes.Clientset, dynamic.Interface, error) {
-	if _, err := os.Stat(c.o.KubeconfigPath); err != nil {
-		return nil, nil, fmt.Errorf("kubeconfig %s: %w", c.o.KubeconfigPath, errors.Unwrap(err))
+	data, err := c.kubeconfig()
+	if err != nil {
+		return nil, nil, err
 	}
-	cs, cfg, err := kube.Clientset(c.o.KubeconfigPath)
+	cs, cfg, err := kube.ClientsetFrom(data, c.o.KubeconfigPath)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -309,16 +329,16 @@ func (c *checker) client() (*kubernetes.Clientset, dynamic.Interface, error) {
 	return cs, dyn, err
 }
 
-func (c *checker) kubeconfig(ctx context.Context) (check.Status, string) {
+func (c *checker) apiAnswers(ctx context.Context) (check.Status, string) {
 	cs, _, err := c.client()
 	if err != nil {
 		return check.Failf("%v", err)
 	}
 	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return check.Failf("API at %s does not answer: %v", apiHost(c.o.KubeconfigPath), err)
+		return check.Failf("API at %s does not answer: %v", c.apiHost(), err)
 	}
-	return check.Passf("API at %s answers; %d node(s) listed", apiHost(c.o.KubeconfigPath), len(nodes.Items))
+	return check.Passf("API at %s answers; %d node(s) listed", c.apiHost(), len(nodes.Items))
 }
 
 func (c *checker) nodesReady(ctx context.Context) (check.Status, string) {
@@ -643,13 +663,13 @@ func (c *checker) certs(ctx context.Context) (check.Status, string) {
 	}
 	var certs []cert
 	var problems []string
-	if exp, err := kubeconfigCertExpiry(c.o.KubeconfigPath); err != nil {
+	if exp, err := c.kubeconfigCertExpiry(); err != nil {
 		problems = append(problems, "kubeconfig: "+err.Error())
 	} else {
 		certs = append(certs, cert{"kubeconfig admin cert", exp})
 	}
 	if c.o.TalosconfigPath != "" {
-		if exp, err := talosconfigCertExpiry(c.o.TalosconfigPath); err != nil {
+		if exp, err := c.talosconfigCertExpiry(); err != nil {
 			problems = append(problems, "talosconfig: "+err.Error())
 		} else {
 			certs = append(certs, cert{"talosconfig client cert", exp})
@@ -797,8 +817,12 @@ func (c *checker) guestAgents(ctx context.Context) (check.Status, string) {
 	return check.Passf("the guest agent answers in all %d VMs", len(c.o.Nodes))
 }
 
-func kubeconfigCertExpiry(path string) (time.Time, error) {
-	cfg, err := clientcmd.LoadFromFile(path)
+func (c *checker) kubeconfigCertExpiry() (time.Time, error) {
+	data, err := c.kubeconfig()
+	if err != nil {
+		return time.Time{}, err
+	}
+	cfg, err := clientcmd.Load(data)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -813,8 +837,12 @@ func kubeconfigCertExpiry(path string) (time.Time, error) {
 	return certExpiry(ai.ClientCertificateData)
 }
 
-func talosconfigCertExpiry(path string) (time.Time, error) {
-	cfg, err := talosconfig.Open(path)
+func (c *checker) talosconfigCertExpiry() (time.Time, error) {
+	data, err := c.o.Files.Read(c.o.TalosconfigPath)
+	if err != nil {
+		return time.Time{}, err
+	}
+	cfg, err := talosconfig.FromBytes(data)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -841,8 +869,12 @@ func certExpiry(pemBytes []byte) (time.Time, error) {
 	return crt.NotAfter, nil
 }
 
-func apiHost(kubeconfigPath string) string {
-	cfg, err := clientcmd.LoadFromFile(kubeconfigPath)
+func (c *checker) apiHost() string {
+	data, err := c.kubeconfig()
+	if err != nil {
+		return "?"
+	}
+	cfg, err := clientcmd.Load(data)
 	if err != nil {
 		return "?"
 	}

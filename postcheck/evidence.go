@@ -9,10 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/homelab/bootstrap/flux"
-	"github.com/homelab/bootstrap/kube"
 )
 
 type evidenceSource struct {
@@ -24,10 +24,11 @@ type evidenceSource struct {
 // Evidence lists the cluster objects behind the checks as YAML files, keyed
 // by their path in the archive. Secrets are never collected. A list that
 // fails (a CRD not installed, the API down) is recorded as a file with the
-// error instead, so the archive shows what could not be seen.
-func Evidence(ctx context.Context, kubeconfigPath, fluxNS, pvcNS string) map[string][]byte {
+// error instead, so the archive shows what could not be seen, as does a
+// kubeconfig that load cannot read.
+func Evidence(ctx context.Context, load func() (*rest.Config, error), fluxNS, pvcNS string) map[string][]byte {
 	out := map[string][]byte{}
-	cfg, err := kube.RESTConfig(kubeconfigPath)
+	cfg, err := load()
 	var dyn dynamic.Interface
 	if err == nil {
 		dyn, err = dynamic.NewForConfig(cfg)

@@ -284,6 +284,10 @@ type Identities struct {
 	Data []byte
 }
 
+// Age returns the identities for age itself (whole files sealed to the
+// same recipients as the SOPS files they sit beside).
+func (i Identities) Age() []age.Identity { return i.parsed }
+
 func (i Identities) opens(recipient string) bool {
 	for _, r := range i.Recipients {
 		if r == recipient {

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/proxmox"
 	"github.com/homelab/bootstrap/talos"
 )
@@ -71,9 +75,42 @@ func talosOps(env *Env, talosconfig []byte) (*talos.Ops, error) {
 // savedTalosOps is the run's Talos API client from the talosconfig the
 // talos stage wrote, for what runs after it (postcheck, backup).
 func savedTalosOps(env *Env) (*talos.Ops, error) {
-	tc, err := os.ReadFile(env.Paths.Talosconfig)
+	tc, err := keptFiles(env).Read(env.Paths.Talosconfig)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("no talosconfig at %s (run the talos stage first): %w", env.Paths.Talosconfig, fs.ErrNotExist)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("no talosconfig at %s (run the talos stage first): %w", env.Paths.Talosconfig, errors.Unwrap(err))
+		return nil, err
 	}
 	return talosOps(env, tc)
+}
+
+// kubeconfig reads the cluster's admin kubeconfig as kept (opened in
+// memory when it is age-encrypted); fs.ErrNotExist (wrapped) before the
+// talos stage wrote one.
+func kubeconfig(env *Env) ([]byte, error) {
+	files := keptFiles(env)
+	data, err := files.Read(env.Paths.Kubeconfig)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("kubeconfig %s: %w (run the talos stage first)", files.Path(env.Paths.Kubeconfig), fs.ErrNotExist)
+	}
+	return data, err
+}
+
+// kubeRESTConfig is the client configuration from the cluster's kubeconfig.
+func kubeRESTConfig(env *Env) (*rest.Config, error) {
+	data, err := kubeconfig(env)
+	if err != nil {
+		return nil, err
+	}
+	return kube.RESTConfigFrom(data, env.Paths.Kubeconfig)
+}
+
+// kubeClient is a typed client from the cluster's kubeconfig.
+func kubeClient(env *Env) (*kubernetes.Clientset, *rest.Config, error) {
+	data, err := kubeconfig(env)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kube.ClientsetFrom(data, env.Paths.Kubeconfig)
 }

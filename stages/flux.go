@@ -35,14 +35,15 @@ func (FluxStage) Name() string { return Flux }
 // Run implements Stage.
 func (FluxStage) Run(ctx context.Context, env *Env) error {
 	f := env.Config.Flux
-	if _, err := os.Stat(env.Paths.Kubeconfig); err != nil {
-		if env.DryRun {
-			env.UI.Warn("kubeconfig %s not there yet: the talos stage creates it", env.Paths.Kubeconfig)
-			return env.Wet(fmt.Sprintf("install Flux %s into %s and sync %s", f.Version, FluxNamespace, f.Path), nil)
-		}
-		return fmt.Errorf("kubeconfig %s: %w (run the talos stage first)", env.Paths.Kubeconfig, errors.Unwrap(err))
+	rc, err := kubeRESTConfig(env)
+	if errors.Is(err, fs.ErrNotExist) && env.DryRun {
+		env.UI.Warn("%v: the talos stage creates it", err)
+		return env.Wet(fmt.Sprintf("install Flux %s into %s and sync %s", f.Version, FluxNamespace, f.Path), nil)
 	}
-	c, err := flux.NewClient(env.Paths.Kubeconfig, env.Log)
+	if err != nil {
+		return err
+	}
+	c, err := flux.NewClient(rc, env.Log)
 	if err != nil {
 		return err
 	}
@@ -199,7 +200,7 @@ type renderedFlux struct {
 func (FluxStage) Prepare(ctx context.Context, env *Env) {
 	domain := talos.DefaultDNSDomain
 	if cps := env.Config.ControlPlanes(); len(cps) > 0 {
-		if d, err := talos.DNSDomain(env.Paths.TalosDir, cps[0].Name); err == nil {
+		if d, err := talos.DNSDomain(keptFiles(env), env.Paths.TalosDir, cps[0].Name); err == nil {
 			domain = d
 		}
 	}
@@ -505,7 +506,7 @@ func sourceChecks(env *Env) []check.Check {
 // when no rendered config is at hand (a flux stage run on another machine).
 func clusterDomain(env *Env) string {
 	for _, n := range env.Config.ControlPlanes() {
-		d, err := talos.DNSDomain(env.Paths.TalosDir, n.Name)
+		d, err := talos.DNSDomain(keptFiles(env), env.Paths.TalosDir, n.Name)
 		if err != nil {
 			env.Log.Warn().Err(err).Msg("Flux is rendered for the default cluster domain cluster.local")
 			return ""

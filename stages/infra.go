@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -33,18 +33,19 @@ const infraTimeout = 10 * time.Minute
 // Run implements Stage.
 func (InfraStage) Run(ctx context.Context, env *Env) error {
 	cfg := env.Config
-	if _, err := os.Stat(env.Paths.Kubeconfig); err != nil {
-		if env.DryRun {
-			env.UI.Warn("kubeconfig %s not there yet: the talos stage creates it; infra changes cannot be planned in detail", env.Paths.Kubeconfig)
+	kc, err := kubeconfig(env)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) && env.DryRun {
+			env.UI.Warn("%v: the talos stage creates it; infra changes cannot be planned in detail", err)
 			if cfg.CNI.Name == "cilium" {
 				_ = env.Wet(fmt.Sprintf("install cilium@%s into %s", cfg.CNI.Cilium.ChartVersion, infra.CiliumNamespace), nil)
 			}
 			return env.Wet(fmt.Sprintf("install %s@%s into %s and make %s the only default StorageClass",
 				infra.NFSChart, cfg.Storage.NFS.ChartVersion, infra.NFSNamespace, cfg.Storage.NFS.StorageClass), nil)
 		}
-		return fmt.Errorf("kubeconfig %s: %w (run the talos stage first)", env.Paths.Kubeconfig, errors.Unwrap(err))
+		return err
 	}
-	h, err := infra.NewHelm(env.Paths.Kubeconfig, env.Log)
+	h, err := infra.NewHelm(kc, env.Paths.Kubeconfig, env.Log)
 	if err != nil {
 		return err
 	}
@@ -185,7 +186,7 @@ func releasesOf(env *Env, withAPI bool) ([]infra.Release, error) {
 		if withAPI {
 			// The agents need the API before any Service works; KubePrism
 			// serves it on every node's localhost when the configs enable it.
-			kubePrism, err := talos.KubePrismPort(env.Paths.TalosDir, nodeNames(cfg))
+			kubePrism, err := talos.KubePrismPort(keptFiles(env), env.Paths.TalosDir, nodeNames(cfg))
 			if err != nil {
 				return nil, fmt.Errorf("deciding how Cilium reaches the API: %w", err)
 			}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/flux"
-	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/talos"
 )
 
@@ -148,7 +147,7 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 		recordKubernetesVersion(env, targets, want)
 		return nil
 	}
-	kc, restCfg, err := kube.Clientset(env.Paths.Kubeconfig)
+	kc, restCfg, err := kubeClient(env)
 	if err != nil {
 		if env.DryRun {
 			return nil
@@ -254,7 +253,11 @@ func syncBootstrapManifests(ctx context.Context, env *Env, ops *talos.Ops, nodes
 		return err
 	}
 	if len(objs) > 0 {
-		cl, err := flux.NewClientAs(env.Paths.Kubeconfig, ssa.Owner{Field: constants.KubernetesFieldManagerName, Group: "talos.dev"}, env.Log)
+		rc, err := kubeRESTConfig(env)
+		if err != nil {
+			return err
+		}
+		cl, err := flux.NewClientAs(rc, ssa.Owner{Field: constants.KubernetesFieldManagerName, Group: "talos.dev"}, env.Log)
 		if err != nil {
 			return err
 		}

@@ -136,7 +136,7 @@ func planRemoval(ctx context.Context, env *Env, name string, configured *config.
 	if err := r.planEtcd(ctx, env, ops); err != nil {
 		return nil, err
 	}
-	if cs, _, err := kube.Clientset(env.Paths.Kubeconfig); err == nil {
+	if cs, _, err := kubeClient(env); err == nil {
 		if _, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil {
 			r.KubeNode = true
 		}
@@ -266,7 +266,7 @@ func RemoveNode(ctx context.Context, env *Env, r *NodeRemoval) error {
 	t := env.Config.Cluster.Timeouts
 	var cs kubernetes.Interface
 	if r.KubeNode || r.KubePods {
-		c, _, err := kube.Clientset(env.Paths.Kubeconfig)
+		c, _, err := kubeClient(env)
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/postcheck"
@@ -40,7 +42,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		nodes[i] = postcheck.Node{Name: n.Name, Role: n.Role}
 	}
 	opts := postcheck.Options{
-		Cluster: cfg.Cluster.Name, KubeconfigPath: env.Paths.Kubeconfig, TalosconfigPath: env.Paths.Talosconfig,
+		Cluster: cfg.Cluster.Name, KubeconfigPath: env.Paths.Kubeconfig, TalosconfigPath: env.Paths.Talosconfig, Files: keptFiles(env),
 		Nodes: nodes, StorageClass: cfg.Storage.NFS.StorageClass, PVCNamespace: NFSNamespace,
 		PVCTimeout: cfg.Postcheck.PVCTimeout.D(), FluxNamespace: FluxNamespace, FluxName: FluxNamespace,
 		CertWarnDays: cfg.Postcheck.CertWarnDays, TalosVersion: cfg.Cluster.TalosVersion, KubernetesVersion: cfg.Cluster.KubernetesVersion, Now: env.Now, Log: env.Log, DryRun: env.DryRun,
@@ -109,7 +111,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 // as one tar.gz under ai/state/<cluster>/postcheck/<UTC-timestamp>/ and
 // keeps the newest postcheck.keep archives.
 func writePostcheckArchive(ctx context.Context, env *Env, report postcheck.Report) (string, error) {
-	files := postcheck.Evidence(ctx, env.Paths.Kubeconfig, FluxNamespace, NFSNamespace)
+	files := postcheck.Evidence(ctx, func() (*rest.Config, error) { return kubeRESTConfig(env) }, FluxNamespace, NFSNamespace)
 	js, err := report.JSON()
 	if err != nil {
 		return "", err

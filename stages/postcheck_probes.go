@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/backup"
-	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/proxmox"
 	"github.com/homelab/bootstrap/talos"
@@ -38,7 +37,7 @@ func (p talosProbe) Health(ctx context.Context) talos.HealthReport {
 	for _, n := range p.env.Config.Nodes {
 		in.Nodes = append(in.Nodes, talos.HealthTarget{Name: n.Name, IP: n.IP, Role: talos.Role(n.Role)})
 	}
-	if cs, _, err := kube.Clientset(p.env.Paths.Kubeconfig); err == nil {
+	if cs, _, err := kubeClient(p.env); err == nil {
 		in.Kube = cs
 	}
 	return p.ops.Health(ctx, in)

@@ -14,6 +14,7 @@ import (
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/internal/sealed"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/talos"
 )
@@ -198,7 +199,7 @@ func RestoreBundle(env *Env, plain []byte, from string) error {
 // from its bundle when the talosconfig is missing (a new machine): the
 // restore reaches the nodes with it.
 func EnsureTalosconfig(env *Env) error {
-	if _, err := os.Stat(env.Paths.Talosconfig); !errors.Is(err, fs.ErrNotExist) {
+	if _, _, err := sealed.Stored(env.Paths.Talosconfig); !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	if _, err := os.Stat(env.Paths.Secrets); err != nil {

@@ -11,13 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"filippo.io/age"
 	"github.com/Masterminds/semver/v3"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/factory"
-	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/internal/sealed"
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/talos"
 )
@@ -64,7 +65,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		}
 	}
 	out := &env.State.Outputs.Talos
-	out.SecretsPath, out.TalosconfigPath, out.KubeconfigPath = res.SecretsPath, res.TalosconfigPath, env.Paths.Kubeconfig
+	out.SecretsPath, out.TalosconfigPath, out.KubeconfigPath = res.SecretsPath, res.TalosconfigPath, keptFiles(env).Path(env.Paths.Kubeconfig)
 
 	ops, err := talosOps(env, res.Talosconfig)
 	if err != nil {
@@ -105,6 +106,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		Nodes:          targets,
 		BootstrapNode:  bootNode,
 		KubeconfigPath: env.Paths.Kubeconfig,
+		Files:          keptFiles(env),
 		Mutate:         env.Wet,
 		DryRun:         env.DryRun,
 		Parallelism:    env.Config.Cluster.Parallelism,
@@ -149,7 +151,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
-		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), conv.APIServerVersion, env.Paths.Kubeconfig)
+		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), conv.APIServerVersion, keptFiles(env).Path(env.Paths.Kubeconfig))
 	return mergeUserConfigs(env, res.Talosconfig)
 }
 
@@ -187,6 +189,62 @@ func bundleSealer(env *Env) *sops.FileSealer {
 	return &sops.FileSealer{Recipients: a.Recipients, KeyFile: env.Config.Resolve(a.KeyFile), Path: env.Paths.Secrets, Now: env.now}
 }
 
+// KeptFiles keeps the files derived from the secrets bundle that hold its
+// keys or credentials signed by them (rendered configs, talosconfig,
+// kubeconfig): age-encrypted to secrets.age.recipients when set, so
+// nothing beside an encrypted bundle gives its keys away, and opened with
+// the bundle's identity (secrets.age.keyFile, $SOPS_AGE_KEY_FILE, …).
+func KeptFiles(cfg *config.Config) *sealed.Files {
+	a := cfg.Secrets.Age
+	sealer := &sops.FileSealer{KeyFile: cfg.Resolve(a.KeyFile)}
+	f := &sealed.Files{Source: "the secrets.age identity", Identities: func() ([]age.Identity, error) {
+		ids, err := sealer.Identities()
+		return ids.Age(), err
+	}}
+	for _, r := range a.Recipients {
+		// config validate refuses anything else.
+		if rec, err := age.ParseX25519Recipient(strings.TrimSpace(r)); err == nil {
+			f.Recipients = append(f.Recipients, rec)
+		}
+	}
+	return f
+}
+
+// SealKeptFiles keeps every file KeptFiles covers that exists (rendered
+// configs, talosconfig, kubeconfig) in the form the config asks for now:
+// age-encrypted with secrets.age.recipients, replacing the plaintext. It
+// returns the files it wrote. `bootstrap secrets encrypt` runs it; a talos
+// stage run does the same for what it renders.
+func SealKeptFiles(cfg *config.Config) ([]string, error) {
+	files := KeptFiles(cfg)
+	paths := cfg.Paths()
+	all, err := talos.RenderedFiles(paths.TalosDir)
+	if err != nil {
+		return nil, err
+	}
+	var wrote []string
+	for _, p := range append(all, paths.Kubeconfig) {
+		data, err := files.Read(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return wrote, err
+		}
+		changed, err := files.WriteIfChanged(p, data)
+		if err != nil {
+			return wrote, err
+		}
+		if changed {
+			wrote = append(wrote, files.Path(p))
+		}
+	}
+	return wrote, nil
+}
+
+// keptFiles is KeptFiles for the run's config.
+func keptFiles(env *Env) *sealed.Files { return KeptFiles(env.Config) }
+
 // talosGenerateOptions maps the config onto the talos package's options.
 // Addresses, MACs and disk buses come from what provision recorded for
 // each VM, with the config as fallback.
@@ -211,6 +269,7 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 		},
 		Now:    env.now,
 		Sealer: bundleSealer(env),
+		Files:  keptFiles(env),
 		Log:    env.Log,
 	}
 	if c.AllowSchedulingOnControlPlanes {
@@ -536,7 +595,7 @@ func upgradeHealth(env *Env, targets []talos.Target) talos.HealthInput {
 	for _, t := range targets {
 		health.Nodes = append(health.Nodes, talos.HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
 	}
-	if cs, _, err := kube.Clientset(env.Paths.Kubeconfig); err == nil {
+	if cs, _, err := kubeClient(env); err == nil {
 		health.Kube = cs
 	}
 	return health
@@ -664,14 +723,14 @@ func mergeUserConfigs(env *Env, talosconfig []byte) error {
 	}
 	merges := []merge{{filepath.Join(home, ".talos", "config"), talosconfig, talos.TalosconfigMergeNeeded, talos.MergeTalosconfig}}
 	kubePath := filepath.Join(home, ".kube", "config")
-	kube, err := os.ReadFile(env.Paths.Kubeconfig)
+	kc, err := kubeconfig(env)
 	switch {
 	case err == nil:
-		merges = append(merges, merge{kubePath, kube, talos.KubeconfigMergeNeeded, talos.MergeKubeconfig})
+		merges = append(merges, merge{kubePath, kc, talos.KubeconfigMergeNeeded, talos.MergeKubeconfig})
 	case env.DryRun:
 		merges = append(merges, merge{path: kubePath})
 	default:
-		return fmt.Errorf("reading %s to merge it: %w", env.Paths.Kubeconfig, err)
+		return fmt.Errorf("reading the kubeconfig to merge it: %w", err)
 	}
 	for _, m := range merges {
 		if m.data == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/homelab/bootstrap/internal/sealed"
 	"github.com/homelab/bootstrap/internal/wait"
 )
 
@@ -22,8 +22,10 @@ type ConvergeOptions struct {
 	// BootstrapNode names the control plane to bootstrap etcd on: the one
 	// recorded by an earlier run, else empty for the first control plane.
 	BootstrapNode string
-	// KubeconfigPath is where the admin kubeconfig is kept (0600).
+	// KubeconfigPath is where the admin kubeconfig is kept (0600), by
+	// Files: age-encrypted (KubeconfigPath + ".age") when they seal.
 	KubeconfigPath string
+	Files          *sealed.Files
 	// Mutate wraps every change (apply, bootstrap, kubeconfig write); the
 	// stage passes env.Wet. Nil executes.
 	Mutate Mutator
@@ -305,6 +307,25 @@ func (o *Ops) recoverFailedEtcd(ctx context.Context, nodes []Target, mutate Muta
 	return nil
 }
 
+// keepKubeconfig keeps a kubeconfig that works in the form Files gives
+// (age-encrypted once secrets.age.recipients is set, plaintext once it is
+// not) when it is kept in the other; one in the right form is left alone.
+func keepKubeconfig(opts ConvergeOptions, data []byte, mutate Mutator, res *ConvergeResult) error {
+	_, same, err := opts.Files.Compare(opts.KubeconfigPath, data)
+	if err != nil || same {
+		return err
+	}
+	what := "keep the kubeconfig as " + opts.Files.Path(opts.KubeconfigPath)
+	if opts.Files.Sealing() {
+		what += " (age-encrypted to secrets.age.recipients)"
+	}
+	return mutate(what, func() error {
+		wrote, err := opts.Files.WriteIfChanged(opts.KubeconfigPath, data)
+		res.KubeconfigWrote = wrote
+		return err
+	})
+}
+
 // planCluster records what a real run would still do after the nodes.
 func (o *Ops) planCluster(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
 	etcdRuns := false
@@ -324,14 +345,14 @@ func (o *Ops) planCluster(ctx context.Context, opts ConvergeOptions, boot Target
 		}
 		res.Planned = true
 	}
-	if existing, err := os.ReadFile(opts.KubeconfigPath); err == nil {
+	if existing, err := opts.Files.Read(opts.KubeconfigPath); err == nil {
 		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
 			res.APIServerVersion = v
-			return nil
+			return keepKubeconfig(opts, existing, mutate, res)
 		}
 	}
 	res.Planned = true
-	return mutate(fmt.Sprintf("fetch the kubeconfig from %s into %s", boot, opts.KubeconfigPath), noop)
+	return mutate(fmt.Sprintf("fetch the kubeconfig from %s into %s", boot, opts.Files.Path(opts.KubeconfigPath)), noop)
 }
 
 func bootstrapTarget(nodes []Target, name string) (Target, error) {
@@ -455,12 +476,12 @@ func boolRank(b bool) int {
 // run would rewrite the file), else fetches one from the bootstrap node,
 // writes it (0600) and checks that it reaches the API server.
 func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
-	path := opts.KubeconfigPath
+	path := opts.Files.Path(opts.KubeconfigPath)
 	res.KubeconfigPath = path
-	if existing, err := os.ReadFile(path); err == nil {
+	if existing, err := opts.Files.Read(opts.KubeconfigPath); err == nil {
 		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
 			res.APIServerVersion, res.kubeconfig = v, existing
-			return nil
+			return keepKubeconfig(opts, existing, mutate, res)
 		} else {
 			o.opts.Log.Info().Err(err).Msg("existing kubeconfig does not reach the API server; fetching a new one")
 		}
@@ -473,9 +494,12 @@ func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot T
 	ran := false
 	if err := mutate("write kubeconfig "+path, func() error {
 		ran = true
-		wrote, err := WriteKubeconfig(path, data)
+		wrote, err := opts.Files.WriteIfChanged(opts.KubeconfigPath, data)
 		res.KubeconfigWrote = wrote
-		return err
+		if err != nil {
+			return fmt.Errorf("writing %s: %w", path, err)
+		}
+		return nil
 	}); err != nil {
 		return err
 	}

@@ -1,7 +1,6 @@
 package talos
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -30,7 +29,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/nethelpers"
 	"github.com/siderolabs/talos/pkg/machinery/textdiff"
 
-	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/internal/sealed"
 )
 
 // File names inside the cluster directory.
@@ -99,6 +98,31 @@ type Result struct {
 	Changes []FileChange
 	// Bundle is the secrets bundle the configs were rendered with.
 	Bundle *secrets.Bundle
+	// Files keeps the files (GenerateOptions.Files): Changes name them as
+	// kept, sealed or not.
+	Files *sealed.Files
+}
+
+// RenderedFiles lists what Generate keeps in dir that exists in either
+// form (plaintext or sealed), by plaintext path: the template configs, each
+// node's config and the talosconfig. Each holds the bundle's keys or a
+// credential signed by them.
+func RenderedFiles(dir string) ([]string, error) {
+	nodes, err := filepath.Glob(filepath.Join(dir, NodesDir, "*.yaml*"))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range append([]string{filepath.Join(dir, ControlPlaneFile), filepath.Join(dir, WorkerFile), filepath.Join(dir, TalosconfigFile)}, nodes...) {
+		p = strings.TrimSuffix(p, sealed.Suffix)
+		if !strings.HasSuffix(p, ".yaml") && filepath.Base(p) != TalosconfigFile || slices.Contains(out, p) {
+			continue
+		}
+		if _, _, err := sealed.Stored(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // NodeConfigPath is where a node's rendered config lives.
@@ -136,13 +160,13 @@ func Generate(opts GenerateOptions) (*Result, error) {
 	}
 	res.SecretsCreated = created
 	for _, f := range res.files() {
-		written, err := fsutil.WriteIfChanged(f.path, f.data, 0o600)
+		written, err := opts.Files.WriteIfChanged(f.path, f.data)
 		if err != nil {
-			return nil, fmt.Errorf("writing %s: %w", f.path, err)
+			return nil, fmt.Errorf("writing %s: %w", opts.Files.Path(f.path), err)
 		}
 		if written {
-			res.Changes = append(res.Changes, FileChange{Path: f.path})
-			opts.Log.Debug().Str("path", f.path).Msg("wrote")
+			res.Changes = append(res.Changes, FileChange{Path: opts.Files.Path(f.path)})
+			opts.Log.Debug().Str("path", opts.Files.Path(f.path)).Msg("wrote")
 		}
 	}
 	return res, nil
@@ -177,21 +201,24 @@ func Plan(opts GenerateOptions) (*Result, error) {
 		res.Changes = append(res.Changes, FileChange{Path: secretsPath, New: true})
 	}
 	for _, f := range res.files() {
-		old, err := os.ReadFile(f.path)
+		kept := opts.Files.Path(f.path)
+		old, same, err := opts.Files.Compare(f.path, f.data)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			res.Changes = append(res.Changes, FileChange{Path: f.path, New: true})
+			res.Changes = append(res.Changes, FileChange{Path: kept, New: true})
 		case err != nil:
-			return nil, fmt.Errorf("reading %s: %w", f.path, err)
-		case !bytes.Equal(old, f.data):
+			return nil, fmt.Errorf("reading %s: %w", kept, err)
+		case !same:
+			// Same bytes in the other form (sealing switched on or off)
+			// show no diff: only the form changes.
 			diff := ""
 			if filepath.Base(f.path) != TalosconfigFile {
 				diff, err = textdiff.Diff(string(old), string(f.data))
 				if err != nil {
-					return nil, fmt.Errorf("diffing %s: %w", f.path, err)
+					return nil, fmt.Errorf("diffing %s: %w", kept, err)
 				}
 			}
-			res.Changes = append(res.Changes, FileChange{Path: f.path, Diff: diff})
+			res.Changes = append(res.Changes, FileChange{Path: kept, Diff: diff})
 		}
 	}
 	return res, nil
@@ -210,12 +237,12 @@ func (r *Result) files() []outFile {
 	for _, n := range r.Nodes {
 		out = append(out, outFile{NodeConfigPath(r.Dir, n.Name), n.Config})
 	}
-	return append(out, outFile{r.TalosconfigPath, r.Talosconfig})
+	return append(out, outFile{filepath.Join(r.Dir, TalosconfigFile), r.Talosconfig})
 }
 
 func render(opts GenerateOptions, bundle *secrets.Bundle, secretsPath string) (*Result, error) {
 	talosconfigPath := filepath.Join(opts.Dir, TalosconfigFile)
-	existing, err := os.ReadFile(talosconfigPath)
+	existing, err := opts.Files.Read(talosconfigPath)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("reading %s: %w", talosconfigPath, err)
 	}
@@ -227,8 +254,9 @@ func render(opts GenerateOptions, bundle *secrets.Bundle, secretsPath string) (*
 		Rendered:        rendered,
 		Dir:             opts.Dir,
 		SecretsPath:     secretsPath,
-		TalosconfigPath: talosconfigPath,
+		TalosconfigPath: opts.Files.Path(talosconfigPath),
 		Bundle:          bundle,
+		Files:           opts.Files,
 	}, nil
 }
 
@@ -528,25 +556,39 @@ const DefaultDNSDomain = constants.DefaultDNSDomain
 
 // DNSDomain reads the cluster's DNS domain (cluster.network.dnsDomain,
 // cluster.local unless a patch changes it) from the rendered config of
-// node in dir.
-func DNSDomain(dir, node string) (string, error) {
-	cfg, err := configloader.NewFromFile(NodeConfigPath(dir, node))
+// node in dir, kept by files.
+func DNSDomain(files *sealed.Files, dir, node string) (string, error) {
+	cfg, err := renderedConfig(files, dir, node)
 	if err != nil {
-		return "", fmt.Errorf("reading the rendered config of %s: %w", node, err)
+		return "", err
 	}
 	return cfg.Cluster().Network().DNSDomain(), nil
 }
 
-// KubePrismPort reads the rendered configs of the named nodes from dir and
+// renderedConfig loads the rendered config of node from dir.
+func renderedConfig(files *sealed.Files, dir, node string) (config.Provider, error) {
+	data, err := files.Read(NodeConfigPath(dir, node))
+	if err != nil {
+		return nil, fmt.Errorf("reading the rendered config of %s: %w", node, err)
+	}
+	cfg, err := configloader.NewFromBytes(data)
+	if err != nil {
+		return nil, fmt.Errorf("reading the rendered config of %s: %w", node, err)
+	}
+	return cfg, nil
+}
+
+// KubePrismPort reads the rendered configs of the named nodes from dir
+// (kept by files) and
 // returns the KubePrism port they all serve the API on, or 0 when any of
 // them has KubePrism off or a different port (a user patch can change
 // either): callers then fall back to the cluster endpoint.
-func KubePrismPort(dir string, nodes []string) (int, error) {
+func KubePrismPort(files *sealed.Files, dir string, nodes []string) (int, error) {
 	port := 0
 	for i, name := range nodes {
-		cfg, err := configloader.NewFromFile(NodeConfigPath(dir, name))
+		cfg, err := renderedConfig(files, dir, name)
 		if err != nil {
-			return 0, fmt.Errorf("reading the rendered config of %s: %w", name, err)
+			return 0, err
 		}
 		kp := cfg.Machine().Features().KubePrism()
 		if !kp.Enabled() {

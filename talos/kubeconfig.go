@@ -193,13 +193,3 @@ func writeMerged(path string, existing, out []byte, now time.Time, write bool) (
 	res.Changed = true
 	return res, nil
 }
-
-// WriteKubeconfig stores the cluster's kubeconfig at path (0600), leaving
-// the file alone when its bytes are unchanged.
-func WriteKubeconfig(path string, kubeconfig []byte) (changed bool, err error) {
-	changed, err = fsutil.WriteIfChanged(path, kubeconfig, 0o600)
-	if err != nil {
-		return false, fmt.Errorf("writing %s: %w", path, err)
-	}
-	return changed, nil
-}

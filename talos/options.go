@@ -14,6 +14,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
+
+	"github.com/homelab/bootstrap/internal/sealed"
 )
 
 // Role is a node's place in the cluster.
@@ -129,7 +131,11 @@ type GenerateOptions struct {
 	// Sealer keeps the bundle encrypted at rest; nil stores it as
 	// plaintext (0600).
 	Sealer Sealer
-	Log    zerolog.Logger
+	// Files keeps the rendered configs and the talosconfig, which hold the
+	// bundle's keys: age-encrypted (<name>.age) when it seals, so none is
+	// plaintext beside an encrypted bundle; nil keeps them plaintext.
+	Files *sealed.Files
+	Log   zerolog.Logger
 }
 
 func (o GenerateOptions) withDefaults() GenerateOptions {

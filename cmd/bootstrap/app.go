@@ -31,16 +31,18 @@ type CLI struct {
 	LogFormat string `default:"auto" enum:"auto,console,json" help:"Log format on stderr: auto (console on a terminal, JSON otherwise), console, json."`
 	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Minimum level on stderr (the run log always keeps debug)."`
 
-	Run      RunCmd      `cmd:"" help:"Run pipeline stages: precheck, provision, talos, infra, flux, postcheck."`
-	Status   StatusCmd   `cmd:"" help:"Show each stage's last outcome, the cluster's recorded outputs and what to run next."`
-	Destroy  DestroyCmd  `cmd:"" help:"Stop and delete this cluster's VMs (only those tagged bootstrap-<cluster>)."`
-	Backup   BackupCmd   `cmd:"" help:"Take, verify and keep an etcd snapshot now (ai/state/<cluster>/etcd)."`
-	Restore  RestoreCmd  `cmd:"" help:"Start a cluster whose etcd was lost from an etcd snapshot, then run the postcheck."`
-	Node     NodeCmd     `cmd:"" help:"Day-two changes to one node: remove a node that left the config."`
-	Cfg      ConfigCmd   `cmd:"" name:"config" help:"Write, validate or describe the config file."`
-	Gitsnap  GitsnapCmd  `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
-	Secrets  SecretsCmd  `cmd:"" help:"The cluster's secrets bundle at rest (SOPS with age)."`
-	Handover HandoverCmd `cmd:"" help:"Print Flux HelmRepository and HelmRelease objects that adopt the Helm releases the infra stage installed, as installed; commit them under flux.path and the infra stage only verifies those releases."`
+	Run         RunCmd         `cmd:"" help:"Run pipeline stages: precheck, provision, talos, infra, flux, postcheck."`
+	Status      StatusCmd      `cmd:"" help:"Show each stage's last outcome, the cluster's recorded outputs and what to run next."`
+	Destroy     DestroyCmd     `cmd:"" help:"Stop and delete this cluster's VMs (only those tagged bootstrap-<cluster>)."`
+	Backup      BackupCmd      `cmd:"" help:"Take, verify and keep an etcd snapshot now (ai/state/<cluster>/etcd)."`
+	Restore     RestoreCmd     `cmd:"" help:"Start a cluster whose etcd was lost from an etcd snapshot, then run the postcheck."`
+	Node        NodeCmd        `cmd:"" help:"Day-two changes to one node: remove a node that left the config."`
+	Cfg         ConfigCmd      `cmd:"" name:"config" help:"Write, validate or describe the config file."`
+	Gitsnap     GitsnapCmd     `cmd:"" help:"The local git snapshot server Flux pulls from (flux.localSnapshot)."`
+	Secrets     SecretsCmd     `cmd:"" help:"The cluster's secrets bundle at rest (SOPS with age)."`
+	Talosconfig TalosconfigCmd `cmd:"" help:"Print the cluster's talosconfig (opened in memory when kept age-encrypted): talosctl --talosconfig <(bootstrap talosconfig) …"`
+	Kubeconfig  KubeconfigCmd  `cmd:"" help:"Print the cluster's admin kubeconfig (opened in memory when kept age-encrypted): kubectl --kubeconfig <(bootstrap kubeconfig) …"`
+	Handover    HandoverCmd    `cmd:"" help:"Print Flux HelmRepository and HelmRelease objects that adopt the Helm releases the infra stage installed, as installed; commit them under flux.path and the infra stage only verifies those releases."`
 
 	InstallCompletions kongplete.InstallCompletions `cmd:"" help:"Print the shell snippet that enables tab completion (eval it in your shell's rc file)."`
 	Version            VersionCmd                   `cmd:"" help:"Print the version."`

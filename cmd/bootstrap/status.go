@@ -131,10 +131,11 @@ func (s *StatusCmd) Run(ctx context.Context, a *App) error {
 	if err != nil {
 		return err
 	}
+	kept := stages.KeptFiles(cfg)
 	rep := statusReport{
 		Cluster: cfg.Cluster.Name, TalosVersion: cfg.Cluster.TalosVersion, KubernetesVersion: cfg.Cluster.KubernetesVersion, StateFile: filepath.Join(paths.StateDir, state.FileName), Updated: st.Updated,
 		LastRun: st.LastRun, Outputs: st.Outputs, Next: nextHint(st),
-		Paths: map[string]string{"talos_dir": paths.TalosDir, "talosconfig": paths.Talosconfig, "kubeconfig": paths.Kubeconfig, "state_dir": paths.StateDir},
+		Paths: map[string]string{"talos_dir": paths.TalosDir, "talosconfig": kept.Path(paths.Talosconfig), "kubeconfig": kept.Path(paths.Kubeconfig), "state_dir": paths.StateDir},
 	}
 	for _, name := range stages.Order {
 		r := st.Stages[name]

@@ -115,3 +115,14 @@ func Start(t testing.TB, opts kube.Options) *kube.Cluster {
 	})
 	return c
 }
+
+// AdminKubeconfig is the lab's admin kubeconfig, for clients that take one
+// in memory.
+func AdminKubeconfig(t testing.TB, c *kube.Cluster) []byte {
+	t.Helper()
+	data, err := os.ReadFile(c.AdminKubeconfigPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
