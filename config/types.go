@@ -194,7 +194,7 @@ type Secrets struct {
 
 // Age names age recipients and the identity file; never a key itself.
 type Age struct {
-	Recipients []string `yaml:"recipients" doc:"age public keys (age1…). When set, .talos/<cluster>/secrets.yaml is stored SOPS-encrypted to them (the sops CLI reads and writes it) and is only ever decrypted in memory; bootstrap secrets encrypt migrates a plaintext bundle."`
+	Recipients []string `yaml:"recipients" doc:"age public keys (age1…). When set, .talos/<cluster>/secrets.yaml is stored SOPS-encrypted to them (the sops CLI reads and writes it) and is only ever decrypted in memory, and the configs, talosconfig and kubeconfig derived from it are kept age-encrypted to them (<name>.age); bootstrap secrets encrypt migrates plaintext ones."`
 	KeyFile    string   `yaml:"keyFile" path:"file" doc:"age identity file (AGE-SECRET-KEY-1…) that decrypts; empty: every identity in $SOPS_AGE_KEY, $SOPS_AGE_KEY_FILE, the output of $SOPS_AGE_KEY_CMD and ~/.config/sops/age/keys.txt together, as the sops CLI reads them."`
 }
 

@@ -125,7 +125,15 @@ func TestRealClients(t *testing.T) {
 		t.Fatalf("pipeline:\n%s", r.Tail(40))
 	}
 	paths := h.Paths()
-	kubeEnv := []string{"KUBECONFIG=" + paths.Kubeconfig}
+	// With secrets.age.recipients the kubeconfig is kept age-encrypted:
+	// the tools get it as a user does, from `bootstrap kubeconfig`.
+	kc := run(t, ctx, h, "kubeconfig")
+	if kc.ExitCode != 0 {
+		t.Fatalf("bootstrap kubeconfig:\n%s", kc.Tail(10))
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	writeSecretFile(t, kubeconfig, kc.Stdout)
+	kubeEnv := []string{"KUBECONFIG=" + kubeconfig}
 	helmEnv := append([]string{"HELM_CACHE_HOME=" + filepath.Join(dir, "helm-cache"), "HELM_CONFIG_HOME=" + filepath.Join(dir, "helm-config"),
 		"HELM_DATA_HOME=" + filepath.Join(dir, "helm-data")}, kubeEnv...)
 	sopsEnv := []string{sops.KeyFileEnv + "=" + keyFile}
@@ -141,7 +149,7 @@ func TestRealClients(t *testing.T) {
 		}
 		// A kubeconfig for another cluster's CA is refused.
 		other := filepath.Join(dir, "other.kubeconfig")
-		b, _ := os.ReadFile(paths.Kubeconfig)
+		b, _ := os.ReadFile(kubeconfig)
 		os.WriteFile(other, bytes.Replace(b, []byte("certificate-authority-data: "), []byte("certificate-authority-data: AAAA"), 1), 0o600)
 		if _, err := tool(t, ctx, []string{"KUBECONFIG=" + other}, "kubectl", "get", "nodes", "--request-timeout=5s"); err == nil {
 			t.Error("kubectl accepted a kubeconfig with a broken CA")

@@ -2,14 +2,19 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"go.yaml.in/yaml/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -151,6 +156,16 @@ func TestSOPSEndToEnd(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(cliPlain), &gotTree); err != nil || yaml.Unmarshal(plain, &wantTree) != nil || !reflect.DeepEqual(gotTree, wantTree) {
 		t.Errorf("sops decrypt of the migrated bundle is not the plaintext bundle (%v):\n%.300s", err, cliPlain)
 	}
+	// The files derived from the bundle were age-encrypted by the talos
+	// run once recipients were set: no key is left in plaintext beside
+	// the encrypted bundle but the backup the user was told to delete.
+	for _, f := range []string{"controlplane.yaml.age", "nodes/cp-1.yaml.age", "talosconfig.age", "kubeconfig.age"} {
+		if !strings.Contains(tal.Stdout+tal.Stderr, f) {
+			t.Errorf("the talos stage with recipients did not write %s:\n%s", f, tal.Tail(30))
+		}
+	}
+	sealedAtRest(t, ctx, h, keyFile, backups[0])
+
 	again := run(t, ctx, h, "secrets", "encrypt")
 	if again.ExitCode != 0 || !strings.Contains(again.Stdout, "already SOPS-encrypted") {
 		t.Errorf("second migration: exit %d\n%s", again.ExitCode, again.Stdout)
@@ -172,6 +187,9 @@ func TestSOPSEndToEnd(t *testing.T) {
 	if !strings.Contains(after.Stdout, "is SOPS-encrypted and opens with "+keyFile) {
 		t.Errorf("the precheck did not open the encrypted bundle:\n%s", after.Tail(40))
 	}
+	// The whole pipeline ran on the sealed files and left nothing in
+	// plaintext.
+	sealedAtRest(t, ctx, h, keyFile, backups[0])
 
 	// A key file that opens none of the recipients: config validate refuses
 	// it (exit 2, the field named) before any call.
@@ -179,6 +197,38 @@ func TestSOPSEndToEnd(t *testing.T) {
 	bad := run(t, ctx, h, "run", "--stage", "precheck")
 	if bad.ExitCode != 2 || !strings.Contains(bad.Stdout+bad.Stderr, "secrets.age.keyFile") {
 		t.Fatalf("a key file for none of the recipients (exit %d):\n%s", bad.ExitCode, bad.Tail(20))
+	}
+}
+
+// sealedAtRest checks that the cluster's directory holds no key in
+// plaintext (PEM, as is or base64-encoded as configs embed it) but in the
+// allowed files, that every kept file is a .age the age CLI opens with the
+// identity, and that kubectl reaches the cluster with the kubeconfig
+// `bootstrap kubeconfig` prints, never written out.
+func sealedAtRest(t *testing.T, ctx context.Context, h *e2e.Harness, keyFile string, allowed ...string) {
+	t.Helper()
+	dir := h.Paths().TalosDir
+	for _, needle := range []string{"PRIVATE KEY", "LS0tLS1CRUdJ" /* base64 of "-----BEGI" */} {
+		noPlaintextUnder(t, dir, needle, allowed...)
+	}
+	for _, rel := range []string{"controlplane.yaml", "worker.yaml", "nodes/cp-1.yaml", "talosconfig", "kubeconfig"} {
+		p := filepath.Join(dir, rel)
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s is kept in plaintext (%v)", p, err)
+		}
+		out, err := tool(t, ctx, nil, "age", "-d", "-i", keyFile, p+".age")
+		if err != nil || !strings.Contains(out, "machine:") && !strings.Contains(out, "contexts:") {
+			t.Errorf("age -d %s.age: %v\n%.200s", rel, err, out)
+		}
+	}
+	tc := run(t, ctx, h, "talosconfig")
+	if cfg, err := clientconfig.FromBytes([]byte(tc.Stdout)); err != nil || cfg.Context != "lab" || cfg.Contexts["lab"] == nil || cfg.Contexts["lab"].Key == "" {
+		t.Errorf("bootstrap talosconfig printed no talosconfig for lab (%v):\n%.200s", err, tc.Stdout)
+	}
+	script := fmt.Sprintf("%q kubeconfig --config %q | %q --kubeconfig /dev/stdin get nodes -o name", h.Binary(), h.ConfigPath(), toolBin(t, "kubectl"))
+	out, err := exec.CommandContext(ctx, "bash", "-c", "set -o pipefail; "+script).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "node/cp-1") {
+		t.Errorf("kubectl with the printed kubeconfig: %v\n%s", err, out)
 	}
 }
 

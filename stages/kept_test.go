@@ -1,0 +1,65 @@
+package stages
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"filippo.io/age"
+
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/sealed"
+)
+
+// TestSealKeptFiles: a cluster directory written before
+// secrets.age.recipients was set (or by an older bootstrap) holds its
+// configs, talosconfig and kubeconfig in plaintext; `secrets encrypt`
+// (SealKeptFiles) leaves each only as <name>.age, which opens to the same
+// bytes, and a second pass writes nothing.
+func TestSealKeptFiles(t *testing.T) {
+	dir := t.TempDir()
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(dir, "key.txt")
+	if err := os.WriteFile(key, []byte(id.String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	yaml := "cluster: {name: lab}\nsecrets:\n  age:\n    recipients: [" + id.Recipient().String() + "]\n    keyFile: key.txt\n"
+	cfg, err := config.Parse(filepath.Join(dir, "bootstrap.yaml"), []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.Paths()
+	plain := map[string][]byte{}
+	for _, f := range []string{"controlplane.yaml", "worker.yaml", "nodes/cp-1.yaml", "talosconfig", "kubeconfig"} {
+		path := filepath.Join(p.TalosDir, f)
+		plain[path] = []byte("key: " + f + "\n")
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, plain[path], 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wrote, err := SealKeptFiles(cfg)
+	if err != nil || len(wrote) != len(plain) {
+		t.Fatalf("sealed %v, %v", wrote, err)
+	}
+	files := KeptFiles(cfg)
+	for path, want := range plain {
+		if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s is still plaintext", path)
+		}
+		if got, err := files.Read(path); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s%s opens to %q (%v)", path, sealed.Suffix, got, err)
+		}
+	}
+	if again, err := SealKeptFiles(cfg); err != nil || len(again) != 0 {
+		t.Fatalf("second pass wrote %v, %v", again, err)
+	}
+}
