@@ -88,7 +88,7 @@ type Helm struct {
 	getter   *memoryGetter
 	log      zerolog.Logger
 	settings *cli.EnvSettings
-	cs         kubernetes.Interface
+	cs       kubernetes.Interface
 	// dyn reads Flux's HelmReleases (FluxOwner).
 	dyn dynamic.Interface
 

@@ -6,12 +6,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"filippo.io/age"
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/sealed"
+	"github.com/homelab/bootstrap/talos"
 )
 
 // TestSealKeptFiles: a cluster directory written before
@@ -61,5 +63,28 @@ func TestSealKeptFiles(t *testing.T) {
 	}
 	if again, err := SealKeptFiles(cfg); err != nil || len(again) != 0 {
 		t.Fatalf("second pass wrote %v, %v", again, err)
+	}
+}
+
+// TestTalosPlanShowsSealedConfigDiffs: the plan of a node still in
+// maintenance shows its rendered config's diff whether the file is kept
+// sealed (<name>.yaml.age) or not.
+func TestTalosPlanShowsSealedConfigDiffs(t *testing.T) {
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, files := range []*sealed.Files{nil, {Recipients: []age.Recipient{id.Recipient()}}} {
+		dir := t.TempDir()
+		res := &talos.Result{Rendered: &talos.Rendered{Nodes: []talos.RenderedNode{{Name: "cp-1", IP: "10.0.20.11"}}}, Dir: dir, Files: files,
+			Changes: []talos.FileChange{{Path: files.Path(talos.NodeConfigPath(dir, "cp-1")), Diff: "-  hostname: old\n+  hostname: new\n"}}}
+		conv := &talos.ConvergeResult{Nodes: map[string]talos.EnsureResult{"cp-1": {Found: talos.ModeMaintenance}}}
+		var out bytes.Buffer
+		env := prepEnv(t)
+		env.Out = &out
+		printTalosPlan(env, res, conv)
+		if !strings.Contains(out.String(), "its rendered config changes") || !strings.Contains(out.String(), "hostname: new") {
+			t.Errorf("sealing %v: plan\n%s", files.Sealing(), out.String())
+		}
 	}
 }

@@ -668,14 +668,10 @@ func printTalosPlan(env *Env, res *talos.Result, conv *talos.ConvergeResult) {
 	if env.Secrets != nil {
 		w = env.Secrets.Writer(env.Out)
 	}
-	fileDiff := map[string]talos.FileChange{}
-	for _, c := range res.Changes {
-		fileDiff[c.Path] = c
-	}
 	changed := false
 	for _, n := range res.Nodes {
 		r := conv.Nodes[n.Name]
-		fc, fileChanged := fileDiff[talos.NodeConfigPath(res.Dir, n.Name)]
+		fc, fileChanged := res.Change(talos.NodeConfigPath(res.Dir, n.Name))
 		switch {
 		case r.Found == talos.ModeConfigured && r.Diff != "":
 			fmt.Fprintf(w, "talos: node %s (%s) runs a config that differs (node's own diff):\n%s\n", n.Name, n.IP, indent(r.Diff))

@@ -125,6 +125,18 @@ func RenderedFiles(dir string) ([]string, error) {
 	return out, nil
 }
 
+// Change returns the change to the file named by its plaintext path,
+// kept sealed or not.
+func (r *Result) Change(path string) (FileChange, bool) {
+	kept := r.Files.Path(path)
+	for _, c := range r.Changes {
+		if c.Path == kept {
+			return c, true
+		}
+	}
+	return FileChange{}, false
+}
+
 // NodeConfigPath is where a node's rendered config lives.
 func NodeConfigPath(dir, name string) string {
 	return filepath.Join(dir, NodesDir, name+".yaml")
