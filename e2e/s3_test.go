@@ -125,6 +125,9 @@ func TestRestoreOnANewMachineFromS3(t *testing.T) {
 	if err != nil || !sops.IsEncrypted(b) {
 		t.Fatalf("the restored bundle is not the SOPS-encrypted one the old machine kept (%v)", err)
 	}
+	// The configs made again on the new machine are kept as the old one
+	// kept them: no key in plaintext beside the encrypted bundle.
+	sealedAtRest(t, ctx, h, keyFile)
 	// The restore ran the postcheck (it must pass for the restore to
 	// succeed); the nightly one reads the remote copies too.
 	pc := run(t, ctx, h, "run", "--stage", "postcheck")

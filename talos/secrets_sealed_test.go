@@ -16,12 +16,10 @@ import (
 	"github.com/homelab/bootstrap/sops"
 )
 
-// With a Sealer the bundle is minted once and stored SOPS-encrypted: no
-// secret of it is on disk in plaintext, the next Generate opens it and
-// renders byte-identical configs, and without the identity it is refused
-// instead of replaced.
-func TestSealedBundleIsEncryptedAtRestAndKept(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), ".talos", "lab")
+// sealedCP is oneCP with the bundle SOPS-encrypted to the test identity,
+// and that identity.
+func sealedCP(t *testing.T, dir string) (GenerateOptions, sops.Identities) {
+	t.Helper()
 	sealer := &sops.FileSealer{KeyFile: "../sops/testdata/test-identity.agekey"}
 	ids, err := sealer.Identities()
 	if err != nil {
@@ -30,6 +28,16 @@ func TestSealedBundleIsEncryptedAtRestAndKept(t *testing.T) {
 	sealer.Recipients = ids.Recipients
 	opts := oneCP(dir)
 	opts.Sealer = sealer
+	return opts, ids
+}
+
+// With a Sealer the bundle is minted once and stored SOPS-encrypted: no
+// secret of it is on disk in plaintext, the next Generate opens it and
+// renders byte-identical configs, and without the identity it is refused
+// instead of replaced.
+func TestSealedBundleIsEncryptedAtRestAndKept(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), ".talos", "lab")
+	opts, _ := sealedCP(t, dir)
 	first, err := Generate(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -93,14 +101,7 @@ func TestSealedBundleIsEncryptedAtRestAndKept(t *testing.T) {
 // Generate) opens them in memory and finds nothing to change.
 func TestSealedFilesKeepNoKeyInPlaintext(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), ".talos", "lab")
-	sealer := &sops.FileSealer{KeyFile: "../sops/testdata/test-identity.agekey"}
-	ids, err := sealer.Identities()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sealer.Recipients = ids.Recipients
-	opts := oneCP(dir)
-	opts.Sealer = sealer
+	opts, ids := sealedCP(t, dir)
 	// First plaintext, as before encryption was switched on.
 	if _, err := Generate(opts); err != nil {
 		t.Fatal(err)
