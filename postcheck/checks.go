@@ -517,7 +517,7 @@ func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
 		}
 	}()
 	start := c.o.now()
-	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s/%s Bound", c.o.PVCNamespace, name), Timeout: c.o.PVCTimeout, Interval: 250 * time.Millisecond, Log: c.o.Log},
+	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s/%s Bound", c.o.PVCNamespace, name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log},
 		func(ctx context.Context) (bool, string, error) {
 			p, err := pvcs.Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
@@ -531,6 +531,15 @@ func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
 	}
 	return check.Passf("test PVC %s bound to %s via %s in %s", name, volume, class, wait.Round(c.o.now().Sub(start)))
 }
+
+// The test PVC's waits start polling quickly and back off: the nightly
+// postcheck pays for the bind and the volume's removal, not for the
+// spacing of the polls (a provisioner that takes seconds is asked a few
+// times a second at first, then once a second).
+const (
+	pvcPoll    = 50 * time.Millisecond
+	pvcPollMax = time.Second
+)
 
 // pvcEvents quotes the newest event about the PVC, which is usually why it
 // is still Pending.
@@ -549,7 +558,7 @@ func (c *checker) deletePVC(ctx context.Context, cs kubernetes.Interface, name, 
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s and its volume deleted", name), Timeout: c.o.PVCTimeout, Interval: 250 * time.Millisecond, Log: c.o.Log},
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s and its volume deleted", name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log},
 		func(ctx context.Context) (bool, string, error) {
 			if _, err := cs.CoreV1().PersistentVolumeClaims(c.o.PVCNamespace).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return false, "PVC still present", nil

@@ -81,6 +81,12 @@ func ensureSchematic(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	if k, ok, err := takePrepared[knownSchematic](ctx, env, prepSchematic, time.Minute); err != nil {
+		return err
+	} else if ok && k.id == im.SchematicID && k.known {
+		env.Log.Debug().Str("schematic", im.SchematicID).Msg("the image factory knows the schematic (asked in the background)")
+		return nil
+	}
 	known, err := c.Known(ctx, im.SchematicID)
 	if err != nil {
 		return fmt.Errorf("asking %s for schematic %s: %w", c.URL(), factory.ShortID(im.SchematicID), err)
@@ -92,6 +98,34 @@ func ensureSchematic(ctx context.Context, env *Env) error {
 	return env.Wet(fmt.Sprintf("register schematic %s with %s", describeSchematic(im), c.URL()), func() error {
 		_, err := c.Register(ctx, im.Schematic)
 		return err
+	})
+}
+
+// prepSchematic keys the background question whether the factory knows
+// the schematic.
+const prepSchematic = "talos-schematic"
+
+// knownSchematic is the factory's answer for a schematic ID.
+type knownSchematic struct {
+	id    string
+	known bool
+}
+
+// prepareSchematic asks the factory in the background whether it knows
+// the config's schematic, so a converged run does not wait for the round
+// trip; an unknown schematic is asked again and registered in line.
+func prepareSchematic(ctx context.Context, env *Env) {
+	im := env.Config.Images()
+	if !im.InstallerDerived {
+		return
+	}
+	env.prepare(ctx, prepSchematic, "the Image Factory's answer for schematic "+factory.ShortID(im.SchematicID), func(ctx context.Context) (any, error) {
+		c, err := FactoryClient(env)
+		if err != nil {
+			return nil, err
+		}
+		known, err := c.Known(ctx, im.SchematicID)
+		return knownSchematic{id: im.SchematicID, known: known}, err
 	})
 }
 

@@ -33,23 +33,7 @@ func TestFactoryPrecheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	row := func(extensions, version string) (check.Status, string, *Env) {
-		yaml := `cluster:
-  name: lab
-  endpoint: https://10.0.20.11:6443
-  talosVersion: ` + version + `
-  factory: ` + f.URL() + `
-  factoryCAFile: factory-ca.pem
-  schematic: {extensions: [` + extensions + `]}
-  network: {cidr: 10.0.20.0/24, gateway: 10.0.20.1, nameservers: [10.0.20.1]}
-nodes:
-  - {name: cp-1, role: controlplane, vmid: 701, ip: 10.0.20.11, cores: 2, memoryMiB: 4096, diskGiB: 32}
-`
-		cfg, err := config.Parse(filepath.Join(dir, "bootstrap.yaml"), []byte(yaml), func(string) (string, bool) { return "", false })
-		if err != nil {
-			t.Fatal(err)
-		}
-		log := zerolog.New(zerolog.NewTestWriter(t))
-		env := &Env{Config: cfg, Paths: cfg.Paths(), Log: log, UI: ui.NewReporter(log), Now: time.Now}
+		env := factoryEnv(t, f, dir, extensions, version)
 		st, why := factoryCheck(env).Run(context.Background())
 		return st, why, env
 	}
@@ -80,5 +64,63 @@ nodes:
 	}
 	if st, why, _ := row("siderolabs/i9l5", "v1.13.3"); st != check.Fail || !strings.Contains(why, "by the cached list") {
 		t.Errorf("unreachable with a bad name: %s %s", st, why)
+	}
+}
+
+// factoryEnv is a run's Env for a one-node cluster whose schematic has the
+// extensions, built by the lab factory f (its CA in dir).
+func factoryEnv(t *testing.T, f *imagefactory.Server, dir, extensions, version string) *Env {
+	t.Helper()
+	yaml := `cluster:
+  name: lab
+  endpoint: https://10.0.20.11:6443
+  talosVersion: ` + version + `
+  factory: ` + f.URL() + `
+  factoryCAFile: factory-ca.pem
+  schematic: {extensions: [` + extensions + `]}
+  network: {cidr: 10.0.20.0/24, gateway: 10.0.20.1, nameservers: [10.0.20.1]}
+nodes:
+  - {name: cp-1, role: controlplane, vmid: 701, ip: 10.0.20.11, cores: 2, memoryMiB: 4096, diskGiB: 32}
+`
+	cfg, err := config.Parse(filepath.Join(dir, "bootstrap.yaml"), []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := zerolog.New(zerolog.NewTestWriter(t))
+	return &Env{Config: cfg, Paths: cfg.Paths(), Log: log, UI: ui.NewReporter(log), Now: time.Now}
+}
+
+// TestSchematicAskedInTheBackground: the talos stage's question whether
+// the factory knows the schematic is asked while earlier stages run; a
+// known schematic then costs the stage no round trip (it passes with the
+// factory gone), and an unknown one is asked again and registered in line.
+func TestSchematicAskedInTheBackground(t *testing.T) {
+	f, err := imagefactory.Start(imagefactory.Options{ISOSize: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Stop() })
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "factory-ca.pem"), f.CAPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	prepared := func(env *Env) {
+		prepareSchematic(ctx, env)
+		<-env.prepared[prepSchematic].done
+	}
+	first := factoryEnv(t, f, dir, "siderolabs/qemu-guest-agent", "v1.13.3")
+	prepared(first)
+	if err := ensureSchematic(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Changes()) != 1 || !strings.Contains(first.Changes()[0].Action, "register schematic") {
+		t.Fatalf("an unknown schematic was not registered: %v", first.Changes())
+	}
+	again := factoryEnv(t, f, dir, "siderolabs/qemu-guest-agent", "v1.13.3")
+	prepared(again)
+	f.SetDown(true)
+	if err := ensureSchematic(ctx, again); err != nil || len(again.Changes()) != 0 {
+		t.Fatalf("a schematic the factory knew asked it again: %v %v", err, again.Changes())
 	}
 }

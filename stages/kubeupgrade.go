@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/fluxcd/pkg/ssa"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
@@ -41,10 +43,13 @@ type kubeUpgrade struct {
 // a skipped minor or a pair Talos does not support is refused here, from
 // what the nodes are configured with, before anything is applied; one the
 // state already records is refused without any call (ops nil).
-func pinKubernetes(ctx context.Context, env *Env, ops *talos.Ops, targets []talos.Target) (*kubeUpgrade, error) {
+func pinKubernetes(ctx context.Context, env *Env, ops *talos.Ops, probes map[string]talos.Probe, targets []talos.Target) (*kubeUpgrade, error) {
 	want := env.Config.Cluster.KubernetesVersion
 	ku := &kubeUpgrade{rendered: map[string][]byte{}, configured: talos.KubeVersions{}}
 	var known []talos.Target
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	asked := make([]bool, len(targets))
 	for i, t := range targets {
 		ku.rendered[t.Name] = t.Config
 		if ops == nil {
@@ -57,21 +62,35 @@ func pinKubernetes(ctx context.Context, env *Env, ops *talos.Ops, targets []talo
 			}
 			continue
 		}
-		p, err := ops.Probe(ctx, t.IP)
-		if err != nil || p.Mode != talos.ModeConfigured {
+		if p, ok := probes[t.Name]; !ok || p.Mode != talos.ModeConfigured {
 			continue
 		}
-		images, err := ops.KubeImages(ctx, t)
-		if err != nil {
-			return nil, err
+		// Each node's images at once; each writes only its own target.
+		g.Go(func() error {
+			images, err := ops.KubeImages(gctx, t)
+			if err != nil {
+				return err
+			}
+			pinned, err := talos.PinKubeImages(t.Config, images)
+			if err != nil {
+				return fmt.Errorf("pinning the Kubernetes images of %s: %w", t, err)
+			}
+			targets[i].Config = pinned
+			asked[i] = true
+			mu.Lock()
+			defer mu.Unlock()
+			ku.configured[t.Name] = images
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	for i, t := range targets {
+		if asked[i] {
+			t.Config = ku.rendered[t.Name] // as rendered, in config order
+			known = append(known, t)
 		}
-		ku.configured[t.Name] = images
-		known = append(known, t)
-		pinned, err := talos.PinKubeImages(t.Config, images)
-		if err != nil {
-			return nil, fmt.Errorf("pinning the Kubernetes images of %s: %w", t, err)
-		}
-		targets[i].Config = pinned
 	}
 	if ops != nil {
 		if err := pinNewNodes(env, targets, ku, want); err != nil {

@@ -41,7 +41,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if err := refuseDowngrade(ctx, env, nil, nil); err != nil {
 		return err
 	}
-	if _, err := pinKubernetes(ctx, env, nil, configTargets(env)); err != nil {
+	if _, err := pinKubernetes(ctx, env, nil, nil, configTargets(env)); err != nil {
 		return err
 	}
 	gen, err := talosGenerateOptions(env)
@@ -77,13 +77,18 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	}
 	// And one only the nodes show (the state is older than the cluster)
 	// before anything is applied to them.
-	if err := refuseDowngrade(ctx, env, ops, targets); err != nil {
+	// One probe of every node, at once, serves the checks before the
+	// converge (which probes again as it goes).
+	probes, _ := ops.ProbeAll(ctx, targets)
+	if err := refuseDowngrade(ctx, env, probes, targets); err != nil {
 		return err
 	}
-	if err := wipeReplacedEtcd(ctx, env, ops, targets); err != nil {
+	if wiped, err := wipeReplacedEtcd(ctx, env, ops, probes, targets); err != nil {
 		return err
+	} else if wiped {
+		probes, _ = ops.ProbeAll(ctx, targets) // they reboot
 	}
-	ku, err := pinKubernetes(ctx, env, ops, targets)
+	ku, err := pinKubernetes(ctx, env, ops, probes, targets)
 	if err != nil {
 		return err
 	}
@@ -164,12 +169,15 @@ type mintedBundle struct {
 	bundle       *secrets.Bundle
 }
 
-// Prepare implements Preparer: a cluster without a secrets bundle gets one
+// Prepare implements Preparer: the Image Factory is asked whether it knows
+// the schematic (a read, one round trip to the factory), and a cluster
+// without a secrets bundle gets one
 // minted while the VMs are created and boot. Minting costs an RSA-4096 key
 // (0.5–2 s on the reference box), and nothing in it depends on the VMs.
 // Nothing is written here: the bundle is stored by the stage, once, as
 // before (a bundle that appeared meanwhile wins).
 func (TalosStage) Prepare(ctx context.Context, env *Env) {
+	prepareSchematic(ctx, env)
 	if _, err := os.Stat(env.Paths.Secrets); !errors.Is(err, fs.ErrNotExist) {
 		return
 	}
@@ -373,21 +381,21 @@ func warnPlaintextBundle(env *Env) {
 // report (read-only Version calls), and returns the plan's refusal of a
 // downgrade, if any, before the converge applies the older install image
 // anywhere.
-func refuseDowngrade(ctx context.Context, env *Env, ops *talos.Ops, targets []talos.Target) error {
+func refuseDowngrade(ctx context.Context, env *Env, probes map[string]talos.Probe, targets []talos.Target) error {
 	if env.Options.AllowDowngrade {
 		return nil
 	}
 	want := env.Config.Cluster.TalosVersion
-	if ops == nil {
+	if probes == nil {
 		targets = configTargets(env)
 	}
 	var known []talos.Target
 	live := map[string]string{}
 	for _, t := range targets {
 		v := env.State.Outputs.Nodes[t.Name].TalosVersion
-		if ops != nil {
-			p, err := ops.Probe(ctx, t.IP)
-			if err != nil || p.Mode != talos.ModeConfigured {
+		if probes != nil {
+			p, ok := probes[t.Name]
+			if !ok || p.Mode != talos.ModeConfigured {
 				continue
 			}
 			v = p.Version
@@ -613,10 +621,10 @@ func stepNames(steps []talos.UpgradeStep) []string {
 // a crash later in the stage keeps it.
 // wipeReplacedEtcd wipes the etcd data of every control plane when a
 // forced restore replaces a running etcd (bootstrap restore --force).
-func wipeReplacedEtcd(ctx context.Context, env *Env, ops *talos.Ops, targets []talos.Target) error {
+func wipeReplacedEtcd(ctx context.Context, env *Env, ops *talos.Ops, probes map[string]talos.Probe, targets []talos.Target) (wiped bool, err error) {
 	rec := env.Options.Recover
 	if rec == nil || !rec.Replaces {
-		return nil
+		return false, nil
 	}
 	var cps []talos.Target
 	var names []string
@@ -627,18 +635,20 @@ func wipeReplacedEtcd(ctx context.Context, env *Env, ops *talos.Ops, targets []t
 		// A control plane that runs no installed system (re-created, in
 		// maintenance mode) keeps no etcd data, and its reset would be
 		// refused: it installs and joins after the recovery.
-		if p, err := ops.Probe(ctx, t.IP); err == nil && p.Mode == talos.ModeMaintenance {
+		if p, ok := probes[t.Name]; ok && p.Mode == talos.ModeMaintenance {
 			env.Log.Info().Str("node", t.Name).Msgf("%s runs in maintenance mode: no etcd data to wipe", t.Name)
 			continue
 		}
 		cps, names = append(cps, t), append(names, t.Name)
 	}
 	if len(cps) == 0 {
-		return nil
+		return false, nil
 	}
-	return env.Wet(fmt.Sprintf("wipe etcd's data on %s (reset EPHEMERAL, not graceful, reboot; configs stay) before restoring %s", strings.Join(names, ", "), rec.Name), func() error {
+	err = env.Wet(fmt.Sprintf("wipe etcd's data on %s (reset EPHEMERAL, not graceful, reboot; configs stay) before restoring %s", strings.Join(names, ", "), rec.Name), func() error {
+		wiped = true
 		return ops.ResetEtcdData(ctx, cps)
 	})
+	return wiped, err
 }
 
 func recordTalosNode(env *Env, res *talos.Result, t talos.Target, r talos.EnsureResult) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -204,6 +205,30 @@ func (o *Ops) Probe(ctx context.Context, ip string) (Probe, error) {
 		})
 		return version, err
 	})
+}
+
+// ProbeAll probes every target at once. A probe that failed is left out
+// of the map, its error under the same name in errs.
+func (o *Ops) ProbeAll(ctx context.Context, targets []Target) (probes map[string]Probe, errs map[string]error) {
+	probes, errs = map[string]Probe{}, map[string]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, t := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := o.Probe(ctx, t.IP)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs[t.Name] = err
+				return
+			}
+			probes[t.Name] = p
+		}()
+	}
+	wg.Wait()
+	return probes, errs
 }
 
 // classifyProbe is Probe's logic over ask, one Version call with (secure)
