@@ -305,7 +305,7 @@ func (o *Ops) applyMaintenance(ctx context.Context, t Target) error {
 // changes.
 func (o *Ops) DiffConfig(ctx context.Context, t Target) (diff string, changed bool, err error) {
 	var details string
-	err = o.call(ctx, t.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+	err = o.read(ctx, t.IP, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
 		resp, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{
 			Data:   t.Config,
 			Mode:   machine.ApplyConfigurationRequest_AUTO,

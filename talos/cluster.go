@@ -84,7 +84,7 @@ type EtcdMember struct {
 // EtcdMembers lists etcd members as the node at ip sees them.
 func (o *Ops) EtcdMembers(ctx context.Context, ip string) ([]EtcdMember, error) {
 	var out []EtcdMember
-	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) (err error) {
+	err := o.read(ctx, ip, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) (err error) {
 		out, err = etcdMembersOn(ctx, c)
 		return err
 	})
@@ -141,7 +141,7 @@ type Service struct {
 // Services lists the services of the node at ip.
 func (o *Ops) Services(ctx context.Context, ip string) ([]Service, error) {
 	var out []Service
-	err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) (err error) {
+	err := o.read(ctx, ip, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) (err error) {
 		out, err = servicesOn(ctx, c)
 		return err
 	})
@@ -192,7 +192,7 @@ func (o *Ops) Kubeconfig(ctx context.Context, name, ip string) ([]byte, error) {
 		Log:           o.opts.Log,
 	}
 	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
-		err := o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		err := o.read(ctx, ip, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
 			var err error
 			data, err = c.Kubeconfig(ctx)
 			return err

@@ -160,7 +160,7 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 			defer wg.Done()
 			// One connection per node for all its calls: a health poll
 			// asks every node five questions.
-			err := o.call(ctx, n.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+			err := o.read(ctx, n.IP, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
 				if _, err := c.Version(ctx); err != nil {
 					return err
 				}

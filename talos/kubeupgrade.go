@@ -430,7 +430,7 @@ func (o *Ops) component(ctx context.Context, t Target, component string, kc kube
 	if retrying {
 		err = o.callRetrying(ctx, t.IP, "reading the "+component+" static pod of "+t.Name, read)
 	} else {
-		err = o.call(ctx, t.IP, true, o.opts.CallTimeout, read)
+		err = o.read(ctx, t.IP, o.opts.CallTimeout, read)
 	}
 	if err != nil {
 		return ComponentState{Detail: fmt.Sprintf("reading the %s static pod status: %v", component, err)}

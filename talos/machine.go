@@ -33,7 +33,7 @@ const (
 // from kexec/reboot on, running once the boot sequence ended without error
 // (a control plane's only after its etcd runs).
 func (o *Ops) MachineStatus(ctx context.Context, ip string) (stage MachineStage, ready bool, err error) {
-	err = o.call(ctx, ip, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) (err error) {
+	err = o.read(ctx, ip, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) (err error) {
 		stage, ready, err = machineStatusOn(ctx, c)
 		return err
 	})

@@ -80,6 +80,18 @@ type Ops struct {
 	cfg     *clientconfig.Config
 	context string
 	caPEM   []byte
+
+	// kept are the mutual-TLS clients reads reuse, by address (see read).
+	keptMu sync.Mutex
+	kept   map[string]*keptClient
+}
+
+// keptClient is a client shared by the reads in flight to one address;
+// one that failed is dropped from Ops.kept and closed once unused.
+type keptClient struct {
+	c       *client.Client
+	refs    int
+	dropped bool
 }
 
 // NewOps prepares operations with the cluster's talosconfig.
@@ -139,13 +151,83 @@ func (o *Ops) call(ctx context.Context, ip string, secure bool, timeout time.Dur
 	return fn(cctx, c)
 }
 
+// read is call for a read with the cluster's credentials, over a client to
+// ip that is kept for the next read while its calls succeed: a run asks
+// every node hundreds of questions, and a fresh connection per question
+// cost a TLS handshake on both ends each time. A read that fails on a kept
+// client (its connection may have died with a reboot or a reset) drops it
+// and is asked once more on a fresh one, so it fails only as a read on a
+// fresh connection would. Changes (apply, bootstrap, reset, upgrade) go
+// through call, on a connection of their own, and are never asked twice.
+func (o *Ops) read(ctx context.Context, ip string, timeout time.Duration, fn func(context.Context, *client.Client) error) error {
+	for attempt := 0; ; attempt++ {
+		k, reused, err := o.keptClient(ctx, ip)
+		if err != nil {
+			return err
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		err = fn(cctx, k.c)
+		cancel()
+		o.release(ip, k, err != nil)
+		if err == nil || !reused || attempt > 0 || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// keptIdle is how long a kept client's connection stays up without reads.
+const keptIdle = 10 * time.Second
+
+// keptClient returns the kept client to ip (reused: true), or a new one
+// that is kept from now on.
+func (o *Ops) keptClient(ctx context.Context, ip string) (k *keptClient, reused bool, err error) {
+	o.keptMu.Lock()
+	defer o.keptMu.Unlock()
+	if k := o.kept[ip]; k != nil {
+		k.refs++
+		return k, true, nil
+	}
+	// client.New only prepares the connection (grpc.NewClient): the dial
+	// happens with the first call, outside the lock. A kept client unused
+	// for a while lets its connection go (it dials again on the next
+	// read), so one kept past its cluster's life does not keep dialing.
+	c, err := client.New(ctx, client.WithEndpoints(ip), client.WithGRPCDialOptions(append(dialOpts, grpc.WithIdleTimeout(keptIdle))...),
+		client.WithConfig(o.cfg), client.WithContextName(o.context))
+	if err != nil {
+		return nil, false, fmt.Errorf("creating Talos client for %s: %w", ip, err)
+	}
+	if o.kept == nil {
+		o.kept = map[string]*keptClient{}
+	}
+	k = &keptClient{c: c, refs: 1}
+	o.kept[ip] = k
+	return k, false, nil
+}
+
+// release ends one read on k; a failed one drops k, which is closed when
+// the last read on it ends.
+func (o *Ops) release(ip string, k *keptClient, failed bool) {
+	o.keptMu.Lock()
+	defer o.keptMu.Unlock()
+	k.refs--
+	if failed && !k.dropped {
+		k.dropped = true
+		if o.kept[ip] == k {
+			delete(o.kept, ip)
+		}
+	}
+	if k.dropped && k.refs == 0 {
+		k.c.Close() //nolint:errcheck
+	}
+}
+
 // callRetrying is call for a single read a stage cannot do without: a
 // refused or cut connection, or a node not ready for the request yet
 // (retryableCall), is retried with backoff (internal/retry's default: 5
 // attempts over ~4 s), so one connection drop does not fail the stage.
 func (o *Ops) callRetrying(ctx context.Context, ip, what string, fn func(context.Context, *client.Client) error) error {
 	return retry.Do(ctx, retry.Policy{}, o.opts.Log, what, func(ctx context.Context) error {
-		return retryableCall(o.call(ctx, ip, true, o.opts.CallTimeout, fn))
+		return retryableCall(o.read(ctx, ip, o.opts.CallTimeout, fn))
 	})
 }
 
@@ -196,14 +278,17 @@ type Probe struct {
 func (o *Ops) Probe(ctx context.Context, ip string) (Probe, error) {
 	return classifyProbe(ip, func(secure bool) (string, error) {
 		var version string
-		err := o.call(ctx, ip, secure, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		ask := func(ctx context.Context, c *client.Client) error {
 			resp, err := c.Version(ctx)
 			if err == nil {
 				version = versionTag(resp.GetMessages())
 			}
 			return err
-		})
-		return version, err
+		}
+		if secure {
+			return version, o.read(ctx, ip, o.opts.CallTimeout, ask)
+		}
+		return version, o.call(ctx, ip, false, o.opts.CallTimeout, ask)
 	})
 }
 
