@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/homelab/bootstrap/internal/wait"
 )
@@ -99,14 +100,25 @@ func (c *Cluster) RegisterKubelet(ctx context.Context, name, ip string, role Rol
 	case err != nil:
 		return fmt.Errorf("registering node %s: %w", name, err)
 	}
-	// Re-registration (a node rebooted): refresh labels and addresses.
-	for k, v := range labels {
-		if n.Labels == nil {
-			n.Labels = map[string]string{}
+	// Re-registration (a node rebooted): refresh labels and addresses. The
+	// node controller and kwok write the same Node meanwhile; a kubelet
+	// retries a conflicting update on the fresh object, and so does this.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		for k, v := range labels {
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			n.Labels[k] = v
 		}
-		n.Labels[k] = v
-	}
-	if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		_, err := nodes.Update(ctx, n, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if fresh, gerr := nodes.Get(ctx, name, metav1.GetOptions{}); gerr == nil {
+				n = fresh
+			}
+		}
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("updating node %s: %w", name, err)
 	}
 	status := map[string]any{"addresses": addrs}
