@@ -22,16 +22,7 @@ import (
 // does not offer fails naming it, a Talos version it does not build fails,
 // and a factory that cannot be reached warns.
 func TestFactoryPrecheck(t *testing.T) {
-	f, err := imagefactory.Start(imagefactory.Options{ISOSize: 1 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Stop() })
-	dir := t.TempDir()
-	ca := filepath.Join(dir, "factory-ca.pem")
-	if err := os.WriteFile(ca, f.CAPEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f, dir := labFactory(t)
 	row := func(extensions, version string) (check.Status, string, *Env) {
 		env := factoryEnv(t, f, dir, extensions, version)
 		st, why := factoryCheck(env).Run(context.Background())
@@ -67,6 +58,22 @@ func TestFactoryPrecheck(t *testing.T) {
 	}
 }
 
+// labFactory starts the lab's Image Factory for the test and writes its CA
+// as factory-ca.pem into the directory it returns.
+func labFactory(t *testing.T) (*imagefactory.Server, string) {
+	t.Helper()
+	f, err := imagefactory.Start(imagefactory.Options{ISOSize: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Stop() })
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "factory-ca.pem"), f.CAPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f, dir
+}
+
 // factoryEnv is a run's Env for a one-node cluster whose schematic has the
 // extensions, built by the lab factory f (its CA in dir).
 func factoryEnv(t *testing.T, f *imagefactory.Server, dir, extensions, version string) *Env {
@@ -95,15 +102,7 @@ nodes:
 // known schematic then costs the stage no round trip (it passes with the
 // factory gone), and an unknown one is asked again and registered in line.
 func TestSchematicAskedInTheBackground(t *testing.T) {
-	f, err := imagefactory.Start(imagefactory.Options{ISOSize: 1 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Stop() })
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "factory-ca.pem"), f.CAPEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f, dir := labFactory(t)
 	ctx := context.Background()
 	prepared := func(env *Env) {
 		prepareSchematic(ctx, env)
