@@ -277,7 +277,7 @@ func TestProtected(t *testing.T) {
 	got := cfg.Protected()
 	for _, want := range []string{
 		filepath.Join(base, "var", "state"), filepath.Join(base, "secrets", "talos"), "/tmp/talos-other",
-		filepath.Join(base, "var", "state", cfg.Cluster.Name), filepath.Join(base, "kube", "cfg"),
+		filepath.Join(base, "var", "state", cfg.Cluster.Name), filepath.Join(base, "kube", "cfg"), filepath.Join(base, "kube", "cfg.age"),
 		filepath.Join(base, "backups"), filepath.Join(base, "creds", "pve-token"), "/home/u/.ssh/deploy",
 	} {
 		if !slices.Contains(got, want) {

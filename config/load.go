@@ -16,6 +16,8 @@ import (
 	"reflect"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/homelab/bootstrap/internal/sealed"
 )
 
 // DefaultFile is the config file used when --config is not given.
@@ -330,6 +332,8 @@ func (c *Config) Protected() []string {
 	p := c.Paths()
 	out := []string{
 		c.Resolve(c.State.Dir), c.Resolve(c.State.TalosDir), p.TalosDir, p.StateDir, p.Kubeconfig,
+		// The kubeconfig as kept beside an encrypted secrets bundle.
+		p.Kubeconfig + sealed.Suffix,
 		c.Resolve(c.Backup.CopyDir),
 		c.Resolve(c.Proxmox.TokenSecretFile),
 		c.Resolve(c.Secrets.Age.KeyFile),

@@ -162,10 +162,13 @@ func (x *excluder) byPath(p string) string {
 		}
 	}
 	base := path.Base(p)
+	// A kubeconfig or talosconfig kept age-encrypted (name.age, as
+	// bootstrap keeps them beside an encrypted bundle) goes by its name too.
+	client := strings.TrimSuffix(base, ".age")
 	switch {
-	case base == "kubeconfig" || strings.HasSuffix(base, ".kubeconfig"):
+	case client == "kubeconfig" || strings.HasSuffix(client, ".kubeconfig"):
 		return RuleKubeconfig
-	case base == "talosconfig" || strings.HasSuffix(base, ".talosconfig"):
+	case client == "talosconfig" || strings.HasSuffix(client, ".talosconfig"):
 		return RuleTalosconfig
 	case strings.HasSuffix(base, ".agekey"):
 		return RuleAgeKey

@@ -135,6 +135,8 @@ func newFixture(t *testing.T) fixture {
 
 	exclude("kubeconfig", kubeconfigWithToken, RuleKubeconfig)
 	exclude("admin.kubeconfig", "anything\n", RuleKubeconfig)
+	exclude("clusters/y/kubeconfig.age", "-----BEGIN AGE ENCRYPTED FILE-----\n", RuleKubeconfig)
+	exclude("clusters/y/talosconfig.age", "-----BEGIN AGE ENCRYPTED FILE-----\n", RuleTalosconfig)
 	exclude("configs/admin.yaml", kubeconfigWithToken, RuleKubeconfig)
 	exclude("configs/admin.json", kubeconfigJSON, RuleKubeconfig)
 	exclude("talosconfig", talosconfigWithKey, RuleTalosconfig)
