@@ -250,8 +250,12 @@ func SealKeptFiles(cfg *config.Config) ([]string, error) {
 	return wrote, nil
 }
 
-// keptFiles is KeptFiles for the run's config.
-func keptFiles(env *Env) *sealed.Files { return KeptFiles(env.Config) }
+// keptFiles is KeptFiles for the run's config, made once per config so
+// that the identity file is read once a run, not at every read.
+func keptFiles(env *Env) *sealed.Files {
+	f, _ := client(env, fmt.Sprintf("kept files of config %p", env.Config), func() (*sealed.Files, error) { return KeptFiles(env.Config), nil })
+	return f
+}
 
 // talosGenerateOptions maps the config onto the talos package's options.
 // Addresses, MACs and disk buses come from what provision recorded for

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -175,8 +176,9 @@ func (o *Ops) read(ctx context.Context, ip string, timeout time.Duration, fn fun
 	}
 }
 
-// keptIdle is how long a kept client's connection stays up without reads.
-const keptIdle = 10 * time.Second
+// keptDialOpts are dialOpts for a kept client: its connection goes after
+// 10 s without reads.
+var keptDialOpts = append(slices.Clone(dialOpts), grpc.WithIdleTimeout(10*time.Second))
 
 // keptClient returns the kept client to ip (reused: true), or a new one
 // that is kept from now on.
@@ -191,7 +193,7 @@ func (o *Ops) keptClient(ctx context.Context, ip string) (k *keptClient, reused 
 	// happens with the first call, outside the lock. A kept client unused
 	// for a while lets its connection go (it dials again on the next
 	// read), so one kept past its cluster's life does not keep dialing.
-	c, err := client.New(ctx, client.WithEndpoints(ip), client.WithGRPCDialOptions(append(dialOpts, grpc.WithIdleTimeout(keptIdle))...),
+	c, err := client.New(ctx, client.WithEndpoints(ip), client.WithGRPCDialOptions(keptDialOpts...),
 		client.WithConfig(o.cfg), client.WithContextName(o.context))
 	if err != nil {
 		return nil, false, fmt.Errorf("creating Talos client for %s: %w", ip, err)
@@ -221,7 +223,7 @@ func (o *Ops) release(ip string, k *keptClient, failed bool) {
 	}
 }
 
-// callRetrying is call for a single read a stage cannot do without: a
+// callRetrying is read for a single read a stage cannot do without: a
 // refused or cut connection, or a node not ready for the request yet
 // (retryableCall), is retried with backoff (internal/retry's default: 5
 // attempts over ~4 s), so one connection drop does not fail the stage.

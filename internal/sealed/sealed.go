@@ -69,49 +69,57 @@ func Stored(path string) (string, bool, error) {
 // sealed copy when that is what is kept. A missing file is fs.ErrNotExist
 // (wrapped).
 func (f *Files) Read(path string) ([]byte, error) {
+	data, _, err := f.read(path)
+	return data, err
+}
+
+// read is Read, with where the file is kept.
+func (f *Files) read(path string) ([]byte, string, error) {
 	stored, isSealed, err := Stored(path)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	data, err := os.ReadFile(stored)
 	if err != nil || !isSealed {
-		return data, err
+		return data, stored, err
 	}
 	if f == nil || f.Identities == nil {
-		return nil, fmt.Errorf("%s is age-encrypted and no age identity is configured: set secrets.age.keyFile", stored)
+		return nil, "", fmt.Errorf("%s is age-encrypted and no age identity is configured: set secrets.age.keyFile", stored)
 	}
 	ids, err := f.Identities()
 	if err != nil {
-		return nil, fmt.Errorf("opening %s: %w", stored, err)
+		return nil, "", fmt.Errorf("opening %s: %w", stored, err)
 	}
 	plain, err := Open(data, ids)
 	if err != nil {
-		return nil, fmt.Errorf("opening %s with %s: %w", stored, f.Source, err)
+		return nil, "", fmt.Errorf("opening %s with %s: %w", stored, f.Source, err)
 	}
-	return plain, nil
+	return plain, stored, nil
 }
 
 // Compare reads the file named by path and says whether it already is
 // data, kept in the form Path gives with no other form beside it. old is
 // its plaintext; a missing file is fs.ErrNotExist (wrapped).
 func (f *Files) Compare(path string, data []byte) (old []byte, same bool, err error) {
-	old, err = f.Read(path)
+	old, stored, err := f.read(path)
 	if err != nil {
 		return nil, false, err
 	}
-	if !bytes.Equal(old, data) {
+	if !bytes.Equal(old, data) || stored != f.Path(path) {
 		return old, false, nil
 	}
-	_, err = os.Stat(f.other(path))
-	switch {
+	if !f.Sealing() {
+		// A sealed copy would have been the one read (Stored).
+		return old, true, nil
+	}
+	// Kept sealed: a plaintext leftover beside it still has to go.
+	switch _, err := os.Stat(path); {
 	case errors.Is(err, fs.ErrNotExist):
+		return old, true, nil
 	case err != nil:
 		return old, false, err
-	default:
-		return old, false, nil // a leftover of the other form
 	}
-	_, err = os.Stat(f.Path(path))
-	return old, err == nil, nil
+	return old, false, nil
 }
 
 // other is the form of path that Path does not give.
@@ -149,16 +157,6 @@ func (f *Files) WriteIfChanged(path string, data []byte) (bool, error) {
 		return true, err
 	}
 	return true, nil
-}
-
-// Remove deletes both forms of the file named by path.
-func (f *Files) Remove(path string) error {
-	for _, p := range []string{path, path + Suffix} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-	}
-	return nil
 }
 
 // Seal encrypts plain to recipients with age, ASCII-armored (text, so a
