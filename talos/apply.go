@@ -185,6 +185,12 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 				if isDown(err) {
 					return false, "unreachable: " + shortErr(err), nil
 				}
+				if isUntrustedServer(err) {
+					// It answered with our CA to the probe and no longer
+					// does: a failed install rebooted it into maintenance
+					// mode between the two calls. The next probe says so.
+					return false, "left configured mode: " + shortErr(err), nil
+				}
 				return false, "", err
 			}
 			if !up.Installed {

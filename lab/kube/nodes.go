@@ -101,8 +101,11 @@ func (c *Cluster) RegisterKubelet(ctx context.Context, name, ip string, role Rol
 		return fmt.Errorf("registering node %s: %w", name, err)
 	}
 	// Re-registration (a node rebooted): refresh labels and addresses. The
-	// node controller and kwok write the same Node meanwhile; a kubelet
-	// retries a conflicting update on the fresh object, and so does this.
+	// node controller and kwok write the same Node meanwhile; kubelet
+	// patches the Node it finds and its registration loop retries a failed
+	// attempt (pkg/kubelet/kubelet_node_status.go tryRegisterWithAPIServer,
+	// registerWithAPIServer at kubernetes v1.36.1): here a conflicting
+	// update is retried on the fresh Node.
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		for k, v := range labels {
 			if n.Labels == nil {
