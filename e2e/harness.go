@@ -296,6 +296,9 @@ type RunOptions struct {
 	// KillWhen, when set, kills the run with SIGKILL at the first progress
 	// event it accepts, stage or not (for commands that run no stage).
 	KillWhen func(Event) bool
+	// OnEvent is called with each progress event as it is read, for a
+	// test that acts while the run goes on.
+	OnEvent func(Event)
 }
 
 // RunWith runs `bootstrap <args> --config <lab config> --log-format json`
@@ -348,6 +351,9 @@ func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*
 		stderr.Write(line)
 		stderr.WriteByte('\n')
 		ev, ok := ProgressEvent(line)
+		if ok && ro.OnEvent != nil {
+			ro.OnEvent(ev)
+		}
 		if ok && ro.KillWhen != nil && !killed && ro.KillWhen(ev) {
 			killed = true
 			if cmd.Process.Signal(syscall.SIGKILL) == nil {

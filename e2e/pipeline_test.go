@@ -5,11 +5,14 @@ import (
 	"maps"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/kube"
@@ -197,7 +200,10 @@ func TestBringYourOwnCNI(t *testing.T) {
 	}
 
 	// The user's CNI, as upstream flannel installs itself: its own
-	// namespace, a DaemonSet that tolerates the not-ready taint.
+	// namespace, a DaemonSet that tolerates the not-ready taint. Its agents
+	// cannot start at first (a CPU request no node meets, as an image
+	// still pulling): the resume that follows the install must wait for
+	// them, not stop.
 	cs, _, err := kube.Clientset(h.Paths().Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -206,10 +212,40 @@ func TestBringYourOwnCNI(t *testing.T) {
 		t.Fatal(err)
 	}
 	ds := kubetest.FlannelDaemonSet("kube-flannel", "kube-flannel-ds")
+	ds.Spec.Template.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2k")}
 	if _, err := cs.AppsV1().DaemonSets("kube-flannel").Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	second := run(t, ctx, h, "run", "--stage", "all")
+	waiting := make(chan struct{})
+	var once sync.Once
+	done := make(chan *e2e.Result, 1)
+	go func() {
+		r, err := h.RunWith(ctx, e2e.RunOptions{OnEvent: func(ev e2e.Event) {
+			if strings.Contains(ev.Message, "your CNI is starting (DaemonSet kube-flannel/kube-flannel-ds: 0/2 ready)") {
+				once.Do(func() { close(waiting) })
+			}
+		}}, "run", "--stage", "all")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	select {
+	case <-waiting:
+	case r := <-done:
+		if r == nil {
+			t.FailNow()
+		}
+		t.Fatalf("the run after the CNI's install did not wait for its agents:\n%s", r.Tail(40))
+	}
+	patch := []byte(`[{"op":"remove","path":"/spec/template/spec/containers/0/resources/requests"}]`)
+	if _, err := cs.AppsV1().DaemonSets("kube-flannel").Patch(ctx, "kube-flannel-ds", types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := <-done
+	if second == nil {
+		t.FailNow()
+	}
 	if second.ExitCode != 0 {
 		t.Fatalf("run once the CNI runs:\n%s", second.Tail(40))
 	}

@@ -291,3 +291,43 @@ func ApplyObject(obj runtime.Object) (*unstructured.Unstructured, error) {
 	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 	return u, nil
 }
+
+// NetworkAgents lists the DaemonSets that can run on a node that is not
+// Ready yet, as "namespace/name: ready/desired ready": a CNI's agent must
+// (it is what makes the node Ready), so its DaemonSet tolerates the
+// not-ready NoSchedule taint the node lifecycle controller puts on such a
+// node (flannel's and Cilium's manifests tolerate every NoSchedule taint).
+// Talos' own kube-proxy is left out: it runs whatever the CNI. A DaemonSet
+// the controller wants on no node (desired 0) is no rollout either.
+func NetworkAgents(ctx context.Context, cs kubernetes.Interface) ([]string, error) {
+	list, err := cs.AppsV1().DaemonSets("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, Classify(err)
+	}
+	var out []string
+	for _, ds := range list.Items {
+		if (ds.Namespace == metav1.NamespaceSystem && ds.Name == "kube-proxy") || ds.Status.DesiredNumberScheduled == 0 ||
+			!slices.ContainsFunc(ds.Spec.Template.Spec.Tolerations, toleratesNotReady) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s/%s: %d/%d ready", ds.Namespace, ds.Name, ds.Status.NumberReady, ds.Status.DesiredNumberScheduled))
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// toleratesNotReady reports whether t tolerates the not-ready NoSchedule
+// taint (core/v1 Toleration.ToleratesTaint's rules for the Exists and
+// Equal operators, without the comparison operators no CNI uses).
+func toleratesNotReady(t corev1.Toleration) bool {
+	if t.Effect != "" && t.Effect != corev1.TaintEffectNoSchedule {
+		return false
+	}
+	switch {
+	case t.Key == "" && t.Operator == corev1.TolerationOpExists:
+		return true
+	case t.Key != corev1.TaintNodeNotReady:
+		return false
+	}
+	return t.Operator == corev1.TolerationOpExists || t.Value == ""
+}

@@ -30,6 +30,11 @@ func (InfraStage) Name() string { return Infra }
 // infraTimeout bounds each chart install/upgrade and its Deployments' wait.
 const infraTimeout = 10 * time.Minute
 
+// cniWait bounds the wait for a user's CNI to make the nodes Ready once its
+// DaemonSet exists (cni.name none): image pulls and the agents' start on a
+// small host take a minute or two.
+const cniWait = 5 * time.Minute
+
 // Run implements Stage.
 func (InfraStage) Run(ctx context.Context, env *Env) error {
 	cfg := env.Config
@@ -329,8 +334,11 @@ func (InfraStage) Prechecks(_ context.Context, env *Env) []check.Check {
 // ownCNIRuns is where a cluster with cni.name none (bring your own) stops
 // until its CNI runs: a node without one stays NotReady and tainted
 // not-ready (kubelet: "container runtime network not ready"), so the NFS
-// provisioner and everything after it would wait for ever. It does not
-// wait: the user installs the CNI, then resumes.
+// provisioner and everything after it would wait for ever. With no CNI
+// installed it does not wait: the user installs one, then resumes. With
+// one installed (a DaemonSet that runs on NotReady nodes) it waits, up to
+// cniWait, for the nodes it makes Ready: a resume right after `kubectl
+// apply` of the CNI finds its agents still starting.
 func ownCNIRuns(ctx context.Context, env *Env, cs kubernetes.Interface, names []string) error {
 	missing, notReady, err := kube.NodeStatus(ctx, cs, names)
 	if err != nil {
@@ -339,6 +347,27 @@ func ownCNIRuns(ctx context.Context, env *Env, cs kubernetes.Interface, names []
 	if len(missing)+len(notReady) == 0 {
 		env.UI.OK("all %d node(s) Ready with your CNI", len(names))
 		return nil
+	}
+	agents, err := kube.NetworkAgents(ctx, cs)
+	if err != nil {
+		return fmt.Errorf("reading the DaemonSets: %w", err)
+	}
+	if len(agents) > 0 {
+		env.Log.Info().Strs("daemonsets", agents).Msgf("your CNI is starting (DaemonSet %s); waiting up to %s for %d node(s) to be Ready", strings.Join(agents, ", "), cniWait, len(names))
+		werr := kube.WaitNodesReady(ctx, cs, names, cniWait, env.Log)
+		if werr == nil {
+			env.UI.OK("all %d node(s) Ready with your CNI", len(names))
+			return nil
+		}
+		if ctx.Err() != nil {
+			return werr
+		}
+		if missing, notReady, err = kube.NodeStatus(ctx, cs, names); err != nil {
+			return fmt.Errorf("reading the nodes: %w", err)
+		}
+		if agents, err = kube.NetworkAgents(ctx, cs); err != nil {
+			return fmt.Errorf("reading the DaemonSets: %w", err)
+		}
 	}
 	var why []string
 	for _, n := range notReady {
@@ -353,6 +382,9 @@ func ownCNIRuns(ctx context.Context, env *Env, cs kubernetes.Interface, names []
 	}
 	for _, n := range missing {
 		why = append(why, n+" not registered")
+	}
+	if len(agents) > 0 {
+		return fmt.Errorf("cni.name is none and the nodes are not Ready %s after your CNI was installed (DaemonSet %s): %s. see why its agents do not run (kubectl -n NAMESPACE describe daemonset), then run `bootstrap run --stage infra` (or --stage all) to go on", cniWait, strings.Join(agents, ", "), strings.Join(why, "; "))
 	}
 	return fmt.Errorf("cni.name is none and the cluster has no pod network yet: %s. install your CNI now (its agent must run on every node), then run `bootstrap run --stage infra` (or --stage all) to go on", strings.Join(why, "; "))
 }
