@@ -149,7 +149,7 @@ type NFSProbe struct {
 
 // CNI selects the pod network.
 type CNI struct {
-	Name   string `yaml:"name" enum:"flannel,cilium,none" doc:"flannel (Talos default, nothing to install), cilium, or none (bring your own)."`
+	Name   string `yaml:"name" enum:"flannel,cilium,none" doc:"flannel (Talos default, nothing to install), cilium, or none (bring your own: the infra stage stops until a CNI is installed, then waits up to 5 min for its agents to make the nodes Ready)."`
 	Cilium Cilium `yaml:"cilium" doc:"Cilium chart settings, used when name is cilium."`
 }
 
