@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/fluxcd/cli-utils/pkg/kstatus/polling"
+	"github.com/fluxcd/cli-utils/pkg/object"
 	"github.com/fluxcd/pkg/ssa"
 	ssautil "github.com/fluxcd/pkg/ssa/utils"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
@@ -24,10 +26,11 @@ var owner = ssa.Owner{Field: "bootstrap", Group: "bootstrap.homelab"}
 // Client applies objects with server-side apply and waits with kstatus,
 // the way the flux CLI installs Flux.
 type Client struct {
-	kube client.Client
-	dyn  dynamic.Interface
-	rm   *ssa.ResourceManager
-	log  zerolog.Logger
+	kube  client.Client
+	dyn   dynamic.Interface
+	rm    *ssa.ResourceManager
+	owner ssa.Owner
+	log   zerolog.Logger
 }
 
 // NewClient connects to the cluster cfg reaches (kube.RESTConfigFrom).
@@ -57,13 +60,14 @@ func NewClientAs(cfg *rest.Config, as ssa.Owner, log zerolog.Logger) (*Client, e
 		return nil, err
 	}
 	rm := ssa.NewResourceManager(c, polling.NewStatusPoller(c, mapper, polling.Options{}), as)
-	return &Client{kube: c, dyn: dyn, rm: rm, log: log}, nil
+	return &Client{kube: c, dyn: dyn, rm: rm, owner: as, log: log}, nil
 }
 
 // Change is what applying one object would do.
 type Change struct {
 	Object string
 	Action string // created, configured, unchanged
+	obj    *unstructured.Unstructured
 }
 
 // Plan diffs objects against the cluster with server-side dry runs and
@@ -85,9 +89,9 @@ func (c *Client) Plan(ctx context.Context, objs []*unstructured.Unstructured) ([
 			switch {
 			case err != nil:
 				// A custom resource whose CRD is not there yet cannot be dry-run.
-				changes[i] = &Change{Object: ssautil.FmtUnstructured(o), Action: string(ssa.CreatedAction)}
+				changes[i] = &Change{Object: ssautil.FmtUnstructured(o), Action: string(ssa.CreatedAction), obj: o}
 			case entry.Action != ssa.UnchangedAction:
-				changes[i] = &Change{Object: entry.Subject, Action: string(entry.Action)}
+				changes[i] = &Change{Object: entry.Subject, Action: string(entry.Action), obj: o}
 			}
 		}()
 	}
@@ -105,24 +109,98 @@ func (c *Client) Plan(ctx context.Context, objs []*unstructured.Unstructured) ([
 // planConcurrency bounds the dry runs of Plan in flight at once.
 const planConcurrency = 8
 
-// Apply applies objects in stages (CRDs and namespaces first, then the
-// rest), then waits until every applied object is current (kstatus).
-func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, timeout time.Duration) (*ssa.ChangeSet, error) {
-	opts := ssa.DefaultApplyOptions()
-	opts.WaitTimeout = timeout
-	cs, err := c.rm.ApplyAllStaged(ctx, objs, opts)
+// Apply plans objects, applies those that change (ApplyChanges) and waits
+// until they are current (WaitApplied). It returns what changed.
+func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, timeout time.Duration) ([]Change, error) {
+	changes, err := c.Plan(ctx, objs)
 	if err != nil {
-		return cs, fmt.Errorf("applying: %w", err)
+		return nil, err
 	}
-	for _, e := range cs.Entries {
-		if e.Action != ssa.UnchangedAction {
-			c.log.Debug().Str("object", e.Subject).Str("action", string(e.Action)).Msg(e.String())
+	set, err := c.ApplyChanges(ctx, changes, timeout)
+	if err != nil {
+		return changes, err
+	}
+	return changes, c.WaitApplied(ctx, set, timeout)
+}
+
+// ApplyChanges applies, with server-side apply as the client's field
+// manager (forcing ownership, as ssa does), the objects a Plan found
+// changed, and only those: the plan's dry runs already told them apart, so
+// they are not asked again as ssa's ApplyAll would. It stages them as ssa's
+// ApplyAllStaged does (fluxcd/pkg/ssa v0.76.2 manager_apply.go): CRDs,
+// namespaces and cluster roles first, waited for until current (a CRD
+// established) before the objects that need them; within a stage the
+// objects go in parallel. The rest is applied, not waited for: it returns
+// the applied objects for WaitApplied.
+func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout time.Duration) (object.ObjMetadataSet, error) {
+	var defs, rest []*unstructured.Unstructured
+	for _, ch := range changes {
+		if ch.obj == nil {
+			return nil, fmt.Errorf("%s: not a change from Plan", ch.Object)
 		}
+		if ssautil.IsClusterDefinition(ch.obj) {
+			defs = append(defs, ch.obj)
+		} else {
+			rest = append(rest, ch.obj)
+		}
+	}
+	var set object.ObjMetadataSet
+	for i, stage := range [][]*unstructured.Unstructured{defs, rest} {
+		applied, err := c.applyParallel(ctx, stage)
+		if err != nil {
+			return set, err
+		}
+		set = append(set, applied...)
+		if i == 0 && len(applied) > 0 {
+			wctx, cancel := context.WithTimeout(ctx, timeout)
+			err := c.rm.WaitForSetWithContext(wctx, applied, ssa.WaitOptions{Interval: stagePoll, Timeout: timeout})
+			cancel()
+			if err != nil {
+				return set, fmt.Errorf("waiting for %d CRD(s), namespace(s) and cluster role(s): %w", len(applied), err)
+			}
+		}
+	}
+	return set, nil
+}
+
+// applyParallel applies objs with server-side apply, a few at a time.
+func (c *Client) applyParallel(ctx context.Context, objs []*unstructured.Unstructured) (object.ObjMetadataSet, error) {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(applyConcurrency)
+	set := make(object.ObjMetadataSet, len(objs))
+	for i, o := range objs {
+		g.Go(func() error {
+			applied := o.DeepCopy()
+			if err := c.kube.Patch(gctx, applied, client.Apply, client.ForceOwnership, client.FieldOwner(c.owner.Field)); err != nil {
+				return fmt.Errorf("applying %s: %w", ssautil.FmtUnstructured(o), err)
+			}
+			c.log.Debug().Str("object", ssautil.FmtUnstructured(o)).Msg("applied")
+			set[i] = object.UnstructuredToObjMetadata(applied)
+			return nil
+		})
+	}
+	return set, g.Wait()
+}
+
+// WaitApplied waits until every applied object is current (kstatus:
+// Deployments rolled out, CRDs established, custom resources Ready).
+func (c *Client) WaitApplied(ctx context.Context, set object.ObjMetadataSet, timeout time.Duration) error {
+	if len(set) == 0 {
+		return nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := c.rm.WaitForSetWithContext(wctx, cs.ToObjMetadataSet(), ssa.WaitOptions{Interval: 250 * time.Millisecond, Timeout: timeout}); err != nil {
-		return cs, fmt.Errorf("waiting for %d object(s) to become ready: %w", len(cs.Entries), err)
+	if err := c.rm.WaitForSetWithContext(wctx, set, ssa.WaitOptions{Interval: 250 * time.Millisecond, Timeout: timeout}); err != nil {
+		return fmt.Errorf("waiting for %d object(s) to become ready: %w", len(set), err)
 	}
-	return cs, nil
+	return nil
 }
+
+// stagePoll spaces the polls of the wait for a stage's CRDs and namespaces.
+const stagePoll = 100 * time.Millisecond
+
+// applyConcurrency is how many objects of a stage are applied at once
+// (kustomize-controller v1.9.5 applies 4 at once, its --concurrent-ssa
+// default; this client serves one run, not a cluster's worth of
+// Kustomizations).
+const applyConcurrency = planConcurrency

@@ -7,13 +7,17 @@ import (
 	"time"
 
 	helmv2 "github.com/fluxcd/helm-controller/api/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/kube"
 )
 
 // The kinds of the sync objects.
@@ -138,7 +142,9 @@ func (c *Client) waitObjects(ctx context.Context, namespace, name, wantRevision 
 	if len(requests) > 0 {
 		what += ", reconciled after the request"
 	}
-	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: 250 * time.Millisecond, Log: c.log},
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: 250 * time.Millisecond, Log: c.log, Wake: c.wake(ctx, namespace, name, kinds)},
 		func(ctx context.Context) (bool, string, error) {
 			var status []string
 			done := true
@@ -208,4 +214,33 @@ func (c *Client) requestReconcile(ctx context.Context, gvk schema.GroupVersionKi
 	u.SetName(name)
 	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, ReconcileRequestAnnotation, token)
 	return c.kube.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch)))
+}
+
+// wake watches the sync objects of kinds called name (kube.Wake): the
+// sync wait polls as soon as a controller writes their status.
+func (c *Client) wake(ctx context.Context, namespace, name string, kinds []schema.GroupVersionKind) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	if c.dyn == nil {
+		return out // a client without a cluster connection (tests): polls only
+	}
+	for _, gvk := range kinds {
+		gvr := map[schema.GroupVersionKind]schema.GroupVersionResource{GitRepositoryGVK: GitRepositoryGVR, KustomizationGVK: KustomizationGVR}[gvk]
+		w := kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
+			return c.dyn.Resource(gvr).Namespace(namespace).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+		})
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-w:
+					select {
+					case out <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	return out
 }

@@ -17,7 +17,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -157,7 +159,12 @@ const pollInterval = 250 * time.Millisecond
 // after: a pod created before that is unschedulable and waits out the
 // scheduler's backoff even once the node is fine.
 func WaitNodesReady(ctx context.Context, cs kubernetes.Interface, names []string, timeout time.Duration, log zerolog.Logger) error {
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("%d node(s) Ready", len(names)), Timeout: timeout, Interval: pollInterval, Log: log},
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
+		return cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+	})
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("%d node(s) Ready", len(names)), Timeout: timeout, Interval: pollInterval, Log: log, Wake: wake},
 		func(ctx context.Context) (bool, string, error) {
 			missing, notReady, err := NodeStatus(ctx, cs, names)
 			if err == nil && len(missing)+len(notReady) == 0 {
@@ -230,7 +237,12 @@ func DeploymentAvailable(d *appsv1.Deployment) (bool, string) {
 
 // WaitDeploymentAvailable waits for ns/name to be Available.
 func WaitDeploymentAvailable(ctx context.Context, cs kubernetes.Interface, ns, name string, timeout time.Duration, log zerolog.Logger) error {
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Deployment %s/%s Available", ns, name), Timeout: timeout, Interval: pollInterval, Log: log},
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
+		return cs.AppsV1().Deployments(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	})
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Deployment %s/%s Available", ns, name), Timeout: timeout, Interval: pollInterval, Log: log, Wake: wake},
 		func(ctx context.Context) (bool, string, error) {
 			d, err := cs.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {

@@ -23,7 +23,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -517,7 +519,12 @@ func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
 		}
 	}()
 	start := c.o.now()
-	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s/%s Bound", c.o.PVCNamespace, name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log},
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := kube.Wake(wctx, func(ctx context.Context) (watch.Interface, error) {
+		return pvcs.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	})
+	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s/%s Bound", c.o.PVCNamespace, name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log, Wake: wake},
 		func(ctx context.Context) (bool, string, error) {
 			p, err := pvcs.Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
@@ -558,7 +565,15 @@ func (c *checker) deletePVC(ctx context.Context, cs kubernetes.Interface, name, 
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s and its volume deleted", name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log},
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wake <-chan struct{}
+	if volume != "" {
+		wake = kube.Wake(wctx, func(ctx context.Context) (watch.Interface, error) {
+			return cs.CoreV1().PersistentVolumes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", volume).String()})
+		})
+	}
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s and its volume deleted", name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log, Wake: wake},
 		func(ctx context.Context) (bool, string, error) {
 			if _, err := cs.CoreV1().PersistentVolumeClaims(c.o.PVCNamespace).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return false, "PVC still present", nil

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fluxcd/cli-utils/pkg/object"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/homelab/bootstrap/check"
@@ -52,13 +53,19 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	// the other, so a run does both at once (the snapshot is built and
 	// served while the install's objects are applied); a plan lists them
 	// in this order.
-	install := func(ctx context.Context) error {
+	// The install's own wait (CRDs established, controllers rolled out)
+	// runs alongside the sync objects' apply and Flux's first sync: the
+	// GitRepository can be created once its CRD is established, and the
+	// controllers take it up when they start.
+	var installed object.ObjMetadataSet
+	install := func(ctx context.Context) (err error) {
 		inst := fluxInstallOptions(env, clusterDomain(env))
 		objs, err := fluxInstallObjects(ctx, env, inst)
 		if err != nil {
 			return err
 		}
-		return applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()))
+		installed, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()))
+		return err
 	}
 	var url, revision string
 	source := func(ctx context.Context) (err error) {
@@ -109,32 +116,41 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	syncObjs = append(syncObjs, more...)
-	if err := applyObjects(ctx, env, c, syncObjs, fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace)); err != nil {
+	// The sync objects are not waited for as kstatus sees them: the wait
+	// below knows the revision they must reach.
+	if _, err := applyObjects(ctx, env, c, syncObjs, fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace)); err != nil {
 		return err
 	}
 
 	if env.DryRun {
 		return nil
 	}
-	// A new snapshot would otherwise wait for the next interval.
-	if repo, _, err := c.Status(ctx, FluxNamespace, FluxNamespace); err == nil && revision != "" && repo.Revision != "" && repo.Revision != revision {
-		if err := env.Wet(fmt.Sprintf("ask Flux to fetch %s now (it serves %s)", revision, repo.Revision), func() error {
-			return c.RequestReconcile(ctx, flux.GitRepositoryGVK, FluxNamespace, FluxNamespace, env.now())
-		}); err != nil {
+	// The install's wait runs beside the sync's; its failure (a controller
+	// that never rolls out) says more than the sync's timeout would, so it
+	// ends the sync's wait and is the error reported.
+	installWait := make(chan error, 1)
+	syncCtx, cancelSync := context.WithCancel(ctx)
+	defer cancelSync()
+	installCtx, cancelInstall := context.WithCancel(ctx)
+	defer cancelInstall()
+	go func() {
+		err := c.WaitApplied(installCtx, installed, f.Timeout.D())
+		if err != nil && installCtx.Err() == nil {
+			cancelSync()
+		}
+		installWait <- err
+	}()
+	if err := fluxSynced(syncCtx, env, c, revision); err != nil {
+		if syncCtx.Err() == nil || ctx.Err() != nil {
+			// The sync failed on its own: the install's wait is moot.
+			cancelInstall()
+			<-installWait
 			return err
 		}
+		return fmt.Errorf("installing Flux: %w", <-installWait)
 	}
-	// After an etcd restore the Flux objects carry the Ready status they
-	// had when the snapshot was taken: only a reconciliation the new
-	// controllers handled says Flux syncs again.
-	if env.Options.Recover != nil {
-		if err := env.Wet("ask Flux to reconcile the restored GitRepository, then its Kustomization", func() error {
-			return c.ReconcileWithSource(ctx, FluxNamespace, FluxNamespace, revision, env.now, f.Timeout.D())
-		}); err != nil {
-			return err
-		}
-	} else if err := c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D()); err != nil {
-		return err
+	if err := <-installWait; err != nil {
+		return fmt.Errorf("installing Flux: %w", err)
 	}
 	_, ks, err := c.Status(ctx, FluxNamespace, FluxNamespace)
 	if err != nil {
@@ -155,16 +171,44 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	return nil
 }
 
+// fluxSynced asks Flux to fetch a new revision at once, or to reconcile
+// again after a restore, and waits until the sync pair is Ready at it.
+func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) error {
+	f := env.Config.Flux
+	// A new snapshot would otherwise wait for the next interval.
+	if repo, _, err := c.Status(ctx, FluxNamespace, FluxNamespace); err == nil && revision != "" && repo.Revision != "" && repo.Revision != revision {
+		if err := env.Wet(fmt.Sprintf("ask Flux to fetch %s now (it serves %s)", revision, repo.Revision), func() error {
+			return c.RequestReconcile(ctx, flux.GitRepositoryGVK, FluxNamespace, FluxNamespace, env.now())
+		}); err != nil {
+			return err
+		}
+	}
+	// After an etcd restore the Flux objects carry the Ready status they
+	// had when the snapshot was taken: only a reconciliation the new
+	// controllers handled says Flux syncs again.
+	if env.Options.Recover != nil {
+		if err := env.Wet("ask Flux to reconcile the restored GitRepository, then its Kustomization", func() error {
+			return c.ReconcileWithSource(ctx, FluxNamespace, FluxNamespace, revision, env.now, f.Timeout.D())
+		}); err != nil {
+			return err
+		}
+		return nil
+	}
+	return c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D())
+}
+
 // applyObjects applies objects through Wet when a server-side dry run says
-// any of them would change; unchanged objects are not touched at all.
-func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstructured.Unstructured, what string) error {
+// any of them would change; unchanged objects are not touched at all. It
+// returns what was applied, for the caller's wait (flux.Client.WaitApplied);
+// nil when nothing was.
+func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstructured.Unstructured, what string) (object.ObjMetadataSet, error) {
 	changes, err := c.Plan(ctx, objs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(changes) == 0 {
 		env.UI.OK("%s: no changes (%d objects up to date)", what, len(objs))
-		return nil
+		return nil, nil
 	}
 	summary := map[string]int{}
 	for _, ch := range changes {
@@ -177,10 +221,12 @@ func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstruc
 			parts = append(parts, fmt.Sprintf("%d %s", summary[a], a))
 		}
 	}
-	return env.Wet(fmt.Sprintf("%s (%s)", what, strings.Join(parts, ", ")), func() error {
-		_, err := c.Apply(ctx, objs, env.Config.Flux.Timeout.D())
+	var applied object.ObjMetadataSet
+	err = env.Wet(fmt.Sprintf("%s (%s)", what, strings.Join(parts, ", ")), func() error {
+		applied, err = c.ApplyChanges(ctx, changes, env.Config.Flux.Timeout.D())
 		return err
 	})
+	return applied, err
 }
 
 // prepFluxInstall keys Flux's install objects rendered in the background.

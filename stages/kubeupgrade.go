@@ -293,8 +293,11 @@ func syncBootstrapManifests(ctx context.Context, env *Env, ops *talos.Ops, nodes
 			what += " (" + strings.Join(names, ", ") + ")"
 		}
 		if err := env.Wet(what, func() error {
-			_, err := cl.Apply(ctx, objs, env.Config.Cluster.Timeouts.Health.D())
-			return err
+			set, err := cl.ApplyChanges(ctx, changes, env.Config.Cluster.Timeouts.Health.D())
+			if err != nil {
+				return err
+			}
+			return cl.WaitApplied(ctx, set, env.Config.Cluster.Timeouts.Health.D())
 		}); err != nil {
 			return fmt.Errorf("syncing the bootstrap manifests: %w", err)
 		}

@@ -57,6 +57,11 @@ type Spec struct {
 	Log zerolog.Logger
 	// ProgressEvery spaces out progress lines (default 5s).
 	ProgressEvery time.Duration
+	// Wake, when set, polls again at once when it delivers (a watch on
+	// what is waited for saw it change), without waiting out the
+	// interval. The interval still bounds the time between polls: a
+	// watch that drops or misses an event costs at most one interval.
+	Wake <-chan struct{}
 }
 
 func (s Spec) withDefaults() Spec {
@@ -134,6 +139,8 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 			t.Stop()
 			return timeoutError(ctx, spec, start, status)
 		case <-t.C:
+		case <-spec.Wake:
+			t.Stop()
 		}
 	}
 }

@@ -166,3 +166,24 @@ func TestEach(t *testing.T) {
 		t.Fatalf("progress: %s", buf.String())
 	}
 }
+
+// TestUntilWakes: a wake polls again at once, not after the interval.
+func TestUntilWakes(t *testing.T) {
+	wake := make(chan struct{}, 1)
+	polls := 0
+	start := time.Now()
+	err := Until(context.Background(), Spec{What: "woken", Timeout: 10 * time.Second, Interval: time.Hour, Wake: wake},
+		func(context.Context) (bool, string, error) {
+			polls++
+			if polls == 1 {
+				wake <- struct{}{}
+			}
+			return polls == 2, "not yet", nil
+		})
+	if err != nil || polls != 2 {
+		t.Fatalf("err %v after %d polls", err, polls)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the wake did not end the interval: %s", d)
+	}
+}

@@ -1,0 +1,41 @@
+package kube
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// Wake turns a watch into a wait's wake (wait.Spec.Wake): every event the
+// watch delivers signals the channel, so the wait polls as soon as what it
+// waits for changes instead of at its next interval. The poll stays the
+// judge; an event is only a hint, and signals coalesce (the channel holds
+// one). A watch that cannot open or that the server ends is opened again a
+// moment later; the wait's own polls cover the gap. The watch ends with
+// ctx, which the caller cancels when its wait is over.
+func Wake(ctx context.Context, open func(ctx context.Context) (watch.Interface, error)) <-chan struct{} {
+	wake := make(chan struct{}, 1)
+	go func() {
+		for ctx.Err() == nil {
+			w, err := open(ctx)
+			if err == nil {
+				for range w.ResultChan() {
+					select {
+					case wake <- struct{}{}:
+					default:
+					}
+				}
+				w.Stop()
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(wakeReopen):
+			}
+		}
+	}()
+	return wake
+}
+
+// wakeReopen spaces the reopening of a watch that failed or ended.
+const wakeReopen = time.Second
