@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/homelab/bootstrap/internal/wait"
@@ -648,6 +649,16 @@ func (o *Ops) WaitHealthy(ctx context.Context, what string, in HealthInput) erro
 		Interval:      o.opts.PollInterval,
 		ProgressEvery: o.opts.ProgressEvery,
 		Log:           o.opts.Log,
+	}
+	if in.Kube != nil {
+		// The last assertions to pass are usually Kubernetes ones (a node
+		// turning Ready): a health poll asks every node several questions,
+		// so one that starts when a node changes saves most of a poll.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		spec.Wake = kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
+			return in.Kube.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+		})
 	}
 	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
 		r := o.Health(ctx, in)

@@ -9,6 +9,7 @@
 package imagefactory
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -340,26 +341,33 @@ func (s *Server) iso(id, version, file string) *isoReader {
 	return &isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
 }
 
-// isoReader yields size bytes: seed repeated, so each image differs.
+// isoReader yields size bytes: seed repeated, so each image differs. It
+// copies from the seed tiled once, not byte by byte: the lab serves
+// 100 MiB per VM download on the same cores as the run it measures.
 type isoReader struct {
-	seed [32]byte
-	off  int64
-	size int64
+	seed  [32]byte
+	off   int64
+	size  int64
+	tiled []byte
 }
 
 func (r *isoReader) Read(p []byte) (int, error) {
 	if r.off >= r.size {
 		return 0, io.EOF
 	}
-	n := int64(len(p))
-	if rest := r.size - r.off; n > rest {
-		n = rest
+	if r.tiled == nil {
+		r.tiled = bytes.Repeat(r.seed[:], 2048)
 	}
-	for i := int64(0); i < n; i++ {
-		p[i] = r.seed[(r.off+i)%32]
+	if rest := r.size - r.off; int64(len(p)) > rest {
+		p = p[:rest]
 	}
-	r.off += n
-	return int(n), nil
+	n := 0
+	for n < len(p) {
+		start := int((r.off + int64(n)) % int64(len(r.seed)))
+		n += copy(p[n:], r.tiled[start:])
+	}
+	r.off += int64(n)
+	return n, nil
 }
 
 // Extension is one system extension as a Talos node reports it
