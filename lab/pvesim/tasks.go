@@ -175,3 +175,27 @@ func (s *Server) TaskCount(typ string) int {
 	}
 	return n
 }
+
+// TaskDurations returns how long each finished task of a type ran
+// ("download", "qmcreate"), as this host ran it: the profile's time plus
+// the simulator's own work (a download-url task also fetches and hashes
+// the file), which a benchmark counts as the hardware's, not the runner's.
+func (s *Server) TaskDurations(typ string) []time.Duration {
+	s.mu.Lock()
+	tasks := make([]*task, 0, len(s.tasks))
+	for _, t := range s.tasks {
+		if t.typ == typ {
+			tasks = append(tasks, t)
+		}
+	}
+	s.mu.Unlock()
+	var out []time.Duration
+	for _, t := range tasks {
+		t.mu.Lock()
+		if t.done {
+			out = append(out, t.end.Sub(t.start))
+		}
+		t.mu.Unlock()
+	}
+	return out
+}

@@ -259,7 +259,7 @@ func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossi
 	}
 	cfg := h.Config()
 	in := e2e.PathInput{
-		Proxmox: pp, Talos: tp, Scale: scale, ISOBytes: lab.ISOBytes,
+		Proxmox: pp, Talos: tp, Scale: scale, ISOBytes: lab.ISOBytes, ISODownload: h.ISODownloadTime(),
 		Nodes: len(cfg.Nodes), ControlPlanes: len(cfg.ControlPlanes()),
 		ProxmoxParallelism: cfg.Proxmox.Parallelism, TalosParallelism: cfg.Cluster.Parallelism,
 		KubeStart: kubeStart, FluxReconcile: flux,
