@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/homelab/bootstrap/gitsnap"
@@ -207,5 +209,26 @@ func TestFluxStageWaitsForTheRemoteHead(t *testing.T) {
 	}
 	if _, err := l.client().CoreV1().Namespaces().Get(ctx, "pushed", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the pushed commit was not applied: %v", err)
+	}
+}
+
+// TestFluxStageReportsAControllerThatNeverRollsOut: the install's rollout
+// is waited for beside the first sync, not before it; a controller that
+// never rolls out must still fail the stage, named, although the sync pair
+// gets Ready (the lab's controllers run as processes of their own). A
+// quota of no pods in flux-system (the lab made the namespace for its
+// controllers) keeps every Deployment at 0 available.
+func TestFluxStageReportsAControllerThatNeverRollsOut(t *testing.T) {
+	l := newFluxLab(t)
+	ctx := context.Background()
+	quota := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "no-pods", Namespace: FluxNamespace},
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}}}
+	if _, err := l.client().CoreV1().ResourceQuotas(FluxNamespace).Create(ctx, quota, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l.cfg.Flux.Timeout = config.Duration(5 * time.Second)
+	_, err := l.runStage(FluxStage{}, false)
+	if err == nil || !strings.Contains(err.Error(), "installing Flux: ") || !strings.Contains(err.Error(), "Deployment/flux-system/source-controller") {
+		t.Fatalf("a Flux whose controllers cannot run: %v", err)
 	}
 }

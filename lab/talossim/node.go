@@ -448,14 +448,17 @@ func (n *Node) bootLocked(installed installedSystem) {
 
 // finishBootLocked ends the boot sequence: StartAllServices waits until
 // every service it started is up, on a control plane etcd too
-// (v1alpha1_sequencer_tasks.go), so a control plane's stage stays booting
-// until its etcd runs; it is checked again until then.
+// (v1alpha1_sequencer_tasks.go at v1.13.3), so a control plane's stage
+// stays booting until its etcd runs. Talos is told at once: each
+// service's condition (system.WaitForService) subscribes to the service
+// runner's events (internal/app/machined/pkg/system/service_events.go
+// waitEvent). The simulator checks again every etcdUpCheck until then.
 func (n *Node) finishBootLocked() {
 	if n.phase != PhaseRunning {
 		return
 	}
 	if n.roleLocked() == "controlplane" && !n.etcdUpLocked(time.Now()) {
-		n.afterLocked(max(n.sim.scaled(n.sim.opts.Profile.BootSequence), 5*time.Millisecond), n.finishBootLocked)
+		n.afterLocked(etcdUpCheck, n.finishBootLocked)
 		return
 	}
 	n.setStageLocked(runtime.MachineStageRunning)
@@ -470,6 +473,11 @@ func (n *Node) finishBootLocked() {
 		}
 	}
 }
+
+// etcdUpCheck spaces the simulator's checks for etcd running at the end
+// of a control plane's boot sequence: short, as Talos learns it from an
+// event, and not scaled.
+const etcdUpCheck = 10 * time.Millisecond
 
 // infoLocked identifies the node to the control plane.
 func (n *Node) infoLocked() NodeInfo {

@@ -690,3 +690,40 @@ func TestUpgradeRPC(t *testing.T) {
 	}
 	waitStage(runtime.MachineStageRebooting)
 }
+
+// TestControlPlaneBootEndsWhenEtcdRuns: a control plane's boot sequence
+// waits for its services with service events (StartAllServices →
+// system.WaitForService, notified by the service runner), so its stage
+// reads running as soon as etcd is up, not a boot-sequence time later.
+func TestControlPlaneBootEndsWhenEtcdRuns(t *testing.T) {
+	t.Parallel()
+	p := talossim.ProfileInstant
+	p.BootSequence, p.EtcdStart = 3*time.Second, 200*time.Millisecond
+	f := newFixtureWith(t, "secrets.yaml", p)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := insecure(t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(f.node(f.cp), talossim.PhaseRunning)
+	cp := secure(t, f.cfg, f.cp)
+	// The boot sequence's own time passes before etcd can run.
+	time.Sleep(p.BootSequence + 100*time.Millisecond)
+	if err := cp.Bootstrap(ctx, &machine.BootstrapRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		st, err := safe.StateGetByID[*runtime.MachineStatus](ctx, cp.COSI, runtime.MachineStatusID)
+		if err == nil && st.TypedSpec().Stage == runtime.MachineStageRunning {
+			break
+		}
+		if time.Since(start) > p.BootSequence+time.Second {
+			t.Fatalf("stage never running after etcd started: %v %v", st, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d := time.Since(start); d > p.EtcdStart+time.Second {
+		t.Fatalf("the boot sequence ended %s after bootstrap, etcd took %s: it waited for another boot-sequence tick", d, p.EtcdStart)
+	}
+}
