@@ -128,9 +128,9 @@ func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, t
 // changed, and only those: the plan's dry runs already told them apart, so
 // they are not asked again as ssa's ApplyAll would. It stages them as ssa's
 // ApplyAllStaged does (fluxcd/pkg/ssa v0.76.2 manager_apply.go): CRDs,
-// namespaces and cluster roles first, waited for until current (a CRD
-// established) before the objects that need them; within a stage the
-// objects go in parallel. The rest is applied, not waited for: it returns
+// namespaces and cluster roles first, one after another, waited for until
+// current (a CRD established) before the objects that need them, which go
+// in parallel. The rest is applied, not waited for: it returns
 // the applied objects for WaitApplied.
 func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout time.Duration) (object.ObjMetadataSet, error) {
 	var defs, rest []*unstructured.Unstructured
@@ -146,7 +146,15 @@ func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout tim
 	}
 	var set object.ObjMetadataSet
 	for i, stage := range [][]*unstructured.Unstructured{defs, rest} {
-		applied, err := c.applyParallel(ctx, stage)
+		// CRDs one after another, as ssa and the flux CLI apply them: a
+		// CRD's create or update makes the API server build or rebuild
+		// its storage, and the controllers may be starting and listing
+		// them at that moment.
+		limit := applyConcurrency
+		if i == 0 {
+			limit = 1
+		}
+		applied, err := c.applyParallel(ctx, stage, limit)
 		if err != nil {
 			return set, err
 		}
@@ -163,10 +171,10 @@ func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout tim
 	return set, nil
 }
 
-// applyParallel applies objs with server-side apply, a few at a time.
-func (c *Client) applyParallel(ctx context.Context, objs []*unstructured.Unstructured) (object.ObjMetadataSet, error) {
+// applyParallel applies objs with server-side apply, limit at a time.
+func (c *Client) applyParallel(ctx context.Context, objs []*unstructured.Unstructured, limit int) (object.ObjMetadataSet, error) {
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(applyConcurrency)
+	g.SetLimit(limit)
 	set := make(object.ObjMetadataSet, len(objs))
 	for i, o := range objs {
 		g.Go(func() error {

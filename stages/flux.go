@@ -187,12 +187,9 @@ func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) 
 	// had when the snapshot was taken: only a reconciliation the new
 	// controllers handled says Flux syncs again.
 	if env.Options.Recover != nil {
-		if err := env.Wet("ask Flux to reconcile the restored GitRepository, then its Kustomization", func() error {
+		return env.Wet("ask Flux to reconcile the restored GitRepository, then its Kustomization", func() error {
 			return c.ReconcileWithSource(ctx, FluxNamespace, FluxNamespace, revision, env.now, f.Timeout.D())
-		}); err != nil {
-			return err
-		}
-		return nil
+		})
 	}
 	return c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D())
 }
