@@ -5,6 +5,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -161,7 +164,45 @@ func (c *Cluster) StartFlux(ctx context.Context) error {
 			return err
 		}
 	}
+	go c.logReconcilersStarted(map[string]string{
+		"source-controller":    "http://" + addr("sc-metrics") + "/metrics",
+		"kustomize-controller": "http://" + addr("kc-metrics") + "/metrics",
+		"helm-controller":      "http://" + addr("hc-metrics") + "/metrics",
+	})
 	return nil
+}
+
+// logReconcilersStarted says, in the lab's log, when each Flux controller
+// started its reconcilers, or that it had not a minute after its /readyz
+// answered. /readyz answers as soon as the manager serves it; the
+// reconcilers start only once the manager's caches have synced
+// (controller-runtime v0.24.1: a controller's Start sets
+// controller_runtime_max_concurrent_reconciles). A run once waited out
+// its Flux timeout with source-controller's log ending at "starting
+// server": this line tells that case from a slow reconcile.
+func (c *Cluster) logReconcilersStarted(metrics map[string]string) {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	defer hc.CloseIdleConnections()
+	start := time.Now()
+	pending := maps.Clone(metrics)
+	for time.Since(start) < time.Minute && len(pending) > 0 {
+		for name, url := range pending {
+			resp, err := hc.Get(url)
+			if err != nil {
+				continue
+			}
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+			resp.Body.Close()
+			if bytes.Contains(body, []byte("controller_runtime_max_concurrent_reconciles{")) {
+				c.log.Info().Str("process", name).Dur("after", time.Since(start)).Msg("reconcilers started")
+				delete(pending, name)
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	for name := range pending {
+		c.log.Warn().Str("process", name).Msg("reconcilers not started a minute after /readyz answered (its caches never synced?)")
+	}
 }
 
 // ApplyCRDFiles applies the CustomResourceDefinitions in the given YAML
