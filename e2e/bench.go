@@ -98,12 +98,6 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 	}
 	nodeRounds := batches(in.Nodes, in.TalosParallelism)
 	add(fmt.Sprintf("install+reboot×%d", nodeRounds), time.Duration(nodeRounds)*s(t.ApplyLatency+t.Install+t.Reboot))
-	// A worker's API needs its certificate from a control plane's trustd:
-	// rebooting alongside the control planes, it finds none up yet and
-	// tries again a quarter of a reboot later (talossim's model).
-	if in.Nodes > in.ControlPlanes && nodeRounds == 1 {
-		add("worker certificate", s(t.Reboot)/4)
-	}
 	// Bootstrap is allowed BootstrapReady after the first control plane's
 	// configured boot; with several rounds that has long passed.
 	sinceFirst := time.Duration(nodeRounds-1) * s(t.ApplyLatency+t.Install+t.Reboot)
@@ -121,6 +115,15 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 		name = "control plane start"
 	}
 	add(name, cluster)
+	// A worker's API needs its certificate from a control plane's trustd:
+	// rebooting alongside the control planes, it finds none up yet and
+	// tries again a quarter of a reboot later (talossim's model). Nothing
+	// on the control planes' way waits for it (the bootstrap needs the
+	// first control plane only), so it is on the path only where it is
+	// longer than the bootstrap and the cluster's start.
+	if in.Nodes > in.ControlPlanes && nodeRounds == 1 {
+		add("worker certificate beyond that", s(t.Reboot)/4-bootstrapWait-cluster)
+	}
 	add("CNI", in.CNI)
 	add("Flux reconcile", in.FluxReconcile)
 	var total time.Duration

@@ -28,23 +28,24 @@ func TestCriticalPath(t *testing.T) {
 		parts         string
 	}{
 		// ISO 1 + 2 rounds of create+start 4 + boot 2 + install+reboot 7 +
-		// worker certificate 1 + bootstrap ready 1 + etcd start and join 5 + Flux 0.5.
-		{"parallel", 4, 0, 1, time.Second, 0, 21500 * time.Millisecond,
-			"ISO download 1s + create+start×2 4s + boot 2s + install+reboot×1 7s + worker certificate 1s + bootstrap ready 1s + etcd 5s + Flux reconcile 500ms"},
+		// bootstrap ready 1 + etcd start and join 5 + Flux 0.5; the
+		// workers' certificate wait (1) runs beside the bootstrap.
+		{"parallel", 4, 0, 1, time.Second, 0, 20500 * time.Millisecond,
+			"ISO download 1s + create+start×2 4s + boot 2s + install+reboot×1 7s + bootstrap ready 1s + etcd 5s + Flux reconcile 500ms"},
 		// One VM and one node at a time: 5 × 2 and 5 × 7; bootstrap ready
 		// has long passed; the control plane start is now the longest.
 		{"one after another", 1, 1, 1, 6 * time.Second, 0, 54500 * time.Millisecond,
 			"ISO download 1s + create+start×5 10s + boot 2s + install+reboot×5 35s + control plane start 6s + Flux reconcile 500ms"},
 		// The scale applies to the profile, not to what runs for real.
-		{"scaled", 4, 0, 0.5, time.Second, 0, 11 * time.Second,
-			"ISO download 500ms + create+start×2 2s + boot 1s + install+reboot×1 3.5s + worker certificate 500ms + bootstrap ready 500ms + etcd 2.5s + Flux reconcile 500ms"},
+		{"scaled", 4, 0, 0.5, time.Second, 0, 10500 * time.Millisecond,
+			"ISO download 500ms + create+start×2 2s + boot 1s + install+reboot×1 3.5s + bootstrap ready 500ms + etcd 2.5s + Flux reconcile 500ms"},
 		// The lab's download task ran longer than the profile's 500ms (its
 		// fetch and hash): the path waits for the task; a shorter one
 		// does not shorten the profile's time.
-		{"download task longer", 4, 0, 0.5, time.Second, 1200 * time.Millisecond, 11700 * time.Millisecond,
-			"ISO download 1.2s + create+start×2 2s + boot 1s + install+reboot×1 3.5s + worker certificate 500ms + bootstrap ready 500ms + etcd 2.5s + Flux reconcile 500ms"},
-		{"download task shorter", 4, 0, 0.5, time.Second, 100 * time.Millisecond, 11 * time.Second,
-			"ISO download 500ms + create+start×2 2s + boot 1s + install+reboot×1 3.5s + worker certificate 500ms + bootstrap ready 500ms + etcd 2.5s + Flux reconcile 500ms"},
+		{"download task longer", 4, 0, 0.5, time.Second, 1200 * time.Millisecond, 11200 * time.Millisecond,
+			"ISO download 1.2s + create+start×2 2s + boot 1s + install+reboot×1 3.5s + bootstrap ready 500ms + etcd 2.5s + Flux reconcile 500ms"},
+		{"download task shorter", 4, 0, 0.5, time.Second, 100 * time.Millisecond, 10500 * time.Millisecond,
+			"ISO download 500ms + create+start×2 2s + boot 1s + install+reboot×1 3.5s + bootstrap ready 500ms + etcd 2.5s + Flux reconcile 500ms"},
 	} {
 		in := in
 		in.ProxmoxParallelism, in.TalosParallelism, in.Scale, in.KubeStart, in.ISODownload = tc.proxmox, tc.talo, tc.scale, tc.kubeStart, tc.isoTask
@@ -52,6 +53,15 @@ func TestCriticalPath(t *testing.T) {
 		if got.Total != tc.want || got.String() != tc.parts {
 			t.Errorf("%s: %s = %s\nwant %s = %s", tc.name, got.Total, got, tc.want, tc.parts)
 		}
+	}
+	// A reboot so long that the workers' certificate wait (a quarter of
+	// it, 10s) outlasts bootstrap ready and etcd (6s): the rest is on the
+	// path.
+	slow := in
+	slow.Talos.Reboot = 40 * time.Second
+	got := ComputeCriticalPath(slow)
+	if want := "ISO download 1s + create+start×2 4s + boot 2s + install+reboot×1 43s + bootstrap ready 1s + etcd 5s + worker certificate beyond that 4s + Flux reconcile 500ms"; got.String() != want || got.Total != 60500*time.Millisecond {
+		t.Errorf("slow reboot: %s = %s\nwant 60.5s = %s", got.Total, got, want)
 	}
 }
 
