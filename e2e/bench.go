@@ -118,8 +118,8 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 	// A worker's API needs its certificate from a control plane's trustd:
 	// rebooting alongside the control planes, it finds none up yet and
 	// tries again a quarter of a reboot later (talossim's model). Nothing
-	// on the control planes' way waits for it (the bootstrap needs the
-	// first control plane only), so it is on the path only where it is
+	// on the control planes' way waits for it (the bootstrap waits for the
+	// control planes only), so it is on the path only where it is
 	// longer than the bootstrap and the cluster's start.
 	if in.Nodes > in.ControlPlanes && nodeRounds == 1 {
 		add("worker certificate beyond that", s(t.Reboot)/4-bootstrapWait-cluster)
