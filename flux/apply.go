@@ -144,31 +144,23 @@ func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout tim
 			rest = append(rest, ch.obj)
 		}
 	}
-	var set object.ObjMetadataSet
-	for i, stage := range [][]*unstructured.Unstructured{defs, rest} {
-		// CRDs one after another, as ssa and the flux CLI apply them: a
-		// CRD's create or update makes the API server build or rebuild
-		// its storage, and the controllers may be starting and listing
-		// them at that moment.
-		limit := applyConcurrency
-		if i == 0 {
-			limit = 1
-		}
-		applied, err := c.applyParallel(ctx, stage, limit)
+	// CRDs one after another, as ssa and the flux CLI apply them: a CRD's
+	// create or update makes the API server build or rebuild its storage,
+	// and the controllers may be starting and listing them at that moment.
+	set, err := c.applyParallel(ctx, defs, 1)
+	if err != nil {
+		return set, err
+	}
+	if len(set) > 0 {
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		err := c.rm.WaitForSetWithContext(wctx, set, ssa.WaitOptions{Interval: stagePoll, Timeout: timeout})
+		cancel()
 		if err != nil {
-			return set, err
-		}
-		set = append(set, applied...)
-		if i == 0 && len(applied) > 0 {
-			wctx, cancel := context.WithTimeout(ctx, timeout)
-			err := c.rm.WaitForSetWithContext(wctx, applied, ssa.WaitOptions{Interval: stagePoll, Timeout: timeout})
-			cancel()
-			if err != nil {
-				return set, fmt.Errorf("waiting for %d CRD(s), namespace(s) and cluster role(s): %w", len(applied), err)
-			}
+			return set, fmt.Errorf("waiting for %d CRD(s), namespace(s) and cluster role(s): %w", len(set), err)
 		}
 	}
-	return set, nil
+	applied, err := c.applyParallel(ctx, rest, applyConcurrency)
+	return append(set, applied...), err
 }
 
 // applyParallel applies objs with server-side apply, limit at a time.

@@ -7,9 +7,7 @@ import (
 	"time"
 
 	helmv2 "github.com/fluxcd/helm-controller/api/v2"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -217,30 +215,17 @@ func (c *Client) requestReconcile(ctx context.Context, gvk schema.GroupVersionKi
 }
 
 // wake watches the sync objects of kinds called name (kube.Wake): the
-// sync wait polls as soon as a controller writes their status.
+// sync wait polls as soon as a controller writes their status. A client
+// without a cluster connection (tests) polls only.
 func (c *Client) wake(ctx context.Context, namespace, name string, kinds []schema.GroupVersionKind) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	if c.dyn == nil {
-		return out // a client without a cluster connection (tests): polls only
-	}
+	var opens []func(context.Context) (watch.Interface, error)
 	for _, gvk := range kinds {
 		gvr := map[schema.GroupVersionKind]schema.GroupVersionResource{GitRepositoryGVK: GitRepositoryGVR, KustomizationGVK: KustomizationGVR}[gvk]
-		w := kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
-			return c.dyn.Resource(gvr).Namespace(namespace).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
-		})
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-w:
-					select {
-					case out <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
+		if c.dyn != nil {
+			opens = append(opens, func(ctx context.Context) (watch.Interface, error) {
+				return c.dyn.Resource(gvr).Namespace(namespace).Watch(ctx, kube.Named(name))
+			})
+		}
 	}
-	return out
+	return kube.Wake(ctx, opens...)
 }

@@ -17,7 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -240,7 +239,7 @@ func WaitDeploymentAvailable(ctx context.Context, cs kubernetes.Interface, ns, n
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wake := Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
-		return cs.AppsV1().Deployments(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+		return cs.AppsV1().Deployments(ns).Watch(ctx, Named(name))
 	})
 	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("Deployment %s/%s Available", ns, name), Timeout: timeout, Interval: pollInterval, Log: log, Wake: wake},
 		func(ctx context.Context) (bool, string, error) {

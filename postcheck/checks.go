@@ -23,7 +23,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
@@ -522,7 +521,7 @@ func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wake := kube.Wake(wctx, func(ctx context.Context) (watch.Interface, error) {
-		return pvcs.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+		return pvcs.Watch(ctx, kube.Named(name))
 	})
 	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s/%s Bound", c.o.PVCNamespace, name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log, Wake: wake},
 		func(ctx context.Context) (bool, string, error) {
@@ -570,7 +569,7 @@ func (c *checker) deletePVC(ctx context.Context, cs kubernetes.Interface, name, 
 	var wake <-chan struct{}
 	if volume != "" {
 		wake = kube.Wake(wctx, func(ctx context.Context) (watch.Interface, error) {
-			return cs.CoreV1().PersistentVolumes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", volume).String()})
+			return cs.CoreV1().PersistentVolumes().Watch(ctx, kube.Named(volume))
 		})
 	}
 	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s and its volume deleted", name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log, Wake: wake},

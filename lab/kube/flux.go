@@ -210,6 +210,12 @@ func (c *Cluster) superviseReconcilers(procs []fluxProcess) {
 	restarted := map[string]bool{}
 	pending := slices.Clone(procs)
 	for len(pending) > 0 && time.Since(start) < 2*time.Minute {
+		c.mu.Lock()
+		stopped := c.stopped
+		c.mu.Unlock()
+		if stopped {
+			return // a lab stopped before its controllers started: nothing to say
+		}
 		pending = slices.DeleteFunc(pending, func(p fluxProcess) bool {
 			if started(p.metrics) {
 				c.log.Info().Str("process", p.proc.name).Dur("after", time.Since(start)).Msg("reconcilers started")
