@@ -1,7 +1,12 @@
-// Package sops encrypts and decrypts YAML files with SOPS and age, through
-// the SOPS Go library (github.com/getsops/sops/v3), so what it writes is
-// what the `sops` CLI reads and writes: the cluster's Talos secrets bundle
-// at rest, and the Secrets Flux's kustomize-controller decrypts.
+// Package sops encrypts and decrypts YAML files in the SOPS format with age
+// keys, so what it writes is what the `sops` CLI reads and writes: the
+// cluster's Talos secrets bundle at rest, and the Secrets Flux's
+// kustomize-controller decrypts. The format (tree.go, cipher.go,
+// metadata.go, rules.go) follows getsops/sops v3.11.0 and the data key is
+// wrapped by that library's age package and split by its shamir package;
+// the library's document and YAML store packages are not linked, because
+// they import the key services of every cloud KMS and Vault. Tests hold
+// both directions against the library itself and the `sops` CLI.
 //
 // Decryption takes the age identities explicitly (Identities) instead of
 // letting the library search the environment on its own, so the caller
@@ -10,6 +15,7 @@ package sops
 
 import (
 	"bytes"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,15 +27,8 @@ import (
 	"time"
 
 	"filippo.io/age"
-	gosops "github.com/getsops/sops/v3"
-	"github.com/getsops/sops/v3/aes"
 	sopsage "github.com/getsops/sops/v3/age"
-	sopsconfig "github.com/getsops/sops/v3/config"
-	"github.com/getsops/sops/v3/keys"
-	"github.com/getsops/sops/v3/keyservice"
 	"github.com/getsops/sops/v3/shamir"
-	sopsyaml "github.com/getsops/sops/v3/stores/yaml"
-	"github.com/getsops/sops/v3/version"
 	"github.com/google/shlex"
 	"go.yaml.in/yaml/v3"
 )
@@ -99,44 +98,50 @@ func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 	if IsEncrypted(plain) {
 		return nil, errors.New("sops: the file is already encrypted")
 	}
-	store := sopsyaml.NewStore(&sopsconfig.YAMLStoreConfig{})
-	branches, err := store.LoadPlainFile(plain)
+	docs, err := loadPlain(plain)
 	if err != nil {
 		return nil, fmt.Errorf("sops: reading the plaintext YAML: %w", err)
 	}
-	if len(branches) == 0 {
+	if len(docs) == 0 {
 		return nil, errors.New("sops: the file holds no YAML document")
 	}
-	md := gosops.Metadata{Version: version.Version}
+	md := metadata{Version: Version, MACOnlyEncrypted: o.MACOnlyEncrypted,
+		EncryptedRegex: o.EncryptedRegex, UnencryptedRegex: o.UnencryptedRegex, EncryptedSuffix: o.EncryptedSuffix, UnencryptedSuffix: o.UnencryptedSuffix}
+	if o.EncryptedRegex == "" && o.UnencryptedRegex == "" && o.EncryptedSuffix == "" && o.UnencryptedSuffix == "" {
+		md.UnencryptedSuffix = unencryptedSuffix
+	}
 	for _, recipients := range groups {
-		masters, err := sopsage.MasterKeysFromRecipients(strings.Join(recipients, ","))
+		keys, err := sopsage.MasterKeysFromRecipients(strings.Join(recipients, ","))
 		if err != nil {
 			return nil, fmt.Errorf("sops: age recipients: %w", err)
 		}
-		group := make(gosops.KeyGroup, 0, len(masters))
-		for _, m := range masters {
-			group = append(group, keys.MasterKey(m))
-		}
-		md.KeyGroups = append(md.KeyGroups, group)
+		md.Groups = append(md.Groups, keys)
 	}
-	if len(md.KeyGroups) > 1 {
+	// One group: every key wraps the whole data key. Several: each wraps
+	// a Shamir share, threshold of them needed (all when unset), as
+	// UpdateMasterKeysWithKeyServices does at v3.11.0.
+	dataKey := make([]byte, 32)
+	if _, err := rand.Read(dataKey); err != nil {
+		return nil, err
+	}
+	parts := [][]byte{dataKey}
+	if len(md.Groups) > 1 {
 		md.ShamirThreshold = o.ShamirThreshold
-		if md.ShamirThreshold <= 0 || md.ShamirThreshold > len(md.KeyGroups) {
-			md.ShamirThreshold = len(md.KeyGroups)
+		if md.ShamirThreshold <= 0 || md.ShamirThreshold > len(md.Groups) {
+			md.ShamirThreshold = len(md.Groups)
+		}
+		if parts, err = shamir.Split(dataKey, len(md.Groups), md.ShamirThreshold); err != nil {
+			return nil, fmt.Errorf("sops: splitting the data key among the key groups: %w", err)
 		}
 	}
-	md.EncryptedRegex, md.UnencryptedRegex, md.EncryptedSuffix, md.UnencryptedSuffix = o.EncryptedRegex, o.UnencryptedRegex, o.EncryptedSuffix, o.UnencryptedSuffix
-	md.MACOnlyEncrypted = o.MACOnlyEncrypted
-	if o.EncryptedRegex == "" && o.UnencryptedRegex == "" && o.EncryptedSuffix == "" && o.UnencryptedSuffix == "" {
-		md.UnencryptedSuffix = gosops.DefaultUnencryptedSuffix
+	for i, group := range md.Groups {
+		for _, k := range group {
+			if err := k.Encrypt(parts[i]); err != nil {
+				return nil, fmt.Errorf("sops: wrapping the data key for %s: %w", k.Recipient, err)
+			}
+		}
 	}
-	tree := gosops.Tree{Branches: branches, Metadata: md}
-	dataKey, errs := tree.GenerateDataKeyWithKeyServices([]keyservice.KeyServiceClient{keyservice.NewLocalClient()})
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("sops: wrapping the data key: %v", errors.Join(errs...))
-	}
-	cipher := aes.NewCipher()
-	mac, err := tree.Encrypt(dataKey, cipher)
+	mac, err := encryptDocs(docs, md, dataKey)
 	if err != nil {
 		return nil, fmt.Errorf("sops: encrypting: %w", err)
 	}
@@ -144,11 +149,11 @@ func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	tree.Metadata.LastModified = now.UTC().Truncate(time.Second)
-	if tree.Metadata.MessageAuthenticationCode, err = cipher.Encrypt(mac, dataKey, tree.Metadata.LastModified.Format(time.RFC3339)); err != nil {
+	md.LastModified = now.UTC().Truncate(time.Second)
+	if md.MAC, err = encryptValue(mac, dataKey, md.LastModified.Format(time.RFC3339)); err != nil {
 		return nil, fmt.Errorf("sops: encrypting the MAC: %w", err)
 	}
-	out, err := store.EmitEncryptedFile(tree)
+	out, err := emit(docs, item{key: metadataKey, value: md.stored()})
 	if err != nil {
 		return nil, fmt.Errorf("sops: writing the encrypted YAML: %w", err)
 	}
@@ -159,28 +164,26 @@ func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 // verifies its MAC, as `sops decrypt` does (common.DecryptTree at v3.11.0),
 // returning the plaintext YAML.
 func Decrypt(data []byte, ids Identities) ([]byte, error) {
-	store := sopsyaml.NewStore(&sopsconfig.YAMLStoreConfig{})
-	tree, err := store.LoadEncryptedFile(data)
+	md, docs, err := loadEncrypted(data)
 	if err != nil {
 		return nil, fmt.Errorf("sops: reading the encrypted YAML: %w", err)
 	}
-	dataKey, err := dataKey(tree.Metadata, ids)
+	dataKey, err := dataKey(md, ids)
 	if err != nil {
 		return nil, err
 	}
-	cipher := aes.NewCipher()
-	computed, err := tree.Decrypt(dataKey, cipher)
+	computed, err := decryptDocs(docs, md, dataKey)
 	if err != nil {
 		return nil, fmt.Errorf("sops: decrypting: %w", err)
 	}
-	stored, err := cipher.Decrypt(tree.Metadata.MessageAuthenticationCode, dataKey, tree.Metadata.LastModified.Format(time.RFC3339))
+	stored, err := decryptValue(md.MAC, dataKey, md.LastModified.Format(time.RFC3339))
 	if err != nil {
 		return nil, fmt.Errorf("sops: decrypting the MAC: %w", err)
 	}
 	if stored != computed {
 		return nil, errors.New("sops: MAC mismatch: the file was changed without its key")
 	}
-	return store.EmitPlainFile(tree.Branches)
+	return emit(docs)
 }
 
 // dataKey unwraps the file's data key. With one key group the first age
@@ -188,13 +191,13 @@ func Decrypt(data []byte, ids Identities) ([]byte, error) {
 // sharing, .sops.yaml key_groups) each group the identities open gives a
 // share, and shamir_threshold shares are combined, as the sops CLI does
 // (Metadata.GetDataKeyWithKeyServices at v3.11.0).
-func dataKey(md gosops.Metadata, ids Identities) ([]byte, error) {
-	if len(md.KeyGroups) == 0 {
+func dataKey(md metadata, ids Identities) ([]byte, error) {
+	if len(md.Groups) == 0 {
 		return nil, errors.New("sops: the file has no key groups")
 	}
 	var parts [][]byte
 	var recipients, failures []string
-	for i, group := range md.KeyGroups {
+	for i, group := range md.Groups {
 		part, rs, err := groupKey(group, ids)
 		recipients = append(recipients, rs...)
 		switch {
@@ -202,11 +205,11 @@ func dataKey(md gosops.Metadata, ids Identities) ([]byte, error) {
 			return nil, err
 		case part != nil:
 			parts = append(parts, part)
-		case len(md.KeyGroups) > 1:
+		case len(md.Groups) > 1:
 			failures = append(failures, fmt.Sprintf("group %d (%s)", i+1, strings.Join(rs, ", ")))
 		}
 	}
-	if len(md.KeyGroups) == 1 {
+	if len(md.Groups) == 1 {
 		if len(parts) == 1 {
 			return parts[0], nil
 		}
@@ -216,10 +219,10 @@ func dataKey(md gosops.Metadata, ids Identities) ([]byte, error) {
 		return nil, fmt.Errorf("sops: no identity in %s opens the file: it is encrypted to %s; the identities are for %s",
 			ids.Source, strings.Join(recipients, ", "), strings.Join(ids.Recipients, ", "))
 	}
-	threshold := groupsNeeded(len(md.KeyGroups), md.ShamirThreshold)
+	threshold := groupsNeeded(len(md.Groups), md.ShamirThreshold)
 	if len(parts) < threshold {
 		return nil, fmt.Errorf("sops: the file splits its key among %d key groups and needs %d of them; the identities in %s (for %s) open %d: not %s",
-			len(md.KeyGroups), threshold, ids.Source, strings.Join(ids.Recipients, ", "), len(parts), strings.Join(failures, ", "))
+			len(md.Groups), threshold, ids.Source, strings.Join(ids.Recipients, ", "), len(parts), strings.Join(failures, ", "))
 	}
 	key, err := shamir.Combine(parts)
 	if err != nil {
@@ -251,13 +254,9 @@ func (o EncryptOptions) GroupsNeeded() int {
 // groupKey unwraps the group's key (the data key, or its share) with the
 // first age recipient the identities open; nil when none does. Keys of
 // other kinds (PGP, KMS) are not tried: only age identities are taken.
-func groupKey(group gosops.KeyGroup, ids Identities) ([]byte, []string, error) {
+func groupKey(group []*sopsage.MasterKey, ids Identities) ([]byte, []string, error) {
 	var recipients []string
-	for _, k := range group {
-		ak, ok := k.(*sopsage.MasterKey)
-		if !ok {
-			continue
-		}
+	for _, ak := range group {
 		recipients = append(recipients, ak.Recipient)
 		if !ids.opens(ak.Recipient) {
 			continue
@@ -452,41 +451,22 @@ func RuleFor(file string) (rule CreationRule, ok bool, err error) {
 	if err != nil {
 		return CreationRule{}, false, err
 	}
-	found, err := sopsconfig.LookupConfigFile(abs)
-	if err != nil || found.Path == "" {
+	conf := findConfig(abs)
+	if conf == "" {
 		return CreationRule{}, false, nil
 	}
-	conf, err := sopsconfig.LoadCreationRuleForFile(found.Path, abs, nil)
-	switch {
-	case err != nil && strings.Contains(err.Error(), "no matching creation rules"):
-		return CreationRule{}, false, nil
-	case err != nil:
-		return CreationRule{}, false, fmt.Errorf("sops: %s: %w", found.Path, err)
-	case conf == nil:
+	r, err := ruleFor(conf, abs)
+	if err != nil {
+		return CreationRule{}, false, fmt.Errorf("sops: %s: %w", conf, err)
+	}
+	if r == nil {
 		return CreationRule{}, false, nil
 	}
-	o := EncryptOptions{ShamirThreshold: conf.ShamirThreshold, EncryptedRegex: conf.EncryptedRegex, UnencryptedRegex: conf.UnencryptedRegex,
-		EncryptedSuffix: conf.EncryptedSuffix, UnencryptedSuffix: conf.UnencryptedSuffix, MACOnlyEncrypted: conf.MACOnlyEncrypted}
-	if conf.EncryptedCommentRegex != "" || conf.UnencryptedCommentRegex != "" {
-		return CreationRule{}, false, fmt.Errorf("sops: %s: the creation rule for %s chooses values by comment (encrypted_comment_regex), which this tool does not write: use encrypted_regex for it", found.Path, file)
+	o, err := r.options(conf, file)
+	if err != nil {
+		return CreationRule{}, false, err
 	}
-	for _, group := range conf.KeyGroups {
-		var recipients []string
-		for _, k := range group {
-			ak, isAge := k.(*sopsage.MasterKey)
-			if !isAge {
-				return CreationRule{}, false, fmt.Errorf("sops: %s: the creation rule for %s names a %s key; this tool encrypts and decrypts with age only: give the file a rule of age recipients (path_regex)", found.Path, file, k.TypeToIdentifier())
-			}
-			recipients = append(recipients, ak.Recipient)
-		}
-		if len(recipients) > 0 {
-			o.Groups = append(o.Groups, recipients)
-		}
-	}
-	if len(o.Groups) == 0 {
-		return CreationRule{}, false, fmt.Errorf("sops: %s: the creation rule for %s names no age recipient", found.Path, file)
-	}
-	return CreationRule{Config: found.Path, Options: o}, true, nil
+	return CreationRule{Config: conf, Options: o}, true, nil
 }
 
 // FileSealer stores YAML SOPS-encrypted to Recipients and opens encrypted
