@@ -31,6 +31,9 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	"helm.sh/helm/v3/pkg/repo"
 	"helm.sh/helm/v3/pkg/storage/driver"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
@@ -271,14 +274,19 @@ func (h *Helm) Apply(ctx context.Context, r Release, p Plan) (*release.Release, 
 	var rel *release.Release
 	switch p.Action {
 	case ActionInstall:
+		if err := h.ensureNamespace(ctx, r.Namespace); err != nil {
+			return nil, err
+		}
 		in := action.NewInstall(cfg)
-		in.ReleaseName, in.Namespace, in.CreateNamespace, in.Timeout = r.Name, r.Namespace, true, r.Timeout
+		in.ReleaseName, in.Namespace, in.Timeout = r.Name, r.Namespace, r.Timeout
 		// A reinstall after an uninstall keeps the name's history.
 		in.Replace = true
+		in.DisableOpenAPIValidation = skipFieldValidationProbe
 		rel, err = in.RunWithContext(ctx, ch, copyValues(r.Values))
 	case ActionUpgrade:
 		up := action.NewUpgrade(cfg)
 		up.Namespace, up.Timeout, up.ResetValues, up.MaxHistory = r.Namespace, r.Timeout, true, 10
+		up.DisableOpenAPIValidation = skipFieldValidationProbe
 		rel, err = up.RunWithContext(ctx, r.Name, ch, copyValues(r.Values))
 	default:
 		return nil, fmt.Errorf("unexpected plan %s", p.Action)
@@ -288,6 +296,31 @@ func (h *Helm) Apply(ctx context.Context, r Release, p Plan) (*release.Release, 
 	}
 	return rel, h.waitDeployments(ctx, r, rel)
 }
+
+// ensureNamespace creates the release's namespace as Helm's
+// --create-namespace does (labelled name=<namespace>, helm v3.22.0
+// pkg/action/install.go), which would validate it against the OpenAPI
+// document of core/v1 whatever skipFieldValidationProbe says.
+func (h *Helm) ensureNamespace(ctx context.Context, ns string) error {
+	_, err := h.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"name": ns}}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s: %w", ns, err)
+	}
+	return nil
+}
+
+// skipFieldValidationProbe turns off Helm's OpenAPI validation, which on
+// any Kubernetes this tool supports validates nothing: with it, helm's
+// kube client asks kubectl's validator for the Strict directive (helm
+// v3.22.0 pkg/kube/client.go Build), which first asks whether the server
+// supports the fieldValidation parameter and, since every server from
+// 1.27 on does, skips the client-side schema (kubectl v0.37.0
+// pkg/validation/schema.go paramVerifyingSchema); helm never passes the
+// parameter itself, so the server validates as it does without it. That
+// question alone fetched and parsed the OpenAPI v3 document of every
+// group version in the chart: 50 MB of allocation, the largest single
+// cost of a run and its peak memory.
+const skipFieldValidationProbe = true
 
 // Render renders the release's chart with its values as Helm would install
 // it on this cluster (client-side: nothing is sent to the API server) and

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/repo"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
 
 	"github.com/homelab/bootstrap/lab/chartrepo"
 	"github.com/homelab/bootstrap/lab/kube"
@@ -160,6 +163,27 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := Release{Name: "demo", Namespace: "demo-ns", RepoURL: url, Chart: "demo", Version: "1.0.0", Values: map[string]any{"greeting": "hi"}, Timeout: time.Minute}
+	var openAPI atomic.Int32
+	h.getter.rest.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if strings.HasPrefix(req.URL.Path, "/openapi/") {
+				openAPI.Add(1)
+			}
+			return rt.RoundTrip(req)
+		})
+	})
+	dc, err := discovery.NewDiscoveryClientForConfig(h.getter.rest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.getter.disco = memory.NewMemCacheClient(dc)
+	defer func() {
+		// Installs and upgrades do not fetch the OpenAPI documents
+		// (skipFieldValidationProbe).
+		if n := openAPI.Load(); n > 0 {
+			t.Errorf("Helm fetched OpenAPI documents %d times", n)
+		}
+	}()
 
 	apply := func(want Action) *release.Release {
 		t.Helper()
@@ -319,3 +343,7 @@ func TestCiliumOnOneNodeWithTheRealChart(t *testing.T) {
 		t.Fatalf("agent API endpoint %s:%s, want KubePrism localhost:7445", env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"])
 	}
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
