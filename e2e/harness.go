@@ -424,10 +424,12 @@ func argsName(args []string) string {
 
 // childEnv is this process's environment without anything that would
 // change what the binary does (config overrides, a token, kubeconfigs),
-// with Helm's directories inside the harness dir.
+// with Helm's directories and the user cache (Flux's rendered installs)
+// inside the harness dir, so each harness's first run starts cold as on a
+// new machine.
 func (h *Harness) childEnv() []string {
 	drop := []string{"PROXMOX_TOKEN_SECRET=", "TALOS_", "GIT_REPO=", "GIT_BRANCH=", "USE_LOCAL_GIT_SNAPSHOT=",
-		"BOOTSTRAP_CONFIG=", "KUBECONFIG=", "TALOSCONFIG=", "HELM_"}
+		"BOOTSTRAP_CONFIG=", "KUBECONFIG=", "TALOSCONFIG=", "HELM_", "XDG_CACHE_HOME="}
 	var env []string
 	for _, kv := range os.Environ() {
 		if !slices.ContainsFunc(drop, func(p string) bool { return strings.HasPrefix(kv, p) }) {
@@ -435,7 +437,8 @@ func (h *Harness) childEnv() []string {
 		}
 	}
 	helm := filepath.Join(h.opts.Dir, "helm")
-	return append(env, "HELM_CACHE_HOME="+helm+"/cache", "HELM_CONFIG_HOME="+helm+"/config", "HELM_DATA_HOME="+helm+"/data")
+	return append(env, "HELM_CACHE_HOME="+helm+"/cache", "HELM_CONFIG_HOME="+helm+"/config", "HELM_DATA_HOME="+helm+"/data",
+		"XDG_CACHE_HOME="+filepath.Join(h.opts.Dir, "cache"))
 }
 
 // State reads the cluster's state.json.

@@ -9,18 +9,23 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/fluxcd/flux2/v2/pkg/manifestgen/install"
 	ssautil "github.com/fluxcd/pkg/ssa/utils"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/homelab/bootstrap/internal/fsutil"
 )
 
 // ReleaseBaseURL is where Flux publishes manifests.tar.gz per version.
@@ -41,6 +46,12 @@ type InstallOptions struct {
 	// cluster.local, flux2's default.
 	ClusterDomain string
 	Namespace     string
+	// CacheDir, when set, keeps each rendering there under a hash of
+	// everything it was rendered from (renderKey), so a later run with
+	// the same manifests and options reads it instead of running
+	// kustomize again: about 120 MB of allocation and 150 ms of CPU, the
+	// largest memory peak of a converged re-run.
+	CacheDir string
 }
 
 // Source describes where the manifests were taken from, for messages.
@@ -54,13 +65,44 @@ func (o InstallOptions) Source() string {
 // InstallObjects renders Flux's install manifests with flux2's manifestgen
 // and returns them as objects ready for server-side apply.
 func InstallObjects(ctx context.Context, o InstallOptions) ([]*unstructured.Unstructured, error) {
-	base, err := os.MkdirTemp("", "bootstrap-flux-")
+	m, err := RenderInstall(ctx, o)
 	if err != nil {
 		return nil, err
 	}
+	return ParseInstall(m)
+}
+
+// ParseInstall reads rendered install manifests into objects.
+func ParseInstall(manifests string) ([]*unstructured.Unstructured, error) {
+	objs, err := ssautil.ReadObjects(strings.NewReader(manifests))
+	if err != nil {
+		return nil, fmt.Errorf("reading generated Flux manifests: %w", err)
+	}
+	return objs, nil
+}
+
+// RenderInstall renders Flux's install manifests with flux2's manifestgen,
+// as multi-document YAML. Held as text they take a fraction of the memory
+// of the objects they parse into.
+func RenderInstall(ctx context.Context, o InstallOptions) (string, error) {
+	base, err := os.MkdirTemp("", "bootstrap-flux-")
+	if err != nil {
+		return "", err
+	}
 	defer os.RemoveAll(base)
 	if err := fetchManifests(ctx, o, base); err != nil {
-		return nil, fmt.Errorf("Flux manifests from %s: %w", o.Source(), err)
+		return "", fmt.Errorf("Flux manifests from %s: %w", o.Source(), err)
+	}
+	var cached string
+	if o.CacheDir != "" {
+		key, err := renderKey(base, o)
+		if err != nil {
+			return "", err
+		}
+		cached = filepath.Join(o.CacheDir, key+".yaml")
+		if b, err := os.ReadFile(cached); err == nil {
+			return string(b), nil
+		}
 	}
 	opts := install.MakeDefaultOptions()
 	opts.Version = o.Version
@@ -76,13 +118,48 @@ func InstallObjects(ctx context.Context, o InstallOptions) ([]*unstructured.Unst
 	opts.Timeout = time.Minute
 	m, err := install.Generate(opts, base)
 	if err != nil {
-		return nil, fmt.Errorf("generating Flux %s manifests: %w", o.Version, err)
+		return "", fmt.Errorf("generating Flux %s manifests: %w", o.Version, err)
 	}
-	objs, err := ssautil.ReadObjects(strings.NewReader(m.Content))
+	if cached != "" {
+		// The cache only saves work: one that cannot be written is
+		// skipped, and the rendering is returned all the same.
+		if os.MkdirAll(o.CacheDir, 0o755) == nil {
+			_ = fsutil.WriteAtomic(cached, []byte(m.Content), 0o644)
+		}
+	}
+	return m.Content, nil
+}
+
+// renderKey hashes what a rendering depends on: the manifest files, the
+// options, and the versions of the code that renders (flux2's manifestgen
+// and kustomize, from the binary's build information).
+func renderKey(dir string, o InstallOptions) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "version=%s\nnamespace=%s\ndomain=%s\ncomponents=%s\n", o.Version, o.Namespace, o.ClusterDomain, strings.Join(o.Components, ","))
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if strings.HasPrefix(d.Path, "github.com/fluxcd/flux2") || strings.HasPrefix(d.Path, "sigs.k8s.io/kustomize") {
+				fmt.Fprintf(h, "module=%s@%s\n", d.Path, d.Version)
+			}
+		}
+	}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		fmt.Fprintf(h, "file=%s %d\n", filepath.ToSlash(rel), len(b))
+		h.Write(b)
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("reading generated Flux manifests: %w", err)
+		return "", err
 	}
-	return objs, nil
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // fetchManifests puts the release's manifest files (<component>.yaml,

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/wait"
@@ -135,10 +134,10 @@ func TestFluxInstallObjectsPreparedForOtherOptions(t *testing.T) {
 	ctx := context.Background()
 	env := prepEnv(t)
 	env.Config = &config.Config{Flux: config.Flux{Version: "v2.9.5", Manifests: filepath.Join(t.TempDir(), "absent.tar.gz")}}
-	sentinel := []*unstructured.Unstructured{{Object: map[string]any{"kind": "Prepared"}}}
+	const sentinel = "apiVersion: v1\nkind: Prepared\nmetadata:\n  name: x\n"
 	prepared := func(domain string) {
 		opts := fluxInstallOptions(env, domain)
-		env.prepare(ctx, prepFluxInstall, "Flux", func(context.Context) (any, error) { return renderedFlux{opts: opts, objs: sentinel}, nil })
+		env.prepare(ctx, prepFluxInstall, "Flux", func(context.Context) (any, error) { return renderedFlux{opts: opts, manifests: sentinel}, nil })
 	}
 
 	prepared("")
