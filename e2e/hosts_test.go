@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/lab/pvesim"
 )
 
 // A Proxmox cluster of three members: the three control planes land on
@@ -26,6 +27,28 @@ func TestSeveralProxmoxHosts(t *testing.T) {
 	}
 	if !strings.Contains(r.Stderr, "placement: cp-1 → pve1, cp-2 → pve2, cp-3 → pve3, wk-1 → pve1") {
 		t.Errorf("the run does not show the placement:\n%s", r.Tail(60))
+	}
+	// Each member downloads its own ISO (local storage), all at once:
+	// every download started before any had finished.
+	var spans []pvesim.Span
+	for _, m := range h.Lab.PVEMembers {
+		spans = append(spans, m.TaskSpans("download")...)
+	}
+	if len(spans) != 3 {
+		t.Errorf("%d ISO downloads on three members with local storage", len(spans))
+	} else {
+		lastStart, firstEnd := spans[0].Start, spans[0].End
+		for _, sp := range spans {
+			if sp.Start.After(lastStart) {
+				lastStart = sp.Start
+			}
+			if sp.End.Before(firstEnd) {
+				firstEnd = sp.End
+			}
+		}
+		if lastStart.After(firstEnd) {
+			t.Errorf("the members' ISO downloads ran one after another (the last started %v after the first ended)", lastStart.Sub(firstEnd))
+		}
 	}
 	st, err := h.State()
 	if err != nil {

@@ -142,11 +142,9 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	}
 
 	// 2. The Talos ISO every VM boots from until it is installed, on each
-	// member that runs one (a shared storage has it after the first).
-	for _, h := range usedHosts(specs) {
-		if err := ensureISO(ctx, env, c.On(h)); err != nil {
-			return err
-		}
+	// member that runs one.
+	if err := ensureISOs(ctx, env, c, usedHosts(specs)); err != nil {
+		return err
 	}
 
 	// 3. Plan every VM before changing any: a VMID held by another VM or
@@ -260,6 +258,56 @@ func provisionVM(ctx context.Context, env *Env, c *proxmox.Client, p proxmox.Pla
 	return env.Wet(fmt.Sprintf("add VM %d %s to the Proxmox HA resources", s.VMID, s.Name), func() error {
 		return c.AddToHA(ctx, s.VMID)
 	})
+}
+
+// ensureISOs makes the ISO present on every member in hosts. Members fetch
+// their own copies at the same time: a download is a task on the member
+// that runs it (download_url is proxyto node and forks a "download"
+// worker there, pve-storage 9.1.7 src/PVE/API2/Storage/Status.pm). On a shared
+// ISO storage the first member's copy serves the others, so they look
+// for it once that one is done. A dry run lists them in order.
+func ensureISOs(ctx context.Context, env *Env, c *proxmox.Client, hosts []string) error {
+	rounds := [][]string{hosts}
+	if len(hosts) > 1 && isoStorageShared(ctx, c.On(hosts[0]), ISOSource(env.Config).Storage) {
+		rounds = [][]string{hosts[:1], hosts[1:]}
+	}
+	for _, round := range rounds {
+		errs := make([]error, len(round))
+		var wg sync.WaitGroup
+		for i, h := range round {
+			if env.DryRun {
+				errs[i] = ensureISO(ctx, env, c.On(h))
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = ensureISO(ctx, env, c.On(h))
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isoStorageShared says whether the member sees the ISO storage as shared;
+// one it cannot list counts as shared, the order that is safe either way
+// (whether two members may download into one shared storage at once is
+// unverified).
+func isoStorageShared(ctx context.Context, c *proxmox.Client, storage string) bool {
+	sts, err := c.Storages(ctx)
+	if err != nil {
+		return true
+	}
+	for _, st := range sts {
+		if st.Name == storage {
+			return st.Shared
+		}
+	}
+	return false
 }
 
 // ensureISO makes the Talos ISO present on c's member: found, or

@@ -176,11 +176,11 @@ func (s *Server) TaskCount(typ string) int {
 	return n
 }
 
-// TaskDurations returns how long each finished task of a type ran
-// ("download", "qmcreate"), as this host ran it: the profile's time plus
-// the simulator's own work (a download-url task also fetches and hashes
-// the file), which a benchmark counts as the hardware's, not the runner's.
-func (s *Server) TaskDurations(typ string) []time.Duration {
+// Span is when a task ran.
+type Span struct{ Start, End time.Time }
+
+// TaskSpans returns when each finished task of a type ran on this host.
+func (s *Server) TaskSpans(typ string) []Span {
 	s.mu.Lock()
 	tasks := make([]*task, 0, len(s.tasks))
 	for _, t := range s.tasks {
@@ -189,13 +189,25 @@ func (s *Server) TaskDurations(typ string) []time.Duration {
 		}
 	}
 	s.mu.Unlock()
-	var out []time.Duration
+	var out []Span
 	for _, t := range tasks {
 		t.mu.Lock()
 		if t.done {
-			out = append(out, t.end.Sub(t.start))
+			out = append(out, Span{t.start, t.end})
 		}
 		t.mu.Unlock()
+	}
+	return out
+}
+
+// TaskDurations returns how long each finished task of a type ran
+// ("download", "qmcreate"), as this host ran it: the profile's time plus
+// the simulator's own work (a download-url task also fetches and hashes
+// the file), which a benchmark counts as the hardware's, not the runner's.
+func (s *Server) TaskDurations(typ string) []time.Duration {
+	var out []time.Duration
+	for _, sp := range s.TaskSpans(typ) {
+		out = append(out, sp.End.Sub(sp.Start))
 	}
 	return out
 }
