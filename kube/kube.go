@@ -158,6 +158,21 @@ const pollInterval = 250 * time.Millisecond
 // after: a pod created before that is unschedulable and waits out the
 // scheduler's backoff even once the node is fine.
 func WaitNodesReady(ctx context.Context, cs kubernetes.Interface, names []string, timeout time.Duration, log zerolog.Logger) error {
+	return waitNodes(ctx, cs, names, false, timeout, log)
+}
+
+// WaitNodesOpen waits as WaitNodesReady does, except that one node a pod
+// without tolerations can land on (Ready, no NoSchedule or NoExecute taint
+// at all) is enough for the rest to keep their not-ready taint: a pod
+// created then schedules at once, while the node lifecycle controller,
+// which lifts those taints one node at a time, may take a second more for
+// fifteen nodes. Without such a node (a control plane alone) every node
+// must lose its not-ready taint.
+func WaitNodesOpen(ctx context.Context, cs kubernetes.Interface, names []string, timeout time.Duration, log zerolog.Logger) error {
+	return waitNodes(ctx, cs, names, true, timeout, log)
+}
+
+func waitNodes(ctx context.Context, cs kubernetes.Interface, names []string, oneOpen bool, timeout time.Duration, log zerolog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wake := Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
@@ -167,8 +182,11 @@ func WaitNodesReady(ctx context.Context, cs kubernetes.Interface, names []string
 		func(ctx context.Context) (bool, string, error) {
 			missing, notReady, err := NodeStatus(ctx, cs, names)
 			if err == nil && len(missing)+len(notReady) == 0 {
-				var tainted []string
-				if tainted, err = taintedNotReady(ctx, cs, names); err == nil && len(tainted) > 0 {
+				var tainted, open []string
+				if tainted, open, err = nodeTaints(ctx, cs, names); err == nil && len(tainted) > 0 {
+					if oneOpen && len(open) > 0 {
+						return true, "Ready; " + open[0] + " takes pods, still tainted not-ready: " + strings.Join(tainted, ", "), nil
+					}
 					return false, "Ready, still tainted not-ready: " + strings.Join(tainted, ", "), nil
 				}
 			}
@@ -190,27 +208,33 @@ func WaitNodesReady(ctx context.Context, cs kubernetes.Interface, names []string
 		})
 }
 
-// taintedNotReady lists the named nodes that still carry the not-ready or
-// unreachable NoSchedule taint.
-func taintedNotReady(ctx context.Context, cs kubernetes.Interface, names []string) ([]string, error) {
+// nodeTaints lists the named nodes that still carry the not-ready or
+// unreachable NoSchedule taint, and those that carry no NoSchedule or
+// NoExecute taint at all (open to any pod).
+func nodeTaints(ctx context.Context, cs kubernetes.Interface, names []string) (tainted, open []string, err error) {
 	list, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, Classify(err)
+		return nil, nil, Classify(err)
 	}
-	var out []string
 	for _, n := range list.Items {
 		if !slices.Contains(names, n.Name) {
 			continue
 		}
+		lifecycle, closed := false, false
 		for _, t := range n.Spec.Taints {
-			if t.Effect == corev1.TaintEffectNoSchedule && (t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable) {
-				out = append(out, n.Name)
-				break
-			}
+			lifecycle = lifecycle || t.Effect == corev1.TaintEffectNoSchedule && (t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable)
+			closed = closed || t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}
+		if lifecycle {
+			tainted = append(tainted, n.Name)
+		}
+		if !closed {
+			open = append(open, n.Name)
 		}
 	}
-	sort.Strings(out)
-	return out, nil
+	sort.Strings(tainted)
+	sort.Strings(open)
+	return tainted, open, nil
 }
 
 // DeploymentAvailable reports whether a Deployment has rolled out its

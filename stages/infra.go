@@ -72,13 +72,13 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 		var before func() error
 		switch rel.Name {
 		case infra.NFSRelease:
-			// Talos brings flannel up itself. A pod created while its node
-			// is still tainted not-ready waits out the scheduler's backoff
-			// (14s seen in the lab) even once the node is Ready: install
-			// onto Ready nodes. With "none" they wait for the user's CNI:
-			// nothing to wait for.
+			// Talos brings flannel up itself. A pod created while no node
+			// can take it waits out the scheduler's backoff (14s seen in
+			// the lab) even once one can: install once a Ready node takes
+			// pods. With "none" they wait for the user's CNI: nothing to
+			// wait for.
 			if cfg.CNI.Name == "flannel" && !env.DryRun {
-				if err := kube.WaitNodesReady(ctx, cs, names, infraTimeout, env.Log); err != nil {
+				if err := kube.WaitNodesOpen(ctx, cs, names, infraTimeout, env.Log); err != nil {
 					return fmt.Errorf("before installing the NFS provisioner: %w", err)
 				}
 				env.UI.OK("all %d node(s) Ready", len(names))
