@@ -396,7 +396,13 @@ func (h *Harness) RunWith(ctx context.Context, ro RunOptions, args ...string) (*
 	res.Wall = time.Since(start)
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	_ = os.WriteFile(filepath.Join(res.Dir, "stdout.txt"), stdout.Bytes(), 0o644)
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+	// The run reports its own peak (peak_rss_kib on its last line): the
+	// rusage of a child of this process counts this process's resident
+	// set too, which exec replaced (proc.PeakRSSKiB), so it is only the
+	// fallback for commands that do not report one.
+	if n := reportedPeakRSS(stderr.Bytes()); n > 0 {
+		res.MaxRSSKiB = n
+	} else if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		res.MaxRSSKiB = ru.Maxrss
 	}
 	res.ExitCode = cmd.ProcessState.ExitCode()
@@ -420,6 +426,20 @@ func argsName(args []string) string {
 		s = s[:40]
 	}
 	return s
+}
+
+// reportedPeakRSS is the peak_rss_kib a run logged at its end, or 0.
+func reportedPeakRSS(stderr []byte) int64 {
+	lines := bytes.Split(bytes.TrimSpace(stderr), []byte("\n"))
+	for i := len(lines) - 1; i >= 0 && i >= len(lines)-5; i-- {
+		var l struct {
+			PeakRSSKiB int64 `json:"peak_rss_kib"`
+		}
+		if json.Unmarshal(lines[i], &l) == nil && l.PeakRSSKiB > 0 {
+			return l.PeakRSSKiB
+		}
+	}
+	return 0
 }
 
 // childEnv is this process's environment without anything that would

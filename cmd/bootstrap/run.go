@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 
+	"github.com/homelab/bootstrap/internal/proc"
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
@@ -87,9 +88,9 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 
 	err = stages.Run(ctx, env, selected, stages.RunInfo{ID: sess.RunID, Command: a.commandLine(), LogPath: logPath})
 	if err != nil {
-		log.Error().Err(err).Int("exit_code", stages.ExitCode(err)).Str("log", logPath).Msg("run stopped; full log in " + logPath)
+		log.Error().Err(err).Int("exit_code", stages.ExitCode(err)).Str("log", logPath).Int64("peak_rss_kib", proc.PeakRSSKiB()).Msg("run stopped; full log in " + logPath)
 		return silentError{err}
 	}
-	log.Info().Str("log", logPath).Msg("run finished")
+	log.Info().Str("log", logPath).Int64("peak_rss_kib", proc.PeakRSSKiB()).Msg("run finished")
 	return nil
 }

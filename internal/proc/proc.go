@@ -137,3 +137,22 @@ func waitExit(ctx context.Context, pid int, what string, match func([]string) bo
 	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("%s pid %d to exit", what, pid), Timeout: timeout, Interval: 50 * time.Millisecond, Log: log},
 		func(context.Context) (bool, string, error) { return !Alive(pid, match), "", nil })
 }
+
+// PeakRSSKiB is this process's peak resident set size since it was
+// started (VmHWM in /proc/self/status), or 0 where that is not known. The
+// parent's rusage cannot say it: exec counts the address space it replaces
+// into the maximum, and for a child of a Go program (which execs from a
+// vfork that shares its own) that is the parent's whole resident set.
+func PeakRSSKiB() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
