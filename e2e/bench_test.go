@@ -54,6 +54,13 @@ func TestCriticalPath(t *testing.T) {
 			t.Errorf("%s: %s = %s\nwant %s = %s", tc.name, got.Total, got, tc.want, tc.parts)
 		}
 	}
+	// The pod network makes the nodes Ready 5s after the control plane
+	// (1s): together longer than etcd (5s), so both are on the path.
+	withNet := in
+	withNet.ProxmoxParallelism, withNet.Scale, withNet.KubeStart, withNet.CNI = 4, 1, time.Second, 5*time.Second
+	if got, want := ComputeCriticalPath(withNet), "ISO download 1s + create+start×2 4s + boot 2s + install+reboot×1 7s + bootstrap ready 1s + control plane start 1s + CNI 5s + Flux reconcile 500ms"; got.String() != want || got.Total != 21500*time.Millisecond {
+		t.Errorf("with the network start: %s = %s\nwant 21.5s = %s", got.Total, got, want)
+	}
 	// A reboot so long that the workers' certificate wait (a quarter of
 	// it, 10s) outlasts bootstrap ready and etcd (6s): the rest is on the
 	// path.

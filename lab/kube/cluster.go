@@ -29,7 +29,9 @@ import (
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -154,6 +156,8 @@ type Cluster struct {
 	stopMarker context.CancelFunc
 	startedAt  time.Time
 	readyIn    time.Duration
+	// nodeReady is when each Node (by UID) was first seen Ready.
+	nodeReady map[types.UID]time.Time
 }
 
 // Start runs the control plane and returns once the API server is ready, the
@@ -272,6 +276,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.stopMarker = cancel
 	c.mu.Unlock()
 	go c.resyncPodReady(mctx)
+	go c.recordNodesReady(mctx)
 	if c.opts.NetworkGate {
 		go c.markNetworkReady(mctx)
 	}
@@ -767,6 +772,65 @@ func (c *Cluster) DataDir() string { return c.dataDir }
 
 // StartupTime is how long Start took until everything was ready.
 func (c *Cluster) StartupTime() time.Duration { return c.readyIn }
+
+// NetworkStartTime is how long after the control plane was ready the last
+// Node turned Ready: the CNI's agents started by the bootstrap manifests
+// and each kubelet reporting its network ready (lab time, none of it the
+// runner's); 0 when no node has been Ready.
+func (c *Cluster) NetworkStartTime() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var last time.Time
+	for _, at := range c.nodeReady {
+		if at.After(last) {
+			last = at
+		}
+	}
+	if last.IsZero() {
+		return 0
+	}
+	return max(0, last.Sub(c.startedAt.Add(c.readyIn)))
+}
+
+// recordNodesReady notes, until ctx ends, when each Node is first seen
+// Ready, from a watch (a re-registered Node has a new UID).
+func (c *Cluster) recordNodesReady(ctx context.Context) {
+	for ctx.Err() == nil {
+		w, err := c.client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
+		}
+		for ev := range w.ResultChan() {
+			n, ok := ev.Object.(*corev1.Node)
+			if !ok || !nodeIsReady(n) {
+				continue
+			}
+			now := time.Now()
+			c.mu.Lock()
+			if c.nodeReady == nil {
+				c.nodeReady = map[types.UID]time.Time{}
+			}
+			if _, seen := c.nodeReady[n.UID]; !seen {
+				c.nodeReady[n.UID] = now
+			}
+			c.mu.Unlock()
+		}
+		w.Stop()
+	}
+}
+
+func nodeIsReady(n *corev1.Node) bool {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
 
 // KubernetesVersion is the version the lab's servers report.
 func (c *Cluster) KubernetesVersion() string { return c.ServerVersion("kube-apiserver") }

@@ -253,6 +253,10 @@ func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossi
 	if err != nil {
 		return nil, nil, e2e.PathInput{}, err
 	}
+	network, err := h.NetworkStartTime()
+	if err != nil {
+		return nil, nil, e2e.PathInput{}, err
+	}
 	flux, err := h.FluxReconcileTime(starts[stages.Flux].Add(durs[stages.Flux]))
 	if err != nil {
 		return nil, nil, e2e.PathInput{}, err
@@ -262,7 +266,7 @@ func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossi
 		Proxmox: pp, Talos: tp, Scale: scale, ISOBytes: lab.ISOBytes, ISODownload: h.ISODownloadTime(),
 		Nodes: len(cfg.Nodes), ControlPlanes: len(cfg.ControlPlanes()),
 		ProxmoxParallelism: cfg.Proxmox.Parallelism, TalosParallelism: cfg.Cluster.Parallelism,
-		KubeStart: kubeStart, FluxReconcile: flux,
+		KubeStart: kubeStart, CNI: network, FluxReconcile: flux,
 	}
 	return res, durs, in, nil
 }
