@@ -16,6 +16,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/homelab/bootstrap/internal/fsutil"
+	"github.com/homelab/bootstrap/kube"
 )
 
 // KubeconfigFile is the kubeconfig's name inside the cluster directory.
@@ -66,11 +67,16 @@ type MergeResult struct {
 	Changed bool
 }
 
-// kubeClient is a Kubernetes client for the admin kubeconfig.
+// kubeClient is a Kubernetes client for the admin kubeconfig, with the
+// product's request timeout and rate limits (kube.RESTConfigFrom). With
+// client-go's defaults (5 requests a second, bursts of 10) the health
+// wait's eight calls a poll queued behind the limiter once its burst was
+// spent: about a second a poll, so a node that turned Ready was seen up
+// to two polls late.
 func kubeClient(kubeconfig []byte) (kubernetes.Interface, error) {
-	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	rc, err := kube.RESTConfigFrom(kubeconfig, "the fetched kubeconfig")
 	if err != nil {
-		return nil, fmt.Errorf("reading the kubeconfig: %w", err)
+		return nil, err
 	}
 	return kubernetes.NewForConfig(rc)
 }
