@@ -88,10 +88,6 @@ func encryptValue(v any, key []byte, additional string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if typ == "bytes" {
-		// The CLI never writes bytes (its walk turns them into strings).
-		typ = "str"
-	}
 	iv := make([]byte, ivSize)
 	if _, err := rand.Read(iv); err != nil {
 		return "", err
@@ -313,37 +309,53 @@ func (md metadata) newMAC() hash.Hash {
 
 func additionalData(path []string) string { return strings.Join(path, ":") + ":" }
 
+// hashValue adds a plaintext value to the MAC.
+func hashValue(mac hash.Hash, v any) error {
+	b, _, err := valueBytes(v)
+	if err != nil {
+		return err
+	}
+	mac.Write(b)
+	return nil
+}
+
+// walkDocs walks every document's leaves with f.
+func walkDocs(docs []branch, f leafFunc) error {
+	for _, doc := range docs {
+		if _, err := walkBranch(doc, nil, nil, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // encryptDocs encrypts the documents in place and returns their MAC.
 func encryptDocs(docs []branch, md metadata, key []byte) (string, error) {
 	mac := md.newMAC()
-	for _, doc := range docs {
-		_, err := walkBranch(doc, nil, nil, func(v any, path []string, comments [][]string) (any, error) {
-			_, isComment := v.(comment)
-			enc := md.encrypted(path, comments, isComment)
-			if (!md.MACOnlyEncrypted || enc) && !isComment {
-				b, _, err := valueBytes(v)
-				if err != nil {
-					return nil, err
-				}
-				mac.Write(b)
+	err := walkDocs(docs, func(v any, path []string, comments [][]string) (any, error) {
+		_, isComment := v.(comment)
+		enc := md.encrypted(path, comments, isComment)
+		if (!md.MACOnlyEncrypted || enc) && !isComment {
+			if err := hashValue(mac, v); err != nil {
+				return nil, err
 			}
-			if !enc {
-				return v, nil
-			}
-			out, err := encryptValue(v, key, additionalData(path))
-			if err != nil {
-				return nil, fmt.Errorf("encrypting %s: %w", strings.Join(path, "."), err)
-			}
-			if isComment && md.UnencryptedCommentRegex != "" {
-				if ok, _ := regexp.MatchString(md.UnencryptedCommentRegex, out); ok {
-					return nil, fmt.Errorf("the encrypted comment %q matches unencrypted_comment_regex, so it could not be decrypted", out)
-				}
-			}
-			return out, nil
-		})
-		if err != nil {
-			return "", err
 		}
+		if !enc {
+			return v, nil
+		}
+		out, err := encryptValue(v, key, additionalData(path))
+		if err != nil {
+			return nil, fmt.Errorf("encrypting %s: %w", strings.Join(path, "."), err)
+		}
+		if isComment && md.UnencryptedCommentRegex != "" {
+			if ok, _ := regexp.MatchString(md.UnencryptedCommentRegex, out); ok {
+				return nil, fmt.Errorf("the encrypted comment %q matches unencrypted_comment_regex, so it could not be decrypted", out)
+			}
+		}
+		return out, nil
+	})
+	if err != nil {
+		return "", err
 	}
 	return fmt.Sprintf("%X", mac.Sum(nil)), nil
 }
@@ -352,41 +364,37 @@ func encryptDocs(docs []branch, md metadata, key []byte) (string, error) {
 // they hold.
 func decryptDocs(docs []branch, md metadata, key []byte) (string, error) {
 	mac := md.newMAC()
-	for _, doc := range docs {
-		_, err := walkBranch(doc, nil, nil, func(v any, path []string, comments [][]string) (any, error) {
-			c, isComment := v.(comment)
-			enc := md.encrypted(path, comments, isComment)
-			out := v
-			switch {
-			case enc && isComment:
-				// A comment that does not open was written in clear by an
-				// older sops; it stays as it is.
-				if d, err := decryptValue(c.text, key, additionalData(path)); err == nil {
-					out = d
-				}
-			case enc:
-				s, ok := v.(string)
-				if !ok {
-					return nil, fmt.Errorf("%s should be encrypted but holds a %T", strings.Join(path, "."), v)
-				}
-				d, err := decryptValue(s, key, additionalData(path))
-				if err != nil {
-					return nil, fmt.Errorf("decrypting %s: %w", strings.Join(path, "."), err)
-				}
+	err := walkDocs(docs, func(v any, path []string, comments [][]string) (any, error) {
+		c, isComment := v.(comment)
+		enc := md.encrypted(path, comments, isComment)
+		out := v
+		switch {
+		case enc && isComment:
+			// A comment that does not open was written in clear by an
+			// older sops; it stays as it is.
+			if d, err := decryptValue(c.text, key, additionalData(path)); err == nil {
 				out = d
 			}
-			if _, stillComment := out.(comment); (!md.MACOnlyEncrypted || enc) && !stillComment {
-				b, _, err := valueBytes(out)
-				if err != nil {
-					return nil, err
-				}
-				mac.Write(b)
+		case enc:
+			s, ok := v.(string)
+			if !ok {
+				return nil, fmt.Errorf("%s should be encrypted but holds a %T", strings.Join(path, "."), v)
 			}
-			return out, nil
-		})
-		if err != nil {
-			return "", err
+			d, err := decryptValue(s, key, additionalData(path))
+			if err != nil {
+				return nil, fmt.Errorf("decrypting %s: %w", strings.Join(path, "."), err)
+			}
+			out = d
 		}
+		if _, stillComment := out.(comment); (!md.MACOnlyEncrypted || enc) && !stillComment {
+			if err := hashValue(mac, out); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	})
+	if err != nil {
+		return "", err
 	}
 	return fmt.Sprintf("%X", mac.Sum(nil)), nil
 }

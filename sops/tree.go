@@ -310,14 +310,23 @@ func appendBranchNodes(b branch, mapping *yaml.Node) error {
 		}
 		mapping.Content = append(mapping.Content, k, v)
 	}
-	switch {
-	case len(pending) == 0:
-	case first:
-		headComment(mapping, pending)
-	default:
-		footComment(mapping.Content[len(mapping.Content)-2], pending)
+	var last *yaml.Node
+	if !first {
+		last = mapping.Content[len(mapping.Content)-2]
 	}
+	trailingComment(mapping, last, pending)
 	return nil
+}
+
+// trailingComment puts comments that follow a block's last entry after
+// that entry (its key node for a mapping), or on the block when it has no
+// entry.
+func trailingComment(block, last *yaml.Node, lines []string) {
+	if last == nil {
+		headComment(block, lines)
+		return
+	}
+	footComment(last, lines)
 }
 
 func appendListNodes(list []any, seq *yaml.Node) error {
@@ -340,12 +349,10 @@ func appendListNodes(list []any, seq *yaml.Node) error {
 		pending = nil
 		seq.Content = append(seq.Content, n)
 	}
-	switch {
-	case len(pending) == 0:
-	case first:
-		headComment(seq, pending)
-	default:
-		footComment(seq.Content[len(seq.Content)-1], pending)
+	var last *yaml.Node
+	if !first {
+		last = seq.Content[len(seq.Content)-1]
 	}
+	trailingComment(seq, last, pending)
 	return nil
 }
