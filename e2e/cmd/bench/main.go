@@ -25,6 +25,7 @@ import (
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/homelab/bootstrap/backup"
@@ -91,6 +92,24 @@ func parseSizes(v string) ([]size, error) {
 	return out, nil
 }
 
+// dropPageCache writes out the binary and drops it from the page cache, so
+// the runs read it as they read an installed one. A file the linker has
+// just written stays cached in the large pieces it was written in, and a
+// process maps its code in those pieces: 72 MiB resident at start instead
+// of 60 (this machine, Linux 6.18, ext4), which the peak RSS column would
+// count as the product's.
+func dropPageCache(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		return fmt.Errorf("writing out %s: %w", path, err)
+	}
+	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+}
+
 func main() {
 	var o options
 	var sizes string
@@ -118,6 +137,9 @@ func main() {
 	}
 	if _, err := os.Stat(o.binary); err != nil {
 		fatal(fmt.Errorf("%v (make build first)", err))
+	}
+	if err := dropPageCache(o.binary); err != nil {
+		fatal(err)
 	}
 	if o.dir == "" {
 		if o.dir, err = os.MkdirTemp("", "bootstrap-bench-"); err != nil {
