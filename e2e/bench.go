@@ -35,11 +35,11 @@ type PathInput struct {
 	// KubeStart is how long the lab's real control plane takes to start
 	// once etcd is bootstrapped (Talos starts it in the same window).
 	KubeStart time.Duration
-	// CNI is how long after the control plane was ready the last node
-	// turned Ready: flannel's agents, which Talos' bootstrap manifests
-	// deploy, running and each kubelet reporting its network (lab time,
-	// measured by the lab; with a CNI the runner installs this would
-	// include the runner's work).
+	// CNI is the longest a node took from registering (or the control
+	// plane being ready, if later) to turning Ready: flannel's agent,
+	// which Talos' bootstrap manifests deploy, running and its kubelet
+	// reporting the network (lab time, measured by the lab; with a CNI
+	// the runner installs this would include the runner's work).
 	CNI time.Duration
 	// FluxReconcile is the time the Flux controllers take from the
 	// GitRepository's creation to the Kustomization applied and Ready.
@@ -256,8 +256,8 @@ func (h *Harness) ISODownloadTime() time.Duration {
 	return longest
 }
 
-// NetworkStartTime is how long after the lab's control plane was ready its
-// last node turned Ready.
+// NetworkStartTime is the longest a node of the lab took from registering
+// (or its control plane being ready) to turning Ready.
 func (h *Harness) NetworkStartTime() (time.Duration, error) {
 	kc, err := h.Lab.Kube.Cluster()
 	if err != nil {

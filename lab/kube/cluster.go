@@ -156,8 +156,8 @@ type Cluster struct {
 	stopMarker context.CancelFunc
 	startedAt  time.Time
 	readyIn    time.Duration
-	// nodeReady is when each Node (by UID) was first seen Ready.
-	nodeReady map[types.UID]time.Time
+	// nodeSeen is when each Node (by UID) was first seen, and Ready.
+	nodeSeen map[types.UID]nodeTimes
 }
 
 // Start runs the control plane and returns once the API server is ready, the
@@ -773,27 +773,35 @@ func (c *Cluster) DataDir() string { return c.dataDir }
 // StartupTime is how long Start took until everything was ready.
 func (c *Cluster) StartupTime() time.Duration { return c.readyIn }
 
-// NetworkStartTime is how long after the control plane was ready the last
-// Node turned Ready: the CNI's agents started by the bootstrap manifests
-// and each kubelet reporting its network ready (lab time, none of it the
-// runner's); 0 when no node has been Ready.
+// NetworkStartTime is the longest a Node took, from when it registered
+// (or the control plane was ready, if later), to turn Ready: its CNI agent
+// started by the bootstrap manifests and its kubelet reporting the network
+// ready (lab time, none of it the runner's); 0 when no node has been
+// Ready.
 func (c *Cluster) NetworkStartTime() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var last time.Time
-	for _, at := range c.nodeReady {
-		if at.After(last) {
-			last = at
+	cpReady := c.startedAt.Add(c.readyIn)
+	var longest time.Duration
+	for _, n := range c.nodeSeen {
+		if n.ready.IsZero() {
+			continue
 		}
+		from := n.seen
+		if cpReady.After(from) {
+			from = cpReady
+		}
+		longest = max(longest, n.ready.Sub(from))
 	}
-	if last.IsZero() {
-		return 0
-	}
-	return max(0, last.Sub(c.startedAt.Add(c.readyIn)))
+	return longest
 }
 
-// recordNodesReady notes, until ctx ends, when each Node is first seen
-// Ready, from a watch (a re-registered Node has a new UID).
+// nodeTimes is when the lab first saw a Node and when it first saw it
+// Ready.
+type nodeTimes struct{ seen, ready time.Time }
+
+// recordNodesReady notes, until ctx ends, when each Node is first seen and
+// first seen Ready, from a watch (a re-registered Node has a new UID).
 func (c *Cluster) recordNodesReady(ctx context.Context) {
 	for ctx.Err() == nil {
 		w, err := c.client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
@@ -806,17 +814,22 @@ func (c *Cluster) recordNodesReady(ctx context.Context) {
 		}
 		for ev := range w.ResultChan() {
 			n, ok := ev.Object.(*corev1.Node)
-			if !ok || !nodeIsReady(n) {
+			if !ok {
 				continue
 			}
 			now := time.Now()
 			c.mu.Lock()
-			if c.nodeReady == nil {
-				c.nodeReady = map[types.UID]time.Time{}
+			if c.nodeSeen == nil {
+				c.nodeSeen = map[types.UID]nodeTimes{}
 			}
-			if _, seen := c.nodeReady[n.UID]; !seen {
-				c.nodeReady[n.UID] = now
+			t, seen := c.nodeSeen[n.UID]
+			if !seen {
+				t.seen = now
 			}
+			if t.ready.IsZero() && nodeIsReady(n) {
+				t.ready = now
+			}
+			c.nodeSeen[n.UID] = t
 			c.mu.Unlock()
 		}
 		w.Stop()
