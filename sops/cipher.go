@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"hash"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -250,11 +251,11 @@ func (md metadata) encrypted(path []string, comments [][]string, isComment bool)
 		return false
 	}
 	enc := true
-	if md.UnencryptedSuffix != "" && slicesAny(path, func(p string) bool { return strings.HasSuffix(p, md.UnencryptedSuffix) }) {
+	if md.UnencryptedSuffix != "" && slices.ContainsFunc(path, func(p string) bool { return strings.HasSuffix(p, md.UnencryptedSuffix) }) {
 		enc = false
 	}
 	if md.EncryptedSuffix != "" {
-		enc = slicesAny(path, func(p string) bool { return strings.HasSuffix(p, md.EncryptedSuffix) })
+		enc = slices.ContainsFunc(path, func(p string) bool { return strings.HasSuffix(p, md.EncryptedSuffix) })
 	}
 	if md.UnencryptedRegex != "" && anyMatch(md.UnencryptedRegex) {
 		enc = false
@@ -288,15 +289,6 @@ func (md metadata) encrypted(path []string, comments [][]string, isComment bool)
 		}
 	}
 	return enc
-}
-
-func slicesAny(s []string, f func(string) bool) bool {
-	for _, v := range s {
-		if f(v) {
-			return true
-		}
-	}
-	return false
 }
 
 func (md metadata) newMAC() hash.Hash {

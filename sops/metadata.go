@@ -118,13 +118,7 @@ func (m *storedMetadata) internal() (metadata, error) {
 	default:
 		return metadata{}, errors.New("no keys found in the file")
 	}
-	rules := 0
-	for _, r := range []string{md.UnencryptedSuffix, md.EncryptedSuffix, md.UnencryptedRegex, md.EncryptedRegex, md.UnencryptedCommentRegex, md.EncryptedCommentRegex} {
-		if r != "" {
-			rules++
-		}
-	}
-	switch rules {
+	switch setCount(md.UnencryptedSuffix, md.EncryptedSuffix, md.UnencryptedRegex, md.EncryptedRegex, md.UnencryptedCommentRegex, md.EncryptedCommentRegex) {
 	case 0:
 		md.UnencryptedSuffix = unencryptedSuffix
 	case 1:
@@ -132,6 +126,18 @@ func (m *storedMetadata) internal() (metadata, error) {
 		return metadata{}, errors.New("the file uses more than one of encrypted_suffix, unencrypted_suffix, encrypted_regex, unencrypted_regex, encrypted_comment_regex and unencrypted_comment_regex")
 	}
 	return md, nil
+}
+
+// setCount is how many of the encryption rules given are set: the CLI
+// takes at most one per file and per creation rule.
+func setCount(rules ...string) int {
+	n := 0
+	for _, r := range rules {
+		if r != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // stored is the metadata as it is written: one group at the top level,

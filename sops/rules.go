@@ -162,13 +162,7 @@ func ruleFor(conf, file string) (*creationRule, error) {
 func (r *creationRule) options(conf, file string) (EncryptOptions, error) {
 	o := EncryptOptions{ShamirThreshold: r.ShamirThreshold, EncryptedRegex: r.EncryptedRegex, UnencryptedRegex: r.UnencryptedRegex,
 		EncryptedSuffix: r.EncryptedSuffix, UnencryptedSuffix: r.UnencryptedSuffix, MACOnlyEncrypted: r.MACOnlyEncrypted}
-	n := 0
-	for _, s := range []string{r.UnencryptedSuffix, r.EncryptedSuffix, r.UnencryptedRegex, r.EncryptedRegex, r.UnencryptedCommentRegex, r.EncryptedCommentRegex} {
-		if s != "" {
-			n++
-		}
-	}
-	if n > 1 {
+	if setCount(r.UnencryptedSuffix, r.EncryptedSuffix, r.UnencryptedRegex, r.EncryptedRegex, r.UnencryptedCommentRegex, r.EncryptedCommentRegex) > 1 {
 		return o, fmt.Errorf("sops: %s: the creation rule for %s uses more than one of encrypted_suffix, unencrypted_suffix, encrypted_regex, unencrypted_regex, encrypted_comment_regex and unencrypted_comment_regex", conf, file)
 	}
 	if r.EncryptedCommentRegex != "" || r.UnencryptedCommentRegex != "" {

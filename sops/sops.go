@@ -107,7 +107,7 @@ func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 	}
 	md := metadata{Version: Version, MACOnlyEncrypted: o.MACOnlyEncrypted,
 		EncryptedRegex: o.EncryptedRegex, UnencryptedRegex: o.UnencryptedRegex, EncryptedSuffix: o.EncryptedSuffix, UnencryptedSuffix: o.UnencryptedSuffix}
-	if o.EncryptedRegex == "" && o.UnencryptedRegex == "" && o.EncryptedSuffix == "" && o.UnencryptedSuffix == "" {
+	if setCount(o.EncryptedRegex, o.UnencryptedRegex, o.EncryptedSuffix, o.UnencryptedSuffix) == 0 {
 		md.UnencryptedSuffix = unencryptedSuffix
 	}
 	for _, recipients := range groups {

@@ -178,29 +178,9 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	}
 
 	// 4. Create or adopt, then start, a bounded number of VMs at a time.
-	par := cfg.Proxmox.Parallelism
-	if par < 1 {
-		par = 1
-	}
-	sem := make(chan struct{}, par)
-	errs := make([]error, len(plans))
-	var wg sync.WaitGroup
-	for i, p := range plans {
-		if env.DryRun {
-			// Recording only: in order, so the plan reads like the config.
-			errs[i] = provisionVM(ctx, env, c, p)
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			errs[i] = provisionVM(ctx, env, c, p)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := forEach(env, len(plans), max(cfg.Proxmox.Parallelism, 1), func(i int) error {
+		return provisionVM(ctx, env, c, plans[i])
+	}); err != nil {
 		return err
 	}
 	if env.DryRun {
@@ -272,25 +252,42 @@ func ensureISOs(ctx context.Context, env *Env, c *proxmox.Client, hosts []string
 		rounds = [][]string{hosts[:1], hosts[1:]}
 	}
 	for _, round := range rounds {
-		errs := make([]error, len(round))
-		var wg sync.WaitGroup
-		for i, h := range round {
-			if env.DryRun {
-				errs[i] = ensureISO(ctx, env, c.On(h))
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = ensureISO(ctx, env, c.On(h))
-			}()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
+		if err := forEach(env, len(round), 0, func(i int) error {
+			return ensureISO(ctx, env, c.On(round[i]))
+		}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// forEach calls f for 0…n-1, limit at a time (0: all at once), and joins
+// their errors. A dry run only records, in order, so the plan reads like
+// the config.
+func forEach(env *Env, n, limit int, f func(i int) error) error {
+	errs := make([]error, n)
+	if env.DryRun {
+		for i := range n {
+			errs[i] = f(i)
+		}
+		return errors.Join(errs...)
+	}
+	if limit < 1 {
+		limit = n
+	}
+	sem := make(chan struct{}, max(limit, 1))
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // isoStorageShared says whether the member sees the ISO storage as shared;

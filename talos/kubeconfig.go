@@ -74,11 +74,8 @@ type MergeResult struct {
 // spent: about a second a poll, so a node that turned Ready was seen up
 // to two polls late.
 func kubeClient(kubeconfig []byte) (kubernetes.Interface, error) {
-	rc, err := kube.RESTConfigFrom(kubeconfig, "the fetched kubeconfig")
-	if err != nil {
-		return nil, err
-	}
-	return kubernetes.NewForConfig(rc)
+	cs, _, err := kube.ClientsetFrom(kubeconfig, "the fetched kubeconfig")
+	return cs, err
 }
 
 // MergeTalosconfig merges the cluster's talosconfig into the file at path

@@ -826,7 +826,7 @@ func (c *Cluster) recordNodesReady(ctx context.Context) {
 			if !seen {
 				t.seen = now
 			}
-			if t.ready.IsZero() && nodeIsReady(n) {
+			if t.ready.IsZero() && NodeReady(n) == corev1.ConditionTrue {
 				t.ready = now
 			}
 			c.nodeSeen[n.UID] = t
@@ -834,15 +834,6 @@ func (c *Cluster) recordNodesReady(ctx context.Context) {
 		}
 		w.Stop()
 	}
-}
-
-func nodeIsReady(n *corev1.Node) bool {
-	for _, cond := range n.Status.Conditions {
-		if cond.Type == corev1.NodeReady {
-			return cond.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // KubernetesVersion is the version the lab's servers report.

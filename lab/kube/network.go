@@ -157,12 +157,8 @@ func (c *Cluster) reconcilePodReady(ctx context.Context) []string {
 		return nil
 	}
 	ready := map[string]bool{}
-	for _, n := range nodes.Items {
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				ready[n.Name] = true
-			}
-		}
+	for i := range nodes.Items {
+		ready[nodes.Items[i].Name] = NodeReady(&nodes.Items[i]) == corev1.ConditionTrue
 	}
 	pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Running"})
 	if err != nil {
