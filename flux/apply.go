@@ -13,7 +13,11 @@ import (
 	ssautil "github.com/fluxcd/pkg/ssa/utils"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -71,15 +75,22 @@ type Change struct {
 }
 
 // Plan diffs objects against the cluster with server-side dry runs and
-// returns the objects that would change. Objects whose CRD is not
-// installed yet count as created.
+// returns the objects that would change. Objects that do not exist (and
+// those whose CRD is not installed yet) count as created without a dry
+// run: one list of each kind's names tells them apart first, so a first
+// install asks a few lists instead of a dry run per object.
 func (c *Client) Plan(ctx context.Context, objs []*unstructured.Unstructured) ([]Change, error) {
+	absent := c.absent(ctx, objs)
 	// The dry runs are independent reads: a few at a time, not one round
 	// trip after another.
 	changes := make([]*Change, len(objs))
 	sem := make(chan struct{}, planConcurrency)
 	var wg sync.WaitGroup
 	for i, o := range objs {
+		if absent[i] {
+			changes[i] = &Change{Object: ssautil.FmtUnstructured(o), Action: string(ssa.CreatedAction), obj: o}
+			continue
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -104,6 +115,55 @@ func (c *Client) Plan(ctx context.Context, objs []*unstructured.Unstructured) ([
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Object < out[j].Object })
 	return out, nil
+}
+
+// absent says, per object, whether it certainly does not exist: its kind
+// is not served (a CRD not installed yet), or a metadata-only list of its
+// kind in its namespace does not name it. Objects whose kind could not be
+// listed count as present, and their dry run decides.
+func (c *Client) absent(ctx context.Context, objs []*unstructured.Unstructured) []bool {
+	type scope struct {
+		gvk       schema.GroupVersionKind
+		namespace string
+	}
+	byScope := map[scope][]int{}
+	for i, o := range objs {
+		k := scope{o.GroupVersionKind(), o.GetNamespace()}
+		byScope[k] = append(byScope[k], i)
+	}
+	out := make([]bool, len(objs))
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(planConcurrency)
+	for k, idx := range byScope {
+		g.Go(func() error {
+			list := &metav1.PartialObjectMetadataList{}
+			list.SetGroupVersionKind(k.gvk.GroupVersion().WithKind(k.gvk.Kind + "List"))
+			var opts []client.ListOption
+			if k.namespace != "" {
+				opts = append(opts, client.InNamespace(k.namespace))
+			}
+			names := map[string]bool{}
+			switch err := c.kube.List(gctx, list, opts...); {
+			case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
+			case err != nil:
+				c.log.Debug().Err(err).Str("kind", k.gvk.Kind).Msg("listing for the plan failed; dry runs decide")
+				return nil
+			default:
+				for _, m := range list.Items {
+					names[m.Name] = true
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, i := range idx {
+				out[i] = !names[objs[i].GetName()]
+			}
+			return nil
+		})
+	}
+	_ = g.Wait() // every list's error is handled in place
+	return out
 }
 
 // planConcurrency bounds the dry runs of Plan in flight at once.

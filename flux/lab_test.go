@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,7 +47,18 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	}
 	go srv.Serve(ctx, l, nil)
 
-	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
+	// The dry runs the client asks for, counted on the wire.
+	var dryRuns atomic.Int32
+	rc := lab.RESTConfig()
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.URL.Query().Has("dryRun") {
+				dryRuns.Add(1)
+			}
+			return rt.RoundTrip(req)
+		})
+	})
+	c, err := NewClient(rc, kubetest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +73,11 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	if err != nil || len(plan) != 2 {
 		t.Fatalf("first plan: %+v %v", plan, err)
 	}
+	// Objects a list shows absent are planned as created without a dry
+	// run each (Plan's lists).
+	if n := dryRuns.Load(); n != 0 {
+		t.Fatalf("the first plan asked %d dry runs for objects that do not exist", n)
+	}
 	if _, err := c.Apply(ctx, objs, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -71,8 +89,12 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	if err != nil || cm.Data["hello"] != "world" {
 		t.Fatalf("object under ./infra not applied: %v", err)
 	}
+	dryRuns.Store(0)
 	if plan, err := c.Plan(ctx, objs); err != nil || len(plan) != 0 {
 		t.Fatalf("re-plan on a converged cluster: %+v %v", plan, err)
+	}
+	if n := dryRuns.Load(); n != int32(len(objs)) {
+		t.Fatalf("the re-plan asked %d dry runs for %d existing objects", n, len(objs))
 	}
 	repoR, ks, err := c.Status(ctx, "flux-system", "flux-system")
 	if err != nil || !repoR.Ready || ks.Revision != want {
@@ -248,3 +270,7 @@ func syncWithSecret(t *testing.T, ctx context.Context, c *Client, url string, cr
 		t.Fatal(err)
 	}
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -46,12 +46,17 @@ type Spec struct {
 	What string
 	// Timeout bounds the whole wait; it is required.
 	Timeout time.Duration
-	// Interval between polls (default 500ms).
+	// Interval from the start of one poll to the start of the next
+	// (default 500ms). A poll's own duration is not added to it, so what
+	// is waited for is seen at most one interval late however slow the
+	// questions are; a poll that outlasts it is still followed by a
+	// quarter of an interval without questions.
 	Interval time.Duration
-	// MaxInterval, when above Interval, makes the wait back off: each poll
-	// that is not done lengthens the next interval by a quarter, up to
+	// MaxInterval, when above Interval, makes the wait back off: the
+	// interval grows with the time waited so far, an eighth of it, up to
 	// MaxInterval. A short wait stays quick; a long one (an ISO download,
-	// a slow start) does not ask the same question many times a second.
+	// a slow start) does not ask the same question many times a second,
+	// and is seen done at most an eighth of its length late.
 	MaxInterval time.Duration
 	// Log receives progress lines; the zero logger discards them.
 	Log zerolog.Logger
@@ -96,6 +101,7 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 	key := liveKey(spec.What)
 	defer liveEnd(spec.Log, key)
 	for poll := 1; ; poll++ {
+		pollStart := time.Now()
 		done, st, err := cond(ctx)
 		// A poll the deadline cut short saw only its own calls fail: the
 		// timeout error keeps what the last whole poll saw.
@@ -130,9 +136,9 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 				Str("elapsed", Round(time.Since(start)).String()).
 				Msgf("waiting for %s (%s elapsed)%s", spec.What, Round(time.Since(start)), suffix(status))
 		}
-		t := time.NewTimer(interval)
-		if spec.MaxInterval > interval {
-			interval = min(interval+interval/4, spec.MaxInterval)
+		t := time.NewTimer(nextPoll(interval, time.Since(pollStart)))
+		if spec.MaxInterval > spec.Interval {
+			interval = min(max(spec.Interval, time.Since(start)/backoffShare), spec.MaxInterval)
 		}
 		select {
 		case <-ctx.Done():
@@ -143,6 +149,18 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 			t.Stop()
 		}
 	}
+}
+
+// backoffShare is the share of the time waited so far that a backing-off
+// wait (Spec.MaxInterval) lets pass between polls: the longest it can see
+// a change late is an eighth of how long it has waited.
+const backoffShare = 8
+
+// nextPoll is how long to sleep after a poll that took took, for polls
+// interval apart from start to start: never less than a quarter of the
+// interval, so a poll slower than its interval does not run back to back.
+func nextPoll(interval, took time.Duration) time.Duration {
+	return max(interval-took, interval/4)
 }
 
 // pollLog records the polls of a wait that were not done, one debug line

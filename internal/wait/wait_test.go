@@ -187,3 +187,55 @@ func TestUntilWakes(t *testing.T) {
 		t.Fatalf("the wake did not end the interval: %s", d)
 	}
 }
+
+// The interval runs from the start of one poll to the start of the next: a
+// poll that takes most of it (a node asked several questions) does not add
+// its own duration to how late the wait sees what it waits for.
+func TestUntilIntervalRunsFromPollStart(t *testing.T) {
+	const interval, took = 100 * time.Millisecond, 70 * time.Millisecond
+	var starts []time.Time
+	err := Until(context.Background(), Spec{What: "slow polls", Timeout: 5 * time.Second, Interval: interval},
+		func(context.Context) (bool, string, error) {
+			starts = append(starts, time.Now())
+			time.Sleep(took)
+			return len(starts) == 5, "not yet", nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gap := starts[len(starts)-1].Sub(starts[0]) / time.Duration(len(starts)-1)
+	if gap >= interval+took/2 {
+		t.Fatalf("polls start %v apart on average with an interval of %v: the poll's %v is added to the interval", gap, interval, took)
+	}
+	// A poll slower than the interval still leaves a quarter of it idle.
+	if d := nextPoll(interval, 3*interval); d != interval/4 {
+		t.Fatalf("after a poll of 3 intervals the wait sleeps %v, want %v", d, interval/4)
+	}
+}
+
+// A backing-off wait lets at most an eighth of the time waited so far pass
+// between polls (or one Interval, early on): the end of an ISO download of
+// a few seconds is not seen a whole backed-off interval after it came.
+func TestUntilBackoffIsAShareOfTheWait(t *testing.T) {
+	const base, doneAfter = 5 * time.Millisecond, 800 * time.Millisecond
+	start := time.Now()
+	var starts []time.Duration
+	err := Until(context.Background(), Spec{What: "download", Timeout: 10 * time.Second, Interval: base, MaxInterval: 2 * time.Second},
+		func(context.Context) (bool, string, error) {
+			starts = append(starts, time.Since(start))
+			return time.Since(start) >= doneAfter, "running", nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(starts); i++ {
+		gap, waited := starts[i]-starts[i-1], starts[i-1]
+		if limit := max(base, waited/backoffShare) + 15*time.Millisecond; gap > limit {
+			t.Fatalf("poll %d came %v after the one before, %v into the wait: want at most %v", i+1, gap, waited, limit)
+		}
+	}
+	// It backs off: far fewer polls than one every Interval.
+	if limit := int(doneAfter / base / 2); len(starts) > limit {
+		t.Fatalf("%d polls in %v with a base interval of %v: it does not back off", len(starts), doneAfter, base)
+	}
+}
