@@ -61,6 +61,14 @@ func TestCriticalPath(t *testing.T) {
 	if got, want := ComputeCriticalPath(withNet), "ISO download 1s + create+start×2 4s + boot 2s + install+reboot×1 7s + bootstrap ready 1s + control plane start 1s + CNI 5s + Flux reconcile 500ms"; got.String() != want || got.Total != 21500*time.Millisecond {
 		t.Errorf("with the network start: %s = %s\nwant 21.5s = %s", got.Total, got, want)
 	}
+	// apid's restart with the applied CA comes before the install: node
+	// time on the path, in every round.
+	apid := in
+	apid.ProxmoxParallelism, apid.TalosParallelism, apid.Scale, apid.KubeStart = 4, 0, 1, time.Second
+	apid.Talos.ApplyLatency, apid.Talos.ApidRestart = 200*time.Millisecond, 800*time.Millisecond
+	if got, want := ComputeCriticalPath(apid), "ISO download 1s + create+start×2 4s + boot 2s + install+reboot×1 8s + bootstrap ready 1s + etcd 5s + Flux reconcile 500ms"; got.String() != want || got.Total != 21500*time.Millisecond {
+		t.Errorf("with apid's restart: %s = %s\nwant 21.5s = %s", got.Total, got, want)
+	}
 	// A reboot so long that the workers' certificate wait (a quarter of
 	// it, 10s) outlasts bootstrap ready and etcd (6s): the rest is on the
 	// path.
