@@ -188,26 +188,34 @@ func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, t
 // changed, and only those: the plan's dry runs already told them apart, so
 // they are not asked again as ssa's ApplyAll would. It stages them as ssa's
 // ApplyAllStaged does (fluxcd/pkg/ssa v0.76.2 manager_apply.go): CRDs,
-// namespaces and cluster roles first, one after another, waited for until
-// current (a CRD established) before the objects that need them, which go
-// in parallel. The rest is applied, not waited for: it returns
-// the applied objects for WaitApplied.
+// namespaces and cluster roles first, waited for until current (a CRD
+// established) before the objects that need them, which go in parallel.
+// The rest is applied, not waited for: it returns the applied objects for
+// WaitApplied.
 func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout time.Duration) (object.ObjMetadataSet, error) {
 	var defs, rest []*unstructured.Unstructured
+	updates := false
 	for _, ch := range changes {
 		if ch.obj == nil {
 			return nil, fmt.Errorf("%s: not a change from Plan", ch.Object)
 		}
 		if ssautil.IsClusterDefinition(ch.obj) {
 			defs = append(defs, ch.obj)
+			updates = updates || (ch.obj.GetKind() == "CustomResourceDefinition" && ch.Action != string(ssa.CreatedAction))
 		} else {
 			rest = append(rest, ch.obj)
 		}
 	}
-	// CRDs one after another, as ssa and the flux CLI apply them: a CRD's
-	// create or update makes the API server build or rebuild its storage,
-	// and the controllers may be starting and listing them at that moment.
-	set, err := c.applyParallel(ctx, defs, 1)
+	// Definitions one after another when a CRD changes, as ssa and the
+	// flux CLI apply them: a CRD's update makes the API server rebuild its
+	// storage while the controllers that serve it may be listing. CRDs
+	// that are all new have no controller yet (their Deployments come in
+	// the next stage), and the first stage goes at once.
+	limit := applyConcurrency
+	if updates {
+		limit = 1
+	}
+	set, err := c.applyParallel(ctx, defs, limit)
 	if err != nil {
 		return set, err
 	}
@@ -245,6 +253,7 @@ func (c *Client) applyParallel(ctx context.Context, objs []*unstructured.Unstruc
 // WaitApplied waits until every applied object is current (kstatus:
 // Deployments rolled out, CRDs established, custom resources Ready).
 func (c *Client) WaitApplied(ctx context.Context, set object.ObjMetadataSet, timeout time.Duration) error {
+	set = withStatus(set)
 	if len(set) == 0 {
 		return nil
 	}
@@ -254,6 +263,37 @@ func (c *Client) WaitApplied(ctx context.Context, set object.ObjMetadataSet, tim
 		return fmt.Errorf("waiting for %d object(s) to become ready: %w", len(set), err)
 	}
 	return nil
+}
+
+// withStatus leaves out of set the kinds that have no status to wait for:
+// kstatus (fluxcd/cli-utils v1.2.3 pkg/kstatus/status generic.go) reads
+// them Current as soon as they exist and are not being deleted, which
+// their apply has just shown. Each kind left in costs a list per poll,
+// and a poll of a whole install's kinds every stagePoll spends the
+// client's rate limit that the sync's wait beside it needs.
+func withStatus(set object.ObjMetadataSet) object.ObjMetadataSet {
+	var out object.ObjMetadataSet
+	for _, m := range set {
+		if !statusless[m.GroupKind] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// statusless are the kinds without status conditions or an observed
+// generation among those the Flux install and Talos' bootstrap manifests
+// apply.
+var statusless = map[schema.GroupKind]bool{
+	{Kind: "ServiceAccount"}: true,
+	{Kind: "ConfigMap"}:      true,
+	{Kind: "Secret"}:         true,
+	{Kind: "ResourceQuota"}:  true,
+	{Group: "rbac.authorization.k8s.io", Kind: "ClusterRole"}:        true,
+	{Group: "rbac.authorization.k8s.io", Kind: "ClusterRoleBinding"}: true,
+	{Group: "rbac.authorization.k8s.io", Kind: "Role"}:               true,
+	{Group: "rbac.authorization.k8s.io", Kind: "RoleBinding"}:        true,
+	{Group: "networking.k8s.io", Kind: "NetworkPolicy"}:              true,
 }
 
 // stagePoll spaces the polls of the wait for a stage's CRDs and namespaces.

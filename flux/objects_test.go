@@ -2,8 +2,11 @@ package flux
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/fluxcd/cli-utils/pkg/object"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -100,5 +103,29 @@ func TestObjectsAndAllReady(t *testing.T) {
 	})
 	if got, err := Objects(context.Background(), noHR); err != nil || len(got) != 1 {
 		t.Errorf("without the HelmRelease kind: %v, %v", got, err)
+	}
+}
+
+// The install's wait polls only kinds that have a status to wait for: the
+// others are Current for kstatus once they exist, and listing them every
+// poll spent the rate limit the sync's wait beside it needs.
+func TestWaitAppliedSkipsKindsWithoutStatus(t *testing.T) {
+	set := object.ObjMetadataSet{
+		{GroupKind: schema.GroupKind{Kind: "ServiceAccount"}, Namespace: "flux-system", Name: "source-controller"},
+		{GroupKind: schema.GroupKind{Group: "rbac.authorization.k8s.io", Kind: "ClusterRoleBinding"}, Name: "cluster-reconciler"},
+		{GroupKind: schema.GroupKind{Group: "networking.k8s.io", Kind: "NetworkPolicy"}, Namespace: "flux-system", Name: "allow-egress"},
+		{GroupKind: schema.GroupKind{Kind: "ResourceQuota"}, Namespace: "flux-system", Name: "critical-pods"},
+		{GroupKind: schema.GroupKind{Group: "apps", Kind: "Deployment"}, Namespace: "flux-system", Name: "source-controller"},
+		{GroupKind: schema.GroupKind{Group: "apiextensions.k8s.io", Kind: "CustomResourceDefinition"}, Name: "gitrepositories.source.toolkit.fluxcd.io"},
+		{GroupKind: schema.GroupKind{Kind: "Namespace"}, Name: "flux-system"},
+		{GroupKind: schema.GroupKind{Kind: "Service"}, Namespace: "flux-system", Name: "source-controller"},
+	}
+	got := withStatus(set)
+	var kinds []string
+	for _, m := range got {
+		kinds = append(kinds, m.GroupKind.Kind)
+	}
+	if want := []string{"Deployment", "CustomResourceDefinition", "Namespace", "Service"}; !slices.Equal(kinds, want) {
+		t.Fatalf("waited for %v, want %v", kinds, want)
 	}
 }
