@@ -139,7 +139,13 @@ func (c *Client) absent(ctx context.Context, objs []*unstructured.Unstructured) 
 		g.Go(func() error {
 			list := &metav1.PartialObjectMetadataList{}
 			list.SetGroupVersionKind(k.gvk.GroupVersion().WithKind(k.gvk.Kind + "List"))
-			var opts []client.ListOption
+			// A limit lets the API server answer from etcd while the
+			// watch cache of a kind whose CRD was just created is still
+			// filling, instead of holding the list until it is
+			// (k8s.io/apiserver v0.37.0 pkg/storage/cacher/delegator.go
+			// shouldDelegateListOnNotReadyCache, KEP-4568): a second
+			// here and there on a first install.
+			opts := []client.ListOption{client.Limit(planListLimit)}
 			if k.namespace != "" {
 				opts = append(opts, client.InNamespace(k.namespace))
 			}
@@ -148,6 +154,9 @@ func (c *Client) absent(ctx context.Context, objs []*unstructured.Unstructured) 
 			case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
 			case err != nil:
 				c.log.Debug().Err(err).Str("kind", k.gvk.Kind).Msg("listing for the plan failed; dry runs decide")
+				return nil
+			case list.Continue != "":
+				// More than one page: the dry runs decide.
 				return nil
 			default:
 				for _, m := range list.Items {
@@ -165,6 +174,10 @@ func (c *Client) absent(ctx context.Context, objs []*unstructured.Unstructured) 
 	_ = g.Wait() // every list's error is handled in place
 	return out
 }
+
+// planListLimit is the page size of Plan's lists; a kind with more
+// objects in the namespace is planned by dry runs.
+const planListLimit = 500
 
 // planConcurrency bounds the dry runs of Plan in flight at once.
 const planConcurrency = 8
