@@ -125,6 +125,16 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 		Interval:      o.opts.PollInterval,
 		ProgressEvery: o.opts.ProgressEvery,
 		Log:           log,
+		// A node up from its install starts cri within seconds (Talos'
+		// boot sequence; BootstrapReady in talossim), and the bootstrap
+		// waits for it: that short stretch is polled more closely than
+		// the minutes of install and reboot before it.
+		IntervalFor: func(status string) time.Duration {
+			if status == notBootedYet {
+				return o.opts.PollInterval * 2 / 5
+			}
+			return 0
+		},
 	}
 	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
 		p, err := o.Probe(ctx, t.IP)

@@ -64,6 +64,10 @@ type SystemUp struct {
 	Detail string
 }
 
+// notBootedYet is InstalledSystemUp's detail for a configured node whose
+// installed system has not started cri yet.
+const notBootedYet = "configured, not booted from its install yet (cri is not running)"
+
 // InstalledSystemUp tells whether the configured node at ip runs its
 // installed system (see SystemUp).
 func (o *Ops) InstalledSystemUp(ctx context.Context, ip string) (SystemUp, error) {
@@ -84,7 +88,7 @@ func (o *Ops) InstalledSystemUp(ctx context.Context, ip string) (SystemUp, error
 	}
 	i := slices.IndexFunc(svcs, func(s Service) bool { return s.ID == "cri" })
 	if i < 0 || svcs[i].State != "Running" {
-		up.Detail = "configured, not booted from its install yet (cri is not running)"
+		up.Detail = notBootedYet
 		return up, nil
 	}
 	up.Installed = true

@@ -62,6 +62,11 @@ type Spec struct {
 	Log zerolog.Logger
 	// ProgressEvery spaces out progress lines (default 5s).
 	ProgressEvery time.Duration
+	// IntervalFor, when set, chooses the interval after a poll that was
+	// not done from what it saw: a state known to end within seconds (a
+	// node booted, its services starting) is polled more often than the
+	// minutes before it.
+	IntervalFor func(status string) time.Duration
 	// Wake, when set, polls again at once when it delivers (a watch on
 	// what is waited for saw it change), without waiting out the
 	// interval. The interval still bounds the time between polls: a
@@ -136,7 +141,13 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 				Str("elapsed", Round(time.Since(start)).String()).
 				Msgf("waiting for %s (%s elapsed)%s", spec.What, Round(time.Since(start)), suffix(status))
 		}
-		t := time.NewTimer(nextPoll(interval, time.Since(pollStart)))
+		next := interval
+		if spec.IntervalFor != nil {
+			if d := spec.IntervalFor(st); d > 0 {
+				next = d
+			}
+		}
+		t := time.NewTimer(nextPoll(next, time.Since(pollStart)))
 		if spec.MaxInterval > spec.Interval {
 			interval = min(max(spec.Interval, time.Since(start)/backoffShare), spec.MaxInterval)
 		}

@@ -239,3 +239,35 @@ func TestUntilBackoffIsAShareOfTheWait(t *testing.T) {
 		t.Fatalf("%d polls in %v with a base interval of %v: it does not back off", len(starts), doneAfter, base)
 	}
 }
+
+// IntervalFor picks the next interval from what the poll saw: a state
+// known to be short is polled more closely than the rest.
+func TestUntilIntervalFor(t *testing.T) {
+	var starts []time.Time
+	err := Until(context.Background(), Spec{What: "node", Timeout: 5 * time.Second, Interval: 200 * time.Millisecond,
+		IntervalFor: func(status string) time.Duration {
+			if status == "booted" {
+				return 20 * time.Millisecond
+			}
+			return 0
+		}},
+		func(context.Context) (bool, string, error) {
+			starts = append(starts, time.Now())
+			switch {
+			case len(starts) < 2:
+				return false, "installing", nil
+			case len(starts) < 6:
+				return false, "booted", nil
+			}
+			return true, "", nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gap := starts[1].Sub(starts[0]); gap < 150*time.Millisecond {
+		t.Fatalf("after an ordinary status the next poll came %v later, want the interval", gap)
+	}
+	if gap := starts[5].Sub(starts[2]) / 3; gap > 100*time.Millisecond {
+		t.Fatalf("while booted polls came %v apart, want IntervalFor's 20ms", gap)
+	}
+}
