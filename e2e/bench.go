@@ -146,9 +146,10 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 
 // FluxReconcileTime reads, from the API server's audit log, how long the
 // Flux controllers took from the runner's first write of the GitRepository
-// to the Kustomization's last status update before the run's flux stage
-// ended.
-func (h *Harness) FluxReconcileTime(fluxEnd time.Time) (time.Duration, error) {
+// since fluxStart (its creation on a bring-up; after a restore, the
+// reconcile request the runner stamps on the restored object) to the
+// Kustomization's last status update before fluxEnd.
+func (h *Harness) FluxReconcileTime(fluxStart, fluxEnd time.Time) (time.Duration, error) {
 	evs, err := kube.ReadAuditLog(h.Lab.AuditLogPath())
 	if err != nil {
 		return 0, err
@@ -156,7 +157,8 @@ func (h *Harness) FluxReconcileTime(fluxEnd time.Time) (time.Duration, error) {
 	var start, end time.Time
 	for _, e := range evs {
 		switch {
-		case start.IsZero() && e.User.Username == kube.AdminUser && !e.DryRun() && e.ObjectRef.Resource == "gitrepositories" && e.ObjectRef.Subresource == "":
+		case start.IsZero() && e.User.Username == kube.AdminUser && !e.DryRun() && e.ObjectRef.Resource == "gitrepositories" && e.ObjectRef.Subresource == "" &&
+			!e.RequestReceivedTimestamp.Before(fluxStart) && e.Verb != "get" && e.Verb != "list" && e.Verb != "watch":
 			start = e.RequestReceivedTimestamp
 		case !start.IsZero() && e.User.Username == kube.LabAdminUser && e.ObjectRef.Resource == "kustomizations" && e.ObjectRef.Subresource == "status" &&
 			!e.RequestReceivedTimestamp.After(fluxEnd):

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -112,4 +113,24 @@ func labManifests(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// A rendering lowers the GC target while kustomize runs and puts back the
+// one it found, also when renderings overlap.
+func TestTightGCRestoresTheTarget(t *testing.T) {
+	before := debug.SetGCPercent(150)
+	defer debug.SetGCPercent(before)
+	first := tightGC()
+	second := tightGC()
+	if got := debug.SetGCPercent(renderGCPercent); got != renderGCPercent {
+		t.Fatalf("GC target %d while rendering, want %d", got, renderGCPercent)
+	}
+	first()
+	if got := debug.SetGCPercent(renderGCPercent); got != renderGCPercent {
+		t.Fatalf("GC target %d while a second rendering runs, want %d", got, renderGCPercent)
+	}
+	second()
+	if got := debug.SetGCPercent(150); got != 150 {
+		t.Fatalf("GC target %d after the renderings, want the 150 it was", got)
+	}
 }
