@@ -142,7 +142,7 @@ func (c *Client) absent(ctx context.Context, objs []*unstructured.Unstructured) 
 			// A limit lets the API server answer from etcd while the
 			// watch cache of a kind whose CRD was just created is still
 			// filling, instead of holding the list until it is
-			// (k8s.io/apiserver v0.37.0 pkg/storage/cacher/delegator.go
+			// (k8s.io/apiserver v0.36.1 pkg/storage/cacher/delegator.go
 			// shouldDelegateListOnNotReadyCache, KEP-4568): a second
 			// here and there on a first install.
 			opts := []client.ListOption{client.Limit(planListLimit)}

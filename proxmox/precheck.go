@@ -457,6 +457,19 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 		}},
 		f.gated("proxmox: cluster quorum", f.checkQuorum),
 		f.gated("proxmox: privileges", func(ctx context.Context) (check.Status, string) {
+			// The reads below are independent and shared with other
+			// checks: asked at once, the check waits for the slowest
+			// instead of their sum; each is read back from its fact.
+			var reads sync.WaitGroup
+			for _, read := range []func(){
+				func() { _, _ = f.getPlans(ctx) },
+				func() { _, _ = f.isoPresent(ctx) },
+				func() { _, _ = f.getBridges(ctx) },
+				func() { _, _ = f.getPlaced(ctx) },
+			} {
+				reads.Go(read)
+			}
+			reads.Wait()
 			v, err := f.getVersion(ctx)
 			if err != nil {
 				return check.Failf("cannot read version: %v", err)

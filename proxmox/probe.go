@@ -37,7 +37,8 @@ type TalosWait struct {
 	// Port defaults to TalosAPIPort.
 	Port    int
 	Timeout time.Duration
-	// Interval between probes of one node (default 250ms).
+	// Interval between probes of one node (default 100ms: a probe of a
+	// node still booting is a refused or unanswered connect).
 	Interval time.Duration
 	Log      zerolog.Logger
 }
@@ -49,7 +50,7 @@ func WaitTalosAPI(ctx context.Context, w TalosWait) error {
 		w.Port = TalosAPIPort
 	}
 	if w.Interval <= 0 {
-		w.Interval = 250 * time.Millisecond
+		w.Interval = 100 * time.Millisecond
 	}
 	names := make([]string, 0, len(w.Nodes))
 	for n := range w.Nodes {
