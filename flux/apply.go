@@ -143,8 +143,8 @@ func (c *Client) absent(ctx context.Context, objs []*unstructured.Unstructured) 
 			// watch cache of a kind whose CRD was just created is still
 			// filling, instead of holding the list until it is
 			// (k8s.io/apiserver v0.36.1 pkg/storage/cacher/delegator.go
-			// shouldDelegateListOnNotReadyCache, KEP-4568): a second
-			// here and there on a first install.
+			// shouldDelegateListOnNotReadyCache, KEP-4568): about a
+			// second for the sync objects in the lab's 1-node runs.
 			opts := []client.ListOption{client.Limit(planListLimit)}
 			if k.namespace != "" {
 				opts = append(opts, client.InNamespace(k.namespace))
@@ -281,9 +281,8 @@ func (c *Client) WaitApplied(ctx context.Context, set object.ObjMetadataSet, tim
 // withStatus leaves out of set the kinds that have no status to wait for:
 // kstatus (fluxcd/cli-utils v1.2.3 pkg/kstatus/status generic.go) reads
 // them Current as soon as they exist and are not being deleted, which
-// their apply has just shown. Each kind left in costs a list per poll,
-// and a poll of a whole install's kinds every stagePoll spends the
-// client's rate limit that the sync's wait beside it needs.
+// their apply has just shown. Each kind left in costs a list per poll of
+// the install's wait, which runs beside the sync's on the same client.
 func withStatus(set object.ObjMetadataSet) object.ObjMetadataSet {
 	var out object.ObjMetadataSet
 	for _, m := range set {
