@@ -400,7 +400,7 @@ type Privileges map[string]bool
 func (c *Client) Permissions(ctx context.Context, paths []string) (map[string]Privileges, error) {
 	paths = slices.Compact(slices.Sorted(slices.Values(paths)))
 	got := make([]Privileges, len(paths))
-	// One question per path, all at once: a run needs six to a dozen
+	// One question per path, up to 16 at once: a run needs six to a dozen
 	// paths, and the check waits for the slowest answer, not the sum.
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(16)
