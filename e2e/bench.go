@@ -144,12 +144,19 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 	return CriticalPath{Total: total, Parts: parts}
 }
 
-// FluxReconcileTime reads, from the API server's audit log, how long the
-// Flux controllers took from the runner's first write of the GitRepository
-// since fluxStart (its creation on a bring-up; after a restore, the
-// reconcile request the runner stamps on the restored object) to the
-// Kustomization's last status update before fluxEnd.
-func (h *Harness) FluxReconcileTime(fluxStart, fluxEnd time.Time) (time.Duration, error) {
+// FluxReconcileTime reads, from the API server's audit log (which records
+// writes only), how long the Flux controllers took in the last run's flux
+// stage: from the runner's first write of the GitRepository in it (its
+// creation on a bring-up; after a restore, the reconcile request the
+// runner stamps on the restored object) to the Kustomization's last
+// status update before the stage ended.
+func (h *Harness) FluxReconcileTime() (time.Duration, error) {
+	starts, durs, err := h.StageTimes()
+	if err != nil {
+		return 0, err
+	}
+	fluxStart := starts[stages.Flux]
+	fluxEnd := fluxStart.Add(durs[stages.Flux])
 	evs, err := kube.ReadAuditLog(h.Lab.AuditLogPath())
 	if err != nil {
 		return 0, err
@@ -158,7 +165,7 @@ func (h *Harness) FluxReconcileTime(fluxStart, fluxEnd time.Time) (time.Duration
 	for _, e := range evs {
 		switch {
 		case start.IsZero() && e.User.Username == kube.AdminUser && !e.DryRun() && e.ObjectRef.Resource == "gitrepositories" && e.ObjectRef.Subresource == "" &&
-			!e.RequestReceivedTimestamp.Before(fluxStart) && e.Verb != "get" && e.Verb != "list" && e.Verb != "watch":
+			!e.RequestReceivedTimestamp.Before(fluxStart):
 			start = e.RequestReceivedTimestamp
 		case !start.IsZero() && e.User.Username == kube.LabAdminUser && e.ObjectRef.Resource == "kustomizations" && e.ObjectRef.Subresource == "status" &&
 			!e.RequestReceivedTimestamp.After(fluxEnd):

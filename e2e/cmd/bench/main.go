@@ -267,7 +267,7 @@ func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossi
 	if err := h.PostcheckGreen(); err != nil {
 		return nil, nil, e2e.PathInput{}, err
 	}
-	starts, durs, err := h.StageTimes()
+	_, durs, err := h.StageTimes()
 	if err != nil {
 		return nil, nil, e2e.PathInput{}, err
 	}
@@ -279,7 +279,7 @@ func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossi
 	if err != nil {
 		return nil, nil, e2e.PathInput{}, err
 	}
-	flux, err := h.FluxReconcileTime(starts[stages.Flux], starts[stages.Flux].Add(durs[stages.Flux]))
+	flux, err := h.FluxReconcileTime()
 	if err != nil {
 		return nil, nil, e2e.PathInput{}, err
 	}
@@ -420,18 +420,16 @@ func measureRestore(ctx context.Context, h *e2e.Harness, r *row) error {
 	if err := h.PostcheckGreen(); err != nil {
 		return err
 	}
-	starts, durs, err := h.StageTimes()
-	if err != nil {
+	if _, r.restoreStages, err = h.StageTimes(); err != nil {
 		return err
 	}
-	r.restoreStages = durs
 	// The restore's own path: the VMs wait in maintenance mode, so it
 	// starts at the config apply; the node and etcd parts are the
 	// bring-up's, Flux's is this restore's own (the restored objects are
 	// asked to reconcile, by controllers that start on the new cluster).
 	in := r.critIn
 	in.Provisioned = true
-	if in.FluxReconcile, err = h.FluxReconcileTime(starts[stages.Flux], starts[stages.Flux].Add(durs[stages.Flux])); err != nil {
+	if in.FluxReconcile, err = h.FluxReconcileTime(); err != nil {
 		return fmt.Errorf("the restore's Flux reconcile: %w", err)
 	}
 	r.restoreCrit = e2e.ComputeCriticalPath(in)
