@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -20,24 +21,59 @@ func NewRunDir(dir string, now time.Time) (string, error) {
 }
 
 // NewTimestampDir creates parent/<UTC-timestamp>/ and returns its path; a
-// second one within the same second gets a numeric suffix, so nothing is
-// ever overwritten.
+// second one within the same second gets a numeric suffix above every
+// suffix that second already has, so nothing is ever overwritten and a
+// newer directory never sorts before an older one (timestampLess), even
+// after KeepNewest removed the second's first directory.
 func NewTimestampDir(parent string, now time.Time) (string, error) {
-	base := filepath.Join(parent, now.UTC().Format(TimestampLayout))
-	path := base
-	for i := 1; ; i++ {
-		err := os.MkdirAll(filepath.Dir(path), 0o700)
-		if err == nil {
-			err = os.Mkdir(path, 0o700)
+	base := now.UTC().Format(TimestampLayout)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", err
+	}
+	next := 0
+	if entries, err := os.ReadDir(parent); err == nil {
+		for _, e := range entries {
+			if b, n := splitSuffix(e.Name()); b == base {
+				next = max(next, n+1)
+			}
 		}
+	}
+	for i := next; ; i++ {
+		name := base
+		if i > 0 {
+			name += "-" + strconv.Itoa(i)
+		}
+		path := filepath.Join(parent, name)
+		err := os.Mkdir(path, 0o700)
 		if err == nil {
 			return path, nil
 		}
-		if !os.IsExist(err) || i > 100 {
+		if !os.IsExist(err) || i > next+100 {
 			return "", err
 		}
-		path = base + "-" + strconv.Itoa(i)
 	}
+}
+
+// splitSuffix splits a NewTimestampDir name into its timestamp and its
+// same-second suffix (0 for none).
+func splitSuffix(name string) (string, int) {
+	if i := strings.LastIndexByte(name, '-'); i > 0 {
+		if n, err := strconv.Atoi(name[i+1:]); err == nil && n > 0 {
+			return name[:i], n
+		}
+	}
+	return name, 0
+}
+
+// timestampLess orders NewTimestampDir names by time, then by suffix as a
+// number ("-10" after "-9").
+func timestampLess(a, b string) bool {
+	ab, an := splitSuffix(a)
+	bb, bn := splitSuffix(b)
+	if ab != bb {
+		return ab < bb
+	}
+	return an < bn
 }
 
 // KeepNewest removes all but the newest keep entries of parent whose names
@@ -60,7 +96,7 @@ func KeepNewest(parent string, keep int) ([]string, error) {
 			names = append(names, e.Name())
 		}
 	}
-	sort.Strings(names)
+	sort.Slice(names, func(i, j int) bool { return timestampLess(names[i], names[j]) })
 	var removed []string
 	for len(names) > keep {
 		p := filepath.Join(parent, names[0])

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -182,5 +183,33 @@ func TestKeepNewest(t *testing.T) {
 	left, _ := os.ReadDir(filepath.Join(dir, RunsDirName))
 	if len(left) != 3 || left[0].Name() != "20260101T020000Z" {
 		t.Fatalf("kept the wrong ones: %v", left)
+	}
+}
+
+// Many directories within one second, pruned as they come (postchecks a
+// second apart or less, keep 2): each new one is the newest by name, so
+// pruning never removes the one just made, and "-10" sorts after "-9".
+func TestTimestampDirsWithinOneSecond(t *testing.T) {
+	parent := t.TempDir()
+	now := time.Date(2026, 11, 27, 14, 43, 7, 0, time.UTC)
+	for i := 0; i < 12; i++ {
+		p, err := NewTimestampDir(parent, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := KeepNewest(parent, 2); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("directory %d, just made, is gone after pruning: %v", i+1, err)
+		}
+	}
+	left, _ := os.ReadDir(parent)
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	if want := []string{"20261127T144307Z-10", "20261127T144307Z-11"}; !slices.Equal(names, want) {
+		t.Fatalf("kept %v, want the two newest %v", names, want)
 	}
 }
