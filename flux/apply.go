@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/fluxcd/cli-utils/pkg/kstatus/polling"
+	"github.com/fluxcd/cli-utils/pkg/kstatus/status"
 	"github.com/fluxcd/cli-utils/pkg/object"
 	"github.com/fluxcd/pkg/ssa"
 	ssautil "github.com/fluxcd/pkg/ssa/utils"
@@ -233,10 +235,7 @@ func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout tim
 		return set, err
 	}
 	if len(set) > 0 {
-		wctx, cancel := context.WithTimeout(ctx, timeout)
-		err := c.rm.WaitForSetWithContext(wctx, set, ssa.WaitOptions{Interval: stagePoll, Timeout: timeout})
-		cancel()
-		if err != nil {
+		if err := c.waitSet(ctx, set, stagePoll, timeout); err != nil {
 			return set, fmt.Errorf("waiting for %d CRD(s), namespace(s) and cluster role(s): %w", len(set), err)
 		}
 	}
@@ -270,12 +269,73 @@ func (c *Client) WaitApplied(ctx context.Context, set object.ObjMetadataSet, tim
 	if len(set) == 0 {
 		return nil
 	}
-	wctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if err := c.rm.WaitForSetWithContext(wctx, set, ssa.WaitOptions{Interval: 250 * time.Millisecond, Timeout: timeout}); err != nil {
+	if err := c.waitSet(ctx, set, 250*time.Millisecond, timeout); err != nil {
 		return fmt.Errorf("waiting for %d object(s) to become ready: %w", len(set), err)
 	}
 	return nil
+}
+
+// waitSet waits with ssa, polling every interval, until every object in
+// set is current. ssa names the objects that are not when its time runs
+// out, but only once its context says so (fluxcd/pkg/ssa v0.76.2
+// manager_wait.go WaitForSetWithContext): a poll that starts as the
+// deadline falls fails first in client-go's rate limiter ("would exceed
+// context deadline"), and ssa returns that error alone. An error in the
+// wait's last interval is therefore reported as the timeout it is, with
+// the objects read once more and the error kept.
+func (c *Client) waitSet(ctx context.Context, set object.ObjMetadataSet, interval, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := c.rm.WaitForSetWithContext(wctx, set, ssa.WaitOptions{Interval: interval, Timeout: timeout})
+	if err == nil || ctx.Err() != nil || time.Until(deadline) > interval || strings.HasPrefix(err.Error(), ssaTimeout) {
+		return err
+	}
+	rctx, rcancel := context.WithTimeout(ctx, readBackTimeout)
+	defer rcancel()
+	return fmt.Errorf("%s: [%s] (the last poll: %w)", ssaTimeout, strings.Join(c.notCurrent(rctx, set), ", "), err)
+}
+
+// ssaTimeout begins ssa's own timeout error.
+const ssaTimeout = "timeout waiting for"
+
+// readBackTimeout bounds the reads that name what a timed-out wait saw.
+const readBackTimeout = 10 * time.Second
+
+// notCurrent describes, as ssa does, each object of set that kstatus does
+// not read as Current now.
+func (c *Client) notCurrent(ctx context.Context, set object.ObjMetadataSet) []string {
+	var out []string
+	for _, id := range set {
+		st, msg := string(status.UnknownStatus), ""
+		if m, err := c.kube.RESTMapper().RESTMapping(id.GroupKind); err != nil {
+			msg = err.Error()
+		} else {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(m.GroupVersionKind)
+			switch err := c.kube.Get(ctx, client.ObjectKey{Namespace: id.Namespace, Name: id.Name}, u); {
+			case apierrors.IsNotFound(err):
+				st = string(status.NotFoundStatus)
+			case err != nil:
+				msg = err.Error()
+			default:
+				if res, err := status.Compute(u); err != nil {
+					msg = err.Error()
+				} else {
+					st, msg = string(res.Status), res.Message
+				}
+			}
+		}
+		if st == string(status.CurrentStatus) {
+			continue
+		}
+		d := fmt.Sprintf("%s status: '%s'", ssautil.FmtObjMetadata(id), st)
+		if msg != "" {
+			d += ": " + msg
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 // withStatus leaves out of set the kinds that have no status to wait for:
