@@ -58,9 +58,12 @@ type Options struct {
 	TalosVersion string
 	// KubernetesVersion the config names (lab.Options).
 	KubernetesVersion string
-	Profile           string
-	TimeScale         float64
-	Seed              int64
+	// FluxVersion the config names (lab.Options: the lab serves only the
+	// default one).
+	FluxVersion string
+	Profile     string
+	TimeScale   float64
+	Seed        int64
 	// BinDir holds the lab binaries (default kube.DefaultBinDir()).
 	BinDir string
 	// KeepKubeData keeps the control plane's data and server logs in
@@ -97,7 +100,7 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 		kubeData = filepath.Join(o.Dir, "kube")
 	}
 	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
-		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion,
+		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion, FluxVersion: o.FluxVersion,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
 		OnNodeBoot: o.OnNodeBoot, Log: o.Log,
 	})

@@ -389,3 +389,70 @@ func TestKubernetesUpgradeAfterATalosMinor(t *testing.T) {
 		t.Fatalf("postcheck after the upgrade:\n%s", pc.Tail(30))
 	}
 }
+
+// TestKubernetesFirstUpgrade: a cluster at Talos v1.12.6 and Kubernetes
+// 1.30.14 (the lab's real 1.30 servers) is moved to Talos v1.13.3 and
+// Kubernetes 1.31.0 in one edit. Talos v1.13 does not run Kubernetes 1.30
+// (machinery compatibility talos113: minimum 1.31): upgrading Talos first
+// would leave the node on v1.13.3 with 1.30 images, where Talos refuses
+// every config that still names one, so no component could move after.
+// The dry run must plan Kubernetes first and apply nothing; the run moves
+// the real servers and the kubelet to 1.31.0 on v1.12.6, then Talos, syncs
+// kube-proxy to the new version and ends healthy.
+//
+// The lab runs only Flux v2.9.5, which needs Kubernetes 1.33 (config
+// validate refuses it with 1.30), so the config names Flux v2.5.1 and the
+// cluster runs every stage but flux: "healthy" is the talos stage's own
+// health wait after the upgrade and the infra stage converged on 1.31.
+func TestKubernetesFirstUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 6*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, TalosVersion: "v1.12.6", KubernetesVersion: "1.30.14", FluxVersion: "v2.5.1"})
+	for _, stage := range []string{"provision", "talos", "infra"} {
+		if r := run(t, ctx, h, "run", "--stage", stage); r.ExitCode != 0 {
+			t.Fatalf("%s at v1.12.6 and 1.30.14:\n%s", stage, r.Tail(40))
+		}
+	}
+	if api, _ := kubeState(t, ctx, h); api != "v1.30.14" {
+		t.Fatalf("the lab's API server runs %s, want v1.30.14", api)
+	}
+	// Each edit must leave a valid config: Kubernetes first here too.
+	setKubernetesVersion(t, h, "1.31.0")
+	setTalosVersion(t, h, "v1.12.6", "v1.13.3")
+	before := applies(h)
+	dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
+	kube := strings.Index(dry.Stdout, "upgrade kube-apiserver on cp-1 1.30.14 → 1.31.0")
+	talos := strings.Index(dry.Stdout, "upgrade Talos on cp-1 v1.12.6 → v1.13.3")
+	if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "Kubernetes first, then Talos") || kube < 0 || talos < kube {
+		t.Fatalf("dry run of Talos v1.13.3 with Kubernetes 1.31.0 must plan Kubernetes, then Talos (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
+	}
+	if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("the dry run applied configs: %v → %v", before, after)
+	}
+	real := run(t, ctx, h, "run", "--stage", "talos")
+	if real.ExitCode != 0 {
+		t.Fatalf("the upgrade failed:\n%s", real.Tail(40))
+	}
+	// The UI's lines are in the log (stderr) when stdout is no terminal.
+	if k, tl := strings.Index(real.Stderr, "upgrade kube-apiserver on cp-1 1.30.14 → 1.31.0"), strings.Index(real.Stderr, "upgrade Talos on cp-1 v1.12.6 → v1.13.3"); k < 0 || tl < k {
+		t.Fatalf("the run did not move Kubernetes before Talos:\n%s", real.Stderr)
+	}
+	// The stage's summary reads the API server after the rollout, not
+	// what the converge saw before it.
+	if !strings.Contains(real.Stderr, "Kubernetes API v1.31.0 answers") {
+		t.Fatalf("the talos stage's summary does not name the upgraded API server:\n%s", real.Stderr)
+	}
+	api, kubelets := kubeState(t, ctx, h)
+	if api != "v1.31.0" || kubelets["cp-1"] != "v1.31.0" {
+		t.Fatalf("after the upgrade the API server runs %s and the kubelet %s", api, kubelets["cp-1"])
+	}
+	if v := nodeNamed(t, h, "cp-1").Version(); v != "v1.13.3" {
+		t.Fatalf("cp-1 runs Talos %s after the upgrade, want v1.13.3", v)
+	}
+	if img := kubeProxyImage(t, ctx, h); !strings.HasSuffix(img, ":v1.31.0") {
+		t.Fatalf("kube-proxy runs %s after the upgrade to 1.31.0", img)
+	}
+	if r := run(t, ctx, h, "run", "--stage", "infra"); r.ExitCode != 0 {
+		t.Fatalf("infra after the upgrade:\n%s", r.Tail(30))
+	}
+}

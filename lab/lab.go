@@ -68,6 +68,12 @@ type Options struct {
 	// KubernetesVersion, when set, is written as cluster.kubernetesVersion
 	// (an older Talos needs an older Kubernetes to make a valid config).
 	KubernetesVersion string
+	// FluxVersion, when set, is written as flux.version. The lab serves
+	// and runs only config.DefaultFluxVersion, so another one is for a
+	// test that never runs the flux stage: a cluster below that Flux's
+	// Kubernetes floor (config validate refuses the pair) still has a
+	// valid config with an older Flux named.
+	FluxVersion string
 	// BinDir holds the lab binaries (default: kube.DefaultBinDir()).
 	BinDir string
 	// Audit makes the API server keep an audit log of every write (who,
@@ -515,6 +521,9 @@ postcheck:
 		abs(tokenFile), abs(l.gitDir), o.TalosVersion, l.proxmoxOptionLines())
 	if o.KubernetesVersion != "" {
 		cfg = strings.Replace(cfg, "  talosVersion: "+o.TalosVersion+"\n", "  talosVersion: "+o.TalosVersion+"\n  kubernetesVersion: "+o.KubernetesVersion+"\n", 1)
+	}
+	if o.FluxVersion != "" {
+		cfg = strings.Replace(cfg, "flux:\n", "flux:\n  version: "+o.FluxVersion+"\n", 1)
 	}
 	if err := fsutil.WriteAtomic(o.ConfigPath, []byte(cfg), 0o644); err != nil {
 		return "", err

@@ -32,6 +32,9 @@ type kubeUpgrade struct {
 	configured talos.KubeVersions
 	// order is which of Talos and Kubernetes moves first (upgradeInOrder).
 	order talos.UpgradeOrder
+	// apiServerVersion is what the API server answers once a rollout
+	// moved it ("" when none did): the converge read it before.
+	apiServerVersion string
 }
 
 // pinKubernetes keeps the converge from moving Kubernetes: every node that
@@ -245,6 +248,9 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 		return err
 	}
 	recordKubernetesVersion(env, targets, want)
+	if v, err := kc.Discovery().ServerVersion(); err == nil {
+		ku.apiServerVersion = v.GitVersion
+	}
 	env.UI.OK("Kubernetes %s on %d node(s)", want, len(nodes))
 	return nil
 }

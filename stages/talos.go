@@ -155,8 +155,12 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if err := upgradeInOrder(ctx, env, ops, ku, targets, conv); err != nil {
 		return err
 	}
+	api := conv.APIServerVersion
+	if ku.apiServerVersion != "" {
+		api = ku.apiServerVersion
+	}
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
-		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), conv.APIServerVersion, keptFiles(env).Path(env.Paths.Kubeconfig))
+		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), api, keptFiles(env).Path(env.Paths.Kubeconfig))
 	return mergeUserConfigs(env, res.Talosconfig)
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 )
@@ -35,9 +36,9 @@ const (
 )
 
 // binaryNames are the executables every lab needs (build.sh --demo builds
-// these). The previous Kubernetes minor's servers (prefixed previous-) are
-// built only by a full build.sh (make lab-bins, make test): only upgrade
-// rehearsals start them, and ServerBinary says when they are missing.
+// these). The other Kubernetes minors' servers (prefixed previous-, 1.30-,
+// 1.31-) are built only by a full build.sh (make lab-bins, make test): only
+// upgrade rehearsals start them, and ServerBinary says when they are missing.
 var binaryNames = []string{
 	"etcd", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
 	"source-controller", "kustomize-controller", "helm-controller",
@@ -129,16 +130,21 @@ func (b *Binaries) PreviousKubernetesVersion() string {
 
 // ServerBinary returns the executable of a Kubernetes server
 // (kube-apiserver, kube-controller-manager, kube-scheduler) for version and
-// the version that build reports. The lab builds two versions, the pinned
-// one and the previous minor; a version is served by the build of its
-// minor, whatever its patch (the patch the build reports is what the server
-// says). Empty: the pinned version. Another minor is an error naming both.
+// the version that build reports. The lab builds the pinned version, the
+// previous minor and the minors a Kubernetes-first upgrade crosses (every
+// k8s.io/kubernetes@<name> in the manifest, binaries prefixed <name>-); a
+// version is served by the build of its minor, whatever its patch (the
+// patch the build reports is what the server says). Empty: the pinned
+// version. Another minor is an error naming the built ones.
 func (b *Binaries) ServerBinary(name, version string) (path, runs string, err error) {
 	if version == "" {
 		return b.Path(name), b.KubernetesVersion(), nil
 	}
 	v := "v" + strings.TrimPrefix(version, "v")
-	for _, build := range []struct{ prefix, version string }{{"", b.KubernetesVersion()}, {"previous-", b.PreviousKubernetesVersion()}} {
+	builds := b.kubernetesBuilds()
+	var have []string
+	for _, build := range builds {
+		have = append(have, build.version)
 		if minorOf(build.version) != "" && minorOf(build.version) == minorOf(v) {
 			path := b.Path(build.prefix + name)
 			if fi, err := os.Stat(path); err != nil || fi.Mode()&0o111 == 0 {
@@ -147,8 +153,27 @@ func (b *Binaries) ServerBinary(name, version string) (path, runs string, err er
 			return path, build.version, nil
 		}
 	}
-	return "", "", fmt.Errorf("the lab builds %s %s and %s, not %s (lab/tools/kubernetes and lab/tools/kubernetes-previous pin them)",
-		name, b.KubernetesVersion(), b.PreviousKubernetesVersion(), v)
+	return "", "", fmt.Errorf("the lab builds %s %s, not %s (lab/tools/kubernetes* pin them)", name, strings.Join(have, ", "), v)
+}
+
+// kubernetesBuild is one Kubernetes version the lab builds servers of.
+type kubernetesBuild struct{ prefix, version string }
+
+// kubernetesBuilds lists the pinned build first, then the others the
+// manifest names, by module key.
+func (b *Binaries) kubernetesBuilds() []kubernetesBuild {
+	out := []kubernetesBuild{{"", b.KubernetesVersion()}}
+	var keys []string
+	for k := range b.Modules {
+		if strings.HasPrefix(k, modKubernetes+"@") {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		out = append(out, kubernetesBuild{prefix: strings.TrimPrefix(k, modKubernetes+"@") + "-", version: b.Modules[k].Version})
+	}
+	return out
 }
 
 // minorOf returns "v1.36" of "v1.36.1" ("" when it is not a version).

@@ -16,6 +16,7 @@ func TestLoadBinariesWithoutThePreviousMinor(t *testing.T) {
 	manifest := `{"modules": {
   "k8s.io/kubernetes": {"version": "v1.36.1"},
   "k8s.io/kubernetes@previous": {"version": "v1.35.4"},
+  "k8s.io/kubernetes@1.30": {"version": "v1.30.14"},
   "go.etcd.io/etcd/server/v3": {"version": "v3.6.5"},
   "sigs.k8s.io/kwok": {"version": "v0.8.0"},
   "github.com/fluxcd/source-controller": {"version": "v1.9.5"},
@@ -46,6 +47,15 @@ func TestLoadBinariesWithoutThePreviousMinor(t *testing.T) {
 	}
 	if _, runs, err := b.ServerBinary("kube-apiserver", "1.35.0"); err != nil || runs != "v1.35.4" {
 		t.Fatalf("previous minor once built: %s %v", runs, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "1.30-kube-apiserver"), []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if path, runs, err := b.ServerBinary("kube-apiserver", "v1.30.2"); err != nil || runs != "v1.30.14" || path != filepath.Join(dir, "1.30-kube-apiserver") {
+		t.Fatalf("an older minor named in the manifest: %s %s %v", path, runs, err)
+	}
+	if _, _, err := b.ServerBinary("kube-apiserver", "1.29.0"); err == nil || !strings.Contains(err.Error(), "v1.36.1, v1.30.14, v1.35.4") {
+		t.Fatalf("a minor not built must name the built ones, got %v", err)
 	}
 	if err := os.Remove(filepath.Join(dir, "kwok")); err != nil {
 		t.Fatal(err)

@@ -105,7 +105,7 @@ type Options struct {
 	// KubernetesVersions picks, per server (kube-apiserver,
 	// kube-controller-manager, kube-scheduler), the Kubernetes version it
 	// starts at ("1.35.4" or "v1.35.4"): the lab builds the pinned version
-	// and the previous minor, and runs the build of the same minor (see
+	// and a few other minors, and runs the build of the same minor (see
 	// Binaries.ServerBinary). A server not named runs the pinned version.
 	KubernetesVersions map[string]string
 	// FluxStoragePort is the port source-controller serves artifacts on

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the lab's binaries (etcd, etcdutl, kube-apiserver, kube-controller-manager,
 # kube-scheduler and the same three of the previous Kubernetes minor, prefixed
-# previous-, kwok, source-controller, kustomize-controller, helm-controller,
+# previous-, and of the two minors a Kubernetes-first upgrade crosses
+# (prefixed 1.30- and 1.31-, see lab/tools/kubernetes-1.30), kwok, source-controller, kustomize-controller, helm-controller,
 # controller-gen, versitygw (the S3 server of backup.s3), and the users' tools
 # the e2e tests run: kubectl, age,
 # sops, helm, flux, node_exporter) from the Go
@@ -10,8 +11,8 @@
 # real Helm chart the lab's chart repository serves. Builds nothing when the
 # binaries are already built for the pinned versions.
 #
-# --demo builds only what a lab needs to run (make demo): the previous
-# Kubernetes minor, used only by the upgrade tests, and the CLIs, used only
+# --demo builds only what a lab needs to run (make demo): the other
+# Kubernetes minors, used only by the upgrade tests, and the CLIs, used only
 # by e2e, are left for make test.
 # Every module download starts at once, and the binaries build in two chains
 # side by side (the Kubernetes control plane; everything else): one go build
@@ -44,6 +45,14 @@ mod_dir() { (cd "$tools_dir/$1" && go mod download -json "$2" >/dev/null && go l
 
 k8s_version=$(mod_version kubernetes k8s.io/kubernetes)
 k8s_previous_version=$(mod_version kubernetes-previous k8s.io/kubernetes)
+# The minors a Kubernetes-first upgrade crosses: the last one the pinned
+# Talos cannot run and its minimum (e2e TestKubernetesFirstUpgrade). Each
+# module dir is kubernetes-<minor>; its servers are prefixed <minor>-.
+k8s_skew_minors=(1.30 1.31)
+declare -A k8s_skew_versions=()
+for m in "${k8s_skew_minors[@]}"; do
+	k8s_skew_versions[$m]=$(mod_version "kubernetes-$m" k8s.io/kubernetes)
+done
 etcd_version=$(mod_version etcd go.etcd.io/etcd/server/v3)
 kwok_version=$(mod_version kwok sigs.k8s.io/kwok)
 source_controller_version=$(mod_version flux github.com/fluxcd/source-controller)
@@ -109,6 +118,11 @@ declare -A specs=(
 	[node_exporter]="node-exporter|github.com/prometheus/node_exporter|-X github.com/prometheus/common/version.Version=${node_exporter_version#v}"
 	[flux]="flux-cli|github.com/fluxcd/flux2/v2/cmd/flux|-X main.VERSION=${flux_cli_version#v}"
 )
+for m in "${k8s_skew_minors[@]}"; do
+	for server in kube-apiserver kube-controller-manager kube-scheduler; do
+		specs[$m-$server]="kubernetes-$m|k8s.io/kubernetes/cmd/$server|$(k8s_ldflags "${k8s_skew_versions[$m]}")"
+	done
+done
 # The two build chains. The control plane's three commands share most of
 # their packages, so after kube-apiserver the other two mostly link.
 # controller-gen generates the notification-controller CRDs (below).
@@ -126,7 +140,14 @@ versions="kubernetes $k8s_version"
 if [[ $set_name == all ]]; then
 	chain_kubernetes+=(previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler)
 	tool_mods+=(kubernetes-previous)
-	versions+=" and $k8s_previous_version"
+	versions+=", $k8s_previous_version"
+	# The old minors share few compiled packages with the pinned ones:
+	# they go in the other chain, to even out the two.
+	for m in "${k8s_skew_minors[@]}"; do
+		chain_rest+=("$m-kube-apiserver" "$m-kube-controller-manager" "$m-kube-scheduler")
+		tool_mods+=("kubernetes-$m")
+		versions+=", ${k8s_skew_versions[$m]}"
+	done
 fi
 binaries=("${chain_kubernetes[@]}" "${chain_rest[@]}")
 
@@ -268,6 +289,7 @@ cat >"$manifest.tmp" <<EOF
   "modules": {
     "k8s.io/kubernetes": {"version": "$k8s_version"},
     "k8s.io/kubernetes@previous": {"version": "$k8s_previous_version"},
+$(for m in "${k8s_skew_minors[@]}"; do printf '    "k8s.io/kubernetes@%s": {"version": "%s"},\n' "$m" "${k8s_skew_versions[$m]}"; done)
     "go.etcd.io/etcd/server/v3": {"version": "$etcd_version"},
     "sigs.k8s.io/kwok": {"version": "$kwok_version", "dir": "$kwok_dir"},
     "github.com/fluxcd/source-controller": {"version": "$source_controller_version", "dir": "$source_controller_dir"},
