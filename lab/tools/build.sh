@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the lab's binaries (etcd, etcdutl, kube-apiserver, kube-controller-manager,
 # kube-scheduler and the same three of the previous Kubernetes minor, prefixed
-# previous-, and of the two minors a Kubernetes-first upgrade crosses
-# (prefixed 1.30- and 1.31-, see lab/tools/kubernetes-1.30), kwok, source-controller, kustomize-controller, helm-controller,
-# controller-gen, versitygw (the S3 server of backup.s3), and the users' tools
-# the e2e tests run: kubectl, age,
-# sops, helm, flux, node_exporter) from the Go
+# previous-, and of the two minors a Kubernetes-first upgrade crosses, prefixed
+# 1.30- and 1.31-; kwok, source-controller, kustomize-controller,
+# helm-controller, controller-gen, versitygw (the S3 server of backup.s3), and
+# the users' tools the e2e tests run: kubectl, age, sops, helm, flux,
+# node_exporter) from the Go
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
 # the repository root), and records where the pinned Cilium source is, whose
 # real Helm chart the lab's chart repository serves. Builds nothing when the
@@ -141,13 +141,16 @@ if [[ $set_name == all ]]; then
 	chain_kubernetes+=(previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler)
 	tool_mods+=(kubernetes-previous)
 	versions+=", $k8s_previous_version"
-	# The old minors share few compiled packages with the pinned ones:
-	# they go in the other chain, to even out the two.
+	# The old minors share few compiled packages with the pinned ones or
+	# each other (6 min of builds on 2 cores): one goes at the end of each
+	# chain, which keeps the two about as long as each other (a chain
+	# left alone at the end leaves a core idle while it links).
 	for m in "${k8s_skew_minors[@]}"; do
-		chain_rest+=("$m-kube-apiserver" "$m-kube-controller-manager" "$m-kube-scheduler")
 		tool_mods+=("kubernetes-$m")
 		versions+=", ${k8s_skew_versions[$m]}"
 	done
+	chain_kubernetes+=(1.30-kube-apiserver 1.30-kube-controller-manager 1.30-kube-scheduler)
+	chain_rest+=(1.31-kube-apiserver 1.31-kube-controller-manager 1.31-kube-scheduler)
 fi
 binaries=("${chain_kubernetes[@]}" "${chain_rest[@]}")
 
