@@ -351,6 +351,23 @@ func kubePlanLines(out string) string {
 	return strings.Join(lines, "\n")
 }
 
+// dryRunThenUpgrade runs the talos stage as a dry run, hands it to check,
+// requires that no node took a config from it, then runs the stage and
+// requires it to succeed; it returns that run.
+func dryRunThenUpgrade(t *testing.T, ctx context.Context, h *e2e.Harness, check func(dry *e2e.Result)) *e2e.Result {
+	t.Helper()
+	before := applies(h)
+	check(run(t, ctx, h, "run", "--stage", "talos", "--dry-run"))
+	if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("the dry run applied configs: %v → %v", before, after)
+	}
+	real := run(t, ctx, h, "run", "--stage", "talos")
+	if real.ExitCode != 0 {
+		t.Fatalf("the upgrade failed:\n%s", real.Tail(40))
+	}
+	return real
+}
+
 // TestKubernetesUpgradeAfterATalosMinor: a cluster at Talos v1.12.6 and
 // Kubernetes 1.35.4 is moved to Talos v1.13.3 and Kubernetes 1.36.1 in one
 // edit. Talos v1.12 does not run Kubernetes 1.36 (machinery compatibility),
@@ -368,19 +385,12 @@ func TestKubernetesUpgradeAfterATalosMinor(t *testing.T) {
 	// Talos first: each edit must leave a valid config.
 	setTalosVersion(t, h, "v1.12.6", "v1.13.3")
 	setKubernetesVersion(t, h, "1.36.1")
-	before := applies(h)
-	dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
-	if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "upgrade Talos on cp-1 v1.12.6 → v1.13.3") ||
-		!strings.Contains(dry.Stdout, "upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1") {
-		t.Fatalf("dry run of Talos v1.13.3 with Kubernetes 1.36.1 (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
-	}
-	if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
-		t.Fatalf("the dry run applied configs: %v → %v", before, after)
-	}
-	real := run(t, ctx, h, "run", "--stage", "talos")
-	if real.ExitCode != 0 {
-		t.Fatalf("the upgrade failed:\n%s", real.Tail(40))
-	}
+	dryRunThenUpgrade(t, ctx, h, func(dry *e2e.Result) {
+		if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "upgrade Talos on cp-1 v1.12.6 → v1.13.3") ||
+			!strings.Contains(dry.Stdout, "upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1") {
+			t.Fatalf("dry run of Talos v1.13.3 with Kubernetes 1.36.1 (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
+		}
+	})
 	api, kubelets := kubeState(t, ctx, h)
 	if api != "v1.36.1" || kubelets["cp-1"] != "v1.36.1" {
 		t.Fatalf("after the upgrade the API server runs %s and the kubelet %s", api, kubelets["cp-1"])
@@ -419,20 +429,13 @@ func TestKubernetesFirstUpgrade(t *testing.T) {
 	// Each edit must leave a valid config: Kubernetes first here too.
 	setKubernetesVersion(t, h, "1.31.0")
 	setTalosVersion(t, h, "v1.12.6", "v1.13.3")
-	before := applies(h)
-	dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
-	kube := strings.Index(dry.Stdout, "upgrade kube-apiserver on cp-1 1.30.14 → 1.31.0")
-	talos := strings.Index(dry.Stdout, "upgrade Talos on cp-1 v1.12.6 → v1.13.3")
-	if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "Kubernetes first, then Talos") || kube < 0 || talos < kube {
-		t.Fatalf("dry run of Talos v1.13.3 with Kubernetes 1.31.0 must plan Kubernetes, then Talos (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
-	}
-	if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
-		t.Fatalf("the dry run applied configs: %v → %v", before, after)
-	}
-	real := run(t, ctx, h, "run", "--stage", "talos")
-	if real.ExitCode != 0 {
-		t.Fatalf("the upgrade failed:\n%s", real.Tail(40))
-	}
+	real := dryRunThenUpgrade(t, ctx, h, func(dry *e2e.Result) {
+		kube := strings.Index(dry.Stdout, "upgrade kube-apiserver on cp-1 1.30.14 → 1.31.0")
+		talos := strings.Index(dry.Stdout, "upgrade Talos on cp-1 v1.12.6 → v1.13.3")
+		if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "Kubernetes first, then Talos") || kube < 0 || talos < kube {
+			t.Fatalf("dry run of Talos v1.13.3 with Kubernetes 1.31.0 must plan Kubernetes, then Talos (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
+		}
+	})
 	// The UI's lines are in the log (stderr) when stdout is no terminal.
 	if k, tl := strings.Index(real.Stderr, "upgrade kube-apiserver on cp-1 1.30.14 → 1.31.0"), strings.Index(real.Stderr, "upgrade Talos on cp-1 v1.12.6 → v1.13.3"); k < 0 || tl < k {
 		t.Fatalf("the run did not move Kubernetes before Talos:\n%s", real.Stderr)

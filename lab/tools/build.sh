@@ -120,9 +120,11 @@ declare -A specs=(
 )
 for m in "${k8s_skew_minors[@]}"; do
 	for server in kube-apiserver kube-controller-manager kube-scheduler; do
-		# providerless leaves out the in-tree cloud providers, as Talos'
-		# servers run without one: 1.30's GCE provider alone brings 32 MB
-		# of generated compute API source (1.31 removed them all).
+		# providerless leaves out the in-tree cloud providers, which Talos
+		# never selects (talos v1.13.3 internal/app/machined/pkg/controllers/
+		# k8s/control_plane.go sets --cloud-provider to external or not at
+		# all): 1.30's GCE provider alone brings 32 MB of generated compute
+		# API source (1.31 removed them all, so the tag changes nothing there).
 		specs[$m-$server]="kubernetes-$m|k8s.io/kubernetes/cmd/$server|$(k8s_ldflags "${k8s_skew_versions[$m]}")|providerless"
 	done
 done
