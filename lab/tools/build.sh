@@ -44,15 +44,23 @@ mod_version() { (cd "$tools_dir/$1" && go list -m -f '{{.Version}}' "$2"); }
 mod_dir() { (cd "$tools_dir/$1" && go mod download -json "$2" >/dev/null && go list -m -f '{{.Dir}}' "$2"); }
 
 k8s_version=$(mod_version kubernetes k8s.io/kubernetes)
-k8s_previous_version=$(mod_version kubernetes-previous k8s.io/kubernetes)
-# The minors a Kubernetes-first upgrade crosses: the last one the pinned
-# Talos cannot run and its minimum (e2e TestKubernetesFirstUpgrade). Each
-# module dir is kubernetes-<minor>; its servers are prefixed <minor>-.
-k8s_skew_minors=(1.30 1.31)
-declare -A k8s_skew_versions=()
-for m in "${k8s_skew_minors[@]}"; do
-	k8s_skew_versions[$m]=$(mod_version "kubernetes-$m" k8s.io/kubernetes)
+# The other Kubernetes builds, which only upgrade rehearsals start: the
+# previous minor, and the minors a Kubernetes-first upgrade crosses (the
+# last one the pinned Talos cannot run and its minimum: e2e
+# TestKubernetesFirstUpgrade). Build <name> is pinned by module dir
+# kubernetes-<name>, its servers are prefixed <name>- and the manifest
+# names it k8s.io/kubernetes@<name> (lab/kube Binaries.ServerBinary).
+k8s_builds=(previous 1.30 1.31)
+declare -A k8s_build_versions=()
+for n in "${k8s_builds[@]}"; do
+	k8s_build_versions[$n]=$(mod_version "kubernetes-$n" k8s.io/kubernetes)
 done
+# providerless leaves out the in-tree cloud providers, which Talos never
+# selects (talos v1.13.3 internal/app/machined/pkg/controllers/k8s/
+# control_plane.go sets --cloud-provider to external or not at all): 1.30's
+# GCE provider alone brings 32 MB of generated compute API source. 1.31
+# removed them all, so there the tag changes nothing.
+declare -A k8s_build_tags=([1.30]=providerless [1.31]=providerless)
 etcd_version=$(mod_version etcd go.etcd.io/etcd/server/v3)
 kwok_version=$(mod_version kwok sigs.k8s.io/kwok)
 source_controller_version=$(mod_version flux github.com/fluxcd/source-controller)
@@ -81,7 +89,6 @@ k8s_ldflags() {
 	echo "-X k8s.io/component-base/version.gitVersion=$1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
 }
 k8s_ldflags=$(k8s_ldflags "$k8s_version")
-k8s_previous_ldflags=$(k8s_ldflags "$k8s_previous_version")
 
 # A binary's fingerprint covers everything that decides how it is built:
 # the Go toolchain, its ldflags and the go.mod/go.sum of the module dir that
@@ -102,9 +109,6 @@ declare -A specs=(
 	[kube-apiserver]="kubernetes|k8s.io/kubernetes/cmd/kube-apiserver|$k8s_ldflags"
 	[kube-controller-manager]="kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager|$k8s_ldflags"
 	[kube-scheduler]="kubernetes|k8s.io/kubernetes/cmd/kube-scheduler|$k8s_ldflags"
-	[previous-kube-apiserver]="kubernetes-previous|k8s.io/kubernetes/cmd/kube-apiserver|$k8s_previous_ldflags"
-	[previous-kube-controller-manager]="kubernetes-previous|k8s.io/kubernetes/cmd/kube-controller-manager|$k8s_previous_ldflags"
-	[previous-kube-scheduler]="kubernetes-previous|k8s.io/kubernetes/cmd/kube-scheduler|$k8s_previous_ldflags"
 	[kwok]="kwok|sigs.k8s.io/kwok/cmd/kwok|"
 	[versitygw]="s3|github.com/versity/versitygw/cmd/versitygw|"
 	[source-controller]="flux|github.com/fluxcd/source-controller|"
@@ -118,14 +122,9 @@ declare -A specs=(
 	[node_exporter]="node-exporter|github.com/prometheus/node_exporter|-X github.com/prometheus/common/version.Version=${node_exporter_version#v}"
 	[flux]="flux-cli|github.com/fluxcd/flux2/v2/cmd/flux|-X main.VERSION=${flux_cli_version#v}"
 )
-for m in "${k8s_skew_minors[@]}"; do
+for n in "${k8s_builds[@]}"; do
 	for server in kube-apiserver kube-controller-manager kube-scheduler; do
-		# providerless leaves out the in-tree cloud providers, which Talos
-		# never selects (talos v1.13.3 internal/app/machined/pkg/controllers/
-		# k8s/control_plane.go sets --cloud-provider to external or not at
-		# all): 1.30's GCE provider alone brings 32 MB of generated compute
-		# API source (1.31 removed them all, so the tag changes nothing there).
-		specs[$m-$server]="kubernetes-$m|k8s.io/kubernetes/cmd/$server|$(k8s_ldflags "${k8s_skew_versions[$m]}")|providerless"
+		specs[$n-$server]="kubernetes-$n|k8s.io/kubernetes/cmd/$server|$(k8s_ldflags "${k8s_build_versions[$n]}")|${k8s_build_tags[$n]:-}"
 	done
 done
 # The two build chains. The control plane's three commands share most of
@@ -143,17 +142,15 @@ if [[ $set_name == all ]]; then
 fi
 versions="kubernetes $k8s_version"
 if [[ $set_name == all ]]; then
-	chain_kubernetes+=(previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler)
-	tool_mods+=(kubernetes-previous)
-	versions+=", $k8s_previous_version"
-	# The old minors share few compiled packages with the pinned ones or
-	# each other (6 min of builds on 2 cores): one goes at the end of each
-	# chain, which keeps the two about as long as each other (a chain
-	# left alone at the end leaves a core idle while it links).
-	for m in "${k8s_skew_minors[@]}"; do
-		tool_mods+=("kubernetes-$m")
-		versions+=", ${k8s_skew_versions[$m]}"
+	for n in "${k8s_builds[@]}"; do
+		tool_mods+=("kubernetes-$n")
+		versions+=", ${k8s_build_versions[$n]}"
 	done
+	# 1.30 and 1.31 share few compiled packages with the other builds or
+	# each other (6 min of builds on 2 cores): one goes at the end of each
+	# chain, to keep the two about as long (measured: no change in the
+	# cold total beyond noise against both at the end of one).
+	chain_kubernetes+=(previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler)
 	chain_kubernetes+=(1.30-kube-apiserver 1.30-kube-controller-manager 1.30-kube-scheduler)
 	chain_rest+=(1.31-kube-apiserver 1.31-kube-controller-manager 1.31-kube-scheduler)
 fi
@@ -296,8 +293,7 @@ cat >"$manifest.tmp" <<EOF
 {
   "modules": {
     "k8s.io/kubernetes": {"version": "$k8s_version"},
-    "k8s.io/kubernetes@previous": {"version": "$k8s_previous_version"},
-$(for m in "${k8s_skew_minors[@]}"; do printf '    "k8s.io/kubernetes@%s": {"version": "%s"},\n' "$m" "${k8s_skew_versions[$m]}"; done)
+$(for n in "${k8s_builds[@]}"; do printf '    "k8s.io/kubernetes@%s": {"version": "%s"},\n' "$n" "${k8s_build_versions[$n]}"; done)
     "go.etcd.io/etcd/server/v3": {"version": "$etcd_version"},
     "sigs.k8s.io/kwok": {"version": "$kwok_version", "dir": "$kwok_dir"},
     "github.com/fluxcd/source-controller": {"version": "$source_controller_version", "dir": "$source_controller_dir"},
