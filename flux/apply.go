@@ -208,6 +208,14 @@ func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, t
 // The rest is applied, not waited for: it returns the applied objects for
 // WaitApplied.
 func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout time.Duration) (object.ObjMetadataSet, error) {
+	return c.ApplyChangesStaged(ctx, changes, timeout, nil)
+}
+
+// ApplyChangesStaged is ApplyChanges calling defined (when not nil) once
+// the first stage is current and before the rest is applied: what needs
+// only the CRDs and namespaces (a custom resource of a new kind) can be
+// applied beside the rest (the controllers' Deployments).
+func (c *Client) ApplyChangesStaged(ctx context.Context, changes []Change, timeout time.Duration, defined func()) (object.ObjMetadataSet, error) {
 	var defs, rest []*unstructured.Unstructured
 	updates := false
 	for _, ch := range changes {
@@ -238,6 +246,9 @@ func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout tim
 		if err := c.waitSet(ctx, set, stagePoll, timeout); err != nil {
 			return set, fmt.Errorf("waiting for %d CRD(s), namespace(s) and cluster role(s): %w", len(set), err)
 		}
+	}
+	if defined != nil {
+		defined()
 	}
 	applied, err := c.applyParallel(ctx, rest, applyConcurrency)
 	return append(set, applied...), err

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fluxcd/cli-utils/pkg/object"
@@ -49,22 +50,26 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 
-	// 1. Flux itself and 2. where the cluster pulls from. Neither needs
-	// the other, so a run does both at once (the snapshot is built and
-	// served while the install's objects are applied); a plan lists them
-	// in this order.
-	// The install's own wait (CRDs established, controllers rolled out)
-	// runs alongside the sync objects' apply and Flux's first sync: the
-	// GitRepository can be created once its CRD is established, and the
-	// controllers take it up when they start.
+	// 1. Flux itself, 2. where the cluster pulls from and 3. the sync
+	// objects pointing Flux there. A plan lists them in this order; a run
+	// does 1 and 2 at once (the snapshot is built and served while the
+	// install's objects are applied) and 3 as soon as 2 is done and the
+	// install's CRDs are established, beside the rest of the install (the
+	// controllers' Deployments): the GitRepository and the Kustomization
+	// need only their kinds and the namespace, and the controllers take
+	// them up when they start. The install's own wait (controllers rolled
+	// out) runs alongside Flux's first sync, below.
 	var installed object.ObjMetadataSet
+	definitions := make(chan struct{})
+	var defined sync.Once
 	install := func(ctx context.Context) (err error) {
 		inst := fluxInstallOptions(env, clusterDomain(env))
 		objs, err := fluxInstallObjects(ctx, env, inst)
 		if err != nil {
 			return err
 		}
-		installed, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()))
+		installed, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()),
+			func() { defined.Do(func() { close(definitions) }) })
 		return err
 	}
 	var url, revision string
@@ -72,58 +77,33 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		url, revision, err = fluxSource(ctx, env)
 		return err
 	}
+	syncObjects := func(ctx context.Context) error { return applySyncObjects(ctx, env, c, url) }
 	if env.DryRun {
 		if err = install(ctx); err == nil {
-			err = source(ctx)
+			if err = source(ctx); err == nil {
+				err = syncObjects(ctx)
+			}
 		}
 	} else {
 		g, gctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return install(gctx) })
-		g.Go(func() error { return source(gctx) })
+		g.Go(func() error {
+			if err := source(gctx); err != nil {
+				return err
+			}
+			// An install that fails ends gctx: its error is the one
+			// g.Wait returns.
+			select {
+			case <-definitions:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			return syncObjects(gctx)
+		})
 		err = g.Wait()
 	}
-	if err != nil {
+	if err != nil || env.DryRun {
 		return err
-	}
-
-	// 3. The sync objects and the credentials: the private remote's, or
-	// the snapshot server's own.
-	sync := flux.SyncOptions{Name: FluxNamespace, Namespace: FluxNamespace, URL: url, Branch: f.Branch, Path: f.Path, Interval: f.Interval.D()}
-	var syncObjs []*unstructured.Unstructured
-	var secret *unstructured.Unstructured
-	if f.LocalSnapshot.Enabled {
-		secret, err = snapshotAuthSecret(env)
-	} else {
-		secret, err = fluxAuthSecret(env)
-	}
-	if err != nil {
-		return err
-	}
-	if secret != nil {
-		sync.SecretName = secret.GetName()
-		syncObjs = append(syncObjs, secret)
-	}
-	if env.Config.Flux.Decryption.Enabled {
-		dec, err := fluxDecryptionSecret(env)
-		if err != nil {
-			return err
-		}
-		sync.DecryptionSecret = dec.GetName()
-		syncObjs = append(syncObjs, dec)
-	}
-	more, err := flux.SyncObjects(sync)
-	if err != nil {
-		return err
-	}
-	syncObjs = append(syncObjs, more...)
-	// The sync objects are not waited for as kstatus sees them: the wait
-	// below knows the revision they must reach.
-	if _, err := applyObjects(ctx, env, c, syncObjs, fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace)); err != nil {
-		return err
-	}
-
-	if env.DryRun {
-		return nil
 	}
 	// The install's wait runs beside the sync's; its failure (a controller
 	// that never rolls out) says more than the sync's timeout would, so it
@@ -194,17 +174,61 @@ func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) 
 	return c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D())
 }
 
+// applySyncObjects applies the sync objects for the GitRepository's url,
+// with the credentials: the private remote's, or the snapshot server's
+// own. They are not waited for as kstatus sees them: the stage's wait
+// knows the revision they must reach.
+func applySyncObjects(ctx context.Context, env *Env, c *flux.Client, url string) error {
+	f := env.Config.Flux
+	opts := flux.SyncOptions{Name: FluxNamespace, Namespace: FluxNamespace, URL: url, Branch: f.Branch, Path: f.Path, Interval: f.Interval.D()}
+	var objs []*unstructured.Unstructured
+	var secret *unstructured.Unstructured
+	var err error
+	if f.LocalSnapshot.Enabled {
+		secret, err = snapshotAuthSecret(env)
+	} else {
+		secret, err = fluxAuthSecret(env)
+	}
+	if err != nil {
+		return err
+	}
+	if secret != nil {
+		opts.SecretName = secret.GetName()
+		objs = append(objs, secret)
+	}
+	if f.Decryption.Enabled {
+		dec, err := fluxDecryptionSecret(env)
+		if err != nil {
+			return err
+		}
+		opts.DecryptionSecret = dec.GetName()
+		objs = append(objs, dec)
+	}
+	more, err := flux.SyncObjects(opts)
+	if err != nil {
+		return err
+	}
+	objs = append(objs, more...)
+	_, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace), nil)
+	return err
+}
+
 // applyObjects applies objects through Wet when a server-side dry run says
 // any of them would change; unchanged objects are not touched at all. It
 // returns what was applied, for the caller's wait (flux.Client.WaitApplied);
-// nil when nothing was.
-func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstructured.Unstructured, what string) (object.ObjMetadataSet, error) {
+// nil when nothing was. defined, when not nil, is called once the CRDs and
+// namespaces among objs are in place (flux.Client.ApplyChangesStaged),
+// at once when none of objs changes.
+func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstructured.Unstructured, what string, defined func()) (object.ObjMetadataSet, error) {
 	changes, err := c.Plan(ctx, objs)
 	if err != nil {
 		return nil, err
 	}
 	if len(changes) == 0 {
 		env.UI.OK("%s: no changes (%d objects up to date)", what, len(objs))
+		if defined != nil {
+			defined()
+		}
 		return nil, nil
 	}
 	summary := map[string]int{}
@@ -220,7 +244,7 @@ func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstruc
 	}
 	var applied object.ObjMetadataSet
 	err = env.Wet(fmt.Sprintf("%s (%s)", what, strings.Join(parts, ", ")), func() error {
-		applied, err = c.ApplyChanges(ctx, changes, env.Config.Flux.Timeout.D())
+		applied, err = c.ApplyChangesStaged(ctx, changes, env.Config.Flux.Timeout.D(), defined)
 		return err
 	})
 	return applied, err

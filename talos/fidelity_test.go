@@ -250,6 +250,39 @@ func TestHealthCountsALearnerAsNotYetAMember(t *testing.T) {
 	}
 }
 
+// TestHealthWaitWakesOnServiceEvents: a health wait polls again when a
+// node publishes a service state event (etcd joining and turning healthy)
+// instead of waiting out its interval. With an interval of an hour, the
+// wait can end within the test only through those events.
+func TestHealthWaitWakesOnServiceEvents(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 2,
+		profile: profile(func(p *talossim.Profile) { p.EtcdJoin = 2 * time.Second })})
+	ctx := testCtx(t)
+	kctx, kill := context.WithCancel(ctx)
+	if _, err := h.converge(kctx, killAt("bootstrap etcd", true, kill)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("killed run: %v", err)
+	}
+	var nodes []HealthTarget
+	for _, n := range h.res.Nodes {
+		nodes = append(nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
+	}
+	if h.ops.Health(ctx, HealthInput{Nodes: nodes}).OK() {
+		t.Fatal("healthy while cp-2's etcd joins: the wait below would prove nothing")
+	}
+	oo := h.ops.opts
+	oo.PollInterval = time.Hour
+	slow, err := NewOps(oo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := slow.WaitHealthy(wctx, "the cluster healthy", HealthInput{Nodes: nodes}); err != nil {
+		t.Fatalf("the wait did not wake on the nodes' service events: %v", err)
+	}
+}
+
 // TestUnexpectedNodeFailsHealthButNotTheWait: a registered Node no config
 // entry accounts for fails "all k8s nodes to report" as talosctl health's
 // NodesMatch does, but the talos stage's wait tolerates it (waiting cannot

@@ -7,8 +7,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/siderolabs/talos/pkg/machinery/imager/quirks"
@@ -643,27 +645,146 @@ func deploymentReplicas(d *appsv1.Deployment) int32 {
 // WaitHealthy waits, bounded by HealthTimeout, until Health passes; the
 // wait's status names the failing assertions.
 func (o *Ops) WaitHealthy(ctx context.Context, what string, in HealthInput) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := make(chan struct{}, 1)
 	spec := wait.Spec{
 		What:          what,
 		Timeout:       o.opts.HealthTimeout,
 		Interval:      o.opts.PollInterval,
 		ProgressEvery: o.opts.ProgressEvery,
 		Log:           o.opts.Log,
+		Wake:          wake,
 	}
-	if in.Kube != nil {
-		// The last assertions to pass are usually Kubernetes ones (a node
-		// turning Ready): a health poll asks every node several questions,
-		// so one that starts when a node changes saves most of a poll.
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		spec.Wake = kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
-			return in.Kube.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
-		})
-	}
-	return wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
-		r := o.Health(ctx, in)
+	var watching sync.Once
+	return wait.Until(ctx, spec, func(pctx context.Context) (bool, string, error) {
+		r := o.Health(pctx, in)
+		if !r.OK() {
+			// A health poll asks every node several questions: one that
+			// starts when something it reads changes saves most of a
+			// poll. Watched from the first poll that is not done (a
+			// healthy cluster costs no watch); a change before the
+			// watches start is seen by the next poll.
+			watching.Do(func() { o.wakeOnHealthChange(ctx, in, wake) })
+		}
 		return r.OK(), r.Summary(), nil
 	})
+}
+
+// wakeOnHealthChange delivers on wake, until ctx ends, when something a
+// health poll reads changes: a service on a node changes state or health
+// (etcd joining, kubelet turning healthy), a node's boot sequence ends, or,
+// with in.Kube, a Node object or a pod in kube-system changes (a node
+// turning Ready, a static pod running: usually the last assertions to
+// pass).
+func (o *Ops) wakeOnHealthChange(ctx context.Context, in HealthInput, wake chan<- struct{}) {
+	var chans []<-chan struct{}
+	if in.Kube != nil {
+		chans = append(chans, kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
+			return in.Kube.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+		}, func(ctx context.Context) (watch.Interface, error) {
+			// The control plane's static pods, kube-proxy and CoreDNS.
+			return in.Kube.CoreV1().Pods(metav1.NamespaceSystem).Watch(ctx, metav1.ListOptions{})
+		}))
+	}
+	for _, n := range in.Nodes {
+		chans = append(chans, o.nodeEvents(ctx, n.IP))
+	}
+	changed := make(chan struct{}, 1)
+	for _, ch := range chans {
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case _, ok := <-ch:
+					if !ok {
+						return
+					}
+					select {
+					case changed <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	// Nodes booted together change together (their kubelets turn healthy
+	// within milliseconds of each other): one poll for such a burst, not
+	// one per node.
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(healthWakeCoalesce):
+			}
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	}()
+}
+
+// healthWakeCoalesce is how long a health wait's wake waits for more
+// changes before it polls: a burst of changes costs one poll.
+const healthWakeCoalesce = 20 * time.Millisecond
+
+// nodeEvents delivers, until ctx ends, each time a service on the node at
+// ip turns healthy or the node's machine status turns ready. machined
+// publishes a ServiceStateEvent on its runtime event stream for every
+// change of a service's state or health (ServiceRunner.UpdateState and
+// healthUpdate, internal/app/machined/pkg/system/service_runner.go at
+// v1.13.3) and a MachineStatusEvent for every machine status change
+// (controllers/runtime/machine_status_publisher.go). A stream that cannot
+// be opened or breaks (the node reboots) is not opened again: the waits it
+// wakes poll anyway.
+func (o *Ops) nodeEvents(ctx context.Context, ip string) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	go func() {
+		err := o.read(ctx, ip, o.opts.HealthTimeout, func(ctx context.Context, c *client.Client) error {
+			ch := make(chan client.EventResult)
+			if err := c.EventsWatchV2(ctx, ch, client.WithTailEvents(0)); err != nil {
+				return err
+			}
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case r := <-ch:
+					if r.Error != nil {
+						return r.Error
+					}
+					// Only a change for the better can end a health
+					// wait: a service turning healthy, a boot sequence
+					// ending.
+					var better bool
+					switch ev := r.Event.Payload.(type) {
+					case *machine.ServiceStateEvent:
+						better = ev.GetHealth().GetHealthy()
+					case *machine.MachineStatusEvent:
+						better = ev.GetStatus().GetReady()
+					}
+					if better {
+						select {
+						case out <- struct{}{}:
+						default:
+						}
+					}
+				}
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			o.opts.Log.Debug().Err(err).Str("node", ip).Msg("the node's event stream ended; the health polls go on without it")
+		}
+	}()
+	return out
 }
 
 // MinimumMemory is the RAM Talos wants a node's kernel to report

@@ -49,15 +49,16 @@ func memberID(clusterID, ip string) uint64 {
 	return h.Sum64()
 }
 
-// bootstrapEtcd starts the cluster on n; callers hold s.mu.
+// bootstrapEtcd starts the cluster on n; callers hold n.mu and s.mu.
 func (s *Sim) bootstrapEtcd(clusterID string, n *Node, hostname string, now time.Time) {
 	c := &etcdCluster{bootstrapNode: n.ip, readyAt: now.Add(s.scaled(s.opts.Profile.EtcdStart)), members: map[string]*etcdMember{}}
 	c.members[n.ip] = &etcdMember{id: memberID(clusterID, n.ip), hostname: hostname, ip: n.ip, startedAt: now, readyAt: c.readyAt}
 	s.etcd[clusterID] = c
+	n.serviceEventAtLocked(c.readyAt, "etcd")
 }
 
 // joinEtcd adds a configured control plane to its bootstrapped cluster;
-// callers hold s.mu. Nothing happens before bootstrap: a control plane
+// callers hold n.mu and s.mu. Nothing happens before bootstrap: a control plane
 // without etcd data waits for one. A cluster without quorum admits no one
 // (the member list and the add need a leader: the node's etcd waits to
 // join, then fails). A control plane joining with an empty data directory
@@ -66,7 +67,8 @@ func (s *Sim) bootstrapEtcd(clusterID string, n *Node, hostname string, now time
 // ID, as Talos' etcd service does (addMember in
 // internal/app/machined/pkg/system/services/etcd.go at v1.13.3;
 // MemberAddAsLearner gives the new member its own ID).
-func (s *Sim) joinEtcd(clusterID string, ip, hostname string, now time.Time) {
+func (s *Sim) joinEtcd(clusterID string, n *Node, hostname string, now time.Time) {
+	ip := n.ip
 	c := s.etcd[clusterID]
 	if c == nil || c.quorumLost {
 		return
@@ -88,8 +90,11 @@ func (s *Sim) joinEtcd(clusterID string, ip, hostname string, now time.Time) {
 	}
 	join := s.scaled(s.opts.Profile.EtcdJoin)
 	c.joins++
-	c.members[ip] = &etcdMember{id: memberID(clusterID, fmt.Sprintf("%s#%d", ip, c.joins)), hostname: hostname, ip: ip,
+	m := &etcdMember{id: memberID(clusterID, fmt.Sprintf("%s#%d", ip, c.joins)), hostname: hostname, ip: ip,
 		startedAt: start.Add(join / 2), readyAt: start.Add(join)}
+	c.members[ip] = m
+	n.serviceEventAtLocked(m.startedAt, "etcd")
+	n.serviceEventAtLocked(m.readyAt, "etcd")
 }
 
 // etcdView returns the cluster and the member at ip as of now (nil when not

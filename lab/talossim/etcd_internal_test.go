@@ -27,7 +27,7 @@ func TestEtcdQuorum(t *testing.T) {
 	if !s.loseMemberLocked("id", "10.0.0.3") || c.hasQuorum(time.Now()) || !c.quorumLost {
 		t.Fatal("1 of 3 left: quorum lost, and the loss reported")
 	}
-	s.joinEtcd("id", "10.0.0.3", "cp-3", time.Now())
+	s.joinEtcd("id", &Node{ip: "10.0.0.3"}, "cp-3", time.Now())
 	if c.members["10.0.0.3"].dataLost == false {
 		t.Fatal("a cluster without a leader admitted a member back")
 	}

@@ -2,6 +2,8 @@ package talossim
 
 import (
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"google.golang.org/protobuf/proto"
@@ -13,7 +15,9 @@ import (
 // at v1.13.3): the events of one sequence carry its actor ID, which the
 // API call that started it returns (Upgrade's ActorId), so a client can
 // follow exactly that sequence. Only the events the product reads are
-// published: an upgrade sequence's start and its failure.
+// published: an upgrade sequence's start and its failure, the service
+// state events of etcd and kubelet (serviceEventAtLocked) and every
+// machine status change (setStageLocked).
 type runtimeEvent struct {
 	seq     uint64
 	actorID string
@@ -94,4 +98,35 @@ func (a *apid) Events(req *machine.EventsRequest, srv machine.MachineService_Eve
 		case <-wake:
 		}
 	}
+}
+
+// serviceEventAtLocked publishes, at at, the service state event machined
+// publishes when a service changes state or its health check changes
+// verdict (ServiceRunner.UpdateState and healthUpdate,
+// internal/app/machined/pkg/system/service_runner.go at v1.13.3, as
+// events.ServiceEvent.AsProto builds it): the service, its state, the
+// message of its last event and its health, as ServiceList reports them
+// then. The simulator computes a service's state from the time, so the
+// event goes out at the times its state is known to change: etcd running
+// and then healthy (its member's start and ready times), kubelet healthy.
+// Other services publish nothing (not simulated). n.mu is held; a reboot
+// before at cancels it (afterLocked), as it ends the services.
+func (n *Node) serviceEventAtLocked(at time.Time, service string) {
+	n.afterLocked(max(0, time.Until(at)), func() {
+		if n.phase != PhaseRunning {
+			return
+		}
+		for _, si := range n.servicesLocked(false, time.Now()) {
+			if si.GetId() != service {
+				continue
+			}
+			evs := si.GetEvents().GetEvents()
+			if len(evs) == 0 {
+				return
+			}
+			last := evs[len(evs)-1]
+			action := machine.ServiceStateEvent_Action(machine.ServiceStateEvent_Action_value[strings.ToUpper(last.GetState())])
+			n.publishEventLocked("", &machine.ServiceStateEvent{Service: service, Action: action, Message: last.GetMsg(), Health: si.GetHealth()})
+		}
+	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/rs/zerolog"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
@@ -419,6 +420,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.setStageLocked(runtime.MachineStageBooting)
 	n.wantUp = true
 	n.serveLocked()
+	n.serviceEventAtLocked(n.bootedAt.Add(n.sim.scaled(n.sim.opts.Profile.KubeletReady)), "kubelet")
 
 	publishKubernetesConfig(n.cosi, imagesOf(n.parsed))
 	publishManifests(n.cosi, n.parsed)
@@ -434,7 +436,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 	info := n.infoLocked()
 	if info.Role == "controlplane" {
 		n.sim.mu.Lock()
-		n.sim.joinEtcd(n.clusterIDLocked(), n.ip, info.Hostname, time.Now())
+		n.sim.joinEtcd(n.clusterIDLocked(), n, info.Hostname, time.Now())
 		n.sim.mu.Unlock()
 	}
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.BootSequence), n.finishBootLocked)
@@ -500,13 +502,15 @@ func (n *Node) etcdUpLocked(now time.Time) bool {
 // rebootLocked takes the API down for the reboot time and boots from disk.
 func (n *Node) rebootLocked() {
 	n.gen++
-	n.events = nil
 	n.counters.Reboots++
 	n.wantUp = false
 	srv, lis := n.detachLocked()
 	go stopServer(srv, lis, false)
 	n.setPhaseLocked(PhaseRebooting)
 	n.setStageLocked(runtime.MachineStageRebooting)
+	// The event ring lives in machined's memory: the next boot starts
+	// with an empty one.
+	n.events = nil
 	removeStaticPods(n.cosi, n.hostnameLocked())
 	// The mirror pods stay in the API (no kubelet to remove them); the
 	// node lifecycle controller marks them not Ready with the node.
@@ -680,7 +684,15 @@ func (n *Node) setStageLocked(st runtime.MachineStage) {
 		return
 	}
 	n.stage = st
-	publishMachineStatus(n.cosi, st, st == runtime.MachineStageRunning || st == runtime.MachineStageMaintenance)
+	ready := st == runtime.MachineStageRunning || st == runtime.MachineStageMaintenance
+	publishMachineStatus(n.cosi, st, ready)
+	// machined publishes every MachineStatus change on its event stream
+	// (MachineStatusPublisherController, internal/app/machined/pkg/
+	// controllers/runtime/machine_status_publisher.go at v1.13.3, which
+	// casts the resource's stage to the event's). Unmet conditions are
+	// not simulated.
+	n.publishEventLocked("", &machine.MachineStatusEvent{Stage: machine.MachineStatusEvent_MachineStage(st),
+		Status: &machine.MachineStatusEvent_MachineStatus{Ready: ready}})
 }
 
 func diskExists(disks []Disk, devPath string) bool {

@@ -417,7 +417,7 @@ func (a *apid) Bootstrap(_ context.Context, req *machine.BootstrapRequest) (*mac
 			time.Now().Before(other.etcdJoinDeadline) {
 			host := other.hostnameLocked()
 			s.mu.Lock()
-			s.joinEtcd(clusterID, other.ip, host, time.Now())
+			s.joinEtcd(clusterID, other, host, time.Now())
 			s.mu.Unlock()
 		}
 		other.mu.Unlock()
@@ -520,11 +520,16 @@ func (a *apid) EtcdMemberList(ctx context.Context, _ *machine.EtcdMemberListRequ
 func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceListResponse, error) {
 	n := a.n
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	return &machine.ServiceListResponse{Messages: []*machine.ServiceList{{Services: n.servicesLocked(a.mode == serveMaintenance, time.Now())}}}, nil
+}
+
+// servicesLocked is what ServiceList reports at now, in maintenance mode
+// or out of it; n.mu is held (and s.mu is taken, in that order).
+func (n *Node) servicesLocked(maintenance bool, now time.Time) []*machine.ServiceInfo {
 	role, clusterID, booted, phase := n.roleLocked(), n.clusterIDLocked(), n.bootedAt, n.phase
 	joinDeadline, left := n.etcdJoinDeadline, n.etcdLeft
-	now := time.Now()
 	criUp := n.criUpLocked(now)
-	n.mu.Unlock()
 	s := n.sim
 
 	var services []*machine.ServiceInfo
@@ -534,8 +539,8 @@ func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceLis
 	for _, id := range []string{"apid", "syslogd", "udevd"} {
 		services = append(services, running(id, booted))
 	}
-	if a.mode == serveMaintenance || phase != PhaseRunning {
-		return &machine.ServiceListResponse{Messages: []*machine.ServiceList{{Services: sortServices(services)}}}, nil
+	if maintenance || phase != PhaseRunning {
+		return sortServices(services)
 	}
 	criAt := booted.Add(s.scaled(s.opts.Profile.BootstrapReady))
 	if criUp {
@@ -608,7 +613,7 @@ func (a *apid) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceLis
 		kevs = append(kevs, event{"Running", "Health check successful", kubeletReady})
 		services = append(services, svc("kubelet", kevs, &machine.ServiceHealth{Healthy: true, LastChange: timestamppb.New(kubeletReady)}))
 	}
-	return &machine.ServiceListResponse{Messages: []*machine.ServiceList{{Services: sortServices(services)}}}, nil
+	return sortServices(services)
 }
 
 func sortServices(services []*machine.ServiceInfo) []*machine.ServiceInfo {
