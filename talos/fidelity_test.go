@@ -216,10 +216,11 @@ func TestHealthWantsTalosMinimumsAndNoDiagnostics(t *testing.T) {
 	}
 }
 
-func TestHealthCountsALearnerAsNotYetAMember(t *testing.T) {
-	t.Parallel()
+// bootstrappedWhileJoining is a cluster of two control planes whose run
+// was killed once etcd was bootstrapped on cp-1: cp-2 joins for join.
+func bootstrappedWhileJoining(t *testing.T, join time.Duration) (*harness, context.Context, []HealthTarget) {
 	h := newHarness(t, harnessOptions{controlPlanes: 2,
-		profile: profile(func(p *talossim.Profile) { p.EtcdJoin = 3 * time.Second })})
+		profile: profile(func(p *talossim.Profile) { p.EtcdJoin = join })})
 	ctx := testCtx(t)
 	kctx, kill := context.WithCancel(ctx)
 	if _, err := h.converge(kctx, killAt("bootstrap etcd", true, kill)); !errors.Is(err, context.Canceled) {
@@ -229,6 +230,12 @@ func TestHealthCountsALearnerAsNotYetAMember(t *testing.T) {
 	for _, n := range h.res.Nodes {
 		nodes = append(nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
 	}
+	return h, ctx, nodes
+}
+
+func TestHealthCountsALearnerAsNotYetAMember(t *testing.T) {
+	t.Parallel()
+	h, ctx, nodes := bootstrappedWhileJoining(t, 3*time.Second)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		members, err := h.ops.EtcdMembers(ctx, h.node("cp-1").IP())
@@ -256,17 +263,7 @@ func TestHealthCountsALearnerAsNotYetAMember(t *testing.T) {
 // wait can end within the test only through those events.
 func TestHealthWaitWakesOnServiceEvents(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, harnessOptions{controlPlanes: 2,
-		profile: profile(func(p *talossim.Profile) { p.EtcdJoin = 2 * time.Second })})
-	ctx := testCtx(t)
-	kctx, kill := context.WithCancel(ctx)
-	if _, err := h.converge(kctx, killAt("bootstrap etcd", true, kill)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("killed run: %v", err)
-	}
-	var nodes []HealthTarget
-	for _, n := range h.res.Nodes {
-		nodes = append(nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
-	}
+	h, ctx, nodes := bootstrappedWhileJoining(t, 2*time.Second)
 	if h.ops.Health(ctx, HealthInput{Nodes: nodes}).OK() {
 		t.Fatal("healthy while cp-2's etcd joins: the wait below would prove nothing")
 	}

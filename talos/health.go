@@ -749,42 +749,53 @@ func (o *Ops) nodeEvents(ctx context.Context, ip string) <-chan struct{} {
 	out := make(chan struct{}, 1)
 	go func() {
 		err := o.read(ctx, ip, o.opts.HealthTimeout, func(ctx context.Context, c *client.Client) error {
-			ch := make(chan client.EventResult)
-			if err := c.EventsWatchV2(ctx, ch, client.WithTailEvents(0)); err != nil {
-				return err
-			}
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case r := <-ch:
-					if r.Error != nil {
-						return r.Error
-					}
-					// Only a change for the better can end a health
-					// wait: a service turning healthy, a boot sequence
-					// ending.
-					var better bool
-					switch ev := r.Event.Payload.(type) {
-					case *machine.ServiceStateEvent:
-						better = ev.GetHealth().GetHealthy()
-					case *machine.MachineStatusEvent:
-						better = ev.GetStatus().GetReady()
-					}
-					if better {
-						select {
-						case out <- struct{}{}:
-						default:
-						}
+			return followEvents(ctx, c, func(ev client.Event) bool {
+				// Only a change for the better can end a health wait: a
+				// service turning healthy, a boot sequence ending.
+				var better bool
+				switch p := ev.Payload.(type) {
+				case *machine.ServiceStateEvent:
+					better = p.GetHealth().GetHealthy()
+				case *machine.MachineStatusEvent:
+					better = p.GetStatus().GetReady()
+				}
+				if better {
+					select {
+					case out <- struct{}{}:
+					default:
 					}
 				}
-			}
+				return false
+			}, client.WithTailEvents(0))
 		})
 		if err != nil && ctx.Err() == nil {
 			o.opts.Log.Debug().Err(err).Str("node", ip).Msg("the node's event stream ended; the health polls go on without it")
 		}
 	}()
 	return out
+}
+
+// followEvents reads the node's runtime event stream over c (the options
+// pick the tail and the actor) and hands each event to fn until fn says
+// stop or ctx ends (nil), or the stream breaks (its error).
+func followEvents(ctx context.Context, c *client.Client, fn func(client.Event) (stop bool), opts ...client.EventsOptionFunc) error {
+	ch := make(chan client.EventResult)
+	if err := c.EventsWatchV2(ctx, ch, opts...); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case r := <-ch:
+			if r.Error != nil {
+				return r.Error
+			}
+			if fn(r.Event) {
+				return nil
+			}
+		}
+	}
 }
 
 // MinimumMemory is the RAM Talos wants a node's kernel to report

@@ -200,24 +200,14 @@ func (o *Ops) UpgradeFailure(ctx context.Context, t Target, actorID string) <-ch
 	}
 	go func() {
 		_ = o.call(ctx, t.IP, true, o.opts.InstallTimeout+o.opts.RebootTimeout, func(ctx context.Context, c *client.Client) error {
-			ch := make(chan client.EventResult)
-			if err := c.EventsWatchV2(ctx, ch, client.WithTailEvents(-1), client.WithActorID(actorID)); err != nil {
-				return err
-			}
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case r := <-ch:
-					if r.Error != nil {
-						return r.Error
-					}
-					if se, ok := r.Event.Payload.(*machine.SequenceEvent); ok && se.GetError() != nil {
-						out <- fmt.Errorf("its %s sequence failed after the Upgrade call was accepted: %s", se.GetSequence(), se.GetError().GetMessage())
-						return nil
-					}
+			return followEvents(ctx, c, func(ev client.Event) bool {
+				se, ok := ev.Payload.(*machine.SequenceEvent)
+				if !ok || se.GetError() == nil {
+					return false
 				}
-			}
+				out <- fmt.Errorf("its %s sequence failed after the Upgrade call was accepted: %s", se.GetSequence(), se.GetError().GetMessage())
+				return true
+			}, client.WithTailEvents(-1), client.WithActorID(actorID))
 		})
 	}()
 	return out
