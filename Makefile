@@ -16,7 +16,7 @@ GOBUILD := $(GO) build -tags $(TAGS) -trimpath -ldflags "-s -w -X main.version=$
 LAB_BIN ?= $(CURDIR)/.lab/bin
 export BOOTSTRAP_LAB_BIN := $(LAB_BIN)
 
-.PHONY: all build build-lab deps test test-quick test-bins lint lint-files lint-units lab-bins lab-bins-demo demo-bins bench binsize e2e fuzz demo clean
+.PHONY: all build build-lab deps deps-then-lint test test-quick test-bins lint lint-files lint-units lab-bins lab-bins-demo demo-bins bench binsize e2e fuzz demo clean
 
 all: build
 
@@ -59,11 +59,12 @@ TEST_ENV := BOOTSTRAP_REQUIRE_LAB=1 BOOTSTRAP_TEST_BIN=$(TEST_BIN) BOOTSTRAP_TES
 
 # THE test command: lint, then everything, against the simulators and the
 # real lab. BOOTSTRAP_REQUIRE_LAB=1 turns a missing lab component into a failure.
-# lint runs beside lab-bins: on a cold cache vet compiles the product's
-# dependencies while the lab's two build chains leave a core idle in their
-# links (a no-op beside it when warm).
-test: deps
-	@$(MAKE) --no-print-directory -j2 lint lab-bins
+# The system packages (apt, mostly network) and then lint run beside
+# lab-bins, which needs neither: on a fresh machine the downloads overlap
+# the compiles, and vet's compiles fill what the lab's two build chains
+# leave idle (a no-op beside them when warm).
+test:
+	@$(MAKE) --no-print-directory -j2 deps-then-lint lab-bins
 	@$(MAKE) --no-print-directory test-bins
 	$(TEST_ENV) $(GO) test -tags $(TAGS) -p $(TEST_P) -parallel $(TEST_PARALLEL) -count=1 -timeout 30m ./...
 
@@ -114,6 +115,10 @@ demo: deps
 demo-bins:
 	$(GOBUILD) -o $(BIN) ./cmd/bootstrap
 	$(GOBUILD) -o $(LAB) ./cmd/bootstrap-lab
+
+# lint needs git (deps installs it on a fresh machine).
+deps-then-lint: deps
+	@$(MAKE) --no-print-directory lint
 
 # vet takes the build's tags: its compiled packages then serve the tests
 # (without them kustomize's plugin loader and every package above it would
