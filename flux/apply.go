@@ -15,6 +15,7 @@ import (
 	ssautil "github.com/fluxcd/pkg/ssa/utils"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -74,6 +75,9 @@ type Change struct {
 	Object string
 	Action string // created, configured, unchanged
 	obj    *unstructured.Unstructured
+	// specChanged says a configured object's spec changes (not only its
+	// labels or annotations).
+	specChanged bool
 }
 
 // Plan diffs objects against the cluster with server-side dry runs and
@@ -98,13 +102,14 @@ func (c *Client) Plan(ctx context.Context, objs []*unstructured.Unstructured) ([
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			entry, _, _, err := c.rm.Diff(ctx, o, ssa.DefaultDiffOptions())
+			entry, live, merged, err := c.rm.Diff(ctx, o, ssa.DefaultDiffOptions())
 			switch {
 			case err != nil:
 				// A custom resource whose CRD is not there yet cannot be dry-run.
 				changes[i] = &Change{Object: ssautil.FmtUnstructured(o), Action: string(ssa.CreatedAction), obj: o}
 			case entry.Action != ssa.UnchangedAction:
-				changes[i] = &Change{Object: entry.Subject, Action: string(entry.Action), obj: o}
+				changes[i] = &Change{Object: entry.Subject, Action: string(entry.Action), obj: o,
+					specChanged: live == nil || merged == nil || !equality.Semantic.DeepEqual(live.Object["spec"], merged.Object["spec"])}
 			}
 		}()
 	}
@@ -203,55 +208,123 @@ func (c *Client) Apply(ctx context.Context, objs []*unstructured.Unstructured, t
 // changed, and only those: the plan's dry runs already told them apart, so
 // they are not asked again as ssa's ApplyAll would. It stages them as ssa's
 // ApplyAllStaged does (fluxcd/pkg/ssa v0.76.2 manager_apply.go): CRDs,
-// namespaces and cluster roles first, waited for until current (a CRD
-// established) before the objects that need them, which go in parallel.
-// The rest is applied, not waited for: it returns the applied objects for
-// WaitApplied.
+// namespaces and cluster roles first, then the objects that need them, in
+// parallel. Unlike ApplyAllStaged it waits only where an object needs it:
+// a custom resource goes once the CRD of its kind that this apply creates
+// or changes is established, everything else at once. The rest is applied,
+// not waited for: it returns the applied objects for WaitApplied.
 func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout time.Duration) (object.ObjMetadataSet, error) {
-	return c.ApplyChangesStaged(ctx, changes, timeout, nil)
+	return c.ApplyChangesStaged(ctx, changes, timeout, DefinedKinds{})
 }
 
-// ApplyChangesStaged is ApplyChanges calling defined (when not nil) once
-// the first stage is current and before the rest is applied: what needs
-// only the CRDs and namespaces (a custom resource of a new kind) can be
-// applied beside the rest (the controllers' Deployments).
-func (c *Client) ApplyChangesStaged(ctx context.Context, changes []Change, timeout time.Duration, defined func()) (object.ObjMetadataSet, error) {
+// DefinedKinds asks ApplyChangesStaged to call Then once the CRDs of Kinds
+// are established (at once when the apply neither creates nor changes
+// them): what needs only those kinds and the namespaces (the custom
+// resources of another apply) can go beside the rest.
+type DefinedKinds struct {
+	Kinds []schema.GroupKind
+	Then  func()
+}
+
+// ApplyChangesStaged is ApplyChanges telling notify when its kinds are
+// defined.
+func (c *Client) ApplyChangesStaged(ctx context.Context, changes []Change, timeout time.Duration, notify DefinedKinds) (object.ObjMetadataSet, error) {
 	var defs, rest []*unstructured.Unstructured
-	updates := false
+	// The CRDs this apply creates or changes the spec of, by the kind they
+	// define: objects of those kinds wait until they are established. A
+	// CRD whose update changes no spec stays established (the API server
+	// ignores the update, definitionsOneByOne); namespaces are active and
+	// cluster roles in force as soon as their apply answers.
+	pending := map[schema.GroupKind]object.ObjMetadata{}
 	for _, ch := range changes {
 		if ch.obj == nil {
 			return nil, fmt.Errorf("%s: not a change from Plan", ch.Object)
 		}
-		if ssautil.IsClusterDefinition(ch.obj) {
-			defs = append(defs, ch.obj)
-			updates = updates || (ch.obj.GetKind() == "CustomResourceDefinition" && ch.Action != string(ssa.CreatedAction))
-		} else {
+		if !ssautil.IsClusterDefinition(ch.obj) {
 			rest = append(rest, ch.obj)
+			continue
+		}
+		defs = append(defs, ch.obj)
+		if ch.obj.GetKind() == "CustomResourceDefinition" && (ch.Action == string(ssa.CreatedAction) || ch.specChanged) {
+			group, _, _ := unstructured.NestedString(ch.obj.Object, "spec", "group")
+			kind, _, _ := unstructured.NestedString(ch.obj.Object, "spec", "names", "kind")
+			pending[schema.GroupKind{Group: group, Kind: kind}] = object.UnstructuredToObjMetadata(ch.obj)
 		}
 	}
-	// Definitions one after another when a CRD changes, as ssa and the
-	// flux CLI apply them: a CRD's update makes the API server rebuild its
-	// storage while the controllers that serve it may be listing. CRDs
-	// that are all new have no controller yet (their Deployments come in
-	// the next stage), and the first stage goes at once.
 	limit := applyConcurrency
-	if updates {
+	if definitionsOneByOne(changes) {
 		limit = 1
 	}
 	set, err := c.applyParallel(ctx, defs, limit)
 	if err != nil {
 		return set, err
 	}
-	if len(set) > 0 {
-		if err := c.waitSet(ctx, set, stagePoll, timeout); err != nil {
-			return set, fmt.Errorf("waiting for %d CRD(s), namespace(s) and cluster role(s): %w", len(set), err)
+	var now, later []*unstructured.Unstructured
+	var needed object.ObjMetadataSet
+	for _, o := range rest {
+		if crd, ok := pending[o.GroupVersionKind().GroupKind()]; ok {
+			later = append(later, o)
+			needed = needed.Union(object.ObjMetadataSet{crd})
+		} else {
+			now = append(now, o)
 		}
 	}
-	if defined != nil {
-		defined()
+	var notified object.ObjMetadataSet
+	for _, gk := range notify.Kinds {
+		if crd, ok := pending[gk]; ok {
+			notified = notified.Union(object.ObjMetadataSet{crd})
+		}
 	}
-	applied, err := c.applyParallel(ctx, rest, applyConcurrency)
-	return append(set, applied...), err
+	g, gctx := errgroup.WithContext(ctx)
+	var appliedNow, appliedLater object.ObjMetadataSet
+	g.Go(func() (err error) {
+		appliedNow, err = c.applyParallel(gctx, now, applyConcurrency)
+		return err
+	})
+	g.Go(func() (err error) {
+		if err := c.waitDefined(gctx, notified, timeout); err != nil {
+			return err
+		}
+		if notify.Then != nil {
+			notify.Then()
+		}
+		if err := c.waitDefined(gctx, needed.Diff(notified), timeout); err != nil {
+			return err
+		}
+		appliedLater, err = c.applyParallel(gctx, later, applyConcurrency)
+		return err
+	})
+	err = g.Wait()
+	return append(append(set, appliedNow...), appliedLater...), err
+}
+
+// waitDefined waits until the CRDs in crds are established.
+func (c *Client) waitDefined(ctx context.Context, crds object.ObjMetadataSet, timeout time.Duration) error {
+	if len(crds) == 0 {
+		return nil
+	}
+	if err := c.waitSet(ctx, crds, stagePoll, timeout); err != nil {
+		return fmt.Errorf("waiting for %d CRD(s) to be established: %w", len(crds), err)
+	}
+	return nil
+}
+
+// definitionsOneByOne says the first stage of changes goes one object
+// after another, as ssa and the flux CLI apply it: when a CRD's spec
+// changes, the API server rebuilds its storage while the controllers that
+// serve it may be listing. An update that leaves the spec alone (labels,
+// annotations) does not touch the storage (k8s.io/apiextensions-apiserver
+// v0.37.0 pkg/apiserver/customresource_handler.go
+// updateCustomResourceDefinition ignores an update that changes neither
+// spec nor accepted names), and CRDs that are all new have no controller
+// yet (their Deployments come in the next stage): those go at once.
+func definitionsOneByOne(changes []Change) bool {
+	for _, ch := range changes {
+		if ch.obj != nil && ch.obj.GetKind() == "CustomResourceDefinition" && ch.Action != string(ssa.CreatedAction) && ch.specChanged {
+			return true
+		}
+	}
+	return false
 }
 
 // applyParallel applies objs with server-side apply, limit at a time.

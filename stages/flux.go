@@ -24,6 +24,7 @@ import (
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/talos"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // FluxStage installs Flux into flux-system and points a GitRepository and a
@@ -54,8 +55,8 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	// objects pointing Flux there. A plan lists them in this order; a run
 	// does 1 and 2 at once (the snapshot is built and served while the
 	// install's objects are applied) and 3 as soon as 2 is done and the
-	// install's CRDs are established, beside the rest of the install (the
-	// controllers' Deployments): the GitRepository and the Kustomization
+	// CRDs of GitRepository and Kustomization are established, beside the
+	// rest of the install (the controllers' Deployments): the sync objects
 	// need only their kinds and the namespace, and the controllers take
 	// them up when they start. The install's own wait (controllers rolled
 	// out) runs alongside Flux's first sync, below.
@@ -69,7 +70,8 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 			return err
 		}
 		installed, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()),
-			func() { defined.Do(func() { close(definitions) }) })
+			flux.DefinedKinds{Kinds: []schema.GroupKind{flux.GitRepositoryGVK.GroupKind(), flux.KustomizationGVK.GroupKind()},
+				Then: func() { defined.Do(func() { close(definitions) }) }})
 		return err
 	}
 	var url, revision string
@@ -209,25 +211,25 @@ func applySyncObjects(ctx context.Context, env *Env, c *flux.Client, url string)
 		return err
 	}
 	objs = append(objs, more...)
-	_, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace), nil)
+	_, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace), flux.DefinedKinds{})
 	return err
 }
 
 // applyObjects applies objects through Wet when a server-side dry run says
 // any of them would change; unchanged objects are not touched at all. It
 // returns what was applied, for the caller's wait (flux.Client.WaitApplied);
-// nil when nothing was. defined, when not nil, is called once the CRDs and
-// namespaces among objs are in place (flux.Client.ApplyChangesStaged),
-// at once when none of objs changes.
-func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstructured.Unstructured, what string, defined func()) (object.ObjMetadataSet, error) {
+// nil when nothing was. notify.Then, when set, is called once the CRDs of
+// its kinds are established (flux.Client.ApplyChangesStaged), at once when
+// none of objs changes.
+func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstructured.Unstructured, what string, notify flux.DefinedKinds) (object.ObjMetadataSet, error) {
 	changes, err := c.Plan(ctx, objs)
 	if err != nil {
 		return nil, err
 	}
 	if len(changes) == 0 {
 		env.UI.OK("%s: no changes (%d objects up to date)", what, len(objs))
-		if defined != nil {
-			defined()
+		if notify.Then != nil {
+			notify.Then()
 		}
 		return nil, nil
 	}
@@ -244,7 +246,7 @@ func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstruc
 	}
 	var applied object.ObjMetadataSet
 	err = env.Wet(fmt.Sprintf("%s (%s)", what, strings.Join(parts, ", ")), func() error {
-		applied, err = c.ApplyChangesStaged(ctx, changes, env.Config.Flux.Timeout.D(), defined)
+		applied, err = c.ApplyChangesStaged(ctx, changes, env.Config.Flux.Timeout.D(), notify)
 		return err
 	})
 	return applied, err

@@ -1,0 +1,124 @@
+package flux
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/lab/kube/kubetest"
+)
+
+const widgetCRD = `apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.homelab
+spec:
+  group: example.homelab
+  names: {kind: Widget, listKind: WidgetList, plural: widgets, singular: widget}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {type: integer}
+`
+
+// A CRD update goes one definition at a time only when it changes the
+// CRD's spec, which makes the API server rebuild the kind's storage; one
+// that changes only labels (a CRD another tool installed, adopted as it
+// is) goes with the rest of the first stage at once. Custom resources wait
+// only for the CRDs of their own kinds.
+func TestOnlyACRDSpecChangeGoesOneByOne(t *testing.T) {
+	lab := kubetest.Start(t, kube.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := func(edit func(*unstructured.Unstructured)) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(widgetCRD), &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		if edit != nil {
+			edit(u)
+		}
+		return u
+	}
+	plan := func(u *unstructured.Unstructured) []Change {
+		t.Helper()
+		changes, err := c.Plan(ctx, []*unstructured.Unstructured{u})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return changes
+	}
+
+	first := plan(crd(nil))
+	if len(first) != 1 || first[0].Action != "created" || definitionsOneByOne(first) {
+		t.Fatalf("a new CRD: %+v, one by one %v", first, definitionsOneByOne(first))
+	}
+	if _, err := c.Apply(ctx, []*unstructured.Unstructured{crd(nil)}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	labelled := plan(crd(func(u *unstructured.Unstructured) {
+		u.SetLabels(map[string]string{"app.kubernetes.io/part-of": "flux"})
+	}))
+	if len(labelled) != 1 || labelled[0].Action != "configured" || definitionsOneByOne(labelled) {
+		t.Errorf("a label added: %+v, one by one %v (want configured, at once)", labelled, definitionsOneByOne(labelled))
+	}
+	widened := plan(crd(func(u *unstructured.Unstructured) {
+		versions, _, _ := unstructured.NestedSlice(u.Object, "spec", "versions")
+		v1 := versions[0].(map[string]any)
+		if err := unstructured.SetNestedField(v1, map[string]any{"type": "string"},
+			"schema", "openAPIV3Schema", "properties", "spec", "properties", "color"); err != nil {
+			t.Fatal(err)
+		}
+		if err := unstructured.SetNestedSlice(u.Object, versions, "spec", "versions"); err != nil {
+			t.Fatal(err)
+		}
+	}))
+	if len(widened) != 1 || widened[0].Action != "configured" || !definitionsOneByOne(widened) {
+		t.Errorf("a field added to the schema: %+v, one by one %v (want configured, one by one)", widened, definitionsOneByOne(widened))
+	}
+
+	// A custom resource applied with its new CRD waits for it to be
+	// established (without the wait its apply fails: no match for the
+	// kind), and the caller hears of it through DefinedKinds.
+	gadgets := crd(func(u *unstructured.Unstructured) {
+		u.SetName("gadgets.example.homelab")
+		if err := unstructured.SetNestedStringMap(u.Object, map[string]string{"kind": "Gadget", "listKind": "GadgetList", "plural": "gadgets", "singular": "gadget"}, "spec", "names"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	gadget := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.homelab/v1", "kind": "Gadget",
+		"metadata": map[string]any{"name": "g1", "namespace": "default"}, "spec": map[string]any{"size": int64(3)}}}
+	changes := plan(gadgets)
+	changes = append(changes, Change{Object: "Gadget/default/g1", Action: "created", obj: gadget})
+	var told bool
+	if _, err := c.ApplyChangesStaged(ctx, changes, time.Minute, DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Gadget"}}, Then: func() { told = true }}); err != nil {
+		t.Fatalf("a CRD and a resource of its kind in one apply: %v", err)
+	}
+	if !told {
+		t.Error("DefinedKinds.Then was not called")
+	}
+	got := &unstructured.Unstructured{}
+	got.SetGroupVersionKind(gadget.GroupVersionKind())
+	if err := c.kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: "g1"}, got); err != nil {
+		t.Errorf("the Gadget was not applied: %v", err)
+	}
+}
