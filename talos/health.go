@@ -672,39 +672,29 @@ func (o *Ops) WaitHealthy(ctx context.Context, what string, in HealthInput) erro
 }
 
 // wakeOnHealthChange delivers on wake, until ctx ends, when something a
-// health poll reads changes: a service on a node changes state or health
-// (etcd joining, kubelet turning healthy), a node's boot sequence ends, or,
-// with in.Kube, a Node object or a pod in kube-system changes (a node
-// turning Ready, a static pod running: usually the last assertions to
-// pass).
+// health poll reads changes for the better: a service on a node turns
+// healthy (etcd joined, kubelet up), a node's boot sequence ends, or, with
+// in.Kube, a Node object or a pod in kube-system changes (a node turning
+// Ready, a static pod running: usually the last assertions to pass).
 func (o *Ops) wakeOnHealthChange(ctx context.Context, in HealthInput, wake chan<- struct{}) {
-	var chans []<-chan struct{}
+	changed := make(chan struct{}, 1)
+	for _, n := range in.Nodes {
+		o.nodeEvents(ctx, n.IP, changed)
+	}
 	if in.Kube != nil {
-		chans = append(chans, kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
+		kw := kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
 			return in.Kube.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
 		}, func(ctx context.Context) (watch.Interface, error) {
 			// The control plane's static pods, kube-proxy and CoreDNS.
 			return in.Kube.CoreV1().Pods(metav1.NamespaceSystem).Watch(ctx, metav1.ListOptions{})
-		}))
-	}
-	for _, n := range in.Nodes {
-		chans = append(chans, o.nodeEvents(ctx, n.IP))
-	}
-	changed := make(chan struct{}, 1)
-	for _, ch := range chans {
+		})
 		go func() {
 			for {
 				select {
 				case <-ctx.Done():
 					return
-				case _, ok := <-ch:
-					if !ok {
-						return
-					}
-					select {
-					case changed <- struct{}{}:
-					default:
-					}
+				case <-kw:
+					signal(changed)
 				}
 			}
 		}()
@@ -724,45 +714,46 @@ func (o *Ops) wakeOnHealthChange(ctx context.Context, in HealthInput, wake chan<
 				return
 			case <-time.After(healthWakeCoalesce):
 			}
-			select {
-			case wake <- struct{}{}:
-			default:
-			}
+			signal(wake)
 		}
 	}()
+}
+
+// signal delivers on ch unless a signal is already waiting there.
+func signal(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 // healthWakeCoalesce is how long a health wait's wake waits for more
 // changes before it polls: a burst of changes costs one poll.
 const healthWakeCoalesce = 20 * time.Millisecond
 
-// nodeEvents delivers, until ctx ends, each time a service on the node at
-// ip turns healthy or the node's machine status turns ready. machined
-// publishes a ServiceStateEvent on its runtime event stream for every
-// change of a service's state or health (ServiceRunner.UpdateState and
-// healthUpdate, internal/app/machined/pkg/system/service_runner.go at
+// nodeEvents signals changed, until ctx ends, each time a service on the
+// node at ip turns healthy or the node's machine status turns ready.
+// machined publishes a ServiceStateEvent on its runtime event stream for
+// every change of a service's state or health (ServiceRunner.UpdateState
+// and healthUpdate, internal/app/machined/pkg/system/service_runner.go at
 // v1.13.3) and a MachineStatusEvent for every machine status change
 // (controllers/runtime/machine_status_publisher.go). A stream that cannot
 // be opened or breaks (the node reboots) is not opened again: the waits it
 // wakes poll anyway.
-func (o *Ops) nodeEvents(ctx context.Context, ip string) <-chan struct{} {
-	out := make(chan struct{}, 1)
+func (o *Ops) nodeEvents(ctx context.Context, ip string, changed chan<- struct{}) {
 	go func() {
 		err := o.read(ctx, ip, o.opts.HealthTimeout, func(ctx context.Context, c *client.Client) error {
 			return followEvents(ctx, c, func(ev client.Event) bool {
 				// Only a change for the better can end a health wait: a
 				// service turning healthy, a boot sequence ending.
-				var better bool
 				switch p := ev.Payload.(type) {
 				case *machine.ServiceStateEvent:
-					better = p.GetHealth().GetHealthy()
+					if p.GetHealth().GetHealthy() {
+						signal(changed)
+					}
 				case *machine.MachineStatusEvent:
-					better = p.GetStatus().GetReady()
-				}
-				if better {
-					select {
-					case out <- struct{}{}:
-					default:
+					if p.GetStatus().GetReady() {
+						signal(changed)
 					}
 				}
 				return false
@@ -772,7 +763,6 @@ func (o *Ops) nodeEvents(ctx context.Context, ip string) <-chan struct{} {
 			o.opts.Log.Debug().Err(err).Str("node", ip).Msg("the node's event stream ended; the health polls go on without it")
 		}
 	}()
-	return out
 }
 
 // followEvents reads the node's runtime event stream over c (the options
