@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/yaml"
 
 	"github.com/homelab/bootstrap/lab/kube"
@@ -120,5 +121,68 @@ func TestOnlyACRDSpecChangeGoesOneByOne(t *testing.T) {
 	got.SetGroupVersionKind(gadget.GroupVersionKind())
 	if err := c.kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: "g1"}, got); err != nil {
 		t.Errorf("the Gadget was not applied: %v", err)
+	}
+}
+
+// DefinedKinds.Then goes as soon as its kinds' objects can be applied: once
+// the namespace the apply creates exists and the CRD of its kind serves
+// (here established before and only relabelled), not after the rest of
+// the first stage: a ClusterRole whose apply is held until Then is called.
+func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
+	lab := kubetest.Start(t, kube.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(widgetCRD), &crd.Object); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Apply(ctx, []*unstructured.Unstructured{crd.DeepCopy()}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	crd.SetLabels(map[string]string{"app.kubernetes.io/part-of": "flux"})
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "gizmos"}}}
+	held := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+		"metadata": map[string]any{"name": "held"}, "rules": []any{}}}
+	changes, err := c.Plan(ctx, []*unstructured.Unstructured{crd, ns, held})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(changes) != 3 {
+		t.Fatalf("plan: %+v, want the CRD configured, the namespace and the ClusterRole created", changes)
+	}
+
+	called := make(chan struct{})
+	var heldUntilThen bool
+	ww, err := client.NewWithWatch(lab.RESTConfig(), client.Options{Mapper: c.kube.RESTMapper()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.kube = interceptor.NewClient(ww, interceptor.Funcs{Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+		if obj.GetName() == "held" {
+			select {
+			case <-called:
+				heldUntilThen = true
+			case <-time.After(5 * time.Second):
+			}
+		}
+		return cl.Patch(ctx, obj, patch, opts...)
+	}})
+	var nsThere error
+	then := func() {
+		nsThere = c.kube.Get(ctx, client.ObjectKey{Name: "gizmos"}, ns.DeepCopy())
+		close(called)
+	}
+	if _, err := c.ApplyChangesStaged(ctx, changes, time.Minute, DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Widget"}}, Then: then}); err != nil {
+		t.Fatal(err)
+	}
+	if !heldUntilThen {
+		t.Error("Then came only after every definition was applied, not once its kind's CRD served and its namespace existed")
+	}
+	if nsThere != nil {
+		t.Errorf("Then came before the namespace the apply creates: %v", nsThere)
 	}
 }

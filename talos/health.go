@@ -164,21 +164,32 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 			// One connection per node for all its calls: a health poll
 			// asks every node five questions.
 			err := o.read(ctx, n.IP, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
-				if _, err := c.Version(ctx); err != nil {
-					return err
+				// The questions are independent reads: asked at once on
+				// the node's one connection (gRPC multiplexes them), a
+				// poll takes about one call's time, not eight.
+				var versionErr error
+				var calls sync.WaitGroup
+				ask := func(fn func()) {
+					calls.Add(1)
+					go func() {
+						defer calls.Done()
+						fn()
+					}()
 				}
-				f.svcs, f.svcErr = servicesOn(ctx, c)
-				f.stage, _, f.stageErr = machineStatusOn(ctx, c)
-				f.memTotal, f.memErr = memTotalOn(ctx, c)
-				f.ephemeral, f.ephErr = ephemeralSizeOn(ctx, c)
-				f.diags, f.diagErr = diagnosticsOn(ctx, c)
+				ask(func() { _, versionErr = c.Version(ctx) })
+				ask(func() { f.svcs, f.svcErr = servicesOn(ctx, c) })
+				ask(func() { f.stage, _, f.stageErr = machineStatusOn(ctx, c) })
+				ask(func() { f.memTotal, f.memErr = memTotalOn(ctx, c) })
+				ask(func() { f.ephemeral, f.ephErr = ephemeralSizeOn(ctx, c) })
+				ask(func() { f.diags, f.diagErr = diagnosticsOn(ctx, c) })
 				if n.Role == RoleControlPlane {
-					f.members, f.memberErr = etcdMembersOn(ctx, c)
+					ask(func() { f.members, f.memberErr = etcdMembersOn(ctx, c) })
 					if in.Kube != nil {
-						f.static, f.staticErr = staticPodsOn(ctx, c)
+						ask(func() { f.static, f.staticErr = staticPodsOn(ctx, c) })
 					}
 				}
-				return nil
+				calls.Wait()
+				return versionErr
 			})
 			if err != nil {
 				f.versionOK, f.svcErr, f.stageErr, f.memberErr, f.staticErr = err, err, err, err, err

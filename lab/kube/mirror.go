@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -56,12 +57,19 @@ func (c *Cluster) SyncMirrorPods(ctx context.Context, node string, pods []Mirror
 			ip = a.Address
 		}
 	}
+	// kubelet syncs each pod in its own worker (pkg/kubelet/pod_workers.go
+	// at v1.36.1), so a node's mirror pods appear together, not one
+	// after another.
+	g, gctx := errgroup.WithContext(ctx)
 	for _, p := range pods {
-		if err := c.syncMirrorPod(ctx, n, ip, p); err != nil {
-			return fmt.Errorf("mirror pod %s of %s: %w", p.Name, node, err)
-		}
+		g.Go(func() error {
+			if err := c.syncMirrorPod(gctx, n, ip, p); err != nil {
+				return fmt.Errorf("mirror pod %s of %s: %w", p.Name, node, err)
+			}
+			return nil
+		})
 	}
-	return nil
+	return g.Wait()
 }
 
 func (c *Cluster) syncMirrorPod(ctx context.Context, n *corev1.Node, ip string, p MirrorPod) error {
@@ -102,14 +110,22 @@ func (c *Cluster) syncMirrorPod(ctx context.Context, n *corev1.Node, ip string, 
 				Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
 			},
 		}
-		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
+		cur = created
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		pod, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
+		// The pod just read or created is the first try's; a conflict
+		// reads it again.
+		pod := cur
+		cur = nil
+		if pod == nil || pod.Name == "" {
+			var err error
+			if pod, err = pods.Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return err
+			}
 		}
 		ready, now := corev1.ConditionFalse, metav1.Now()
 		state := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}

@@ -133,11 +133,23 @@ func publishStaticPod(st state.State, hostname, name, image string, ready bool) 
 // setStaticPodLocked publishes one static pod's status and reports the
 // node's static pods to a MirrorPodSyncer.
 func (n *Node) setStaticPodLocked(name, image string, ready bool) {
-	publishStaticPod(n.cosi, n.hostnameLocked(), name, image, ready)
+	n.setStaticPodsLocked(map[string]string{name: image}, ready)
+}
+
+// setStaticPodsLocked publishes the status of the static pods in images
+// (name → image) and reports the node's static pods to a MirrorPodSyncer
+// once: pods kubelet starts together are reported together.
+func (n *Node) setStaticPodsLocked(images map[string]string, ready bool) {
+	if len(images) == 0 {
+		return
+	}
 	if n.staticPods == nil {
 		n.staticPods = map[string]StaticPod{}
 	}
-	n.staticPods[name] = StaticPod{Name: name, Image: image, Ready: ready}
+	for name, image := range images {
+		publishStaticPod(n.cosi, n.hostnameLocked(), name, image, ready)
+		n.staticPods[name] = StaticPod{Name: name, Image: image, Ready: ready}
+	}
 	syncer, ok := n.sim.opts.Cluster.(MirrorPodSyncer)
 	if !ok {
 		return

@@ -470,9 +470,7 @@ func (n *Node) finishBootLocked() {
 	}
 	if n.roleLocked() == "controlplane" {
 		// kubelet runs the control plane's static pods once etcd is up.
-		for name, image := range imagesOf(n.parsed).staticPods {
-			n.setStaticPodLocked(name, image, true)
-		}
+		n.setStaticPodsLocked(imagesOf(n.parsed).staticPods, true)
 	}
 }
 
