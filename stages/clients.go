@@ -22,12 +22,13 @@ import (
 // client returns the memoised client under key, building it on first use.
 // Stage files wrap it in typed accessors (see provision.go, talos.go).
 func client[T any](e *Env, key string, build func() (T, error)) (T, error) {
-	e.clientsMu.Lock()
-	defer e.clientsMu.Unlock()
-	if e.clients == nil {
-		e.clients = map[string]any{}
+	r := e.shared()
+	r.clientsMu.Lock()
+	defer r.clientsMu.Unlock()
+	if r.clients == nil {
+		r.clients = map[string]any{}
 	}
-	if c, ok := e.clients[key]; ok {
+	if c, ok := r.clients[key]; ok {
 		return c.(T), nil
 	}
 	c, err := build()
@@ -35,7 +36,7 @@ func client[T any](e *Env, key string, build func() (T, error)) (T, error) {
 		var zero T
 		return zero, fmt.Errorf("connecting to %s: %w", key, err)
 	}
-	e.clients[key] = c
+	r.clients[key] = c
 	return c, nil
 }
 

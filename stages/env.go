@@ -36,8 +36,17 @@ type Env struct {
 	// LogPath is this run's JSON log file ("" in a dry run).
 	LogPath string
 
+	// run is the Env of the whole run when this one is a stage's view of
+	// it (forStage): the view has its own Log, UI and stage, and shares
+	// everything below with the run's. nil on the run's own Env.
+	run *Env
+	// stage names the stage this Env is the view of ("" outside one):
+	// the changes made through it are that stage's.
+	stage string
+
+	// The run's shared part, used through shared(): a stage's view
+	// leaves its own unused.
 	mu      sync.Mutex
-	stage   string
 	changes []Change
 
 	clientsMu sync.Mutex
@@ -45,6 +54,36 @@ type Env struct {
 
 	// prepared is the Preparers' background work, by key (under mu).
 	prepared map[string]*background
+}
+
+// shared is the Env holding the run's shared part: the run's own.
+func (e *Env) shared() *Env {
+	if e.run != nil {
+		return e.run
+	}
+	return e
+}
+
+// forStage returns stage name's view of the run's Env: the same config,
+// state, clients and background work; its own logger (log) and stage, so
+// that stages running beside each other record and report as
+// themselves.
+func (e *Env) forStage(name string, log zerolog.Logger) *Env {
+	return &Env{
+		Config: e.Config, Paths: e.Paths, State: e.State, Log: log, UI: e.UI.With(log), Out: e.Out,
+		DryRun: e.DryRun, Secrets: e.Secrets, Options: e.Options, Now: e.Now, LogPath: e.LogPath,
+		run: e.shared(), stage: name,
+	}
+}
+
+// withState runs fn on the run's state under the lock SaveState takes:
+// a stage writing its outputs while another saves the state (stages that
+// run beside each other) does so here.
+func (e *Env) withState(fn func(*state.State)) {
+	r := e.shared()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fn(e.State)
 }
 
 // Options are command-line switches that stages read.
@@ -89,16 +128,18 @@ func (e *Env) Wet(action string, fn func() error) error {
 }
 
 func (e *Env) record(action string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.changes = append(e.changes, Change{Stage: e.stage, Action: action})
+	r := e.shared()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.changes = append(r.changes, Change{Stage: e.stage, Action: action})
 }
 
 // Changes returns the changes recorded so far in this run.
 func (e *Env) Changes() []Change {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]Change(nil), e.changes...)
+	r := e.shared()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Change(nil), r.changes...)
 }
 
 func (e *Env) changesOf(stage string) []string {
@@ -117,8 +158,9 @@ func (e *Env) SaveState() error {
 	if e.DryRun {
 		return nil
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	r := e.shared()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	return e.State.Save(e.Paths.StateDir, e.now())
 }
 
@@ -131,8 +173,9 @@ func (e *Env) now() time.Time {
 
 // Node returns the recorded outputs for a node, creating the entry.
 func (e *Env) Node(name string) state.Node {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	r := e.shared()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if e.State.Outputs.Nodes == nil {
 		e.State.Outputs.Nodes = map[string]state.Node{}
 	}
@@ -144,8 +187,9 @@ func (e *Env) Node(name string) state.Node {
 // ForgetVM drops the recorded outputs of the node whose VM was vmid (the
 // VM is gone); safe for parallel workers.
 func (e *Env) ForgetVM(vmid int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	r := e.shared()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for name, n := range e.State.Outputs.Nodes {
 		if n.VMID == vmid {
 			delete(e.State.Outputs.Nodes, name)
@@ -155,15 +199,17 @@ func (e *Env) ForgetVM(vmid int) {
 
 // forgetNode drops the recorded outputs of the node called name.
 func (e *Env) forgetNode(name string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	r := e.shared()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	delete(e.State.Outputs.Nodes, name)
 }
 
 // SetNode records a node's outputs; safe for parallel workers.
 func (e *Env) SetNode(n state.Node) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	r := e.shared()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if e.State.Outputs.Nodes == nil {
 		e.State.Outputs.Nodes = map[string]state.Node{}
 	}

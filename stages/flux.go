@@ -35,6 +35,22 @@ type FluxStage struct{}
 // Name implements Stage.
 func (FluxStage) Name() string { return Flux }
 
+// Needs implements Needs: with the pod network Talos brings up itself
+// (flannel), Flux needs the cluster and nothing of the infra stage, which
+// it runs beside. The NFS provisioner's default StorageClass may come
+// after a claim Flux's sources create: the PersistentVolume controller
+// gives a claim without a class the default once there is one
+// (kube-controller-manager pv_controller.go assignDefaultStorageClass,
+// k8s.io/kubernetes v1.30.14 and v1.36.1). With a CNI the infra stage
+// installs (cilium) or the user's own (none), Flux's controllers start
+// only once the nodes are Ready: it waits for the infra stage.
+func (FluxStage) Needs(cfg *config.Config) []string {
+	if cfg.CNI.Name != "flannel" {
+		return nil
+	}
+	return []string{Precheck, Provision, Talos}
+}
+
 // Run implements Stage.
 func (FluxStage) Run(ctx context.Context, env *Env) error {
 	f := env.Config.Flux
@@ -148,7 +164,7 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	_, status := flux.AllReady(all)
-	env.State.Outputs.Flux = stateFlux(f, url, ks.Revision)
+	env.withState(func(st *state.State) { st.Outputs.Flux = stateFlux(f, url, ks.Revision) })
 	env.UI.OK("%s", status)
 	return nil
 }
@@ -400,11 +416,10 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 }
 
 func recordSnapshot(env *Env, s *gitsnap.State) {
-	env.State.Outputs.GitSnapshot.PID = s.PID
-	env.State.Outputs.GitSnapshot.Listen = s.Listen
-	env.State.Outputs.GitSnapshot.URL = s.URL
-	env.State.Outputs.GitSnapshot.Hash = s.Hash
-	env.State.Outputs.GitSnapshot.Started = s.StartedAt
+	env.withState(func(st *state.State) {
+		g := &st.Outputs.GitSnapshot
+		g.PID, g.Listen, g.URL, g.Hash, g.Started = s.PID, s.Listen, s.URL, s.Hash, s.StartedAt
+	})
 }
 
 // fluxCredentials reads the credentials of a private remote from the files

@@ -16,6 +16,7 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/infra"
 	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/talos"
 )
 
@@ -137,8 +138,10 @@ func (InfraStage) Run(ctx context.Context, env *Env) error {
 			return err
 		}
 	}
-	env.State.Outputs.Infra.CNI = cfg.CNI.Name
-	env.State.Outputs.Infra.StorageClass = n.StorageClass
+	env.withState(func(st *state.State) {
+		st.Outputs.Infra.CNI = cfg.CNI.Name
+		st.Outputs.Infra.StorageClass = n.StorageClass
+	})
 	return nil
 }
 
@@ -317,8 +320,10 @@ func recordRelease(env *Env, rel infra.Release, chartVersion string, revision in
 	if rel.Name != infra.NFSRelease {
 		return
 	}
-	o := &env.State.Outputs.Infra
-	o.Release, o.Namespace, o.ChartVersion, o.Revision = rel.Name, rel.Namespace, chartVersion, revision
+	env.withState(func(st *state.State) {
+		o := &st.Outputs.Infra
+		o.Release, o.Namespace, o.ChartVersion, o.Revision = rel.Name, rel.Namespace, chartVersion, revision
+	})
 }
 
 // Prechecks implements Prechecker: the NFS export the provisioner will use

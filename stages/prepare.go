@@ -35,12 +35,13 @@ type background struct {
 // error, with the stack in the log, as runStage does for a stage.
 func (e *Env) prepare(ctx context.Context, key, what string, fn func(context.Context) (any, error)) {
 	b := &background{what: what, started: time.Now(), done: make(chan struct{})}
-	e.mu.Lock()
-	if e.prepared == nil {
-		e.prepared = map[string]*background{}
+	r := e.shared()
+	r.mu.Lock()
+	if r.prepared == nil {
+		r.prepared = map[string]*background{}
 	}
-	e.prepared[key] = b
-	e.mu.Unlock()
+	r.prepared[key] = b
+	r.mu.Unlock()
 	log := e.Log
 	go func() {
 		defer close(b.done)
@@ -61,10 +62,11 @@ func (e *Env) prepare(ctx context.Context, key, what string, fn func(context.Con
 // error is reported as without a Preparer). A result of another type is a
 // bug and reads as not prepared.
 func takePrepared[T any](ctx context.Context, e *Env, key string, limit time.Duration) (v T, ok bool, err error) {
-	e.mu.Lock()
-	b := e.prepared[key]
-	delete(e.prepared, key)
-	e.mu.Unlock()
+	r := e.shared()
+	r.mu.Lock()
+	b := r.prepared[key]
+	delete(r.prepared, key)
+	r.mu.Unlock()
 	if b == nil {
 		return v, false, nil
 	}

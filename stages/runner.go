@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/homelab/bootstrap/config"
@@ -40,18 +42,17 @@ type RunInfo struct {
 }
 
 // Run executes the selected stages in order and stops at the first failure.
-// Outside a dry run it records every stage in the state file atomically: as
-// running when it starts (so a killed process leaves a resumable trace) and
-// ok / failed / interrupted when it ends. A dry run writes nothing and
-// prints the plan grouped by stage.
+// A stage starts once the stages it needs are done (Needs): one that needs
+// only some of those before it runs beside the others. Outside a dry run
+// it records every stage in the state file atomically: as running when it
+// starts (so a killed process leaves a resumable trace) and ok / failed /
+// interrupted when it ends. A dry run runs the stages one after another,
+// writes nothing and prints the plan grouped by stage.
 func Run(ctx context.Context, env *Env, selected []Stage, info RunInfo) error {
 	names := make([]string, len(selected))
 	for i, s := range selected {
 		names[i] = s.Name()
 	}
-	base, baseUI := env.Log, env.UI
-	defer func() { env.Log, env.UI = base, baseUI }()
-
 	if !env.DryRun {
 		env.State.LastRun = &state.Run{ID: info.ID, Command: info.Command, Started: env.now().UTC(), Stages: names, LogPath: info.LogPath}
 		if err := env.SaveState(); err != nil {
@@ -64,50 +65,62 @@ func Run(ctx context.Context, env *Env, selected []Stage, info RunInfo) error {
 	defer stopPrep()
 	startPreparers(prepCtx, env, selected)
 
-	var runErr error
-	for _, s := range selected {
-		name := s.Name()
-		env.mu.Lock()
-		env.stage = name
-		env.mu.Unlock()
-		env.Log = base.With().Str("stage", name).Logger()
-		env.UI = baseUI.With(env.Log)
-		env.UI.StageStart(Position(name), len(Order), name)
-
-		rec := env.State.Stage(name)
-		start := env.now()
-		if !env.DryRun {
-			rec.Status, rec.Started, rec.Finished, rec.Error, rec.Changes = state.Running, start.UTC(), time.Time{}, "", nil
-			rec.Attempts++
-			if err := env.SaveState(); err != nil {
-				return fmt.Errorf("writing state: %w", err)
-			}
+	type outcome struct {
+		done chan struct{}
+		err  error
+	}
+	outcomes := make([]*outcome, len(selected))
+	var failedMu sync.Mutex
+	failed := false
+	for i, s := range selected {
+		// Wait for the stages this one needs; a failure among them, or
+		// anywhere so far, ends the run here.
+		for _, j := range neededBy(env.Config, selected, i, env.DryRun) {
+			<-outcomes[j].done
 		}
-
-		err := runStage(ctx, env, s)
-		dur := env.now().Sub(start)
-		interrupted := err != nil && ctx.Err() != nil
-		changes := env.changesOf(name)
-		env.UI.StageDone(name, dur, len(changes), err, interrupted)
-
-		if !env.DryRun {
-			rec.Finished, rec.DurationSeconds, rec.Changes = env.now().UTC(), dur.Seconds(), changes
-			switch {
-			case interrupted:
-				rec.Status, rec.Error = state.Interrupted, env.Secrets.String(err.Error())
-			case err != nil:
-				rec.Status, rec.Error = state.Failed, env.Secrets.String(err.Error())
-			default:
-				rec.Status = state.OK
-			}
-			if serr := env.SaveState(); serr != nil && err == nil {
-				err = fmt.Errorf("writing state: %w", serr)
-			}
-		}
-		if err != nil {
-			usage := !interrupted && len(changes) == 0 && config.IsUserError(err)
-			runErr = &StageError{Stage: name, Err: err, Interrupted: interrupted, Usage: usage}
+		failedMu.Lock()
+		stop := failed
+		failedMu.Unlock()
+		if stop {
 			break
+		}
+		var beside []string
+		for j := range i {
+			select {
+			case <-outcomes[j].done:
+			default:
+				beside = append(beside, names[j])
+			}
+		}
+		o := &outcome{done: make(chan struct{})}
+		outcomes[i] = o
+		senv := env.forStage(names[i], env.Log.With().Str("stage", names[i]).Logger())
+		if err := startRecord(senv, names[i]); err != nil {
+			close(o.done)
+			o.err = err
+			break
+		}
+		senv.UI.StageStart(Position(names[i]), len(Order), names[i], beside...)
+		go func() {
+			defer close(o.done)
+			o.err = runRecorded(ctx, senv, s)
+			if o.err != nil {
+				failedMu.Lock()
+				failed = true
+				failedMu.Unlock()
+			}
+		}()
+	}
+	// The first failure in pipeline order is the run's; stages that ran
+	// beside it finished (their records say how).
+	var runErr error
+	for _, o := range outcomes {
+		if o == nil {
+			continue
+		}
+		<-o.done
+		if runErr == nil && o.err != nil {
+			runErr = o.err
 		}
 	}
 	if env.DryRun {
@@ -120,6 +133,83 @@ func Run(ctx context.Context, env *Env, selected []Stage, info RunInfo) error {
 		return fmt.Errorf("writing state: %w", err)
 	}
 	return runErr
+}
+
+// Needs is an optional ability of a Stage: the stages before it in the
+// pipeline whose results it needs, when not all of them. The runner starts
+// a stage once those of them that are selected have finished, so a stage
+// that needs fewer runs beside the others (flux beside infra). A stage
+// without Needs, or whose Needs returns nil, needs every stage before it.
+type Needs interface {
+	Needs(cfg *config.Config) []string
+}
+
+// neededBy returns the indexes of the selected stages before selected[i]
+// that it needs: every one unless its Needs names some (nil: all). A dry
+// run needs every one: its plan reads stage by stage.
+func neededBy(cfg *config.Config, selected []Stage, i int, dryRun bool) []int {
+	var need []string
+	if n, ok := selected[i].(Needs); ok && !dryRun {
+		need = n.Needs(cfg)
+	}
+	var out []int
+	for j := range i {
+		if need == nil || slices.Contains(need, selected[j].Name()) {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// startRecord records stage name as running (outside a dry run).
+func startRecord(env *Env, name string) error {
+	if env.DryRun {
+		return nil
+	}
+	env.withState(func(st *state.State) {
+		rec := st.Stage(name)
+		rec.Status, rec.Started, rec.Finished, rec.Error, rec.Changes = state.Running, env.now().UTC(), time.Time{}, "", nil
+		rec.Attempts++
+	})
+	if err := env.SaveState(); err != nil {
+		return fmt.Errorf("writing state: %w", err)
+	}
+	return nil
+}
+
+// runRecorded runs stage s on its view env, reports its outcome and
+// records it in the state; the error is the run's StageError.
+func runRecorded(ctx context.Context, env *Env, s Stage) error {
+	name := s.Name()
+	start := env.now()
+	err := runStage(ctx, env, s)
+	dur := env.now().Sub(start)
+	interrupted := err != nil && ctx.Err() != nil
+	changes := env.changesOf(name)
+	env.UI.StageDone(name, dur, len(changes), err, interrupted)
+
+	if !env.DryRun {
+		env.withState(func(st *state.State) {
+			rec := st.Stage(name)
+			rec.Finished, rec.DurationSeconds, rec.Changes = env.now().UTC(), dur.Seconds(), changes
+			switch {
+			case interrupted:
+				rec.Status, rec.Error = state.Interrupted, env.Secrets.String(err.Error())
+			case err != nil:
+				rec.Status, rec.Error = state.Failed, env.Secrets.String(err.Error())
+			default:
+				rec.Status = state.OK
+			}
+		})
+		if serr := env.SaveState(); serr != nil && err == nil {
+			err = fmt.Errorf("writing state: %w", serr)
+		}
+	}
+	if err != nil {
+		usage := !interrupted && len(changes) == 0 && config.IsUserError(err)
+		return &StageError{Stage: name, Err: err, Interrupted: interrupted, Usage: usage}
+	}
+	return nil
 }
 
 // runStage runs one stage and turns a panic into a failure with its stack in

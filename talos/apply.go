@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -119,7 +120,15 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 		sawReboot  = false
 		rebootAt   time.Time
 	)
+	// A node up from its install is woken for when its cri turns healthy
+	// (the bootstrap waits for that), from the poll that first finds it
+	// not booted yet: its event stream, as for a health wait.
+	wctx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	wake := make(chan struct{}, 1)
+	var following sync.Once
 	spec := wait.Spec{
+		Wake:          wake,
 		What:          fmt.Sprintf("node %s to run its config", t),
 		Timeout:       o.opts.InstallTimeout,
 		Interval:      o.opts.PollInterval,
@@ -208,6 +217,9 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 				if opts.DryRun {
 					res.Action = ActionPlanned
 					return true, "", mutate(fmt.Sprintf("wait for %s to finish installing (%s)", t, up.Detail), noop)
+				}
+				if up.Detail == notBootedYet {
+					following.Do(func() { o.nodeEvents(wctx, t.IP, wake) })
 				}
 				return false, up.Detail, nil
 			}

@@ -312,3 +312,42 @@ func TestUnexpectedNodeFailsHealthButNotTheWait(t *testing.T) {
 		t.Errorf("tolerated: %+v", c)
 	}
 }
+
+// TestConfigRunWaitWakesOnCRI: a node up from its install whose cri does
+// not run yet is woken for by cri's service event (Talos health-checks
+// cri: internal/app/machined/pkg/system/services/cri.go HealthFunc at
+// v1.13.3), not found by the next poll: with an hour between polls the
+// wait ends within the test only through the event.
+func TestConfigRunWaitWakesOnCRI(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1, timeScale: 1,
+		profile: profile(func(p *talossim.Profile) { p.BootstrapReady = 2 * time.Second })})
+	ctx := testCtx(t)
+	kctx, kill := context.WithCancel(ctx)
+	if _, err := h.converge(kctx, killAt("apply config", true, kill)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("killed run: %v", err)
+	}
+	target := h.targets()[0]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		up, err := h.ops.InstalledSystemUp(ctx, target.IP)
+		if err == nil && up.Detail == notBootedYet {
+			break
+		}
+		if err == nil && up.Installed || time.Now().After(deadline) {
+			t.Fatalf("never found up from its install without cri: %+v %v", up, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	oo := h.ops.opts
+	oo.PollInterval = time.Hour
+	slow, err := NewOps(oo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if res, err := slow.EnsureConfig(wctx, target, EnsureOptions{}); err != nil || res.Action != ActionUnchanged {
+		t.Fatalf("the wait did not wake on the node's cri event: %+v %v", res, err)
+	}
+}

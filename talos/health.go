@@ -750,7 +750,7 @@ const healthWakeCoalesce = 20 * time.Millisecond
 // v1.13.3) and a MachineStatusEvent for every machine status change
 // (controllers/runtime/machine_status_publisher.go). A stream that cannot
 // be opened or breaks (the node reboots) is not opened again: the waits it
-// wakes poll anyway.
+// wakes (a health wait; a node's config-run wait for its cri) poll anyway.
 func (o *Ops) nodeEvents(ctx context.Context, ip string, changed chan<- struct{}) {
 	go func() {
 		err := o.read(ctx, ip, o.opts.HealthTimeout, func(ctx context.Context, c *client.Client) error {

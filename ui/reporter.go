@@ -2,6 +2,7 @@ package ui
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -36,9 +37,14 @@ func NewReporter(log zerolog.Logger) *Reporter { return &Reporter{log: log} }
 // With returns a reporter whose events carry the logger's context (stage=…).
 func (r *Reporter) With(log zerolog.Logger) *Reporter { return &Reporter{log: log} }
 
-// StageStart prints "[2/6] provision".
-func (r *Reporter) StageStart(pos, total int, name string) {
-	r.log.Info().Str(FieldUI, kindHeader).Int("pos", pos).Int("of", total).Msgf("[%d/%d] %s", pos, total, name)
+// StageStart prints "[2/6] provision", or "[5/6] flux, beside infra" for
+// a stage that starts while the stages beside still run.
+func (r *Reporter) StageStart(pos, total int, name string, beside ...string) {
+	msg := fmt.Sprintf("[%d/%d] %s", pos, total, name)
+	if len(beside) > 0 {
+		msg += ", beside " + strings.Join(beside, " and ")
+	}
+	r.log.Info().Str(FieldUI, kindHeader).Int("pos", pos).Int("of", total).Msg(msg)
 }
 
 // StageDone prints a stage's outcome and duration.

@@ -16,7 +16,7 @@ import (
 // API call that started it returns (Upgrade's ActorId), so a client can
 // follow exactly that sequence. Only the events the product reads are
 // published: an upgrade sequence's start and its failure, the service
-// state events of etcd and kubelet (serviceEventAtLocked) and every
+// state events of etcd, cri and kubelet (serviceEventAtLocked) and every
 // machine status change (setStageLocked).
 type runtimeEvent struct {
 	seq     uint64
@@ -108,7 +108,10 @@ func (a *apid) Events(req *machine.EventsRequest, srv machine.MachineService_Eve
 // message of its last event and its health, as ServiceList reports them
 // then. The simulator computes a service's state from the time, so the
 // event goes out at the times its state is known to change: etcd running
-// and then healthy (its member's start and ready times), kubelet healthy.
+// and then healthy (its member's start and ready times), cri healthy
+// once the node is up from its install (cri is health-checked:
+// internal/app/machined/pkg/system/services/cri.go HealthFunc), kubelet
+// healthy.
 // Other services publish nothing (not simulated). n.mu is held; a reboot
 // before at cancels it (afterLocked), as it ends the services.
 func (n *Node) serviceEventAtLocked(at time.Time, service string) {

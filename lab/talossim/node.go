@@ -421,6 +421,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.wantUp = true
 	n.serveLocked()
 	n.serviceEventAtLocked(n.bootedAt.Add(n.sim.scaled(n.sim.opts.Profile.KubeletReady)), "kubelet")
+	n.serviceEventAtLocked(n.bootedAt.Add(n.sim.scaled(n.sim.opts.Profile.BootstrapReady)), "cri")
 
 	publishKubernetesConfig(n.cosi, imagesOf(n.parsed))
 	publishManifests(n.cosi, n.parsed)
