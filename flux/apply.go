@@ -225,7 +225,10 @@ func (c *Client) ApplyChanges(ctx context.Context, changes []Change, timeout tim
 // creates nor changes those definitions, Then is called at once.
 type DefinedKinds struct {
 	Kinds []schema.GroupKind
-	Then  func()
+	// Then's changed says the apply created or changed the spec of a CRD
+	// of Kinds: what was planned against the CRD before (a dry run
+	// prunes by its schema) is planned again.
+	Then func(changed bool)
 }
 
 // ApplyChangesStaged is ApplyChanges telling notify when its kinds are
@@ -312,7 +315,7 @@ func (c *Client) ApplyChangesStaged(ctx context.Context, changes []Change, timeo
 			if err := c.waitDefined(gctx, notified, timeout); err != nil {
 				return err
 			}
-			notify.Then()
+			notify.Then(len(notified) > 0)
 			return nil
 		})
 	}

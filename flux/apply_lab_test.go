@@ -111,11 +111,11 @@ func TestOnlyACRDSpecChangeGoesOneByOne(t *testing.T) {
 	changes := plan(gadgets)
 	changes = append(changes, Change{Object: "Gadget/default/g1", Action: "created", obj: gadget})
 	var told bool
-	if _, err := c.ApplyChangesStaged(ctx, changes, time.Minute, DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Gadget"}}, Then: func() { told = true }}); err != nil {
+	if _, err := c.ApplyChangesStaged(ctx, changes, time.Minute, DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Gadget"}}, Then: func(changed bool) { told = changed }}); err != nil {
 		t.Fatalf("a CRD and a resource of its kind in one apply: %v", err)
 	}
 	if !told {
-		t.Error("DefinedKinds.Then was not called")
+		t.Error("DefinedKinds.Then was not called, or not told the apply defined the kind")
 	}
 	got := &unstructured.Unstructured{}
 	got.SetGroupVersionKind(gadget.GroupVersionKind())
@@ -172,7 +172,9 @@ func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
 		return cl.Patch(ctx, obj, patch, opts...)
 	}})
 	var nsThere error
-	then := func() {
+	var redefined bool
+	then := func(changed bool) {
+		redefined = changed
 		nsThere = c.kube.Get(ctx, client.ObjectKey{Name: "gizmos"}, ns.DeepCopy())
 		close(called)
 	}
@@ -184,5 +186,8 @@ func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
 	}
 	if nsThere != nil {
 		t.Errorf("Then came before the namespace the apply creates: %v", nsThere)
+	}
+	if redefined {
+		t.Error("Then was told the kind was redefined by a change of labels")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	pxapi "github.com/Telmate/proxmox-api-go/proxmox"
 	"golang.org/x/sync/errgroup"
@@ -387,9 +388,17 @@ func (c *Client) DownloadISO(ctx context.Context, r DownloadRequest) error {
 		if err != nil {
 			return err
 		}
-		return c.waitTask(ctx, upid, what, c.opts.DownloadTimeout)
+		// Every VM boots from this image, so nothing else can go on
+		// while it downloads: its polls start closer than a VM task's
+		// (and back off as theirs do, a long download seen at most an
+		// eighth of its time late).
+		return c.waitTaskFrom(ctx, upid, what, c.opts.DownloadTimeout, min(c.opts.TaskPoll, downloadPoll))
 	})
 }
+
+// downloadPoll is the first interval between the polls of an ISO
+// download's task.
+const downloadPoll = 50 * time.Millisecond
 
 // Privileges maps a privilege name to whether it is granted.
 type Privileges map[string]bool

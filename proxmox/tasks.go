@@ -23,6 +23,12 @@ func taskNode(upid string) (string, error) {
 // off to every TaskPollMax, instead of Telmate's fixed 2-second sleep, and turns a failed exit status into a
 // TaskError (retryable when it is a lock text).
 func (c *Client) waitTask(ctx context.Context, upid, what string, timeout time.Duration) error {
+	return c.waitTaskFrom(ctx, upid, what, timeout, c.opts.TaskPoll)
+}
+
+// waitTaskFrom is waitTask with first as the first interval between polls
+// (backing off from it as waitTask does from TaskPoll).
+func (c *Client) waitTaskFrom(ctx context.Context, upid, what string, timeout, first time.Duration) error {
 	if upid == "" {
 		return nil
 	}
@@ -31,7 +37,7 @@ func (c *Client) waitTask(ctx context.Context, upid, what string, timeout time.D
 		return err
 	}
 	path := "/nodes/" + node + "/tasks/" + upid + "/status"
-	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: c.opts.TaskPoll, MaxInterval: c.opts.TaskPollMax, Log: c.log},
+	return wait.Until(ctx, wait.Spec{What: what, Timeout: timeout, Interval: first, MaxInterval: max(first, c.opts.TaskPollMax), Log: c.log},
 		func(ctx context.Context) (bool, string, error) {
 			cctx, cl := withCall(ctx)
 			m, err := c.px.GetItemList(cctx, path)

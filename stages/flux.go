@@ -70,8 +70,9 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	// 1. Flux itself, 2. where the cluster pulls from and 3. the sync
 	// objects pointing Flux there. A plan lists them in this order; a run
 	// does 1 and 2 at once (the snapshot is built and served while the
-	// install's objects are applied) and 3 as soon as 2 is done and the
-	// CRDs of GitRepository and Kustomization are established, beside the
+	// install's objects are planned and applied), plans 3 beside the
+	// install's plan and applies it as soon as the CRDs of GitRepository
+	// and Kustomization are established and the namespace exists, beside the
 	// rest of the install (the controllers' Deployments): the sync objects
 	// need only their kinds and the namespace, and the controllers take
 	// them up when they start. The install's own wait (controllers rolled
@@ -79,6 +80,9 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	var installed object.ObjMetadataSet
 	definitions := make(chan struct{})
 	var defined sync.Once
+	// redefined: the install created or changed the CRD of a sync kind,
+	// so what was planned against the CRD before is planned again.
+	var redefined bool
 	install := func(ctx context.Context) (err error) {
 		inst := fluxInstallOptions(env, clusterDomain(env))
 		objs, err := fluxInstallObjects(ctx, env, inst)
@@ -87,7 +91,12 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		}
 		installed, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()),
 			flux.DefinedKinds{Kinds: []schema.GroupKind{flux.GitRepositoryGVK.GroupKind(), flux.KustomizationGVK.GroupKind()},
-				Then: func() { defined.Do(func() { close(definitions) }) }})
+				Then: func(changed bool) {
+					defined.Do(func() {
+						redefined = changed
+						close(definitions)
+					})
+				}})
 		return err
 	}
 	var url, revision string
@@ -95,7 +104,14 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		url, revision, err = fluxSource(ctx, env)
 		return err
 	}
-	syncObjects := func(ctx context.Context) error { return applySyncObjects(ctx, env, c, url) }
+	syncObjects := func(ctx context.Context) error {
+		objs, what, err := syncObjectsFor(env, url)
+		if err != nil {
+			return err
+		}
+		_, err = applyObjects(ctx, env, c, objs, what, flux.DefinedKinds{})
+		return err
+	}
 	if env.DryRun {
 		if err = install(ctx); err == nil {
 			if err = source(ctx); err == nil {
@@ -109,6 +125,17 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 			if err := source(gctx); err != nil {
 				return err
 			}
+			// The sync objects are planned beside the install's plan
+			// (their lists are reads) and applied once their kinds
+			// serve; planned again when the install redefined a kind.
+			objs, what, err := syncObjectsFor(env, url)
+			if err != nil {
+				return err
+			}
+			changes, err := c.Plan(gctx, objs)
+			if err != nil {
+				return err
+			}
 			// An install that fails ends gctx: its error is the one
 			// g.Wait returns.
 			select {
@@ -116,7 +143,13 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 			case <-gctx.Done():
 				return gctx.Err()
 			}
-			return syncObjects(gctx)
+			if redefined {
+				if changes, err = c.Plan(gctx, objs); err != nil {
+					return err
+				}
+			}
+			_, err = applyPlanned(gctx, env, c, objs, changes, what, flux.DefinedKinds{})
+			return err
 		})
 		err = g.Wait()
 	}
@@ -192,11 +225,11 @@ func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) 
 	return c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D())
 }
 
-// applySyncObjects applies the sync objects for the GitRepository's url,
-// with the credentials: the private remote's, or the snapshot server's
-// own. They are not waited for as kstatus sees them: the stage's wait
-// knows the revision they must reach.
-func applySyncObjects(ctx context.Context, env *Env, c *flux.Client, url string) error {
+// syncObjectsFor returns the sync objects for the GitRepository's url,
+// with the credentials (the private remote's, or the snapshot server's
+// own), and what applying them is called. They are not waited for as
+// kstatus sees them: the stage's wait knows the revision they must reach.
+func syncObjectsFor(env *Env, url string) ([]*unstructured.Unstructured, string, error) {
 	f := env.Config.Flux
 	opts := flux.SyncOptions{Name: FluxNamespace, Namespace: FluxNamespace, URL: url, Branch: f.Branch, Path: f.Path, Interval: f.Interval.D()}
 	var objs []*unstructured.Unstructured
@@ -208,7 +241,7 @@ func applySyncObjects(ctx context.Context, env *Env, c *flux.Client, url string)
 		secret, err = fluxAuthSecret(env)
 	}
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	if secret != nil {
 		opts.SecretName = secret.GetName()
@@ -217,18 +250,16 @@ func applySyncObjects(ctx context.Context, env *Env, c *flux.Client, url string)
 	if f.Decryption.Enabled {
 		dec, err := fluxDecryptionSecret(env)
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		opts.DecryptionSecret = dec.GetName()
 		objs = append(objs, dec)
 	}
 	more, err := flux.SyncObjects(opts)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	objs = append(objs, more...)
-	_, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace), flux.DefinedKinds{})
-	return err
+	return append(objs, more...), fmt.Sprintf("sync %s@%s path %s with GitRepository and Kustomization %s/%s", url, f.Branch, f.Path, FluxNamespace, FluxNamespace), nil
 }
 
 // applyObjects applies objects through Wet when a server-side dry run says
@@ -242,10 +273,15 @@ func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstruc
 	if err != nil {
 		return nil, err
 	}
+	return applyPlanned(ctx, env, c, objs, changes, what, notify)
+}
+
+// applyPlanned is applyObjects with objs planned already (changes).
+func applyPlanned(ctx context.Context, env *Env, c *flux.Client, objs []*unstructured.Unstructured, changes []flux.Change, what string, notify flux.DefinedKinds) (object.ObjMetadataSet, error) {
 	if len(changes) == 0 {
 		env.UI.OK("%s: no changes (%d objects up to date)", what, len(objs))
 		if notify.Then != nil {
-			notify.Then()
+			notify.Then(false)
 		}
 		return nil, nil
 	}
@@ -261,7 +297,8 @@ func applyObjects(ctx context.Context, env *Env, c *flux.Client, objs []*unstruc
 		}
 	}
 	var applied object.ObjMetadataSet
-	err = env.Wet(fmt.Sprintf("%s (%s)", what, strings.Join(parts, ", ")), func() error {
+	err := env.Wet(fmt.Sprintf("%s (%s)", what, strings.Join(parts, ", ")), func() error {
+		var err error
 		applied, err = c.ApplyChangesStaged(ctx, changes, env.Config.Flux.Timeout.D(), notify)
 		return err
 	})

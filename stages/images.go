@@ -84,7 +84,8 @@ func ensureSchematic(ctx context.Context, env *Env) error {
 	if k, ok, err := takePrepared[knownSchematic](ctx, env, prepSchematic, time.Minute); err != nil {
 		return err
 	} else if ok && k.id == im.SchematicID && k.known {
-		env.Log.Debug().Str("schematic", im.SchematicID).Msg("the image factory knows the schematic (asked in the background)")
+		env.Log.Debug().Str("schematic", im.SchematicID).Msg("the image factory knows the schematic (asked in the background or earlier in the run)")
+		rememberSchematic(ctx, env, im.SchematicID)
 		return nil
 	}
 	known, err := c.Known(ctx, im.SchematicID)
@@ -93,11 +94,26 @@ func ensureSchematic(ctx context.Context, env *Env) error {
 	}
 	if known {
 		env.Log.Debug().Str("schematic", im.SchematicID).Msg("the image factory knows the schematic")
+		rememberSchematic(ctx, env, im.SchematicID)
 		return nil
 	}
-	return env.Wet(fmt.Sprintf("register schematic %s with %s", describeSchematic(im), c.URL()), func() error {
+	err = env.Wet(fmt.Sprintf("register schematic %s with %s", describeSchematic(im), c.URL()), func() error {
 		_, err := c.Register(ctx, im.Schematic)
 		return err
+	})
+	if err == nil && !env.DryRun {
+		rememberSchematic(ctx, env, im.SchematicID)
+	}
+	return err
+}
+
+// rememberSchematic keeps, for the next ensureSchematic of the run (the
+// talos stage's, after provision's), that the factory knows id: a
+// factory does not forget a schematic (its ID is the hash of its
+// content), so the run does not ask again.
+func rememberSchematic(ctx context.Context, env *Env, id string) {
+	env.prepare(ctx, prepSchematic, "the image factory's answer for schematic "+factory.ShortID(id), func(context.Context) (any, error) {
+		return knownSchematic{id: id, known: true}, nil
 	})
 }
 

@@ -122,4 +122,17 @@ func TestSchematicAskedInTheBackground(t *testing.T) {
 	if err := ensureSchematic(ctx, again); err != nil || len(again.Changes()) != 0 {
 		t.Fatalf("a schematic the factory knew asked it again: %v %v", err, again.Changes())
 	}
+	// The answer, or the registration, holds for the rest of the run:
+	// the talos stage after provision does not ask again.
+	if err := ensureSchematic(ctx, again); err != nil {
+		t.Fatalf("asked again later in the run: %v", err)
+	}
+	f.SetDown(false)
+	if err := ensureSchematic(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	f.SetDown(true)
+	if err := ensureSchematic(ctx, first); err != nil || len(first.Changes()) != 1 {
+		t.Fatalf("after registering it, the run asked again: %v %v", err, first.Changes())
+	}
 }
