@@ -39,9 +39,10 @@ func (FluxStage) Name() string { return Flux }
 // (flannel), Flux needs the cluster and nothing of the infra stage, which
 // it runs beside. The NFS provisioner's default StorageClass may come
 // after a claim Flux's sources create: the PersistentVolume controller
-// gives a claim without a class the default once there is one
-// (kube-controller-manager pv_controller.go assignDefaultStorageClass,
-// k8s.io/kubernetes v1.30.14 and v1.36.1). With a CNI the infra stage
+// gives a claim without a class the default once there is one, on its
+// next resync (kube-controller-manager pv_controller.go
+// assignDefaultStorageClass, k8s.io/kubernetes v1.30.14 and v1.36.1;
+// infra TestAClaimMadeBeforeTheDefaultClassGetsIt). With a CNI the infra stage
 // installs (cilium) or the user's own (none), Flux's controllers start
 // only once the nodes are Ready: it waits for the infra stage.
 func (FluxStage) Needs(cfg *config.Config) []string {

@@ -1,0 +1,60 @@
+package infra
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/homelab/bootstrap/lab/kube"
+	"github.com/homelab/bootstrap/lab/kube/kubetest"
+)
+
+// TestAClaimMadeBeforeTheDefaultClassGetsIt: a claim without a class made
+// while the cluster has no default StorageClass is given the default one
+// made later, by the real kube-controller-manager's PersistentVolume
+// controller on its next resync (pv_controller.go
+// assignDefaultStorageClass; 15 s, --pvclaimbinder-sync-period). The flux
+// stage runs beside this stage on that: a claim Flux's sources create
+// first is not left without the NFS class.
+func TestAClaimMadeBeforeTheDefaultClassGetsIt(t *testing.T) {
+	lab := kubetest.Start(t, kube.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cs := lab.Client()
+	claim := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "early", Namespace: "default"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}},
+		},
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims("default").Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	class := &storagev1.StorageClass{
+		ObjectMeta:  metav1.ObjectMeta{Name: "nfs-storage", Annotations: map[string]string{DefaultClassAnnotation: "true"}},
+		Provisioner: "cluster.local/nfs-provisioner-nfs-subdir-external-provisioner",
+	}
+	if _, err := cs.StorageV1().StorageClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		got, err := cs.CoreV1().PersistentVolumeClaims("default").Get(ctx, "early", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sc := got.Spec.StorageClassName; sc != nil && *sc == "nfs-storage" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the claim made first still has class %v", got.Spec.StorageClassName)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
