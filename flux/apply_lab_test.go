@@ -37,19 +37,26 @@ spec:
               size: {type: integer}
 `
 
+// labClient is a Client of a fresh lab API server, with a minute's budget.
+func labClient(t *testing.T) (*kube.Cluster, context.Context, *Client) {
+	t.Helper()
+	lab := kubetest.Start(t, kube.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lab, ctx, c
+}
+
 // A CRD update goes one definition at a time only when it changes the
 // CRD's spec, which makes the API server rebuild the kind's storage; one
 // that changes only labels (a CRD another tool installed, adopted as it
 // is) goes with the rest of the first stage at once. Custom resources wait
 // only for the CRDs of their own kinds.
 func TestOnlyACRDSpecChangeGoesOneByOne(t *testing.T) {
-	lab := kubetest.Start(t, kube.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ctx, c := labClient(t)
 	crd := func(edit func(*unstructured.Unstructured)) *unstructured.Unstructured {
 		u := &unstructured.Unstructured{}
 		if err := yaml.Unmarshal([]byte(widgetCRD), &u.Object); err != nil {
@@ -129,13 +136,7 @@ func TestOnlyACRDSpecChangeGoesOneByOne(t *testing.T) {
 // (here established before and only relabelled), not after the rest of
 // the first stage: a ClusterRole whose apply is held until Then is called.
 func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
-	lab := kubetest.Start(t, kube.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lab, ctx, c := labClient(t)
 	crd := &unstructured.Unstructured{}
 	if err := yaml.Unmarshal([]byte(widgetCRD), &crd.Object); err != nil {
 		t.Fatal(err)

@@ -159,6 +159,16 @@ func (h *Helm) Plan(ctx context.Context, r Release) (Plan, error) {
 	switch st := last.Info.Status; {
 	case st == release.StatusUninstalled:
 		return Plan{Action: ActionInstall, Reason: fmt.Sprintf("reinstall %s (previously uninstalled)", r)}, nil
+	case st == release.StatusUninstalling:
+		// A run killed while it uninstalled a stuck release (below)
+		// leaves it uninstalling with part of its objects deleted
+		// (helm v3.22.0 pkg/action/uninstall.go records the status
+		// before deleting; IsPending does not count it): finish the
+		// uninstall, then install.
+		p := Plan{Action: ActionRecover, Deployed: last}
+		p.Recover = fmt.Sprintf("finish uninstalling release %s, left uninstalling at revision %d", r.Name, last.Version)
+		p.Reason = p.Recover + ", then install or upgrade " + r.String()
+		return p, nil
 	case st.IsPending() || st == release.StatusFailed:
 		p := Plan{Action: ActionRecover, Deployed: last}
 		if lastDeployed != nil && lastDeployed.Version != last.Version {

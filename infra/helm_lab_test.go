@@ -252,6 +252,28 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 	if err != nil || rel.Info.Status != release.StatusDeployed {
 		t.Fatalf("recovered install: %v", err)
 	}
+
+	// A run killed while it uninstalled that stuck release leaves it
+	// uninstalling, its objects partly deleted (Helm records the status
+	// first): the next run finishes the uninstall and installs again,
+	// instead of reading it as deployed.
+	rel.Info.Status = release.StatusUninstalling
+	if err := cfg.Releases.Update(rel); err != nil {
+		t.Fatal(err)
+	}
+	if err := lab.Client().AppsV1().Deployments("demo-ns").Delete(ctx, "demo2-demo", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err = h.Plan(ctx, h2)
+	if err != nil || p.Action != ActionRecover || p.RollbackTo != 0 {
+		t.Fatalf("killed uninstall: %+v %v", p, err)
+	}
+	if rel, err = h.Apply(ctx, h2, p); err != nil || rel.Info.Status != release.StatusDeployed {
+		t.Fatalf("recovered after a killed uninstall: %v", err)
+	}
+	if _, err := lab.Client().AppsV1().Deployments("demo-ns").Get(ctx, "demo2-demo", metav1.GetOptions{}); err != nil {
+		t.Errorf("the Deployment the killed uninstall deleted is not back: %v", err)
+	}
 }
 
 // TestCiliumOnOneNodeWithTheRealChart installs the real Cilium chart (from

@@ -267,12 +267,7 @@ func TestHealthWaitWakesOnServiceEvents(t *testing.T) {
 	if h.ops.Health(ctx, HealthInput{Nodes: nodes}).OK() {
 		t.Fatal("healthy while cp-2's etcd joins: the wait below would prove nothing")
 	}
-	oo := h.ops.opts
-	oo.PollInterval = time.Hour
-	slow, err := NewOps(oo)
-	if err != nil {
-		t.Fatal(err)
-	}
+	slow := hourlyPolls(t, h)
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := slow.WaitHealthy(wctx, "the cluster healthy", HealthInput{Nodes: nodes}); err != nil {
@@ -313,6 +308,19 @@ func TestUnexpectedNodeFailsHealthButNotTheWait(t *testing.T) {
 	}
 }
 
+// hourlyPolls is the harness's Ops polling once an hour: a wait on it ends
+// within a test only when something wakes it.
+func hourlyPolls(t *testing.T, h *harness) *Ops {
+	t.Helper()
+	oo := h.ops.opts
+	oo.PollInterval = time.Hour
+	slow, err := NewOps(oo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slow
+}
+
 // TestConfigRunWaitWakesOnCRI: a node up from its install whose cri does
 // not run yet is woken for by cri's service event (Talos health-checks
 // cri: internal/app/machined/pkg/system/services/cri.go HealthFunc at
@@ -339,12 +347,7 @@ func TestConfigRunWaitWakesOnCRI(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	oo := h.ops.opts
-	oo.PollInterval = time.Hour
-	slow, err := NewOps(oo)
-	if err != nil {
-		t.Fatal(err)
-	}
+	slow := hourlyPolls(t, h)
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if res, err := slow.EnsureConfig(wctx, target, EnsureOptions{}); err != nil || res.Action != ActionUnchanged {
