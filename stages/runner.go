@@ -96,8 +96,8 @@ func Run(ctx context.Context, env *Env, selected []Stage, info RunInfo) error {
 		outcomes[i] = o
 		senv := env.forStage(names[i], env.Log.With().Str("stage", names[i]).Logger())
 		if err := startRecord(senv, names[i]); err != nil {
-			close(o.done)
 			o.err = err
+			close(o.done)
 			break
 		}
 		senv.UI.StageStart(Position(names[i]), len(Order), names[i], beside...)

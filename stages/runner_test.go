@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -163,5 +164,25 @@ func TestFluxRunsBesideInfraOnlyOnTalosNetwork(t *testing.T) {
 		if got := needs == nil || slices.Contains(needs, Infra); got != want {
 			t.Errorf("cni %s: flux needs infra %v (Needs %v)", cni, got, needs)
 		}
+	}
+}
+
+// TestForStageCopiesEveryExportedField: a stage's view of the run's Env
+// carries every exported field; a field added to Env must be added to
+// forStage too (this list fails until it is).
+func TestForStageCopiesEveryExportedField(t *testing.T) {
+	copied := []string{"Config", "Paths", "State", "Log", "UI", "Out", "DryRun", "Secrets", "Options", "Now", "LogPath"}
+	typ := reflect.TypeFor[Env]()
+	for i := range typ.NumField() {
+		if f := typ.Field(i); f.IsExported() && !slices.Contains(copied, f.Name) {
+			t.Errorf("Env.%s is not copied by forStage", f.Name)
+		}
+	}
+	env := besideEnv(t, true)
+	env.LogPath, env.Options.NewEtcd = "run.log", true
+	view := env.forStage(Flux, env.Log)
+	if view.Config != env.Config || view.State != env.State || view.Secrets != env.Secrets || view.LogPath != env.LogPath ||
+		view.DryRun != env.DryRun || view.Options != env.Options || view.Paths != env.Paths || view.Out != env.Out {
+		t.Error("the view differs from the run's Env")
 	}
 }
