@@ -162,7 +162,7 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 		go func() {
 			defer wg.Done()
 			// One connection per node for all its calls: a health poll
-			// asks every node five questions.
+			// asks every node six to eight questions.
 			err := o.read(ctx, n.IP, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
 				// The questions are independent reads: asked at once on
 				// the node's one connection (gRPC multiplexes them), a
@@ -692,23 +692,15 @@ func (o *Ops) wakeOnHealthChange(ctx context.Context, in HealthInput, wake chan<
 	for _, n := range in.Nodes {
 		o.nodeEvents(ctx, n.IP, changed)
 	}
+	// Without a kubeconfig kw stays nil: a receive from it never happens.
+	var kw <-chan struct{}
 	if in.Kube != nil {
-		kw := kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
+		kw = kube.Wake(ctx, func(ctx context.Context) (watch.Interface, error) {
 			return in.Kube.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
 		}, func(ctx context.Context) (watch.Interface, error) {
 			// The control plane's static pods, kube-proxy and CoreDNS.
 			return in.Kube.CoreV1().Pods(metav1.NamespaceSystem).Watch(ctx, metav1.ListOptions{})
 		})
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-kw:
-					signal(changed)
-				}
-			}
-		}()
 	}
 	// Nodes booted together change together (their kubelets turn healthy
 	// within milliseconds of each other): one poll for such a burst, not
@@ -719,6 +711,7 @@ func (o *Ops) wakeOnHealthChange(ctx context.Context, in HealthInput, wake chan<
 			case <-ctx.Done():
 				return
 			case <-changed:
+			case <-kw:
 			}
 			select {
 			case <-ctx.Done():
