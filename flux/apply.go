@@ -3,6 +3,7 @@ package flux
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -260,24 +261,17 @@ func (c *Client) ApplyChangesStaged(ctx context.Context, changes []Change, timeo
 			continue
 		}
 		defs = append(defs, ch.obj)
-		created := ch.Action == string(ssa.CreatedAction)
-		switch ch.obj.GetKind() {
-		case "CustomResourceDefinition":
-			if !created && !ch.specChanged {
-				break
-			}
-			group, _, _ := unstructured.NestedString(ch.obj.Object, "spec", "group")
-			kind, _, _ := unstructured.NestedString(ch.obj.Object, "spec", "names", "kind")
-			gk := schema.GroupKind{Group: group, Kind: kind}
+		if !ch.holds() {
+			continue
+		}
+		if gk, ok := definedKind(ch.obj); ok {
 			pending[gk] = object.UnstructuredToObjMetadata(ch.obj)
 			if notifyKinds[gk] {
 				gate[ch.obj] = true
 				notified = notified.Union(object.ObjMetadataSet{pending[gk]})
 			}
-		case "Namespace":
-			if created {
-				gate[ch.obj] = true
-			}
+		} else {
+			gate[ch.obj] = true
 		}
 	}
 	limit := applyConcurrency
@@ -348,6 +342,75 @@ func (c *Client) ApplyChangesStaged(ctx context.Context, changes []Change, timeo
 	})
 	err := g.Wait()
 	return append(append(set, appliedNow...), appliedLater...), err
+}
+
+// holds says applying ch keeps what needs it waiting: a CRD it creates or
+// whose spec it changes (not established, or its storage rebuilt, until
+// then), a namespace it creates. A CRD whose update changes no spec stays
+// established (definitionsOneByOne), and a namespace that exists already
+// is active before its update answers.
+func (ch Change) holds() bool {
+	created := ch.Action == string(ssa.CreatedAction)
+	switch ch.obj.GetKind() {
+	case "CustomResourceDefinition":
+		return created || ch.specChanged
+	case "Namespace":
+		return created
+	}
+	return false
+}
+
+// definedKind is the kind a CRD defines.
+func definedKind(o *unstructured.Unstructured) (schema.GroupKind, bool) {
+	if o.GetKind() != "CustomResourceDefinition" {
+		return schema.GroupKind{}, false
+	}
+	group, _, _ := unstructured.NestedString(o.Object, "spec", "group")
+	kind, _, _ := unstructured.NestedString(o.Object, "spec", "names", "kind")
+	return schema.GroupKind{Group: group, Kind: kind}, true
+}
+
+// PlanDefinedFirst is Plan for an apply whose notify.Kinds another apply
+// waits for. The objects they need from it (the CRDs of those kinds, and
+// the namespaces) are planned first; when none of them would be created
+// or have its spec changed, those kinds already serve, so Then(false) is
+// called at once, before the rest is planned (in the lab's runs, the dry
+// runs of ten CRDs, a sixth of a second), and the DefinedKinds returned
+// for the apply is empty. Otherwise the apply calls Then
+// (ApplyChangesStaged) and notify is returned as it came.
+func (c *Client) PlanDefinedFirst(ctx context.Context, objs []*unstructured.Unstructured, notify DefinedKinds) ([]Change, DefinedKinds, error) {
+	if notify.Then == nil {
+		changes, err := c.Plan(ctx, objs)
+		return changes, notify, err
+	}
+	kinds := map[schema.GroupKind]bool{}
+	for _, gk := range notify.Kinds {
+		kinds[gk] = true
+	}
+	var needed, rest []*unstructured.Unstructured
+	for _, o := range objs {
+		gk, isCRD := definedKind(o)
+		if o.GetKind() == "Namespace" || isCRD && kinds[gk] {
+			needed = append(needed, o)
+		} else {
+			rest = append(rest, o)
+		}
+	}
+	first, err := c.Plan(ctx, needed)
+	if err != nil {
+		return nil, notify, err
+	}
+	if !slices.ContainsFunc(first, Change.holds) {
+		notify.Then(false)
+		notify = DefinedKinds{}
+	}
+	later, err := c.Plan(ctx, rest)
+	if err != nil {
+		return nil, notify, err
+	}
+	changes := append(first, later...)
+	sort.Slice(changes, func(i, j int) bool { return changes[i].Object < changes[j].Object })
+	return changes, notify, nil
 }
 
 // waitDefined waits until the CRDs in crds are established.

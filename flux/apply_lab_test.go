@@ -2,8 +2,11 @@ package flux
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/fluxcd/pkg/ssa"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -190,5 +193,83 @@ func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
 	}
 	if redefined {
 		t.Error("Then was told the kind was redefined by a change of labels")
+	}
+}
+
+// PlanDefinedFirst tells the caller its kinds serve before the rest of the
+// objects is planned when the CRD of the kind and the namespace are in
+// place (here: the CRD relabelled, the namespace there): another
+// object's dry run is held until Then is called. When the plan would
+// create the CRD, Then is left to the apply, told the kind was defined.
+func TestPlanDefinedFirstTellsBeforeTheRestIsPlanned(t *testing.T) {
+	lab, ctx, c := labClient(t)
+	crd := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(widgetCRD), &crd.Object); err != nil {
+		t.Fatal(err)
+	}
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "gizmos"}}}
+	held := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+		"metadata": map[string]any{"name": "held"}, "rules": []any{}}}
+	if _, err := c.Apply(ctx, []*unstructured.Unstructured{crd.DeepCopy(), ns.DeepCopy(), held.DeepCopy()}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	crd.SetLabels(map[string]string{"app.kubernetes.io/part-of": "flux"})
+	held.Object["rules"] = []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get"}}}
+	widgets := DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Widget"}}}
+
+	// The dry run of the held ClusterRole waits until Then is called (at
+	// most five seconds): with Then after the whole plan, it never is.
+	called := make(chan struct{})
+	var heldUntilThen bool
+	ww, err := client.NewWithWatch(lab.RESTConfig(), client.Options{Mapper: c.kube.RESTMapper()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.rm = ssa.NewResourceManager(interceptor.NewClient(ww, interceptor.Funcs{Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+		if obj.GetName() == "held" {
+			select {
+			case <-called:
+				heldUntilThen = true
+			case <-time.After(5 * time.Second):
+			}
+		}
+		return cl.Patch(ctx, obj, patch, opts...)
+	}}), nil, c.owner)
+	var redefined bool
+	widgets.Then = func(changed bool) {
+		redefined = changed
+		close(called)
+	}
+	changes, rest, err := c.PlanDefinedFirst(ctx, []*unstructured.Unstructured{held, crd, ns}, widgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !heldUntilThen {
+		t.Error("Then came after the whole plan, not once the kind's CRD and the namespace were planned in place")
+	}
+	if redefined || rest.Then != nil {
+		t.Errorf("Then told redefined=%v; Then left to the apply: %v (want false, none)", redefined, rest.Then != nil)
+	}
+	var got []string
+	for _, ch := range changes {
+		got = append(got, ch.Object+" "+ch.Action)
+	}
+	if want := []string{"ClusterRole/held configured", "CustomResourceDefinition/widgets.example.homelab configured"}; !slices.Equal(got, want) {
+		t.Errorf("plan %q, want %q (the namespace unchanged)", got, want)
+	}
+
+	// A kind the plan would define: Then waits for the apply.
+	gadgets := crd.DeepCopy()
+	gadgets.SetName("gadgets.example.homelab")
+	if err := unstructured.SetNestedStringMap(gadgets.Object, map[string]string{"kind": "Gadget", "listKind": "GadgetList", "plural": "gadgets", "singular": "gadget"}, "spec", "names"); err != nil {
+		t.Fatal(err)
+	}
+	early := false
+	_, rest, err = c.PlanDefinedFirst(ctx, []*unstructured.Unstructured{gadgets, ns}, DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Gadget"}}, Then: func(bool) { early = true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if early || rest.Then == nil {
+		t.Errorf("a CRD the plan creates: Then called from the plan %v, left to the apply %v (want false, true)", early, rest.Then != nil)
 	}
 }

@@ -320,7 +320,11 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 	}
 
 	var hash plumbing.Hash
-	err = wait.Until(ctx, wait.Spec{What: "git snapshot server at " + opts.Flags.URL + " to answer", Timeout: opts.Timeout, Interval: 50 * time.Millisecond, Log: opts.Log},
+	// The child answers once its binary is loaded and it listens, tens of
+	// milliseconds on a small host, and what the cluster is told to clone
+	// waits for it: asked every 10 ms at first, seen at most that late.
+	err = wait.Until(ctx, wait.Spec{What: "git snapshot server at " + opts.Flags.URL + " to answer", Timeout: opts.Timeout,
+		Interval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond, Log: opts.Log},
 		func(ctx context.Context) (bool, string, error) {
 			// A probe must not outlive the child: if it exits, say so at once.
 			pctx, cancel := context.WithCancel(ctx)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/homelab/bootstrap/internal/retry"
+	"golang.org/x/sync/errgroup"
 )
 
 // DriftKind says what ensure does about a difference between spec and VM.
@@ -150,6 +151,27 @@ func vlanSuffix(v int) string {
 	}
 	return fmt.Sprintf(" VLAN %d", v)
 }
+
+// PlanVMs plans every spec (PlanVM); plans[i] and errs[i] are specs[i]'s.
+// Each plan is its own reads (a new VM's VMID question, an existing one's
+// config and status): asked a few at a time, the plans take about the
+// slowest one's time, not one plan per VM in a row.
+func (c *Client) PlanVMs(ctx context.Context, specs []VMSpec, vms []VMSummary) ([]Plan, []error) {
+	plans, errs := make([]Plan, len(specs)), make([]error, len(specs))
+	var g errgroup.Group
+	g.SetLimit(planConcurrency)
+	for i, s := range specs {
+		g.Go(func() error {
+			plans[i], errs[i] = c.PlanVM(ctx, s, vms)
+			return nil
+		})
+	}
+	_ = g.Wait() // each plan's error is in errs
+	return plans, errs
+}
+
+// planConcurrency bounds the VM plans asked at once.
+const planConcurrency = 8
 
 // PlanVM decides how to bring one VM to spec, reading only. vms is the
 // cluster-wide VM list (ListVMs), shared between the specs of one run.
@@ -533,10 +555,18 @@ func (c *Client) EnsureISO(ctx context.Context, src ISOSource) (bool, error) {
 	if ok {
 		return false, nil
 	}
+	err = c.FetchISO(ctx, src)
+	return err == nil, err
+}
+
+// FetchISO downloads an ISO its caller has just found missing (EnsureISO
+// without the look). A file another task stored meanwhile counts as
+// fetched.
+func (c *Client) FetchISO(ctx context.Context, src ISOSource) error {
 	if src.URL == "" {
-		return false, fmt.Errorf("ISO %s is not on storage %s and no download URL is configured", src.Filename, src.Storage)
+		return fmt.Errorf("ISO %s is not on storage %s and no download URL is configured", src.Filename, src.Storage)
 	}
-	err = c.DownloadISO(ctx, DownloadRequest{Storage: src.Storage, URL: src.URL, Filename: src.Filename, Checksum: src.Checksum, ChecksumAlgorithm: src.ChecksumAlgorithm})
+	err := c.DownloadISO(ctx, DownloadRequest{Storage: src.Storage, URL: src.URL, Filename: src.Filename, Checksum: src.Checksum, ChecksumAlgorithm: src.ChecksumAlgorithm})
 	if err != nil && strings.Contains(err.Error(), "refusing to override existing file") {
 		// Another download task wrote the file while ours ran: the task of
 		// a run that was killed goes on without it on the host. Without a
@@ -545,8 +575,8 @@ func (c *Client) EnsureISO(ctx context.Context, src ISOSource) (bool, error) {
 		// there now, which is what this call is for.
 		if _, ok, ferr := c.FindISO(ctx, src.Storage, src.Filename); ferr == nil && ok {
 			c.log.Info().Str("iso", src.Filename).Msg("another download task stored the ISO first; keeping its file")
-			return false, nil
+			return nil
 		}
 	}
-	return err == nil, err
+	return err
 }

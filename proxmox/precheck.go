@@ -10,8 +10,6 @@ import (
 	"strings"
 	"sync"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/homelab/bootstrap/check"
 )
 
@@ -394,28 +392,15 @@ func (f *facts) getPlans(ctx context.Context) (planSet, error) {
 		if err != nil {
 			return planSet{}, err
 		}
-		// Each VM's plan is its own reads (a new VM's VMID question, an
-		// existing one's config and status): asked for every VM at
-		// once, a few at a time, the check waits for about the slowest
-		// plan, not for one plan per VM in a row.
 		ps := planSet{plans: map[int]Plan{}, errs: map[int]error{}}
-		var mu sync.Mutex
-		var g errgroup.Group
-		g.SetLimit(planConcurrency)
-		for _, s := range placed {
-			g.Go(func() error {
-				p, err := t.c.PlanVM(ctx, s, vms)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					ps.errs[s.VMID] = err
-				} else {
-					ps.plans[s.VMID] = p
-				}
-				return nil
-			})
+		plans, errs := t.c.PlanVMs(ctx, placed, vms)
+		for i, s := range placed {
+			if errs[i] != nil {
+				ps.errs[s.VMID] = errs[i]
+			} else {
+				ps.plans[s.VMID] = plans[i]
+			}
 		}
-		_ = g.Wait() // each plan's error is kept in ps.errs
 		return ps, nil
 	})
 }
@@ -426,9 +411,6 @@ func (f *facts) isoPresent(ctx context.Context) (bool, error) {
 		return ok, err
 	})
 }
-
-// planConcurrency bounds the VM plans of a precheck asked at once.
-const planConcurrency = 8
 
 func gib(b int64) string {
 	return strconv.FormatFloat(float64(b)/(1<<30), 'f', 1, 64) + " GiB"

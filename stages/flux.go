@@ -90,7 +90,10 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		if err != nil {
 			return err
 		}
-		installed, err = applyObjects(ctx, env, c, objs, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()),
+		// The sync kinds' CRDs and the namespace are planned first: when
+		// they are in place (a re-run, or CRDs installed before), the sync
+		// objects go while the rest of the install is planned.
+		changes, notify, err := c.PlanDefinedFirst(ctx, objs,
 			flux.DefinedKinds{Kinds: []schema.GroupKind{flux.GitRepositoryGVK.GroupKind(), flux.KustomizationGVK.GroupKind()},
 				Then: func(changed bool) {
 					defined.Do(func() {
@@ -98,6 +101,10 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 						close(definitions)
 					})
 				}})
+		if err != nil {
+			return err
+		}
+		installed, err = applyPlanned(ctx, env, c, objs, changes, fmt.Sprintf("install Flux %s (%s) from %s", f.Version, strings.Join(f.Components, ", "), inst.Source()), notify)
 		return err
 	}
 	var url, revision string

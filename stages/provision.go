@@ -11,6 +11,7 @@ import (
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/proxmox"
+	"golang.org/x/sync/errgroup"
 )
 
 // ProvisionStage makes the cluster's VMs exist on Proxmox as configured:
@@ -142,17 +143,24 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	}
 
 	// 2. The Talos ISO every VM boots from until it is installed, on each
-	// member that runs one.
-	if err := ensureISOs(ctx, env, c, usedHosts(specs)); err != nil {
-		return err
+	// member that runs one; 3. beside it, the plan of every VM before any
+	// is changed: a VMID held by another VM or unsafe drift stops the
+	// stage with no VM half done. The plans only read, and the download is
+	// a task on the member that goes on whatever the plans say, so the
+	// stage waits for both and reports both.
+	var (
+		isoErr error
+		iso    sync.WaitGroup
+	)
+	iso.Go(func() { isoErr = ensureISOs(ctx, env, c, usedHosts(specs)) })
+	plans, planErrs := c.PlanVMs(ctx, specs, vms)
+	iso.Wait()
+	if isoErr != nil {
+		return isoErr
 	}
-
-	// 3. Plan every VM before changing any: a VMID held by another VM or
-	// unsafe drift stops the stage with nothing half done.
-	plans := make([]proxmox.Plan, len(specs))
 	var problems []error
 	for i, s := range specs {
-		p, err := c.PlanVM(ctx, s, vms)
+		p, err := plans[i], planErrs[i]
 		if err == nil {
 			err = p.Refused()
 		}
@@ -160,7 +168,6 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 			problems = append(problems, err)
 			continue
 		}
-		plans[i] = p
 		if p.Elsewhere != "" {
 			env.UI.Warn("VM %d %s runs on %s, not on %s where the config puts it: adopted where it is (migrate it to %s to follow the config)", s.VMID, s.Name, p.Spec.Node, p.Elsewhere, p.Elsewhere)
 		}
@@ -247,18 +254,52 @@ func provisionVM(ctx context.Context, env *Env, c *proxmox.Client, p proxmox.Pla
 // ISO storage the first member's copy serves the others, so they look
 // for it once that one is done. A dry run lists them in order.
 func ensureISOs(ctx context.Context, env *Env, c *proxmox.Client, hosts []string) error {
-	rounds := [][]string{hosts}
-	if len(hosts) > 1 && isoStorageShared(ctx, c.On(hosts[0]), ISOSource(env.Config).Storage) {
-		rounds = [][]string{hosts[:1], hosts[1:]}
+	src := ISOSource(env.Config)
+	// Where the ISO already is, and whether its storage is shared, are
+	// independent reads: asked at once, the download starts after the
+	// slowest of them instead of their sum.
+	present := make([]bool, len(hosts))
+	shared := false
+	var g errgroup.Group
+	for i, h := range hosts {
+		g.Go(func() error {
+			_, ok, err := c.On(h).FindISO(ctx, src.Storage, src.Filename)
+			if err != nil {
+				return fmt.Errorf("looking for %s on %s: %w", src.Filename, isoWhere(env, h), err)
+			}
+			present[i] = ok
+			return nil
+		})
 	}
-	for _, round := range rounds {
-		if err := forEach(env, len(round), 0, func(i int) error {
-			return ensureISO(ctx, env, c.On(round[i]))
-		}); err != nil {
-			return err
+	if len(hosts) > 1 {
+		g.Go(func() error {
+			shared = isoStorageShared(ctx, c.On(hosts[0]), src.Storage)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	var missing []string
+	for i, h := range hosts {
+		if present[i] {
+			env.UI.OK("ISO %s present on %s", src.Filename, isoWhere(env, h))
+		} else {
+			missing = append(missing, h)
 		}
 	}
-	return nil
+	first, rest := missing, []string(nil)
+	if shared && len(missing) > 1 {
+		first, rest = missing[:1], missing[1:]
+	}
+	if err := forEach(env, len(first), 0, func(i int) error {
+		return fetchISO(ctx, env, c.On(first[i]))
+	}); err != nil {
+		return err
+	}
+	return forEach(env, len(rest), 0, func(i int) error {
+		return ensureISO(ctx, env, c.On(rest[i]))
+	})
 }
 
 // forEach calls f for 0…n-1, limit at a time (0: all at once), and joins
@@ -307,22 +348,25 @@ func isoStorageShared(ctx context.Context, c *proxmox.Client, storage string) bo
 	return false
 }
 
-// ensureISO makes the Talos ISO present on c's member: found, or
-// downloaded from the factory (registering the schematic first: the
-// factory builds nothing for an ID it does not hold).
+// ensureISO makes the Talos ISO present on c's member: found, or fetched.
 func ensureISO(ctx context.Context, env *Env, c *proxmox.Client) error {
-	cfg := env.Config
-	src := ISOSource(cfg)
-	where := src.Storage
-	if len(cfg.Proxmox.Hosts) > 1 {
-		where = src.Storage + " on " + c.Node()
-	}
+	src := ISOSource(env.Config)
 	if _, present, err := c.FindISO(ctx, src.Storage, src.Filename); err != nil {
-		return fmt.Errorf("looking for %s on %s: %w", src.Filename, where, err)
+		return fmt.Errorf("looking for %s on %s: %w", src.Filename, isoWhere(env, c.Node()), err)
 	} else if present {
-		env.UI.OK("ISO %s present on %s", src.Filename, where)
+		env.UI.OK("ISO %s present on %s", src.Filename, isoWhere(env, c.Node()))
 		return nil
 	}
+	return fetchISO(ctx, env, c)
+}
+
+// fetchISO downloads the Talos ISO its caller found missing on c's member
+// from the factory, registering the schematic first: the factory builds
+// nothing for an ID it does not hold.
+func fetchISO(ctx context.Context, env *Env, c *proxmox.Client) error {
+	cfg := env.Config
+	src := ISOSource(cfg)
+	where := isoWhere(env, c.Node())
 	if src.URL == "" {
 		return config.Userf("ISO %s is not on storage %s and proxmox.iso.url is empty", src.Filename, where)
 	}
@@ -339,9 +383,17 @@ func ensureISO(ctx context.Context, env *Env, c *proxmox.Client) error {
 		verify = src.ChecksumAlgorithm + " verified"
 	}
 	return env.Wet(fmt.Sprintf("download %s to %s from %s (%s)", src.Filename, where, src.URL, verify), func() error {
-		_, err := c.EnsureISO(ctx, src)
-		return err
+		return c.FetchISO(ctx, src)
 	})
+}
+
+// isoWhere names the ISO storage, and the member when there are several.
+func isoWhere(env *Env, host string) string {
+	where := ISOSource(env.Config).Storage
+	if len(env.Config.Proxmox.Hosts) > 1 {
+		where += " on " + host
+	}
+	return where
 }
 
 // usedHosts lists the members the specs run on, in first-use order.
