@@ -44,6 +44,12 @@ type PathInput struct {
 	// FluxReconcile is the time the Flux controllers take from the
 	// GitRepository's creation to the Kustomization applied and Ready.
 	FluxReconcile time.Duration
+	// MirrorPods is how long the lab took to show the mirror pods of the
+	// control plane whose static pods came last (from its report, its
+	// etcd running, to the pods in the API: lab.ControlPlane's
+	// MirrorSyncTime). talosctl health waits for them, so the cluster is
+	// healthy that long after the last etcd member runs.
+	MirrorPods time.Duration
 	// Provisioned says the VMs already run in maintenance mode (a restore
 	// onto VMs provisioned again): the path starts at the config apply.
 	Provisioned bool
@@ -120,11 +126,16 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 	// side (the control plane, then the pod network making the nodes
 	// Ready) runs beside the etcd members' start and join.
 	kube := in.KubeStart + in.CNI
-	cluster := max(etcd, kube, s(t.KubeletReady)-bootstrapWait)
-	if kube >= etcd && kube >= cluster {
+	pods := etcd + in.MirrorPods
+	cluster := max(pods, kube, s(t.KubeletReady)-bootstrapWait)
+	switch {
+	case kube >= pods && kube >= cluster:
 		add("control plane start", in.KubeStart)
 		add("CNI", in.CNI)
-	} else {
+	case pods >= cluster:
+		add("etcd", etcd)
+		add("mirror pods", in.MirrorPods)
+	default:
 		add("etcd", cluster)
 	}
 	// A worker's API needs its certificate from a control plane's trustd:
@@ -278,6 +289,16 @@ func (h *Harness) NetworkStartTime() (time.Duration, error) {
 		return 0, err
 	}
 	return kc.NetworkStartTime(), nil
+}
+
+// MirrorSyncTime is how long the lab took to show the mirror pods of the
+// control plane whose static pods it showed last (0 without a lab control
+// plane).
+func (h *Harness) MirrorSyncTime() time.Duration {
+	if h.Lab.Kube == nil {
+		return 0
+	}
+	return h.Lab.Kube.MirrorSyncTime()
 }
 
 // KubeStartTime is how long the lab's control plane took to start.

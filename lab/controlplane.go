@@ -59,6 +59,14 @@ type ControlPlane struct {
 	// (kubelet creates mirror pods once its Node exists).
 	mirrors   map[string]mirrorReport
 	mirrorsMu sync.Mutex
+	// mirrorSyncs serialises each node's syncs, so the API ends at its
+	// latest report; nodes sync beside each other, as their kubelets do.
+	mirrorSyncs map[string]*sync.Mutex
+	// mirrorShown is how long the report that was shown last took from
+	// its report to its mirror pods in the API (lab time: see
+	// MirrorSyncTime); mirrorShownAt when that was.
+	mirrorShown   time.Duration
+	mirrorShownAt time.Time
 }
 
 type mirrorReport struct {
@@ -260,6 +268,7 @@ func (c *ControlPlane) register(ctx context.Context, kc *kube.Cluster, n talossi
 // MirrorPods implements talossim.MirrorPodSyncer: the report is kept and,
 // once the control plane runs and the Node exists, shown as mirror pods.
 func (c *ControlPlane) MirrorPods(ctx context.Context, node talossim.NodeInfo, seq uint64, pods []talossim.StaticPod) error {
+	reported := time.Now()
 	c.mirrorsMu.Lock()
 	if c.mirrors == nil {
 		c.mirrors = map[string]mirrorReport{}
@@ -281,7 +290,14 @@ func (c *ControlPlane) MirrorPods(ctx context.Context, node talossim.NodeInfo, s
 	for attempt := 0; ; attempt++ {
 		err := c.syncMirrors(ctx, kc, node.Hostname)
 		switch {
-		case err == nil, apierrors.IsNotFound(err):
+		case err == nil:
+			c.mirrorsMu.Lock()
+			if now := time.Now(); now.After(c.mirrorShownAt) {
+				c.mirrorShown, c.mirrorShownAt = now.Sub(reported), now
+			}
+			c.mirrorsMu.Unlock()
+			return nil
+		case apierrors.IsNotFound(err):
 			// Not registered yet: register applies it.
 			return nil
 		case attempt == 60:
@@ -301,12 +317,35 @@ func (c *ControlPlane) MirrorPods(ctx context.Context, node talossim.NodeInfo, s
 	}
 }
 
-// syncMirrors applies the node's latest report; the lock serialises
-// reports, so the API ends at the latest one.
-func (c *ControlPlane) syncMirrors(ctx context.Context, kc *kube.Cluster, hostname string) error {
+// MirrorSyncTime is how long the lab took to show the static pods a
+// control plane reported last: from the report (its boot sequence done,
+// etcd running) to its mirror pods in the API. It is lab time, the API
+// server's writes, that the talos stage's health wait cannot avoid; 0
+// before any report was shown.
+func (c *ControlPlane) MirrorSyncTime() time.Duration {
 	c.mirrorsMu.Lock()
 	defer c.mirrorsMu.Unlock()
+	return c.mirrorShown
+}
+
+// syncMirrors applies the node's latest report; the node's lock
+// serialises its reports, so the API ends at the latest one.
+func (c *ControlPlane) syncMirrors(ctx context.Context, kc *kube.Cluster, hostname string) error {
+	c.mirrorsMu.Lock()
+	if c.mirrorSyncs == nil {
+		c.mirrorSyncs = map[string]*sync.Mutex{}
+	}
+	node := c.mirrorSyncs[hostname]
+	if node == nil {
+		node = &sync.Mutex{}
+		c.mirrorSyncs[hostname] = node
+	}
+	c.mirrorsMu.Unlock()
+	node.Lock()
+	defer node.Unlock()
+	c.mirrorsMu.Lock()
 	r, ok := c.mirrors[hostname]
+	c.mirrorsMu.Unlock()
 	if !ok {
 		return nil
 	}

@@ -171,17 +171,29 @@ func (o *Ops) Converge(ctx context.Context, opts ConvergeOptions) (*ConvergeResu
 		health = append(health, HealthTarget{Name: t.Name, IP: t.IP, Role: t.Role})
 	}
 	in := HealthInput{Nodes: health, CNIDisabled: opts.CNIDisabled, TolerateUnexpected: true}
+	// The kubeconfig is fetched, written and tried beside the Talos
+	// side's wait: a control plane mints it from its machine config
+	// whether or not the API server runs (machined's Kubeconfig,
+	// internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go at
+	// v1.13.3; talossim's answers the same way), and the API server
+	// answers while etcd's other members still join.
+	kubeconfig := make(chan error, 1)
+	kctx, cancelKubeconfig := context.WithCancel(ctx)
+	defer cancelKubeconfig()
+	go func() { kubeconfig <- o.ensureKubeconfig(kctx, opts, boot, mutate, res) }()
 	if err := o.WaitHealthy(ctx, fmt.Sprintf("the cluster's Talos side healthy (etcd on %d control plane(s), apid, kubelet, boot sequences)", len(opts.Nodes)-workers(opts.Nodes)), in); err != nil {
+		cancelKubeconfig()
+		<-kubeconfig
 		return res, err
 	}
-	if err := o.ensureKubeconfig(ctx, opts, boot, mutate, res); err != nil {
+	if err := <-kubeconfig; err != nil {
 		return res, err
 	}
 	cs, err := kubeClient(res.kubeconfig)
 	if err != nil {
 		return res, err
 	}
-	in.Kube = cs
+	in.Kube, in.KubeSideOnly = cs, true
 	return res, o.WaitHealthy(ctx, "the cluster healthy as talosctl health judges it", in)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -305,6 +306,50 @@ func TestUnexpectedNodeFailsHealthButNotTheWait(t *testing.T) {
 	r = h.ops.Health(ctx, HealthInput{Nodes: nodes, Kube: cs, TolerateUnexpected: true})
 	if c, _ := r.Get(HealthK8sNodesReported); !c.OK {
 		t.Errorf("tolerated: %+v", c)
+	}
+}
+
+// TestKubeSideHealthAsksOnlyTheKubernetesSide: the converge's last wait
+// follows the Talos side's, as talosctl health's checks follow one another
+// without asking a passed one again (pkg/cluster/check/check.go Wait at
+// v1.13.3): it asks the workers nothing and the control planes only for
+// their static pods, and reports only the Kubernetes assertions. A worker
+// diagnostic, which fails the whole health, is not in it.
+func TestKubeSideHealthAsksOnlyTheKubernetesSide(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1})
+	ctx := testCtx(t)
+	res, err := h.converge(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubeClient(res.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []HealthTarget
+	for _, n := range h.res.Nodes {
+		nodes = append(nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
+	}
+	h.node("wk-1").SetDiagnostic("address-binding", "host and Kubernetes pod/service CIDR addresses overlap")
+	if c, _ := h.ops.Health(ctx, HealthInput{Nodes: nodes, Kube: cs}).Get(HealthNoDiagnostics); c.OK {
+		t.Fatalf("%s passed with a diagnostic on wk-1: the check below would prove nothing", HealthNoDiagnostics)
+	}
+	before := h.node("wk-1").Counters().Calls
+	r := h.ops.Health(ctx, HealthInput{Nodes: nodes, Kube: cs, KubeSideOnly: true})
+	if !r.OK() {
+		t.Errorf("the Kubernetes side failed: %s", r.Summary())
+	}
+	var names []string
+	for _, c := range r {
+		names = append(names, c.Name)
+	}
+	want := []string{HealthK8sNodesReported, HealthStaticPods, HealthControlPlaneReady, HealthK8sNodesReady, HealthKubeProxyReady, HealthCoreDNSReady, HealthK8sNodesSchedulable}
+	if !slices.Equal(names, want) {
+		t.Errorf("assertions %q, want the Kubernetes side's %q", names, want)
+	}
+	if n := h.node("wk-1").Counters().Calls - before; n != 0 {
+		t.Errorf("the worker was asked %d question(s)", n)
 	}
 }
 

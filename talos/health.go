@@ -57,6 +57,11 @@ type HealthInput struct {
 	// Kube, when set, adds the Kubernetes assertions (once a kubeconfig
 	// exists); without it only the Talos side is checked.
 	Kube kubernetes.Interface
+	// KubeSideOnly asks only the Kubernetes assertions (with Kube), for a
+	// wait that follows one on the Talos side's: talosctl health waits for
+	// its checks one after another and does not ask a passed one again
+	// (Wait in pkg/cluster/check/check.go at v1.13.3).
+	KubeSideOnly bool
 	// CNIDisabled is true when Talos deploys no CNI (cluster.network.cni
 	// none, e.g. for Cilium installed later): nodes cannot be Ready and
 	// CoreDNS cannot run before it, so those assertions are skipped, as
@@ -154,10 +159,20 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 		diagErr   error
 	}
 	facts := make(map[string]*nodeFacts, len(all))
+	// The Kubernetes reads are independent of the nodes' questions: made
+	// beside them, a poll takes the slower of the two, not their sum.
+	var kf chan kubeFacts
+	if in.Kube != nil {
+		kf = make(chan kubeFacts, 1)
+		go func() { kf <- o.readKube(ctx, in.Kube) }()
+	}
 	var wg sync.WaitGroup
 	for _, n := range all {
 		f := &nodeFacts{}
 		facts[n.Name] = f
+		if in.KubeSideOnly && n.Role != RoleControlPlane {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -175,6 +190,11 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 						defer calls.Done()
 						fn()
 					}()
+				}
+				if in.KubeSideOnly {
+					// Only what the Kubernetes side asks of the nodes.
+					f.static, f.staticErr = staticPodsOn(ctx, c)
+					return nil
 				}
 				ask(func() { _, versionErr = c.Version(ctx) })
 				ask(func() { f.svcs, f.svcErr = servicesOn(ctx, c) })
@@ -205,151 +225,153 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 		c.Detail = strings.Join(problems, "; ")
 		r = append(r, c)
 	}
-	// etcd healthy on every control plane.
-	var problems []string
-	for _, n := range cps {
-		f := facts[n.Name]
-		if f.svcErr != nil {
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
-			continue
-		}
-		if s, ok := findService(f.svcs, "etcd"); !ok {
-			problems = append(problems, n.Name+": etcd absent")
-		} else if !s.Healthy {
-			problems = append(problems, fmt.Sprintf("%s: etcd %s %s", n.Name, s.State, s.LastEvent))
-		}
-	}
-	add(HealthEtcdHealthy, problems)
-
-	// The same membership on every control plane.
-	problems = nil
-	var first []string
-	firstNode := ""
-	for _, n := range cps {
-		f := facts[n.Name]
-		if f.memberErr != nil {
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.memberErr)))
-			continue
-		}
-		view := memberView(f.members)
-		if firstNode == "" {
-			first, firstNode = view, n.Name
-			continue
-		}
-		if !slices.Equal(view, first) {
-			problems = append(problems, fmt.Sprintf("%s sees %s, %s sees %s", n.Name, strings.Join(view, ", "), firstNode, strings.Join(first, ", ")))
-		}
-	}
-	add(HealthEtcdConsistent, problems)
-
-	// Members are exactly the control planes, none a learner.
-	problems = nil
-	want := make([]string, 0, len(cps))
-	for _, n := range cps {
-		want = append(want, n.Name)
-	}
-	slices.Sort(want)
-	if firstNode == "" {
-		problems = append(problems, "no control plane lists the etcd members")
-	} else {
-		var got []string
-		for _, m := range facts[firstNode].members {
-			if m.Learner {
-				problems = append(problems, m.Hostname+" is still a learner")
-			}
-			got = append(got, m.Hostname)
-		}
-		slices.Sort(got)
-		// A member outside the config (a control plane removed from
-		// it) is, like an unexpected Node, the user's to take out:
-		// the waits tolerate it, the postcheck names the command.
-		var extra []string
-		for _, g := range got {
-			if !slices.Contains(want, g) {
-				extra = append(extra, g)
-			}
-		}
-		missing := slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(got, w) })
-		if missing || len(extra) > 0 && !in.TolerateUnexpected {
-			p := fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", "))
-			if len(extra) > 0 {
-				p += " (take " + strings.Join(extra, ", ") + " out with " + removeCommands(extra) + ")"
-			}
-			problems = append(problems, p)
-		}
-	}
-	add(HealthEtcdControlPlanes, problems)
-
-	problems = nil
-	for _, n := range all {
-		if err := facts[n.Name].versionOK; err != nil {
-			problems = append(problems, fmt.Sprintf("%s: %v", n.Name, err))
-		}
-	}
-	add(HealthApidReady, problems)
-
-	// Talos' minimums (talosctl health's AllNodesMemorySizes and
-	// AllNodesDiskSizes, pkg/cluster/check/nodes.go at v1.13.3) and no
-	// active diagnostics: one problem per node that has one, its read
-	// error first.
-	perNode := func(name string, read func(f *nodeFacts) error, judge func(n HealthTarget, f *nodeFacts) string) {
+	if !in.KubeSideOnly {
+		// etcd healthy on every control plane.
 		var problems []string
-		for _, n := range all {
+		for _, n := range cps {
 			f := facts[n.Name]
-			if err := read(f); err != nil {
-				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(err)))
-			} else if p := judge(n, f); p != "" {
+			if f.svcErr != nil {
+				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
+				continue
+			}
+			if s, ok := findService(f.svcs, "etcd"); !ok {
+				problems = append(problems, n.Name+": etcd absent")
+			} else if !s.Healthy {
+				problems = append(problems, fmt.Sprintf("%s: etcd %s %s", n.Name, s.State, s.LastEvent))
+			}
+		}
+		add(HealthEtcdHealthy, problems)
+
+		// The same membership on every control plane.
+		problems = nil
+		var first []string
+		firstNode := ""
+		for _, n := range cps {
+			f := facts[n.Name]
+			if f.memberErr != nil {
+				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.memberErr)))
+				continue
+			}
+			view := memberView(f.members)
+			if firstNode == "" {
+				first, firstNode = view, n.Name
+				continue
+			}
+			if !slices.Equal(view, first) {
+				problems = append(problems, fmt.Sprintf("%s sees %s, %s sees %s", n.Name, strings.Join(view, ", "), firstNode, strings.Join(first, ", ")))
+			}
+		}
+		add(HealthEtcdConsistent, problems)
+
+		// Members are exactly the control planes, none a learner.
+		problems = nil
+		want := make([]string, 0, len(cps))
+		for _, n := range cps {
+			want = append(want, n.Name)
+		}
+		slices.Sort(want)
+		if firstNode == "" {
+			problems = append(problems, "no control plane lists the etcd members")
+		} else {
+			var got []string
+			for _, m := range facts[firstNode].members {
+				if m.Learner {
+					problems = append(problems, m.Hostname+" is still a learner")
+				}
+				got = append(got, m.Hostname)
+			}
+			slices.Sort(got)
+			// A member outside the config (a control plane removed from
+			// it) is, like an unexpected Node, the user's to take out:
+			// the waits tolerate it, the postcheck names the command.
+			var extra []string
+			for _, g := range got {
+				if !slices.Contains(want, g) {
+					extra = append(extra, g)
+				}
+			}
+			missing := slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(got, w) })
+			if missing || len(extra) > 0 && !in.TolerateUnexpected {
+				p := fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", "))
+				if len(extra) > 0 {
+					p += " (take " + strings.Join(extra, ", ") + " out with " + removeCommands(extra) + ")"
+				}
 				problems = append(problems, p)
 			}
 		}
-		add(name, problems)
-	}
-	perNode(HealthMemorySizes, func(f *nodeFacts) error { return f.memErr }, func(n HealthTarget, f *nodeFacts) string {
-		if min := MinimumMemory(n.Role); f.memTotal < min {
-			return fmt.Sprintf("node %s does not meet memory requirements: expected at least %d MiB, actual %d MiB", n.Name, min>>20, f.memTotal>>20)
-		}
-		return ""
-	})
-	perNode(HealthDiskSizes, func(f *nodeFacts) error { return f.ephErr }, func(n HealthTarget, f *nodeFacts) string {
-		if f.ephemeral > 0 && f.ephemeral < MinimumEphemeral() {
-			return fmt.Sprintf("the EPHEMERAL partition of %s is too small: expected at least %d MiB, actual %d MiB", n.Name, MinimumEphemeral()>>20, f.ephemeral>>20)
-		}
-		return ""
-	})
-	perNode(HealthNoDiagnostics, func(f *nodeFacts) error { return f.diagErr }, func(n HealthTarget, f *nodeFacts) string {
-		if len(f.diags) > 0 {
-			return fmt.Sprintf("%s: %s", n.Name, strings.Join(f.diags, ", "))
-		}
-		return ""
-	})
+		add(HealthEtcdControlPlanes, problems)
 
-	problems = nil
-	for _, n := range cps {
-		f := facts[n.Name]
-		if f.svcErr != nil {
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
-			continue
+		problems = nil
+		for _, n := range all {
+			if err := facts[n.Name].versionOK; err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %v", n.Name, err))
+			}
 		}
-		if s, ok := findService(f.svcs, "kubelet"); !ok || !s.Healthy {
-			problems = append(problems, fmt.Sprintf("%s: kubelet %s %s", n.Name, s.State, s.LastEvent))
-		}
-	}
-	add(HealthKubeletHealthy, problems)
+		add(HealthApidReady, problems)
 
-	problems = nil
-	for _, n := range all {
-		f := facts[n.Name]
-		switch {
-		case f.stageErr != nil:
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.stageErr)))
-		case f.stage != StageRunning:
-			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, f.stage))
+		// Talos' minimums (talosctl health's AllNodesMemorySizes and
+		// AllNodesDiskSizes, pkg/cluster/check/nodes.go at v1.13.3) and no
+		// active diagnostics: one problem per node that has one, its read
+		// error first.
+		perNode := func(name string, read func(f *nodeFacts) error, judge func(n HealthTarget, f *nodeFacts) string) {
+			var problems []string
+			for _, n := range all {
+				f := facts[n.Name]
+				if err := read(f); err != nil {
+					problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(err)))
+				} else if p := judge(n, f); p != "" {
+					problems = append(problems, p)
+				}
+			}
+			add(name, problems)
 		}
+		perNode(HealthMemorySizes, func(f *nodeFacts) error { return f.memErr }, func(n HealthTarget, f *nodeFacts) string {
+			if min := MinimumMemory(n.Role); f.memTotal < min {
+				return fmt.Sprintf("node %s does not meet memory requirements: expected at least %d MiB, actual %d MiB", n.Name, min>>20, f.memTotal>>20)
+			}
+			return ""
+		})
+		perNode(HealthDiskSizes, func(f *nodeFacts) error { return f.ephErr }, func(n HealthTarget, f *nodeFacts) string {
+			if f.ephemeral > 0 && f.ephemeral < MinimumEphemeral() {
+				return fmt.Sprintf("the EPHEMERAL partition of %s is too small: expected at least %d MiB, actual %d MiB", n.Name, MinimumEphemeral()>>20, f.ephemeral>>20)
+			}
+			return ""
+		})
+		perNode(HealthNoDiagnostics, func(f *nodeFacts) error { return f.diagErr }, func(n HealthTarget, f *nodeFacts) string {
+			if len(f.diags) > 0 {
+				return fmt.Sprintf("%s: %s", n.Name, strings.Join(f.diags, ", "))
+			}
+			return ""
+		})
+
+		problems = nil
+		for _, n := range cps {
+			f := facts[n.Name]
+			if f.svcErr != nil {
+				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
+				continue
+			}
+			if s, ok := findService(f.svcs, "kubelet"); !ok || !s.Healthy {
+				problems = append(problems, fmt.Sprintf("%s: kubelet %s %s", n.Name, s.State, s.LastEvent))
+			}
+		}
+		add(HealthKubeletHealthy, problems)
+
+		problems = nil
+		for _, n := range all {
+			f := facts[n.Name]
+			switch {
+			case f.stageErr != nil:
+				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.stageErr)))
+			case f.stage != StageRunning:
+				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, f.stage))
+			}
+		}
+		add(HealthBootFinished, problems)
 	}
-	add(HealthBootFinished, problems)
 
 	if in.Kube != nil {
-		r = append(r, o.kubeHealth(ctx, in, cps, all, func(name string) ([]string, error) {
+		r = append(r, kubeHealth(in, cps, all, <-kf, func(name string) ([]string, error) {
 			f := facts[name]
 			return f.static, f.staticErr
 		})...)
@@ -394,15 +416,76 @@ func staticPodsOn(ctx context.Context, c *client.Client) ([]string, error) {
 	return out, nil
 }
 
-func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthTarget, static func(string) ([]string, error)) HealthReport {
+// kubeFacts are the Kubernetes reads of one health poll: the Nodes, and
+// kube-system's pods, DaemonSets and Deployments, each listed once. The
+// assertions select from them by label as talosctl's lists do on the
+// server (pkg/cluster/check/kubernetes.go at v1.13.3).
+type kubeFacts struct {
+	nodes       []corev1.Node
+	nodesErr    error
+	pods        []corev1.Pod
+	podsErr     error
+	daemonSets  []appsv1.DaemonSet
+	dsErr       error
+	deployments []appsv1.Deployment
+	deployErr   error
+}
+
+// readKube lists what kubeHealth asserts on, at once.
+func (o *Ops) readKube(ctx context.Context, cs kubernetes.Interface) kubeFacts {
+	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
+	defer cancel()
+	var f kubeFacts
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		l, err := cs.CoreV1().Nodes().List(cctx, metav1.ListOptions{})
+		if f.nodesErr = err; err == nil {
+			f.nodes = l.Items
+		}
+	})
+	wg.Go(func() {
+		l, err := cs.CoreV1().Pods(metav1.NamespaceSystem).List(cctx, metav1.ListOptions{})
+		if f.podsErr = err; err == nil {
+			f.pods = l.Items
+		}
+	})
+	wg.Go(func() {
+		l, err := cs.AppsV1().DaemonSets(metav1.NamespaceSystem).List(cctx, metav1.ListOptions{})
+		if f.dsErr = err; err == nil {
+			f.daemonSets = l.Items
+		}
+	})
+	wg.Go(func() {
+		l, err := cs.AppsV1().Deployments(metav1.NamespaceSystem).List(cctx, metav1.ListOptions{})
+		if f.deployErr = err; err == nil {
+			f.deployments = l.Items
+		}
+	})
+	wg.Wait()
+	return f
+}
+
+// withLabel returns the items whose label key is value (a selector
+// "key=value").
+func withLabel[T any](items []T, meta func(*T) *metav1.ObjectMeta, key, value string) []T {
+	var out []T
+	for i := range items {
+		if meta(&items[i]).Labels[key] == value {
+			out = append(out, items[i])
+		}
+	}
+	return out
+}
+
+func podMeta(p *corev1.Pod) *metav1.ObjectMeta { return &p.ObjectMeta }
+
+func kubeHealth(in HealthInput, cps, all []HealthTarget, kf kubeFacts, static func(string) ([]string, error)) HealthReport {
 	var r HealthReport
 	add := func(name string, skipped bool, problems []string) {
 		r = append(r, HealthCheck{Name: name, OK: len(problems) == 0, Skipped: skipped && len(problems) == 0, Detail: strings.Join(problems, "; ")})
 	}
-	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
-	defer cancel()
-	nodes, err := in.Kube.CoreV1().Nodes().List(cctx, metav1.ListOptions{})
-	if err != nil {
+	nodes := corev1.NodeList{Items: kf.nodes}
+	if err := kf.nodesErr; err != nil {
 		msg := []string{"listing nodes: " + kube.Classify(err).Error()}
 		for _, name := range []string{HealthK8sNodesReported, HealthStaticPods, HealthControlPlaneReady, HealthK8sNodesReady, HealthKubeProxyReady, HealthCoreDNSReady, HealthK8sNodesSchedulable} {
 			add(name, false, msg)
@@ -437,7 +520,7 @@ func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthT
 	}
 	add(HealthStaticPods, false, problems)
 
-	add(HealthControlPlaneReady, false, o.controlPlaneReady(ctx, in.Kube, cps, nodes.Items, in.TolerateUnexpected))
+	add(HealthControlPlaneReady, false, controlPlaneReady(kf, cps, nodes.Items, in.TolerateUnexpected))
 
 	// Every registered node Ready, as K8sAllNodesReadyAssertion lists them.
 	problems = nil
@@ -450,12 +533,12 @@ func (o *Ops) kubeHealth(ctx context.Context, in HealthInput, cps, all []HealthT
 	}
 	add(HealthK8sNodesReady, in.CNIDisabled, problems)
 
-	problems, present := o.podsReady(ctx, in.Kube, "kube-system", "k8s-app=kube-proxy", true)
+	problems, present := podsReady(kf, "kube-proxy", true)
 	add(HealthKubeProxyReady, !present, problems)
 	if in.CNIDisabled {
 		add(HealthCoreDNSReady, true, nil)
 	} else {
-		problems, present = o.podsReady(ctx, in.Kube, "kube-system", "k8s-app=kube-dns", false)
+		problems, present = podsReady(kf, "kube-dns", false)
 		add(HealthCoreDNSReady, !present, problems)
 	}
 
@@ -528,7 +611,7 @@ func matchNodes(want []HealthTarget, got []corev1.Node) (missing, unexpected []s
 // kubelet's mirror of the static pod, label k8s-app) per such Node, none
 // reporting PodReady other than True. A pod with no PodReady condition yet
 // is not counted as not ready, as there.
-func (o *Ops) controlPlaneReady(ctx context.Context, cs kubernetes.Interface, cps []HealthTarget, nodes []corev1.Node, tolerateUnexpected bool) []string {
+func controlPlaneReady(kf kubeFacts, cps []HealthTarget, nodes []corev1.Node, tolerateUnexpected bool) []string {
 	var labelled []corev1.Node
 	for _, n := range nodes {
 		if _, ok := n.Labels[constants.LabelNodeRoleControlPlane]; ok {
@@ -542,17 +625,14 @@ func (o *Ops) controlPlaneReady(ctx context.Context, cs kubernetes.Interface, cp
 	if problems := missing; len(problems) > 0 {
 		return []string{"control-plane nodes: " + strings.Join(problems, "; ")}
 	}
-	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
-	defer cancel()
+	if kf.podsErr != nil {
+		return []string{fmt.Sprintf("listing the kube-system pods: %s", kube.Classify(kf.podsErr))}
+	}
 	var problems []string
 	for _, app := range []string{"kube-apiserver", "kube-scheduler", "kube-controller-manager"} {
-		pods, err := cs.CoreV1().Pods("kube-system").List(cctx, metav1.ListOptions{LabelSelector: "k8s-app=" + app})
-		if err != nil {
-			return []string{fmt.Sprintf("listing the %s pods: %s", app, kube.Classify(err))}
-		}
 		var count int
 		var notReady []string
-		for _, p := range pods.Items {
+		for _, p := range withLabel(kf.pods, podMeta, "k8s-app", app) {
 			// Pod checkpoints of self-hosted control planes are not counted.
 			if _, ok := p.Annotations["checkpointer.alpha.coreos.com/checkpoint-of"]; ok {
 				continue
@@ -575,45 +655,44 @@ func (o *Ops) controlPlaneReady(ctx context.Context, cs kubernetes.Interface, cp
 }
 
 // podsReady is K8sPodReadyAssertion for the DaemonSet (or Deployment)
-// selected by selector (pkg/cluster/check/kubernetes.go at v1.13.3):
+// labelled k8s-app=app (pkg/cluster/check/kubernetes.go at v1.13.3):
 // deleted and failed pods and pods whose containers have all terminated
 // (or that report none yet) are left out; of the rest at least one must
 // be Ready, none may be not Ready, and the Ready ones must be as many as
 // the workload wants (the DaemonSet's desired number scheduled, the
 // Deployment's replicas). present is false when there is no such
 // workload, and then the check is skipped.
-func (o *Ops) podsReady(ctx context.Context, cs kubernetes.Interface, ns, selector string, daemonSet bool) (problems []string, present bool) {
-	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
-	defer cancel()
+func podsReady(kf kubeFacts, app string, daemonSet bool) (problems []string, present bool) {
+	selector := "k8s-app=" + app
 	var want int
 	if daemonSet {
-		list, err := cs.AppsV1().DaemonSets(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
-		if err != nil {
-			return []string{kube.Classify(err).Error()}, true
+		if kf.dsErr != nil {
+			return []string{kube.Classify(kf.dsErr).Error()}, true
 		}
-		if len(list.Items) == 0 {
+		list := withLabel(kf.daemonSets, func(d *appsv1.DaemonSet) *metav1.ObjectMeta { return &d.ObjectMeta }, "k8s-app", app)
+		if len(list) == 0 {
 			return nil, false
 		}
-		want = int(list.Items[0].Status.DesiredNumberScheduled)
+		want = int(list[0].Status.DesiredNumberScheduled)
 	} else {
-		list, err := cs.AppsV1().Deployments(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
-		if err != nil {
-			return []string{kube.Classify(err).Error()}, true
+		if kf.deployErr != nil {
+			return []string{kube.Classify(kf.deployErr).Error()}, true
 		}
-		if len(list.Items) == 0 {
+		list := withLabel(kf.deployments, func(d *appsv1.Deployment) *metav1.ObjectMeta { return &d.ObjectMeta }, "k8s-app", app)
+		if len(list) == 0 {
 			return nil, false
 		}
-		want = int(deploymentReplicas(&list.Items[0]))
+		want = int(deploymentReplicas(&list[0]))
 	}
-	pods, err := cs.CoreV1().Pods(ns).List(cctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
-		return []string{kube.Classify(err).Error()}, true
+	if kf.podsErr != nil {
+		return []string{kube.Classify(kf.podsErr).Error()}, true
 	}
-	if len(pods.Items) == 0 {
+	pods := withLabel(kf.pods, podMeta, "k8s-app", app)
+	if len(pods) == 0 {
 		return []string{fmt.Sprintf("no pods (%s)", selector)}, true
 	}
 	var ready, notReady []string
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || allContainersTerminated(&p) {
 			continue
 		}
@@ -690,6 +769,9 @@ func (o *Ops) WaitHealthy(ctx context.Context, what string, in HealthInput) erro
 func (o *Ops) wakeOnHealthChange(ctx context.Context, in HealthInput, wake chan<- struct{}) {
 	changed := make(chan struct{}, 1)
 	for _, n := range in.Nodes {
+		if in.KubeSideOnly {
+			break // the Kubernetes watches below see what it asserts
+		}
 		o.nodeEvents(ctx, n.IP, changed)
 	}
 	// Without a kubeconfig kw stays nil: a receive from it never happens.

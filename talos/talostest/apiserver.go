@@ -82,12 +82,18 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		fmt.Fprintf(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
 	case "/api/v1/namespaces/kube-system/pods":
-		app, _ := strings.CutPrefix(r.URL.Query().Get("labelSelector"), "k8s-app=")
+		// Without a selector, every mirror pod; with k8s-app=X, X's (the
+		// only selector this stand-in understands).
+		selector := r.URL.Query().Get("labelSelector")
+		app, selected := strings.CutPrefix(selector, "k8s-app=")
 		var items []string
-		if slices.Contains([]string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}, app) {
+		for _, component := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			if selector != "" && (!selected || app != component) {
+				continue
+			}
 			for _, n := range *a.nodes.Load() {
 				if n.ControlPlane {
-					items = append(items, fmt.Sprintf(`{"metadata":{"name":"%s-%s","namespace":"kube-system","labels":{"k8s-app":%q}},"spec":{"nodeName":%q},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`, app, n.Name, app, n.Name))
+					items = append(items, fmt.Sprintf(`{"metadata":{"name":"%s-%s","namespace":"kube-system","labels":{"k8s-app":%q}},"spec":{"nodeName":%q},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`, component, n.Name, component, n.Name))
 				}
 			}
 		}

@@ -288,7 +288,7 @@ func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossi
 		Proxmox: pp, Talos: tp, Scale: scale, ISOBytes: lab.ISOBytes, ISODownload: h.ISODownloadTime(),
 		Nodes: len(cfg.Nodes), ControlPlanes: len(cfg.ControlPlanes()),
 		ProxmoxParallelism: cfg.Proxmox.Parallelism, TalosParallelism: cfg.Cluster.Parallelism,
-		KubeStart: kubeStart, CNI: network, FluxReconcile: flux,
+		KubeStart: kubeStart, CNI: network, FluxReconcile: flux, MirrorPods: h.MirrorSyncTime(),
 	}
 	return res, durs, in, nil
 }
@@ -432,6 +432,7 @@ func measureRestore(ctx context.Context, h *e2e.Harness, r *row) error {
 	if in.FluxReconcile, err = h.FluxReconcileTime(); err != nil {
 		return fmt.Errorf("the restore's Flux reconcile: %w", err)
 	}
+	in.MirrorPods = h.MirrorSyncTime()
 	r.restoreCrit = e2e.ComputeCriticalPath(in)
 	return nil
 }
