@@ -54,6 +54,10 @@ type Env struct {
 
 	// prepared is the Preparers' background work, by key (under mu).
 	prepared map[string]*background
+	// prechecked, when not nil, is closed once the run's precheck has
+	// passed: CPU work in the background waits for it (prepareCPU).
+	prechecked   chan struct{}
+	precheckOnce sync.Once
 }
 
 // shared is the Env holding the run's shared part: the run's own.

@@ -338,7 +338,7 @@ func (FluxStage) Prepare(ctx context.Context, env *Env) {
 		}
 	}
 	opts := fluxInstallOptions(env, domain)
-	env.prepare(ctx, prepFluxInstall, fmt.Sprintf("Flux %s's manifests from %s", opts.Version, opts.Source()), func(ctx context.Context) (any, error) {
+	env.prepareCPU(ctx, prepFluxInstall, fmt.Sprintf("Flux %s's manifests from %s", opts.Version, opts.Source()), func(ctx context.Context) (any, error) {
 		m, err := flux.RenderInstall(ctx, opts)
 		return renderedFlux{opts: opts, manifests: m}, err
 	})

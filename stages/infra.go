@@ -163,7 +163,7 @@ func (InfraStage) Prepare(ctx context.Context, env *Env) {
 	if err != nil {
 		return // reported in line
 	}
-	env.prepare(ctx, prepCharts, "the infra charts' archives", func(context.Context) (any, error) {
+	env.prepareCPU(ctx, prepCharts, "the infra charts' archives", func(context.Context) (any, error) {
 		var out []fetchedChart
 		for _, r := range refs {
 			archive, err := infra.FetchChart(r)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/homelab/bootstrap/internal/wait"
@@ -55,6 +56,36 @@ func (e *Env) prepare(ctx context.Context, key, what string, fn func(context.Con
 	}()
 }
 
+// prepareCPU is prepare for work that keeps a core busy (an RSA key, a
+// kustomize build, unpacking charts): it starts once the run's precheck has
+// passed, at once without one. The precheck's checks are many short round
+// trips on the critical path, and on a two-core host such work beside them
+// delays their answers; after the precheck it has the ISO download and the
+// VMs' creation and boot to run in. A precheck that fails starts none of it.
+func (e *Env) prepareCPU(ctx context.Context, key, what string, fn func(context.Context) (any, error)) {
+	gate := e.shared().prechecked
+	if gate == nil {
+		e.prepare(ctx, key, what, fn)
+		return
+	}
+	e.prepare(ctx, key, what, func(ctx context.Context) (any, error) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return fn(ctx)
+	})
+}
+
+// precheckPassed lets the CPU work waiting for the precheck start.
+func (e *Env) precheckPassed() {
+	r := e.shared()
+	if r.prechecked != nil {
+		r.precheckOnce.Do(func() { close(r.prechecked) })
+	}
+}
+
 // takePrepared returns what was prepared under key, waiting at most limit
 // for it to finish, and forgets it (each result has one taker). ok is
 // false when nothing was started under key, or it ended in an error that
@@ -97,6 +128,9 @@ func takePrepared[T any](ctx context.Context, e *Env, key string, limit time.Dur
 // startPreparers starts the background work of every selected stage that
 // has some. The work stops when ctx ends (the run is over).
 func startPreparers(ctx context.Context, env *Env, selected []Stage) {
+	if slices.ContainsFunc(selected, func(s Stage) bool { return s.Name() == Precheck }) {
+		env.shared().prechecked = make(chan struct{})
+	}
 	for _, s := range selected {
 		if p, ok := s.(Preparer); ok {
 			p.Prepare(ctx, env)

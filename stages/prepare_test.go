@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/talos"
@@ -150,5 +151,79 @@ func TestFluxInstallObjectsPreparedForOtherOptions(t *testing.T) {
 	_, err = fluxInstallObjects(ctx, env, fluxInstallOptions(env, "homelab.internal"))
 	if err == nil || !strings.Contains(err.Error(), "absent.tar.gz") {
 		t.Fatalf("objects rendered for cluster.local were used for homelab.internal (%v)", err)
+	}
+}
+
+// cpuPrepStage prepares CPU work that records whether the precheck had
+// ended when it started.
+type cpuPrepStage struct {
+	prepStage
+	started chan bool
+	ended   *bool
+}
+
+func (s cpuPrepStage) Prepare(ctx context.Context, env *Env) {
+	env.prepareCPU(ctx, "cpu", "the CPU work", func(context.Context) (any, error) {
+		s.started <- *s.ended
+		return nil, nil
+	})
+}
+
+// precheckStage passes or fails after a pause long enough for work that
+// does not wait for it to have started.
+type precheckStage struct {
+	fail  bool
+	ended *bool
+}
+
+func (precheckStage) Name() string { return Precheck }
+func (s precheckStage) Run(context.Context, *Env) error {
+	time.Sleep(50 * time.Millisecond)
+	*s.ended = true
+	if s.fail {
+		return errors.New("a precheck failed")
+	}
+	return nil
+}
+
+// TestCPUPreparationWaitsForThePrecheck: CPU work in the background
+// starts once the precheck has passed, not beside it, and never after a
+// failed one; without a precheck in the run it starts at once.
+func TestCPUPreparationWaitsForThePrecheck(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		precheck bool
+		fail     bool
+	}{{"passed", true, false}, {"failed", true, true}, {"no precheck", false, false}} {
+		var log []string
+		var ended bool
+		env := prepEnv(t)
+		env.Out = &strings.Builder{}
+		env.State = state.New("lab")
+		env.Paths = config.Paths{StateDir: t.TempDir()}
+		env.Secrets = &redact.Set{}
+		started := make(chan bool, 1)
+		cpu := cpuPrepStage{prepStage{Talos, &log}, started, &ended}
+		sel := []Stage{cpu}
+		if tc.precheck {
+			sel = []Stage{precheckStage{tc.fail, &ended}, cpu}
+		}
+		err := Run(context.Background(), env, sel, RunInfo{ID: "t"})
+		if (err != nil) != tc.fail {
+			t.Fatalf("%s: run: %v", tc.name, err)
+		}
+		select {
+		case afterPrecheck := <-started:
+			switch {
+			case tc.fail:
+				t.Errorf("%s: the CPU work started after a failed precheck", tc.name)
+			case tc.precheck && !afterPrecheck:
+				t.Errorf("%s: the CPU work started beside the precheck", tc.name)
+			}
+		case <-time.After(time.Second):
+			if !tc.fail {
+				t.Errorf("%s: the CPU work never started", tc.name)
+			}
+		}
 	}
 }

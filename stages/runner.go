@@ -108,6 +108,8 @@ func Run(ctx context.Context, env *Env, selected []Stage, info RunInfo) error {
 				failedMu.Lock()
 				failed = true
 				failedMu.Unlock()
+			} else if s.Name() == Precheck {
+				env.precheckPassed()
 			}
 		}()
 	}

@@ -186,7 +186,7 @@ func (TalosStage) Prepare(ctx context.Context, env *Env) {
 		return
 	}
 	version, now := env.Config.Cluster.TalosVersion, env.now()
-	env.prepare(ctx, prepBundle, "the cluster's new secrets bundle", func(context.Context) (any, error) {
+	env.prepareCPU(ctx, prepBundle, "the cluster's new secrets bundle", func(context.Context) (any, error) {
 		b, err := talos.NewSecrets(version, now)
 		return mintedBundle{talosVersion: version, bundle: b}, err
 	})
