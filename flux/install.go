@@ -25,6 +25,7 @@ import (
 	"github.com/fluxcd/flux2/v2/pkg/manifestgen/install"
 	ssautil "github.com/fluxcd/pkg/ssa/utils"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/kustomize/kyaml/openapi"
 
 	"github.com/homelab/bootstrap/internal/fsutil"
 )
@@ -119,6 +120,13 @@ func RenderInstall(ctx context.Context, o InstallOptions) (string, error) {
 	opts.Timeout = time.Minute
 	defer tightGC()()
 	m, err := install.Generate(opts, base)
+	// kustomize parses its built-in Kubernetes OpenAPI schema into a
+	// package global and keeps it for the life of the process
+	// (sigs.k8s.io/kustomize/kyaml v0.21.1 openapi/openapi.go globalSchema):
+	// about 10 MiB of heap through the Helm install and Flux's apply,
+	// which read none of it. It goes with the render; a later build
+	// parses it again.
+	openapi.ResetOpenAPI()
 	if err != nil {
 		return "", fmt.Errorf("generating Flux %s manifests: %w", o.Version, err)
 	}

@@ -56,7 +56,10 @@ type Env struct {
 	prepared map[string]*background
 	// prechecked, when not nil, is closed once the run's precheck has
 	// passed: CPU work in the background waits for it (prepareCPU).
-	prechecked   chan struct{}
+	prechecked chan struct{}
+	// cpuTail is closed when the CPU work prepared last has ended (under
+	// mu): the next waits for it.
+	cpuTail      chan struct{}
 	precheckOnce sync.Once
 }
 

@@ -58,21 +58,32 @@ func (e *Env) prepare(ctx context.Context, key, what string, fn func(context.Con
 
 // prepareCPU is prepare for work that keeps a core busy (an RSA key, a
 // kustomize build, unpacking charts): it starts once the run's precheck has
-// passed, at once without one. The precheck's checks are many short round
-// trips on the critical path, and on a two-core host such work beside them
-// delays their answers; after the precheck it has the ISO download and the
-// VMs' creation and boot to run in. A precheck that fails starts none of it.
+// passed, at once without one, and after the CPU work prepared before it.
+// The precheck's checks are many short round trips on the critical path,
+// and on a two-core host such work beside them delays their answers; after
+// the precheck it has the ISO download and the VMs' creation and boot to
+// run in, one piece after another in the order the stages need them, so
+// their transient heaps do not add up. A precheck that fails starts none
+// of it.
 func (e *Env) prepareCPU(ctx context.Context, key, what string, fn func(context.Context) (any, error)) {
-	gate := e.shared().prechecked
-	if gate == nil {
-		e.prepare(ctx, key, what, fn)
-		return
-	}
+	r := e.shared()
+	gate := r.prechecked
+	done := make(chan struct{})
+	r.mu.Lock()
+	prev := r.cpuTail
+	r.cpuTail = done
+	r.mu.Unlock()
 	e.prepare(ctx, key, what, func(ctx context.Context) (any, error) {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		defer close(done)
+		for _, before := range []chan struct{}{gate, prev} {
+			if before == nil {
+				continue
+			}
+			select {
+			case <-before:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 		}
 		return fn(ctx)
 	})

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -225,5 +226,43 @@ func TestCPUPreparationWaitsForThePrecheck(t *testing.T) {
 				t.Errorf("%s: the CPU work never started", tc.name)
 			}
 		}
+	}
+}
+
+// TestCPUPreparationRunsOneAfterAnother: CPU work runs in the order it was
+// prepared, each piece once the one before has ended.
+func TestCPUPreparationRunsOneAfterAnother(t *testing.T) {
+	ctx := context.Background()
+	env := prepEnv(t)
+	var mu sync.Mutex
+	var order []string
+	running := 0
+	work := func(name string) func(context.Context) (any, error) {
+		return func(context.Context) (any, error) {
+			mu.Lock()
+			running++
+			overlap := running > 1
+			order = append(order, name)
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			mu.Lock()
+			running--
+			mu.Unlock()
+			if overlap {
+				return nil, errors.New(name + " ran beside other CPU work")
+			}
+			return name, nil
+		}
+	}
+	for _, name := range []string{"first", "second", "third"} {
+		env.prepareCPU(ctx, name, name, work(name))
+	}
+	for _, name := range []string{"third", "first", "second"} {
+		if v, ok, err := takePrepared[string](ctx, env, name, time.Second); err != nil || !ok || v != name {
+			t.Errorf("%s: %v %v %v", name, v, ok, err)
+		}
+	}
+	if got := strings.Join(order, ", "); got != "first, second, third" {
+		t.Errorf("order %s", got)
 	}
 }
