@@ -53,6 +53,27 @@ func labClient(t *testing.T) (*kube.Cluster, context.Context, *Client) {
 	return lab, ctx, c
 }
 
+// holdUntil is a client of the lab whose patches (applies and dry runs) of
+// an object named "held" wait until called is closed, at most five
+// seconds; *held says whether one was let go by it.
+func holdUntil(t *testing.T, lab *kube.Cluster, c *Client, called <-chan struct{}, held *bool) client.WithWatch {
+	t.Helper()
+	ww, err := client.NewWithWatch(lab.RESTConfig(), client.Options{Mapper: c.kube.RESTMapper()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return interceptor.NewClient(ww, interceptor.Funcs{Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+		if obj.GetName() == "held" {
+			select {
+			case <-called:
+				*held = true
+			case <-time.After(5 * time.Second):
+			}
+		}
+		return cl.Patch(ctx, obj, patch, opts...)
+	}})
+}
+
 // A CRD update goes one definition at a time only when it changes the
 // CRD's spec, which makes the API server rebuild the kind's storage; one
 // that changes only labels (a CRD another tool installed, adopted as it
@@ -161,20 +182,7 @@ func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
 
 	called := make(chan struct{})
 	var heldUntilThen bool
-	ww, err := client.NewWithWatch(lab.RESTConfig(), client.Options{Mapper: c.kube.RESTMapper()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.kube = interceptor.NewClient(ww, interceptor.Funcs{Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-		if obj.GetName() == "held" {
-			select {
-			case <-called:
-				heldUntilThen = true
-			case <-time.After(5 * time.Second):
-			}
-		}
-		return cl.Patch(ctx, obj, patch, opts...)
-	}})
+	c.kube = holdUntil(t, lab, c, called, &heldUntilThen)
 	var nsThere error
 	var redefined bool
 	then := func(changed bool) {
@@ -221,20 +229,7 @@ func TestPlanDefinedFirstTellsBeforeTheRestIsPlanned(t *testing.T) {
 	// most five seconds): with Then after the whole plan, it never is.
 	called := make(chan struct{})
 	var heldUntilThen bool
-	ww, err := client.NewWithWatch(lab.RESTConfig(), client.Options{Mapper: c.kube.RESTMapper()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.rm = ssa.NewResourceManager(interceptor.NewClient(ww, interceptor.Funcs{Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-		if obj.GetName() == "held" {
-			select {
-			case <-called:
-				heldUntilThen = true
-			case <-time.After(5 * time.Second):
-			}
-		}
-		return cl.Patch(ctx, obj, patch, opts...)
-	}}), nil, c.owner)
+	c.rm = ssa.NewResourceManager(holdUntil(t, lab, c, called, &heldUntilThen), nil, c.owner)
 	var redefined bool
 	widgets.Then = func(changed bool) {
 		redefined = changed
