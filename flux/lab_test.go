@@ -78,7 +78,9 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	if n := dryRuns.Load(); n != 0 {
 		t.Fatalf("the first plan asked %d dry runs for objects that do not exist", n)
 	}
-	if _, err := c.Apply(ctx, objs, time.Minute); err != nil {
+	// Long enough for the lab to restart a controller whose reconcilers
+	// never started (docs/lab.md).
+	if _, err := c.Apply(ctx, objs, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	want := srv.Snapshot().Revision()
@@ -263,7 +265,9 @@ func syncWithSecret(t *testing.T, ctx context.Context, c *Client, url string, cr
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Apply(ctx, append([]*unstructured.Unstructured{secret}, objs...), time.Minute); err != nil {
+	// The apply waits for the sync pair too: long enough for the lab to
+	// restart a controller whose reconcilers never started (docs/lab.md).
+	if _, err := c.Apply(ctx, append([]*unstructured.Unstructured{secret}, objs...), 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.WaitReady(ctx, "flux-system", "flux-system", revision, 2*time.Minute); err != nil {

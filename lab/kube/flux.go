@@ -184,8 +184,8 @@ type fluxProcess struct {
 }
 
 // superviseReconcilers says, in the lab's log, when each Flux controller
-// started its reconcilers, and restarts once a controller that has not 30 s
-// after its /readyz answered. /readyz answers as soon as the manager
+// started its reconcilers, and restarts once a controller that has not
+// reconcilersStartBound after its /readyz answered. /readyz answers as soon as the manager
 // serves it; the reconcilers start only once the manager's caches have
 // synced (controller-runtime v0.24.1: a controller's Start sets
 // controller_runtime_max_concurrent_reconciles). A make test run waited out
@@ -244,8 +244,10 @@ func (c *Cluster) superviseReconcilers(procs []fluxProcess) {
 
 // reconcilersStartBound is how long a Flux controller may take to start
 // its reconcilers before the lab restarts it: about 1 s on an idle 2-core
-// machine, a few under make test.
-const reconcilersStartBound = 30 * time.Second
+// machine, a few under make test. At 30 s a restarted controller could not
+// reconcile within a test's minute (seen once in a cold CI run, under the
+// load of the other packages' tests).
+const reconcilersStartBound = 15 * time.Second
 
 // restart stops a lab process and starts it again with the same command,
 // logging to <name>.restarted.log (the first log is kept for the reader),
