@@ -57,6 +57,8 @@ type Env struct {
 	// prechecked, when not nil, is closed once the run's precheck has
 	// passed: CPU work in the background waits for it (prepareCPU).
 	prechecked chan struct{}
+	// schematicMu makes the run's ensureSchematic calls one at a time.
+	schematicMu sync.Mutex
 	// cpuTail is closed when the CPU work prepared last has ended (under
 	// mu): the next waits for it.
 	cpuTail      chan struct{}

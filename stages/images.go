@@ -74,8 +74,13 @@ func sameImageAs(env *Env) func(ctx context.Context, id string) (bool, error) {
 // ensureSchematic registers the schematic with the factory unless it
 // knows it already (one GET when it does). Called where the factory must
 // build something: before a derived ISO is downloaded, before a derived
-// installer is pulled (install, upgrade).
+// installer is pulled (install, upgrade). Callers of a run go one at a
+// time: the provision stage downloads to every member at once, and the
+// first to register the schematic answers the others.
 func ensureSchematic(ctx context.Context, env *Env) error {
+	r := env.shared()
+	r.schematicMu.Lock()
+	defer r.schematicMu.Unlock()
 	im := env.Config.Images()
 	c, err := FactoryClient(env)
 	if err != nil {

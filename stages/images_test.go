@@ -2,9 +2,11 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,5 +136,20 @@ func TestSchematicAskedInTheBackground(t *testing.T) {
 	f.SetDown(true)
 	if err := ensureSchematic(ctx, first); err != nil || len(first.Changes()) != 1 {
 		t.Fatalf("after registering it, the run asked again: %v %v", err, first.Changes())
+	}
+
+	// Provision downloads to every member at once: one registration
+	// serves them all.
+	f.SetDown(false)
+	members := factoryEnv(t, f, dir, "siderolabs/qemu-guest-agent,siderolabs/iscsi-tools", "v1.13.3")
+	prepared(members)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() { errs[i] = ensureSchematic(ctx, members) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil || len(members.Changes()) != 1 {
+		t.Errorf("three members at once: %v, changes %v (want one registration)", err, members.Changes())
 	}
 }
