@@ -123,6 +123,25 @@ func (r HealthReport) Summary() string {
 	return strings.Join(parts, "; ")
 }
 
+// nodeFacts is what one health poll learnt from one node.
+type nodeFacts struct {
+	svcs      []Service
+	svcErr    error
+	members   []EtcdMember
+	memberErr error
+	stage     MachineStage
+	stageErr  error
+	versionOK error
+	static    []string
+	staticErr error
+	memTotal  uint64 // bytes
+	memErr    error
+	ephemeral uint64 // bytes; 0 when the node does not report it
+	ephErr    error
+	diags     []string
+	diagErr   error
+}
+
 // Health judges the cluster as `talosctl health` does. It is the one
 // condition behind both the talos stage's wait (WaitHealthy) and the
 // postcheck: etcd healthy on every control plane, the membership each
@@ -140,23 +159,6 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 		if n.Role == RoleControlPlane {
 			cps = append(cps, n)
 		}
-	}
-	type nodeFacts struct {
-		svcs      []Service
-		svcErr    error
-		members   []EtcdMember
-		memberErr error
-		stage     MachineStage
-		stageErr  error
-		versionOK error
-		static    []string
-		staticErr error
-		memTotal  uint64 // bytes
-		memErr    error
-		ephemeral uint64 // bytes; 0 when the node does not report it
-		ephErr    error
-		diags     []string
-		diagErr   error
 	}
 	facts := make(map[string]*nodeFacts, len(all))
 	// The Kubernetes reads are independent of the nodes' questions: made
@@ -220,154 +222,8 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 	wg.Wait()
 
 	var r HealthReport
-	add := func(name string, problems []string) {
-		c := HealthCheck{Name: name, OK: len(problems) == 0}
-		c.Detail = strings.Join(problems, "; ")
-		r = append(r, c)
-	}
 	if !in.KubeSideOnly {
-		// etcd healthy on every control plane.
-		var problems []string
-		for _, n := range cps {
-			f := facts[n.Name]
-			if f.svcErr != nil {
-				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
-				continue
-			}
-			if s, ok := findService(f.svcs, "etcd"); !ok {
-				problems = append(problems, n.Name+": etcd absent")
-			} else if !s.Healthy {
-				problems = append(problems, fmt.Sprintf("%s: etcd %s %s", n.Name, s.State, s.LastEvent))
-			}
-		}
-		add(HealthEtcdHealthy, problems)
-
-		// The same membership on every control plane.
-		problems = nil
-		var first []string
-		firstNode := ""
-		for _, n := range cps {
-			f := facts[n.Name]
-			if f.memberErr != nil {
-				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.memberErr)))
-				continue
-			}
-			view := memberView(f.members)
-			if firstNode == "" {
-				first, firstNode = view, n.Name
-				continue
-			}
-			if !slices.Equal(view, first) {
-				problems = append(problems, fmt.Sprintf("%s sees %s, %s sees %s", n.Name, strings.Join(view, ", "), firstNode, strings.Join(first, ", ")))
-			}
-		}
-		add(HealthEtcdConsistent, problems)
-
-		// Members are exactly the control planes, none a learner.
-		problems = nil
-		want := make([]string, 0, len(cps))
-		for _, n := range cps {
-			want = append(want, n.Name)
-		}
-		slices.Sort(want)
-		if firstNode == "" {
-			problems = append(problems, "no control plane lists the etcd members")
-		} else {
-			var got []string
-			for _, m := range facts[firstNode].members {
-				if m.Learner {
-					problems = append(problems, m.Hostname+" is still a learner")
-				}
-				got = append(got, m.Hostname)
-			}
-			slices.Sort(got)
-			// A member outside the config (a control plane removed from
-			// it) is, like an unexpected Node, the user's to take out:
-			// the waits tolerate it, the postcheck names the command.
-			var extra []string
-			for _, g := range got {
-				if !slices.Contains(want, g) {
-					extra = append(extra, g)
-				}
-			}
-			missing := slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(got, w) })
-			if missing || len(extra) > 0 && !in.TolerateUnexpected {
-				p := fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", "))
-				if len(extra) > 0 {
-					p += " (take " + strings.Join(extra, ", ") + " out with " + removeCommands(extra) + ")"
-				}
-				problems = append(problems, p)
-			}
-		}
-		add(HealthEtcdControlPlanes, problems)
-
-		problems = nil
-		for _, n := range all {
-			if err := facts[n.Name].versionOK; err != nil {
-				problems = append(problems, fmt.Sprintf("%s: %v", n.Name, err))
-			}
-		}
-		add(HealthApidReady, problems)
-
-		// Talos' minimums (talosctl health's AllNodesMemorySizes and
-		// AllNodesDiskSizes, pkg/cluster/check/nodes.go at v1.13.3) and no
-		// active diagnostics: one problem per node that has one, its read
-		// error first.
-		perNode := func(name string, read func(f *nodeFacts) error, judge func(n HealthTarget, f *nodeFacts) string) {
-			var problems []string
-			for _, n := range all {
-				f := facts[n.Name]
-				if err := read(f); err != nil {
-					problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(err)))
-				} else if p := judge(n, f); p != "" {
-					problems = append(problems, p)
-				}
-			}
-			add(name, problems)
-		}
-		perNode(HealthMemorySizes, func(f *nodeFacts) error { return f.memErr }, func(n HealthTarget, f *nodeFacts) string {
-			if min := MinimumMemory(n.Role); f.memTotal < min {
-				return fmt.Sprintf("node %s does not meet memory requirements: expected at least %d MiB, actual %d MiB", n.Name, min>>20, f.memTotal>>20)
-			}
-			return ""
-		})
-		perNode(HealthDiskSizes, func(f *nodeFacts) error { return f.ephErr }, func(n HealthTarget, f *nodeFacts) string {
-			if f.ephemeral > 0 && f.ephemeral < MinimumEphemeral() {
-				return fmt.Sprintf("the EPHEMERAL partition of %s is too small: expected at least %d MiB, actual %d MiB", n.Name, MinimumEphemeral()>>20, f.ephemeral>>20)
-			}
-			return ""
-		})
-		perNode(HealthNoDiagnostics, func(f *nodeFacts) error { return f.diagErr }, func(n HealthTarget, f *nodeFacts) string {
-			if len(f.diags) > 0 {
-				return fmt.Sprintf("%s: %s", n.Name, strings.Join(f.diags, ", "))
-			}
-			return ""
-		})
-
-		problems = nil
-		for _, n := range cps {
-			f := facts[n.Name]
-			if f.svcErr != nil {
-				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
-				continue
-			}
-			if s, ok := findService(f.svcs, "kubelet"); !ok || !s.Healthy {
-				problems = append(problems, fmt.Sprintf("%s: kubelet %s %s", n.Name, s.State, s.LastEvent))
-			}
-		}
-		add(HealthKubeletHealthy, problems)
-
-		problems = nil
-		for _, n := range all {
-			f := facts[n.Name]
-			switch {
-			case f.stageErr != nil:
-				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.stageErr)))
-			case f.stage != StageRunning:
-				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, f.stage))
-			}
-		}
-		add(HealthBootFinished, problems)
+		r = talosSideHealth(in, cps, all, facts)
 	}
 
 	if in.Kube != nil {
@@ -376,6 +232,160 @@ func (o *Ops) Health(ctx context.Context, in HealthInput) HealthReport {
 			return f.static, f.staticErr
 		})...)
 	}
+	return r
+}
+
+// talosSideHealth judges the Talos side's assertions, in talosctl's
+// order, from each node's facts.
+func talosSideHealth(in HealthInput, cps, all []HealthTarget, facts map[string]*nodeFacts) HealthReport {
+	var r HealthReport
+	add := func(name string, problems []string) {
+		c := HealthCheck{Name: name, OK: len(problems) == 0}
+		c.Detail = strings.Join(problems, "; ")
+		r = append(r, c)
+	}
+	// etcd healthy on every control plane.
+	var problems []string
+	for _, n := range cps {
+		f := facts[n.Name]
+		if f.svcErr != nil {
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
+			continue
+		}
+		if s, ok := findService(f.svcs, "etcd"); !ok {
+			problems = append(problems, n.Name+": etcd absent")
+		} else if !s.Healthy {
+			problems = append(problems, fmt.Sprintf("%s: etcd %s %s", n.Name, s.State, s.LastEvent))
+		}
+	}
+	add(HealthEtcdHealthy, problems)
+
+	// The same membership on every control plane.
+	problems = nil
+	var first []string
+	firstNode := ""
+	for _, n := range cps {
+		f := facts[n.Name]
+		if f.memberErr != nil {
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.memberErr)))
+			continue
+		}
+		view := memberView(f.members)
+		if firstNode == "" {
+			first, firstNode = view, n.Name
+			continue
+		}
+		if !slices.Equal(view, first) {
+			problems = append(problems, fmt.Sprintf("%s sees %s, %s sees %s", n.Name, strings.Join(view, ", "), firstNode, strings.Join(first, ", ")))
+		}
+	}
+	add(HealthEtcdConsistent, problems)
+
+	// Members are exactly the control planes, none a learner.
+	problems = nil
+	want := make([]string, 0, len(cps))
+	for _, n := range cps {
+		want = append(want, n.Name)
+	}
+	slices.Sort(want)
+	if firstNode == "" {
+		problems = append(problems, "no control plane lists the etcd members")
+	} else {
+		var got []string
+		for _, m := range facts[firstNode].members {
+			if m.Learner {
+				problems = append(problems, m.Hostname+" is still a learner")
+			}
+			got = append(got, m.Hostname)
+		}
+		slices.Sort(got)
+		// A member outside the config (a control plane removed from
+		// it) is, like an unexpected Node, the user's to take out:
+		// the waits tolerate it, the postcheck names the command.
+		var extra []string
+		for _, g := range got {
+			if !slices.Contains(want, g) {
+				extra = append(extra, g)
+			}
+		}
+		missing := slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(got, w) })
+		if missing || len(extra) > 0 && !in.TolerateUnexpected {
+			p := fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", "))
+			if len(extra) > 0 {
+				p += " (take " + strings.Join(extra, ", ") + " out with " + removeCommands(extra) + ")"
+			}
+			problems = append(problems, p)
+		}
+	}
+	add(HealthEtcdControlPlanes, problems)
+
+	problems = nil
+	for _, n := range all {
+		if err := facts[n.Name].versionOK; err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", n.Name, err))
+		}
+	}
+	add(HealthApidReady, problems)
+
+	// Talos' minimums (talosctl health's AllNodesMemorySizes and
+	// AllNodesDiskSizes, pkg/cluster/check/nodes.go at v1.13.3) and no
+	// active diagnostics: one problem per node that has one, its read
+	// error first.
+	perNode := func(name string, read func(f *nodeFacts) error, judge func(n HealthTarget, f *nodeFacts) string) {
+		var problems []string
+		for _, n := range all {
+			f := facts[n.Name]
+			if err := read(f); err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(err)))
+			} else if p := judge(n, f); p != "" {
+				problems = append(problems, p)
+			}
+		}
+		add(name, problems)
+	}
+	perNode(HealthMemorySizes, func(f *nodeFacts) error { return f.memErr }, func(n HealthTarget, f *nodeFacts) string {
+		if min := MinimumMemory(n.Role); f.memTotal < min {
+			return fmt.Sprintf("node %s does not meet memory requirements: expected at least %d MiB, actual %d MiB", n.Name, min>>20, f.memTotal>>20)
+		}
+		return ""
+	})
+	perNode(HealthDiskSizes, func(f *nodeFacts) error { return f.ephErr }, func(n HealthTarget, f *nodeFacts) string {
+		if f.ephemeral > 0 && f.ephemeral < MinimumEphemeral() {
+			return fmt.Sprintf("the EPHEMERAL partition of %s is too small: expected at least %d MiB, actual %d MiB", n.Name, MinimumEphemeral()>>20, f.ephemeral>>20)
+		}
+		return ""
+	})
+	perNode(HealthNoDiagnostics, func(f *nodeFacts) error { return f.diagErr }, func(n HealthTarget, f *nodeFacts) string {
+		if len(f.diags) > 0 {
+			return fmt.Sprintf("%s: %s", n.Name, strings.Join(f.diags, ", "))
+		}
+		return ""
+	})
+
+	problems = nil
+	for _, n := range cps {
+		f := facts[n.Name]
+		if f.svcErr != nil {
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.svcErr)))
+			continue
+		}
+		if s, ok := findService(f.svcs, "kubelet"); !ok || !s.Healthy {
+			problems = append(problems, fmt.Sprintf("%s: kubelet %s %s", n.Name, s.State, s.LastEvent))
+		}
+	}
+	add(HealthKubeletHealthy, problems)
+
+	problems = nil
+	for _, n := range all {
+		f := facts[n.Name]
+		switch {
+		case f.stageErr != nil:
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, shortErr(f.stageErr)))
+		case f.stage != StageRunning:
+			problems = append(problems, fmt.Sprintf("%s: %s", n.Name, f.stage))
+		}
+	}
+	add(HealthBootFinished, problems)
 	return r
 }
 
