@@ -14,7 +14,8 @@ import (
 // config and the files it names, not an earlier stage's result, which the
 // runner starts in the background as the run starts so that it overlaps the
 // stages before it (the talos stage's secrets bundle while the VMs boot,
-// Flux's manifests while Talos installs). Prepare only computes and reads:
+// Flux's manifests while Talos installs; work that keeps a core busy waits
+// for the precheck, prepareCPU). Prepare only computes and reads:
 // it changes nothing, so a dry run and a run that fails earlier are exactly
 // what they were without it. The stage takes the result with takePrepared
 // and checks that it was made from the inputs it has now; otherwise it does
