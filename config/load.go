@@ -326,8 +326,9 @@ func sortedCopy(in []string) []string {
 // serve, whatever its exclude patterns: the state and Talos directories of
 // every cluster (state.dir, state.talosDir), this cluster's directories and
 // kubeconfig when they are overridden, the backup copies, and every file
-// holding a credential the config names. A snapshot leaves out a path
-// inside its tree, everything under it and its "<path>.bak-*" backups.
+// holding a credential the config names (CredentialFiles). A snapshot
+// leaves out a path inside its tree, everything under it and its
+// "<path>.bak-*" backups.
 func (c *Config) Protected() []string {
 	p := c.Paths()
 	out := []string{
@@ -335,10 +336,9 @@ func (c *Config) Protected() []string {
 		// The kubeconfig as kept beside an encrypted secrets bundle.
 		p.Kubeconfig + sealed.Suffix,
 		c.Resolve(c.Backup.CopyDir),
-		c.Resolve(c.Proxmox.TokenSecretFile),
-		c.Resolve(c.Secrets.Age.KeyFile),
-		c.Resolve(c.Flux.Auth.SSHKeyFile), c.Resolve(c.Flux.Auth.TokenFile),
-		c.Resolve(c.Flux.LocalSnapshot.TLSKeyFile),
+	}
+	for _, f := range c.CredentialFiles() {
+		out = append(out, f.Path)
 	}
 	seen := map[string]bool{}
 	kept := out[:0]

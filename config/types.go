@@ -1,7 +1,12 @@
 package config
 
 // Config is one cluster's bootstrap configuration (bootstrap.yaml).
-// Field docs below feed `bootstrap config schema`.
+// Field docs below feed `bootstrap config schema`. A field naming a file
+// carries path:"file" (resolved against the config's directory, rebased
+// through extends); one naming a file that holds a credential also carries
+// secret:"file", and everything that keeps credentials safe derives from
+// that mark (CredentialFiles): the 0600 check, log masking and the paths
+// a git snapshot never serves.
 type Config struct {
 	Cluster   Cluster   `yaml:"cluster" doc:"The Talos/Kubernetes cluster."`
 	Proxmox   Proxmox   `yaml:"proxmox" doc:"The Proxmox VE host the VMs run on."`
@@ -85,7 +90,7 @@ type Proxmox struct {
 	HA              bool     `yaml:"ha" doc:"Make every VM a Proxmox HA resource (state started) so HA restarts it, on another member when its host fails; needs Sys.Console on / and, to recover from a lost host, disks and ISO on shared storage."`
 	Hosts           []string `yaml:"hosts" doc:"Proxmox cluster members to spread the VMs over (control planes on distinct members, workers by free memory); empty: every VM on node. A VM found on another member (migrated) is adopted where it is."`
 	TokenID         string   `yaml:"tokenID" doc:"API token id user@realm!name; the secret comes from PROXMOX_TOKEN_SECRET or tokenSecretFile, never from this file."`
-	TokenSecretFile string   `yaml:"tokenSecretFile" path:"file" doc:"File holding the API token secret (used when PROXMOX_TOKEN_SECRET is unset)."`
+	TokenSecretFile string   `yaml:"tokenSecretFile" path:"file" secret:"file" doc:"File holding the API token secret (used when PROXMOX_TOKEN_SECRET is unset)."`
 	TLSFingerprint  string   `yaml:"tlsFingerprint" doc:"SHA-256 fingerprint of the Proxmox certificate (as the GUI shows it) to pin."`
 	CAFile          string   `yaml:"caFile" path:"file" doc:"CA file to verify the Proxmox certificate with, instead of a fingerprint."`
 	Insecure        bool     `yaml:"insecure" doc:"Skip TLS verification (not recommended; warned loudly)."`
@@ -195,14 +200,14 @@ type Secrets struct {
 // Age names age recipients and the identity file; never a key itself.
 type Age struct {
 	Recipients []string `yaml:"recipients" doc:"age public keys (age1…). When set, .talos/<cluster>/secrets.yaml is stored SOPS-encrypted to them (the sops CLI reads and writes it) and is only ever decrypted in memory, and the configs, talosconfig and kubeconfig derived from it are kept age-encrypted to them (<name>.age); bootstrap secrets encrypt migrates plaintext ones."`
-	KeyFile    string   `yaml:"keyFile" path:"file" doc:"age identity file (AGE-SECRET-KEY-1…) that decrypts; empty: every identity in $SOPS_AGE_KEY, $SOPS_AGE_KEY_FILE, the output of $SOPS_AGE_KEY_CMD and ~/.config/sops/age/keys.txt together, as the sops CLI reads them."`
+	KeyFile    string   `yaml:"keyFile" path:"file" secret:"file" doc:"age identity file (AGE-SECRET-KEY-1…) that decrypts; empty: every identity in $SOPS_AGE_KEY, $SOPS_AGE_KEY_FILE, the output of $SOPS_AGE_KEY_CMD and ~/.config/sops/age/keys.txt together, as the sops CLI reads them."`
 }
 
 // FluxAuth holds references to credentials, never the credentials.
 type FluxAuth struct {
-	SSHKeyFile     string `yaml:"sshKeyFile" path:"file" doc:"SSH deploy key file for an ssh:// repository."`
+	SSHKeyFile     string `yaml:"sshKeyFile" path:"file" secret:"file" doc:"SSH deploy key file for an ssh:// repository."`
 	KnownHostsFile string `yaml:"knownHostsFile" path:"file" doc:"known_hosts holding the git host's key; required for ssh:// repositories (source-controller refuses SSH without it). Write it with ssh-keyscan and check the fingerprint."`
-	TokenFile      string `yaml:"tokenFile" path:"file" doc:"File holding an HTTPS token."`
+	TokenFile      string `yaml:"tokenFile" path:"file" secret:"file" doc:"File holding an HTTPS token."`
 	TokenEnv       string `yaml:"tokenEnv" doc:"Environment variable holding an HTTPS token."`
 	Username       string `yaml:"username" doc:"HTTPS user name sent with the token."`
 }
@@ -218,7 +223,7 @@ type LocalSnapshot struct {
 	// TLS is optional: the credential already keeps strangers out, TLS also
 	// keeps the LAN from reading the tree and the credential in transit.
 	TLSCertFile string `yaml:"tlsCertFile" path:"file" doc:"Serve over HTTPS with this PEM certificate (chain); url must then be https://. Flux trusts it as its CA, so a self-signed certificate works."`
-	TLSKeyFile  string `yaml:"tlsKeyFile" path:"file" doc:"PEM private key of tlsCertFile (keep it 0600)."`
+	TLSKeyFile  string `yaml:"tlsKeyFile" path:"file" secret:"file" doc:"PEM private key of tlsCertFile (keep it 0600)."`
 }
 
 // Postcheck configures the exit-criteria checks.
@@ -252,7 +257,7 @@ type BackupS3 struct {
 	Region    string `yaml:"region" doc:"Region the bucket is in (MinIO, Garage and SeaweedFS accept their default, us-east-1)."`
 	PathStyle bool   `yaml:"pathStyle" doc:"Address the bucket as <endpoint>/<bucket> (most self-hosted servers) instead of <bucket>.<host>."`
 	// The keys are a credential: by reference only.
-	CredentialsFile string `yaml:"credentialsFile" path:"file" doc:"AWS shared credentials file (0600) with aws_access_key_id and aws_secret_access_key; used when AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are unset."`
+	CredentialsFile string `yaml:"credentialsFile" path:"file" secret:"file" doc:"AWS shared credentials file (0600) with aws_access_key_id and aws_secret_access_key; used when AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are unset."`
 	Profile         string `yaml:"profile" doc:"Profile of credentialsFile; empty means default."`
 	CAFile          string `yaml:"caFile" path:"file" doc:"PEM CA certificates the endpoint's certificate is checked against (a self-signed server), besides the system's."`
 }

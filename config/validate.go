@@ -69,6 +69,7 @@ func (c *Config) validate() error {
 	v.gitBranch()
 	v.stateDirs()
 	v.postcheck()
+	v.credentialModes()
 	// Patches are applied to a config generated from the rest: only once
 	// the rest is valid.
 	if len(v.errs.Fatal()) == 0 {

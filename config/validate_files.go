@@ -45,27 +45,23 @@ func (v *validator) readFile(path, f string) ([]byte, bool) {
 	return data, true
 }
 
-// secretFile reads a credential file: readable, and readable by no one
-// but its owner (ssh refuses a key others may read for the same reason).
+// secretFile reads a credential file (its mode is credentialModes' to
+// judge).
 func (v *validator) secretFile(path, f string) ([]byte, bool) {
 	if f == "" {
 		return nil, false
 	}
-	data, ok := v.readFile(path, f)
-	if !ok || !v.ownerOnly(path, f) {
-		return nil, false
-	}
-	return data, true
+	return v.readFile(path, f)
 }
 
-// ownerOnly reports a credential file that others may read, and whether
-// it is readable by its owner alone.
-func (v *validator) ownerOnly(path, f string) bool {
-	if st, err := os.Stat(v.c.Resolve(f)); err == nil && st.Mode().Perm()&0o077 != 0 {
-		v.errf(path, "%s is readable by others (mode %#o): chmod 600 it", f, st.Mode().Perm())
-		return false
+// credentialModes refuses every credential file (CredentialFiles) that
+// others may read: ssh refuses a key others may read for the same reason.
+func (v *validator) credentialModes() {
+	for _, f := range v.c.CredentialFiles() {
+		if st, err := os.Stat(f.Path); err == nil && st.Mode().Perm()&0o077 != 0 {
+			v.errf(f.Field, "%s is readable by others (mode %#o): chmod 600 it", f.File, st.Mode().Perm())
+		}
 	}
-	return true
 }
 
 // caFile checks a PEM file of CA certificates.

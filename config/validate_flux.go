@@ -111,5 +111,4 @@ func (v *validator) snapshotTLS(u *url.URL) {
 		v.errf("flux.localSnapshot.tlsCertFile", "%s and %s are not a certificate and its key: %s", ls.TLSCertFile, ls.TLSKeyFile, msg)
 		return
 	}
-	v.ownerOnly("flux.localSnapshot.tlsKeyFile", ls.TLSKeyFile)
 }

@@ -56,6 +56,11 @@ const (
 	// added, or never added): the smudged content may be the plaintext
 	// the filter exists to keep out of the repository.
 	RuleFiltered = "filtered file not as git holds it"
+	// RuleAWSCredentials: an AWS-style shared credentials file (INI with
+	// aws_secret_access_key), what every S3 client reads. Self-hosted S3
+	// servers (MinIO, Garage, SeaweedFS, B2) issue keys without AWS's
+	// AKIA prefix, so the file is known by its key name, not its value.
+	RuleAWSCredentials = "AWS shared credentials"
 )
 
 // tokenRules are the token formats looked for in every inspected file: a
@@ -74,6 +79,10 @@ var tokenRules = []struct {
 	{"aws access key", "A", regexp.MustCompile(`\b(AKIA|ASIA)[0-9A-Z]{16}\b`)},
 	{"slack", "xox", regexp.MustCompile(`\bxox[abprs]-[A-Za-z0-9-]{10,}`)},
 	{"age secret key", "AGE-SECRET-KEY-1", regexp.MustCompile(`AGE-SECRET-KEY-1[0-9A-Z]{58}`)},
+	// Post-quantum hybrid identities (age v1.3.0 age-keygen -pq; sops
+	// v3.12.0 and later parse them: getsops/sops v3.13.2 age/keysource.go
+	// parseIdentity's "AGE-SECRET-KEY-PQ-1" case).
+	{"age secret key", "AGE-SECRET-KEY-PQ-1", regexp.MustCompile(`AGE-SECRET-KEY-PQ-1[0-9A-Z]{40,}`)},
 }
 
 // Exclusions counts excluded files by rule. It carries no names or content,
@@ -145,7 +154,9 @@ func newExcluder(root string, patterns, protected []string) (*excluder, error) {
 
 // byPath returns the rule that excludes the slash-separated path p, or "".
 // The built-in rules match at any depth: a kubeconfig in clusters/x/ leaks
-// as much as one at the top.
+// as much as one at the top. A "<name>.bak-<suffix>" backup (what bootstrap
+// and many editors and tools write before replacing a file) goes by the
+// name it backs up.
 func (x *excluder) byPath(p string) string {
 	parts := strings.Split(p, "/")
 	for i, c := range parts[:len(parts)-1] {
@@ -161,7 +172,7 @@ func (x *excluder) byPath(p string) string {
 			return RuleProtected
 		}
 	}
-	base := path.Base(p)
+	base := backedUp(path.Base(p))
 	// A kubeconfig or talosconfig kept age-encrypted (name.age, as
 	// bootstrap keeps them beside an encrypted bundle) goes by its name too.
 	client := strings.TrimSuffix(base, ".age")
@@ -179,15 +190,27 @@ func (x *excluder) byPath(p string) string {
 	return ""
 }
 
+// backedUp returns the name a "<name>.bak-<suffix>" backup backs up, or
+// name itself.
+func backedUp(name string) string {
+	if i := strings.Index(name, ".bak-"); i > 0 {
+		return name[:i]
+	}
+	return name
+}
+
 // byEncryptedName returns the rule of a name that usually holds secrets
-// (secrets.yaml, *.age, .env*) when the content is not encrypted, or "".
-// Flux layouts keep SOPS-encrypted Secrets under exactly these names, so
-// an encrypted one is served: kustomize-controller decrypts it.
+// (secrets.yaml, *.age, .env*, and their .bak-* backups) when the content
+// holds one in plaintext, or "". Flux layouts keep SOPS-encrypted Secrets
+// under exactly these names, so an encrypted one is served (kustomize-
+// controller decrypts it), and so is one whose values are all placeholders
+// (an .env.sample with empty values, Kubernetes objects beside a SOPS
+// document).
 func byEncryptedName(p string, data []byte) string {
-	base := path.Base(p)
+	base := backedUp(path.Base(p))
 	switch {
 	case base == "secrets.yaml" || base == "secrets.yml":
-		if !sopsSealed(data) {
+		if !secretsFileHoldsNoSecret(data) {
 			return RuleSecretsBundle
 		}
 	case strings.HasSuffix(base, ".age"):
@@ -195,21 +218,91 @@ func byEncryptedName(p string, data []byte) string {
 			return RuleAgeKey
 		}
 	case base == ".env" || strings.HasPrefix(base, ".env."):
-		if !sopsDotenvSealed(data) {
+		if !sopsDotenvSealed(data) && !dotenvHoldsNoSecret(data) {
 			return RuleDotEnv
 		}
 	}
 	return ""
 }
 
+// secretsFileHoldsNoSecret: every document of a secrets.yaml is sealed by
+// sops, a Kubernetes object holding no plaintext Secret, or holds only
+// placeholders. A document that does not parse counts as a secret.
+func secretsFileHoldsNoSecret(data []byte) bool {
+	for _, chunk := range splitYAMLDocs(data) {
+		var doc map[string]any
+		if err := yaml.Unmarshal(chunk, &doc); err != nil {
+			return false
+		}
+		switch {
+		case doc == nil || sopsMetadataSealed(doc):
+		case doc["apiVersion"] != nil && doc["kind"] != nil:
+			if plaintextSecret(doc, 0) {
+				return false
+			}
+		case !leavesHoldNoSecret(doc):
+			return false
+		}
+	}
+	return true
+}
+
+// dotenvAssignment is one line of a dotenv file: [export ]NAME=value.
+var dotenvAssignment = regexp.MustCompile(`^(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*)$`)
+
+// dotenvHoldsNoSecret: a dotenv file whose every value is a placeholder
+// (empty, as .env.sample files keep them, a template, a substitution or a
+// secret-store reference).
+func dotenvHoldsNoSecret(data []byte) bool {
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		m := dotenvAssignment.FindStringSubmatch(line)
+		if m == nil || !holdsNoSecret(unquote(strings.TrimSpace(m[1]))) {
+			return false
+		}
+	}
+	return true
+}
+
+// fileKind says how a file's content is read: as Kubernetes manifests
+// (what kustomize and Flux's generator read: .yaml, .yml, .json), as a
+// Helm chart's template, or as anything else (documentation, templates of
+// other tools, scripts).
+type fileKind int
+
+const (
+	otherFile fileKind = iota
+	manifestFile
+	chartTemplate
+)
+
+// kindOf classifies p; charts are the directories holding a Chart.yaml.
+func kindOf(p string, charts map[string]bool) fileKind {
+	for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
+		if path.Base(d) == "templates" && charts[path.Dir(d)] {
+			return chartTemplate
+		}
+	}
+	switch strings.ToLower(path.Ext(p)) {
+	case ".yaml", ".yml", ".json":
+		return manifestFile
+	}
+	return otherFile
+}
+
 // byContent returns the rule that excludes a regular file with this content
 // whatever its name, or "". Cheap byte checks come first so only likely
-// candidates are parsed.
+// candidates are parsed. Credentials are looked for in every file; a
+// plaintext Secret only where something applies it as a manifest (a
+// Secret shown in a README or in another tool's template is not one).
 //
 // Every file is inspected whatever its size: a credential appended to a
 // large manifest leaks as much as a small one, and the snapshot holds the
 // whole file in memory anyway.
-func (x *excluder) byContent(data []byte) string {
+func (x *excluder) byContent(data []byte, kind fileKind) string {
 	if isPrivateKey(data) {
 		return RulePrivateKey
 	}
@@ -225,7 +318,10 @@ func (x *excluder) byContent(data []byte) string {
 	if bytes.Contains(data, []byte("trustdinfo")) && isTalosSecretsBundle(data) {
 		return RuleTalosSecretsBundle
 	}
-	if bytes.Contains(data, []byte("Secret")) && isUnencryptedSecret(data) {
+	if bytes.Contains(bytes.ToLower(data), []byte("aws_secret_access_key")) && isAWSSharedCredentials(data) {
+		return RuleAWSCredentials
+	}
+	if kind != otherFile && bytes.Contains(data, []byte("Secret")) && isUnencryptedSecret(data, kind == chartTemplate) {
 		return RuleUnencryptedSecret
 	}
 	for _, t := range tokenRules {
@@ -236,30 +332,87 @@ func (x *excluder) byContent(data []byte) string {
 	return ""
 }
 
-// isTalosMachineConfig: a document with version v1alpha1 and a machine
-// section, the v1alpha1 config root (talos pkg/machinery/config/types/
-// v1alpha1 Config: version, machine, cluster).
-func isTalosMachineConfig(data []byte) bool {
-	for _, doc := range yamlDocs(data) {
-		if _, ok := doc["machine"].(map[string]any); ok && doc["version"] == "v1alpha1" {
+// awsSecretKeyLine is the secret key of an AWS shared credentials file as
+// the AWS SDK reads it (aws-sdk-go-v2 config v1.32.17 internal/ini: keys
+// case-insensitive, '=' or ':' between key and value).
+var awsSecretKeyLine = regexp.MustCompile(`(?mi)^\s*aws_secret_access_key\s*[=:]\s*(.*)$`)
+
+// isAWSSharedCredentials: a file with an aws_secret_access_key line whose
+// value is not a placeholder.
+func isAWSSharedCredentials(data []byte) bool {
+	for _, m := range awsSecretKeyLine.FindAllSubmatch(data, -1) {
+		v, _, _ := strings.Cut(string(m[1]), " #")
+		v, _, _ = strings.Cut(v, " ;")
+		if !holdsNoSecret(unquote(strings.TrimSpace(v))) {
 			return true
 		}
 	}
 	return false
 }
 
-// isUnencryptedSecret: a core/v1 Secret with data or stringData that is
-// not fully SOPS-encrypted, at the top level or inside any *List's items.
-// A document that does not parse but names kind Secret counts too: git
+// talosSecretKeys are the keys under which Talos files keep secrets: the
+// machine and cluster tokens, every CA's and the service account's key,
+// the cluster secret and the encryption secrets (talos
+// pkg/machinery/config/types/v1alpha1 Config; the secrets bundle's
+// secrets.Bundle).
+var talosSecretKeys = map[string]bool{"key": true, "token": true, "secret": true, "bootstraptoken": true,
+	"secretboxencryptionsecret": true, "aescbcencryptionsecret": true}
+
+// holdsTalosKeys reports whether any value under a Talos secret key holds
+// key material (encrypted or not).
+func holdsTalosKeys(v any, depth int) bool {
+	m, ok := v.(map[string]any)
+	if !ok || depth > 8 {
+		return false
+	}
+	for k, x := range m {
+		if talosSecretKeys[strings.ToLower(k)] {
+			if _, nested := x.(map[string]any); !nested && leafIsKeyMaterial(x) {
+				return true
+			}
+		}
+		if holdsTalosKeys(x, depth+1) {
+			return true
+		}
+	}
+	return false
+}
+
+// isTalosMachineConfig: a document with version v1alpha1 and a machine
+// section, the v1alpha1 config root (talos pkg/machinery/config/types/
+// v1alpha1 Config: version, machine, cluster), that holds key material.
+// A config whose secrets are all placeholders (op:// references, ${…}) is
+// a template of one and is served.
+func isTalosMachineConfig(data []byte) bool {
+	for _, doc := range yamlDocs(data) {
+		if _, ok := doc["machine"].(map[string]any); ok && doc["version"] == "v1alpha1" && holdsTalosKeys(doc, 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// isUnencryptedSecret: a core/v1 Secret with data or stringData holding a
+// value that is neither a placeholder nor sealed by sops, at the top level
+// or inside any *List's items. A document that does not parse is parsed
+// again with its template actions taken out (a Helm chart's or Jinja
+// template), and failing that its data lines are judged one by one: git
 // serves its bytes whether or not kustomize could read them.
-func isUnencryptedSecret(data []byte) bool {
+func isUnencryptedSecret(data []byte, chartTemplate bool) bool {
 	for _, chunk := range splitYAMLDocs(data) {
 		if !bytes.Contains(chunk, []byte("Secret")) {
 			continue
 		}
 		var doc map[string]any
-		if err := yaml.Unmarshal(chunk, &doc); err != nil {
-			if secretKindLine.Match(chunk) {
+		err := yaml.Unmarshal(chunk, &doc)
+		if err != nil || chartTemplate {
+			doc = nil
+			if yaml.Unmarshal(withoutTemplateActions(chunk), &doc) != nil {
+				doc = nil
+			}
+		}
+		if doc == nil {
+			if secretKindLine.Match(chunk) && plaintextDataLines(chunk) {
 				return true
 			}
 			continue
@@ -274,13 +427,87 @@ func isUnencryptedSecret(data []byte) bool {
 // secretKindLine finds "kind: Secret" in a document that does not parse.
 var secretKindLine = regexp.MustCompile(`(?m)^\s*"?kind"?\s*:\s*["']?Secret["']?\s*,?\s*$`)
 
+// templatePlaceholder stands in for a template action so the document
+// parses: a substitution, which holdsNoSecret takes as a placeholder.
+const templatePlaceholder = "${template}"
+
+// withoutTemplateActions drops lines that hold only template actions
+// ({{- if … }}, {% for … %}, #% endif %#) and replaces the other actions
+// by a placeholder; an action that writes a string literal is replaced by
+// literal text, so its value still reads as plaintext.
+func withoutTemplateActions(chunk []byte) []byte {
+	lines := strings.Split(string(chunk), "\n")
+	out := lines[:0]
+	for _, line := range lines {
+		if t := strings.TrimSpace(line); t != "" && strings.TrimSpace(templateAction.ReplaceAllString(t, "")) == "" && !templateLiteral.MatchString(t) {
+			continue
+		}
+		out = append(out, templateAction.ReplaceAllStringFunc(line, func(a string) string {
+			if templateLiteral.MatchString(a) {
+				return "literal"
+			}
+			return templatePlaceholder
+		}))
+	}
+	return []byte(strings.Join(out, "\n"))
+}
+
+// dataBlock starts a Secret's data or stringData block in a document
+// that does not parse.
+var dataBlock = regexp.MustCompile(`^(\s*)"?(?:data|stringData)"?\s*:\s*(.*)$`)
+
+// simpleKey is a "key: value" line inside a data block.
+var simpleKey = regexp.MustCompile(`^\s*"?[^\s:"]+"?\s*:(?:\s+(.*))?$`)
+
+// plaintextDataLines judges a Secret document that does not parse, line
+// by line: any line inside a data or stringData block whose value is not
+// a placeholder or a sops value is plaintext.
+func plaintextDataLines(chunk []byte) bool {
+	inBlock, blockIndent := false, 0
+	for _, line := range strings.Split(string(chunk), "\n") {
+		t := strings.TrimSpace(line)
+		if t == "" || strings.HasPrefix(t, "#") {
+			continue
+		}
+		indent := len(line) - len(strings.TrimLeft(line, " \t"))
+		if inBlock && indent <= blockIndent {
+			inBlock = false
+		}
+		if m := dataBlock.FindStringSubmatch(line); m != nil && !inBlock {
+			inBlock, blockIndent = true, len(m[1])
+			if rest := strings.TrimSpace(m[2]); rest != "" && strings.Trim(rest, "{}") != "" {
+				if !lineHoldsNoSecret(rest) {
+					return true
+				}
+			}
+			continue
+		}
+		if !inBlock {
+			continue
+		}
+		value := t
+		if m := simpleKey.FindStringSubmatch(line); m != nil {
+			value = strings.TrimSpace(m[1])
+		}
+		if value == "" || strings.Trim(value, "|>-+0123456789") == "" {
+			continue
+		}
+		if !lineHoldsNoSecret(unquote(value)) {
+			return true
+		}
+	}
+	return false
+}
+
 // plaintextSecret judges one decoded object: a Secret whose data or
-// stringData holds a value that is not an ENC[...] string, or whose sops
-// metadata has no MAC (what `sops --encrypt` always writes: getsops/sops
-// v3.11.0 stores/stores.go Metadata.MessageAuthenticationCode, "mac").
-// A value left in plaintext by encrypted_regex or an unencrypted suffix is
-// plaintext once served. Lists (kind v1 List, or any *List) are searched
-// through their items.
+// stringData holds a value that is not a placeholder (holdsNoSecret) or,
+// when sops sealed the document, an ENC[...] string. A ciphertext without
+// sops metadata carrying a MAC (what `sops --encrypt` always writes:
+// getsops/sops v3.11.0 stores/stores.go Metadata.MessageAuthenticationCode,
+// "mac") is not decrypted by kustomize-controller, and a value left in
+// plaintext by encrypted_regex or an unencrypted suffix is plaintext once
+// served; an empty value is not (sops leaves "" unencrypted). Lists (kind
+// v1 List, or any *List) are searched through their items.
 func plaintextSecret(doc map[string]any, depth int) bool {
 	kind, _ := doc["kind"].(string)
 	if items, ok := doc["items"].([]any); ok && strings.HasSuffix(kind, "List") && depth < 8 {
@@ -294,36 +521,37 @@ func plaintextSecret(doc map[string]any, depth int) bool {
 	if kind != "Secret" || (doc["apiVersion"] != "v1" && doc["apiVersion"] != nil) {
 		return false
 	}
-	d, _ := doc["data"].(map[string]any)
-	sd, _ := doc["stringData"].(map[string]any)
-	if len(d) == 0 && len(sd) == 0 {
-		return false
+	sealed := sopsMetadataSealed(doc)
+	for _, field := range []string{"data", "stringData"} {
+		if !secretValuesHoldNoSecret(doc[field], sealed) {
+			return true
+		}
 	}
-	if !sopsMetadataSealed(doc) {
-		return true
-	}
-	return !allEncrypted(d) || !allEncrypted(sd)
+	return false
 }
 
-// allEncrypted reports whether every leaf value of v is an ENC[...] string.
-func allEncrypted(v any) bool {
+// secretValuesHoldNoSecret judges a Secret's data or stringData.
+func secretValuesHoldNoSecret(v any, sealed bool) bool {
 	switch t := v.(type) {
 	case map[string]any:
 		for _, x := range t {
-			if !allEncrypted(x) {
+			if !secretValuesHoldNoSecret(x, sealed) {
 				return false
 			}
 		}
 		return true
 	case []any:
 		for _, x := range t {
-			if !allEncrypted(x) {
+			if !secretValuesHoldNoSecret(x, sealed) {
 				return false
 			}
 		}
 		return true
 	case string:
-		return strings.HasPrefix(t, "ENC[")
+		if isSOPSValue(strings.TrimSpace(t)) {
+			return sealed
+		}
+		return holdsNoSecret(t)
 	case nil:
 		return true
 	default:
@@ -361,7 +589,7 @@ func sopsSealed(data []byte) bool {
 
 // sopsDotenvSealed: a dotenv file as sops writes it (stores/dotenv: the
 // metadata as sops_-prefixed keys, sops_mac among them) with every other
-// value encrypted.
+// value encrypted or empty.
 func sopsDotenvSealed(data []byte) bool {
 	mac := false
 	for _, line := range strings.Split(string(data), "\n") {
@@ -380,7 +608,7 @@ func sopsDotenvSealed(data []byte) bool {
 		if strings.HasPrefix(key, "sops_") {
 			continue
 		}
-		if !strings.HasPrefix(value, "ENC[") {
+		if value != "" && !strings.HasPrefix(value, "ENC[") {
 			return false
 		}
 	}
@@ -403,30 +631,59 @@ func isAgeCiphertext(data []byte) bool {
 }
 
 // isTalosSecretsBundle: a document with the sections of a Talos secrets
-// bundle. SOPS keeps key names in plaintext, so an encrypted bundle is
-// recognised too.
+// bundle holding key material. SOPS keeps key names in plaintext, so an
+// encrypted bundle is recognised too; one whose values are all
+// placeholders (talhelper's talsecret with ${…}) is a template and served.
 func isTalosSecretsBundle(data []byte) bool {
 	for _, doc := range yamlDocs(data) {
 		_, certs := doc["certs"].(map[string]any)
 		_, trustd := doc["trustdinfo"].(map[string]any)
 		_, cluster := doc["cluster"].(map[string]any)
-		if certs && trustd && cluster {
+		if certs && trustd && cluster && holdsTalosKeys(doc, 0) {
 			return true
 		}
 	}
 	return false
 }
 
+// pemBody is a line of a PEM or armored body (base64, RFC 7468), at any
+// indent: a key inside a YAML block scalar counts too.
+var pemBody = regexp.MustCompile(`^[A-Za-z0-9+/=]{16,}$`)
+
+// isPrivateKey: a "-----BEGIN … PRIVATE KEY…-----" block (PEM, OpenSSH,
+// PGP armor) with a body of key material: at least 64 base64 characters
+// before its END line. A documentation example with "..." for a body is no
+// key.
 func isPrivateKey(data []byte) bool {
-	i := bytes.Index(data, []byte("-----BEGIN "))
-	if i < 0 {
-		return false
+	for rest := data; ; {
+		i := bytes.Index(rest, []byte("-----BEGIN "))
+		if i < 0 {
+			return false
+		}
+		rest = rest[i:]
+		nl := bytes.IndexByte(rest, '\n')
+		if nl < 0 {
+			return false
+		}
+		header := rest[:nl]
+		rest = rest[nl+1:]
+		if !bytes.Contains(header, []byte("PRIVATE KEY")) {
+			continue
+		}
+		n := 0
+		for _, line := range strings.Split(string(rest), "\n") {
+			t := strings.TrimSpace(line)
+			if strings.HasPrefix(t, "-----END ") {
+				break
+			}
+			if pemBody.MatchString(t) {
+				n += len(t)
+			}
+		}
+		if n >= 64 {
+			return true
+		}
 	}
-	line := data[i:]
-	if j := bytes.IndexByte(line, '\n'); j >= 0 {
-		line = line[:j]
-	}
-	return bytes.Contains(line, []byte("PRIVATE KEY-----"))
 }
 
 // yamlDocs decodes every YAML (or JSON) document in data that parses as a
@@ -471,6 +728,8 @@ func splitYAMLDocs(data []byte) [][]byte {
 	return out
 }
 
+// isKubeconfigWithCredentials: a kubeconfig (kind Config) one of whose
+// users holds a credential that is not a placeholder.
 func isKubeconfigWithCredentials(data []byte) bool {
 	for _, doc := range yamlDocs(data) {
 		if doc["kind"] != "Config" {
@@ -481,7 +740,7 @@ func isKubeconfigWithCredentials(data []byte) bool {
 			um, _ := u.(map[string]any)
 			user, _ := um["user"].(map[string]any)
 			for _, k := range []string{"client-key-data", "client-key", "token", "tokenFile", "password", "auth-provider", "exec"} {
-				if v, ok := user[k]; ok && v != nil && v != "" {
+				if v, ok := user[k]; ok && v != nil && !leavesHoldNoSecret(v) {
 					return true
 				}
 			}
@@ -490,12 +749,14 @@ func isKubeconfigWithCredentials(data []byte) bool {
 	return false
 }
 
+// isTalosconfigWithKey: a talosconfig whose context holds a client key
+// (encrypted or not) that is not a placeholder.
 func isTalosconfigWithKey(data []byte) bool {
 	for _, doc := range yamlDocs(data) {
 		contexts, _ := doc["contexts"].(map[string]any)
 		for _, c := range contexts {
 			cm, _ := c.(map[string]any)
-			if k, _ := cm["key"].(string); k != "" {
+			if k, ok := cm["key"]; ok && leafIsKeyMaterial(k) {
 				return true
 			}
 		}

@@ -75,8 +75,12 @@ func secretGeneratorInputs(root string, candidates []string) generatorInputs {
 		}
 		dir := path.Dir(p)
 		for _, sg := range k.SecretGenerator {
-			if len(sg.Literals) > 0 {
-				g.literals[p] = true
+			for _, l := range sg.Literals {
+				// "KEY=value" (kustomize api kv.go parseLiteralSource);
+				// a placeholder value holds no secret.
+				if _, v, _ := strings.Cut(l, "="); !holdsNoSecret(unquote(strings.TrimSpace(v))) {
+					g.literals[p] = true
+				}
 			}
 			add := func(file string, format sopsFormat) {
 				rel := path.Clean(path.Join(dir, file))
@@ -105,11 +109,12 @@ func secretGeneratorInputs(root string, candidates []string) generatorInputs {
 	return g
 }
 
-// judge returns RuleSecretGenerator for a kustomization with literals and
-// for a generator input that is not SOPS-encrypted in the format
-// kustomize-controller decrypts it as (decryptKustomizationSources visits
-// every FileSources and EnvSources entry): an encrypted input is
-// decrypted before kustomize reads it, so it is served.
+// judge returns RuleSecretGenerator for a kustomization with a literal
+// value and for a generator input that is neither SOPS-encrypted in the
+// format kustomize-controller decrypts it as (decryptKustomizationSources
+// visits every FileSources and EnvSources entry) nor made of placeholders
+// only: an encrypted input is decrypted before kustomize reads it, and a
+// placeholder holds no secret, so both are served.
 func (g generatorInputs) judge(p string, data []byte) string {
 	if g.literals[p] {
 		return RuleSecretGenerator
@@ -128,6 +133,9 @@ func (g generatorInputs) judge(p string, data []byte) string {
 		sealed = sopsSealed(data)
 	}
 	if sealed {
+		return ""
+	}
+	if format == formatDotenv && dotenvHoldsNoSecret(data) || format != formatDotenv && holdsNoSecret(string(data)) {
 		return ""
 	}
 	return RuleSecretGenerator

@@ -57,6 +57,16 @@ type BuildOptions struct {
 	// and backup copies, and the credential files its config names, when
 	// they sit inside the work tree (config.Config.Protected).
 	Protect []string
+	// FluxPath is the path Flux builds (flux.path): a withheld file the
+	// build reads from there refuses the snapshot (Refusal). Empty: the
+	// tree's root.
+	FluxPath string
+	// ServePlaintext are gitignore-style patterns of files served as git
+	// holds them although they hold a plaintext Secret value (a Secret,
+	// a secretGenerator input, secrets.yaml or .env* kept in plaintext on
+	// purpose). Credentials, keys, kubeconfigs, Talos files and bootstrap's
+	// own files are never served, whatever they say.
+	ServePlaintext []string
 }
 
 // Snapshot is one immutable commit built from a work tree, held in memory.
@@ -72,6 +82,9 @@ type Snapshot struct {
 	Files int
 	// Excluded counts the files left out, by rule; it never holds names or content.
 	Excluded Exclusions
+	// Withheld names every file left out by a rule, sorted by path; never
+	// their content.
+	Withheld []Withheld
 	// Skipped counts candidate paths that could not be represented
 	// (submodules, nested repositories, sockets, files that vanished).
 	Skipped int
@@ -134,8 +147,24 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 		return nil, err
 	}
 	generated := secretGeneratorInputs(root, candidates)
+	charts := chartDirs(candidates)
+	var plain gitignore.Matcher
+	if len(opts.ServePlaintext) > 0 {
+		var ps []gitignore.Pattern
+		for _, p := range opts.ServePlaintext {
+			if strings.TrimSpace(p) == "" {
+				return nil, errors.New("snapshot servePlaintext patterns: empty pattern")
+			}
+			ps = append(ps, gitignore.ParsePattern(p, nil))
+		}
+		plain = gitignore.NewMatcher(ps)
+	}
 
 	snap := &Snapshot{Branch: branch, Excluded: Exclusions{}, Skipped: skipped, storage: memory.NewStorage()}
+	withhold := func(p, rule string) {
+		snap.Excluded[rule]++
+		snap.Withheld = append(snap.Withheld, Withheld{Path: p, Rule: rule})
+	}
 	files := map[string]treeFile{}
 	for _, p := range candidates {
 		if err := ctx.Err(); err != nil {
@@ -155,7 +184,7 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 			continue
 		}
 		if rule := ex.byPath(p); rule != "" {
-			snap.Excluded[rule]++
+			withhold(p, rule)
 			continue
 		}
 		var (
@@ -179,7 +208,7 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 				return nil, fmt.Errorf("reading %s: %w", p, err)
 			}
 			if !ok {
-				snap.Excluded[RuleFiltered]++
+				withhold(p, RuleFiltered)
 				continue
 			}
 			rule := byEncryptedName(p, data)
@@ -187,10 +216,13 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 				rule = generated.judge(p, data)
 			}
 			if rule == "" {
-				rule = ex.byContent(data)
+				rule = ex.byContent(data, kindOf(p, charts))
+			}
+			if plaintextRule[rule] && plain != nil && plain.Match(strings.Split(p, "/"), false) {
+				rule = ""
 			}
 			if rule != "" {
-				snap.Excluded[rule]++
+				withhold(p, rule)
 				continue
 			}
 			mode = filemode.Regular
@@ -208,6 +240,12 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 		files[p] = treeFile{mode: mode, hash: h}
 	}
 	snap.Files = len(files)
+	if len(snap.Withheld) > 0 {
+		needed := neededFiles(root, candidates, fluxStarts(opts.FluxPath))
+		for i := range snap.Withheld {
+			snap.Withheld[i].NeededBy = needed[snap.Withheld[i].Path]
+		}
+	}
 
 	tree, err := writeTrees(snap.storage, files)
 	if err != nil {
@@ -474,4 +512,23 @@ func storeObject(sto *memory.Storage, t plumbing.ObjectType, data []byte) (plumb
 		return plumbing.ZeroHash, err
 	}
 	return sto.SetEncodedObject(obj)
+}
+
+// fluxStarts are the paths the cluster's build starts from.
+func fluxStarts(fluxPath string) []string {
+	if fluxPath == "" {
+		return nil
+	}
+	return []string{fluxPath}
+}
+
+// chartDirs are the directories holding a Helm chart (a Chart.yaml).
+func chartDirs(candidates []string) map[string]bool {
+	charts := map[string]bool{}
+	for _, p := range candidates {
+		if path.Base(p) == "Chart.yaml" {
+			charts[path.Dir(p)] = true
+		}
+	}
+	return charts
 }

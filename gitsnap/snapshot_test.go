@@ -50,7 +50,9 @@ contexts:
     crt: Zm9v
     key: Zm9vLWtleQ==
 `
-	privateKey = "-----BEGIN OPENSSH PRIVATE KEY-----\nZm9vIGJhciBiYXo=\n-----END OPENSSH PRIVATE KEY-----\n"
+	// The body is key material's shape (an OpenSSH key's first lines),
+	// not a key.
+	privateKey = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\nQyNTUxOQAAACBmb28gYmFyIGJhego=\n-----END OPENSSH PRIVATE KEY-----\n"
 	// Mentions users and Config but is an ordinary manifest.
 	configMap = `apiVersion: v1
 kind: ConfigMap
@@ -206,6 +208,39 @@ func newFixture(t *testing.T) fixture {
 	exclude("creds/token.bak-20260101T000000Z", "s3cr3t\n", RuleProtected)
 	add("creds/tokenizer.md", "a different file\n", 0o644)
 
+	// What git serves and Flux applies although it looks like a secret:
+	// values that are placeholders (a Helm chart's templates, Flux's
+	// post-build variables, secret-store references, Jinja and makejinja
+	// templates, empty values sops leaves unencrypted), Secrets shown in
+	// documentation, and the objects beside a SOPS document.
+	add("charts/app/Chart.yaml", "apiVersion: v2\nname: app\nversion: 1.0.0\n", 0o644)
+	add("charts/app/templates/secret.yaml", "{{- if .Values.password }}\napiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ include \"app.fullname\" . }}\ndata:\n  password: {{ .Values.password | b64enc }}\n{{- end }}\n", 0o644)
+	add("charts/app/templates/quoted.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: app\nstringData:\n  password: \"{{ .Values.password }}\"\n  {{- toYaml .Values.extra | nindent 2 }}\n", 0o644)
+	add("apps/subst-secret.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: ${DB_PASSWORD}\n  url: postgres://app:${DB_PASSWORD}@db:5432/app\n", 0o644)
+	add("apps/op-secret.yaml", "apiVersion: v1\nkind: Secret\nmetadata:\n  name: op\nstringData:\n  token: |-\n    op://kubernetes/1password/OP_CONNECT_TOKEN\n", 0o644)
+	add("apps/empty.sops.yaml", strings.Replace(sopsSecret, "  token: ENC[AES256_GCM,data:t,iv:i,tag:g,type:str]", "  token: \"\"", 1), 0o644)
+	add("mixed/secrets.yaml", sopsSecret+"---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: apps\n", 0o644)
+	add("gen3/kustomization.yaml", "secretGenerator:\n- name: db\n  literals:\n  - password=${DB_PASSWORD}\n  - user=\n", 0o644)
+	add("docs/secret-example.md", "# Secrets\n\n```yaml\napiVersion: v1\nkind: Secret\nstringData:\n  password: hunter2\n```\n", 0o644)
+	add("docs/deploy-key.md", "```yaml\nidentity: |\n  -----BEGIN OPENSSH PRIVATE KEY-----\n      ...\n  -----END OPENSSH PRIVATE KEY-----\n```\n", 0o644)
+	add("template/secret.sops.yaml.j2", "#% if dns.provider == 'cloudflare' %#\n---\napiVersion: v1\nkind: Secret\nstringData:\n  api-token: \"#{ dns.token }#\"\n#% endif %#\n", 0o644)
+	add("template/grafana.sops.yaml.j2", "apiVersion: v1\nkind: Secret\nstringData:\n  admin-user: admin\n  admin-password: \"{{ grafana.password }}\"\n", 0o644)
+	add("talos/talsecret.yaml", "cluster:\n  id: ${CLUSTER_ID}\n  secret: ${CLUSTER_SECRET}\nsecrets:\n  bootstraptoken: ${BOOTSTRAPTOKEN}\ntrustdinfo:\n  token: ${TRUSTDINFO_TOKEN}\ncerts:\n  os:\n    crt: ${CERT_OS_CRT}\n    key: ${CERT_OS_KEY}\n", 0o644)
+	add("talos/cluster.yaml.j2", "version: v1alpha1\nmachine:\n  ca:\n    crt: op://kubernetes/talos/MACHINE_CA_CRT\n  token: op://kubernetes/talos/MACHINE_TOKEN\ncluster:\n  token: op://kubernetes/talos/CLUSTER_TOKEN\n", 0o644)
+	add("setup/.env.sample", "export EMAIL=\"\"\nexport CF_API_KEY=\"\"\nDB_PASSWORD=\n", 0o644)
+	// What holds a secret although it looked like a placeholder or sat
+	// where no rule looked: a literal written by a template or as a
+	// variable's default, a URL password beside a variable, an S3
+	// credentials file with a self-hosted server's key, a backup of a
+	// plaintext secrets.yaml, a post-quantum age identity.
+	exclude("charts/app/templates/literal.yaml", "apiVersion: v1\nkind: Secret\ndata:\n  password: {{ \"hunter2\" | b64enc }}\n", RuleUnencryptedSecret)
+	exclude("apps/default-secret.yaml", "apiVersion: v1\nkind: Secret\nstringData:\n  password: ${DB_PASSWORD:=changeme}\n", RuleUnencryptedSecret)
+	exclude("apps/url-literal.yaml", "apiVersion: v1\nkind: Secret\nstringData:\n  url: postgres://app:hunter2@db:5432/${DB_NAME}\n", RuleUnencryptedSecret)
+	exclude("backup/aws-credentials", "[default]\naws_access_key_id = homelabbackup\naws_secret_access_key = s3cr3tbackupkey # garage\n", RuleAWSCredentials)
+	exclude("apps/secrets.yaml.bak-20261128T000000Z", "password: hunter2\n", RuleSecretsBundle)
+	exclude("keys/pq.txt", "AGE-SECRET-KEY-PQ-1"+strings.Repeat("Q", 80)+"\n", RuleTokenPrefix+"age secret key")
+	exclude("talos/controlplane.yaml.j2", talosMachineConfig, RuleTalosMachineConfig)
+
 	// A nested repository is its own project.
 	nested := filepath.Join(dir, "vendor", "other")
 	if err := os.MkdirAll(nested, 0o755); err != nil {
@@ -287,6 +322,22 @@ func TestBuildTakesWorkTreeMinusExclusions(t *testing.T) {
 	}
 	if want := fx.expectedExclusions(); !maps.Equal(snap.Excluded, want) {
 		t.Errorf("Excluded = %v, want %v", snap.Excluded, want)
+	}
+	// Every withheld file is named with its rule, in path order.
+	named := map[string]string{}
+	for i, w := range snap.Withheld {
+		named[w.Path] = w.Rule
+		if i > 0 && snap.Withheld[i-1].Path >= w.Path {
+			t.Errorf("Withheld not sorted: %s before %s", snap.Withheld[i-1].Path, w.Path)
+		}
+	}
+	for p, rule := range fx.excluded {
+		if rule != "" && named[p] != rule {
+			t.Errorf("%s withheld as %q, want %q", p, named[p], rule)
+		}
+	}
+	if len(named) != fx.expectedExclusions().Total() {
+		t.Errorf("Withheld names %d files, want %d", len(named), fx.expectedExclusions().Total())
 	}
 	if snap.Skipped < 1 {
 		t.Errorf("Skipped = %d, want the nested repository counted", snap.Skipped)

@@ -154,8 +154,25 @@ func (a *App) configAndLog() (*config.Config, zerolog.Logger, error) {
 	if err != nil {
 		return nil, zerolog.Nop(), err
 	}
-	log, err := a.logger(nil, &redact.Set{})
+	log, err := a.logger(nil, secretsOf(cfg))
 	return cfg, log, err
+}
+
+// secretsOf is the set of values masked in every output of a command on
+// cfg: the Proxmox token secret and what the credential files the config
+// names hold (config.CredentialValues). Stages add what they learn.
+func secretsOf(cfg *config.Config) *redact.Set {
+	s := &redact.Set{}
+	if cfg == nil {
+		return s
+	}
+	if v, err := cfg.ProxmoxTokenSecret(); err == nil {
+		s.Add(v)
+	}
+	for _, v := range cfg.CredentialValues() {
+		s.Add(v)
+	}
+	return s
 }
 
 // logger builds the process logger; file, when set, gets the full JSON log.
@@ -192,7 +209,7 @@ type session struct {
 // Otherwise the cluster lock is taken and a run log opened (the returned
 // session; the caller closes it).
 func (a *App) commandEnv(cfg *config.Config, dryRun bool) (*stages.Env, *session, error) {
-	secrets := &redact.Set{}
+	secrets := secretsOf(cfg)
 	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: a.Stdout, DryRun: dryRun, Secrets: secrets, Now: a.Now}
 	if dryRun {
 		st, err := state.Load(env.Paths.StateDir, cfg.Cluster.Name)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/ui"
 )
@@ -19,7 +18,7 @@ func (b *BackupCmd) Run(ctx context.Context, a *App) error {
 	if err != nil {
 		return err
 	}
-	secrets := &redact.Set{}
+	secrets := secretsOf(cfg)
 	sess, err := a.lockAndLog(cfg, secrets)
 	if err != nil {
 		return err

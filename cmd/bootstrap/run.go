@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/homelab/bootstrap/internal/proc"
-	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/ui"
@@ -51,12 +50,9 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 
-	secrets := &redact.Set{}
+	secrets := secretsOf(cfg)
 	env := &stages.Env{Config: cfg, Paths: paths, State: st, Out: a.Stdout, DryRun: r.DryRun, Secrets: secrets,
 		Options: stages.Options{MergeConfigs: r.MergeConfigs || cfg.Cluster.MergeConfigs, AllowDowngrade: r.AllowDowngrade, NewEtcd: r.NewEtcd}, Now: a.Now}
-	if s, err := cfg.ProxmoxTokenSecret(); err == nil {
-		secrets.Add(s)
-	}
 
 	if r.DryRun {
 		// A dry run takes no lock and writes no log file: it changes nothing.

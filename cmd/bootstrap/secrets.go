@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/homelab/bootstrap/config"
-	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/talos"
@@ -30,7 +29,7 @@ func (s *SecretsEncryptCmd) Run(ctx context.Context, a *App) error {
 	if len(age.Recipients) == 0 {
 		return config.Userf("secrets.age.recipients is empty: add the age public key(s) (age1…) to encrypt the bundle to")
 	}
-	sess, err := a.lockAndLog(cfg, &redact.Set{})
+	sess, err := a.lockAndLog(cfg, secretsOf(cfg))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,281 @@
+package gitsnap
+
+import (
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// What the cluster builds from the snapshot, so that a withheld file the
+// build reads is refused instead of silently missing. Flux reads a tree
+// this way:
+//   - kustomize-controller builds each Flux Kustomization's spec.path: with
+//     a kustomization file there, kustomize reads it and everything it
+//     lists; without one, fluxcd/pkg/kustomize v1.35.6
+//     kustomize_generator.go (findOrGenerateKustomization, scanManifests)
+//     generates one listing every .yaml/.yml file below, and each
+//     subdirectory holding a kustomization file as a whole;
+//   - the objects built may be further Flux Kustomizations, whose paths are
+//     built the same way;
+//   - source-controller builds a Helm chart kept in git from its directory
+//     (every file of the chart; HelmRelease spec.chart.spec.chart).
+// The starting paths are flux.path (the flux-system Kustomization); a tree
+// served without one starts at its root.
+
+// neededFiles maps each candidate the cluster's build reads to why.
+func neededFiles(root string, candidates []string, starts []string) map[string]string {
+	n := &needs{root: root, list: candidates, files: map[string]bool{}, why: map[string]string{}, built: map[string]bool{}}
+	for _, p := range candidates {
+		n.files[p] = true
+	}
+	for _, p := range candidates {
+		if path.Base(p) == "Chart.yaml" {
+			chart := path.Dir(p)
+			for _, q := range candidates {
+				if chart == "." || strings.HasPrefix(q, chart+"/") {
+					n.need(q, fmt.Sprintf("a file of the Helm chart %s/, which source-controller builds whole", chart))
+				}
+			}
+		}
+	}
+	if len(starts) == 0 {
+		starts = []string{"."}
+	}
+	for _, s := range starts {
+		n.build(cleanRel(s), "flux.path")
+	}
+	return n.why
+}
+
+type needs struct {
+	root string
+	// list is the candidates in order, files the same as a set.
+	list  []string
+	files map[string]bool
+	why   map[string]string
+	built map[string]bool
+}
+
+func (n *needs) need(p, why string) {
+	if _, ok := n.why[p]; !ok {
+		n.why[p] = why
+	}
+}
+
+// cleanRel turns a repository path as Flux writes it (./infra, infra/)
+// into a clean relative one ("." for the root).
+func cleanRel(p string) string {
+	return path.Clean(strings.TrimPrefix(filepath.ToSlash(p), "/"))
+}
+
+// kustomizationIn returns the kustomization file of dir, if any.
+func (n *needs) kustomizationIn(dir string) string {
+	for _, name := range []string{"kustomization.yaml", "kustomization.yml", "Kustomization"} {
+		if p := path.Join(dir, name); n.files[p] {
+			return p
+		}
+	}
+	return ""
+}
+
+// isDir reports whether any candidate lies under dir.
+func (n *needs) isDir(dir string) bool {
+	if dir == "." {
+		return true
+	}
+	for _, p := range n.list {
+		if strings.HasPrefix(p, dir+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// build records what kustomize-controller reads to build dir.
+func (n *needs) build(dir, by string) {
+	if dir == ".." || strings.HasPrefix(dir, "../") || n.built[dir] {
+		return
+	}
+	n.built[dir] = true
+	if k := n.kustomizationIn(dir); k != "" {
+		n.need(k, fmt.Sprintf("the kustomization of %s/, which %s builds", dir, by))
+		n.kustomization(k)
+		return
+	}
+	// Flux's generator: every manifest below, and each subdirectory with
+	// a kustomization of its own as a whole.
+	var sub []string
+	for _, p := range n.list {
+		if dir != "." && !strings.HasPrefix(p, dir+"/") {
+			continue
+		}
+		if k := n.nearestKustomization(dir, p); k != "" {
+			if len(sub) == 0 || sub[len(sub)-1] != path.Dir(k) {
+				sub = append(sub, path.Dir(k))
+			}
+			continue
+		}
+		if ext := path.Ext(p); ext == ".yaml" || ext == ".yml" {
+			n.need(p, fmt.Sprintf("a manifest under %s/, which %s builds (no kustomization file there: Flux applies every .yaml under it)", dir, by))
+			n.fluxKustomizations(p)
+		}
+	}
+	for _, d := range sub {
+		n.build(d, by)
+	}
+}
+
+// nearestKustomization returns the kustomization file of the directory
+// between dir (exclusive) and p's own directory (inclusive) closest to
+// dir, if any: the generator stops descending there.
+func (n *needs) nearestKustomization(dir, p string) string {
+	rel := strings.TrimPrefix(p, dir+"/")
+	if dir == "." {
+		rel = p
+	}
+	parts := strings.Split(rel, "/")
+	d := dir
+	for _, c := range parts[:len(parts)-1] {
+		d = path.Join(d, c)
+		if k := n.kustomizationIn(d); k != "" {
+			return k
+		}
+	}
+	return ""
+}
+
+// kustomizationRefs is what a kustomization names (kustomize api v0.21
+// types.Kustomization): resources and components (files or directories),
+// and the files of patches, generators, CRDs and configurations.
+type kustomizationRefs struct {
+	Resources             []string `yaml:"resources"`
+	Bases                 []string `yaml:"bases"`
+	Components            []string `yaml:"components"`
+	Crds                  []string `yaml:"crds"`
+	Configurations        []string `yaml:"configurations"`
+	Generators            []string `yaml:"generators"`
+	Transformers          []string `yaml:"transformers"`
+	Validators            []string `yaml:"validators"`
+	PatchesStrategicMerge []string `yaml:"patchesStrategicMerge"`
+	Patches               []struct {
+		Path string `yaml:"path"`
+	} `yaml:"patches"`
+	PatchesJSON6902 []struct {
+		Path string `yaml:"path"`
+	} `yaml:"patchesJson6902"`
+	Replacements []struct {
+		Path string `yaml:"path"`
+	} `yaml:"replacements"`
+	OpenAPI struct {
+		Path string `yaml:"path"`
+	} `yaml:"openapi"`
+	HelmCharts []struct {
+		ValuesFile string `yaml:"valuesFile"`
+	} `yaml:"helmCharts"`
+	ConfigMapGenerator []generatorRefs `yaml:"configMapGenerator"`
+	SecretGenerator    []generatorRefs `yaml:"secretGenerator"`
+}
+
+type generatorRefs struct {
+	Files []string `yaml:"files"`
+	Envs  []string `yaml:"envs"`
+	Env   string   `yaml:"env"`
+}
+
+// kustomization records every file kustomization k names, and builds the
+// directories it names. One that does not parse names nothing here
+// (kustomize refuses it too, naming it).
+func (n *needs) kustomization(k string) {
+	data, err := os.ReadFile(filepath.Join(n.root, filepath.FromSlash(k)))
+	if err != nil {
+		return
+	}
+	var r kustomizationRefs
+	if yaml.Unmarshal(data, &r) != nil {
+		return
+	}
+	dir := path.Dir(k)
+	by := fmt.Sprintf("listed in %s", k)
+	ref := func(entry string, dirs bool) {
+		entry = strings.TrimSpace(entry)
+		if entry == "" || strings.Contains(entry, "\n") || strings.Contains(entry, "://") {
+			return
+		}
+		p := path.Clean(path.Join(dir, entry))
+		switch {
+		case n.files[p]:
+			n.need(p, by)
+			n.fluxKustomizations(p)
+		case dirs && n.isDir(p):
+			n.build(p, k)
+		}
+	}
+	for _, list := range [][]string{r.Resources, r.Bases, r.Components} {
+		for _, e := range list {
+			ref(e, true)
+		}
+	}
+	for _, list := range [][]string{r.Crds, r.Configurations, r.Generators, r.Transformers, r.Validators, r.PatchesStrategicMerge} {
+		for _, e := range list {
+			ref(e, false)
+		}
+	}
+	for _, p := range r.Patches {
+		ref(p.Path, false)
+	}
+	for _, p := range r.PatchesJSON6902 {
+		ref(p.Path, false)
+	}
+	for _, p := range r.Replacements {
+		ref(p.Path, false)
+	}
+	ref(r.OpenAPI.Path, false)
+	for _, h := range r.HelmCharts {
+		ref(h.ValuesFile, false)
+	}
+	for _, g := range append(r.ConfigMapGenerator, r.SecretGenerator...) {
+		for _, f := range g.Files {
+			// "[key=]path"
+			if _, file, ok := strings.Cut(f, "="); ok {
+				f = file
+			}
+			ref(f, false)
+		}
+		for _, e := range append(g.Envs, g.Env) {
+			ref(e, false)
+		}
+	}
+}
+
+// fluxKustomizations builds the paths of the Flux Kustomizations manifest
+// p declares that take their source from a GitRepository: once applied,
+// kustomize-controller builds those paths of the same tree. A path made
+// of a post-build variable is not known here.
+func (n *needs) fluxKustomizations(p string) {
+	if ext := path.Ext(p); ext != ".yaml" && ext != ".yml" {
+		return
+	}
+	data, err := os.ReadFile(filepath.Join(n.root, filepath.FromSlash(p)))
+	if err != nil || !strings.Contains(string(data), "kustomize.toolkit.fluxcd.io") {
+		return
+	}
+	for _, doc := range yamlDocs(data) {
+		api, _ := doc["apiVersion"].(string)
+		if doc["kind"] != "Kustomization" || !strings.HasPrefix(api, "kustomize.toolkit.fluxcd.io/") {
+			continue
+		}
+		spec, _ := doc["spec"].(map[string]any)
+		src, _ := spec["sourceRef"].(map[string]any)
+		dir, _ := spec["path"].(string)
+		if src["kind"] != "GitRepository" || strings.Contains(dir, "${") {
+			continue
+		}
+		meta, _ := doc["metadata"].(map[string]any)
+		name, _ := meta["name"].(string)
+		n.build(cleanRel(dir), fmt.Sprintf("the Flux Kustomization %s (%s)", name, p))
+	}
+}
