@@ -189,7 +189,7 @@ type Flux struct {
 
 // FluxDecryption hands the age identity of secrets.age to Flux.
 type FluxDecryption struct {
-	Enabled bool `yaml:"enabled" doc:"Create the Secret sops-age in flux-system holding the age identity of secrets.age.keyFile (as identity.agekey: kustomize-controller only reads keys ending in .agekey) and set the Kustomization's decryption to provider sops with it. The precheck decrypts one SOPS file under flux.path with the same identity first."`
+	Enabled bool `yaml:"enabled" doc:"Create the Secret sops-age in flux-system holding the age identities that open the SOPS files under flux.path (or, with none yet, secrets.age.recipients), taken from secrets.age.keyFile or where the sops CLI looks (as identity.agekey: kustomize-controller only reads keys ending in .agekey), and set the Kustomization's decryption to provider sops with it. The precheck decrypts one SOPS file under flux.path with exactly those identities first."`
 }
 
 // Secrets says how secrets are kept at rest.
@@ -219,7 +219,10 @@ type LocalSnapshot struct {
 	Listen  string   `yaml:"listen" doc:"Listen address host:port of the snapshot server."`
 	URL     string   `yaml:"url" doc:"URL the cluster uses to reach the server (this host's LAN address)."`
 	Exclude []string `yaml:"exclude" doc:"Extra path patterns never served (.talos/, ai/state/, kubeconfigs and secrets are always excluded)."`
-	Refresh Duration `yaml:"refresh" doc:"Re-snapshot interval when the tree changed (0 = only on SIGHUP)."`
+	// ServePlaintext is the way out of the guard's refusal for a Secret kept
+	// in plaintext on purpose: what a git remote would serve anyway.
+	ServePlaintext []string `yaml:"servePlaintext" doc:"Gitignore-style patterns of files served as git holds them although they hold a plaintext Secret value (a Secret, secretGenerator input, secrets.yaml or .env* you keep unencrypted on purpose). Keys, tokens, kubeconfigs, Talos files and bootstrap's own files are never served."`
+	Refresh        Duration `yaml:"refresh" doc:"Re-snapshot interval when the tree changed (0 = only on SIGHUP)."`
 	// TLS is optional: the credential already keeps strangers out, TLS also
 	// keeps the LAN from reading the tree and the credential in transit.
 	TLSCertFile string `yaml:"tlsCertFile" path:"file" doc:"Serve over HTTPS with this PEM certificate (chain); url must then be https://. Flux trusts it as its CA, so a self-signed certificate works."`

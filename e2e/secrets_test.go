@@ -2,12 +2,14 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
 	"io/fs"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,8 +29,10 @@ import (
 // under ai/state/ (inside every archive too), in everything each command
 // printed, and in a clone of the served snapshot: zero hits. The etcd
 // snapshots hold every Secret by nature: they must be 0600 in a 0700
-// directory instead. The snapshot server's log must count the two files
-// it left out by rule.
+// directory instead. The flux stage, the snapshot server's log and
+// bootstrap status must name the two files left out, with their rules; a
+// plaintext Secret the build reads refuses the flux stage (exit 2) and a
+// re-snapshot of the running server, which keeps serving what it served.
 func TestSecretsStaySecret(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
@@ -53,20 +57,62 @@ func TestSecretsStaySecret(t *testing.T) {
 	writeFile(t, filepath.Join(tree, "rendered_configs", "controlplane.yaml"), cp)
 	writeFile(t, filepath.Join(tree, "apps", "db-secret.yaml"), []byte("apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\n  namespace: homelab\nstringData:\n  password: plaintext-db-password-0x5eed\n"))
 	// Excluded files do not change the snapshot's hash, so the running
-	// server keeps serving: the flux stage's own build counts them, and a
-	// server started afresh logs them.
+	// server keeps serving: the flux stage's own build names them.
 	mustRun("run", "--stage", "flux")
-	for _, rule := range []string{gitsnap.RuleTalosMachineConfig, gitsnap.RuleUnencryptedSecret} {
-		if last := printed[len(printed)-1]; !strings.Contains(last.Stderr, rule+": 1") {
-			t.Errorf("the flux stage's log does not count %q:\n%s", rule, last.Tail(10))
+	withheld := []string{"rendered_configs/controlplane.yaml (" + gitsnap.RuleTalosMachineConfig + ")", "apps/db-secret.yaml (" + gitsnap.RuleUnencryptedSecret + ")"}
+	for _, w := range withheld {
+		if last := printed[len(printed)-1]; !strings.Contains(last.Stderr, "withholds "+w) {
+			t.Errorf("the flux stage does not name %q:\n%s", w, last.Tail(10))
 		}
 	}
+
+	// A plaintext Secret the build reads (listed in ./infra's
+	// kustomization) refuses the stage, naming the file and what to do, and
+	// a running server asked to re-snapshot keeps what it served.
+	ks := filepath.Join(tree, "infra", "kustomization.yaml")
+	ksBefore, err := os.ReadFile(ks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := snapshotStatus(t, ctx, h)
+	writeFile(t, filepath.Join(tree, "infra", "db.yaml"), []byte("apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\n  namespace: homelab\nstringData:\n  password: needed-db-password-0x5eed\n"))
+	writeFile(t, ks, append(ksBefore, []byte("  - db.yaml\n")...))
+	r := run(t, ctx, h, "run", "--stage", "flux")
+	printed = append(printed, r)
+	if r.ExitCode != 2 || !strings.Contains(r.Stderr, "infra/db.yaml (unencrypted Secret; listed in infra/kustomization.yaml)") || !strings.Contains(r.Stderr, "sops encrypt") {
+		t.Errorf("run --stage flux with a needed plaintext Secret: exit %d, want 2 naming infra/db.yaml and what to do:\n%s", r.ExitCode, r.Tail(15))
+	}
+	st, err := gitsnap.ReadState(paths.StateDir)
+	if err != nil || st == nil {
+		t.Fatalf("the snapshot server's state: %v %v", st, err)
+	}
+	if err := syscall.Kill(st.PID, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(paths.StateDir, "gitsnap.log")
+	waitUntil(t, 20*time.Second, "the snapshot server to refuse the re-snapshot", func() bool {
+		b, _ := os.ReadFile(logPath)
+		return bytes.Contains(b, []byte("re-snapshot failed")) && bytes.Contains(b, []byte("infra/db.yaml"))
+	})
+	if now := snapshotStatus(t, ctx, h); now != served {
+		t.Errorf("after a refused re-snapshot the server serves %s, want the previous %s", now, served)
+	}
+	if err := os.Remove(filepath.Join(tree, "infra", "db.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, ks, ksBefore)
+
 	mustRun("gitsnap", "stop")
 	mustRun("run", "--stage", "flux")
 	mustRun("run", "--stage", "postcheck")
 	mustRun("status")
+	for _, w := range withheld {
+		if last := printed[len(printed)-1]; !strings.Contains(last.Stdout, "withheld "+w) {
+			t.Errorf("bootstrap status does not name %q:\n%s", w, last.Stdout)
+		}
+	}
 
-	needles := map[string]string{"plaintext Secret value": "plaintext-db-password-0x5eed"}
+	needles := map[string]string{"plaintext Secret value": "plaintext-db-password-0x5eed", "needed plaintext Secret value": "needed-db-password-0x5eed"}
 	_, pveSecret := h.Lab.PVE.Token()
 	needles["Proxmox token secret"] = pveSecret
 	auth, err := gitsnap.ReadAuth(filepath.Join(paths.StateDir, gitsnap.AuthFileName))
@@ -155,7 +201,7 @@ func TestSecretsStaySecret(t *testing.T) {
 	if len(cloned) < 3 {
 		t.Fatalf("the snapshot clone holds only %v", cloned)
 	}
-	for _, f := range []string{"rendered_configs/controlplane.yaml", "apps/db-secret.yaml"} {
+	for _, f := range []string{"rendered_configs/controlplane.yaml", "apps/db-secret.yaml", "infra/db.yaml"} {
 		if _, ok := hay["snapshot:"+f]; ok {
 			t.Errorf("the snapshot serves %s", f)
 		}
@@ -168,16 +214,30 @@ func TestSecretsStaySecret(t *testing.T) {
 			}
 		}
 	}
-	log, err := os.ReadFile(filepath.Join(paths.StateDir, "gitsnap.log"))
+	log, err := os.ReadFile(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, rule := range []string{gitsnap.RuleTalosMachineConfig, gitsnap.RuleUnencryptedSecret} {
-		if !bytes.Contains(log, []byte(rule+": 1")) {
-			t.Errorf("the snapshot server's log does not count %q:\n%s", rule, lastN(string(log), 10))
+	for _, w := range withheld {
+		if !bytes.Contains(log, []byte(w)) {
+			t.Errorf("the snapshot server's log does not name %q:\n%s", w, lastN(string(log), 10))
 		}
 	}
 	t.Logf("looked for %d secrets in %d files, outputs and archive members (%d files in the snapshot)", len(needles), len(hay), len(cloned))
+}
+
+// snapshotStatus is the snapshot hash `bootstrap gitsnap status` says the
+// server answers with.
+func snapshotStatus(t *testing.T, ctx context.Context, h *e2e.Harness) string {
+	t.Helper()
+	r := run(t, ctx, h, "gitsnap", "status")
+	for _, line := range strings.Split(r.Stdout, "\n") {
+		if rest, ok := strings.CutPrefix(line, "serving "); ok {
+			return strings.Fields(rest)[0]
+		}
+	}
+	t.Fatalf("gitsnap status names no served snapshot:\n%s", r.Stdout)
+	return ""
 }
 
 // secretLeaves returns the string values under keys that name secrets
@@ -235,4 +295,17 @@ func lastN(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// waitUntil polls cond every 100 ms until it holds, failing the test after
+// timeout with what it waited for.
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

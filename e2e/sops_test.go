@@ -104,6 +104,19 @@ func TestSOPSEndToEnd(t *testing.T) {
 	if pre.ExitCode == 0 || !strings.Contains(pre.Stdout+pre.Stderr, "infra/secrets.yaml") {
 		t.Fatalf("precheck with the wrong identity (exit %d) does not name the file:\n%s", pre.ExitCode, pre.Tail(30))
 	}
+	// A key file holding other keys too (keys.txt gathers every project's):
+	// the cluster gets only the identity that opens the repository's files.
+	writeSecretFile(t, keyFile, "# other project\n"+other+"\n# this cluster\n"+identity+"\n")
+	if r := run(t, ctx, h, "run", "--stage", "flux"); r.ExitCode != 0 {
+		t.Fatalf("flux stage with two identities: exit %d\n%s", r.ExitCode, r.Tail(30))
+	}
+	dec, err = kc.Client().CoreV1().Secrets("flux-system").Get(ctx, "sops-age", metav1.GetOptions{})
+	if err != nil || strings.TrimSpace(string(dec.Data["identity.agekey"])) != identity {
+		t.Errorf("sops-age holds %d bytes (%v), want exactly the identity that opens infra/secrets.yaml", len(dec.Data["identity.agekey"]), err)
+	}
+	if strings.Contains(string(dec.Data["identity.agekey"]), other) {
+		t.Error("sops-age holds the other project's identity")
+	}
 	writeSecretFile(t, keyFile, identity+"\n")
 
 	// The bundle is plaintext so far; with recipients the talos stage says so.

@@ -49,6 +49,8 @@ type ServeFlags struct {
 	Branch    string        `help:"Branch the snapshot is published under." default:"main"`
 	Interval  time.Duration `help:"Re-snapshot interval (0 disables; SIGHUP always re-snapshots)." default:"1m"`
 	Exclude   []string      `help:"Extra gitignore-style pattern to leave out of the snapshot (repeatable)." sep:"none"`
+	Path      string        `help:"Path Flux builds (flux.path): a snapshot that withholds a file the build reads there is refused, naming it. Default: the tree's root."`
+	Plaintext []string      `name:"serve-plaintext" help:"Gitignore-style pattern of files served although they hold a plaintext Secret value (flux.localSnapshot.servePlaintext; repeatable)." sep:"none"`
 	StateDir  string        `help:"State directory of a detached server (kept current by the server)." type:"path"`
 	Protect   []string      `help:"Path never served, with everything under it and its .bak-* backups (repeatable): state, Talos files, credential files." sep:"none" type:"path"`
 	AuthFile  string        `help:"File holding user:password (mode 0600) that clients must present with HTTP basic auth. Default: the credential in --state-dir (created once, 0600)." type:"path"`
@@ -69,6 +71,12 @@ func (f ServeFlags) Args() []string {
 	}
 	for _, e := range f.Exclude {
 		args = append(args, "--exclude="+e)
+	}
+	if f.Path != "" {
+		args = append(args, "--path="+f.Path)
+	}
+	for _, p := range f.Plaintext {
+		args = append(args, "--serve-plaintext="+p)
 	}
 	for _, p := range f.Protect {
 		args = append(args, "--protect="+p)
@@ -98,7 +106,7 @@ func (f ServeFlags) branch() string {
 // ServerOptions turns the flags into server options.
 func (f ServeFlags) ServerOptions(log zerolog.Logger) ServerOptions {
 	return ServerOptions{
-		Build:    BuildOptions{Dir: f.Repo, Branch: f.branch(), Excludes: f.Exclude, Protect: f.Protect},
+		Build:    BuildOptions{Dir: f.Repo, Branch: f.branch(), Excludes: f.Exclude, Protect: f.Protect, FluxPath: f.Path, ServePlaintext: f.Plaintext},
 		Listen:   f.Listen,
 		URL:      f.URL,
 		Interval: f.Interval,
@@ -140,6 +148,11 @@ func Serve(ctx context.Context, f ServeFlags, log zerolog.Logger, refresh <-chan
 	if err != nil {
 		return err
 	}
+	if f.StateDir != "" {
+		// Best effort: the starting run may not have recorded this process
+		// yet (it records the hash itself once the server answers).
+		_ = recordWithheld(f.StateDir, os.Getpid(), withheldOrEmpty(srv.Snapshot()))
+	}
 	defer func() {
 		if f.StateDir != "" {
 			removeStateIfOwned(f.StateDir, os.Getpid())
@@ -159,6 +172,12 @@ type State struct {
 	Interval time.Duration `json:"interval"`
 	Excludes []string      `json:"excludes,omitempty"`
 	Protect  []string      `json:"protect,omitempty"`
+	Path     string        `json:"path,omitempty"`
+	// Plaintext is --serve-plaintext.
+	Plaintext []string `json:"serve_plaintext,omitempty"`
+	// Withheld names the files the served snapshot leaves out (paths and
+	// rules, never content), kept current by the server.
+	Withheld []Withheld `json:"withheld,omitempty"`
 	// AuthFile is the credential file the server requires (its path, never
 	// its content).
 	AuthFile string `json:"auth_file,omitempty"`
@@ -172,7 +191,8 @@ type State struct {
 
 func (s *State) sameServer(f ServeFlags) bool {
 	return s.Repo == f.Repo && s.Listen == f.Listen && s.URL == f.URL && s.Branch == f.branch() &&
-		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude) && slices.Equal(s.Protect, f.Protect) && s.AuthFile == f.AuthFile && s.TLSCert == f.TLSCert
+		s.Interval == f.Interval && slices.Equal(s.Excludes, f.Exclude) && slices.Equal(s.Protect, f.Protect) && s.AuthFile == f.AuthFile && s.TLSCert == f.TLSCert &&
+		s.Path == f.Path && slices.Equal(s.Plaintext, f.Plaintext)
 }
 
 // ReadState returns the recorded server in stateDir, or nil if none is recorded.
@@ -199,13 +219,28 @@ func writeState(stateDir string, st *State) error {
 	return fsutil.WriteAtomic(filepath.Join(stateDir, StateFileName), append(b, '\n'), 0o600)
 }
 
-// recordRefresh updates the recorded hash if the state file describes pid.
-func recordRefresh(stateDir string, pid int, hash string) error {
+// recordRefresh updates the recorded hash (and, when not nil, the withheld
+// files) if the state file describes pid.
+func recordRefresh(stateDir string, pid int, hash string, withheld []Withheld) error {
 	st, err := ReadState(stateDir)
 	if err != nil || st == nil || st.PID != pid {
 		return err
 	}
 	st.Hash, st.UpdatedAt = hash, time.Now().UTC()
+	if withheld != nil {
+		st.Withheld = withheld
+	}
+	return writeState(stateDir, st)
+}
+
+// recordWithheld records the withheld files of the served snapshot if
+// the state file describes pid; the hash is left to the starting run.
+func recordWithheld(stateDir string, pid int, withheld []Withheld) error {
+	st, err := ReadState(stateDir)
+	if err != nil || st == nil || st.PID != pid {
+		return err
+	}
+	st.Withheld = withheld
 	return writeState(stateDir, st)
 }
 
@@ -312,7 +347,8 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 	st := &State{
 		PID: pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL,
 		Branch: opts.Flags.Branch, Repo: opts.Flags.Repo, Interval: opts.Flags.Interval,
-		Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect, AuthFile: opts.Flags.AuthFile, TLSCert: opts.Flags.TLSCert, LogFile: logPath, StartedAt: now, UpdatedAt: now,
+		Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect, Path: opts.Flags.Path, Plaintext: opts.Flags.Plaintext,
+		AuthFile: opts.Flags.AuthFile, TLSCert: opts.Flags.TLSCert, LogFile: logPath, StartedAt: now, UpdatedAt: now,
 	}
 	if err := writeState(opts.StateDir, st); err != nil {
 		_ = cmd.Process.Kill()
@@ -357,6 +393,10 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 		return nil, fmt.Errorf("%w%s", err, logTail(logPath, logStart))
 	}
 	st.Hash, st.UpdatedAt = hash.String(), time.Now().UTC()
+	// The server recorded what it withholds before it answered.
+	if cur, err := ReadState(opts.StateDir); err == nil && cur != nil && cur.PID == pid {
+		st.Withheld = cur.Withheld
+	}
 	if err := writeState(opts.StateDir, st); err != nil {
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("recording the git snapshot server: %w", err)
@@ -561,7 +601,7 @@ func Ensure(ctx context.Context, opts StartOptions, wantHash string) (*State, En
 			if st.Hash != wantHash {
 				// Recorded by a Start whose caller died before the server answered.
 				st.Hash = wantHash
-				if err := recordRefresh(opts.StateDir, st.PID, wantHash); err != nil {
+				if err := recordRefresh(opts.StateDir, st.PID, wantHash, nil); err != nil {
 					return nil, "", fmt.Errorf("recording the git snapshot server: %w", err)
 				}
 			}

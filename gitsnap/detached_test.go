@@ -32,7 +32,7 @@ func detachedOptions(t *testing.T, fx fixture, env ...string) StartOptions {
 	opts := StartOptions{
 		Flags: ServeFlags{
 			Repo: fx.dir, Listen: addr, URL: "http://" + addr + "/homelab.git",
-			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes, Protect: fx.protect, AuthFile: authFile,
+			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes, Protect: fx.protect, Path: fixtureFluxPath, AuthFile: authFile,
 		},
 		StateDir:   stateDir,
 		Executable: os.Args[0],
@@ -193,7 +193,7 @@ func TestDetachedStartFailureQuotesTheLog(t *testing.T) {
 			return func() { ln.Close() }
 		}},
 		{"another git server", func(t *testing.T, ln net.Listener, opts StartOptions) func() {
-			srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir}, URL: opts.Flags.URL})
+			srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, FluxPath: fixtureFluxPath}, URL: opts.Flags.URL})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +259,7 @@ func TestEnsureStaleStateAndExternalServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(ctx, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect}, URL: opts.Flags.URL})
+	srv, err := NewServer(ctx, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath}, URL: opts.Flags.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,10 +291,11 @@ func TestEnsureStaleStateAndExternalServer(t *testing.T) {
 func TestServeFlagsArgsRoundTrip(t *testing.T) {
 	repo, stateDir := t.TempDir(), t.TempDir()
 	f := ServeFlags{Repo: repo, Listen: "0.0.0.0:8089", URL: "http://192.168.1.10:8089/homelab.git",
-		Branch: "main", Interval: 90 * time.Second, Exclude: []string{"-odd,pattern", "docs/"}, StateDir: stateDir}
+		Branch: "main", Interval: 90 * time.Second, Exclude: []string{"-odd,pattern", "docs/"}, StateDir: stateDir,
+		Path: "./clusters/home", Plaintext: []string{"apps/*/scrape-config.yaml"}}
 	want := []string{"gitsnap", "serve", "--repo=" + repo, "--listen=0.0.0.0:8089",
 		"--url=http://192.168.1.10:8089/homelab.git", "--branch=main", "--interval=1m30s",
-		"--exclude=-odd,pattern", "--exclude=docs/", "--state-dir=" + stateDir}
+		"--exclude=-odd,pattern", "--exclude=docs/", "--path=./clusters/home", "--serve-plaintext=apps/*/scrape-config.yaml", "--state-dir=" + stateDir}
 	if got := f.Args(); !slices.Equal(got, want) {
 		t.Errorf("Args() =\n %q\nwant\n %q", got, want)
 	}
@@ -438,13 +439,13 @@ func TestEnsureWaitsForARecordedServerStillStarting(t *testing.T) {
 	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	rec := &State{PID: cmd.Process.Pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL, Branch: opts.Flags.Branch,
+	rec := &State{PID: cmd.Process.Pid, Listen: opts.Flags.Listen, URL: opts.Flags.URL, Branch: opts.Flags.Branch, Path: opts.Flags.Path,
 		Repo: opts.Flags.Repo, Interval: opts.Flags.Interval, Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect, AuthFile: opts.Flags.AuthFile}
 	if err := writeState(opts.StateDir, rec); err != nil {
 		t.Fatal(err)
 	}
 	// The hash the server will serve: what Build makes of the same options.
-	snap, err := Build(context.Background(), BuildOptions{Dir: opts.Flags.Repo, Branch: opts.Flags.Branch, Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect})
+	snap, err := Build(context.Background(), BuildOptions{Dir: opts.Flags.Repo, Branch: opts.Flags.Branch, Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect, FluxPath: opts.Flags.Path})
 	if err != nil {
 		t.Fatal(err)
 	}

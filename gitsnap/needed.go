@@ -22,7 +22,9 @@ import (
 //   - the objects built may be further Flux Kustomizations, whose paths are
 //     built the same way;
 //   - source-controller builds a Helm chart kept in git from its directory
-//     (every file of the chart; HelmRelease spec.chart.spec.chart).
+//     (every file of the chart) for a HelmRelease whose
+//     spec.chart.spec.sourceRef is a GitRepository, or a HelmChart's
+//     spec.chart, among the objects built.
 // The starting paths are flux.path (the flux-system Kustomization); a tree
 // served without one starts at its root.
 
@@ -31,16 +33,6 @@ func neededFiles(root string, candidates []string, starts []string) map[string]s
 	n := &needs{root: root, list: candidates, files: map[string]bool{}, why: map[string]string{}, built: map[string]bool{}}
 	for _, p := range candidates {
 		n.files[p] = true
-	}
-	for _, p := range candidates {
-		if path.Base(p) == "Chart.yaml" {
-			chart := path.Dir(p)
-			for _, q := range candidates {
-				if chart == "." || strings.HasPrefix(q, chart+"/") {
-					n.need(q, fmt.Sprintf("a file of the Helm chart %s/, which source-controller builds whole", chart))
-				}
-			}
-		}
 	}
 	if len(starts) == 0 {
 		starts = []string{"."}
@@ -121,7 +113,7 @@ func (n *needs) build(dir, by string) {
 		}
 		if ext := path.Ext(p); ext == ".yaml" || ext == ".yml" {
 			n.need(p, fmt.Sprintf("a manifest under %s/, which %s builds (no kustomization file there: Flux applies every .yaml under it)", dir, by))
-			n.fluxKustomizations(p)
+			n.fluxObjects(p)
 		}
 	}
 	for _, d := range sub {
@@ -209,7 +201,7 @@ func (n *needs) kustomization(k string) {
 		switch {
 		case n.files[p]:
 			n.need(p, by)
-			n.fluxKustomizations(p)
+			n.fluxObjects(p)
 		case dirs && n.isDir(p):
 			n.build(p, k)
 		}
@@ -251,31 +243,58 @@ func (n *needs) kustomization(k string) {
 	}
 }
 
-// fluxKustomizations builds the paths of the Flux Kustomizations manifest
-// p declares that take their source from a GitRepository: once applied,
-// kustomize-controller builds those paths of the same tree. A path made
-// of a post-build variable is not known here.
-func (n *needs) fluxKustomizations(p string) {
+// fluxObjects follows the Flux objects manifest p declares that take their
+// source from a GitRepository: once applied, kustomize-controller builds a
+// Kustomization's path of the same tree, and source-controller a chart
+// directory a HelmRelease or HelmChart names. A path made of a post-build
+// variable is not known here.
+func (n *needs) fluxObjects(p string) {
 	if ext := path.Ext(p); ext != ".yaml" && ext != ".yml" {
 		return
 	}
 	data, err := os.ReadFile(filepath.Join(n.root, filepath.FromSlash(p)))
-	if err != nil || !strings.Contains(string(data), "kustomize.toolkit.fluxcd.io") {
+	if err != nil || !strings.Contains(string(data), "toolkit.fluxcd.io") {
 		return
 	}
 	for _, doc := range yamlDocs(data) {
 		api, _ := doc["apiVersion"].(string)
-		if doc["kind"] != "Kustomization" || !strings.HasPrefix(api, "kustomize.toolkit.fluxcd.io/") {
-			continue
-		}
-		spec, _ := doc["spec"].(map[string]any)
-		src, _ := spec["sourceRef"].(map[string]any)
-		dir, _ := spec["path"].(string)
-		if src["kind"] != "GitRepository" || strings.Contains(dir, "${") {
-			continue
-		}
 		meta, _ := doc["metadata"].(map[string]any)
 		name, _ := meta["name"].(string)
-		n.build(cleanRel(dir), fmt.Sprintf("the Flux Kustomization %s (%s)", name, p))
+		spec, _ := doc["spec"].(map[string]any)
+		switch {
+		case doc["kind"] == "Kustomization" && strings.HasPrefix(api, "kustomize.toolkit.fluxcd.io/"):
+			src, _ := spec["sourceRef"].(map[string]any)
+			dir, _ := spec["path"].(string)
+			if src["kind"] == "GitRepository" && !strings.Contains(dir, "${") {
+				n.build(cleanRel(dir), fmt.Sprintf("the Flux Kustomization %s (%s)", name, p))
+			}
+		case doc["kind"] == "HelmRelease" && strings.HasPrefix(api, "helm.toolkit.fluxcd.io/"):
+			chart, _ := spec["chart"].(map[string]any)
+			cspec, _ := chart["spec"].(map[string]any)
+			src, _ := cspec["sourceRef"].(map[string]any)
+			dir, _ := cspec["chart"].(string)
+			if src["kind"] == "GitRepository" {
+				n.chart(cleanRel(dir), fmt.Sprintf("the HelmRelease %s (%s)", name, p))
+			}
+		case doc["kind"] == "HelmChart" && strings.HasPrefix(api, "source.toolkit.fluxcd.io/"):
+			src, _ := spec["sourceRef"].(map[string]any)
+			dir, _ := spec["chart"].(string)
+			if src["kind"] == "GitRepository" {
+				n.chart(cleanRel(dir), fmt.Sprintf("the HelmChart %s (%s)", name, p))
+			}
+		}
+	}
+}
+
+// chart records every file of the chart in dir: source-controller builds
+// it whole.
+func (n *needs) chart(dir, by string) {
+	if dir == ".." || strings.HasPrefix(dir, "../") || strings.Contains(dir, "${") {
+		return
+	}
+	for _, q := range n.list {
+		if dir == "." || strings.HasPrefix(q, dir+"/") {
+			n.need(q, fmt.Sprintf("a file of the Helm chart %s/, which source-controller builds for %s", dir, by))
+		}
 	}
 }

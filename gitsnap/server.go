@@ -100,6 +100,9 @@ func NewServer(ctx context.Context, opts ServerOptions) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := snap.Refusal(); err != nil {
+		return nil, err
+	}
 	s := &Server{opts: opts, log: opts.Log, repoPath: repoPath}
 	s.gen.Store(&generation{current: snap})
 	return s, nil
@@ -127,12 +130,17 @@ func (s *Server) URL() string { return s.opts.URL }
 
 // Refresh rebuilds the snapshot and, if its hash differs from the one
 // served, swaps it in. It returns the snapshot now served and whether it
-// changed. On error the previous snapshot stays served.
+// changed. On error the previous snapshot stays served: also when the new
+// one would withhold a file the cluster's build reads (Refusal), so the
+// cluster keeps what it had instead of something else than git declares.
 func (s *Server) Refresh(ctx context.Context) (*Snapshot, bool, error) {
 	s.refreshMu.Lock()
 	defer s.refreshMu.Unlock()
 	snap, err := Build(ctx, s.opts.Build)
 	if err != nil {
+		return s.Snapshot(), false, fmt.Errorf("re-snapshotting %s: %w", s.opts.Build.Dir, err)
+	}
+	if err := snap.Refusal(); err != nil {
 		return s.Snapshot(), false, fmt.Errorf("re-snapshotting %s: %w", s.opts.Build.Dir, err)
 	}
 	old := s.gen.Load()
@@ -149,9 +157,9 @@ func (s *Server) Refresh(ctx context.Context) (*Snapshot, bool, error) {
 	s.gen.Store(&generation{current: snap, replaced: replaced})
 	s.log.Info().Str("hash", snap.Hash.String()).Str("previous", old.current.Hash.String()).
 		Int("files", snap.Files).Int("excluded", snap.Excluded.Total()).
-		Msgf("snapshot changed: now serving %s (%d files, excluded %s)", snap.Hash, snap.Files, snap.Excluded)
+		Msgf("snapshot changed: now serving %s (%d files; withheld: %s)", snap.Hash, snap.Files, snap.WithheldList())
 	if s.opts.StateDir != "" {
-		if err := recordRefresh(s.opts.StateDir, os.Getpid(), snap.Hash.String()); err != nil {
+		if err := recordRefresh(s.opts.StateDir, os.Getpid(), snap.Hash.String(), withheldOrEmpty(snap)); err != nil {
 			s.log.Warn().Err(err).Msg("recording the new snapshot hash in the state file")
 		}
 	}
@@ -191,7 +199,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, refresh <-chan os.S
 	snap := s.Snapshot()
 	s.log.Info().Str("url", s.opts.URL).Str("listen", ln.Addr().String()).Str("hash", snap.Hash.String()).
 		Str("branch", snap.Branch).Int("files", snap.Files).Int("excluded", snap.Excluded.Total()).
-		Msgf("serving snapshot %s of %s at %s (%d files, excluded %s)", snap.Hash, s.opts.Build.Dir, s.opts.URL, snap.Files, snap.Excluded)
+		Msgf("serving snapshot %s of %s at %s (%d files; withheld: %s)", snap.Hash, s.opts.Build.Dir, s.opts.URL, snap.Files, snap.WithheldList())
 	if host := hostOf(s.opts.URL); host != "" {
 		if ip := net.ParseIP(host); (ip != nil && ip.IsLoopback()) || host == "localhost" {
 			s.log.Warn().Str("url", s.opts.URL).Msg("the announced URL is a loopback address: cluster pods cannot reach it")
@@ -235,7 +243,16 @@ func (s *Server) refreshLogged(ctx context.Context, trigger string) {
 		return
 	}
 	s.log.Info().Str("trigger", trigger).Str("hash", snap.Hash.String()).Int("files", snap.Files).Int("excluded", snap.Excluded.Total()).
-		Msgf("now serving snapshot %s (%d files, excluded %s)", snap.Hash, snap.Files, snap.Excluded)
+		Msgf("now serving snapshot %s (%d files; withheld: %s)", snap.Hash, snap.Files, snap.WithheldList())
+}
+
+// withheldOrEmpty is the snapshot's withheld files, an empty (not nil)
+// list when there are none, so the state file's list is replaced.
+func withheldOrEmpty(snap *Snapshot) []Withheld {
+	if snap.Withheld == nil {
+		return []Withheld{}
+	}
+	return snap.Withheld
 }
 
 func hostOf(raw string) string {

@@ -30,7 +30,7 @@ func serveFixture(t *testing.T) (fixture, *Server, chan os.Signal) {
 	t.Helper()
 	fx := newFixture(t)
 	srv, refresh := startServer(t, ServerOptions{
-		Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect},
+		Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath},
 	})
 	return fx, srv, refresh
 }
@@ -196,7 +196,7 @@ func TestRefreshSwapsOnlyOnChange(t *testing.T) {
 func TestIntervalRefresh(t *testing.T) {
 	fx := newFixture(t)
 	srv, _ := startServer(t, ServerOptions{
-		Build:    BuildOptions{Dir: fx.dir, Branch: testRepoBranch},
+		Build:    BuildOptions{Dir: fx.dir, Branch: testRepoBranch, FluxPath: fixtureFluxPath},
 		Interval: 100 * time.Millisecond,
 	})
 	first := srv.Snapshot().Hash
@@ -514,7 +514,7 @@ func TestAuthRequired(t *testing.T) {
 		t.Fatalf("a second EnsureAuth rewrote the credential: %v", err)
 	}
 	fx := newFixture(t)
-	srv, _ := startServer(t, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect}, Auth: &auth})
+	srv, _ := startServer(t, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath}, Auth: &auth})
 
 	env := append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false", "SSH_ASKPASS=/bin/false")
 	gitFails := func(what, u string) {
@@ -572,7 +572,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := "https://" + ln.Addr().String() + "/homelab.git"
-	srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect},
+	srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath},
 		URL: u, Auth: &auth, TLSCert: certFile, TLSKey: keyFile})
 	if err != nil {
 		t.Fatal(err)
@@ -617,7 +617,7 @@ func TestServeIsSecureByDefault(t *testing.T) {
 	defer cancel()
 	flags := func(mod func(*ServeFlags)) ServeFlags {
 		addr := freeAddr(t)
-		f := ServeFlags{Repo: fx.dir, Listen: addr, URL: "http://" + addr + "/homelab.git", Branch: testRepoBranch, Exclude: fx.excludes, Protect: fx.protect}
+		f := ServeFlags{Repo: fx.dir, Listen: addr, URL: "http://" + addr + "/homelab.git", Branch: testRepoBranch, Exclude: fx.excludes, Protect: fx.protect, Path: fixtureFluxPath}
 		mod(&f)
 		return f
 	}

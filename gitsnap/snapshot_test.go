@@ -61,6 +61,10 @@ data: {note: "Config for users"}
 `
 )
 
+// fixtureFluxPath is the fixture's Flux path: the build reads infra/ only,
+// so the servers serve the fixture although it withholds files elsewhere.
+const fixtureFluxPath = "infra"
+
 // fixture describes a work tree and what its snapshot must hold.
 type fixture struct {
 	dir string
@@ -263,7 +267,7 @@ func (fx fixture) expectedExclusions() Exclusions {
 
 func (fx fixture) build(t *testing.T) *Snapshot {
 	t.Helper()
-	snap, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect})
+	snap, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath})
 	if err != nil {
 		t.Fatalf("Build: %v", err)
 	}
@@ -426,7 +430,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(fx.dir, "deep")); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: "dev", Excludes: fx.excludes, Protect: fx.protect})
+	dev, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: "dev", Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath})
 	if err != nil {
 		t.Fatal(err)
 	}

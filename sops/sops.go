@@ -536,3 +536,61 @@ func (s *FileSealer) Identities() (Identities, error) {
 	}
 	return *s.ids, nil
 }
+
+// FileRecipients returns the age recipients a SOPS-encrypted YAML or JSON
+// file is sealed to (every document's metadata, key groups included), as
+// stored in its sops.age entries.
+func FileRecipients(data []byte) []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(keys []storedAgeKey) {
+		for _, k := range keys {
+			if k.Recipient != "" && !seen[k.Recipient] {
+				seen[k.Recipient] = true
+				out = append(out, k.Recipient)
+			}
+		}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var holder struct {
+			Metadata *storedMetadata `yaml:"sops"`
+		}
+		if err := dec.Decode(&holder); err != nil {
+			break
+		}
+		if holder.Metadata == nil {
+			continue
+		}
+		add(holder.Metadata.Age)
+		for _, g := range holder.Metadata.KeyGroups {
+			add(g.Age)
+		}
+	}
+	return out
+}
+
+// Only returns the identities that open one of recipients, with Data made
+// of exactly those identities (what a cluster Secret should hold: not
+// every key of the machine it was read on). ok is false when none does.
+func (i Identities) Only(recipients []string) (Identities, bool) {
+	want := map[string]bool{}
+	for _, r := range recipients {
+		want[r] = true
+	}
+	out := Identities{Source: i.Source}
+	var lines []string
+	for _, id := range i.parsed {
+		x, isX := id.(*age.X25519Identity)
+		if !isX || !want[x.Recipient().String()] {
+			continue
+		}
+		// Each identity once, however many sources held it.
+		delete(want, x.Recipient().String())
+		out.parsed = append(out.parsed, id)
+		out.Recipients = append(out.Recipients, x.Recipient().String())
+		lines = append(lines, x.String())
+	}
+	out.Data = []byte(strings.Join(lines, "\n"))
+	return out, len(lines) > 0
+}

@@ -113,7 +113,7 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	syncObjects := func(ctx context.Context) error {
-		objs, what, err := syncObjectsFor(env, url)
+		objs, what, err := syncObjectsFor(ctx, env, url)
 		if err != nil {
 			return err
 		}
@@ -136,7 +136,7 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 			// The sync objects are planned beside the install's plan
 			// (their lists are reads) and applied once their kinds
 			// serve; planned again when the install redefined a kind.
-			objs, what, err := syncObjectsFor(env, url)
+			objs, what, err := syncObjectsFor(ctx, env, url)
 			if err != nil {
 				return err
 			}
@@ -237,7 +237,7 @@ func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) 
 // with the credentials (the private remote's, or the snapshot server's
 // own), and what applying them is called. They are not waited for as
 // kstatus sees them: the stage's wait knows the revision they must reach.
-func syncObjectsFor(env *Env, url string) ([]*unstructured.Unstructured, string, error) {
+func syncObjectsFor(ctx context.Context, env *Env, url string) ([]*unstructured.Unstructured, string, error) {
 	f := env.Config.Flux
 	opts := flux.SyncOptions{Name: FluxNamespace, Namespace: FluxNamespace, URL: url, Branch: f.Branch, Path: f.Path, Interval: f.Interval.D()}
 	var objs []*unstructured.Unstructured
@@ -256,7 +256,7 @@ func syncObjectsFor(env *Env, url string) ([]*unstructured.Unstructured, string,
 		objs = append(objs, secret)
 	}
 	if f.Decryption.Enabled {
-		dec, err := fluxDecryptionSecret(env)
+		dec, err := fluxDecryptionSecret(ctx, env)
 		if err != nil {
 			return nil, "", err
 		}
@@ -406,11 +406,16 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 		}
 		return f.Repo, f.Branch + "@sha1:" + head, nil
 	}
-	snap, err := gitsnap.Build(ctx, gitsnap.BuildOptions{Dir: env.Config.Resolve(ls.Source), Branch: f.Branch, Excludes: ls.Exclude, Protect: env.Config.Protected()})
+	snap, err := gitsnap.Build(ctx, snapshotOptions(env.Config))
 	if err != nil {
 		return "", "", fmt.Errorf("snapshotting %s: %w", ls.Source, err)
 	}
 	env.Log.Info().Str("hash", snap.Hash.String()).Int("files", snap.Files).Str("excluded", snap.Excluded.String()).Msg("local git snapshot built")
+	reportWithheld(env, snap)
+	if err := snap.Refusal(); err != nil {
+		return "", "", config.Userf("%s: %v", ls.Source, err)
+	}
+	env.withState(func(st *state.State) { st.Outputs.GitSnapshot.Withheld = withheldNames(snap) })
 	authFile := filepath.Join(env.Paths.StateDir, gitsnap.AuthFileName)
 	tlsCert := ""
 	if ls.TLSCertFile != "" {
@@ -430,7 +435,8 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	}
 	opts := gitsnap.StartOptions{
 		Flags: gitsnap.ServeFlags{Repo: env.Config.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: f.Branch,
-			Interval: ls.Refresh.D(), Exclude: ls.Exclude, Protect: env.Config.Protected(), AuthFile: authFile},
+			Interval: ls.Refresh.D(), Exclude: ls.Exclude, Protect: env.Config.Protected(), AuthFile: authFile,
+			Path: f.Path, Plaintext: ls.ServePlaintext},
 		StateDir: env.Paths.StateDir, Log: env.Log,
 	}
 	if tlsCert != "" {
@@ -458,6 +464,31 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 		return ls.URL, f.Branch + "@sha1:" + served, nil
 	}
 	return ls.URL, snap.Revision(), nil
+}
+
+// snapshotOptions is how the flux stage, its precheck and the detached
+// server it starts snapshot the local work tree.
+func snapshotOptions(cfg *config.Config) gitsnap.BuildOptions {
+	ls := cfg.Flux.LocalSnapshot
+	return gitsnap.BuildOptions{Dir: cfg.Resolve(ls.Source), Branch: cfg.Flux.Branch, Excludes: ls.Exclude, Protect: cfg.Protected(),
+		FluxPath: cfg.Flux.Path, ServePlaintext: ls.ServePlaintext}
+}
+
+// reportWithheld names every file the snapshot leaves out, with its rule
+// (never its content): the cluster gets the tree without them.
+func reportWithheld(env *Env, snap *gitsnap.Snapshot) {
+	for _, w := range snap.Withheld {
+		env.UI.Warn("git snapshot withholds %s", w)
+	}
+}
+
+// withheldNames renders the withheld files for the state file.
+func withheldNames(snap *gitsnap.Snapshot) []string {
+	out := make([]string, len(snap.Withheld))
+	for i, w := range snap.Withheld {
+		out[i] = w.String()
+	}
+	return out
 }
 
 func recordSnapshot(env *Env, s *gitsnap.State) {
@@ -510,73 +541,120 @@ func fluxAuthSecret(env *Env) (*unstructured.Unstructured, error) {
 	return flux.AuthSecret(FluxNamespace, FluxNamespace, cr)
 }
 
-// fluxIdentities loads the age identity of secrets.age.keyFile (or where
-// the sops CLI looks) and marks it secret for every output.
-func fluxIdentities(env *Env) (sops.Identities, error) {
-	ids, err := sops.LoadIdentities(env.Config.Resolve(env.Config.Secrets.Age.KeyFile), nil)
+// fluxIdentities returns the age identities Flux gets in sops-age, and
+// marks them secret for every output: of every identity secrets.age.keyFile
+// holds (or, without it, every identity where the sops CLI looks), only
+// those that open the repository's SOPS files under flux.path, or, with no
+// such file yet, secrets.age.recipients. The sops CLI reads every source
+// so the machine it runs on can open anything; the cluster needs the
+// repository's key, and other clusters' or projects' keys found in
+// keys.txt or a key command's output do not belong in its etcd. The first
+// SOPS file found comes back too, for the precheck to prove the selection
+// opens it.
+func fluxIdentities(ctx context.Context, env *Env) (ids sops.Identities, file string, data []byte, err error) {
+	keyFile := env.Config.Resolve(env.Config.Secrets.Age.KeyFile)
+	all, err := sops.LoadIdentities(keyFile, nil)
 	if err != nil {
-		return ids, config.Userf("flux.decryption: %v", err)
+		return ids, "", nil, config.Userf("flux.decryption: %v", err)
 	}
-	env.Secrets.Add(strings.TrimSpace(string(ids.Data)))
-	for _, line := range strings.Split(string(ids.Data), "\n") {
+	env.Secrets.Add(strings.TrimSpace(string(all.Data)))
+	for _, line := range strings.Split(string(all.Data), "\n") {
 		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
 			env.Secrets.Add(l)
 		}
 	}
-	return ids, nil
+	file, data, recipients, err := repositorySOPS(ctx, env)
+	if err != nil {
+		return ids, "", nil, err
+	}
+	what := "the SOPS files under " + env.Config.Flux.Path
+	if file != "" {
+		what = fmt.Sprintf("%s (of the SOPS files under %s)", file, env.Config.Flux.Path)
+	}
+	if len(recipients) == 0 {
+		recipients, what = env.Config.Secrets.Age.Recipients, "secrets.age.recipients"
+	}
+	switch {
+	case len(recipients) > 0:
+		ids, ok := all.Only(recipients)
+		if !ok {
+			return ids, file, data, config.Userf("flux.decryption: none of the %d age identities of %s opens %s (sealed to %s): point secrets.age.keyFile at the cluster's key", len(all.Recipients), all.Source, what, strings.Join(recipients, ", "))
+		}
+		ids.Source = fmt.Sprintf("%s (the identities opening %s)", all.Source, what)
+		return ids, file, data, nil
+	case keyFile != "" || len(all.Recipients) == 1:
+		return all, file, data, nil
+	default:
+		return ids, file, data, config.Userf("flux.decryption: %s holds %d age identities and nothing tells which the cluster needs (no SOPS file under %s yet, no secrets.age.recipients): set secrets.age.keyFile to the cluster's key file, or secrets.age.recipients", all.Source, len(all.Recipients), env.Config.Flux.Path)
+	}
+}
+
+// repositorySOPS walks flux.path of the tree Flux will pull (the local work
+// tree, or a shallow clone of the remote) and returns its first SOPS file
+// and the age recipients of all of them.
+func repositorySOPS(ctx context.Context, env *Env) (file string, data []byte, recipients []string, err error) {
+	f := env.Config.Flux
+	seen := map[string]bool{}
+	visit := func(rel string, b []byte) bool {
+		if !sops.IsEncrypted(b) {
+			return false
+		}
+		if file == "" {
+			file, data = rel, b
+		}
+		for _, r := range sops.FileRecipients(b) {
+			if !seen[r] {
+				seen[r] = true
+				recipients = append(recipients, r)
+			}
+		}
+		return false
+	}
+	if f.LocalSnapshot.Enabled {
+		err = flux.WalkLocal(env.Config.Resolve(f.LocalSnapshot.Source), f.Path, visit)
+	} else {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		cr, _, cerr := fluxCredentials(env)
+		if cerr != nil {
+			return "", nil, nil, cerr
+		}
+		err = flux.WalkRemote(ctx, f.Repo, f.Branch, cr, env.Config.Resolve(f.Auth.KnownHostsFile), f.Path, visit)
+	}
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("reading %s for its SOPS files: %w", f.Path, err)
+	}
+	return file, data, recipients, nil
 }
 
 // fluxDecryptionSecret builds the sops-age Secret kustomize-controller
-// decrypts with (the identity under a key ending in .agekey).
-func fluxDecryptionSecret(env *Env) (*unstructured.Unstructured, error) {
-	ids, err := fluxIdentities(env)
+// decrypts with (the identities under a key ending in .agekey).
+func fluxDecryptionSecret(ctx context.Context, env *Env) (*unstructured.Unstructured, error) {
+	ids, _, _, err := fluxIdentities(ctx, env)
 	if err != nil {
 		return nil, err
 	}
 	return flux.DecryptionSecret(flux.DecryptionSecretName, FluxNamespace, ids.Data)
 }
 
-// sopsCheck proves, before anything is installed, that the identity Flux
-// will get decrypts the repository's SOPS files: it decrypts the first one
-// under flux.path of the tree Flux will pull (the local work tree, or a
-// shallow clone of the remote). A wrong key fails here, naming the file.
+// sopsCheck proves, before anything is installed, that the identities Flux
+// will get decrypt the repository's SOPS files: it decrypts the first one
+// under flux.path of the tree Flux will pull with exactly what sops-age
+// will hold. A wrong key fails here, naming the file.
 func sopsCheck(env *Env) check.Check {
 	return check.Check{Name: "sops decryption", Run: func(ctx context.Context) (check.Status, string) {
 		f := env.Config.Flux
-		ids, err := fluxIdentities(env)
-		if err != nil {
-			return check.Failf("%v", err)
-		}
-		var file string
-		var data []byte
-		visit := func(rel string, b []byte) bool {
-			if sops.IsEncrypted(b) {
-				file, data = rel, b
-				return true
-			}
-			return false
-		}
-		if f.LocalSnapshot.Enabled {
-			err = flux.WalkLocal(env.Config.Resolve(f.LocalSnapshot.Source), f.Path, visit)
-		} else {
-			ctx, cancel := context.WithTimeout(ctx, time.Minute)
-			defer cancel()
-			cr, _, cerr := fluxCredentials(env)
-			if cerr != nil {
-				return check.Failf("%v", cerr)
-			}
-			err = flux.WalkRemote(ctx, f.Repo, f.Branch, cr, env.Config.Resolve(f.Auth.KnownHostsFile), f.Path, visit)
-		}
+		ids, file, data, err := fluxIdentities(ctx, env)
 		switch {
 		case err != nil:
-			return check.Failf("reading %s: %v", f.Path, err)
+			return check.Failf("%v", err)
 		case file == "":
-			return check.Warnf("no SOPS-encrypted file under %s yet: nothing to prove the identity of %s against", f.Path, ids.Source)
+			return check.Warnf("no SOPS-encrypted file under %s yet: nothing to prove %s against", f.Path, ids.Source)
 		}
 		if _, err := sops.Decrypt(data, ids); err != nil {
 			return check.Failf("%s: %v", file, err)
 		}
-		return check.Passf("%s decrypts with %s (what Flux gets as %s/%s)", file, ids.Source, flux.DecryptionSecretName, flux.DecryptionAgeKey)
+		return check.Passf("%s decrypts with %s (what Flux gets as %s/%s: %d identit%s)", file, ids.Source, flux.DecryptionSecretName, flux.DecryptionAgeKey, len(ids.Recipients), map[bool]string{true: "y", false: "ies"}[len(ids.Recipients) == 1])
 	}}
 }
 
@@ -609,11 +687,17 @@ func sourceChecks(env *Env) []check.Check {
 		ls := f.LocalSnapshot
 		return []check.Check{
 			{Name: "git snapshot", Run: func(ctx context.Context) (check.Status, string) {
-				snap, err := gitsnap.Build(ctx, gitsnap.BuildOptions{Dir: env.Config.Resolve(ls.Source), Branch: f.Branch, Excludes: ls.Exclude, Protect: env.Config.Protected()})
+				snap, err := gitsnap.Build(ctx, snapshotOptions(env.Config))
 				if err != nil {
 					return check.Failf("snapshot of %s: %v", ls.Source, err)
 				}
-				return check.Passf("%s: %d files, commit %s, %d excluded (never served: .talos/, ai/state/, kubeconfigs, secrets)", ls.Source, snap.Files, short(snap.Hash.String()), snap.Excluded.Total())
+				if err := snap.Refusal(); err != nil {
+					return check.Failf("%s: %v", ls.Source, err)
+				}
+				if len(snap.Withheld) > 0 {
+					return check.Passf("%s: %d files, commit %s; withheld (never served): %s", ls.Source, snap.Files, short(snap.Hash.String()), snap.WithheldList())
+				}
+				return check.Passf("%s: %d files, commit %s, nothing withheld", ls.Source, snap.Files, short(snap.Hash.String()))
 			}},
 			{Name: "git snapshot address", Run: func(ctx context.Context) (check.Status, string) {
 				if st, err := gitsnap.Check(ctx, env.Paths.StateDir); err == nil && st.State != nil && st.Alive && st.ProbeError == nil {

@@ -103,6 +103,9 @@ type GitSnapshot struct {
 	URL     string    `json:"url,omitempty"`
 	Hash    string    `json:"hash,omitempty"`
 	Started time.Time `json:"started,omitzero"`
+	// Withheld names the files the snapshot leaves out, each with its rule
+	// ("infra/x.yaml (unencrypted Secret)"), never their content.
+	Withheld []string `json:"withheld,omitempty"`
 }
 
 // Postcheck summarises the last postcheck.

@@ -83,6 +83,9 @@ func (c *GitsnapStatusCmd) Run(ctx context.Context, a *App) error {
 	} else {
 		fmt.Fprintln(a.Stdout, "recorded snapshot: none yet (the server was starting)")
 	}
+	for _, w := range st.State.Withheld {
+		fmt.Fprintf(a.Stdout, "withheld %s\n", w)
+	}
 	if st.ProbeError != nil {
 		fmt.Fprintf(a.Stdout, "not answering: %v\n", st.ProbeError)
 	} else {

@@ -204,6 +204,9 @@ func writeStatus(w io.Writer, r statusReport) error {
 	fmt.Fprintf(w, "  talosconfig  %s\n  kubeconfig   %s\n", r.Paths["talosconfig"], r.Paths["kubeconfig"])
 	if o.GitSnapshot.URL != "" {
 		fmt.Fprintf(w, "  git snapshot %s (pid %d, %s)\n", o.GitSnapshot.URL, o.GitSnapshot.PID, short(o.GitSnapshot.Hash))
+		for _, wh := range o.GitSnapshot.Withheld {
+			fmt.Fprintf(w, "    withheld %s\n", wh)
+		}
 	}
 	if pc := o.Postcheck; pc != nil {
 		fmt.Fprintf(w, "\nLast postcheck: %s at %s (%d passed, %d warnings, %d failed)\n", strings.ToUpper(pc.Overall), pc.Started.Local().Format("2006-01-02 15:04:05"), pc.Passed, pc.Warned, pc.Failed)

@@ -1,0 +1,156 @@
+package gitsnap
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+)
+
+const plainSecret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2\n"
+
+// neededTree is a Flux repository whose build reads files the guard
+// withholds by every route Flux reads a tree: a kustomization's list, a
+// directory Flux generates a kustomization for, a Flux Kustomization
+// found in what is built, a Helm chart, and the kustomization itself.
+func neededTree(t *testing.T) string {
+	t.Helper()
+	requireGit(t)
+	dir := t.TempDir()
+	git(t, dir, "init", "-q", "-b", testRepoBranch)
+	files := map[string]string{
+		"infra/kustomization.yaml": "resources: [app.yaml, db-secret.yaml, apps/, excluded.yaml]\n",
+		"infra/app.yaml":           configMap,
+		"infra/db-secret.yaml":     plainSecret,
+		"infra/excluded.yaml":      configMap,
+		"infra/apps/ks.yaml": "apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata:\n  name: web\n  namespace: flux-system\n" +
+			"spec:\n  path: ./apps/web\n  sourceRef:\n    kind: GitRepository\n    name: flux-system\n",
+		"infra/apps/release.yaml": "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata:\n  name: app\n" +
+			"spec:\n  chart:\n    spec:\n      chart: ./charts/app\n      sourceRef:\n        kind: GitRepository\n        name: flux-system\n",
+		"infra/apps/oci.yaml": "apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata:\n  name: elsewhere\n" +
+			"spec:\n  path: ./docs\n  sourceRef:\n    kind: OCIRepository\n    name: other\n",
+		// Built through the Flux Kustomization web: no kustomization file,
+		// so Flux applies every manifest below, and sub/ as a whole.
+		"apps/web/secret.yaml":                plainSecret,
+		"apps/web/sub/kustomization.yaml":     "resources: [cm.yaml]\nsecretGenerator:\n- name: gen\n  literals: [token=s3cr3tvalue]\n",
+		"apps/web/sub/cm.yaml":                configMap,
+		"apps/web/sub/not-listed-secret.yaml": plainSecret,
+		// Not built by anything: withheld and named, not refused.
+		"docs/secret.yaml": plainSecret,
+		// A chart kept in git is built whole by source-controller for the
+		// HelmRelease above; one nothing names is not built.
+		"charts/unused/Chart.yaml":            "apiVersion: v2\nname: unused\nversion: 1.0.0\n",
+		"charts/unused/templates/secret.yaml": plainSecret,
+		"charts/app/Chart.yaml":               "apiVersion: v2\nname: app\nversion: 1.0.0\n",
+		"charts/app/templates/literal.yaml":   "apiVersion: v1\nkind: Secret\ndata:\n  password: {{ \"hunter2\" | b64enc }}\n",
+	}
+	for p, c := range files {
+		writeFile(t, dir, p, c, 0o644)
+	}
+	return dir
+}
+
+// TestWithheldFilesTheBuildReadsRefuse: every withheld file is named with
+// its rule; those the build reads say what reads them and refuse the
+// snapshot with what to do; a configured exclude is named but the user's
+// choice; ServePlaintext serves a plaintext Secret as git holds it.
+func TestWithheldFilesTheBuildReadsRefuse(t *testing.T) {
+	dir := neededTree(t)
+	snap, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./infra", Excludes: []string{"infra/excluded.yaml"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct{ rule, neededBy string }{
+		"apps/web/secret.yaml":                {RuleUnencryptedSecret, "a manifest under apps/web/, which the Flux Kustomization web (infra/apps/ks.yaml) builds"},
+		"apps/web/sub/kustomization.yaml":     {RuleSecretGenerator, "the kustomization of apps/web/sub/"},
+		"apps/web/sub/not-listed-secret.yaml": {RuleUnencryptedSecret, ""},
+		"charts/app/templates/literal.yaml":   {RuleUnencryptedSecret, "a file of the Helm chart charts/app/, which source-controller builds for the HelmRelease app (infra/apps/release.yaml)"},
+		"charts/unused/templates/secret.yaml": {RuleUnencryptedSecret, ""},
+		"docs/secret.yaml":                    {RuleUnencryptedSecret, ""},
+		"infra/db-secret.yaml":                {RuleUnencryptedSecret, "listed in infra/kustomization.yaml"},
+		"infra/excluded.yaml":                 {RuleConfiguredExclude, "listed in infra/kustomization.yaml"},
+	}
+	if len(snap.Withheld) != len(want) {
+		t.Errorf("Withheld = %v, want %d files", snap.Withheld, len(want))
+	}
+	for _, w := range snap.Withheld {
+		x, ok := want[w.Path]
+		switch {
+		case !ok:
+			t.Errorf("%s withheld (%s), not expected", w.Path, w.Rule)
+		case w.Rule != x.rule:
+			t.Errorf("%s withheld as %q, want %q", w.Path, w.Rule, x.rule)
+		case x.neededBy == "" && w.NeededBy != "":
+			t.Errorf("%s: NeededBy %q, want nothing (no build reads it)", w.Path, w.NeededBy)
+		case !strings.HasPrefix(w.NeededBy, x.neededBy) || (x.neededBy != "" && w.NeededBy == ""):
+			t.Errorf("%s: NeededBy %q, want it to start with %q", w.Path, w.NeededBy, x.neededBy)
+		}
+	}
+	err = snap.Refusal()
+	var refusal *RefusalError
+	if !errors.As(err, &refusal) {
+		t.Fatalf("Refusal() = %v, want a RefusalError", err)
+	}
+	if len(refusal.Files) != 4 {
+		t.Errorf("refused for %v, want the 4 withheld files the build reads (not the configured exclude)", refusal.Files)
+	}
+	for _, s := range []string{"infra/db-secret.yaml", "sops encrypt", "apps/web/sub/kustomization.yaml", "envs: [secret.sops.env]", "charts/app/templates/literal.yaml", "servePlaintext"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("refusal %q does not say %q", err, s)
+		}
+	}
+	for _, s := range []string{"docs/secret.yaml", "not-listed", "hunter2", "s3cr3tvalue"} {
+		if strings.Contains(err.Error(), s) {
+			t.Errorf("refusal %q names %q", err, s)
+		}
+	}
+
+	// Kept in plaintext on purpose: served as git holds it, refusing nothing
+	// more than the generator and the chart's literal.
+	snap, err = Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "infra/", Excludes: []string{"infra/excluded.yaml"}, ServePlaintext: []string{"*secret.yaml"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.As(snap.Refusal(), &refusal) || len(refusal.Files) != 2 {
+		t.Errorf("with servePlaintext: Refusal() = %v, want the generator and the chart's literal only", snap.Refusal())
+	}
+
+	// Without a Flux path the whole tree is what the build may read.
+	snap, err = Build(context.Background(), BuildOptions{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range snap.Withheld {
+		if w.Path == "docs/secret.yaml" && w.NeededBy == "" {
+			t.Errorf("without a Flux path, %s is not counted as read by the build", w.Path)
+		}
+	}
+}
+
+// TestServerRefusesASnapshotMissingWhatTheBuildReads: a server does not
+// start on such a tree, and a refresh that would withhold a file the build
+// reads keeps serving the previous snapshot.
+func TestServerRefusesASnapshotMissingWhatTheBuildReads(t *testing.T) {
+	dir := neededTree(t)
+	opts := ServerOptions{Build: BuildOptions{Dir: dir, FluxPath: "./infra"}, URL: "http://127.0.0.1:1/homelab.git"}
+	if _, err := NewServer(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "infra/db-secret.yaml") {
+		t.Fatalf("NewServer on a refusing tree: %v, want a refusal naming infra/db-secret.yaml", err)
+	}
+	// A tree that builds: the one above with its plaintext taken out.
+	clean := t.TempDir()
+	git(t, clean, "init", "-q", "-b", testRepoBranch)
+	writeFile(t, clean, "infra/kustomization.yaml", "resources: [app.yaml]\n", 0o644)
+	writeFile(t, clean, "infra/app.yaml", configMap, 0o644)
+	opts.Build.Dir = clean
+	srv, err := NewServer(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := srv.Snapshot().Hash
+	writeFile(t, clean, "infra/kustomization.yaml", "resources: [app.yaml, db.yaml]\n", 0o644)
+	writeFile(t, clean, "infra/db.yaml", plainSecret, 0o644)
+	snap, changed, err := srv.Refresh(context.Background())
+	if err == nil || changed || snap.Hash != served || !strings.Contains(err.Error(), "infra/db.yaml") {
+		t.Errorf("Refresh with a needed plaintext Secret: changed %v, hash %s (was %s), err %v; want the old snapshot kept and the file named", changed, snap.Hash, served, err)
+	}
+}
