@@ -1478,8 +1478,13 @@ func (s *Server) nodeStatus(r *request) (any, *apiError) {
 			"cpus": s.node.CPUs, "cores": s.node.CPUs, "sockets": 1, "model": s.node.CPUModel,
 			"mhz": "806.000", "hvm": "1", "user_hz": 100, "flags": "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr vmx",
 		},
-		"loadavg":    []string{"0.12", "0.08", "0.05"},
-		"kversion":   "Linux 6.8.12-1-pve #1 SMP PREEMPT_DYNAMIC PMX 6.8.12-1 (2024-08-05T16:17Z)",
+		"loadavg":  []string{"0.12", "0.08", "0.05"},
+		"kversion": "Linux 6.8.12-1-pve #1 SMP PREEMPT_DYNAMIC PMX 6.8.12-1 (2024-08-05T16:17Z)",
+		// uname's fields (pve-manager 9.2.11 PVE/API2/Nodes.pm status,
+		// get_current_kernel_info); required by the returns schema of
+		// every published release.
+		"current-kernel": map[string]any{"sysname": "Linux", "release": "6.8.12-1-pve",
+			"version": "#1 SMP PREEMPT_DYNAMIC PMX 6.8.12-1 (2024-08-05T16:17Z)", "machine": "x86_64"},
 		"pveversion": "pve-manager/" + s.version + "/" + s.repoid,
 		"ksm":        map[string]any{"shared": 0},
 		"boot-info":  map[string]any{"mode": "efi", "secureboot": 0},
