@@ -253,9 +253,14 @@ func TestTagsOnCreateByVersion(t *testing.T) {
 		{"9.2 free", "9.2.11", pvesim.Datacenter{}, check.Pass, "may be set", ""},
 		{"9.2 listed", "9.2.11", listed, check.Fail, "user-tag-access list", "Sys.Modify for modifying tag 'HASH(0x"},
 		{"9.2 registered", "9.2.11", registered, check.Fail, "registered tags need Sys.Modify: talos", "Sys.Modify for modifying tag 'talos'"},
+		// pve-manager 9.2.4 came out before qemu-server 9.2.0: such a host
+		// may run 9.1.19, whose create checks no tag.
+		{"9.2 manager on qemu-server 9.1.19", "9.2.4/9.1.19", listed, check.Pass, "qemu-server 9.1.19 on pve does not check", ""},
+		{"9.2 manager on qemu-server 9.2.0", "9.2.4/9.2.0", listed, check.Fail, "qemu-server 9.2.0 on pve checks tags", "Sys.Modify for modifying tag 'HASH(0x"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: tc.version, Datacenter: tc.dc, Tokens: noSysModify})
+			version, qemuServer, _ := strings.Cut(tc.version, "/")
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: version, QemuServer: qemuServer, Datacenter: tc.dc, Tokens: noSysModify})
 			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
 			expect(t, runPrechecks(t, c, precheckInput(1)), "proxmox: tags", tc.status, tc.reason)
 			if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
@@ -278,6 +283,59 @@ func TestTagsOnCreateByVersion(t *testing.T) {
 	}
 	if _, err := e.c.EnsureVM(ctxT(t), spec(1)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An adopted VM that lost a tag gets it back through PUT config, and
+// $update_vm_api checks every added tag on every version (qemu-server
+// 8.4.10 and 9.2.6, assert_tag_permissions): the precheck judges those
+// tags too, not only the created VMs'.
+func TestTagsAddedToAnAdoptedVMAreChecked(t *testing.T) {
+	noSysModify := []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: allPrivs("Sys.Modify")}}},
+		{ID: "root@pam!admin", Secret: "a", ACL: pvesim.Admin("8.4.1")}}
+	for _, tc := range []struct {
+		name      string
+		dc        pvesim.Datacenter
+		status    check.Status
+		reason    string
+		updateErr string
+	}{
+		{"free", pvesim.Datacenter{}, check.Pass, "tags controlplane may be set", ""},
+		{"list without the tag", pvesim.Datacenter{UserTagAccess: "list", UserAllowList: []string{"talos"}}, check.Fail,
+			"does not let the token set the tag(s) controlplane", "Sys.Modify for modifying tag 'controlplane'"},
+		{"registered", pvesim.Datacenter{RegisteredTags: []string{"controlplane"}}, check.Fail,
+			"registered tags need Sys.Modify: controlplane", "Sys.Modify for modifying tag 'controlplane'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: "8.4.1", Datacenter: tc.dc, Tokens: noSysModify})
+			admin := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "root@pam!admin", "a" })
+			if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+				t.Fatal(err)
+			}
+			s := spec(1)
+			if _, err := admin.EnsureVM(ctxT(t), s); err != nil {
+				t.Fatal(err)
+			}
+			// Someone took the role tag off.
+			var kept []string
+			for _, tag := range s.Tags() {
+				if tag != "controlplane" {
+					kept = append(kept, tag)
+				}
+			}
+			if _, err := admin.put(ctxT(t), admin.vmPath(s.VMID)+"/config", map[string]any{"tags": strings.Join(kept, ";")}); err != nil {
+				t.Fatal(err)
+			}
+			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+			expect(t, runPrechecks(t, c, precheckInput(1)), "proxmox: tags", tc.status, tc.reason)
+			_, err := c.EnsureVM(ctxT(t), s)
+			switch {
+			case tc.updateErr == "" && err != nil:
+				t.Fatalf("the precheck passed, the update failed: %v", err)
+			case tc.updateErr != "" && (err == nil || !strings.Contains(err.Error(), tc.updateErr)):
+				t.Fatalf("update: want %q, got %v", tc.updateErr, err)
+			}
+		})
 	}
 }
 

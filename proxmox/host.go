@@ -38,18 +38,69 @@ func (c *Client) Version(ctx context.Context) (Version, error) {
 		return Version{}, err
 	}
 	full, _ := m["version"].(string)
-	v := Version{Full: full}
+	v, err := parseVersion(full)
 	v.Release, _ = m["release"].(string)
+	return v, err
+}
+
+// parseVersion reads "9.2.11" (a Debian version's upstream part: "-1" or
+// "~bpo" suffixes are dropped).
+func parseVersion(full string) (Version, error) {
+	v := Version{Full: full}
 	parts := strings.Split(full, ".")
 	nums := []*int{&v.Major, &v.Minor, &v.Patch}
 	for i := 0; i < len(parts) && i < 3; i++ {
-		n, err := strconv.Atoi(strings.TrimFunc(parts[i], func(r rune) bool { return r < '0' || r > '9' }))
+		digits := parts[i]
+		if j := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); j >= 0 {
+			digits = digits[:j]
+		}
+		n, err := strconv.Atoi(digits)
 		if err != nil {
 			return v, fmt.Errorf("unreadable Proxmox version %q", full)
 		}
 		*nums[i] = n
 	}
+	if v.Release == "" {
+		v.Release = fmt.Sprintf("%d.%d", v.Major, v.Minor)
+	}
 	return v, nil
+}
+
+// AtLeastPatch reports whether v >= major.minor.patch.
+func (v Version) AtLeastPatch(major, minor, patch int) bool {
+	if v.Major != major || v.Minor != minor {
+		return v.AtLeast(major, minor)
+	}
+	return v.Patch >= patch
+}
+
+// InstalledPackage reads the installed version of a Proxmox package from
+// GET /nodes/{node}/apt/versions (Sys.Audit on /nodes/{node}, which every
+// run needs for node status). In each entry OldVersion is the installed
+// version and Version apt's candidate (pve-manager 9.2.11
+// PVE/API2/APT.pm $assemble_pkginfo): they differ while an upgrade is
+// pending, so the candidate is used only when no OldVersion is given.
+// found is false when the package is not listed.
+func (c *Client) InstalledPackage(ctx context.Context, pkg string) (v Version, found bool, err error) {
+	list, err := c.getList(ctx, "/nodes/"+c.node+"/apt/versions")
+	if err != nil {
+		return Version{}, false, err
+	}
+	for _, e := range list {
+		if name, _ := e["Package"].(string); name != pkg {
+			continue
+		}
+		ver, _ := e["OldVersion"].(string)
+		if ver == "" {
+			ver, _ = e["Version"].(string)
+		}
+		v, err := parseVersion(ver)
+		if err != nil {
+			return Version{}, false, fmt.Errorf("reading the version of %s on %s: %w", pkg, c.node, err)
+		}
+		return v, true, nil
+	}
+	return Version{}, false, nil
 }
 
 // NodeInfo is one cluster member from GET /nodes.

@@ -94,6 +94,11 @@ func (s *Server) haCreate(r *request) (any, *apiError) {
 // haRead answers GET /cluster/ha/resources/{sid} (pve-ha-manager
 // src/PVE/API2/HA/Resources.pm read).
 func (s *Server) haRead(r *request, sid string) (any, *apiError) {
+	// Sys.Audit on / (pve-ha-manager 5.2.0 src/PVE/API2/HA/Resources.pm
+	// read; the schema's declared check).
+	if aerr := r.who.check("/", "Sys.Audit"); aerr != nil {
+		return nil, aerr
+	}
 	id, ok := haSIDVMID(sid)
 	s = s.MemberOf(id)
 	s.mu.Lock()

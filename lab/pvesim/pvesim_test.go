@@ -180,7 +180,7 @@ func TestJSONTypesAndErrors(t *testing.T) {
 		t.Fatalf("param errors: %s %s", a.status, a.body)
 	}
 	a = c.do("GET", "/cluster/nextid", url.Values{"vmid": {"701"}})
-	if a.code != 400 || a.errs["vmid"] != "VM 701 already exists\n" {
+	if a.code != 400 || a.errs["vmid"] != "VM 701 already exists" {
 		t.Fatalf("nextid taken: %s %s", a.status, a.body)
 	}
 }
@@ -564,7 +564,7 @@ func TestProxmoxSourceBehaviours(t *testing.T) {
 		t.Fatalf("content: %v", content)
 	}
 	// An unknown task is a parameter error (raise_param_exc): 400.
-	if a := c.do("GET", "/nodes/pve/tasks/UPID:pve:0000AAAA:00000001:6B000000:qmstart:701:root@pam:/status", nil); a.code != 400 || a.errs["upid"] != "no such task\n" {
+	if a := c.do("GET", "/nodes/pve/tasks/UPID:pve:0000AAAA:00000001:6B000000:qmstart:701:root@pam:/status", nil); a.code != 400 || a.errs["upid"] != "no such task" {
 		t.Fatalf("unknown task: %s %s", a.status, a.body)
 	}
 	// Memory: free is MemFree (no page cache), available only on 9.x.

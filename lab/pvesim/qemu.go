@@ -33,14 +33,12 @@ func newVM(id int, conf map[string]string) *vm {
 
 // createChecksTags reports whether a create checks its tags: qemu-server
 // 9.2.0 added the check (commit a929b3e0 "vm_create: check tag permissions
-// if setting tags"; not in 9.1.19 nor 8.4.10). pvesim knows the
-// pve-manager version only and takes 9.2 for the qemu-server 9.2 series
-// (that the two arrive together is unverified).
+// if setting tags", bumped in b69480d6; not in 9.1.19 nor 8.4.10). It
+// follows the installed qemu-server (Options.QemuServer), not pve-manager:
+// pve-manager 9.2.0-9.2.4 came out before qemu-server 9.2.0 and 9.2.11
+// still declares qemu-server >= 9.1.13 (debian/control at f6997e69).
 func (s *Server) createChecksTags() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	major, minor := s.versionLocked()
-	return major > 9 || (major == 9 && minor >= 2)
+	return versionAtLeast(s.opts.QemuServer, 9, 2, 0)
 }
 
 // createHashTag is what the 9.2 create's tag check takes for the VM's old

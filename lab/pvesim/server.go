@@ -212,6 +212,12 @@ func withDefaults(o Options) Options {
 	if o.Version == "" {
 		o.Version = "8.2.4"
 	}
+	if o.QemuServer == "" {
+		o.QemuServer = defaultQemuServer(o.Version)
+	}
+	if o.QemuServerCandidate == "" {
+		o.QemuServerCandidate = o.QemuServer
+	}
 	if o.Storages == nil {
 		o.Storages = []StorageSpec{
 			{Name: "local", Type: "dir", Content: []string{"iso", "vztmpl", "backup"}, TotalBytes: 94 * gib, UsedBytes: 9 * gib, Path: "/var/lib/vz"},
@@ -319,13 +325,11 @@ func errf(code int, format string, a ...any) *apiError {
 	return &apiError{code: code, msg: msg}
 }
 
-// paramErr is PVE's 400 answer for failed parameter verification.
+// paramErr is PVE's 400 answer for failed parameter verification
+// (pve-common src/PVE/Exception.pm raise_param_exc): the messages go out
+// as they were raised, a newline only where the text had one (a format's
+// die), as pve-http-server's Formatter/Standard.pm copies them.
 func paramErr(errs map[string]string) *apiError {
-	for k, v := range errs {
-		if !strings.HasSuffix(v, "\n") {
-			errs[k] = v + "\n"
-		}
-	}
 	return &apiError{code: http.StatusBadRequest, msg: "Parameter verification failed.\n", errs: errs}
 }
 
@@ -636,6 +640,8 @@ func (s *Server) routeNode(ctx context.Context, r *request, rest []string) (any,
 			return s.migrateVM(r, rest[1])
 		case m == 1 && rest[0] == "status" && get:
 			return s.nodeStatus(r)
+		case m == 2 && rest[0] == "apt" && rest[1] == "versions" && get:
+			return s.aptVersions(r)
 		case m == 1 && rest[0] == "rrddata" && get:
 			return s.rrdData(r)
 		case m == 1 && rest[0] == "network" && get:
