@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/homelab/bootstrap/lab/pveapi"
 )
@@ -62,6 +63,9 @@ func (s *Server) findMethod(r *request) *apiError {
 	s.mu.Lock()
 	s.calls[m.Key()]++
 	s.mu.Unlock()
+	processCallsMu.Lock()
+	processCalls[m.Key()] = true
+	processCallsMu.Unlock()
 	if r.who == nil {
 		// POST /access/ticket, the one call before authentication
 		// (permissions user => 'world').
@@ -124,6 +128,25 @@ func (s *Server) Calls() map[string]int {
 	for k, v := range s.calls {
 		out[k] = v
 	}
+	return out
+}
+
+var (
+	processCallsMu sync.Mutex
+	processCalls   = map[string]bool{}
+)
+
+// ProcessCalls lists every call, by method and path template, that any
+// simulator of this process answered a method for (the schema's
+// find_handler found it), sorted: what a test package's clients sent.
+func ProcessCalls() []string {
+	processCallsMu.Lock()
+	defer processCallsMu.Unlock()
+	out := make([]string, 0, len(processCalls))
+	for k := range processCalls {
+		out = append(out, k)
+	}
+	sort.Strings(out)
 	return out
 }
 
