@@ -277,9 +277,13 @@ func (s Storage) Provisioning() Provisioning {
 }
 
 // ImagesSize sums the virtual sizes of the disk images on a storage the
-// token may see (GET /nodes/{node}/storage/{storage}/content?content=images;
-// volumes of VMs the token cannot audit are left out by PVE). On thin
-// storage this is what the guests may write, against the pool's total.
+// token may see (GET /nodes/{node}/storage/{storage}/content?content=images).
+// The index skips every volume check_volume_access refuses (pve-storage
+// 9.1.7 src/PVE/API2/Storage/Content.pm index, src/PVE/Storage.pm): an
+// image shows only with Datastore.Allocate on the storage, or
+// Datastore.Audit on it and VM.Config.Disk on its VM (see ImagesVisible).
+// On thin storage this is what the guests may write, against the pool's
+// total.
 func (c *Client) ImagesSize(ctx context.Context, storage string) (int64, int, error) {
 	list, err := c.getList(ctx, "/nodes/"+c.node+"/storage/"+storage+"/content?content=images")
 	if err != nil {
@@ -290,6 +294,42 @@ func (c *Client) ImagesSize(ctx context.Context, storage string) (int64, int, er
 		sum += num(e["size"])
 	}
 	return sum, len(list), nil
+}
+
+// Visibility is how much of a storage's images the content index shows
+// the token (see ImagesVisible).
+type Visibility int
+
+// The answers of ImagesVisible.
+const (
+	// ImagesHidden: the token has neither Datastore.Allocate nor
+	// Datastore.Audit on the storage; the index lists no image.
+	ImagesHidden Visibility = iota
+	// ImagesOfSomeVMs: Datastore.Audit, but VM.Config.Disk not on every
+	// VM (not on /vms): images of the other VMs are left out.
+	ImagesOfSomeVMs
+	// ImagesAll: every image is listed.
+	ImagesAll
+)
+
+// ImagesVisible tells what the content index will show of a storage's
+// images, from the token's privileges on /storage/<id> and /vms
+// (check_volume_access, see ImagesSize).
+func (c *Client) ImagesVisible(ctx context.Context, storage string) (Visibility, error) {
+	sp := "/storage/" + storage
+	held, err := c.Permissions(ctx, []string{sp, "/vms"})
+	if err != nil {
+		return ImagesHidden, err
+	}
+	switch {
+	case held[sp]["Datastore.Allocate"]:
+		return ImagesAll, nil
+	case !held[sp]["Datastore.Audit"]:
+		return ImagesHidden, nil
+	case held["/vms"]["VM.Config.Disk"]:
+		return ImagesAll, nil
+	}
+	return ImagesOfSomeVMs, nil
 }
 
 // Storages lists the node's storages the token can see (GET /nodes/{node}/storage).

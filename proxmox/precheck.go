@@ -748,9 +748,22 @@ func (f *facts) diskRoom(ctx context.Context, st Storage, need int64, disks int)
 	if need > st.Avail {
 		warns = append(warns, fmt.Sprintf("%s has %s free, less than the %s the new disks may hold", st.Name, gib(st.Avail), gib(need)))
 	}
+	// The content index hides images the token may not access: without
+	// Datastore.Audit on the storage it lists none, and a committed sum
+	// would count only the new disks.
+	vis, err := f.c.ImagesVisible(ctx, st.Name)
+	if err != nil {
+		return part + fmt.Sprintf(", committed size unknown (%v)", err), warns, ""
+	}
+	if vis == ImagesHidden {
+		return part + fmt.Sprintf(", committed size unknown: Proxmox lists the disks on %s only to a token with Datastore.Audit on /storage/%s (grant it to have overcommitment checked)", st.Name, st.Name), warns, ""
+	}
 	virtual, _, err := f.c.ImagesSize(ctx, st.Name)
 	if err != nil {
 		return part + fmt.Sprintf(", committed size unknown (%v)", err), warns, ""
+	}
+	if vis == ImagesOfSomeVMs {
+		part += " (counting only the disks of VMs the token holds VM.Config.Disk on)"
 	}
 	committed := virtual + need
 	if st.Total > 0 {

@@ -595,3 +595,30 @@ func TestProxmoxSourceBehaviours(t *testing.T) {
 		t.Errorf("resources: vm %v ct %v", vm, ct)
 	}
 }
+
+// The content index skips what check_volume_access refuses: images need
+// Datastore.Audit on the storage and VM.Config.Disk on their VM (or
+// Datastore.Allocate), ISOs AllocateSpace or Audit.
+func TestContentIndexHidesVolumesAsCheckVolumeAccess(t *testing.T) {
+	s := newSim(t, Options{ISOs: []ISOSpec{{Storage: "local", Name: "talos.iso", Size: 1 << 20}},
+		Tokens: []Token{{ID: "root@pam!bootstrap", Secret: "s", ACL: Admin("8.2.4")},
+			{ID: "u@pve!space", Secret: "a", ACL: []ACE{{Path: "/", Privileges: []string{"Datastore.AllocateSpace", "VM.Config.Disk"}}}},
+			{ID: "u@pve!audit", Secret: "b", ACL: []ACE{{Path: "/", Privileges: []string{"Datastore.Audit"}}, {Path: "/vms/651", Privileges: []string{"VM.Config.Disk"}}}},
+			{ID: "u@pve!alloc", Secret: "c", ACL: []ACE{{Path: "/", Privileges: []string{"Datastore.Allocate", "Datastore.Audit"}}}}}})
+	for _, id := range []int{650, 651} {
+		if err := s.SeedVM(id, map[string]string{"name": "x", "scsi0": "local-lvm:1"}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newClient(t, s)
+	for auth, want := range map[string]struct{ images, isos int }{
+		"u@pve!space=a": {0, 1}, "u@pve!audit=b": {1, 1}, "u@pve!alloc=c": {2, 1},
+	} {
+		c.auth = "PVEAPIToken=" + auth
+		images := c.ok("GET", "/nodes/pve/storage/local-lvm/content", url.Values{"content": {"images"}}).([]any)
+		isos := c.ok("GET", "/nodes/pve/storage/local/content", nil).([]any)
+		if len(images) != want.images || len(isos) != want.isos {
+			t.Errorf("%s: %d images, %d ISOs; want %+v", auth, len(images), len(isos), want)
+		}
+	}
+}

@@ -298,6 +298,9 @@ func (s *Server) storageContent(r *request, name string) (any, *apiError) {
 		if vmidFilter != "" && strconv.Itoa(v.vmid) != vmidFilter {
 			continue
 		}
+		if !volumeVisible(r.who, name, v) {
+			continue
+		}
 		e := map[string]any{
 			"volid":   name + ":" + v.name,
 			"content": v.content,
@@ -311,6 +314,31 @@ func (s *Server) storageContent(r *request, name string) (any, *apiError) {
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// volumeVisible is check_volume_access as the content index applies it,
+// skipping each volume it refuses (pve-storage 9.1.7 src/PVE/Storage.pm
+// check_volume_access, src/PVE/API2/Storage/Content.pm index: "next if
+// $@", with no VM of the caller's own): Datastore.Allocate on the storage
+// shows everything; ISOs and templates need Datastore.AllocateSpace or
+// Datastore.Audit; a backup Datastore.AllocateSpace plus VM.Backup on its
+// VM; a VM's image Datastore.Audit on the storage plus VM.Config.Disk on
+// its VM; anything else is hidden.
+func volumeVisible(who *identity, sid string, v *volume) bool {
+	sp := "/storage/" + sid
+	if who.has(sp, "Datastore.Allocate") {
+		return true
+	}
+	vm := "/vms/" + strconv.Itoa(v.vmid)
+	switch {
+	case v.content == "iso" || v.content == "vztmpl" || v.content == "import":
+		return who.has(sp, "Datastore.AllocateSpace") || who.has(sp, "Datastore.Audit")
+	case v.content == "backup" && v.vmid != 0:
+		return who.has(sp, "Datastore.AllocateSpace") && who.has(vm, "VM.Backup")
+	case (v.content == "images" || v.content == "rootdir") && v.vmid != 0:
+		return who.has(sp, "Datastore.Audit") && who.has(vm, "VM.Config.Disk")
+	}
+	return false
 }
 
 // AddISO puts an ISO on a storage, as if uploaded earlier.
