@@ -262,15 +262,17 @@ const (
 // whose status is the pool's data allocation); image files on dir, nfs,
 // cifs, glusterfs, cephfs and btrfs storages are sparse (Plugin.pm
 // preallocation_cmd_opt: qcow2 'metadata', raw 'off') unless the storage
-// sets 'preallocation'; a zfspool's zvols are thin only with 'sparse'
-// (ZFSPoolPlugin.pm zfs_create_zvol -s), otherwise their refreservation
-// takes the whole size. Storage config (GET /storage/{id}) needs
-// Datastore.Allocate, so neither option is read.
+// sets 'preallocation'; Ceph RBD images are created with "rbd create
+// --size", which allocates nothing (RBDPlugin.pm alloc_image); a
+// zfspool's zvols, and those of ZFS over iSCSI (ZFSPlugin.pm, through
+// ZFSPoolPlugin's zfs_create_zvol), are thin only with 'sparse' (-s),
+// otherwise their refreservation takes the whole size. Storage config
+// (GET /storage/{id}) needs Datastore.Allocate, so neither option is read.
 func (s Storage) Provisioning() Provisioning {
 	switch s.Type {
-	case "lvmthin", "dir", "nfs", "cifs", "glusterfs", "cephfs", "btrfs":
+	case "lvmthin", "dir", "nfs", "cifs", "glusterfs", "cephfs", "btrfs", "rbd":
 		return ThinProvisioned
-	case "zfspool":
+	case "zfspool", "zfs":
 		return MaybeThin
 	}
 	return ThickProvisioned

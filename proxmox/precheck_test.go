@@ -181,6 +181,26 @@ func TestThinPoolOvercommit(t *testing.T) {
 	e.checkProvisioned(in.VMs)
 }
 
+// Ceph RBD images take nothing from the pool when created (rbd create
+// --size): a nearly full pool warns and the VMs are created; ZFS over
+// iSCSI is like a zfspool, thin only with 'sparse'.
+func TestRBDIsThin(t *testing.T) {
+	storages := []pvesim.StorageSpec{
+		{Name: "local", Type: "dir", Content: []string{"iso"}, TotalBytes: 94 << 30, Path: "/var/lib/vz"},
+		{Name: "ceph", Type: "rbd", Content: []string{"images"}, TotalBytes: 100 << 30, UsedBytes: 90 << 30, Shared: true},
+		{Name: "iscsi", Type: "zfs", Content: []string{"images"}, TotalBytes: 100 << 30, UsedBytes: 90 << 30, Shared: true},
+	}
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Storages: storages})
+	in := onStorage(precheckInput(3), "ceph")
+	expect(t, runPrechecks(t, e.c, in), "proxmox: disk storage", check.Warn, "ceph (thin): 60.0 GiB for new disks, 10.0 GiB free",
+		"ceph has 10.0 GiB free, less than the 60.0 GiB the new disks may hold")
+	e.provision(ctxT(t), e.c, in.VMs)
+	e.checkProvisioned(in.VMs)
+	e = newEnv(t, pvesim.Options{Bridges: vlanBridge, Storages: storages})
+	expect(t, runPrechecks(t, e.c, onStorage(precheckInput(1), "iscsi")), "proxmox: disk storage", check.Fail,
+		"a zfs zvol reserves its whole size unless the storage is 'sparse'")
+}
+
 // The content index shows a VM's image only with Datastore.Audit on the
 // storage and VM.Config.Disk on the VM (or Datastore.Allocate): with the
 // README's role, which has neither storage privilege, every image is

@@ -77,9 +77,14 @@ func fileBased(typ string) bool {
 // The few MiB of qcow2 metadata are left out.
 func (st *storage) thin() bool {
 	switch {
-	case st.spec.Type == "lvmthin", fileBased(st.spec.Type):
+	case st.spec.Type == "lvmthin", st.spec.Type == "rbd", fileBased(st.spec.Type):
+		// RBD images are created with "rbd create --size", which
+		// allocates nothing (pve-storage 9.1.7 src/PVE/Storage/RBDPlugin.pm
+		// alloc_image).
 		return true
-	case st.spec.Type == "zfspool":
+	case st.spec.Type == "zfspool", st.spec.Type == "zfs":
+		// ZFS over iSCSI (ZFSPlugin.pm) creates its zvols through
+		// ZFSPoolPlugin's zfs_create_zvol: thin only with 'sparse' (-s).
 		return st.spec.Sparse
 	}
 	return false
