@@ -888,6 +888,29 @@ func sortedKeys(m map[string]bool) []string {
 	return out
 }
 
+// hasZFSPool says whether the member has an enabled zfspool storage: a
+// ZFS pool whose ARC may hold memory the node status counts as used.
+func (f *facts) hasZFSPool(ctx context.Context) bool {
+	sts, err := f.getStorages(ctx)
+	if err != nil {
+		return false
+	}
+	for _, st := range sts {
+		if st.Type == "zfspool" && st.Enabled {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *facts) versionText(ctx context.Context) string {
+	v, err := f.getVersion(ctx)
+	if err != nil {
+		return "(unknown)"
+	}
+	return v.String()
+}
+
 func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
 	ns, err := f.status.get(func() (NodeStatus, error) { return f.c.NodeStatus(ctx) })
 	if err != nil {
@@ -922,6 +945,15 @@ func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
 	arc, arcKnown, arcErr := f.c.ZFSARC(ctx)
 	if arcErr != nil {
 		arc, arcKnown = 0, false
+	}
+	if needMem > ns.MemoryAvailable+arc && !arcKnown && needMem <= ns.MemoryTotal && f.hasZFSPool(ctx) {
+		// PVE 8 reports no ARC size (its pve2-node RRD has no arcsize;
+		// pve-common 8.3.8 read_meminfo: used = total - MemAvailable,
+		// which leaves the ARC out), and qemu-server checks no free
+		// memory at start (vm_start_nolock): on a ZFS member the VMs
+		// start and ZFS gives the ARC back, so this warns.
+		return check.Warnf("%s RAM needed for VMs to start, %s available of %s: the ZFS ARC, which Linux counts as used, may hold the rest, but Proxmox VE %s does not report its size (PVE 9 does); Proxmox starts VMs without checking memory and ZFS gives the ARC back down to zfs_arc_min (cap it with zfs_arc_max)",
+			gib(needMem), gib(ns.MemoryAvailable), gib(ns.MemoryTotal), f.versionText(ctx))
 	}
 	if needMem > ns.MemoryAvailable+arc {
 		msg := fmt.Sprintf("%s RAM needed for VMs to start, only %s available of %s", gib(needMem), gib(ns.MemoryAvailable), gib(ns.MemoryTotal))
