@@ -3,6 +3,7 @@ package proxmox
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -538,5 +539,43 @@ func TestPermanentErrorsAreNotRetried(t *testing.T) {
 	var ae *APIError
 	if !errors.As(err, &ae) || ae.Status != 501 || retry.IsRetryable(err) {
 		t.Fatalf("want a permanent 501, got %v", err)
+	}
+}
+
+// A destroy deletes the VM's own ACL entries (remove_vm_access): a token
+// granted on /vms/<vmid> cannot create the VM again. VMGrants tells it
+// before: the grant differs from /vms, and /vms lacks the create
+// privileges (node replace refuses on it before the node leaves).
+func TestDestroyDeletesTheVMsGrants(t *testing.T) {
+	base := []string{"Sys.Audit", "Datastore.AllocateSpace", "Datastore.Audit", "Datastore.AllocateTemplate", "SDN.Use", "Sys.AccessNetwork", "VM.Audit"}
+	acl := []pvesim.ACE{{Path: "/", Privileges: base}, {Path: "/vms/701", Privileges: CreatePrivileges()}}
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge,
+		Users:  []pvesim.User{{ID: "bootstrap@pve", ACL: acl}},
+		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: acl}, {ID: "root@pam!admin", Secret: "a", ACL: pvesim.Admin("8.2.4")}}})
+	if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+	ctx := ctxT(t)
+	s := spec(1)
+	if _, err := c.EnsureVM(ctx, s); err != nil {
+		t.Fatalf("the per-VM grant creates the VM: %v", err)
+	}
+	perVM, lack, err := c.VMGrants(ctx, s.VMID)
+	if err != nil || !perVM || len(lack) == 0 || !slices.Contains(lack, "VM.Allocate") {
+		t.Fatalf("VMGrants: %v %v %v", perVM, lack, err)
+	}
+	vms, err := c.FindClusterVMs(ctx, s.Cluster)
+	if err != nil || len(vms) != 1 {
+		t.Fatalf("%v %v", vms, err)
+	}
+	if err := c.DestroyClusterVM(ctx, s.Cluster, vms[0]); err != nil {
+		t.Fatal(err)
+	}
+	if perVM, _, err := c.VMGrants(ctx, s.VMID); err != nil || perVM {
+		t.Errorf("after the destroy the grant is still there: %v %v", perVM, err)
+	}
+	if _, err := c.EnsureVM(ctx, s); err == nil || !strings.Contains(err.Error(), "403 Permission check failed") {
+		t.Fatalf("re-create without the grant: %v", err)
 	}
 }

@@ -1233,6 +1233,7 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 		delete(s.ha, id)
 		hooks := slices.Clone(s.onDestroy)
 		s.mu.Unlock()
+		s.removeVMAccess(id)
 		t.logf("destroyed VM %d", id)
 		if ha {
 			t.logf("NOTE: removed VM %d from HA resource configuration.", id)
