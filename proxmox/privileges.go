@@ -234,7 +234,6 @@ func describeMissing(gs []Grant) string {
 	return strings.Join(parts, "; ")
 }
 
-
 // CreatePrivileges are what creating and starting a VM needs on its
 // /vms/<vmid> path (see RequiredPrivileges), for callers that re-create one.
 func CreatePrivileges() []string { return slices.Clone(createPrivileges) }
