@@ -507,7 +507,12 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 			}
 			return fmt.Errorf("checksum mismatch: got '%s' != expect '%s', aborting", got, sum)
 		}
-		tmp := fmt.Sprintf("%s.tmp.%d", dest, t.pid)
+		// wget writes a per-process temporary file, renamed over the
+		// destination at the end (pve-common 9.2.1 src/PVE/Tools.pm
+		// download_file_from_url: "$dest.tmp_dwnl.$$", then rename): the
+		// existing file is checked only above, as the task starts, so two
+		// downloads that overlap both succeed, the later rename winning.
+		tmp := fmt.Sprintf("%s.tmp_dwnl.%d", dest, t.pid)
 		if !known && s.opts.HTTP != nil {
 			var code int
 			if remote, code = s.fetch(ctx, t, u); code != 0 {
@@ -546,8 +551,8 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if st.vols[volname] != nil {
-			return fmt.Errorf("refusing to override existing file '%s'", dest)
+		if old := st.vols[volname]; old != nil {
+			st.used -= old.alloc
 		}
 		st.used += size
 		st.vols[volname] = &volume{name: volname, content: "iso", format: "iso", size: size, alloc: size, ctime: time.Now(), data: data, sha256: fileSum}

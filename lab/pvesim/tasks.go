@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -208,6 +209,29 @@ func (s *Server) TaskDurations(typ string) []time.Duration {
 	var out []time.Duration
 	for _, sp := range s.TaskSpans(typ) {
 		out = append(out, sp.End.Sub(sp.Start))
+	}
+	return out
+}
+
+// TaskExits returns the exit status of each finished task of a type, in
+// the order they started.
+func (s *Server) TaskExits(typ string) []string {
+	s.mu.Lock()
+	tasks := make([]*task, 0, len(s.tasks))
+	for _, t := range s.tasks {
+		if t.typ == typ {
+			tasks = append(tasks, t)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(tasks, func(i, j int) bool { return tasks[i].start.Before(tasks[j].start) })
+	var out []string
+	for _, t := range tasks {
+		t.mu.Lock()
+		if t.done {
+			out = append(out, t.exit)
+		}
+		t.mu.Unlock()
 	}
 	return out
 }
