@@ -489,6 +489,22 @@ func TestDestroyHAManagedVM(t *testing.T) {
 			if st, err := c.Status(ctx, 701); err != nil || !st.HAManaged || !st.Running() {
 				t.Fatalf("status: %+v %v", st, err)
 			}
+			// The guest powers itself off (a Talos reset): HA starts it
+			// again a CRM round later, and the destroy still removes it.
+			if err := e.sim.GuestPowerOff(701); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := c.Status(ctx, 701); err != nil || st.Running() {
+				t.Fatalf("after the guest's power-off: %+v %v", st, err)
+			}
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				if st, err := c.Status(ctx, 701); err == nil && st.Running() {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("HA did not start the VM again")
+				}
+			}
 			if err := c.DestroyClusterVM(ctx, "lab", VMSummary{VMID: 701, Node: "pve"}); err != nil {
 				t.Fatal(err)
 			}

@@ -10,8 +10,9 @@ import (
 // HA-managed VMs (pve-ha-manager 5.2.0 and qemu-server 9.2.6; the same
 // paths in 8.4.10). A VM listed in the HA resources is started and stopped
 // by the HA stack: a stop request only queues a CRM command, and a destroy
-// without purge is refused. Starting an HA-managed VM ('hastart') and HA
-// groups, rules and relocation are not modelled.
+// without purge is refused; one that went down by itself is started
+// again (control.go haRestart). Starting an HA-managed VM through the API
+// ('hastart') and HA groups, rules and relocation are not modelled.
 
 // SetHAManaged adds a VM to the HA resources (ha-manager add vm:<id>) with
 // its requested state "started", or removes it.
