@@ -54,8 +54,15 @@ func haSIDVMID(sid string) (int, bool) {
 // the VM must exist in the cluster (Resources/PVEVM.pm exists); a
 // resource defined twice fails inside the HA domain lock ("create
 // resource failed: ..."). The requested state defaults to started.
+// Without quorum it fails as create_vm does ("cluster not ready - no
+// quorum?").
 func (s *Server) haCreate(r *request) (any, *apiError) {
 	if aerr := r.who.check("/", "Sys.Console"); aerr != nil {
+		return nil, aerr
+	}
+	// check_cfs_quorum comes first in the code (pve-ha-manager 5.2.0
+	// src/PVE/API2/HA/Resources.pm create).
+	if aerr := s.quorumErr(); aerr != nil {
 		return nil, aerr
 	}
 	sid := r.param("sid")

@@ -1388,23 +1388,35 @@ func (s *Server) ownResources(r *request, typ string) []any {
 					e[k] = val
 				}
 			}
+			// The HA state of a managed guest (pve-manager 9.2.11
+			// PVE/API2/Cluster.pm resources, "get ha status").
+			if state, ok := s.ha[id]; ok {
+				e["hastate"] = state
+			}
 			out = append(out, e)
 		}
 	}
 	if typ == "" || typ == "node" {
-		out = append(out, s.nodeEntryLocked())
+		e := s.nodeEntryLocked()
+		// Without Sys.Audit on /nodes/<node> the row keeps only its
+		// identity, status and level (extract_node_stats with
+		// $exclude_stats, pve-manager 9.2.11 PVE/API2Tools.pm).
+		if !r.who.has("/nodes/"+s.node.Name, "Sys.Audit") {
+			for _, k := range []string{"uptime", "cpu", "mem", "disk", "maxcpu", "maxmem", "maxdisk"} {
+				delete(e, k)
+			}
+		}
+		out = append(out, e)
 	}
 	if typ == "" || typ == "storage" {
 		for _, st := range s.storages {
 			// Datastore.Audit only (pve-manager 9.2.11 PVE/API2/Cluster.pm
-			// resources), one row per member the storage is enabled on.
-			if !r.who.has("/storage/"+st.spec.Name, "Datastore.Audit") {
+			// resources), one row per member the storage is enabled on:
+			// a disabled storage has none (storage_check_enabled).
+			if !r.who.has("/storage/"+st.spec.Name, "Datastore.Audit") || st.spec.Disabled {
 				continue
 			}
 			status := "available"
-			if st.spec.Disabled {
-				status = "unknown"
-			}
 			content := append([]string(nil), st.spec.Content...)
 			sort.Strings(content)
 			out = append(out, map[string]any{

@@ -225,7 +225,10 @@ func (s *Server) listStorage(r *request) any {
 					match = true
 				}
 			}
-			if !match {
+			// With a content filter storage_info drops disabled storages
+			// too (pve-storage 9.1.7 src/PVE/Storage.pm: "next if
+			// !$want_ctype || !$storage_enabled").
+			if !match || st.spec.Disabled {
 				continue
 			}
 		}
