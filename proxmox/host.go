@@ -38,14 +38,14 @@ func (c *Client) Version(ctx context.Context) (Version, error) {
 		return Version{}, err
 	}
 	full, _ := m["version"].(string)
-	v, err := parseVersion(full)
+	v, err := ParseVersion(full)
 	v.Release, _ = m["release"].(string)
 	return v, err
 }
 
-// parseVersion reads "9.2.11" (a Debian version's upstream part: "-1" or
+// ParseVersion reads "9.2.11" (a Debian version's upstream part: "-1" or
 // "~bpo" suffixes are dropped).
-func parseVersion(full string) (Version, error) {
+func ParseVersion(full string) (Version, error) {
 	v := Version{Full: full}
 	parts := strings.Split(full, ".")
 	nums := []*int{&v.Major, &v.Minor, &v.Patch}
@@ -94,7 +94,7 @@ func (c *Client) InstalledPackage(ctx context.Context, pkg string) (v Version, f
 		if ver == "" {
 			ver, _ = e["Version"].(string)
 		}
-		v, err := parseVersion(ver)
+		v, err := ParseVersion(ver)
 		if err != nil {
 			return Version{}, false, fmt.Errorf("reading the version of %s on %s: %w", pkg, c.node, err)
 		}

@@ -24,7 +24,7 @@ func roleEnv(t *testing.T, version string, privs []string) (*env, *Client) {
 
 func testVersion(t *testing.T, s string) Version {
 	t.Helper()
-	v, err := parseVersion(s)
+	v, err := ParseVersion(s)
 	if err != nil {
 		t.Fatal(err)
 	}

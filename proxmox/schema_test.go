@@ -179,7 +179,7 @@ func TestPrecheckAsksAtLeastTheSchemasCheck(t *testing.T) {
 		}
 	}
 	for _, a := range apis {
-		v, _ := parseVersion(a.Release + ".0")
+		v, _ := ParseVersion(a.Release + ".0")
 		needs := RequiredPrivileges("pve", v, in, plans, true)
 		held := grantsOf(needs)
 		for _, u := range uses {
