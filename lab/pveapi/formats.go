@@ -2,9 +2,10 @@ package pveapi
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,12 +35,7 @@ func noteUnchecked(name string) {
 func Unchecked() []string {
 	uncheckedMu.Lock()
 	defer uncheckedMu.Unlock()
-	out := make([]string, 0, len(unchecked))
-	for k := range unchecked {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(unchecked))
 }
 
 // Implemented says whether a named format (or its -list/-opt form) has a

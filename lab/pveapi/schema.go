@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -390,10 +391,5 @@ func (a *API) Method(verb, template string) *Method { return a.methods[verb+" "+
 
 // Keys lists every "METHOD /template", sorted.
 func (a *API) Keys() []string {
-	out := make([]string, 0, len(a.methods))
-	for k := range a.methods {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(a.methods))
 }

@@ -3,9 +3,11 @@ package pveapi
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -392,14 +394,7 @@ func instanceType(props map[string]*Schema, k string, obj map[string]any) string
 	return ""
 }
 
-func sortedKeys[T any](m map[string]T) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+func sortedKeys[T any](m map[string]T) []string { return slices.Sorted(maps.Keys(m)) }
 
 // checkProp is check_prop.
 func (v *validator) checkProp(value any, s *Schema, path string, errs Errors, instance string) {

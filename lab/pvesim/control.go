@@ -239,12 +239,7 @@ func (s *Server) GuestPowerOff(vmid int) error {
 // (Profile.HAStop) later the VM runs again, unless it was taken out of
 // HA, asked to stop, or destroyed meanwhile.
 func (s *Server) haRestart(v *vm) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.pause(s.ctx, s.opts.Profile.HAStop); err != nil {
-			return
-		}
+	s.afterCRMRound(func() {
 		s.mu.Lock()
 		still := s.vms[v.id] == v && s.ha[v.id] == "started" && v.state == "stopped"
 		s.mu.Unlock()
@@ -259,7 +254,7 @@ func (s *Server) haRestart(v *vm) {
 		if err := s.startWork(s.ctx, lrm, v, false); err != nil {
 			s.log.Debug().Int("vmid", v.id).Err(err).Msg("HA restart failed")
 		}
-	}()
+	})
 }
 
 // OnStart registers a listener called when a VM has started; an error

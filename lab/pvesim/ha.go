@@ -154,12 +154,7 @@ func (s *Server) haStop(r *request, v *vm) string {
 	id := v.id
 	return s.startTask(r, "hastop", strconv.Itoa(id), func(ctx context.Context, t *task) error {
 		t.logf("Requesting HA stop for VM %d", id)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.pause(s.ctx, s.opts.Profile.HAStop); err != nil {
-				return
-			}
+		s.afterCRMRound(func() {
 			s.mu.Lock()
 			if _, ok := s.ha[id]; ok {
 				s.ha[id] = "stopped"
@@ -167,7 +162,20 @@ func (s *Server) haStop(r *request, v *vm) string {
 			s.mu.Unlock()
 			lrm := &task{node: s.node.Name, typ: "qmstop", id: strconv.Itoa(id)}
 			_ = s.stopWork(s.ctx, lrm, v, false, 0)
-		}()
+		})
 		return nil
 	})
+}
+
+// afterCRMRound runs what the HA stack does on its next round
+// (Profile.HAStop from now), unless the server closes first.
+func (s *Server) afterCRMRound(fn func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.pause(s.ctx, s.opts.Profile.HAStop); err != nil {
+			return
+		}
+		fn()
+	}()
 }

@@ -3,8 +3,9 @@ package pvesim
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 
@@ -124,11 +125,7 @@ func (s *Server) checkResult(r *request, data any) *apiError {
 func (s *Server) Calls() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[string]int, len(s.calls))
-	for k, v := range s.calls {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(s.calls)
 }
 
 var (
@@ -142,20 +139,10 @@ var (
 func ProcessCalls() []string {
 	processCallsMu.Lock()
 	defer processCallsMu.Unlock()
-	out := make([]string, 0, len(processCalls))
-	for k := range processCalls {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(processCalls))
 }
 
 // CallList is Calls' keys, sorted.
 func (s *Server) CallList() []string {
-	var out []string
-	for k := range s.Calls() {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(s.Calls()))
 }
