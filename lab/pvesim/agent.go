@@ -42,7 +42,7 @@ func (s *Server) agentAvailable(r *request, idStr string) (int, *apiError) {
 		return 0, perr
 	}
 	privs := []string{"VM.Monitor"}
-	if s.major() >= 9 {
+	if versionAtLeast(s.opts.QemuServer, 9, 0, 3) {
 		privs = []string{"VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted"}
 	}
 	if aerr := r.who.checkAny("/vms/"+strconv.Itoa(id), privs...); aerr != nil {

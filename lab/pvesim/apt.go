@@ -31,6 +31,30 @@ func defaultQemuServer(managerVersion string) string {
 	return fmt.Sprintf("%d.%d.0", maj, min)
 }
 
+// pveCommon is the pve-common (libpve-common-perl) release current when
+// the simulated pve-manager release was, as defaultQemuServer: 8.2 →
+// 8.2.2 (7f3dc63), 8.3 → 8.2.9 (5d5b3ab), 8.4 → 8.3.1 (85d46b4), 9.0 →
+// 9.0.9 (f8179d2), 9.1 → 9.1.11 (92ce4e4), 9.2 → 9.2.1 (f665029); older
+// releases "<major>.<minor>.0", unverified.
+func pveCommon(managerVersion string) string {
+	maj, min := splitVersion(managerVersion)
+	switch fmt.Sprintf("%d.%d", maj, min) {
+	case "8.2":
+		return "8.2.2"
+	case "8.3":
+		return "8.2.9"
+	case "8.4":
+		return "8.3.1"
+	case "9.0":
+		return "9.0.9"
+	case "9.1":
+		return "9.1.11"
+	case "9.2":
+		return "9.2.1"
+	}
+	return fmt.Sprintf("%d.%d.0", maj, min)
+}
+
 func splitVersion(v string) (major, minor int) {
 	parts := strings.SplitN(v, ".", 3)
 	major, _ = strconv.Atoi(parts[0])
@@ -62,7 +86,7 @@ func versionAtLeast(v string, major, minor, patch int) bool {
 // $assemble_pkginfo's: Version is the apt *candidate*, OldVersion the
 // installed one (when installed); pve-manager carries ManagerVersion,
 // proxmox-ve the RunningKernel. Only the packages pvesim models are
-// listed (proxmox-ve, pve-manager, qemu-server).
+// listed (proxmox-ve, pve-manager, qemu-server, libpve-common-perl).
 func (s *Server) aptVersions(r *request) (any, *apiError) {
 	if aerr := r.who.check("/nodes/"+s.node.Name, "Sys.Audit"); aerr != nil {
 		return nil, aerr
@@ -83,5 +107,9 @@ func (s *Server) aptVersions(r *request) (any, *apiError) {
 	mgr := entry("pve-manager", "Proxmox Virtual Environment Management Tools", s.version, s.version)
 	mgr["ManagerVersion"] = s.version + "/" + s.repoid
 	qs := entry("qemu-server", "Qemu Server Tools", s.opts.QemuServer, s.opts.QemuServerCandidate)
-	return []any{ve, mgr, qs}, nil
+	common := pveCommon(s.version)
+	lib := entry("libpve-common-perl", "Proxmox VE base library", common, common)
+	lib["Arch"] = "all"
+	// The listed packages by name after the first two (APT.pm versions).
+	return []any{ve, mgr, lib, qs}, nil
 }

@@ -622,3 +622,25 @@ func TestContentIndexHidesVolumesAsCheckVolumeAccess(t *testing.T) {
 		}
 	}
 }
+
+// Behaviours follow the package that brings them: 'free' in node status
+// is the raw MemFree from pve-common 8.3.1 (PVE 8.4) on, buffers and cache
+// included before (8.2); apt/versions reports the installed qemu-server as
+// OldVersion and apt's candidate as Version.
+func TestBehavioursFollowTheirPackage(t *testing.T) {
+	for version, wantFree := range map[string]int64{"8.2.4": 16*gib - 3*gib/2, "8.4.1": 16*gib - 3*gib/2 - 10*gib} {
+		s := newSim(t, Options{Version: version, QemuServer: "8.3.10", QemuServerCandidate: "8.3.12",
+			Node: NodeSpec{MemoryBytes: 16 * gib, PageCacheBytes: 10 * gib}})
+		c := newClient(t, s)
+		mem := c.ok("GET", "/nodes/pve/status", nil).(map[string]any)["memory"].(map[string]any)
+		if mem["free"].(float64) != float64(wantFree) {
+			t.Errorf("%s: free %v, want %d", version, mem["free"], wantFree)
+		}
+		for _, e := range c.ok("GET", "/nodes/pve/apt/versions", nil).([]any) {
+			p := e.(map[string]any)
+			if p["Package"] == "qemu-server" && (p["OldVersion"] != "8.3.10" || p["Version"] != "8.3.12") {
+				t.Errorf("%s: qemu-server %v", version, p)
+			}
+		}
+	}
+}
