@@ -172,8 +172,9 @@ type NodeStatus struct {
 	// MemoryAvailable is what new VMs can have: the kernel's MemAvailable,
 	// which counts the page cache it can drop. PVE 9 reports it as
 	// memory.available; before, used is total − MemAvailable (since
-	// pve-common 8.3.1), so total − used. memory.free is the raw MemFree
-	// and far too low on a host with a warm cache.
+	// pve-common 8.3.1), so total − used. memory.free is not read: from
+	// pve-common 8.3.1 (commit 219fe33) it is the raw MemFree, far too low
+	// on a host with a warm cache; before, it counted buffers and cache.
 	MemoryAvailable int64
 	Uptime          int64
 }
