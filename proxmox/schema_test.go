@@ -14,13 +14,20 @@ import (
 // TestMain checks, after the package's tests, that every call their
 // simulators received is in APICalls: the tests drive every operation of
 // the package, so a call missing from the table (and so from the schema
-// checks below) fails the package.
+// checks below) fails the package; and that no value the package sent
+// passed a named format unchecked.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
 		if missing := callsNotInTable(pvesim.ProcessCalls()); len(missing) > 0 {
 			fmt.Fprintf(os.Stderr, "FAIL: calls made in the tests but not in proxmox.APICalls (add them, then the schema tests judge them): %s\n",
 				strings.Join(missing, ", "))
+			code = 1
+		}
+		// Every named format on a parameter the package sent was checked
+		// by its rule (lab/pveapi/formats.go), none passed unchecked.
+		if un := pveapi.Unchecked(); len(un) > 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: the package's requests carry values of named formats lab/pveapi does not check: %s\n", strings.Join(un, ", "))
 			code = 1
 		}
 	}

@@ -73,6 +73,9 @@ var (
 	haSIDRE   = re(`^([a-z]+:\S+|\d+)$`)
 	physRE    = re(`^(host|\d{1,2})$`)
 	cidrRE    = re(`^(.+)/(\d+)$`)
+	ifaceRE   = re(`(?i)^[a-z][a-z0-9_]{1,20}([:.]\d+)?$`)
+	vlanRE    = re(`^(\d+)(?:-(\d+))?$`)
+	vnetRE    = re(`(?i)^[a-z][a-z0-9]*[a-z0-9]$`)
 	driveRE   = re(`^(ide|scsi|virtio|sata)(\d+)$`)
 	bootdevRE = re(`^(net|usb|hostpci)(\d+)$`)
 )
@@ -191,6 +194,21 @@ func (v *validator) format(name string) *format {
 		})
 	case "pve-tag":
 		return c(func(s string) string { return dieIf(!tagRE.MatchString(s), "invalid characters in tag") })
+	case "pve-iface":
+		return c(func(s string) string { return dieIf(!ifaceRE.MatchString(s), "invalid network interface name '"+s+"'") })
+	case "pve-vlan-id-or-range":
+		return c(vlanIDOrRange)
+
+	// pve-network 1.2.5 (5893df0) src/PVE/Network/SDN/VnetPlugin.pm
+	// parse_sdn_vnet_id; the format is gone after commit ecf98c5 (a
+	// pattern instead), but every published schema still names it.
+	case "pve-sdn-vnet-id":
+		return c(func(s string) string {
+			if !vnetRE.MatchString(s) {
+				return "vnet ID '" + s + "' contains illegal characters\n"
+			}
+			return dieIf(len(s) > 8, "vnet ID '"+s+"' can't be more length than 8 characters")
+		})
 
 	// pve-storage src/PVE/Storage/Plugin.pm (8.2.3 13a8187, 9.1.7 0c56bad):
 	// parse_volume_id; verify_content against the dir plugin's types,
@@ -253,6 +271,31 @@ func (v *validator) format(name string) *format {
 		})
 	}
 	return nil
+}
+
+// vlanIDOrRange is pve_verify_vlan_id_or_range: a tag from 2 to 4094, or
+// a range of two such tags, lower first.
+func vlanIDOrRange(s string) string {
+	m := vlanRE.FindStringSubmatch(s)
+	if m == nil {
+		return "invalid VLAN configuration '" + s + "'\n"
+	}
+	for _, t := range m[1:] {
+		if t == "" {
+			continue
+		}
+		if n, _ := strconv.Atoi(t); n < 2 || n > 4094 {
+			return "invalid VLAN tag '" + t + "'\n"
+		}
+	}
+	if m[2] != "" {
+		a, _ := strconv.Atoi(m[1])
+		b, _ := strconv.Atoi(m[2])
+		if a >= b {
+			return "VLAN range must go from lower to higher tag '" + s + "'\n"
+		}
+	}
+	return ""
 }
 
 // validBootDev is verify_bootdev: a drive (is_valid_drivename: ide0-3,
