@@ -54,6 +54,11 @@ type Options struct {
 	// ProxmoxHA writes proxmox.ha: true and grants the lab's token the
 	// Sys.Console on / that HA resources need (README's role leaves it out).
 	ProxmoxHA bool
+	// ProxmoxVersion is the pve-manager version the lab's Proxmox runs
+	// (default 8.2.4, the oldest supported): pvesim validates every call
+	// with that release's published API schema, and the token holds the
+	// README's role for it.
+	ProxmoxVersion string
 	// Profile is the latency model of the Proxmox host and Talos nodes:
 	// "instant" or "n100"; TimeScale multiplies its durations (n100 at
 	// 0.1 runs ten times faster than the real box).
@@ -287,13 +292,19 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// privilege-separated, holding the BootstrapRunner role on / (and its
 	// user the same), so every lab run, the e2e suite included, proves the
 	// documented role is enough.
-	privs := proxmox.RunnerPrivileges(labPVEVersion)
+	pveVersion := labPVEVersion
+	if o.ProxmoxVersion != "" {
+		if pveVersion, err = proxmox.ParseVersion(o.ProxmoxVersion); err != nil {
+			return nil, fmt.Errorf("lab: Proxmox version: %w", err)
+		}
+	}
+	privs := proxmox.RunnerPrivileges(pveVersion)
 	if o.ProxmoxHA {
 		privs = append(privs, "Sys.Console")
 	}
 	role := []pvesim.ACE{{Path: "/", Privileges: privs}}
 	pveOpts := pvesim.Options{
-		Version: labPVEVersion.Full,
+		Version: pveVersion.Full,
 		Users:   []pvesim.User{{ID: "bootstrap@pve", ACL: role}},
 		Tokens:  []pvesim.Token{{ID: "bootstrap@pve!homelab", Secret: randomSecret(), ACL: role}},
 		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,

@@ -568,11 +568,14 @@ func (c *Client) FetchISO(ctx context.Context, src ISOSource) error {
 	}
 	err := c.DownloadISO(ctx, DownloadRequest{Storage: src.Storage, URL: src.URL, Filename: src.Filename, Checksum: src.Checksum, ChecksumAlgorithm: src.ChecksumAlgorithm})
 	if err != nil && strings.Contains(err.Error(), "refusing to override existing file") {
-		// Another download task wrote the file while ours ran: the task of
-		// a run that was killed goes on without it on the host. Without a
-		// checksum Proxmox refuses to replace the file
-		// (download_file_from_url, pve-common src/PVE/Tools.pm); it is
-		// there now, which is what this call is for.
+		// Another download task (a killed run's, which goes on on the
+		// host) stored the file after our look and before our task
+		// started: without a checksum Proxmox refuses a file that exists
+		// as the task starts (pve-common 9.2.1 src/PVE/Tools.pm
+		// download_file_from_url checks -f $dest once, first). A task that
+		// was already running when the other finished renames its own
+		// temporary file over it and succeeds. Either way the file is
+		// there, which is what this call is for.
 		if _, ok, ferr := c.FindISO(ctx, src.Storage, src.Filename); ferr == nil && ok {
 			c.log.Info().Str("iso", src.Filename).Msg("another download task stored the ISO first; keeping its file")
 			return nil

@@ -3,6 +3,7 @@ package proxmox
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,26 +45,43 @@ func TestHeadroomCountsThePageCache(t *testing.T) {
 
 // A ZFS host: the ARC is used memory to Linux, but ZFS gives it back to
 // VMs. PVE 9 reports its size in the node RRD; PVE 8 does not, so there
-// the precheck cannot count it.
+// the precheck cannot count it: with a zfspool on the member it warns
+// (qemu-server starts VMs without a memory check, and they start), without
+// one the shortfall fails.
 func TestHeadroomCountsTheZFSARC(t *testing.T) {
+	zfs := []pvesim.StorageSpec{
+		{Name: "local", Type: "dir", Content: []string{"iso"}, TotalBytes: 94 << 30, Path: "/var/lib/vz"},
+		{Name: "local-zfs", Type: "zfspool", Content: []string{"images"}, TotalBytes: 348 << 30, Sparse: true},
+	}
 	for _, tc := range []struct {
-		version string
-		status  check.Status
-		want    string
+		name, version string
+		storages      []pvesim.StorageSpec
+		status        check.Status
+		want          string
 	}{
 		// 1.5 GiB host + 6 GiB ARC of 16 GiB: 8.5 GiB available, 12 needed.
-		{"9.1.2", check.Warn, "RAM 13.5 GiB of 16.0 GiB after start (84%), 6 vCPUs on 4 CPUs; ZFS ARC 6.0 GiB not counted as used: the VMs need 3.5 GiB more than is available"},
-		{"8.4.1", check.Fail, "12.0 GiB RAM needed for VMs to start, only 8.5 GiB available of 16.0 GiB"},
+		{"9.1.2", "9.1.2", nil, check.Warn, "RAM 13.5 GiB of 16.0 GiB after start (84%), 6 vCPUs on 4 CPUs; ZFS ARC 6.0 GiB not counted as used: the VMs need 3.5 GiB more than is available"},
+		{"8.4.1 zfspool", "8.4.1", zfs, check.Warn, "12.0 GiB RAM needed for VMs to start, 8.5 GiB available of 16.0 GiB: the ZFS ARC, which Linux counts as used, may hold the rest, but Proxmox VE 8.4.1 does not report its size"},
+		{"8.4.1 no zfspool", "8.4.1", nil, check.Fail, "12.0 GiB RAM needed for VMs to start, only 8.5 GiB available of 16.0 GiB"},
 	} {
-		t.Run(tc.version, func(t *testing.T) {
-			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: tc.version,
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: tc.version, Storages: tc.storages,
 				Node: pvesim.NodeSpec{MemoryBytes: 16 << 30, PageCacheBytes: 1 << 30, ARCBytes: 6 << 30}})
 			in := precheckInput(3)
 			for i := range in.VMs {
 				in.VMs[i].MemoryMiB = 4096
 			}
+			if tc.storages != nil {
+				in = onStorage(in, "local-zfs")
+			}
 			rs := runPrechecks(t, e.c, in)
 			expect(t, rs, "proxmox: RAM and CPU headroom", tc.status, tc.want)
+			if tc.storages != nil {
+				// Proxmox starts them: no memory check at start.
+				e.provision(ctxT(t), e.c, in.VMs)
+				e.checkProvisioned(in.VMs)
+				return
+			}
 			if tc.status == check.Warn {
 				// More than the ARC can give back is still a failure.
 				in.VMs[0].MemoryMiB = 8192
@@ -253,9 +271,14 @@ func TestTagsOnCreateByVersion(t *testing.T) {
 		{"9.2 free", "9.2.11", pvesim.Datacenter{}, check.Pass, "may be set", ""},
 		{"9.2 listed", "9.2.11", listed, check.Fail, "user-tag-access list", "Sys.Modify for modifying tag 'HASH(0x"},
 		{"9.2 registered", "9.2.11", registered, check.Fail, "registered tags need Sys.Modify: talos", "Sys.Modify for modifying tag 'talos'"},
+		// pve-manager 9.2.4 came out before qemu-server 9.2.0: such a host
+		// may run 9.1.19, whose create checks no tag.
+		{"9.2 manager on qemu-server 9.1.19", "9.2.4/9.1.19", listed, check.Pass, "qemu-server 9.1.19 on pve does not check", ""},
+		{"9.2 manager on qemu-server 9.2.0", "9.2.4/9.2.0", listed, check.Fail, "qemu-server 9.2.0 on pve checks tags", "Sys.Modify for modifying tag 'HASH(0x"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: tc.version, Datacenter: tc.dc, Tokens: noSysModify})
+			version, qemuServer, _ := strings.Cut(tc.version, "/")
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: version, QemuServer: qemuServer, Datacenter: tc.dc, Tokens: noSysModify})
 			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
 			expect(t, runPrechecks(t, c, precheckInput(1)), "proxmox: tags", tc.status, tc.reason)
 			if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
@@ -278,6 +301,59 @@ func TestTagsOnCreateByVersion(t *testing.T) {
 	}
 	if _, err := e.c.EnsureVM(ctxT(t), spec(1)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An adopted VM that lost a tag gets it back through PUT config, and
+// $update_vm_api checks every added tag on every version (qemu-server
+// 8.4.10 and 9.2.6, assert_tag_permissions): the precheck judges those
+// tags too, not only the created VMs'.
+func TestTagsAddedToAnAdoptedVMAreChecked(t *testing.T) {
+	noSysModify := []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: []pvesim.ACE{{Path: "/", Privileges: allPrivs("Sys.Modify")}}},
+		{ID: "root@pam!admin", Secret: "a", ACL: pvesim.Admin("8.4.1")}}
+	for _, tc := range []struct {
+		name      string
+		dc        pvesim.Datacenter
+		status    check.Status
+		reason    string
+		updateErr string
+	}{
+		{"free", pvesim.Datacenter{}, check.Pass, "tags controlplane may be set", ""},
+		{"list without the tag", pvesim.Datacenter{UserTagAccess: "list", UserAllowList: []string{"talos"}}, check.Fail,
+			"does not let the token set the tag(s) controlplane", "Sys.Modify for modifying tag 'controlplane'"},
+		{"registered", pvesim.Datacenter{RegisteredTags: []string{"controlplane"}}, check.Fail,
+			"registered tags need Sys.Modify: controlplane", "Sys.Modify for modifying tag 'controlplane'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Version: "8.4.1", Datacenter: tc.dc, Tokens: noSysModify})
+			admin := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "root@pam!admin", "a" })
+			if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+				t.Fatal(err)
+			}
+			s := spec(1)
+			if _, err := admin.EnsureVM(ctxT(t), s); err != nil {
+				t.Fatal(err)
+			}
+			// Someone took the role tag off.
+			var kept []string
+			for _, tag := range s.Tags() {
+				if tag != "controlplane" {
+					kept = append(kept, tag)
+				}
+			}
+			if _, err := admin.put(ctxT(t), admin.vmPath(s.VMID)+"/config", map[string]any{"tags": strings.Join(kept, ";")}); err != nil {
+				t.Fatal(err)
+			}
+			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+			expect(t, runPrechecks(t, c, precheckInput(1)), "proxmox: tags", tc.status, tc.reason)
+			_, err := c.EnsureVM(ctxT(t), s)
+			switch {
+			case tc.updateErr == "" && err != nil:
+				t.Fatalf("the precheck passed, the update failed: %v", err)
+			case tc.updateErr != "" && (err == nil || !strings.Contains(err.Error(), tc.updateErr)):
+				t.Fatalf("update: want %q, got %v", tc.updateErr, err)
+			}
+		})
 	}
 }
 
@@ -413,6 +489,22 @@ func TestDestroyHAManagedVM(t *testing.T) {
 			if st, err := c.Status(ctx, 701); err != nil || !st.HAManaged || !st.Running() {
 				t.Fatalf("status: %+v %v", st, err)
 			}
+			// The guest powers itself off (a Talos reset): HA starts it
+			// again a CRM round later, and the destroy still removes it.
+			if err := e.sim.GuestPowerOff(701); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := c.Status(ctx, 701); err != nil || st.Running() {
+				t.Fatalf("after the guest's power-off: %+v %v", st, err)
+			}
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				if st, err := c.Status(ctx, 701); err == nil && st.Running() {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("HA did not start the VM again")
+				}
+			}
 			if err := c.DestroyClusterVM(ctx, "lab", VMSummary{VMID: 701, Node: "pve"}); err != nil {
 				t.Fatal(err)
 			}
@@ -463,5 +555,43 @@ func TestPermanentErrorsAreNotRetried(t *testing.T) {
 	var ae *APIError
 	if !errors.As(err, &ae) || ae.Status != 501 || retry.IsRetryable(err) {
 		t.Fatalf("want a permanent 501, got %v", err)
+	}
+}
+
+// A destroy deletes the VM's own ACL entries (remove_vm_access): a token
+// granted on /vms/<vmid> cannot create the VM again. VMGrants tells it
+// before: the grant differs from /vms, and /vms lacks the create
+// privileges (node replace refuses on it before the node leaves).
+func TestDestroyDeletesTheVMsGrants(t *testing.T) {
+	base := []string{"Sys.Audit", "Datastore.AllocateSpace", "Datastore.Audit", "Datastore.AllocateTemplate", "SDN.Use", "Sys.AccessNetwork", "VM.Audit"}
+	acl := []pvesim.ACE{{Path: "/", Privileges: base}, {Path: "/vms/701", Privileges: CreatePrivileges()}}
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge,
+		Users:  []pvesim.User{{ID: "bootstrap@pve", ACL: acl}},
+		Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: acl}, {ID: "root@pam!admin", Secret: "a", ACL: pvesim.Admin("8.2.4")}}})
+	if err := e.sim.AddISO(pvesim.ISOSpec{Storage: "local", Name: iso.Filename, Content: isoBytes}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+	ctx := ctxT(t)
+	s := spec(1)
+	if _, err := c.EnsureVM(ctx, s); err != nil {
+		t.Fatalf("the per-VM grant creates the VM: %v", err)
+	}
+	perVM, lack, err := c.VMGrants(ctx, s.VMID)
+	if err != nil || !perVM || len(lack) == 0 || !slices.Contains(lack, "VM.Allocate") {
+		t.Fatalf("VMGrants: %v %v %v", perVM, lack, err)
+	}
+	vms, err := c.FindClusterVMs(ctx, s.Cluster)
+	if err != nil || len(vms) != 1 {
+		t.Fatalf("%v %v", vms, err)
+	}
+	if err := c.DestroyClusterVM(ctx, s.Cluster, vms[0]); err != nil {
+		t.Fatal(err)
+	}
+	if perVM, _, err := c.VMGrants(ctx, s.VMID); err != nil || perVM {
+		t.Errorf("after the destroy the grant is still there: %v %v", perVM, err)
+	}
+	if _, err := c.EnsureVM(ctx, s); err == nil || !strings.Contains(err.Error(), "403 Permission check failed") {
+		t.Fatalf("re-create without the grant: %v", err)
 	}
 }

@@ -38,18 +38,69 @@ func (c *Client) Version(ctx context.Context) (Version, error) {
 		return Version{}, err
 	}
 	full, _ := m["version"].(string)
-	v := Version{Full: full}
+	v, err := ParseVersion(full)
 	v.Release, _ = m["release"].(string)
+	return v, err
+}
+
+// ParseVersion reads "9.2.11" (a Debian version's upstream part: "-1" or
+// "~bpo" suffixes are dropped).
+func ParseVersion(full string) (Version, error) {
+	v := Version{Full: full}
 	parts := strings.Split(full, ".")
 	nums := []*int{&v.Major, &v.Minor, &v.Patch}
 	for i := 0; i < len(parts) && i < 3; i++ {
-		n, err := strconv.Atoi(strings.TrimFunc(parts[i], func(r rune) bool { return r < '0' || r > '9' }))
+		digits := parts[i]
+		if j := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); j >= 0 {
+			digits = digits[:j]
+		}
+		n, err := strconv.Atoi(digits)
 		if err != nil {
 			return v, fmt.Errorf("unreadable Proxmox version %q", full)
 		}
 		*nums[i] = n
 	}
+	if v.Release == "" {
+		v.Release = fmt.Sprintf("%d.%d", v.Major, v.Minor)
+	}
 	return v, nil
+}
+
+// AtLeastPatch reports whether v >= major.minor.patch.
+func (v Version) AtLeastPatch(major, minor, patch int) bool {
+	if v.Major != major || v.Minor != minor {
+		return v.AtLeast(major, minor)
+	}
+	return v.Patch >= patch
+}
+
+// InstalledPackage reads the installed version of a Proxmox package from
+// GET /nodes/{node}/apt/versions (Sys.Audit on /nodes/{node}, which every
+// run needs for node status). In each entry OldVersion is the installed
+// version and Version apt's candidate (pve-manager 9.2.11
+// PVE/API2/APT.pm $assemble_pkginfo): they differ while an upgrade is
+// pending, so the candidate is used only when no OldVersion is given.
+// found is false when the package is not listed.
+func (c *Client) InstalledPackage(ctx context.Context, pkg string) (v Version, found bool, err error) {
+	list, err := c.getList(ctx, "/nodes/"+c.node+"/apt/versions")
+	if err != nil {
+		return Version{}, false, err
+	}
+	for _, e := range list {
+		if name, _ := e["Package"].(string); name != pkg {
+			continue
+		}
+		ver, _ := e["OldVersion"].(string)
+		if ver == "" {
+			ver, _ = e["Version"].(string)
+		}
+		v, err := ParseVersion(ver)
+		if err != nil {
+			return Version{}, false, fmt.Errorf("reading the version of %s on %s: %w", pkg, c.node, err)
+		}
+		return v, true, nil
+	}
+	return Version{}, false, nil
 }
 
 // NodeInfo is one cluster member from GET /nodes.
@@ -121,8 +172,9 @@ type NodeStatus struct {
 	// MemoryAvailable is what new VMs can have: the kernel's MemAvailable,
 	// which counts the page cache it can drop. PVE 9 reports it as
 	// memory.available; before, used is total − MemAvailable (since
-	// pve-common 8.3.1), so total − used. memory.free is the raw MemFree
-	// and far too low on a host with a warm cache.
+	// pve-common 8.3.1), so total − used. memory.free is not read: from
+	// pve-common 8.3.1 (commit 219fe33) it is the raw MemFree, far too low
+	// on a host with a warm cache; before, it counted buffers and cache.
 	MemoryAvailable int64
 	Uptime          int64
 }
@@ -211,24 +263,30 @@ const (
 // whose status is the pool's data allocation); image files on dir, nfs,
 // cifs, glusterfs, cephfs and btrfs storages are sparse (Plugin.pm
 // preallocation_cmd_opt: qcow2 'metadata', raw 'off') unless the storage
-// sets 'preallocation'; a zfspool's zvols are thin only with 'sparse'
-// (ZFSPoolPlugin.pm zfs_create_zvol -s), otherwise their refreservation
-// takes the whole size. Storage config (GET /storage/{id}) needs
-// Datastore.Allocate, so neither option is read.
+// sets 'preallocation'; Ceph RBD images are created with "rbd create
+// --size", which allocates nothing (RBDPlugin.pm alloc_image); a
+// zfspool's zvols, and those of ZFS over iSCSI (ZFSPlugin.pm, through
+// ZFSPoolPlugin's zfs_create_zvol), are thin only with 'sparse' (-s),
+// otherwise their refreservation takes the whole size. Storage config
+// (GET /storage/{id}) needs Datastore.Allocate, so neither option is read.
 func (s Storage) Provisioning() Provisioning {
 	switch s.Type {
-	case "lvmthin", "dir", "nfs", "cifs", "glusterfs", "cephfs", "btrfs":
+	case "lvmthin", "dir", "nfs", "cifs", "glusterfs", "cephfs", "btrfs", "rbd":
 		return ThinProvisioned
-	case "zfspool":
+	case "zfspool", "zfs":
 		return MaybeThin
 	}
 	return ThickProvisioned
 }
 
 // ImagesSize sums the virtual sizes of the disk images on a storage the
-// token may see (GET /nodes/{node}/storage/{storage}/content?content=images;
-// volumes of VMs the token cannot audit are left out by PVE). On thin
-// storage this is what the guests may write, against the pool's total.
+// token may see (GET /nodes/{node}/storage/{storage}/content?content=images).
+// The index skips every volume check_volume_access refuses (pve-storage
+// 9.1.7 src/PVE/API2/Storage/Content.pm index, src/PVE/Storage.pm): an
+// image shows only with Datastore.Allocate on the storage, or
+// Datastore.Audit on it and VM.Config.Disk on its VM (see ImagesVisible).
+// On thin storage this is what the guests may write, against the pool's
+// total.
 func (c *Client) ImagesSize(ctx context.Context, storage string) (int64, int, error) {
 	list, err := c.getList(ctx, "/nodes/"+c.node+"/storage/"+storage+"/content?content=images")
 	if err != nil {
@@ -239,6 +297,42 @@ func (c *Client) ImagesSize(ctx context.Context, storage string) (int64, int, er
 		sum += num(e["size"])
 	}
 	return sum, len(list), nil
+}
+
+// Visibility is how much of a storage's images the content index shows
+// the token (see ImagesVisible).
+type Visibility int
+
+// The answers of ImagesVisible.
+const (
+	// ImagesHidden: the token has neither Datastore.Allocate nor
+	// Datastore.Audit on the storage; the index lists no image.
+	ImagesHidden Visibility = iota
+	// ImagesOfSomeVMs: Datastore.Audit, but VM.Config.Disk not on every
+	// VM (not on /vms): images of the other VMs are left out.
+	ImagesOfSomeVMs
+	// ImagesAll: every image is listed.
+	ImagesAll
+)
+
+// ImagesVisible tells what the content index will show of a storage's
+// images, from the token's privileges on /storage/<id> and /vms
+// (check_volume_access, see ImagesSize).
+func (c *Client) ImagesVisible(ctx context.Context, storage string) (Visibility, error) {
+	sp := "/storage/" + storage
+	held, err := c.Permissions(ctx, []string{sp, "/vms"})
+	if err != nil {
+		return ImagesHidden, err
+	}
+	switch {
+	case held[sp]["Datastore.Allocate"]:
+		return ImagesAll, nil
+	case !held[sp]["Datastore.Audit"]:
+		return ImagesHidden, nil
+	case held["/vms"]["VM.Config.Disk"]:
+		return ImagesAll, nil
+	}
+	return ImagesOfSomeVMs, nil
 }
 
 // Storages lists the node's storages the token can see (GET /nodes/{node}/storage).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,225 +35,6 @@ func (in PrecheckInput) zone(bridge string) string {
 		return z
 	}
 	return LocalZone
-}
-
-// Grant is a set of privileges on one path.
-type Grant struct {
-	Path  string
-	Privs []string
-}
-
-func (g Grant) String() string { return strings.Join(g.Privs, "+") + " on " + g.Path }
-
-// Need is one requirement of the run: any one of Options must be fully granted.
-type Need struct {
-	Why     string
-	Options []Grant
-	// Advisory marks what the run itself does without: lacking it, only a
-	// later check degrades (the nightly's guest-agent row), so the
-	// precheck warns instead of failing.
-	Advisory bool
-}
-
-func allOf(why, path string, privs ...string) Need {
-	return Need{Why: why, Options: []Grant{{Path: path, Privs: privs}}}
-}
-
-func anyOf(why, path string, privs ...string) Need {
-	n := Need{Why: why}
-	for _, p := range privs {
-		n.Options = append(n.Options, Grant{Path: path, Privs: []string{p}})
-	}
-	return n
-}
-
-// createPrivileges are what POST /nodes/{node}/qemu checks for the options
-// a Talos VM is created with (qemu-server's per-option privilege groups).
-var createPrivileges = []string{
-	"VM.Allocate", "VM.Audit", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Options",
-	"VM.Config.HWType", "VM.Config.Disk", "VM.Config.Network", "VM.PowerMgmt",
-}
-
-// RequiredPrivileges lists what this run needs given the plans (from
-// PlanVM; a spec without a plan counts as to be created) and whether the
-// ISO must be downloaded.
-func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]Plan, downloadISO bool) []Need {
-	var needs []Need
-	members := []string{node}
-	for _, s := range in.VMs {
-		if s.Node != "" && !contains(members, s.Node) {
-			members = append(members, s.Node)
-		}
-	}
-	for _, m := range members {
-		needs = append(needs, allOf("read node status", "/nodes/"+m, "Sys.Audit"))
-	}
-	storages := map[string]bool{}
-	for _, s := range in.VMs {
-		vmPath := "/vms/" + strconv.Itoa(s.VMID)
-		p, planned := plans[s.VMID]
-		if !planned || p.Create || p.WaitCreate {
-			needs = append(needs, allOf(fmt.Sprintf("create and start VM %d %s", s.VMID, s.Name), vmPath, createPrivileges...))
-			// A cloudinit volume needs no Datastore.AllocateSpace
-			// (qemu-server PVE/API2/Qemu.pm check_storage_access: "nothing
-			// to check"), only the disks do.
-			needs = append(needs, allOf("allocate disks for VM "+strconv.Itoa(s.VMID), "/storage/"+s.DiskStorage, "Datastore.AllocateSpace"))
-			if zone := in.zone(s.Bridge); v.Major >= 8 && zone != "" {
-				// check_vnet_access (pve-guest-common GuestHelpers.pm):
-				// SDN.Use on the bridge's zone path, and its VLAN when tagged.
-				path := "/sdn/zones/" + zone + "/" + s.Bridge
-				if s.VLAN != 0 {
-					path += "/" + strconv.Itoa(s.VLAN)
-				}
-				needs = append(needs, allOf("attach VM "+strconv.Itoa(s.VMID)+" to "+s.Bridge, path, "SDN.Use"))
-			}
-			storages[s.DiskStorage] = true
-			continue
-		}
-		needs = append(needs, allOf(fmt.Sprintf("read and start VM %d %s", s.VMID, s.Name), vmPath, "VM.Audit", "VM.PowerMgmt"))
-		for k := range p.Update {
-			switch k {
-			case "cores":
-				needs = append(needs, allOf("change cores of VM "+strconv.Itoa(s.VMID), vmPath, "VM.Config.CPU"))
-			case "memory":
-				needs = append(needs, allOf("change memory of VM "+strconv.Itoa(s.VMID), vmPath, "VM.Config.Memory"))
-			default:
-				needs = append(needs, allOf("change "+k+" of VM "+strconv.Itoa(s.VMID), vmPath, "VM.Config.Options"))
-			}
-		}
-		if p.GrowDisk > 0 {
-			needs = append(needs, allOf("grow the disk of VM "+strconv.Itoa(s.VMID), vmPath, "VM.Config.Disk"))
-			needs = append(needs, allOf("grow the disk of VM "+strconv.Itoa(s.VMID), "/storage/"+s.DiskStorage, "Datastore.AllocateSpace"))
-		}
-		storages[s.DiskStorage] = true
-	}
-	for st := range storages {
-		needs = append(needs, anyOf("see capacity of "+st, "/storage/"+st, "Datastore.Audit", "Datastore.AllocateSpace"))
-	}
-	needs = append(needs, anyOf("list and attach ISOs on "+in.ISO.Storage, "/storage/"+in.ISO.Storage, "Datastore.Audit", "Datastore.AllocateSpace"))
-	if downloadISO {
-		needs = append(needs, allOf("download the Talos ISO", "/storage/"+in.ISO.Storage, "Datastore.AllocateTemplate"))
-		// download-url (pve-storage src/PVE/API2/Storage/Status.pm): Sys.Audit
-		// and Sys.Modify on /, or Sys.AccessNetwork on the node, a privilege
-		// pve-access-control only has since 8.1.2 (shipped with PVE 8.2).
-		web := Need{Why: "download from a URL", Options: []Grant{{Path: "/", Privs: []string{"Sys.Audit", "Sys.Modify"}}}}
-		for _, m := range members {
-			web := web
-			if v.AtLeast(8, 2) {
-				web.Options = append(slices.Clip(web.Options), Grant{Path: "/nodes/" + m, Privs: []string{"Sys.AccessNetwork"}})
-			}
-			needs = append(needs, web)
-		}
-	}
-	if in.HA {
-		for _, s := range in.VMs {
-			if p, ok := plans[s.VMID]; !ok || !p.HAManaged {
-				needs = append(needs, allOf("add the VMs to the HA resources", "/", "Sys.Console"))
-				break
-			}
-		}
-	}
-	for _, s := range in.VMs {
-		if !s.GuestAgent {
-			continue
-		}
-		// The postcheck pings each agent: VM.GuestAgent.Audit (or
-		// .Unrestricted) since qemu-server 9.0.3 (commit b92a40ce, "use more
-		// specific guest agent privileges"), VM.Monitor before it
-		// (src/PVE/API2/Qemu/Agent.pm's default perms).
-		why := "ping the guest agent of VM " + strconv.Itoa(s.VMID)
-		n := anyOf(why, "/vms/"+strconv.Itoa(s.VMID), "VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted")
-		if v.Major < 9 {
-			n = allOf(why, "/vms/"+strconv.Itoa(s.VMID), "VM.Monitor")
-		}
-		n.Advisory = true
-		needs = append(needs, n)
-	}
-	return needs
-}
-
-// Missing returns, for each unmet need, what is lacking: the missing
-// privileges of its one grant, or the alternatives spelled out.
-func Missing(needs []Need, held map[string]Privileges) []Grant {
-	var out []Grant
-	for _, n := range needs {
-		var lacks [][]string
-		met := false
-		for _, opt := range n.Options {
-			var lack []string
-			for _, p := range opt.Privs {
-				if !held[opt.Path][p] {
-					lack = append(lack, p)
-				}
-			}
-			if len(lack) == 0 {
-				met = true
-				break
-			}
-			lacks = append(lacks, lack)
-		}
-		switch {
-		case met:
-		case len(n.Options) == 1:
-			out = append(out, Grant{Path: n.Options[0].Path, Privs: lacks[0]})
-		case samePath(n.Options):
-			// Alternatives on one path read as one grant: "VM.GuestAgent.Audit
-			// or VM.GuestAgent.Unrestricted on /vms/701, /vms/702".
-			alts := make([]string, len(n.Options))
-			for i, o := range n.Options {
-				alts[i] = strings.Join(o.Privs, "+")
-			}
-			out = append(out, Grant{Path: n.Options[0].Path, Privs: []string{strings.Join(alts, " or ")}})
-		default:
-			alts := make([]string, len(n.Options))
-			for i, o := range n.Options {
-				alts[i] = o.String()
-			}
-			out = append(out, Grant{Privs: []string{"one of (" + strings.Join(alts, " or ") + ")"}})
-		}
-	}
-	return out
-}
-
-func samePath(gs []Grant) bool {
-	for _, g := range gs {
-		if g.Path != gs[0].Path {
-			return false
-		}
-	}
-	return true
-}
-
-// describeMissing groups missing grants by privilege: "VM.Allocate on
-// /vms/701, /vms/702; SDN.Use on /sdn/zones/localnetwork/vmbr0".
-func describeMissing(gs []Grant) string {
-	byPriv := map[string][]string{}
-	for _, g := range gs {
-		for _, p := range g.Privs {
-			if g.Path == "" {
-				byPriv[p] = nil
-				continue
-			}
-			if !contains(byPriv[p], g.Path) {
-				byPriv[p] = append(byPriv[p], g.Path)
-			}
-		}
-	}
-	privs := make([]string, 0, len(byPriv))
-	for p := range byPriv {
-		privs = append(privs, p)
-	}
-	sort.Strings(privs)
-	parts := make([]string, 0, len(privs))
-	for _, p := range privs {
-		if byPriv[p] == nil {
-			parts = append(parts, p)
-			continue
-		}
-		sort.Strings(byPriv[p])
-		parts = append(parts, p+" on "+strings.Join(byPriv[p], ", "))
-	}
-	return strings.Join(parts, "; ")
 }
 
 func contains(xs []string, x string) bool {
@@ -748,9 +528,22 @@ func (f *facts) diskRoom(ctx context.Context, st Storage, need int64, disks int)
 	if need > st.Avail {
 		warns = append(warns, fmt.Sprintf("%s has %s free, less than the %s the new disks may hold", st.Name, gib(st.Avail), gib(need)))
 	}
+	// The content index hides images the token may not access: without
+	// Datastore.Audit on the storage it lists none, and a committed sum
+	// would count only the new disks.
+	vis, err := f.c.ImagesVisible(ctx, st.Name)
+	if err != nil {
+		return part + fmt.Sprintf(", committed size unknown (%v)", err), warns, ""
+	}
+	if vis == ImagesHidden {
+		return part + fmt.Sprintf(", committed size unknown: Proxmox lists the disks on %s only to a token with Datastore.Audit on /storage/%s (grant it to have overcommitment checked)", st.Name, st.Name), warns, ""
+	}
 	virtual, _, err := f.c.ImagesSize(ctx, st.Name)
 	if err != nil {
 		return part + fmt.Sprintf(", committed size unknown (%v)", err), warns, ""
+	}
+	if vis == ImagesOfSomeVMs {
+		part += " (counting only the disks of VMs the token holds VM.Config.Disk on)"
 	}
 	committed := virtual + need
 	if st.Total > 0 {
@@ -866,87 +659,6 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 	return check.Passf("%s present", strings.Join(parts, ", "))
 }
 
-// checkTags proves the tags of the VMs to create can be set. Before
-// qemu-server 9.2.0 a create does not check tags at all
-// ($check_vm_modify_config_perm skips them, qemu-server
-// src/PVE/API2/Qemu.pm at 8.4.10 and 9.1.19). From 9.2.0 the create task
-// runs assert_tag_permissions (pve-guest-common src/PVE/GuestHelpers.pm):
-// without Sys.Modify on /, each tag must be allowed by datacenter.cfg's
-// user-tag-access and not be a registered tag; and as create passes an
-// empty hash for the old tags, which the check reads as a tag
-// "HASH(0x…)" being removed, any policy but free refuses every tag
-// (qemu-server 9.2.6). GET /cluster/options tells the policy with
-// Sys.Audit on /. The host's pve-manager version stands for its
-// qemu-server series (unverified that 9.2 arrives with 9.2).
-func (f *facts) checkTags(ctx context.Context) (check.Status, string) {
-	ps, err := f.getPlans(ctx)
-	if err != nil {
-		return check.Failf("cannot list VMs: %v", err)
-	}
-	want := map[string]bool{}
-	for _, s := range f.in.VMs {
-		p, ok := ps.plans[s.VMID]
-		if ok && !p.Create && !p.WaitCreate {
-			continue // its tags are already set
-		}
-		for _, t := range s.Tags() {
-			want[t] = true
-		}
-	}
-	if len(want) == 0 {
-		return check.Passf("no new tags to set")
-	}
-	tags := strings.Join(sortedKeys(want), ", ")
-	v, err := f.getVersion(ctx)
-	if err != nil {
-		return check.Failf("cannot read version: %v", err)
-	}
-	if !v.AtLeast(9, 2) {
-		return check.Passf("tags %s: Proxmox VE %s does not check the tags of a VM it creates (from 9.2 it does)", tags, v)
-	}
-	held, err := f.c.Permissions(ctx, []string{"/"})
-	if err != nil {
-		return check.Failf("cannot read the token's permissions: %v", err)
-	}
-	if held["/"]["Sys.Modify"] {
-		return check.Passf("Sys.Modify on / allows any tag")
-	}
-	policy, err := f.c.TagPolicy(ctx)
-	if err != nil {
-		return check.Failf("cannot read the datacenter tag policy: %v", err)
-	}
-	if !policy.Known {
-		return check.Warnf("cannot tell whether the tags %s may be set: reading user-tag-access needs Sys.Audit on /, and on Proxmox VE %s creating a VM with tags fails ('Sys.Modify for modifying tag') unless it is free or the token has Sys.Modify on /", tags, v)
-	}
-	if policy.UserAllow != "free" {
-		return check.Failf("Proxmox VE %s checks tags when it creates a VM, and with user-tag-access %s it refuses every tag to a token without Sys.Modify on / (the create's check counts a tag 'HASH(0x…)' as removed, qemu-server 9.2): grant Sys.Modify on /, or set Datacenter → Options → User Tag Access to free", v, policy.UserAllow)
-	}
-	var refused []string
-	for t := range want {
-		if !policy.Allows(t) {
-			refused = append(refused, t)
-		}
-	}
-	sort.Strings(refused)
-	if len(refused) > 0 {
-		return check.Failf("datacenter.cfg does not let the token set the tag(s) %s (user-tag-access %s%s): grant Sys.Modify on / or remove them from the registered tags", strings.Join(refused, ", "), policy.UserAllow, registeredNote(policy, refused))
-	}
-	return check.Passf("tags %s may be set", tags)
-}
-
-func registeredNote(p TagPolicy, tags []string) string {
-	var reg []string
-	for _, t := range tags {
-		if p.Registered[t] {
-			reg = append(reg, t)
-		}
-	}
-	if len(reg) == 0 {
-		return ""
-	}
-	return "; registered tags need Sys.Modify: " + strings.Join(reg, ", ")
-}
-
 func sortedKeys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -954,6 +666,29 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// hasZFSPool says whether the member has an enabled zfspool storage: a
+// ZFS pool whose ARC may hold memory the node status counts as used.
+func (f *facts) hasZFSPool(ctx context.Context) bool {
+	sts, err := f.getStorages(ctx)
+	if err != nil {
+		return false
+	}
+	for _, st := range sts {
+		if st.Type == "zfspool" && st.Enabled {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *facts) versionText(ctx context.Context) string {
+	v, err := f.getVersion(ctx)
+	if err != nil {
+		return "(unknown)"
+	}
+	return v.String()
 }
 
 func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
@@ -990,6 +725,15 @@ func (f *facts) checkCapacity(ctx context.Context) (check.Status, string) {
 	arc, arcKnown, arcErr := f.c.ZFSARC(ctx)
 	if arcErr != nil {
 		arc, arcKnown = 0, false
+	}
+	if needMem > ns.MemoryAvailable+arc && !arcKnown && needMem <= ns.MemoryTotal && f.hasZFSPool(ctx) {
+		// PVE 8 reports no ARC size (its pve2-node RRD has no arcsize;
+		// pve-common 8.3.8 read_meminfo: used = total - MemAvailable,
+		// which leaves the ARC out), and qemu-server checks no free
+		// memory at start (vm_start_nolock): on a ZFS member the VMs
+		// start and ZFS gives the ARC back, so this warns.
+		return check.Warnf("%s RAM needed for VMs to start, %s available of %s: the ZFS ARC, which Linux counts as used, may hold the rest, but Proxmox VE %s does not report its size (PVE 9 does); Proxmox starts VMs without checking memory and ZFS gives the ARC back down to zfs_arc_min (cap it with zfs_arc_max)",
+			gib(needMem), gib(ns.MemoryAvailable), gib(ns.MemoryTotal), f.versionText(ctx))
 	}
 	if needMem > ns.MemoryAvailable+arc {
 		msg := fmt.Sprintf("%s RAM needed for VMs to start, only %s available of %s", gib(needMem), gib(ns.MemoryAvailable), gib(ns.MemoryTotal))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -178,6 +179,59 @@ func TestThinPoolOvercommit(t *testing.T) {
 	// And PVE creates them.
 	e.provision(ctx, e.c, in.VMs)
 	e.checkProvisioned(in.VMs)
+}
+
+// Ceph RBD images take nothing from the pool when created (rbd create
+// --size): a nearly full pool warns and the VMs are created; ZFS over
+// iSCSI is like a zfspool, thin only with 'sparse'.
+func TestRBDIsThin(t *testing.T) {
+	storages := []pvesim.StorageSpec{
+		{Name: "local", Type: "dir", Content: []string{"iso"}, TotalBytes: 94 << 30, Path: "/var/lib/vz"},
+		{Name: "ceph", Type: "rbd", Content: []string{"images"}, TotalBytes: 100 << 30, UsedBytes: 90 << 30, Shared: true},
+		{Name: "iscsi", Type: "zfs", Content: []string{"images"}, TotalBytes: 100 << 30, UsedBytes: 90 << 30, Shared: true},
+	}
+	e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Storages: storages})
+	in := onStorage(precheckInput(3), "ceph")
+	expect(t, runPrechecks(t, e.c, in), "proxmox: disk storage", check.Warn, "ceph (thin): 60.0 GiB for new disks, 10.0 GiB free",
+		"ceph has 10.0 GiB free, less than the 60.0 GiB the new disks may hold")
+	e.provision(ctxT(t), e.c, in.VMs)
+	e.checkProvisioned(in.VMs)
+	e = newEnv(t, pvesim.Options{Bridges: vlanBridge, Storages: storages})
+	expect(t, runPrechecks(t, e.c, onStorage(precheckInput(1), "iscsi")), "proxmox: disk storage", check.Fail,
+		"a zfs zvol reserves its whole size unless the storage is 'sparse'")
+}
+
+// The content index shows a VM's image only with Datastore.Audit on the
+// storage and VM.Config.Disk on the VM (or Datastore.Allocate): with the
+// README's role, which has neither storage privilege, every image is
+// hidden and the committed size is unknown rather than the new disks'
+// alone; with Datastore.Audit the overcommitment shows.
+func TestThinPoolCommittedNeedsDatastoreAudit(t *testing.T) {
+	role := RunnerPrivileges(testVersion(t, "8.2.4"))
+	for _, tc := range []struct {
+		name   string
+		privs  []string
+		status check.Status
+		reason []string
+	}{
+		{"README role", role, check.Pass, []string{"committed size unknown", "Datastore.Audit on /storage/local-lvm"}},
+		{"README role and Datastore.Audit", append(slices.Clone(role), "Datastore.Audit"), check.Warn,
+			[]string{"118.0 GiB of 100.0 GiB committed (118%)", "local-lvm is overcommitted"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			acl := []pvesim.ACE{{Path: "/", Privileges: tc.privs}}
+			e := newEnv(t, pvesim.Options{Bridges: vlanBridge, Storages: thinAndThick,
+				Users:  []pvesim.User{{ID: "bootstrap@pve", ACL: acl}},
+				Tokens: []pvesim.Token{{ID: "bootstrap@pve!run", Secret: "s", ACL: acl}, {ID: "root@pam!admin", Secret: "a", ACL: pvesim.Admin("8.2.4")}}})
+			for id, name := range map[int]string{650: "nas", 651: "media"} {
+				if err := e.sim.SeedVM(id, map[string]string{"name": name, "scsi0": "local-lvm:29"}, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
+			expect(t, runPrechecks(t, c, onStorage(precheckInput(3), "local-lvm")), "proxmox: disk storage", tc.status, tc.reason...)
+		})
+	}
 }
 
 func TestPrecheckHostProblems(t *testing.T) {

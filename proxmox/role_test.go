@@ -1,7 +1,6 @@
 package proxmox
 
 import (
-	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -23,13 +22,12 @@ func roleEnv(t *testing.T, version string, privs []string) (*env, *Client) {
 	return e, e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!run", "s" })
 }
 
-func parseVersion(t *testing.T, s string) Version {
+func testVersion(t *testing.T, s string) Version {
 	t.Helper()
-	var v Version
-	if _, err := fmt.Sscanf(s, "%d.%d.%d", &v.Major, &v.Minor, &v.Patch); err != nil {
+	v, err := ParseVersion(s)
+	if err != nil {
 		t.Fatal(err)
 	}
-	v.Full = s
 	return v
 }
 
@@ -41,7 +39,7 @@ func parseVersion(t *testing.T, s string) Version {
 func TestRunnerRoleIsEnough(t *testing.T) {
 	for _, version := range []string{"9.1.2", "8.4.1", "8.1.4"} {
 		t.Run(version, func(t *testing.T) {
-			e, c := roleEnv(t, version, RunnerPrivileges(parseVersion(t, version)))
+			e, c := roleEnv(t, version, RunnerPrivileges(testVersion(t, version)))
 			rs := runPrechecks(t, c, precheckInput(2))
 			for name, r := range rs {
 				if r.Status != check.Pass {
@@ -86,7 +84,7 @@ func TestRunnerRoleIsEnough(t *testing.T) {
 // names it.
 func TestRunnerRoleIsMinimal(t *testing.T) {
 	for _, version := range []string{"9.1.2", "8.1.4"} {
-		role := RunnerPrivileges(parseVersion(t, version))
+		role := RunnerPrivileges(testVersion(t, version))
 		for _, p := range role {
 			t.Run(version+"/"+p, func(t *testing.T) {
 				_, c := roleEnv(t, version, slices.DeleteFunc(slices.Clone(role), func(q string) bool { return q == p }))
@@ -106,7 +104,7 @@ func TestReadmeHasTheRunnerSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, version := range []string{"9.1.2", "8.4.1"} {
-		want := RunnerSetup(parseVersion(t, version), "bootstrap@pve", "homelab")
+		want := RunnerSetup(testVersion(t, version), "bootstrap@pve", "homelab")
 		if !strings.Contains(string(readme), want) {
 			t.Errorf("README lacks the setup for PVE %s:\n%s", version, want)
 		}

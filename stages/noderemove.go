@@ -43,6 +43,10 @@ type NodeRemoval struct {
 	KubeNode, KubePods bool
 	// replacing: the node stays in the config and is created again.
 	replacing bool
+	// VMGrants: the token holds privileges on the VM's own path (an ACL
+	// entry on /vms/<vmid>, or its pool's), which Proxmox deletes with the
+	// VM (see proxmox.Client.VMGrants).
+	VMGrants bool
 }
 
 // RemovalRefusedError says why a node cannot be removed now; nothing was
@@ -123,6 +127,21 @@ func planRemoval(ctx context.Context, env *Env, name string, configured *config.
 	}
 	if !inState && r.VM == nil && !replacing {
 		return nil, config.Userf("no node %s: neither the state (%s) nor a VM tagged %s knows it", name, env.Paths.StateDir, proxmox.ClusterTag(env.Config.Cluster.Name))
+	}
+	if r.VM != nil {
+		// The destroy deletes the VM's own ACL entries and pool
+		// membership: a replacement would then create the VM with only
+		// what /vms grants, so it is refused here, before the node leaves,
+		// when that is not enough.
+		perVM, lack, err := pve.VMGrants(ctx, r.VM.VMID)
+		if err != nil {
+			return nil, err
+		}
+		r.VMGrants = perVM
+		if perVM && replacing && len(lack) > 0 {
+			return nil, &RemovalRefusedError{name, fmt.Sprintf("Proxmox deletes the ACL entries on /vms/%d (and its pool membership) with the VM, and creating it again then needs %s on /vms/%d, which the token would not hold: grant them on /vms or / first",
+				r.VM.VMID, strings.Join(lack, ", "), r.VM.VMID)}
+		}
 	}
 
 	ops, err := savedTalosOps(env)
@@ -250,6 +269,9 @@ func (r *NodeRemoval) Steps() []string {
 	}
 	if r.VM != nil {
 		s = append(s, fmt.Sprintf("stop and delete VM %d (%s) with its disks", r.VM.VMID, r.VM.Name))
+		if r.VMGrants {
+			s = append(s, fmt.Sprintf("Proxmox also deletes the ACL entries on /vms/%d and the VM's pool membership with it (re-grant them if anything else needs them)", r.VM.VMID))
+		}
 	}
 	s = append(s, "forget "+r.Name+" in the state")
 	if r.replacing {

@@ -207,14 +207,19 @@ func (s *Server) tagPermsLocked(who *identity, oldTags, newTags string) *apiErro
 
 // memoryLocked is the node's memory as GET /nodes/{node}/status reports it
 // (pve-manager PVE/API2/Nodes.pm status; pve-common
-// src/PVE/ProcFSTools.pm read_meminfo): since pve-common 8.3.1 'used' is
-// total − MemAvailable and 'free' the kernel's raw MemFree, which leaves
-// out the page cache; pve-manager 9.0 adds 'available' (MemAvailable).
+// src/PVE/ProcFSTools.pm read_meminfo): since pve-common 8.3.1 (commit
+// 219fe33) 'used' is total − MemAvailable and 'free' the kernel's raw
+// MemFree, which leaves out the page cache; before it 'free' counted
+// buffers and cache too (taken here as MemAvailable); pve-manager 9.0
+// adds 'available' (MemAvailable). Each follows its package (pveCommon).
 func (s *Server) memoryLocked() map[string]any {
 	total := s.node.MemoryBytes
 	used := s.usedMemoryLocked()
 	available := total - used
 	free := max(available-s.node.PageCacheBytes, 0)
+	if !versionAtLeast(pveCommon(s.version), 8, 3, 1) {
+		free = available
+	}
 	out := map[string]any{"total": total, "used": used, "free": free}
 	if major, _ := s.versionLocked(); major >= 9 {
 		out["available"] = available

@@ -210,7 +210,8 @@ func (s *Server) LoseVM(vmid int) error {
 // guest's SHUTDOWN event, terminates it unless a backup runs
 // (src/qmeventd/qmeventd.c handle_qmp_event, terminate_check; a running
 // backup is not simulated): the VM is stopped and the OnStop listeners
-// hear it. A VM that is not running is left alone.
+// hear it; an HA-managed VM is started again by HA a CRM round later
+// (haRestart). A VM that is not running is left alone.
 func (s *Server) GuestPowerOff(vmid int) error {
 	s.mu.Lock()
 	v := s.vms[vmid]
@@ -222,8 +223,38 @@ func (s *Server) GuestPowerOff(vmid int) error {
 		s.mu.Unlock()
 		return nil
 	}
+	restart := s.ha[vmid] == "started"
 	s.stoppedLocked(v)
+	if restart {
+		s.haRestart(v)
+	}
 	return nil
+}
+
+// haRestart is the HA stack starting a VM that went down on its own
+// while its requested state is 'started' (pve-ha-manager 5.2.0
+// src/PVE/HA/Manager.pm next_state_started: "ensure service gets started
+// again if it went unexpected down", a new uid makes the node's LRM queue
+// 'started' again, src/PVE/HA/LRM.pm queue_resource_command): a CRM round
+// (Profile.HAStop) later the VM runs again, unless it was taken out of
+// HA, asked to stop, or destroyed meanwhile.
+func (s *Server) haRestart(v *vm) {
+	s.afterCRMRound(func() {
+		s.mu.Lock()
+		still := s.vms[v.id] == v && s.ha[v.id] == "started" && v.state == "stopped"
+		s.mu.Unlock()
+		if !still {
+			return
+		}
+		if err := s.flock(s.ctx, v, s.lockTimeout()); err != nil {
+			return
+		}
+		defer funlock(v)
+		lrm := &task{node: s.node.Name, typ: "qmstart", id: strconv.Itoa(v.id)}
+		if err := s.startWork(s.ctx, lrm, v, false); err != nil {
+			s.log.Debug().Int("vmid", v.id).Err(err).Msg("HA restart failed")
+		}
+	})
 }
 
 // OnStart registers a listener called when a VM has started; an error

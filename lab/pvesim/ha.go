@@ -10,8 +10,9 @@ import (
 // HA-managed VMs (pve-ha-manager 5.2.0 and qemu-server 9.2.6; the same
 // paths in 8.4.10). A VM listed in the HA resources is started and stopped
 // by the HA stack: a stop request only queues a CRM command, and a destroy
-// without purge is refused. Starting an HA-managed VM ('hastart') and HA
-// groups, rules and relocation are not modelled.
+// without purge is refused; one that went down by itself is started
+// again (control.go haRestart). Starting an HA-managed VM through the API
+// ('hastart') and HA groups, rules and relocation are not modelled.
 
 // SetHAManaged adds a VM to the HA resources (ha-manager add vm:<id>) with
 // its requested state "started", or removes it.
@@ -53,8 +54,15 @@ func haSIDVMID(sid string) (int, bool) {
 // the VM must exist in the cluster (Resources/PVEVM.pm exists); a
 // resource defined twice fails inside the HA domain lock ("create
 // resource failed: ..."). The requested state defaults to started.
+// Without quorum it fails as create_vm does ("cluster not ready - no
+// quorum?").
 func (s *Server) haCreate(r *request) (any, *apiError) {
 	if aerr := r.who.check("/", "Sys.Console"); aerr != nil {
+		return nil, aerr
+	}
+	// check_cfs_quorum comes first in the code (pve-ha-manager 5.2.0
+	// src/PVE/API2/HA/Resources.pm create).
+	if aerr := s.quorumErr(); aerr != nil {
 		return nil, aerr
 	}
 	sid := r.param("sid")
@@ -94,6 +102,11 @@ func (s *Server) haCreate(r *request) (any, *apiError) {
 // haRead answers GET /cluster/ha/resources/{sid} (pve-ha-manager
 // src/PVE/API2/HA/Resources.pm read).
 func (s *Server) haRead(r *request, sid string) (any, *apiError) {
+	// Sys.Audit on / (pve-ha-manager 5.2.0 src/PVE/API2/HA/Resources.pm
+	// read; the schema's declared check).
+	if aerr := r.who.check("/", "Sys.Audit"); aerr != nil {
+		return nil, aerr
+	}
 	id, ok := haSIDVMID(sid)
 	s = s.MemberOf(id)
 	s.mu.Lock()
@@ -141,12 +154,7 @@ func (s *Server) haStop(r *request, v *vm) string {
 	id := v.id
 	return s.startTask(r, "hastop", strconv.Itoa(id), func(ctx context.Context, t *task) error {
 		t.logf("Requesting HA stop for VM %d", id)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.pause(s.ctx, s.opts.Profile.HAStop); err != nil {
-				return
-			}
+		s.afterCRMRound(func() {
 			s.mu.Lock()
 			if _, ok := s.ha[id]; ok {
 				s.ha[id] = "stopped"
@@ -154,7 +162,20 @@ func (s *Server) haStop(r *request, v *vm) string {
 			s.mu.Unlock()
 			lrm := &task{node: s.node.Name, typ: "qmstop", id: strconv.Itoa(id)}
 			_ = s.stopWork(s.ctx, lrm, v, false, 0)
-		}()
+		})
 		return nil
 	})
+}
+
+// afterCRMRound runs what the HA stack does on its next round
+// (Profile.HAStop from now), unless the server closes first.
+func (s *Server) afterCRMRound(fn func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.pause(s.ctx, s.opts.Profile.HAStop); err != nil {
+			return
+		}
+		fn()
+	}()
 }

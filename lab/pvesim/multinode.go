@@ -18,10 +18,13 @@ import (
 //   - The VMID space: pmxcfs keeps one vmlist for the cluster, so a VMID
 //     held on any node is taken everywhere (pve-cluster
 //     src/PVE/Cluster.pm check_vmid_unused, as for seeded guests).
-//   - Calls for another member: every API method below /nodes/{node} is
-//     declared proxyto => 'node' (qemu-server 9.2.6 src/PVE/API2/Qemu.pm,
-//     pve-manager PVE/API2/Nodes.pm) and pveproxy forwards it there, so
-//     any member's endpoint answers for all of them.
+//   - Calls for another member: the methods below /nodes/{node} that
+//     pvesim serves are declared proxyto => 'node' (qemu-server 9.2.6
+//     src/PVE/API2/Qemu.pm, pve-manager PVE/API2/Nodes.pm; the schema's
+//     "proxyto") and pveproxy forwards them there, so any member's
+//     endpoint answers for all of them. GET /nodes/{node}/rrddata has no
+//     proxyto: the receiving member answers from its copy of the
+//     broadcast RRD, which holds the same data; pvesim forwards it too.
 //   - /nodes and /cluster/resources list every member and every member's
 //     guests and storages (pve-manager PVE/API2/Cluster.pm resources reads
 //     the cluster-wide vmlist and each node's status broadcast).

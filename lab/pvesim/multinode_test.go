@@ -212,6 +212,7 @@ func TestQuorumLoss(t *testing.T) {
 		"create":  c.do("POST", "/nodes/pve1/qemu", form),
 		"start":   c.do("POST", "/nodes/pve2/qemu/701/status/start", nil),
 		"migrate": c.do("POST", "/nodes/pve2/qemu/701/migrate", url.Values{"target": {"pve1"}}),
+		"HA add":  c.do("POST", "/cluster/ha/resources", url.Values{"sid": {"vm:701"}}),
 	} {
 		if a.code != 500 || a.msg != "cluster not ready - no quorum?\n" {
 			t.Errorf("%s without quorum: %s %q", what, a.status, a.msg)

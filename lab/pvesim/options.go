@@ -20,6 +20,16 @@ type Options struct {
 	Node NodeSpec
 	// Version is the pve-manager version reported by /version (default "8.2.4").
 	Version string
+	// QemuServer is the installed qemu-server version, as GET
+	// /nodes/{node}/apt/versions reports it (default: the one current when
+	// Version's release came out, see defaultQemuServer). Behaviours of
+	// qemu-server follow it, not Version: pve-manager 9.2.x declares only
+	// qemu-server >= 9.1.13 (debian/control at 9.2.11), so a 9.2 host
+	// may run 9.1.13-9.1.19.
+	QemuServer string
+	// QemuServerCandidate is the qemu-server version apt would install
+	// (default QemuServer: no upgrade pending).
+	QemuServerCandidate string
 	// Storages replace the default storages when set.
 	Storages []StorageSpec
 	// Bridges replace the default vmbr0 when set.

@@ -47,6 +47,9 @@ func otherNodeEntry(name string) map[string]any {
 
 // routeOther answers the calls about another node's guests.
 func (s *Server) routeOther(ctx context.Context, r *request, node string, rest []string) (any, *apiError) {
+	if aerr := s.checkParams(r); aerr != nil {
+		return nil, aerr
+	}
 	m := len(rest)
 	get, post, del := r.method == http.MethodGet, r.method == http.MethodPost, r.method == http.MethodDelete
 	switch {

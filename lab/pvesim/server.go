@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/lab/pveapi"
 )
 
 // apiBase is where the JSON API lives.
@@ -76,6 +78,12 @@ type Server struct {
 	onStart    []func(VMEvent) error
 	onStop     []func(VMEvent)
 	onDestroy  []func(VMEvent)
+	// api is the published schema of the simulated version (schema.go);
+	// nil without the schema files. apiNote says when it is another
+	// release's. calls counts requests by path template.
+	api     *pveapi.API
+	apiNote string
+	calls   map[string]int
 }
 
 type ticket struct {
@@ -87,6 +95,10 @@ type ticket struct {
 // New starts a simulator with opts (see Options for the defaults).
 func New(opts Options) (*Server, error) {
 	opts = withDefaults(opts)
+	api, apiNote, err := loadSchema(opts.Version)
+	if err != nil {
+		return nil, fmt.Errorf("pvesim: %w", err)
+	}
 	c, err := newCerts(opts.Node.Name, opts.Hosts)
 	if err != nil {
 		return nil, fmt.Errorf("generating certificates: %w", err)
@@ -122,6 +134,15 @@ func New(opts Options) (*Server, error) {
 		onStart:    slices.Clone(opts.OnStart),
 		onStop:     slices.Clone(opts.OnStop),
 		onDestroy:  slices.Clone(opts.OnDestroy),
+		api:        api,
+		apiNote:    apiNote,
+		calls:      map[string]int{},
+	}
+	switch {
+	case api == nil:
+		s.log.Warn().Msg("no Proxmox VE API schema found: requests are checked only by pvesim's own handlers (" + pveapi.Provenance + ")")
+	case apiNote != "":
+		s.log.Info().Str("schema", api.Release).Msg(apiNote)
 	}
 	for _, st := range opts.Storages {
 		s.storages = append(s.storages, newStorage(st))
@@ -190,6 +211,12 @@ func withDefaults(o Options) Options {
 	}
 	if o.Version == "" {
 		o.Version = "8.2.4"
+	}
+	if o.QemuServer == "" {
+		o.QemuServer = defaultQemuServer(o.Version)
+	}
+	if o.QemuServerCandidate == "" {
+		o.QemuServerCandidate = o.QemuServer
 	}
 	if o.Storages == nil {
 		o.Storages = []StorageSpec{
@@ -298,13 +325,11 @@ func errf(code int, format string, a ...any) *apiError {
 	return &apiError{code: code, msg: msg}
 }
 
-// paramErr is PVE's 400 answer for failed parameter verification.
+// paramErr is PVE's 400 answer for failed parameter verification
+// (pve-common src/PVE/Exception.pm raise_param_exc): the messages go out
+// as they were raised, a newline only where the text had one (a format's
+// die), as pve-http-server's Formatter/Standard.pm copies them.
 func paramErr(errs map[string]string) *apiError {
-	for k, v := range errs {
-		if !strings.HasSuffix(v, "\n") {
-			errs[k] = v + "\n"
-		}
-	}
 	return &apiError{code: http.StatusBadRequest, msg: "Parameter verification failed.\n", errs: errs}
 }
 
@@ -317,6 +342,12 @@ type request struct {
 	who    *identity
 	// taskFault, when set, makes the task this request starts fail with it.
 	taskFault string
+	// api is the schema's method for this call and uri its path
+	// parameters (schema.go); validated is set once the parameters were
+	// checked, on whichever member answers.
+	api       *pveapi.Method
+	uri       map[string]string
+	validated bool
 }
 
 func (r *request) param(k string) string { return r.params.Get(k) }
@@ -391,8 +422,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		}
 		req.who = who
 	}
+	if aerr := s.findMethod(req); aerr != nil {
+		s.writeError(w, aerr)
+		return
+	}
 
 	data, aerr := s.route(hr.Context(), req)
+	if aerr == nil {
+		aerr = s.checkResult(req, data)
+	}
 	if aerr != nil {
 		s.writeError(w, aerr)
 		return
@@ -534,6 +572,11 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 	seg := r.segs
 	n := len(seg)
 	get, post, del := r.method == http.MethodGet, r.method == http.MethodPost, r.method == http.MethodDelete
+	if !(n >= 2 && seg[0] == "nodes") {
+		if aerr := s.checkParams(r); aerr != nil {
+			return nil, aerr
+		}
+	}
 	switch {
 	case n == 1 && seg[0] == "version" && get:
 		return s.getVersion(), nil
@@ -588,12 +631,17 @@ func (s *Server) routeNode(ctx context.Context, r *request, rest []string) (any,
 		if !online {
 			return nil, errf(595, "Connection refused")
 		}
+		if aerr := s.checkParams(r); aerr != nil {
+			return nil, aerr
+		}
 		m := len(rest)
 		switch {
 		case m == 3 && rest[0] == "qemu" && rest[2] == "migrate" && post:
 			return s.migrateVM(r, rest[1])
 		case m == 1 && rest[0] == "status" && get:
 			return s.nodeStatus(r)
+		case m == 2 && rest[0] == "apt" && rest[1] == "versions" && get:
+			return s.aptVersions(r)
 		case m == 1 && rest[0] == "rrddata" && get:
 			return s.rrdData(r)
 		case m == 1 && rest[0] == "network" && get:

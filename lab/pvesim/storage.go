@@ -77,9 +77,14 @@ func fileBased(typ string) bool {
 // The few MiB of qcow2 metadata are left out.
 func (st *storage) thin() bool {
 	switch {
-	case st.spec.Type == "lvmthin", fileBased(st.spec.Type):
+	case st.spec.Type == "lvmthin", st.spec.Type == "rbd", fileBased(st.spec.Type):
+		// RBD images are created with "rbd create --size", which
+		// allocates nothing (pve-storage 9.1.7 src/PVE/Storage/RBDPlugin.pm
+		// alloc_image).
 		return true
-	case st.spec.Type == "zfspool":
+	case st.spec.Type == "zfspool", st.spec.Type == "zfs":
+		// ZFS over iSCSI (ZFSPlugin.pm) creates its zvols through
+		// ZFSPoolPlugin's zfs_create_zvol: thin only with 'sparse' (-s).
 		return st.spec.Sparse
 	}
 	return false
@@ -220,7 +225,10 @@ func (s *Server) listStorage(r *request) any {
 					match = true
 				}
 			}
-			if !match {
+			// With a content filter storage_info drops disabled storages
+			// too (pve-storage 9.1.7 src/PVE/Storage.pm: "next if
+			// !$want_ctype || !$storage_enabled").
+			if !match || st.spec.Disabled {
 				continue
 			}
 		}
@@ -298,6 +306,9 @@ func (s *Server) storageContent(r *request, name string) (any, *apiError) {
 		if vmidFilter != "" && strconv.Itoa(v.vmid) != vmidFilter {
 			continue
 		}
+		if !volumeVisible(r.who, name, v) {
+			continue
+		}
 		e := map[string]any{
 			"volid":   name + ":" + v.name,
 			"content": v.content,
@@ -311,6 +322,31 @@ func (s *Server) storageContent(r *request, name string) (any, *apiError) {
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// volumeVisible is check_volume_access as the content index applies it,
+// skipping each volume it refuses (pve-storage 9.1.7 src/PVE/Storage.pm
+// check_volume_access, src/PVE/API2/Storage/Content.pm index: "next if
+// $@", with no VM of the caller's own): Datastore.Allocate on the storage
+// shows everything; ISOs and templates need Datastore.AllocateSpace or
+// Datastore.Audit; a backup Datastore.AllocateSpace plus VM.Backup on its
+// VM; a VM's image Datastore.Audit on the storage plus VM.Config.Disk on
+// its VM; anything else is hidden.
+func volumeVisible(who *identity, sid string, v *volume) bool {
+	sp := "/storage/" + sid
+	if who.has(sp, "Datastore.Allocate") {
+		return true
+	}
+	vm := "/vms/" + strconv.Itoa(v.vmid)
+	switch {
+	case v.content == "iso" || v.content == "vztmpl" || v.content == "import":
+		return who.has(sp, "Datastore.AllocateSpace") || who.has(sp, "Datastore.Audit")
+	case v.content == "backup" && v.vmid != 0:
+		return who.has(sp, "Datastore.AllocateSpace") && who.has(vm, "VM.Backup")
+	case (v.content == "images" || v.content == "rootdir") && v.vmid != 0:
+		return who.has(sp, "Datastore.Audit") && who.has(vm, "VM.Config.Disk")
+	}
+	return false
 }
 
 // AddISO puts an ISO on a storage, as if uploaded earlier.
@@ -474,7 +510,12 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 			}
 			return fmt.Errorf("checksum mismatch: got '%s' != expect '%s', aborting", got, sum)
 		}
-		tmp := fmt.Sprintf("%s.tmp.%d", dest, t.pid)
+		// wget writes a per-process temporary file, renamed over the
+		// destination at the end (pve-common 9.2.1 src/PVE/Tools.pm
+		// download_file_from_url: "$dest.tmp_dwnl.$$", then rename): the
+		// existing file is checked only above, as the task starts, so two
+		// downloads that overlap both succeed, the later rename winning.
+		tmp := fmt.Sprintf("%s.tmp_dwnl.%d", dest, t.pid)
 		if !known && s.opts.HTTP != nil {
 			var code int
 			if remote, code = s.fetch(ctx, t, u); code != 0 {
@@ -513,8 +554,8 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if st.vols[volname] != nil {
-			return fmt.Errorf("refusing to override existing file '%s'", dest)
+		if old := st.vols[volname]; old != nil {
+			st.used -= old.alloc
 		}
 		st.used += size
 		st.vols[volname] = &volume{name: volname, content: "iso", format: "iso", size: size, alloc: size, ctime: time.Now(), data: data, sha256: fileSum}

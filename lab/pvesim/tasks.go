@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -179,8 +180,8 @@ func (s *Server) TaskCount(typ string) int {
 // Span is when a task ran.
 type Span struct{ Start, End time.Time }
 
-// TaskSpans returns when each finished task of a type ran on this host.
-func (s *Server) TaskSpans(typ string) []Span {
+// tasksOf lists the tasks of a type, in the order they started.
+func (s *Server) tasksOf(typ string) []*task {
 	s.mu.Lock()
 	tasks := make([]*task, 0, len(s.tasks))
 	for _, t := range s.tasks {
@@ -189,8 +190,14 @@ func (s *Server) TaskSpans(typ string) []Span {
 		}
 	}
 	s.mu.Unlock()
+	sort.Slice(tasks, func(i, j int) bool { return tasks[i].start.Before(tasks[j].start) })
+	return tasks
+}
+
+// TaskSpans returns when each finished task of a type ran on this host.
+func (s *Server) TaskSpans(typ string) []Span {
 	var out []Span
-	for _, t := range tasks {
+	for _, t := range s.tasksOf(typ) {
 		t.mu.Lock()
 		if t.done {
 			out = append(out, Span{t.start, t.end})
@@ -208,6 +215,20 @@ func (s *Server) TaskDurations(typ string) []time.Duration {
 	var out []time.Duration
 	for _, sp := range s.TaskSpans(typ) {
 		out = append(out, sp.End.Sub(sp.Start))
+	}
+	return out
+}
+
+// TaskExits returns the exit status of each finished task of a type, in
+// the order they started.
+func (s *Server) TaskExits(typ string) []string {
+	var out []string
+	for _, t := range s.tasksOf(typ) {
+		t.mu.Lock()
+		if t.done {
+			out = append(out, t.exit)
+		}
+		t.mu.Unlock()
 	}
 	return out
 }
