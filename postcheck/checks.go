@@ -245,26 +245,41 @@ func (c *checker) etcdBackup(ctx context.Context) (check.Status, string) {
 			return check.Failf("taking a snapshot failed (%v) and the newest, %s, is %s old (limit %s)", takeErr, filepath.Base(newest), age.Round(time.Minute), c.o.BackupMaxAge)
 		}
 		return check.Failf("the newest etcd snapshot, %s, is %s old (limit %s)", filepath.Base(newest), age.Round(time.Minute), c.o.BackupMaxAge)
-	case takeErr != nil && took != "":
-		// Taken and kept here; only a later step (the copy) failed.
-		return check.Warnf("%s; %v", took, takeErr)
-	case takeErr != nil:
+	case takeErr != nil && took == "":
 		return check.Warnf("taking a snapshot failed: %v; the newest, %s, is %s old", takeErr, filepath.Base(newest), age.Round(time.Minute))
 	}
-	if c.o.NewestRemote != nil {
-		remote, at, err := c.o.NewestRemote(ctx)
-		rage := c.o.now().Sub(at)
-		switch {
-		case err != nil:
-			return check.Warnf("%s; the remote copies cannot be listed: %v", took, err)
-		case remote == "":
-			return check.Warnf("%s; no verified remote copy yet", took)
-		case c.o.BackupMaxAge > 0 && rage > c.o.BackupMaxAge:
-			return check.Warnf("%s; the newest verified remote copy, %s, is %s old (limit %s)", took, remote, rage.Round(time.Minute), c.o.BackupMaxAge)
+	if c.o.NewestRemote == nil {
+		if takeErr != nil {
+			// Taken and kept here; only a later step (a copy) failed.
+			return check.Warnf("%s; %v", took, takeErr)
 		}
-		return check.Passf("%s; newest verified remote copy %s, %s old", took, remote, rage.Round(time.Minute))
+		return check.Passf("%s", took)
 	}
-	return check.Passf("%s", took)
+	// Off the host: the newest verified copy must exist, be younger than
+	// BackupMaxAge and be a copy of the newest local snapshot (a copy that
+	// failed tonight leaves an older one there).
+	remote, rat, err := c.o.NewestRemote(ctx)
+	rage := c.o.now().Sub(rat)
+	var problem string
+	switch {
+	case err != nil:
+		problem = fmt.Sprintf("the remote copies cannot be listed: %v", err)
+	case remote == "":
+		problem = "no verified remote copy"
+	case c.o.BackupMaxAge > 0 && rage > c.o.BackupMaxAge:
+		problem = fmt.Sprintf("the newest verified remote copy, %s, is %s old (limit %s)", remote, rage.Round(time.Minute), c.o.BackupMaxAge)
+	case rat.Before(at):
+		problem = fmt.Sprintf("the newest verified remote copy, %s, is older than the newest local snapshot %s (by %s)", remote, filepath.Base(newest), at.Sub(rat).Round(time.Second))
+	}
+	switch {
+	case problem != "" && takeErr != nil:
+		return check.Warnf("%s; %s (%v)", took, problem, takeErr)
+	case problem != "":
+		return check.Warnf("%s; %s", took, problem)
+	case takeErr != nil:
+		return check.Warnf("%s; %v", took, takeErr)
+	}
+	return check.Passf("%s; newest verified remote copy %s, %s old", took, remote, rage.Round(time.Minute))
 }
 
 type checker struct {
@@ -730,7 +745,9 @@ func (c *checker) vms(ctx context.Context) (check.Status, string) {
 		return check.Warnf("could not list the cluster's VMs: %v", err)
 	}
 	if len(st.NotRunning) > 0 {
-		return check.Warnf("VMs not running: %s", strings.Join(st.NotRunning, ", "))
+		// A node's VM that does not run is a node down, whatever else
+		// still answers: never healthy for the cluster.
+		return check.Failf("VMs not running: %s", strings.Join(st.NotRunning, ", "))
 	}
 	if len(c.o.Hosts) <= 1 {
 		return check.Passf("all of the cluster's VMs are running")

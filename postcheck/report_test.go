@@ -56,7 +56,7 @@ func TestReportJSON(t *testing.T) {
 			t.Fatalf("report.json lacks %s", k)
 		}
 	}
-	if m["overall"] != "fail" || m["schema_version"].(float64) != 2 || len(m["checks"].([]any)) != 3 {
+	if m["overall"] != "fail" || m["schema_version"].(float64) != 3 || len(m["checks"].([]any)) != 3 {
 		t.Fatalf("report: %s", b)
 	}
 }

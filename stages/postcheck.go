@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -34,6 +35,7 @@ func (PostcheckStage) Name() string { return Postcheck }
 func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 	cfg := env.Config
 	start := env.now()
+	var archiveErr error
 	ctx, cancel := context.WithTimeout(ctx, cfg.Postcheck.Timeout.D())
 	defer cancel()
 
@@ -59,17 +61,23 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 			opts.Extensions = append(opts.Extensions, factory.ManifestName(e))
 		}
 	}
-	results := check.RunAll(ctx, postcheck.Checks(opts), 4)
+	checks := append(postcheck.Checks(opts), check.Check{Name: postcheck.CheckArchive, Run: func(context.Context) (check.Status, string) {
+		return archiveWritable(env)
+	}})
+	results := check.RunAll(ctx, checks, 4)
 	report := postcheck.NewReport(cfg.Cluster.Name, start, env.now().Sub(start), results)
 	report.TalosVersions, report.WantTalos = opts.Observed.TalosVersions, cfg.Cluster.TalosVersion
 	report.KubeletVersions, report.APIServerVersion, report.WantKubernetes = opts.Observed.KubeletVersions, opts.Observed.APIServerVersion, cfg.Cluster.KubernetesVersion
 	report.NewestBackup = opts.Observed.NewestBackup
 	report.FluxObjects = opts.Observed.FluxObjects
 	report.Extensions = opts.Observed.Extensions
-	if err := check.Table(env.Out, results); err != nil {
+	// What a person reads (the table, the log) says what to do next on
+	// each row that did not pass; report.json carries it as next.
+	shown := postcheck.WithNext(cfg.Cluster.Name, results)
+	if err := check.Table(env.Out, shown); err != nil {
 		return err
 	}
-	for _, r := range results {
+	for _, r := range shown {
 		ev := env.Log.Debug()
 		if r.Status == check.Fail {
 			ev = env.Log.Error()
@@ -86,7 +94,10 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		defer acancel()
 		archive, err := writePostcheckArchive(actx, env, report)
 		if err != nil {
-			env.UI.Warn("postcheck archive not written: %v", err)
+			// The night's evidence is lost: the run fails, even when
+			// every check passed (the archive row could write a moment
+			// ago, so this is rare: the disk filled up in between).
+			archiveErr = fmt.Errorf("postcheck archive not written: %w", err)
 		} else {
 			env.UI.OK("postcheck archived to %s", archive)
 		}
@@ -104,7 +115,33 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 	if n := check.Count(results, check.Fail); n > 0 {
 		return fmt.Errorf("%d of %d postcheck(s) failed", n, len(results))
 	}
-	return nil
+	return archiveErr
+}
+
+// archiveWritable is the archive row: the directory the night's archive
+// goes to takes a file now (created if missing, a probe written, synced
+// and removed), so a state directory that is not a directory, read-only
+// or full fails the night instead of losing its evidence quietly.
+func archiveWritable(env *Env) (check.Status, string) {
+	dir := filepath.Join(env.Paths.StateDir, "postcheck")
+	if env.DryRun {
+		return check.Passf("not probed in a dry run (it writes nothing); archives go to %s", dir)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return check.Failf("the archive cannot be written: %v", err)
+	}
+	f, err := os.CreateTemp(dir, ".probe-*")
+	if err != nil {
+		return check.Failf("the archive cannot be written to %s: %v", dir, err)
+	}
+	_, werr := f.Write([]byte("probe\n"))
+	serr := f.Sync()
+	cerr := f.Close()
+	_ = os.Remove(f.Name())
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		return check.Failf("the archive cannot be written to %s: %v", dir, err)
+	}
+	return check.Passf("archives go to %s (keeping %d)", dir, env.Config.Postcheck.Keep)
 }
 
 // writePostcheckArchive stores the reports, this run's log and the evidence

@@ -58,6 +58,8 @@ type Server struct {
 
 	mu     sync.Mutex
 	mounts int
+	// unexported: the export was withdrawn (SetExported).
+	unexported bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -123,6 +125,20 @@ func (s *Server) Mounts() int {
 	return s.mounts
 }
 
+// SetExported withdraws the export (false) or exports it again (true), as
+// exportfs -u and exportfs -a do on a kernel server: while withdrawn every
+// MOUNT of it is refused as a path that is not exported (MNT3ERR_ACCES;
+// the exact status Linux mountd answers for a withdrawn export is
+// unverified). Mounts already made keep their file handles here, where a
+// kernel server would answer them NFS3ERR_STALE: the product's clients
+// mount afresh for each volume.
+func (s *Server) SetExported(exported bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unexported = !exported
+	s.log.Info().Bool("exported", exported).Str("export", s.export).Msg("export changed")
+}
+
 // Close stops listening (connections already open are cut when their
 // clients go) and removes the export dir if Start created it.
 func (s *Server) Close() error {
@@ -154,8 +170,14 @@ func (h *exportHandler) Mount(_ context.Context, conn net.Conn, req gonfs.MountR
 	s := h.server
 	p := path.Clean("/" + string(req.Dirpath))
 	remote := conn.RemoteAddr().String()
+	s.mu.Lock()
+	unexported := s.unexported
+	s.mu.Unlock()
 	var rel string
 	switch {
+	case unexported:
+		s.log.Warn().Str("client", remote).Str("path", p).Msg("mount refused: the export is withdrawn")
+		return gonfs.MountStatusErrAcces, h.refused(), nil
 	case p == s.export:
 	case strings.HasPrefix(p, s.export+"/"):
 		rel = strings.TrimPrefix(p, s.export+"/")
