@@ -44,10 +44,13 @@ func Next(cluster, name string, st check.Status) string {
 }
 
 // WithNext returns the results with each non-passing reason followed by
-// what to do next, for the table and the log a person reads.
+// what to do next, for the table and the log a person reads. A reason
+// quoting a multi-line message (a Flux condition's git error) is put on
+// one line: the table has one row per check.
 func WithNext(cluster string, results []check.Result) []check.Result {
 	out := make([]check.Result, len(results))
 	for i, r := range results {
+		r.Reason = strings.Join(strings.Fields(r.Reason), " ")
 		if next := Next(cluster, r.Name, r.Status); next != "" {
 			r.Reason += " → next: " + next
 		}

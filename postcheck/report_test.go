@@ -248,3 +248,41 @@ func TestCertExpiryWarns(t *testing.T) {
 		}
 	}
 }
+
+// A row that did not pass says what to do next, and a reason quoting a
+// multi-line message stays on its row.
+func TestRowsSayWhatToDoNext(t *testing.T) {
+	res := []check.Result{
+		{Name: CheckFlux, Status: check.Fail, Reason: "GitRepository not Ready (GitOperationFailed: unable to list remote:\nauthentication required)"},
+		{Name: CheckKubeconfig, Status: check.Pass, Reason: "API answers"},
+		{Name: CheckEtcdBackup, Status: check.Warn, Reason: "no verified remote copy"},
+	}
+	var out bytes.Buffer
+	if err := check.Table(&out, WithNext("homelab", res)); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 5 || !strings.Contains(lines[1], "unable to list remote: authentication required) → next: flux get sources git -A") ||
+		strings.Contains(lines[2], "next:") || !strings.Contains(lines[3], "→ next: bootstrap backup takes one now") || !strings.Contains(lines[3], "ls ai/state/homelab/etcd/") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	rep := NewReport("homelab", time.Now(), time.Second, res)
+	for i, c := range rep.Checks {
+		if (c.Next == "") != (res[i].Status == check.Pass) {
+			t.Errorf("%s: next %q", c.Name, c.Next)
+		}
+	}
+	for _, name := range append([]string{CheckArchive}, checkNames()...) {
+		if Next("homelab", name, check.Fail) == "" {
+			t.Errorf("%s has no next step", name)
+		}
+	}
+}
+
+func checkNames() []string {
+	var out []string
+	for _, c := range Checks(Options{}) {
+		out = append(out, c.Name)
+	}
+	return out
+}
