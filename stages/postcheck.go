@@ -12,6 +12,8 @@ import (
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/factory"
+	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/notify"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/state"
 )
@@ -106,6 +108,11 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 				env.UI.Warn("Prometheus textfile %s not written: %v", p, err)
 			}
 		}
+		var prev check.Status
+		if pc := env.State.Outputs.Postcheck; pc != nil {
+			prev = check.Status(pc.Overall)
+		}
+		notifyNight(env, prev, report, archive)
 		env.State.Outputs.Postcheck = &state.Postcheck{
 			Overall: string(report.Overall), Started: report.Started, DurationSeconds: report.DurationSeconds,
 			Passed: check.Count(results, check.Pass), Warned: check.Count(results, check.Warn), Failed: check.Count(results, check.Fail),
@@ -172,4 +179,36 @@ func writePostcheckArchive(ctx context.Context, env *Env, report postcheck.Repor
 		env.UI.Warn("pruning old postcheck archives: %v", err)
 	}
 	return path, nil
+}
+
+// notifyNight sends the night's result to postcheck.notify's URLs when it
+// changed (or on every failure with everyFailure). A notification that
+// cannot be sent is a warning: the night's verdict stands, and the next
+// change is sent again.
+func notifyNight(env *Env, prev check.Status, report postcheck.Report, archive string) {
+	n := env.Config.Postcheck.Notify
+	if n.URLsFile == "" && n.URLsEnv == "" {
+		return
+	}
+	urls, err := env.Config.NotifyURLs()
+	if err != nil {
+		env.UI.Warn("notifications not sent: %v", err)
+		return
+	}
+	if len(urls) == 0 {
+		env.UI.Warn("notifications not sent: %s names no URL", n.URLsEnv)
+		return
+	}
+	if !postcheck.ShouldNotify(prev, report, n.EveryFailure) {
+		env.Log.Debug().Str("previous", string(prev)).Str("overall", string(report.Overall)).Msg("result unchanged: no notification")
+		return
+	}
+	title, body := postcheck.Message(report, archive, "")
+	for _, r := range notify.Send(urls, title, body) {
+		if r.Err != nil {
+			env.UI.Warn("%s not sent: %v", r.Label, r.Err)
+			continue
+		}
+		env.UI.OK("%s sent (%s)", r.Label, wait.Round(r.Took))
+	}
 }
