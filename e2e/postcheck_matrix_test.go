@@ -336,7 +336,9 @@ func (m *matrix) churn(t *testing.T, i int) {
 	t.Helper()
 	now := time.Now().Format(time.RFC3339Nano)
 	annotate := fmt.Sprintf(`{"metadata":{"annotations":{"reconcile.fluxcd.io/requestedAt":%q}}}`, now)
-	for _, gvr := range []struct{ res dynamic.NamespaceableResourceInterface }{{m.dyn.Resource(flux.GitRepositoryGVR)}, {m.dyn.Resource(flux.KustomizationGVR)}} {
+	for _, gvr := range []struct {
+		res dynamic.NamespaceableResourceInterface
+	}{{m.dyn.Resource(flux.GitRepositoryGVR)}, {m.dyn.Resource(flux.KustomizationGVR)}} {
 		if _, err := gvr.res.Namespace("flux-system").Patch(m.ctx, "flux-system", types.MergePatchType, []byte(annotate), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}

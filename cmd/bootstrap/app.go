@@ -16,8 +16,8 @@ import (
 	"github.com/willabides/kongplete"
 
 	"github.com/homelab/bootstrap/config"
-	"github.com/homelab/bootstrap/notify"
 	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/notify"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/ui"
