@@ -37,6 +37,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -48,6 +49,7 @@ import (
 	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/kube"
+	"github.com/homelab/bootstrap/lab/notifysink"
 	"github.com/homelab/bootstrap/lab/pvesim"
 	"github.com/homelab/bootstrap/lab/s3server"
 	"github.com/homelab/bootstrap/lab/talossim"
@@ -87,6 +89,10 @@ type matrix struct {
 	s3    *s3server.Server
 	s3ro  *atomic.Bool
 	nodes map[string]talos.Target
+	// sink receives postcheck.notify's messages; seen is how many the
+	// test has judged.
+	sink *notifysink.Sink
+	seen int
 }
 
 // TestPostcheckFaultMatrix is the nightly postcheck measured as a
@@ -104,6 +110,7 @@ func TestPostcheckFaultMatrix(t *testing.T) {
 	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, ProxmoxHosts: 3})
 	m := &matrix{ctx: ctx, h: h, s3ro: &atomic.Bool{}}
 	m.setUpS3(t)
+	m.setUpNotify(t)
 	if err := h.EditConfig(func(s string) (string, error) {
 		// A claim the provisioner cannot serve is given up on quickly:
 		// the matrix waits out this bound in each NFS row.
@@ -115,6 +122,9 @@ func TestPostcheckFaultMatrix(t *testing.T) {
 		t.Fatalf("pipeline:\n%s", r.Tail(60))
 	}
 	m.connect(t)
+	// The pipeline's postcheck passed: nothing to tell (no previous night
+	// counts as a pass).
+	m.notified(t, "")
 
 	// No false alarms: the same command, repeated on the healthy lab with
 	// its normal churn, passes every row every time.
@@ -133,6 +143,8 @@ func TestPostcheckFaultMatrix(t *testing.T) {
 			t.Fatalf("healthy run %d/%d: exit %d, overall %s:\n%s", i+1, healthy, r.ExitCode, rep.Overall, r.Stdout)
 		}
 	}
+	// A repeat tells nobody.
+	m.notified(t, "")
 	t.Logf("%d healthy nightly runs passed in %s", healthy, time.Since(start).Round(100*time.Millisecond))
 
 	caught := map[string]bool{}
@@ -144,8 +156,19 @@ func TestPostcheckFaultMatrix(t *testing.T) {
 			f.inject(t, m)
 			r, rep := m.nightly(t)
 			m.judge(t, f, r, rep)
+			failing := ""
+			if rep.Overall == check.Fail {
+				failing = r.Stdout
+			}
+			// A night that fails after a pass is told, once; a warning
+			// is not.
+			m.notifiedFailure(t, rep, failing)
 			f.undo(t, m)
 			m.healthyAgain(t)
+			// The night it passes again is told too.
+			if failing != "" {
+				m.notified(t, "passes again")
+			}
 		})
 		if !ok {
 			t.Fatalf("the lab may not be healthy after %q: the rows after it would not say anything", f.what)
@@ -154,6 +177,26 @@ func TestPostcheckFaultMatrix(t *testing.T) {
 			caught[e.check] = true
 		}
 	}
+	// A notification that cannot be sent is a warning, never a failed
+	// night: with the receivers down, the night that passes again after a
+	// failure exits 0 and says each was not sent.
+	m.sink.SetDown(true)
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "matrix-down", Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "example.com/none"}
+	if _, err := m.cs.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := m.nightly(t); r.ExitCode != 1 || strings.Count(r.Stderr, "not sent: ") != 3 {
+		t.Errorf("a failing night with the receivers down: exit %d, %d unsent warnings:\n%s", r.ExitCode, strings.Count(r.Stderr, "not sent: "), r.Tail(20))
+	}
+	if err := m.cs.StorageV1().StorageClasses().Delete(ctx, "matrix-down", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r, rep := m.nightly(t); r.ExitCode != 0 || rep.Overall != check.Pass || strings.Count(r.Stderr, `"level":"warn"`) < 3 || strings.Count(r.Stderr, "not sent: ") != 3 {
+		t.Errorf("a passing night with the receivers down: exit %d, overall %s:\n%s", r.ExitCode, rep.Overall, r.Tail(20))
+	}
+	m.sink.SetDown(false)
+	m.notified(t, "")
+
 	if only != "" {
 		return
 	}
@@ -209,6 +252,78 @@ func (m *matrix) setUpS3(t *testing.T) {
 	}
 }
 
+// setUpNotify starts the lab's receivers and names them in a 0600 file
+// postcheck.notify.urlsFile points at: ntfy (a token), a generic JSON
+// webhook and email (a PLAIN login), all through shoutrrr.
+func (m *matrix) setUpNotify(t *testing.T) {
+	sink, err := notifysink.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sink.Stop)
+	m.sink = sink
+	host := strings.TrimPrefix(sink.HTTP, "http://")
+	urls := fmt.Sprintf("# the lab's receivers\nntfy://:%s@%s/homelab-nightly?scheme=http\ngeneric+http://%s/hook?template=json\nsmtp://%s:%s@%s/?from=bootstrap@lab.local&to=admin@lab.local&auth=Plain&encryption=None&usestarttls=No\n",
+		sink.Token, host, host, sink.User, sink.Password, sink.SMTP)
+	file := filepath.Join(t.TempDir(), "notify-urls")
+	writeSecretFile(t, file, urls)
+	if err := m.h.EditConfig(func(s string) (string, error) {
+		return strings.Replace(s, "postcheck:\n", "postcheck:\n  notify:\n    urlsFile: "+file+"\n", 1), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// notified judges the messages received since the last look: none when
+// want is "", else one per receiver, each titled with want.
+func (m *matrix) notified(t *testing.T, want string) []notifysink.Message {
+	t.Helper()
+	all := m.sink.Messages()
+	got := all[m.seen:]
+	m.seen = len(all)
+	if want == "" {
+		if len(got) != 0 {
+			t.Errorf("%d notifications, want none: %+v", len(got), got)
+		}
+		return nil
+	}
+	vias := map[string]bool{}
+	for _, g := range got {
+		vias[g.Via] = true
+		if !strings.Contains(g.Title, want) || !strings.Contains(g.Title, "lab") {
+			t.Errorf("%s notified %q, want a title with %q", g.Via, g.Title, want)
+		}
+	}
+	if len(got) != 3 || !vias["ntfy"] || !vias["webhook"] || !vias["smtp"] {
+		t.Errorf("%d notifications (%v), want one to each receiver", len(got), vias)
+	}
+	return got
+}
+
+// notifiedFailure: a failing night is told to every receiver, naming
+// each failing check, the cluster and the archive; a warning is not told.
+func (m *matrix) notifiedFailure(t *testing.T, rep postcheck.Report, stdout string) {
+	t.Helper()
+	if stdout == "" {
+		m.notified(t, "")
+		return
+	}
+	archive := "none written tonight"
+	if st, err := m.h.State(); err == nil && st.Outputs.Postcheck != nil && st.Outputs.Postcheck.Archive != "" {
+		archive = st.Outputs.Postcheck.Archive
+	}
+	for _, g := range m.notified(t, "FAILED") {
+		if !strings.Contains(g.Body, archive) {
+			t.Errorf("%s: the message does not name the archive %s:\n%s", g.Via, archive, g.Body)
+		}
+		for _, c := range rep.Checks {
+			if c.Status == check.Fail && !strings.Contains(g.Body, "✗ "+c.Name+": ") {
+				t.Errorf("%s: the message does not name the failing %s:\n%s", g.Via, c.Name, g.Body)
+			}
+		}
+	}
+}
+
 // connect opens the clients the faults are injected with: the lab's own
 // Kubernetes client and the product's Talos operations with the
 // cluster's talosconfig (what talosctl would do by hand).
@@ -239,6 +354,11 @@ func (m *matrix) connect(t *testing.T) {
 func (m *matrix) nightly(t *testing.T) (*e2e.Result, postcheck.Report) {
 	t.Helper()
 	r := run(t, m.ctx, m.h, "run", "--stage", "postcheck")
+	for _, secret := range []string{m.sink.Token, m.sink.Password} {
+		if strings.Contains(r.Stdout+r.Stderr, secret) {
+			t.Errorf("the nightly printed a notification URL's secret:\n%s", r.Tail(30))
+		}
+	}
 	var rep postcheck.Report
 	st, err := m.h.State()
 	if err != nil {
@@ -336,10 +456,8 @@ func (m *matrix) churn(t *testing.T, i int) {
 	t.Helper()
 	now := time.Now().Format(time.RFC3339Nano)
 	annotate := fmt.Sprintf(`{"metadata":{"annotations":{"reconcile.fluxcd.io/requestedAt":%q}}}`, now)
-	for _, gvr := range []struct {
-		res dynamic.NamespaceableResourceInterface
-	}{{m.dyn.Resource(flux.GitRepositoryGVR)}, {m.dyn.Resource(flux.KustomizationGVR)}} {
-		if _, err := gvr.res.Namespace("flux-system").Patch(m.ctx, "flux-system", types.MergePatchType, []byte(annotate), metav1.PatchOptions{}); err != nil {
+	for _, gvr := range []schema.GroupVersionResource{flux.GitRepositoryGVR, flux.KustomizationGVR} {
+		if _, err := m.dyn.Resource(gvr).Namespace("flux-system").Patch(m.ctx, "flux-system", types.MergePatchType, []byte(annotate), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
