@@ -47,6 +47,7 @@ import (
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/flux"
+	"github.com/homelab/bootstrap/internal/testbrowser"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/lab/notifysink"
@@ -196,6 +197,7 @@ func TestPostcheckFaultMatrix(t *testing.T) {
 	}
 	m.sink.SetDown(false)
 	m.notified(t, "")
+	m.historyPage(t)
 
 	if only != "" {
 		return
@@ -312,7 +314,11 @@ func (m *matrix) notifiedFailure(t *testing.T, rep postcheck.Report, stdout stri
 	if st, err := m.h.State(); err == nil && st.Outputs.Postcheck != nil && st.Outputs.Postcheck.Archive != "" {
 		archive = st.Outputs.Postcheck.Archive
 	}
+	page := filepath.Join(m.h.Paths().StateDir, "postcheck", postcheck.HistoryPage)
 	for _, g := range m.notified(t, "FAILED") {
+		if archive != "none written tonight" && !strings.Contains(g.Body, "History: "+page) {
+			t.Errorf("%s: the message does not name the history page:\n%s", g.Via, g.Body)
+		}
 		if !strings.Contains(g.Body, archive) {
 			t.Errorf("%s: the message does not name the archive %s:\n%s", g.Via, archive, g.Body)
 		}
@@ -321,6 +327,41 @@ func (m *matrix) notifiedFailure(t *testing.T, rep postcheck.Report, stdout stri
 				t.Errorf("%s: the message does not name the failing %s:\n%s", g.Via, c.Name, g.Body)
 			}
 		}
+	}
+}
+
+// historyPage: bootstrap status names the page; a real browser renders
+// the last nights of the matrix with a failing night visible (the page's
+// own size, the failing cell's text as the browser built the document).
+func (m *matrix) historyPage(t *testing.T) {
+	t.Helper()
+	dir := filepath.Join(m.h.Paths().StateDir, "postcheck")
+	page := filepath.Join(dir, postcheck.HistoryPage)
+	if st := run(t, m.ctx, m.h, "status"); !strings.Contains(st.Stdout, "history "+page) {
+		t.Errorf("bootstrap status does not name the history page:\n%s", st.Stdout)
+	}
+	nights, err := postcheck.ReadNights(dir, postcheck.HistoryNights)
+	if err != nil || len(nights) != postcheck.HistoryNights {
+		t.Fatalf("%d nights readable: %v", len(nights), err)
+	}
+	var cell string
+	for _, n := range nights {
+		for _, c := range n.Report.Checks {
+			if c.Status == check.Fail && cell == "" {
+				cell = "cell-" + c.Name + "-" + n.Dir
+			}
+		}
+	}
+	if cell == "" {
+		t.Fatal("no failing night among the last 30")
+	}
+	img := testbrowser.Screenshot(t, page, 1600, 1000)
+	if b := img.Bounds(); b.Dx() != 1600 || b.Dy() != 1000 {
+		t.Errorf("screenshot %v", b)
+	}
+	got := regexp.MustCompile(`<td id="` + regexp.QuoteMeta(cell) + `" class="fail"[^>]*>([^<]*)</td>`).FindStringSubmatch(testbrowser.DOM(t, page))
+	if got == nil || got[1] != "FAIL" {
+		t.Errorf("the failing cell %s as rendered: %v", cell, got)
 	}
 }
 

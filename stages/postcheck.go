@@ -108,15 +108,24 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 				env.UI.Warn("Prometheus textfile %s not written: %v", p, err)
 			}
 		}
+		// The history page: the last nights at a glance, rewritten each
+		// night from the archives kept (this one included).
+		page, err := postcheck.WriteHistory(filepath.Join(env.Paths.StateDir, "postcheck"), cfg.Cluster.Name, env.now())
+		if err != nil {
+			env.UI.Warn("postcheck history page not written: %v", err)
+			page = ""
+		} else {
+			env.UI.OK("postcheck history: %s", page)
+		}
 		var prev check.Status
 		if pc := env.State.Outputs.Postcheck; pc != nil {
 			prev = check.Status(pc.Overall)
 		}
-		notifyNight(env, prev, report, archive)
+		notifyNight(env, prev, report, archive, page)
 		env.State.Outputs.Postcheck = &state.Postcheck{
 			Overall: string(report.Overall), Started: report.Started, DurationSeconds: report.DurationSeconds,
 			Passed: check.Count(results, check.Pass), Warned: check.Count(results, check.Warn), Failed: check.Count(results, check.Fail),
-			Archive: archive,
+			Archive: archive, Page: page,
 		}
 	}
 	if n := check.Count(results, check.Fail); n > 0 {
@@ -185,7 +194,7 @@ func writePostcheckArchive(ctx context.Context, env *Env, report postcheck.Repor
 // changed (or on every failure with everyFailure). A notification that
 // cannot be sent is a warning: the night's verdict stands, and the next
 // change is sent again.
-func notifyNight(env *Env, prev check.Status, report postcheck.Report, archive string) {
+func notifyNight(env *Env, prev check.Status, report postcheck.Report, archive, page string) {
 	n := env.Config.Postcheck.Notify
 	if n.URLsFile == "" && n.URLsEnv == "" {
 		return
@@ -203,7 +212,7 @@ func notifyNight(env *Env, prev check.Status, report postcheck.Report, archive s
 		env.Log.Debug().Str("previous", string(prev)).Str("overall", string(report.Overall)).Msg("result unchanged: no notification")
 		return
 	}
-	title, body := postcheck.Message(report, archive, "")
+	title, body := postcheck.Message(report, archive, page)
 	for _, r := range notify.Send(urls, title, body) {
 		if r.Err != nil {
 			env.UI.Warn("%s not sent: %v", r.Label, r.Err)
