@@ -286,3 +286,22 @@ func checkNames() []string {
 	}
 	return out
 }
+
+// README's "What each check catches" has a row for every check (the
+// e2e fault matrix proves each row).
+func TestReadmeListsEveryCheck(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "### What each check catches")
+	section, _, _ = strings.Cut(section, "\n### ")
+	if !ok {
+		t.Fatal("README has no section \"What each check catches\"")
+	}
+	for _, name := range append(checkNames(), CheckArchive) {
+		if !strings.Contains(section, "\n| `"+name+"` |") {
+			t.Errorf("README's matrix has no row for %s", name)
+		}
+	}
+}
