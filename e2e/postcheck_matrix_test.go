@@ -108,7 +108,10 @@ type matrix struct {
 func TestPostcheckFaultMatrix(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 15*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, ProxmoxHosts: 3})
+	// A node turns NotReady 8 s after its heartbeat stops (as in the
+	// postcheck's lab test): kwok renews each lease every 2 s or so, so a
+	// healthy node never misses that much.
+	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, ProxmoxHosts: 3, NodeMonitorGracePeriod: 8 * time.Second})
 	m := &matrix{ctx: ctx, h: h, s3ro: &atomic.Bool{}}
 	m.setUpS3(t)
 	m.setUpNotify(t)
