@@ -576,6 +576,14 @@ func (m *matrix) nodeSchedulable(t *testing.T, name string) {
 	})
 }
 
+// backToConfigured upgrades a node moved by hand back to the config's
+// Talos version and schematic.
+func (m *matrix) backToConfigured(t *testing.T, name string) {
+	t.Helper()
+	v := m.h.Config().Cluster.TalosVersion
+	m.upgradeTalos(t, name, m.images(m.h.Config().Images().Schematic, v), v)
+}
+
 func (m *matrix) images(schematic factory.Schematic, version string) string {
 	return factory.Images{Factory: m.h.Lab.Factory.URL(), ID: schematic.MustID(), Version: version}.Installer()
 }
@@ -932,10 +940,7 @@ func matrixFaults() []matrixFault {
 				}
 				m.upgradeTalos(t, "wk-1", m.images(bare, v), v)
 			},
-			undo: func(t *testing.T, m *matrix) {
-				v := m.h.Config().Cluster.TalosVersion
-				m.upgradeTalos(t, "wk-1", m.images(m.h.Config().Images().Schematic, v), v)
-			},
+			undo: func(t *testing.T, m *matrix) { m.backToConfigured(t, "wk-1") },
 		},
 		{
 			what:   "Talos version drift",
@@ -943,10 +948,7 @@ func matrixFaults() []matrixFault {
 			inject: func(t *testing.T, m *matrix) {
 				m.upgradeTalos(t, "wk-1", m.images(m.h.Config().Images().Schematic, "v1.13.2"), "v1.13.2")
 			},
-			undo: func(t *testing.T, m *matrix) {
-				v := m.h.Config().Cluster.TalosVersion
-				m.upgradeTalos(t, "wk-1", m.images(m.h.Config().Images().Schematic, v), v)
-			},
+			undo: func(t *testing.T, m *matrix) { m.backToConfigured(t, "wk-1") },
 		},
 		{
 			what:   "Kubernetes version drift",
