@@ -213,6 +213,11 @@ func notifyNight(env *Env, prev check.Status, report postcheck.Report, archive, 
 		return
 	}
 	title, body := postcheck.Message(report, archive, page)
+	if env.Secrets != nil {
+		// The reasons went through the log's masking; the message goes
+		// elsewhere, so through the same set.
+		title, body = env.Secrets.String(title), env.Secrets.String(body)
+	}
 	for _, r := range notify.Send(urls, title, body) {
 		if r.Err != nil {
 			env.UI.Warn("%s not sent: %v", r.Label, r.Err)
