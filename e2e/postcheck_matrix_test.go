@@ -1015,6 +1015,15 @@ func matrixFaults() []matrixFault {
 			undo:   func(t *testing.T, m *matrix) { m.h.Lab.NFS.SetExported(true) },
 		},
 		{
+			// The export's root is root's, 0755: squashed, the
+			// provisioner (root in its pod) may not create the volume's
+			// directory.
+			what:   "NFS export root-squashed",
+			expect: []expect{{postcheck.CheckNFS, check.Fail, "permission denied (NFS3ERR_ACCES)"}},
+			inject: func(t *testing.T, m *matrix) { m.h.Lab.NFS.SetRootSquash(true) },
+			undo:   func(t *testing.T, m *matrix) { m.h.Lab.NFS.SetRootSquash(false) },
+		},
+		{
 			what:   "GitRepository failing authentication",
 			expect: []expect{{postcheck.CheckFlux, check.Fail, "GitRepository not Ready"}},
 			inject: func(t *testing.T, m *matrix) {

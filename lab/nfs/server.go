@@ -58,8 +58,10 @@ type Server struct {
 
 	mu     sync.Mutex
 	mounts int
-	// unexported: the export was withdrawn (SetExported).
+	// unexported: the export was withdrawn (SetExported); rootSquash:
+	// root acts as the anonymous user (SetRootSquash).
 	unexported bool
+	rootSquash bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -161,7 +163,7 @@ func (s *Server) Close() error {
 }
 
 // exportHandler answers MOUNT for the export path and directories below it,
-// with AUTH_NULL and AUTH_UNIX accepted and no squashing.
+// with AUTH_NULL and AUTH_UNIX accepted, squashing root when told to.
 type exportHandler struct {
 	server *Server
 }
@@ -197,7 +199,11 @@ func (h *exportHandler) Mount(_ context.Context, conn net.Conn, req gonfs.MountR
 	s.mounts++
 	s.mu.Unlock()
 	s.log.Debug().Str("client", remote).Str("path", p).Msg("mounted")
-	return gonfs.MountStatusOk, changeFS{osfs.New(dir)}, []gonfs.AuthFlavor{gonfs.AuthFlavorNull, gonfs.AuthFlavorUnix}
+	var fs billy.Filesystem = changeFS{osfs.New(dir)}
+	if s.squashed(req.Header.Cred) {
+		fs = squashFS{changeFS{osfs.New(dir)}}
+	}
+	return gonfs.MountStatusOk, fs, []gonfs.AuthFlavor{gonfs.AuthFlavorNull, gonfs.AuthFlavorUnix}
 }
 
 // refused is the filesystem returned with a failed mount: go-nfs asks for a
