@@ -124,6 +124,7 @@ func TestBadConfigs(t *testing.T) {
 				t.Fatalf("not a user error: %T %v", err, err)
 			}
 			got := err.Error() + "\n"
+			noMarker(t, got)
 			golden := strings.TrimSuffix(f, ".yaml") + ".golden"
 			if *update {
 				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {

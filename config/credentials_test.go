@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/homelab/bootstrap/sops"
 )
 
 // notCredentials are the fields naming files that hold no credential.
@@ -160,6 +162,66 @@ func TestCredentialMarkDrivesEveryGuard(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("validate did not refuse the world-readable %s", f.Field)
+		}
+	}
+}
+
+// TestNewcomerWarnings: what validates but would surprise a first run is
+// named, field by field: the example's placeholders left in place, a user
+// name without a token (an anonymous clone), Cilium values while Cilium is
+// not installed, recipients nothing on this machine opens.
+func TestNewcomerWarnings(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	dir := t.TempDir()
+	p := filepath.Join(dir, DefaultFile)
+	if err := os.WriteFile(p, Example, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(p, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned := func(cfg *Config, path, text string) {
+		t.Helper()
+		for _, w := range cfg.Warnings() {
+			if w.Path == path && strings.Contains(w.Msg, text) {
+				return
+			}
+		}
+		t.Errorf("no warning on %s saying %q: %v", path, text, cfg.Warnings())
+	}
+	warned(cfg, "flux.repo", "https://github.com/example/homelab.git is a placeholder")
+	warned(cfg, "proxmox.tlsFingerprint", "is the example's placeholder")
+
+	base := string(mustRead(t, "testdata/good/three-plus-two.yaml"))
+	if err := os.WriteFile(filepath.Join(dir, "cilium.yaml"), []byte("hubble: {enabled: true}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, rec, err := sops.GenerateIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Replace(base, "repo: https://git.example.com/homelab.git", "repo: https://git.lan/homelab.git\n  auth:\n    username: homelab", 1) +
+		"cni:\n  cilium:\n    valuesFile: cilium.yaml\nsecrets:\n  age:\n    recipients: [" + rec + "]\n"
+	for _, sub := range []string{"patches"} {
+		if err := os.CopyFS(filepath.Join(dir, sub), os.DirFS("testdata/good/"+sub)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := filepath.Join(dir, "other.yaml")
+	if err := os.WriteFile(q, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = Load(q, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned(cfg, "flux.auth.username", "the clone goes without credentials")
+	warned(cfg, "cni.cilium.valuesFile", `cni.name is "flannel": Cilium is not installed and the file is ignored`)
+	warned(cfg, "secrets.age.recipients", "no age identity here opens them")
+	for _, w := range cfg.Warnings() {
+		if w.Path == "flux.repo" {
+			t.Errorf("a real repository reads as a placeholder: %v", w)
 		}
 	}
 }

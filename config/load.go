@@ -113,6 +113,7 @@ func Parse(path string, data []byte, env LookupEnv) (*Config, error) {
 	errs.Items = append(errs.Items, d.errs...)
 	cfg.applyEnv(env, errs)
 	if len(errs.Items) > 0 {
+		cfg.maskMessages(errs)
 		errs.sortItems()
 		return cfg, errs
 	}

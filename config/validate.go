@@ -70,11 +70,18 @@ func (c *Config) validate() error {
 	v.stateDirs()
 	v.postcheck()
 	v.credentialModes()
+	v.misplacedSecrets()
+	v.s3Grammar()
+	v.snapshotPatterns()
+	v.placeholders()
+	v.outputPaths()
+	v.ciliumValuesAnyCNI()
 	// Patches are applied to a config generated from the rest: only once
 	// the rest is valid.
 	if len(v.errs.Fatal()) == 0 {
 		v.patchContents()
 	}
+	c.maskMessages(v.errs)
 	v.errs.sortItems()
 	c.src.warnings = v.errs.Warnings()
 	if len(v.errs.Fatal()) > 0 {
@@ -160,6 +167,9 @@ func (v *validator) cluster() {
 			v.errf("cluster.vip", "%s is outside cluster.network.cidr %s: the VIP must be on the node network", c.VIP, prefix)
 		case c.Network.Gateway == c.VIP:
 			v.errf("cluster.vip", "%s is the gateway: pick a free address", c.VIP)
+		case okCIDR && prefix.Bits() < 31 && (vip == prefix.Masked().Addr() || vip == lastAddr(prefix)):
+			v.errf("cluster.vip", "%s is the %s address of %s: no host can answer there; pick an unused host address of the network",
+				c.VIP, map[bool]string{true: "network", false: "broadcast"}[vip == prefix.Masked().Addr()], prefix.Masked())
 		default:
 			if ip := net.ParseIP(endpointHost); ip != nil && endpointHost != c.VIP {
 				v.errf("cluster.endpoint", "host %s differs from cluster.vip %s: point the endpoint at the VIP (https://%s:6443)", endpointHost, c.VIP, c.VIP)
@@ -469,6 +479,8 @@ func (v *validator) file(path, f string) {
 func (v *validator) chart(path, repo, version string) {
 	if u, err := url.Parse(repo); repo == "" || err != nil || (u.Scheme != "https" && u.Scheme != "http" && u.Scheme != "oci") || u.Host == "" {
 		v.errf(path+"Repo", "%q is not a chart repository URL (https://… or oci://…)", repo)
+	} else {
+		v.ociRepository(path+"Repo", repo)
 	}
 	if _, err := semver.StrictNewVersion(strings.TrimPrefix(version, "v")); err != nil {
 		v.errf(path+"Version", "%q is not an exact chart version: pin one such as 4.0.18", version)
@@ -600,9 +612,14 @@ func (v *validator) flux() {
 	if u, err := url.Parse(f.Repo); err != nil || u.Scheme != "ssh" {
 		v.file("flux.auth.knownHostsFile", f.Auth.KnownHostsFile)
 	}
-	v.secretFile("flux.auth.tokenFile", f.Auth.TokenFile)
+	if data, ok := v.secretFile("flux.auth.tokenFile", f.Auth.TokenFile); ok && strings.TrimSpace(string(data)) == "" {
+		v.errf("flux.auth.tokenFile", "%s is empty: put the HTTPS token in it (the clone would go without one)", f.Auth.TokenFile)
+	}
 	if f.Auth.TokenEnv != "" && f.Auth.TokenFile != "" {
 		v.errf("flux.auth", "set only one of tokenFile and tokenEnv")
+	}
+	if f.Auth.Username != "" && f.Auth.TokenFile == "" && f.Auth.TokenEnv == "" {
+		v.warnf("flux.auth.username", "is set but neither tokenFile nor tokenEnv is: the clone goes without credentials (anonymous); set one, or remove the user name")
 	}
 	if ls.Enabled {
 		if _, port, err := net.SplitHostPort(ls.Listen); err != nil {

@@ -40,6 +40,7 @@ func (v *validator) secrets() {
 		}
 	}
 	if a.KeyFile == "" {
+		v.recipientsOpenHere(recipients)
 		return
 	}
 	data, ok := v.secretFile("secrets.age.keyFile", a.KeyFile)

@@ -98,6 +98,7 @@ func TestBadConfigCorpus(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	seededSecret := regexp.MustCompile(`marker-[a-z0-9]+-0x5eed|Marker0x5eed`)
 	fieldPath := regexp.MustCompile(`:\d+(?::\d+)?: ([A-Za-z0-9_.\[\]-]+):`)
 
 	for _, path := range cases {
@@ -132,6 +133,11 @@ func TestBadConfigCorpus(t *testing.T) {
 			}
 			if stdout.Len() != 0 {
 				t.Errorf("stdout not empty:\n%s", stdout.String())
+			}
+			// A secret typed where none belongs (the corpus writes it
+			// marker-<where>-0x5eed) is never printed back.
+			if m := seededSecret.FindString(stdout.String() + stderr.String()); m != "" {
+				t.Errorf("the output holds the seeded secret %q", m)
 			}
 		})
 	}

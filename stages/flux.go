@@ -20,6 +20,7 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/flux"
 	"github.com/homelab/bootstrap/gitsnap"
+	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/talos"
@@ -666,7 +667,7 @@ func short(h string) string {
 }
 
 func stateFlux(f config.Flux, url, revision string) (out state.Flux) {
-	out.Version, out.URL, out.Branch, out.Path, out.Revision = f.Version, url, f.Branch, f.Path, revision
+	out.Version, out.URL, out.Branch, out.Path, out.Revision = f.Version, redact.URL(url), f.Branch, f.Path, revision
 	return out
 }
 
@@ -723,7 +724,7 @@ func sourceChecks(env *Env) []check.Check {
 		if err != nil {
 			return check.Failf("%v", err)
 		}
-		return check.Passf("%s branch %s at %s", f.Repo, f.Branch, short(head))
+		return check.Passf("%s branch %s at %s", redact.URL(f.Repo), f.Branch, short(head))
 	}}}
 }
 
@@ -757,9 +758,9 @@ func remoteHead(ctx context.Context, env *Env) (string, error) {
 	defer cancel()
 	head, err := flux.RemoteBranchHead(ctx, f.Repo, f.Branch, cr, env.Config.Resolve(f.Auth.KnownHostsFile))
 	if err != nil {
-		return "", fmt.Errorf("the head of %s branch %s, which Flux must reach: %w", f.Repo, f.Branch, err)
+		return "", fmt.Errorf("the head of %s branch %s, which Flux must reach: %w", redact.URL(f.Repo), f.Branch, err)
 	}
-	env.Log.Info().Str("repo", f.Repo).Str("branch", f.Branch).Str("head", head).Msg("remote branch head")
+	env.Log.Info().Str("repo", redact.URL(f.Repo)).Str("branch", f.Branch).Str("head", head).Msg("remote branch head")
 	return head, nil
 }
 

@@ -172,6 +172,11 @@ func secretsOf(cfg *config.Config) *redact.Set {
 	for _, v := range cfg.CredentialValues() {
 		s.Add(v)
 	}
+	// Validate refuses these; masked too for whatever prints the config
+	// before or without validating it.
+	for _, v := range cfg.MisplacedSecrets() {
+		s.Add(v)
+	}
 	return s
 }
 
