@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/state"
@@ -106,6 +107,9 @@ type Counters struct {
 	// accepted Bootstrap calls with recover_etcd.
 	RecoverUploads int
 	Recoveries     int
+	// EtcdAddsRefused counts the times etcd refused to add this control
+	// plane's member (its strict reconfiguration check) while it joined.
+	EtcdAddsRefused int
 	// Resets counts accepted Reset calls.
 	Resets int
 	// ImagePulls counts the images pulled through the API.
@@ -149,6 +153,17 @@ type Node struct {
 	// etcdLeft: the node left its etcd cluster (EtcdLeaveCluster): its
 	// etcd service is stopped and its data gone until it boots again.
 	etcdLeft bool
+	// sequenceStopped: a failed upgrade sequence stopped cri and what
+	// depends on it (etcd, kubelet) and trustd, and unmounted EPHEMERAL,
+	// before its installer ran; nothing starts them again until the node
+	// reboots (v1alpha1_sequencer.go Upgrade, StopServicesEphemeral in
+	// v1alpha1_sequencer_tasks.go at v1.13.3).
+	sequenceStopped bool
+	// etcdPeer mirrors, for readers that hold no node lock, whether the
+	// node's etcd peers can reach it: powered, running its installed
+	// system, its services not stopped by a failed sequence (see
+	// refreshPeerLocked). etcd's membership checks read it under s.mu.
+	etcdPeer atomic.Bool
 	// applying is set while an ApplyConfiguration is processed;
 	// rebootPending once a reboot-mode apply or a Reboot was accepted.
 	applying      bool
@@ -305,8 +320,14 @@ func (n *Node) setPhaseLocked(p Phase) {
 	}
 	n.log.Debug().Str("from", string(n.phase)).Str("to", string(p)).Msg("talossim phase")
 	n.phase = p
+	n.refreshPeerLocked()
 	close(n.changed)
 	n.changed = make(chan struct{})
+}
+
+// refreshPeerLocked updates etcdPeer from the node's state; n.mu is held.
+func (n *Node) refreshPeerLocked() {
+	n.etcdPeer.Store(n.powered && n.phase == PhaseRunning && !n.sequenceStopped)
 }
 
 // after runs fn after d unless the node moved on (gen changed) or was
@@ -375,6 +396,7 @@ func (n *Node) powerOn(installed installedSystem) {
 func (n *Node) powerOff() {
 	n.mu.Lock()
 	n.powered = false
+	n.refreshPeerLocked()
 	n.wantUp = false
 	n.gen++
 	for t := range n.timers {
@@ -391,7 +413,7 @@ func (n *Node) powerOff() {
 // system boots configured, nothing boots the ISO's maintenance mode.
 func (n *Node) bootLocked(installed installedSystem) {
 	n.gen++
-	n.etcdLeft = false
+	n.etcdLeft, n.sequenceStopped = false, false
 	n.rebootPending, n.applying = false, false
 	if installed.config == nil {
 		n.config, n.parsed = nil, nil
