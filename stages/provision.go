@@ -118,6 +118,10 @@ func (ProvisionStage) Prechecks(ctx context.Context, env *Env) []check.Check {
 // Run implements Stage.
 func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	cfg := env.Config
+	// A control plane etcd cannot add now gets no VM either.
+	if err := refuseEtcdJoin(ctx, env); err != nil {
+		return err
+	}
 	c, err := ProxmoxClient(ctx, env)
 	if err != nil {
 		return err

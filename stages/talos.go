@@ -41,6 +41,11 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if err := refuseDowngrade(ctx, env, nil, nil); err != nil {
 		return err
 	}
+	// So is a control plane etcd cannot add now (one of three members
+	// down): it would wait 30 minutes to join, then fail.
+	if err := refuseEtcdJoin(ctx, env); err != nil {
+		return err
+	}
 	if _, err := pinKubernetes(ctx, env, nil, nil, configTargets(env)); err != nil {
 		return err
 	}
