@@ -158,7 +158,8 @@ type Node struct {
 	// before its installer ran; nothing starts them again until the node
 	// reboots (v1alpha1_sequencer.go Upgrade, StopServicesEphemeral in
 	// v1alpha1_sequencer_tasks.go at v1.13.3).
-	sequenceStopped bool
+	sequenceStopped   bool
+	sequenceStoppedAt time.Time
 	// etcdPeer mirrors, for readers that hold no node lock, whether the
 	// node's etcd peers can reach it: powered, running its installed
 	// system, its services not stopped by a failed sequence (see
@@ -517,7 +518,7 @@ func (n *Node) etcdUpLocked(now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, m := s.etcdView(n.clusterIDLocked(), n.ip)
-	return m != nil && !m.readyAt.After(now)
+	return m != nil && !m.readyAt.After(now) && !n.sequenceStopped
 }
 
 // rebootLocked takes the API down for the reboot time and boots from disk.
