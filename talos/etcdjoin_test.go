@@ -9,7 +9,9 @@ import (
 // run sees: quorum(voters+1) of them must run; one voter always admits;
 // the reason names the members that do not run.
 func TestJoinAllowed(t *testing.T) {
-	v := func(name string, runs bool) Voter { return Voter{Name: name, IP: "10.0.0." + name[len(name)-1:], Runs: runs} }
+	v := func(name string, runs bool) Voter {
+		return Voter{Name: name, IP: "10.0.0." + name[len(name)-1:], Runs: runs}
+	}
 	for _, tc := range []struct {
 		name   string
 		voters []Voter
