@@ -462,8 +462,11 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	var installed []talos.Target
 	sameImage := sameImageAs(env)
 	for _, t := range targets {
+		// Version is set once the node answered configured during the
+		// converge: found so, installed now, or found down (rebooting)
+		// and back.
 		r, ok := conv.Nodes[t.Name]
-		if ok && r.Version != "" && (r.Found == talos.ModeConfigured || r.Action == talos.ActionInstalled) {
+		if ok && r.Version != "" {
 			run := talos.Running{Version: r.Version, Schematic: wantSchematic}
 			if wantSchematic != "" && (!env.DryRun || r.Found == talos.ModeConfigured) {
 				sch, err := ops.Schematic(ctx, t.IP)
@@ -537,8 +540,11 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 func upgradeInOrder(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUpgrade, targets []talos.Target, conv *talos.ConvergeResult) error {
 	talosNow, kubeNow := map[string]string{}, map[string]string{}
 	for _, t := range targets {
+		// A node this run installed runs the config's Talos already; one
+		// found down (rebooting) that came back configured is judged by
+		// the version it answered with, as one found configured.
 		r, ok := conv.Nodes[t.Name]
-		if !ok || r.Version == "" || r.Found != talos.ModeConfigured {
+		if !ok || r.Version == "" || r.Action == talos.ActionInstalled {
 			continue
 		}
 		talosNow[t.Name] = r.Version

@@ -546,7 +546,10 @@ func (n *Node) rebootLocked() {
 // FailedPrecondition), then goes down.
 func (n *Node) scheduleRebootLocked() {
 	n.rebootPending = true
-	// The reboot sequence's start sets the stage (machine_status.go).
+	// The reboot sequence's start (Controller.run publishes it:
+	// v1alpha1_controller.go at v1.13.3) sets the stage
+	// (machine_status.go).
+	n.publishEventLocked("", &machine.SequenceEvent{Sequence: "reboot", Action: machine.SequenceEvent_START})
 	n.setStageLocked(runtime.MachineStageRebooting)
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), n.rebootLocked)
 }
