@@ -374,6 +374,18 @@ func (n *Node) RunsExtension(name string) bool {
 	return false
 }
 
+// ServiceStates is the state of each service as ServiceList reports it
+// now (e.g. "etcd" → "Running", "Finished"), for tests.
+func (n *Node) ServiceStates() map[string]string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string]string{}
+	for _, si := range n.servicesLocked(n.mode == serveMaintenance, time.Now()) {
+		out[si.GetId()] = si.GetState()
+	}
+	return out
+}
+
 // VMID is the VM the node runs in.
 func (n *Node) VMID() int { return n.spec.VMID }
 
