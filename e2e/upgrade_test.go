@@ -3,8 +3,8 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"

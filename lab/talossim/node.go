@@ -132,7 +132,8 @@ type Node struct {
 	staticPods map[string]StaticPod
 	mirrorSeq  uint64
 	// uncordonOnBoot: an upgrade cordoned the Node; the machine's
-	// controllers uncordon it once it runs again.
+	// controllers uncordon it once it boots again (after the upgrade, or
+	// the reboot that follows a failed one).
 	uncordonOnBoot bool
 	powered        bool
 	wantUp         bool // the API should serve (subject to faults)

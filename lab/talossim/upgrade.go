@@ -89,7 +89,13 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 	actorID := uuid.NewString()
 	n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_START})
 	n.setStageLocked(runtime.MachineStageUpgrading)
+	// The upgrading stage cordons the Node (NodeCordonedSpecController);
+	// the next boot's booting or running stage uncordons it, whether the
+	// upgrade succeeded or failed and the node was rebooted
+	// (controllers/k8s/node_cordoned_spec.go, node_apply.go
+	// ApplyCordoned at v1.13.3).
 	n.setCordonedLocked(hostname, true)
+	n.uncordonOnBoot = true
 	seqErr := installerPreflight(target, n.version)
 	if seqErr == nil && n.faults.UpgradeSequenceFails > 0 {
 		n.faults.UpgradeSequenceFails--
@@ -139,7 +145,6 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 		sys := n.sim.installedSystem(n.ip)
 		sys.version, sys.extensions = target, exts
 		n.sim.persist(n.ip, sys)
-		n.uncordonOnBoot = true
 		n.rebootLocked()
 	})
 	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
