@@ -237,6 +237,18 @@ func TestKubernetesUpgrade(t *testing.T) {
 			if img := kubeProxyImage(t, ctx, h); img != "registry.k8s.io/kube-proxy:v1.35.4" {
 				t.Fatalf("kube-proxy created at bootstrap runs %s", img)
 			}
+			if tc.controlPlanes == 1 {
+				// The control plane stops rendering kube-proxy. Talos only
+				// creates bootstrap objects, so it stays until the sync
+				// that ends the upgrade prunes it from the cluster and the
+				// inventory, as talosctl upgrade-k8s does; the upgrade's
+				// dry run says so.
+				disableKubeProxy(t, h)
+				if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 {
+					t.Fatalf("applying cluster.proxy.disabled:\n%s", r.Tail(30))
+				}
+				kubeProxyImage(t, ctx, h)
+			}
 
 			setKubernetesVersion(t, h, "1.36.1")
 			setTalosVersion(t, h, "v1.13.2", "v1.13.3")
@@ -255,6 +267,9 @@ func TestKubernetesUpgrade(t *testing.T) {
 				!strings.Contains(dry.Stdout, "upgrade Talos on cp-1 v1.13.2 → v1.13.3 (1/") {
 				t.Fatalf("dry run:\n%s", dry.Tail(60))
 			}
+			if prune := "and prune what they no longer render: DaemonSet/kube-system/kube-proxy"; strings.Contains(dry.Stdout, prune) != (tc.controlPlanes == 1) {
+				t.Fatalf("the dry run and kube-proxy's prune (want it listed: %v):\n%s", tc.controlPlanes == 1, dry.Tail(30))
+			}
 			t.Logf("dry-run plan:\n%s", kubePlanLines(dry.Stdout))
 			if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
 				t.Fatalf("the dry run applied configs: %v → %v", before, after)
@@ -269,14 +284,6 @@ func TestKubernetesUpgrade(t *testing.T) {
 			// with the others.
 			newWorker, earlier := "", ""
 			if tc.controlPlanes == 1 {
-				// The control plane stops rendering kube-proxy: the sync
-				// that ends the upgrade prunes it from the cluster and the
-				// inventory, as talosctl upgrade-k8s does, and the dry run
-				// says so.
-				disableKubeProxy(t, h)
-				if dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run"); !strings.Contains(dry.Stdout, "and prune what they no longer render: DaemonSet/kube-system/kube-proxy") {
-					t.Fatalf("the dry run does not list kube-proxy's prune:\n%s", dry.Tail(30))
-				}
 				newWorker = addWorker(t, h, "wk-9", 719, 29)
 				// An image no registry serves stops the upgrade at the
 				// pre-pull, before any Kubernetes component moved.

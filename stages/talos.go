@@ -122,6 +122,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		Parallelism:    env.Config.Cluster.Parallelism,
 		CNIDisabled:    !env.Config.CNI.TalosDeploysCNI(),
 		Recover:        env.Options.Recover,
+		Now:            env.now,
 		BootstrappedAt: out.BootstrappedAt,
 		NewEtcd:        env.Options.NewEtcd,
 		OnNodeConverged: func(t talos.Target, r talos.EnsureResult) {

@@ -686,14 +686,19 @@ func (a *apid) Kubeconfig(_ *emptypb.Empty, stream grpc.ServerStreamingServer[co
 	// (kubeconfig.GenerateAdmin), so it always answers, whether or not the
 	// API server runs yet. The simulated control plane may point it
 	// elsewhere (a test's stand-in API server).
+	n.mu.Lock()
+	cfg := n.parsed
+	n.mu.Unlock()
 	data, err := n.sim.opts.Cluster.Kubeconfig(stream.Context())
+	if err == nil {
+		// Its certificate as this node's config mints it (lifetime
+		// included: cluster.adminKubeconfig.certLifetime).
+		data, err = withConfiguredAdminCert(data, cfg)
+	} else {
+		data, err = generateAdminKubeconfig(cfg)
+	}
 	if err != nil {
-		n.mu.Lock()
-		cfg := n.parsed
-		n.mu.Unlock()
-		if data, err = generateAdminKubeconfig(cfg); err != nil {
-			return status.Error(codes.Internal, err.Error())
-		}
+		return status.Error(codes.Internal, err.Error())
 	}
 	var buf bytes.Buffer
 	gz := gzip.NewWriter(&buf)
