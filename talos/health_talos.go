@@ -86,42 +86,13 @@ func talosSideHealth(in HealthInput, cps, all []HealthTarget, facts map[string]*
 	}
 	add(HealthEtcdConsistent, problems)
 
-	// Members are exactly the control planes, none a learner.
-	problems = nil
-	want := make([]string, 0, len(cps))
-	for _, n := range cps {
-		want = append(want, n.Name)
-	}
-	slices.Sort(want)
-	if firstNode == "" {
-		problems = append(problems, "no control plane lists the etcd members")
-	} else {
-		var got []string
-		for _, m := range facts[firstNode].members {
-			if m.Learner {
-				problems = append(problems, m.Hostname+" is still a learner")
-			}
-			got = append(got, m.Hostname)
-		}
-		slices.Sort(got)
-		// A member outside the config (a control plane removed from
-		// it) is, like an unexpected Node, the user's to take out:
-		// the waits tolerate it, the postcheck names the command.
-		var extra []string
-		for _, g := range got {
-			if !slices.Contains(want, g) {
-				extra = append(extra, g)
-			}
-		}
-		missing := slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(got, w) })
-		if missing || len(extra) > 0 && !in.TolerateUnexpected {
-			p := fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", "))
-			if len(extra) > 0 {
-				p += " (take " + strings.Join(extra, ", ") + " out with " + removeCommands(extra) + ")"
-			}
-			problems = append(problems, p)
-		}
-	}
+	// The members are the control planes, matched by address (the peer
+	// URLs' IPs, as talosctl's EtcdControlPlaneNodesAssertion reads them:
+	// pkg/cluster/check/etcd.go at v1.13.3), so a hostname a user's patch
+	// sets does not matter. Stricter than talosctl, which only wants every
+	// member's IP to be a control plane's: here every control plane must
+	// be a member too, and none a learner.
+	problems = etcdMembersAreControlPlanes(in, cps, facts, firstNode)
 	add(HealthEtcdControlPlanes, problems)
 
 	problems = nil
@@ -192,6 +163,48 @@ func talosSideHealth(in HealthInput, cps, all []HealthTarget, facts map[string]*
 	}
 	add(HealthBootFinished, problems)
 	return r
+}
+
+// etcdMembersAreControlPlanes judges HealthEtcdControlPlanes from the
+// members firstNode listed (see talosSideHealth).
+func etcdMembersAreControlPlanes(in HealthInput, cps []HealthTarget, facts map[string]*nodeFacts, firstNode string) []string {
+	if firstNode == "" {
+		return []string{"no control plane lists the etcd members"}
+	}
+	var problems, got, extra []string
+	isCP := func(ip string) bool { return slices.ContainsFunc(cps, func(n HealthTarget) bool { return n.IP == ip }) }
+	for _, m := range facts[firstNode].members {
+		if m.Learner {
+			problems = append(problems, m.Hostname+" is still a learner")
+		}
+		got = append(got, m.Hostname)
+		// A member outside the control planes (one removed from the
+		// config) is, like an unexpected Node, the user's to take out:
+		// the waits tolerate it, the postcheck names the command.
+		if !slices.ContainsFunc(m.IPs, isCP) {
+			extra = append(extra, m.Hostname)
+		}
+	}
+	var want, missing []string
+	for _, n := range cps {
+		want = append(want, n.Name)
+		if !slices.ContainsFunc(facts[firstNode].members, func(m EtcdMember) bool { return slices.Contains(m.IPs, n.IP) }) {
+			missing = append(missing, n.Name)
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if len(missing) > 0 || len(extra) > 0 && !in.TolerateUnexpected {
+		p := fmt.Sprintf("members %s, want the control planes %s", strings.Join(got, ", "), strings.Join(want, ", "))
+		if len(missing) > 0 {
+			p += " (no member at the address of " + strings.Join(missing, ", ") + ")"
+		}
+		if len(extra) > 0 {
+			p += " (take " + strings.Join(extra, ", ") + " out with " + removeCommands(extra) + ")"
+		}
+		problems = append(problems, p)
+	}
+	return problems
 }
 
 // memberView is one control plane's view of the membership, comparable
