@@ -41,12 +41,14 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if err := refuseDowngrade(ctx, env, nil, nil); err != nil {
 		return err
 	}
-	// So is a control plane etcd cannot add now (one of three members
-	// down): it would wait 30 minutes to join, then fail.
-	if err := refuseEtcdJoin(ctx, env); err != nil {
+	if _, err := pinKubernetes(ctx, env, nil, nil, configTargets(env)); err != nil {
 		return err
 	}
-	if _, err := pinKubernetes(ctx, env, nil, nil, configTargets(env)); err != nil {
+	// A control plane etcd cannot add now (one of three members down) is
+	// refused before anything too: it would wait 30 minutes to join, then
+	// fail. This asks the cluster, so it comes after the checks above,
+	// which refuse from the state alone.
+	if err := refuseEtcdJoin(ctx, env); err != nil {
 		return err
 	}
 	gen, err := talosGenerateOptions(env)
