@@ -1,9 +1,7 @@
 package e2e_test
 
 import (
-	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,22 +20,7 @@ func TestKubeconfigRenewedBeforeItExpires(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 3*time.Minute)
 	h := startHarness(t, e2e.Options{ControlPlanes: 1})
-	dir := filepath.Dir(h.ConfigPath())
-	if err := os.MkdirAll(filepath.Join(dir, "patches"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "patches", "short-kubeconfig.yaml"), []byte("cluster:\n  adminKubeconfig:\n    certLifetime: 45s\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.EditConfig(func(s string) (string, error) {
-		i := strings.Index(s, "  talosVersion: ")
-		if i < 0 {
-			return "", fmt.Errorf("no cluster.talosVersion to put the patches after")
-		}
-		return s[:i] + "  patches:\n    controlplane: [patches/short-kubeconfig.yaml]\n" + s[i:], nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	patchControlPlanes(t, h, "short-kubeconfig.yaml", "cluster:\n  adminKubeconfig:\n    certLifetime: 45s\n")
 	for _, stage := range []string{"provision", "talos"} {
 		if r := run(t, ctx, h, "run", "--stage", stage); r.ExitCode != 0 {
 			t.Fatalf("%s:\n%s", stage, r.Tail(30))

@@ -169,11 +169,19 @@ func bootstrapInventory(t *testing.T, ctx context.Context, h *e2e.Harness) map[s
 // cluster.proxy.disabled: their manifests no longer render kube-proxy.
 func disableKubeProxy(t *testing.T, h *e2e.Harness) {
 	t.Helper()
+	patchControlPlanes(t, h, "no-kube-proxy.yaml", "cluster:\n  proxy:\n    disabled: true\n")
+}
+
+// patchControlPlanes writes a Talos config patch next to the lab's config
+// and lists it in cluster.patches.controlplane (the lab's config has no
+// patches of its own).
+func patchControlPlanes(t *testing.T, h *e2e.Harness, name, patch string) {
+	t.Helper()
 	dir := filepath.Dir(h.ConfigPath())
 	if err := os.MkdirAll(filepath.Join(dir, "patches"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "patches", "no-kube-proxy.yaml"), []byte("cluster:\n  proxy:\n    disabled: true\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "patches", name), []byte(patch), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.EditConfig(func(s string) (string, error) {
@@ -181,7 +189,7 @@ func disableKubeProxy(t *testing.T, h *e2e.Harness) {
 		if i < 0 || strings.Contains(s, "\n  patches:") {
 			return "", fmt.Errorf("no cluster.talosVersion to put the patches after, or patches already")
 		}
-		return s[:i] + "  patches:\n    controlplane: [patches/no-kube-proxy.yaml]\n" + s[i:], nil
+		return s[:i] + "  patches:\n    controlplane: [patches/" + name + "]\n" + s[i:], nil
 	}); err != nil {
 		t.Fatal(err)
 	}
