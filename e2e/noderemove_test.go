@@ -115,21 +115,6 @@ func TestNodeRemove(t *testing.T) {
 	if n, ok := h.Lab.Talos.Node(nodes["cp-3"].IP); !ok || n.Counters().Resets != 0 || n.Phase() != talossim.PhaseRunning {
 		t.Fatal("the refused removal touched cp-3")
 	}
-	// Adding a control plane is refused too, before any change: etcd adds
-	// no member while only 2 of its 3 voting members run (quorum(4) = 3,
-	// etcd v3.6.11 mayAddMember); the new node would wait 30 minutes to
-	// join, then its etcd would fail.
-	prefix := strings.TrimSuffix(nodes["cp-1"].IP, ".11")
-	addNode(t, h, "cp-2", fmt.Sprintf("  - {name: cp-4, role: controlplane, vmid: 704, ip: %s.14, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", prefix))
-	add := run(t, ctx, h, "run", "--stage", "all")
-	if out := add.Stdout + add.Stderr; add.ExitCode != 2 || !strings.Contains(out, "not adding control plane cp-4 to etcd: the etcd member(s) cp-2 ("+nodes["cp-2"].IP+") do not run") ||
-		!strings.Contains(out, "nothing was changed") {
-		t.Fatalf("adding cp-4 with cp-2 down (exit %d):\n%s", add.ExitCode, add.Tail(20))
-	}
-	if _, ok := h.Lab.PVE.VM(704); ok {
-		t.Fatal("the refused addition created cp-4's VM")
-	}
-	dropNode(t, h, "cp-4")
 	if r := run(t, ctx, h, "run", "--stage", "provision"); r.ExitCode != 0 {
 		t.Fatalf("provision starting cp-2 again:\n%s", r.Tail(20))
 	}

@@ -112,7 +112,9 @@ func TestTalosUpgrade(t *testing.T) {
 // Talos stopped its cri, etcd and kubelet (StopServicesEphemeral): the run
 // stops there and says the node waits for a reboot, with the command; a
 // re-run says so again within a minute instead of waiting for the node
-// to settle. Rebooted as told, cp-2 runs v1.13.3 with its etcd again.
+// to settle. Adding a control plane meanwhile (one of three members
+// down) is refused before any change. Rebooted as told, cp-2 runs v1.13.3
+// with its etcd again and the next run finishes the rollout.
 func failedUpgrade(t *testing.T, ctx context.Context, h *e2e.Harness) {
 	t.Helper()
 	st, err := h.State()
@@ -143,6 +145,22 @@ func failedUpgrade(t *testing.T, ctx context.Context, h *e2e.Harness) {
 		t.Fatalf("the re-run with cp-2 waiting for a reboot took %s (exit %d):\n%s", again.Wall, again.ExitCode, again.Tail(20))
 	}
 	t.Logf("the re-run named cp-2 waiting for a reboot after %s", again.Wall.Round(100*time.Millisecond))
+
+	// Adding a control plane meanwhile is refused before any change:
+	// cp-2's etcd member is down, and etcd adds a member only while
+	// quorum(3+1) = 3 of its 3 voting members run (etcd v3.6.11
+	// mayAddMember); the new node would wait 30 minutes to join, then fail.
+	prefix := strings.TrimSuffix(st.Outputs.Nodes["cp-1"].IP, ".11")
+	addNode(t, h, "cp-3", fmt.Sprintf("  - {name: cp-4, role: controlplane, vmid: 704, ip: %s.14, cores: 2, memoryMiB: 2048, diskGiB: 20}\n", prefix))
+	add := run(t, ctx, h, "run", "--stage", "all")
+	if out := add.Stdout + add.Stderr; add.ExitCode != 2 || !strings.Contains(out, "not adding control plane cp-4 to etcd: the etcd member(s) cp-2 ("+ip+") do not run: 2 of the 3 voting members run") ||
+		!strings.Contains(out, "nothing was changed") {
+		t.Fatalf("adding cp-4 with cp-2's etcd down (exit %d):\n%s", add.ExitCode, add.Tail(20))
+	}
+	if _, ok := h.Lab.PVE.VM(704); ok {
+		t.Fatal("the refused addition created cp-4's VM")
+	}
+	dropNode(t, h, "cp-4")
 
 	// `talosctl -n IP reboot`, with the talosconfig the run wrote.
 	tc, err := os.ReadFile(h.Paths().Talosconfig)

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	"github.com/homelab/bootstrap/config"
@@ -15,12 +16,16 @@ import (
 // the new control plane's etcd would ask for 30 minutes and then fail. A
 // control plane joins when it is in the config but no etcd member has its
 // address: one added to the config, or one re-created (`bootstrap node
-// replace`, after its old member was removed). The refusal names the
-// members that do not run and is a user error (exit 2). Nothing is
-// checked for a cluster this state never bootstrapped, a restore or a new
-// etcd, or when no control plane lists the members (the talos stage
-// judges those).
-func refuseEtcdJoin(ctx context.Context, env *Env) error {
+// replace`, after its old member was removed). A voting member whose etcd
+// does not run counts as down unless it is a configured control plane
+// that this run brings up (comingUp: the provision stage starts a stopped
+// VM, the talos stage waits for a node still booting); one outside the
+// config, or one that answers settled with its etcd stopped (a failed
+// upgrade, say), nothing here brings back. The refusal names the members
+// that do not run and is a user error (exit 2). Nothing is checked for a
+// cluster this state never bootstrapped, a restore or a new etcd, or when
+// no control plane lists the members (the talos stage judges those).
+func refuseEtcdJoin(ctx context.Context, env *Env, comingUp func(talos.Voter) bool) error {
 	if env.State.Outputs.Talos.BootstrapNode == "" || env.Options.Recover != nil || env.Options.NewEtcd {
 		return nil
 	}
@@ -52,12 +57,24 @@ func refuseEtcdJoin(ctx context.Context, env *Env) error {
 	if len(joining) == 0 {
 		return nil
 	}
-	if ok, why := talos.JoinAllowed(ops.Voters(ctx, members)); !ok {
+	voters := ops.Voters(ctx, members)
+	for i, v := range voters {
+		if !v.Runs && slices.ContainsFunc(cps, func(t talos.Target) bool { return t.IP == v.IP }) && comingUp(v) {
+			env.Log.Info().Str("member", v.String()).Msg("an etcd member that does not run yet is a control plane this run brings up: counted as running for the joining control planes")
+			voters[i].Runs = true
+		}
+	}
+	if ok, why := talos.JoinAllowed(voters); !ok {
 		return config.Userf("not adding control plane %s to etcd: %s; nothing was changed", strings.Join(joining, ", "), why)
 	}
 	env.Log.Debug().Strs("joining", joining).Msg("etcd can add the joining control planes")
 	return nil
 }
+
+// booting is the talos stage's comingUp: a configured control plane that
+// does not answer yet or still boots (its VM just started) is waited for
+// by the converge, and its etcd starts with it.
+func booting(v talos.Voter) bool { return !v.Answers || v.Stage == talos.StageBooting }
 
 // joinAfterRemoval is JoinAllowed for a control plane about to be
 // replaced: its own member (removed first) does not vote any more when

@@ -48,7 +48,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	// refused before anything too: it would wait 30 minutes to join, then
 	// fail. This asks the cluster, so it comes after the checks above,
 	// which refuse from the state alone.
-	if err := refuseEtcdJoin(ctx, env); err != nil {
+	if err := refuseEtcdJoin(ctx, env, booting); err != nil {
 		return err
 	}
 	gen, err := talosGenerateOptions(env)

@@ -12,11 +12,15 @@ import (
 // Adding a control plane: etcd's rule for adding a member, checked before
 // a run creates or configures a control plane that is not a member yet.
 
-// Voter is one voting etcd member as a run sees it: its name, its address
-// and whether its etcd runs.
+// Voter is one voting etcd member as a run sees it: its name, its
+// address, whether its etcd runs, and, when it does not, whether its node's
+// Talos API answers and its machine stage (a node still booting starts
+// its etcd on its own).
 type Voter struct {
 	Name, IP string
 	Runs     bool
+	Answers  bool
+	Stage    MachineStage
 }
 
 func (v Voter) String() string {
@@ -72,8 +76,9 @@ func (o *Ops) EtcdMembersVia(ctx context.Context, cps []Target) ([]EtcdMember, T
 }
 
 // Voters are the voting members among members (learners do not vote),
-// each with whether its etcd service runs, asked of the member's node at
-// its peer address, all at once.
+// each with whether its etcd service runs (and, when not, whether its node
+// answers and its stage), asked of the member's node at its peer address,
+// all at once.
 func (o *Ops) Voters(ctx context.Context, members []EtcdMember) []Voter {
 	var out []Voter
 	for _, m := range members {
@@ -91,7 +96,16 @@ func (o *Ops) Voters(ctx context.Context, members []EtcdMember) []Voter {
 		if out[i].IP == "" {
 			continue
 		}
-		wg.Go(func() { out[i].Runs = o.EtcdServiceRuns(ctx, out[i].IP) })
+		wg.Go(func() {
+			v := &out[i]
+			svcs, err := o.Services(ctx, v.IP)
+			v.Answers = err == nil
+			s, ok := findService(svcs, "etcd")
+			v.Runs = ok && s.State == "Running"
+			if v.Answers && !v.Runs {
+				v.Stage, _, _ = o.MachineStatus(ctx, v.IP)
+			}
+		})
 	}
 	wg.Wait()
 	slices.SortFunc(out, func(a, b Voter) int { return strings.Compare(a.Name, b.Name) })
