@@ -3,10 +3,8 @@ package postcheck
 import (
 	"context"
 	"crypto/rand"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -678,7 +676,9 @@ func (c *checker) kubernetesVersion(ctx context.Context) (check.Status, string) 
 }
 
 // certs warns when the client certificates in the talosconfig and the
-// kubeconfig expire within CertWarnDays (Talos issues them for one year).
+// kubeconfig expire within CertWarnDays (Talos issues them for one year),
+// and fails once one expired; either names the command that renews both:
+// the talos stage replaces each within its last 30 days (talos.RenewBefore).
 func (c *checker) certs(ctx context.Context) (check.Status, string) {
 	type cert struct {
 		what string
@@ -712,11 +712,14 @@ func (c *checker) certs(ctx context.Context) (check.Status, string) {
 			fine = append(fine, s)
 		}
 	}
+	renew := ": run `bootstrap run --stage talos` to renew them (it renews a client certificate in its last 30 days)"
 	switch {
 	case len(expired) > 0:
-		return check.Failf("expired: %s", strings.Join(expired, "; "))
-	case len(soon) > 0 || len(problems) > 0:
-		return check.Warnf("%s", strings.Join(append(soon, problems...), "; "))
+		return check.Failf("expired: %s%s", strings.Join(expired, "; "), renew)
+	case len(soon) > 0:
+		return check.Warnf("%s%s", strings.Join(append(soon, problems...), "; "), renew)
+	case len(problems) > 0:
+		return check.Warnf("%s", strings.Join(problems, "; "))
 	}
 	return check.Passf("%s", strings.Join(fine, "; "))
 }
@@ -845,19 +848,7 @@ func (c *checker) kubeconfigCertExpiry() (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	cfg, err := clientcmd.Load(data)
-	if err != nil {
-		return time.Time{}, err
-	}
-	ctx, ok := cfg.Contexts[cfg.CurrentContext]
-	if !ok {
-		return time.Time{}, fmt.Errorf("no current context")
-	}
-	ai, ok := cfg.AuthInfos[ctx.AuthInfo]
-	if !ok || len(ai.ClientCertificateData) == 0 {
-		return time.Time{}, fmt.Errorf("no client certificate in context %s", cfg.CurrentContext)
-	}
-	return certExpiry(ai.ClientCertificateData)
+	return talos.KubeconfigCertExpiry(data)
 }
 
 func (c *checker) talosconfigCertExpiry() (time.Time, error) {
@@ -877,19 +868,7 @@ func (c *checker) talosconfigCertExpiry() (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("client cert: %w", err)
 	}
-	return certExpiry(pemBytes)
-}
-
-func certExpiry(pemBytes []byte) (time.Time, error) {
-	block, _ := pem.Decode(pemBytes)
-	if block == nil {
-		return time.Time{}, fmt.Errorf("client cert is not PEM")
-	}
-	crt, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return time.Time{}, err
-	}
-	return crt.NotAfter, nil
+	return talos.CertExpiry(pemBytes)
 }
 
 func (c *checker) apiHost() string {
