@@ -161,9 +161,22 @@ func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 }
 
 // Decrypt decrypts a SOPS-encrypted YAML file with the identities and
-// verifies its MAC, as `sops decrypt` does (common.DecryptTree at v3.11.0),
-// returning the plaintext YAML.
+// verifies its MAC, as `sops decrypt` does (common.DecryptTree at v3.13.2),
+// returning the plaintext YAML. A MAC that holds under the rule of every
+// sops but v3.13.2 is accepted (decryptDocs); DecryptAsFlux is the
+// stricter check.
 func Decrypt(data []byte, ids Identities) ([]byte, error) {
+	return decrypt(data, ids, false)
+}
+
+// DecryptAsFlux is Decrypt as kustomize-controller v1.9.5 decrypts, with
+// sops v3.13.2's MAC rule: a file that holds an encrypted comment inside
+// a list fails there (decryptDocs), and the error names where.
+func DecryptAsFlux(data []byte, ids Identities) ([]byte, error) {
+	return decrypt(data, ids, true)
+}
+
+func decrypt(data []byte, ids Identities, strict bool) ([]byte, error) {
 	md, docs, err := loadEncrypted(data)
 	if err != nil {
 		return nil, fmt.Errorf("sops: reading the encrypted YAML: %w", err)
@@ -172,7 +185,7 @@ func Decrypt(data []byte, ids Identities) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	computed, err := decryptDocs(docs, md, dataKey)
+	computed, strictMAC, listComments, err := decryptDocs(docs, md, dataKey)
 	if err != nil {
 		return nil, fmt.Errorf("sops: decrypting: %w", err)
 	}
@@ -180,8 +193,13 @@ func Decrypt(data []byte, ids Identities) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sops: decrypting the MAC: %w", err)
 	}
-	if stored != computed {
+	switch {
+	case stored == strictMAC:
+	case stored != computed:
 		return nil, errors.New("sops: MAC mismatch: the file was changed without its key")
+	case strict:
+		return nil, fmt.Errorf("sops: the file holds an encrypted comment inside a list (under %s): sops v3.13.2, which kustomize-controller v1.9.5 decrypts with, counts it in the MAC when decrypting but not when encrypting, so Flux fails this file with \"Failed to verify data integrity\"; move the comment out of the list (or keep it in clear with unencrypted_comment_regex) and encrypt the file again",
+			strings.Join(listComments, ", "))
 	}
 	return emit(docs)
 }

@@ -236,7 +236,7 @@ func TestShamirKeyGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(enc), "- recipient: age1"); n != 3 || !strings.Contains(string(enc), "key_groups:") || !strings.Contains(string(enc), "shamir_threshold: 2") {
+	if n := strings.Count(string(enc), "recipient: age1"); n != 3 || !strings.Contains(string(enc), "key_groups:") || !strings.Contains(string(enc), "shamir_threshold: 2") {
 		t.Fatalf("%d key groups:\n%s", n, enc)
 	}
 	t.Setenv(sops.KeyEnv, keys[0]+"\n"+keys[2])
