@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"filippo.io/age"
 	"github.com/distribution/reference"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/minio/minio-go/v7/pkg/s3utils"
@@ -20,6 +19,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/validation"
 
+	"github.com/homelab/bootstrap/internal/sealed"
 	"github.com/homelab/bootstrap/talos"
 )
 
@@ -254,10 +254,15 @@ func (v *validator) backupCopy() {
 		v.errf("backup.ageRecipients", "are set but neither backup.copyDir nor backup.s3 is: only copies are encrypted (the snapshots on this host are 0600)")
 	}
 	v.backupS3()
+	bad := false
 	for i, r := range b.AgeRecipients {
-		if _, err := age.ParseX25519Recipient(r); err != nil {
-			v.errf(fmt.Sprintf("backup.ageRecipients[%d]", i), "%q is not an age public key (age1…, as age-keygen prints): %v", r, err)
+		if _, err := sealed.ParseRecipient(r); err != nil {
+			bad = true
+			v.errf(fmt.Sprintf("backup.ageRecipients[%d]", i), "%q is not an age public key (age1…, or age1pq1… from age-keygen -pq): %v", r, err)
 		}
+	}
+	if _, err := sealed.ParseRecipients(b.AgeRecipients); !bad && err != nil {
+		v.errf("backup.ageRecipients", "%v (every copy is one age file encrypted to all of them)", err)
 	}
 }
 

@@ -2,7 +2,7 @@ package sops
 
 // Value encryption and the MAC, as the sops CLI does them (sops.go Tree
 // Encrypt/Decrypt, shouldBeEncrypted and ToBytes, and aes/cipher.go at
-// getsops/sops v3.11.0): each value AES-256-GCM under the data key with a
+// getsops/sops v3.13.2): each value AES-256-GCM under the data key with a
 // fresh 32-byte IV and its path ("a:b:") as additional data, written as
 // ENC[AES256_GCM,data:…,iv:…,tag:…,type:…]; the MAC a SHA-512 over every
 // plaintext value in order (comments excluded), upper-case hex, itself
@@ -26,7 +26,7 @@ import (
 
 // macOnlyEncryptedPrefix starts the MAC's hash when mac_only_encrypted is
 // set, so that such a MAC never equals one over every value: the bytes of
-// MACOnlyEncryptedInitialization in sops.go at v3.11.0, which every sops
+// MACOnlyEncryptedInitialization in sops.go at v3.13.2, which every sops
 // reader hashes the same way.
 var macOnlyEncryptedPrefix = []byte{0x8a, 0x3f, 0xd2, 0xad, 0x54, 0xce, 0x66, 0x52, 0x7b, 0x10, 0x34, 0xf3, 0xd1, 0x47, 0xbe, 0xb, 0xb, 0x97, 0x5b, 0x3b, 0xf4, 0x4f, 0x72, 0xc6, 0xfd, 0xad, 0xec, 0x81, 0x76, 0xf2, 0x7d, 0x69}
 

@@ -42,7 +42,7 @@ type branch []item
 const metadataKey = "sops"
 
 // indent is the sops CLI's YAML indent unless .sops.yaml's
-// stores.yaml.indent says otherwise (IndentDefault at v3.11.0).
+// stores.yaml.indent says otherwise (IndentDefault at v3.13.2).
 const indent = 4
 
 // commentLines splits a yaml.v3 comment block into its lines without the

@@ -552,17 +552,6 @@ func fluxAuthSecret(env *Env) (*unstructured.Unstructured, error) {
 // SOPS file found comes back too, for the precheck to prove the selection
 // opens it.
 func fluxIdentities(ctx context.Context, env *Env) (ids sops.Identities, file string, data []byte, err error) {
-	keyFile := env.Config.Resolve(env.Config.Secrets.Age.KeyFile)
-	all, err := sops.LoadIdentities(keyFile, nil)
-	if err != nil {
-		return ids, "", nil, config.Userf("flux.decryption: %v", err)
-	}
-	env.Secrets.Add(strings.TrimSpace(string(all.Data)))
-	for _, line := range strings.Split(string(all.Data), "\n") {
-		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
-			env.Secrets.Add(l)
-		}
-	}
 	file, data, recipients, err := repositorySOPS(ctx, env)
 	if err != nil {
 		return ids, "", nil, err
@@ -573,6 +562,19 @@ func fluxIdentities(ctx context.Context, env *Env) (ids sops.Identities, file st
 	}
 	if len(recipients) == 0 {
 		recipients, what = env.Config.Secrets.Age.Recipients, "secrets.age.recipients"
+	}
+	// The recipients are known first: $SOPS_AGE_KEY_CMD is asked for each
+	// ($SOPS_AGE_RECIPIENT), as sops v3.13.2 asks it.
+	keyFile := env.Config.Resolve(env.Config.Secrets.Age.KeyFile)
+	all, err := sops.LoadIdentities(keyFile, nil, recipients...)
+	if err != nil {
+		return ids, "", nil, config.Userf("flux.decryption: %v", err)
+	}
+	env.Secrets.Add(strings.TrimSpace(string(all.Data)))
+	for _, line := range strings.Split(string(all.Data), "\n") {
+		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
+			env.Secrets.Add(l)
+		}
 	}
 	switch {
 	case len(recipients) > 0:
@@ -651,7 +653,8 @@ func sopsCheck(env *Env) check.Check {
 		case file == "":
 			return check.Warnf("no SOPS-encrypted file under %s yet: nothing to prove %s against", f.Path, ids.Source)
 		}
-		if _, err := sops.Decrypt(data, ids); err != nil {
+		// As kustomize-controller v1.9.5 will: sops v3.13.2's rules.
+		if _, err := sops.DecryptAsFlux(data, ids); err != nil {
 			return check.Failf("%s: %v", file, err)
 		}
 		return check.Passf("%s decrypts with %s (what Flux gets as %s/%s: %d identit%s)", file, ids.Source, flux.DecryptionSecretName, flux.DecryptionAgeKey, len(ids.Recipients), map[bool]string{true: "y", false: "ies"}[len(ids.Recipients) == 1])
