@@ -292,22 +292,9 @@ func (v *validator) backupS3() {
 	if s.CAFile != "" {
 		v.caFile("backup.s3.caFile", s.CAFile)
 	}
-	if env := v.c.src.env; env != nil {
-		id, _ := env(EnvS3AccessKey)
-		secret, _ := env(EnvS3SecretKey)
-		if id != "" && secret != "" {
-			return
-		}
-	}
-	if s.CredentialsFile == "" {
-		v.errf("backup.s3", "no credentials: set %s and %s, or point backup.s3.credentialsFile at a 0600 AWS shared credentials file", EnvS3AccessKey, EnvS3SecretKey)
-		return
-	}
-	data, ok := v.secretFile("backup.s3.credentialsFile", s.CredentialsFile)
-	if !ok {
-		return
-	}
-	if _, err := sharedCredentials(data, s.Profile); err != nil {
-		v.errf("backup.s3.credentialsFile", "%s: %v", s.CredentialsFile, err)
+	// Resolved as the run resolves them (S3Credentials): the environment,
+	// the profile, the shared credentials file.
+	if _, field, err := v.c.resolveS3Credentials(os.ReadFile); err != nil {
+		v.errf(field, "%v", err)
 	}
 }
