@@ -10,7 +10,8 @@ import (
 )
 
 // The AWS SDK's environment for credentials besides EnvS3AccessKey and
-// EnvS3SecretKey (aws-sdk-go-v2 config v1.32.17 env_config.go): the older
+// EnvS3SecretKey (env_config.go of aws-sdk-go-v2 config v1.32.25, which go.sum pins, and
+// v1.32.17 alike): the older
 // names it falls back to, the session token of temporary credentials, the
 // profile and the shared credentials file.
 const (
@@ -35,8 +36,8 @@ type S3Credentials struct {
 }
 
 // S3Credentials returns backup.s3's credentials, resolved as the AWS SDK
-// resolves them (aws-sdk-go-v2 config v1.32.17 resolve_credentials.go
-// resolveCredentialChain), with backup.s3.profile playing the profile a
+// resolves them (aws-sdk-go-v2 config v1.32.25, as v1.32.17:
+// resolve_credentials.go resolveCredentialChain), with backup.s3.profile playing the profile a
 // program sets and backup.s3.credentialsFile the shared credentials file
 // it names:
 //
@@ -79,7 +80,11 @@ func (c *Config) resolveS3Credentials(read func(string) ([]byte, error)) (S3Cred
 		secret, secretVar := first(EnvS3SecretKey, envS3SecretKeyOld)
 		if id != "" && secret != "" {
 			token, _ := env(EnvS3SessionToken)
-			return S3Credentials{AccessKey: id, SecretKey: secret, SessionToken: token, Source: "$" + idVar + " and $" + secretVar}, "", nil
+			source := "$" + idVar + " and $" + secretVar
+			if token != "" {
+				source = "$" + idVar + ", $" + secretVar + " and $" + EnvS3SessionToken
+			}
+			return S3Credentials{AccessKey: id, SecretKey: secret, SessionToken: token, Source: source}, "", nil
 		}
 	}
 	// The file named in messages as the user wrote it (a resolved path
@@ -136,8 +141,8 @@ const (
 )
 
 // sharedCredentials reads profile's keys from an AWS shared credentials
-// file as the SDK's INI reader does (aws-sdk-go-v2 config v1.32.17
-// internal/ini: tokenize.go, parse.go, strings.go): whole-line comments
+// file as the SDK's INI reader does (aws-sdk-go-v2 config v1.32.25, as
+// v1.32.17: internal/ini tokenize.go, parse.go, strings.go): whole-line comments
 // start with # or ;; a property is "key = value" or "key: value" (the
 // separator that comes first), its key lower-cased, its value trimmed,
 // unquoted, and cut at " #", " ;", "\t#" or "\t;"; an indented line is a

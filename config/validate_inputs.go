@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -291,6 +292,13 @@ func (v *validator) backupS3() {
 	}
 	if s.CAFile != "" {
 		v.caFile("backup.s3.caFile", s.CAFile)
+	}
+	// pathStyle: false addresses the bucket as <bucket>.<host>
+	// (backup.NewS3): no name exists under an IP address.
+	if u, err := url.Parse(s.Endpoint); err == nil && !s.PathStyle {
+		if h := u.Hostname(); net.ParseIP(h) != nil || h == "localhost" {
+			v.errf("backup.s3.pathStyle", "is false, which addresses the bucket as %s.%s (virtual-hosted), and %s has no names under it: set pathStyle: true (<endpoint>/<bucket>, what MinIO, Garage and SeaweedFS answer at an address)", s.Bucket, h, h)
+		}
 	}
 	// Resolved as the run resolves them (S3Credentials): the environment,
 	// the profile, the shared credentials file.

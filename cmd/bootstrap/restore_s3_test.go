@@ -88,4 +88,17 @@ func TestRestoreFromS3NamesTheURL(t *testing.T) {
 	if code != 2 || !strings.Contains(out, "--from "+url+": ") || strings.Contains(out, ".download-") {
 		t.Fatalf("restore with the wrong identity: exit %d\n%s", code, out)
 	}
+
+	// Temporary credentials from the environment (they win over the
+	// file, as in the AWS SDK): the session token is signed and sent.
+	// The lab's server (versitygw v1.8.0) runs without its IAM API, so
+	// it refuses any session token with a root key (auth/
+	// signing_key_provider.go ResolveDerivedKey): the refusal proves the
+	// token reached it; dropped, the request would pass.
+	h.env = map[string]string{"AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey, "AWS_SESSION_TOKEN": "lab-session-token"}
+	code = h.run(context.Background(), "restore", "--from", url, "--age-identity", idFile)
+	out = h.stdout.String() + h.stderr.String()
+	if code != 2 || !strings.Contains(out, "InvalidToken") || !strings.Contains(out, "$AWS_SESSION_TOKEN") || strings.Contains(out, "decrypting") || strings.Contains(out, srv.SecretKey) || strings.Contains(out, "lab-session-token") {
+		t.Fatalf("restore with a session token the server does not know: exit %d\n%s", code, out)
+	}
 }
