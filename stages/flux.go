@@ -210,18 +210,12 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	return nil
 }
 
-// fluxSynced asks Flux to fetch a new revision at once, or to reconcile
-// again after a restore, and waits until the sync pair is Ready at it.
+// fluxSynced asks Flux to reconcile what is not synced yet at once, or
+// to reconcile again after a restore, and waits until the sync pair is
+// Ready at revision; a suspended object or a Ready=False after the request
+// ends the wait with the controller's message (flux.Client.SyncNow).
 func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) error {
 	f := env.Config.Flux
-	// A new snapshot would otherwise wait for the next interval.
-	if repo, _, err := c.Status(ctx, FluxNamespace, FluxNamespace); err == nil && revision != "" && repo.Revision != "" && repo.Revision != revision {
-		if err := env.Wet(fmt.Sprintf("ask Flux to fetch %s now (it serves %s)", revision, repo.Revision), func() error {
-			return c.RequestReconcile(ctx, flux.GitRepositoryGVK, FluxNamespace, FluxNamespace, env.now())
-		}); err != nil {
-			return err
-		}
-	}
 	// After an etcd restore the Flux objects carry the Ready status they
 	// had when the snapshot was taken: only a reconciliation the new
 	// controllers handled says Flux syncs again.
@@ -230,7 +224,31 @@ func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) 
 			return c.ReconcileWithSource(ctx, FluxNamespace, FluxNamespace, revision, env.now, f.Timeout.D())
 		})
 	}
-	return c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D())
+	// What is not synced yet is asked to reconcile now: a new snapshot
+	// would otherwise wait for the next interval, and a failure from
+	// before (a Secret fixed since) for the retry interval. The wait
+	// then ends at a Ready=False only once it follows the request.
+	pending, err := c.Unsynced(ctx, FluxNamespace, FluxNamespace, revision)
+	if err != nil {
+		return err
+	}
+	var requests map[schema.GroupVersionKind]string
+	if len(pending) > 0 {
+		what := fmt.Sprintf("ask Flux to reconcile the Kustomization at %s again", revision)
+		if pending[0] == flux.GitRepositoryGVK {
+			what = fmt.Sprintf("ask Flux to fetch %s now", revision)
+			if len(pending) > 1 {
+				what += " and reconcile the Kustomization"
+			}
+		}
+		if err := env.Wet(what, func() error {
+			requests, err = c.RequestSync(ctx, FluxNamespace, FluxNamespace, pending, env.now)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return c.WaitReadyAfter(ctx, FluxNamespace, FluxNamespace, revision, requests, f.Timeout.D())
 }
 
 // syncObjectsFor returns the sync objects for the GitRepository's url,
