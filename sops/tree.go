@@ -261,39 +261,29 @@ func emit(docs []branch, extra ...item) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// headComment puts comment lines before a node; footComment after it.
-func headComment(n *yaml.Node, lines []string) {
-	if len(lines) == 0 {
-		return
-	}
-	c := "#" + strings.Join(lines, "\n#")
-	if n.HeadComment != "" {
-		c += "\n" + n.HeadComment
-	}
-	n.HeadComment = c
-}
+// headComment puts comment lines before a node, before what it has
+// there; lineComment beside it and footComment after it, after what it has.
+func headComment(n *yaml.Node, lines []string) { addComment(&n.HeadComment, lines, true) }
 
-// lineComment puts comment lines beside a node, after what it has there.
-func lineComment(n *yaml.Node, lines []string) {
-	if len(lines) == 0 {
-		return
-	}
-	c := "#" + strings.Join(lines, "\n#")
-	if n.LineComment != "" {
-		c = n.LineComment + "\n" + c
-	}
-	n.LineComment = c
-}
+func lineComment(n *yaml.Node, lines []string) { addComment(&n.LineComment, lines, false) }
 
-func footComment(n *yaml.Node, lines []string) {
+func footComment(n *yaml.Node, lines []string) { addComment(&n.FootComment, lines, false) }
+
+// addComment adds lines to a node's comment field, before or after what
+// it holds.
+func addComment(field *string, lines []string, before bool) {
 	if len(lines) == 0 {
 		return
 	}
 	c := "#" + strings.Join(lines, "\n#")
-	if n.FootComment != "" {
-		c = n.FootComment + "\n" + c
+	switch {
+	case *field == "":
+	case before:
+		c += "\n" + *field
+	default:
+		c = *field + "\n" + c
 	}
-	n.FootComment = c
+	*field = c
 }
 
 func valueNode(v any) (*yaml.Node, error) {
