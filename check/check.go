@@ -16,16 +16,20 @@ import (
 // Status is the verdict of one check.
 type Status string
 
-// The verdicts, from best to worst.
+// The verdicts, from best to worst. Skip is a check that could not run
+// because another one failed (the API it needs is unreachable): the cause
+// is counted once, as the failure it is, and its dependents are shown as
+// skipped instead of as failures of their own.
 const (
 	Pass Status = "pass"
+	Skip Status = "skip"
 	Warn Status = "warn"
 	Fail Status = "fail"
 )
 
 func (s Status) rank() int {
 	switch s {
-	case Pass:
+	case Pass, Skip:
 		return 0
 	case Warn:
 		return 1
@@ -56,6 +60,10 @@ func Warnf(format string, a ...any) (Status, string) { return Warn, fmt.Sprintf(
 
 // Failf returns a failing outcome.
 func Failf(format string, a ...any) (Status, string) { return Fail, fmt.Sprintf(format, a...) }
+
+// Skipf returns the outcome of a check that could not run because of
+// another check's failure, which the reason names.
+func Skipf(format string, a ...any) (Status, string) { return Skip, fmt.Sprintf(format, a...) }
 
 // RunAll runs every check, at most parallel at a time (1 if parallel < 1),
 // and returns the results in the order of checks. A panicking check fails
@@ -123,7 +131,11 @@ func Table(w io.Writer, results []Result) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "%d passed, %d warnings, %d failed\n", Count(results, Pass), Count(results, Warn), Count(results, Fail))
+	summary := fmt.Sprintf("%d passed, %d warnings, %d failed", Count(results, Pass), Count(results, Warn), Count(results, Fail))
+	if n := Count(results, Skip); n > 0 {
+		summary += fmt.Sprintf(", %d skipped because of a failure above", n)
+	}
+	_, err := fmt.Fprintln(w, summary)
 	return err
 }
 

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/homelab/bootstrap/sops"
 )
 
 // notCredentials are the fields naming files that hold no credential.
@@ -45,42 +47,21 @@ func TestEveryCredentialFieldIsMarked(t *testing.T) {
 	for _, f := range credentialFields(reflect.TypeOf(Config{}), "") {
 		marked[f.path] = true
 	}
-	var walk func(reflect.Type, string)
-	walk = func(rt reflect.Type, prefix string) {
-		for i := 0; i < rt.NumField(); i++ {
-			f := rt.Field(i)
-			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-			if name == "" || name == "-" {
-				continue
-			}
-			path := strings.TrimPrefix(prefix+"."+name, ".")
-			if f.Tag.Get("path") == "file" {
-				_, plain := notCredentials[path]
-				switch {
-				case marked[path] && plain:
-					t.Errorf("%s is both marked secret:\"file\" and listed as holding no credential", path)
-				case !marked[path] && !plain:
-					t.Errorf("%s names a file but is neither marked secret:\"file\" nor listed in notCredentials: classify it", path)
-				case !marked[path] && credentialName.MatchString(name) && !strings.Contains(path, "knownHosts") && !strings.Contains(path, "Cert"):
-					t.Errorf("%s is named like a credential but not marked secret:\"file\"", path)
-				}
-				continue
-			}
-			if f.Type.Kind() == reflect.Struct {
-				walk(f.Type, path)
-			}
+	fileFields := allFileFields(reflect.TypeOf(Config{}), "")
+	for _, path := range fileFields {
+		_, plain := notCredentials[path]
+		name := path[strings.LastIndex(path, ".")+1:]
+		switch {
+		case marked[path] && plain:
+			t.Errorf("%s is both marked secret:\"file\" and listed as holding no credential", path)
+		case !marked[path] && !plain:
+			t.Errorf("%s names a file but is neither marked secret:\"file\" nor listed in notCredentials: classify it", path)
+		case !marked[path] && credentialName.MatchString(name) && !strings.Contains(path, "knownHosts") && !strings.Contains(path, "Cert"):
+			t.Errorf("%s is named like a credential but not marked secret:\"file\"", path)
 		}
 	}
-	walk(reflect.TypeOf(Config{}), "")
 	for p := range notCredentials {
-		if marked[p] {
-			continue
-		}
-		found := false
-		for _, f := range allFileFields(reflect.TypeOf(Config{}), "") {
-			found = found || f == p
-		}
-		if !found {
+		if !slices.Contains(fileFields, p) {
 			t.Errorf("notCredentials lists %s, which is not a path:\"file\" field", p)
 		}
 	}
@@ -91,6 +72,7 @@ func TestEveryCredentialFieldIsMarked(t *testing.T) {
 	}
 }
 
+// allFileFields lists the paths of the fields tagged path:"file".
 func allFileFields(rt reflect.Type, prefix string) []string {
 	var out []string
 	for i := 0; i < rt.NumField(); i++ {
@@ -160,6 +142,66 @@ func TestCredentialMarkDrivesEveryGuard(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("validate did not refuse the world-readable %s", f.Field)
+		}
+	}
+}
+
+// TestNewcomerWarnings: what validates but would surprise a first run is
+// named, field by field: the example's placeholders left in place, a user
+// name without a token (an anonymous clone), Cilium values while Cilium is
+// not installed, recipients nothing on this machine opens.
+func TestNewcomerWarnings(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	dir := t.TempDir()
+	p := filepath.Join(dir, DefaultFile)
+	if err := os.WriteFile(p, Example, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(p, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned := func(cfg *Config, path, text string) {
+		t.Helper()
+		for _, w := range cfg.Warnings() {
+			if w.Path == path && strings.Contains(w.Msg, text) {
+				return
+			}
+		}
+		t.Errorf("no warning on %s saying %q: %v", path, text, cfg.Warnings())
+	}
+	warned(cfg, "flux.repo", "https://github.com/example/homelab.git is a placeholder")
+	warned(cfg, "proxmox.tlsFingerprint", "is the example's placeholder")
+
+	base := string(mustRead(t, "testdata/good/three-plus-two.yaml"))
+	if err := os.WriteFile(filepath.Join(dir, "cilium.yaml"), []byte("hubble: {enabled: true}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, rec, err := sops.GenerateIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Replace(base, "repo: https://git.example.com/homelab.git", "repo: https://git.lan/homelab.git\n  auth:\n    username: homelab", 1) +
+		"cni:\n  cilium:\n    valuesFile: cilium.yaml\nsecrets:\n  age:\n    recipients: [" + rec + "]\n"
+	for _, sub := range []string{"patches"} {
+		if err := os.CopyFS(filepath.Join(dir, sub), os.DirFS("testdata/good/"+sub)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := filepath.Join(dir, "other.yaml")
+	if err := os.WriteFile(q, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = Load(q, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned(cfg, "flux.auth.username", "the clone goes without credentials")
+	warned(cfg, "cni.cilium.valuesFile", `cni.name is "flannel": Cilium is not installed and the file is ignored`)
+	warned(cfg, "secrets.age.recipients", "no age identity here opens them")
+	for _, w := range cfg.Warnings() {
+		if w.Path == "flux.repo" {
+			t.Errorf("a real repository reads as a placeholder: %v", w)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -30,10 +32,38 @@ func FuzzConfig(f *testing.F) {
 			if !IsUserError(err) {
 				t.Fatalf("decode error is not a user error: %T %v", err, err)
 			}
+			noMarker(t, err.Error())
 			return
 		}
-		if err := cfg.Validate(); err != nil && !IsUserError(err) {
+		err = cfg.Validate()
+		if err != nil && !IsUserError(err) {
 			t.Fatalf("validate error is not a user error: %T %v", err, err)
 		}
+		// A secret typed where none belongs is never quoted back: every
+		// misplaced secret, and the corpus's seeded markers, stay masked.
+		out := ""
+		if err != nil {
+			out = err.Error()
+		}
+		for _, w := range cfg.Warnings() {
+			out += "\n" + w.Error()
+		}
+		noMarker(t, out)
+		for _, s := range cfg.MisplacedSecrets() {
+			if len(s) >= 4 && strings.Contains(out, s) {
+				t.Fatalf("validate's output quotes the misplaced secret %q:\n%s", s, out)
+			}
+		}
 	})
+}
+
+// secretMarker is how the corpus writes a secret typed where none belongs
+// (marker-<where>-0x5eed): no output may hold one.
+var secretMarker = regexp.MustCompile(`marker-[a-z0-9]+-0x5eed|Marker0x5eed`)
+
+func noMarker(t *testing.T, out string) {
+	t.Helper()
+	if m := secretMarker.FindString(out); m != "" {
+		t.Fatalf("the output holds the seeded secret %q:\n%s", m, out)
+	}
 }

@@ -2,13 +2,9 @@ package config
 
 import (
 	"os"
-	"regexp"
 
 	"github.com/homelab/bootstrap/notify"
 )
-
-// envName is what an environment variable's name looks like.
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // NotifyURLs returns the notification URLs postcheck.notify names: the
 // lines of urlsFile, or the words of the variable urlsEnv names (none when

@@ -57,7 +57,9 @@ func TestBadConfigCorpus(t *testing.T) {
 	if len(cases) < 60 {
 		t.Fatalf("the corpus has %d cases", len(cases))
 	}
-	// No age identity from this machine's own ~/.config/sops.
+	// No age identity from this machine's own ~/.config/sops, and no S3
+	// credentials from its ~/.aws: the goldens are the config package's,
+	// which loads without an environment.
 	env := append(cleanEnv(), "PROXMOX_TOKEN_SECRET="+secret, "XDG_CONFIG_HOME="+t.TempDir())
 	binary := h.Binary()
 	before := pve.Counts()
@@ -98,6 +100,7 @@ func TestBadConfigCorpus(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	seededSecret := regexp.MustCompile(`marker-[a-z0-9]+-0x5eed|Marker0x5eed`)
 	fieldPath := regexp.MustCompile(`:\d+(?::\d+)?: ([A-Za-z0-9_.\[\]-]+):`)
 
 	for _, path := range cases {
@@ -132,6 +135,11 @@ func TestBadConfigCorpus(t *testing.T) {
 			}
 			if stdout.Len() != 0 {
 				t.Errorf("stdout not empty:\n%s", stdout.String())
+			}
+			// A secret typed where none belongs (the corpus writes it
+			// marker-<where>-0x5eed) is never printed back.
+			if m := seededSecret.FindString(stdout.String() + stderr.String()); m != "" {
+				t.Errorf("the output holds the seeded secret %q", m)
 			}
 		})
 	}
@@ -182,11 +190,12 @@ func equalCounts(a, b map[string]int) bool {
 	return true
 }
 
-// cleanEnv is the environment without anything that overrides the config.
+// cleanEnv is the environment without anything that overrides the config
+// or supplies credentials from this machine (its $HOME: ~/.aws, ~/.kube).
 func cleanEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		for _, p := range []string{"PROXMOX_TOKEN_SECRET=", "TALOS_", "GIT_REPO=", "GIT_BRANCH=", "USE_LOCAL_GIT_SNAPSHOT=", "BOOTSTRAP_CONFIG=", "SOPS_AGE_"} {
+		for _, p := range []string{"PROXMOX_TOKEN_SECRET=", "TALOS_", "GIT_REPO=", "GIT_BRANCH=", "USE_LOCAL_GIT_SNAPSHOT=", "BOOTSTRAP_CONFIG=", "SOPS_AGE_", "AWS_", "HOME="} {
 			if strings.HasPrefix(kv, p) {
 				kv = ""
 				break
@@ -197,4 +206,59 @@ func cleanEnv() []string {
 		}
 	}
 	return env
+}
+
+// TestUnreachableProxmoxIsOneCause: a dry run whose Proxmox host name does
+// not resolve prints one failing row for it and every other Proxmox row as
+// skipped because of it, counts the cause once, prints each row once (the
+// table, not the log as well) and does not retry a name the resolver says
+// does not exist.
+func TestUnreachableProxmoxIsOneCause(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 2*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1})
+	if err := h.EditConfig(func(s string) (string, error) {
+		return regexp.MustCompile(`(?m)^(\s*url: )https://127\.0\.0\.1:\d+/api2/json$`).ReplaceAllString(s, "${1}https://pve.invalid:8006/api2/json"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r := run(t, ctx, h, "run", "--stage", "precheck", "--dry-run", "--log-format", "console")
+	took := time.Since(start)
+	if r.ExitCode != 1 {
+		t.Fatalf("exit %d, want 1:\n%s", r.ExitCode, r.Tail(40))
+	}
+	out := r.Stdout + r.Stderr
+	var fails, skips int
+	for _, line := range strings.Split(r.Stdout, "\n") {
+		if !strings.HasPrefix(line, "proxmox: ") {
+			continue
+		}
+		switch f := strings.Fields(line[len("proxmox: "):]); {
+		case strings.Contains(line, " FAIL "):
+			fails++
+			if !strings.HasPrefix(line, "proxmox: API and version") {
+				t.Errorf("a failing row besides the cause: %s", line)
+			}
+		case strings.Contains(line, " SKIP "):
+			skips++
+			if !strings.Contains(line, "see proxmox: API and version") {
+				t.Errorf("a skipped row that does not name its cause: %s", line)
+			}
+		default:
+			t.Errorf("a Proxmox row neither failing nor skipped against a dead host (%v): %s", f, line)
+		}
+	}
+	if fails != 1 || skips < 9 {
+		t.Errorf("%d failing and %d skipped Proxmox rows, want 1 and every other:\n%s", fails, skips, r.Stdout)
+	}
+	if !strings.Contains(r.Stdout, "skipped because of a failure above") {
+		t.Errorf("the summary does not count the skipped rows apart:\n%s", r.Stdout)
+	}
+	if n := strings.Count(out, "see proxmox: API and version"); n != skips {
+		t.Errorf("the skipped rows are printed %d times for %d rows: once in the table only", n, skips)
+	}
+	if took > 20*time.Second {
+		t.Errorf("the dry run took %s: a name that does not resolve is not worth retrying", took)
+	}
 }

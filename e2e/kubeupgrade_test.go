@@ -4,12 +4,19 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fluxcd/cli-utils/pkg/object"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
 
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/lab/talossim"
@@ -109,6 +116,85 @@ func kubeProxyImage(t *testing.T, ctx context.Context, h *e2e.Harness) string {
 	return ds.Spec.Template.Spec.Containers[0].Image
 }
 
+// bootstrapInventory reads Talos' bootstrap manifests inventory (the
+// ConfigMap kube-system/talos-bootstrap-manifests-inventory, keyed by
+// cli-utils object references) and checks that every object it records
+// exists with the inventory's owning-inventory annotation; CoreDNS must be
+// among them.
+func bootstrapInventory(t *testing.T, ctx context.Context, h *e2e.Harness) map[string]bool {
+	t.Helper()
+	kc, err := h.Lab.Kube.Cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := kc.Client().CoreV1().ConfigMaps("kube-system").Get(ctx, "talos-bootstrap-manifests-inventory", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the bootstrap manifests' inventory: %v", err)
+	}
+	dyn, err := dynamic.NewForConfig(kc.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(kc.Client().Discovery()))
+	out := map[string]bool{}
+	for key := range cm.Data {
+		ref, err := object.ParseObjMetadata(key)
+		if err != nil {
+			t.Fatalf("inventory key %q: %v", key, err)
+		}
+		m, err := mapper.RESTMapping(ref.GroupKind)
+		if err != nil {
+			t.Fatalf("inventory key %q: %v", key, err)
+		}
+		var r dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if ref.Namespace != "" {
+			r = dyn.Resource(m.Resource).Namespace(ref.Namespace)
+		}
+		obj, err := r.Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the inventory records %s: %v", key, err)
+		}
+		if a := obj.GetAnnotations()["config.k8s.io/owning-inventory"]; a != "talos-bootstrap-manifests-inventory" {
+			t.Fatalf("%s has owning-inventory %q, want talos-bootstrap-manifests-inventory", key, a)
+		}
+		out[key] = true
+	}
+	if !out["kube-system_coredns_apps_Deployment"] {
+		t.Fatalf("the inventory does not record CoreDNS: %v", out)
+	}
+	return out
+}
+
+// disableKubeProxy patches the control planes' configs with
+// cluster.proxy.disabled: their manifests no longer render kube-proxy.
+func disableKubeProxy(t *testing.T, h *e2e.Harness) {
+	t.Helper()
+	patchControlPlanes(t, h, "no-kube-proxy.yaml", "cluster:\n  proxy:\n    disabled: true\n")
+}
+
+// patchControlPlanes writes a Talos config patch next to the lab's config
+// and lists it in cluster.patches.controlplane (the lab's config has no
+// patches of its own).
+func patchControlPlanes(t *testing.T, h *e2e.Harness, name, patch string) {
+	t.Helper()
+	dir := filepath.Dir(h.ConfigPath())
+	if err := os.MkdirAll(filepath.Join(dir, "patches"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "patches", name), []byte(patch), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EditConfig(func(s string) (string, error) {
+		i := strings.Index(s, "  talosVersion: ")
+		if i < 0 || strings.Contains(s, "\n  patches:") {
+			return "", fmt.Errorf("no cluster.talosVersion to put the patches after, or patches already")
+		}
+		return s[:i] + "  patches:\n    controlplane: [patches/" + name + "]\n" + s[i:], nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // applies counts the configs each node accepted, by IP.
 func applies(h *e2e.Harness) map[string]int {
 	out := map[string]int{}
@@ -159,6 +245,18 @@ func TestKubernetesUpgrade(t *testing.T) {
 			if img := kubeProxyImage(t, ctx, h); img != "registry.k8s.io/kube-proxy:v1.35.4" {
 				t.Fatalf("kube-proxy created at bootstrap runs %s", img)
 			}
+			if tc.controlPlanes == 1 {
+				// The control plane stops rendering kube-proxy. Talos only
+				// creates bootstrap objects, so it stays until the sync
+				// that ends the upgrade prunes it from the cluster and the
+				// inventory, as talosctl upgrade-k8s does; the upgrade's
+				// dry run says so.
+				disableKubeProxy(t, h)
+				if r := run(t, ctx, h, "run", "--stage", "talos"); r.ExitCode != 0 {
+					t.Fatalf("applying cluster.proxy.disabled:\n%s", r.Tail(30))
+				}
+				kubeProxyImage(t, ctx, h)
+			}
 
 			setKubernetesVersion(t, h, "1.36.1")
 			setTalosVersion(t, h, "v1.13.2", "v1.13.3")
@@ -176,6 +274,9 @@ func TestKubernetesUpgrade(t *testing.T) {
 			if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, summary) || !strings.Contains(dry.Stdout, fmt.Sprintf("upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1 (1/%d)", steps)) ||
 				!strings.Contains(dry.Stdout, "upgrade Talos on cp-1 v1.13.2 → v1.13.3 (1/") {
 				t.Fatalf("dry run:\n%s", dry.Tail(60))
+			}
+			if prune := regexp.MustCompile(`and prune what they no longer render: .*DaemonSet/kube-system/kube-proxy`); prune.MatchString(dry.Stdout) != (tc.controlPlanes == 1) {
+				t.Fatalf("the dry run and kube-proxy's prune (want it listed: %v):\n%s", tc.controlPlanes == 1, dry.Tail(30))
 			}
 			t.Logf("dry-run plan:\n%s", kubePlanLines(dry.Stdout))
 			if after := applies(h); fmt.Sprint(after) != fmt.Sprint(before) {
@@ -233,8 +334,19 @@ func TestKubernetesUpgrade(t *testing.T) {
 				t.Fatalf("the ConfigMap written before the upgrade: %v %v", cm, err)
 			}
 			// The bootstrap manifests were synced: Talos only creates them.
-			if img := kubeProxyImage(t, ctx, h); img != "registry.k8s.io/kube-proxy:v1.36.1" {
-				t.Fatalf("after the upgrade kube-proxy runs %s, want the 1.36.1 image", img)
+			// They keep Talos' inventory annotation and the inventory
+			// records them; kube-proxy, no longer rendered in 1cp, is gone
+			// from both.
+			inv := bootstrapInventory(t, ctx, h)
+			if tc.controlPlanes == 1 {
+				if inv["kube-system_kube-proxy_apps_DaemonSet"] || inv["kube-system_kube-proxy__ServiceAccount"] {
+					t.Fatalf("the inventory still records kube-proxy: %v", inv)
+				}
+				if _, err := kc.Client().AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+					t.Fatalf("kube-proxy was not pruned: %v", err)
+				}
+			} else if img := kubeProxyImage(t, ctx, h); img != "registry.k8s.io/kube-proxy:v1.36.1" || !inv["kube-system_kube-proxy_apps_DaemonSet"] {
+				t.Fatalf("after the upgrade kube-proxy runs %s, want the 1.36.1 image (inventory %v)", img, inv)
 			}
 			if st, err := h.State(); err != nil || st.Outputs.Talos.ManifestSync != "" {
 				t.Fatalf("a manifest sync is still pending: %v %v", st.Outputs.Talos.ManifestSync, err)

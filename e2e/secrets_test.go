@@ -18,6 +18,7 @@ import (
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/internal/targz"
+	"github.com/homelab/bootstrap/sops"
 )
 
 // TestSecretsStaySecret runs the whole pipeline on a lab, then puts a copy
@@ -46,6 +47,30 @@ func TestSecretsStaySecret(t *testing.T) {
 			t.Fatalf("bootstrap %v: exit %d\n%s", args, r.ExitCode, r.Tail(30))
 		}
 	}
+	// A marker secret in every credential file the config can name that
+	// the lab's run does not use otherwise: validate reads each, and none
+	// may reach any output.
+	credDir := filepath.Join(filepath.Dir(filepath.Dir(h.ConfigPath())), "creds")
+	if err := os.MkdirAll(credDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ageIdentity, _, err := sops.GenerateIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fluxToken = "marker-flux-token-0x5eed"
+	writeSecretFile(t, filepath.Join(credDir, "flux-token"), fluxToken+"\n")
+	writeSecretFile(t, filepath.Join(credDir, "age.agekey"), "# created: 2026-11-28\n"+ageIdentity+"\n")
+	if err := h.EditConfig(func(s string) (string, error) {
+		s = strings.Replace(s, "\nflux:\n", "\nflux:\n  auth:\n    tokenFile: "+filepath.Join(credDir, "flux-token")+"\n", 1)
+		return s + "secrets:\n  age:\n    keyFile: " + filepath.Join(credDir, "age.agekey") + "\n", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mustRun("config", "validate")
+	// A dry run of a cluster that does not exist yet plans every stage and
+	// fails the postcheck's reads: what it prints counts all the same.
+	printed = append(printed, run(t, ctx, h, "run", "--stage", "all", "--dry-run"))
 	mustRun("run", "--stage", "all")
 
 	paths := h.Paths()
@@ -112,7 +137,8 @@ func TestSecretsStaySecret(t *testing.T) {
 		}
 	}
 
-	needles := map[string]string{"plaintext Secret value": "plaintext-db-password-0x5eed", "needed plaintext Secret value": "needed-db-password-0x5eed"}
+	needles := map[string]string{"plaintext Secret value": "plaintext-db-password-0x5eed", "needed plaintext Secret value": "needed-db-password-0x5eed",
+		"flux token in flux.auth.tokenFile": fluxToken, "age identity in secrets.age.keyFile": ageIdentity}
 	_, pveSecret := h.Lab.PVE.Token()
 	needles["Proxmox token secret"] = pveSecret
 	auth, err := gitsnap.ReadAuth(filepath.Join(paths.StateDir, gitsnap.AuthFileName))

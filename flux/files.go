@@ -17,6 +17,8 @@ import (
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/storage/memory"
+
+	"github.com/homelab/bootstrap/internal/redact"
 )
 
 // manifestLimit bounds the files read while looking for manifests: a
@@ -75,7 +77,7 @@ func WalkRemote(ctx context.Context, url, branch string, cr Credentials, knownHo
 	if _, err := git.CloneContext(ctx, memory.NewStorage(), wt, &git.CloneOptions{
 		URL: url, Auth: auth, ReferenceName: plumbing.NewBranchReferenceName(branch), SingleBranch: true, Depth: 1,
 	}); err != nil {
-		return fmt.Errorf("cloning %s@%s: %w", url, branch, err)
+		return fmt.Errorf("cloning %s@%s: %w", redact.URL(url), branch, err)
 	}
 	root := path.Clean("/" + strings.TrimPrefix(sub, "./"))
 	err = util.Walk(wt, root, func(p string, fi fs.FileInfo, err error) error {

@@ -349,4 +349,3 @@ func lsFiles(t *testing.T, repo, rev string) []string {
 	sort.Strings(files)
 	return files
 }
-

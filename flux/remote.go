@@ -12,6 +12,8 @@ import (
 	gitssh "github.com/go-git/go-git/v5/plumbing/transport/ssh"
 	"github.com/go-git/go-git/v5/storage/memory"
 	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/homelab/bootstrap/internal/redact"
 )
 
 // RemoteBranchHead lists the remote's references the way a clone starts
@@ -25,7 +27,7 @@ func RemoteBranchHead(ctx context.Context, url, branch string, cr Credentials, k
 	rem := git.NewRemote(memory.NewStorage(), &gitconfig.RemoteConfig{Name: "origin", URLs: []string{url}})
 	refs, err := rem.ListContext(ctx, &git.ListOptions{Auth: auth})
 	if err != nil {
-		return "", fmt.Errorf("listing %s: %w", url, err)
+		return "", fmt.Errorf("listing %s: %w", redact.URL(url), err)
 	}
 	var branches []string
 	for _, r := range refs {

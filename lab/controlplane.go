@@ -13,10 +13,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fluxcd/cli-utils/pkg/object"
 	"github.com/rs/zerolog"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -492,24 +494,45 @@ func (c *ControlPlane) Stop() error {
 }
 
 // applyBootstrapManifests creates the bootstrap manifests the bootstrap
-// node's config renders (talossim.BootstrapManifests) where they are
-// missing, as Talos' ManifestApplyController does
+// node's config renders (talossim.BootstrapManifests) as Talos'
+// ManifestApplyController does
 // (internal/app/machined/pkg/controllers/k8s/manifest_apply.go at
-// v1.13.3): an object that exists is left as it is (a restored etcd keeps
-// its own), a new one is applied with field manager "talos" and the
-// bootstrap manifests' inventory annotation. Only talosctl upgrade-k8s
-// (here: the product's manifest sync) changes them later.
+// v1.13.3): it reads the bootstrap manifests' inventory (the ConfigMap
+// kube-system/talos-bootstrap-manifests-inventory, created empty when
+// missing: go-kubernetes v0.2.37 kubernetes/ssa GetInventory), skips every
+// object the inventory records (even one deleted since), records an
+// object that exists without being recorded (a restored etcd keeps its
+// own), and applies a new one with field manager "talos" and the
+// inventory's annotation, recording it; the inventory is written even
+// when an object failed. Only talosctl upgrade-k8s (here: the product's
+// manifest sync) changes or prunes them later.
 func applyBootstrapManifests(ctx context.Context, kc *kube.Cluster, cfg config.Provider) error {
 	dyn, err := dynamic.NewForConfig(kc.RESTConfig())
 	if err != nil {
 		return err
 	}
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(kc.Client().Discovery()))
+	cms := kc.Client().CoreV1().ConfigMaps(constants.KubernetesInventoryNamespace)
+	cm, err := cms.Get(ctx, constants.KubernetesBootstrapManifestsInventoryName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		cm, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: constants.KubernetesBootstrapManifestsInventoryName, Namespace: constants.KubernetesInventoryNamespace}}, metav1.CreateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("the bootstrap manifests' inventory: %w", err)
+	}
+	inv := map[string]string{}
+	for k := range cm.Data {
+		inv[k] = ""
+	}
 	var errs []error
 	for _, m := range talossim.BootstrapManifests(cfg) {
 		for _, o := range m.Objects {
 			obj := &unstructured.Unstructured{Object: runtime.DeepCopyJSON(o)}
 			gvk := obj.GroupVersionKind()
+			ref := object.ObjMetadata{Namespace: obj.GetNamespace(), Name: obj.GetName(), GroupKind: gvk.GroupKind()}.String()
+			if _, ok := inv[ref]; ok {
+				continue
+			}
 			mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s %s: %w", gvk.Kind, obj.GetName(), err))
@@ -520,6 +543,7 @@ func applyBootstrapManifests(ctx context.Context, kc *kube.Cluster, cfg config.P
 				r = dyn.Resource(mapping.Resource).Namespace(obj.GetNamespace())
 			}
 			if _, err := r.Get(ctx, obj.GetName(), metav1.GetOptions{}); err == nil {
+				inv[ref] = ""
 				continue
 			} else if !apierrors.IsNotFound(err) {
 				errs = append(errs, err)
@@ -533,8 +557,14 @@ func applyBootstrapManifests(ctx context.Context, kc *kube.Cluster, cfg config.P
 			obj.SetAnnotations(ann)
 			if _, err := r.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: constants.KubernetesFieldManagerName}); err != nil {
 				errs = append(errs, fmt.Errorf("creating %s %s: %w", gvk.Kind, obj.GetName(), err))
+				continue
 			}
+			inv[ref] = ""
 		}
+	}
+	cm.Data = inv
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		errs = append(errs, fmt.Errorf("updating the bootstrap manifests' inventory: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -2,20 +2,21 @@ package postcheck
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/base64"
-	"encoding/pem"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/talos"
 	talosconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // certs warns when the client certificates in the talosconfig and the
-// kubeconfig expire within CertWarnDays (Talos issues them for one year).
+// kubeconfig expire within CertWarnDays (Talos issues them for one year),
+// and fails once one expired; the row's next step (nextSteps) names the
+// command that renews both: the talos stage replaces each within its last
+// 30 days (talos.RenewBefore).
 func (c *checker) certs(ctx context.Context) (check.Status, string) {
 	type cert struct {
 		what string
@@ -63,19 +64,7 @@ func (c *checker) kubeconfigCertExpiry() (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	cfg, err := clientcmd.Load(data)
-	if err != nil {
-		return time.Time{}, err
-	}
-	ctx, ok := cfg.Contexts[cfg.CurrentContext]
-	if !ok {
-		return time.Time{}, fmt.Errorf("no current context")
-	}
-	ai, ok := cfg.AuthInfos[ctx.AuthInfo]
-	if !ok || len(ai.ClientCertificateData) == 0 {
-		return time.Time{}, fmt.Errorf("no client certificate in context %s", cfg.CurrentContext)
-	}
-	return certExpiry(ai.ClientCertificateData)
+	return talos.KubeconfigCertExpiry(data)
 }
 
 func (c *checker) talosconfigCertExpiry() (time.Time, error) {
@@ -95,17 +84,5 @@ func (c *checker) talosconfigCertExpiry() (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("client cert: %w", err)
 	}
-	return certExpiry(pemBytes)
-}
-
-func certExpiry(pemBytes []byte) (time.Time, error) {
-	block, _ := pem.Decode(pemBytes)
-	if block == nil {
-		return time.Time{}, fmt.Errorf("client cert is not PEM")
-	}
-	crt, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return time.Time{}, err
-	}
-	return crt.NotAfter, nil
+	return talos.CertExpiry(pemBytes)
 }

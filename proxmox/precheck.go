@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/internal/redact"
 )
 
 // PrecheckInput is what a run will ask of Proxmox.
@@ -143,10 +144,10 @@ func (f *facts) getVersion(ctx context.Context) (Version, error) {
 func (f *facts) gate(ctx context.Context) (check.Status, string, bool) {
 	if _, err := f.getVersion(ctx); err != nil {
 		if IsUnauthorized(err) {
-			st, msg := check.Failf("skipped: the API rejected the credentials (see proxmox: token)")
+			st, msg := check.Skipf("the API rejected the credentials (see proxmox: token)")
 			return st, msg, false
 		}
-		st, msg := check.Failf("skipped: the API is unreachable (see proxmox: API and version)")
+		st, msg := check.Skipf("the API is unreachable (see proxmox: API and version)")
 		return st, msg, false
 	}
 	return "", "", true
@@ -209,15 +210,15 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			v, err := f.getVersion(ctx)
 			switch {
 			case IsUnauthorized(err):
-				return check.Failf("API at %s answers but rejected the credentials: %v", c.opts.URL, err)
+				return check.Failf("API at %s answers but rejected the credentials: %v", redact.URL(c.opts.URL), err)
 			case err != nil:
-				return check.Failf("API at %s unreachable: %v", c.opts.URL, err)
+				return check.Failf("API at %s unreachable: %v", redact.URL(c.opts.URL), err)
 			case v.Major < 7:
 				return check.Failf("Proxmox VE %s is too old (8.x or 9.x needed)", v)
 			case v.Major == 7:
 				return check.Warnf("Proxmox VE %s is end of life and untested; 8.x or 9.x recommended", v)
 			}
-			return check.Passf("Proxmox VE %s at %s", v, c.opts.URL)
+			return check.Passf("Proxmox VE %s at %s", v, redact.URL(c.opts.URL))
 		}},
 		{Name: "proxmox: token", Run: func(ctx context.Context) (check.Status, string) {
 			who := c.opts.TokenID
@@ -225,7 +226,7 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 				who = c.opts.Username
 			}
 			if _, err := f.getVersion(ctx); err != nil && !IsUnauthorized(err) {
-				return check.Failf("skipped: the API is unreachable (see proxmox: API and version)")
+				return check.Skipf("the API is unreachable (see proxmox: API and version)")
 			}
 			if _, err := c.Permissions(ctx, []string{"/"}); err != nil {
 				if IsUnauthorized(err) {

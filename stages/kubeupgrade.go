@@ -4,15 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/Masterminds/semver/v3"
+	"github.com/fluxcd/cli-utils/pkg/object"
 	"github.com/fluxcd/pkg/ssa"
+	ssautil "github.com/fluxcd/pkg/ssa/utils"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/flux"
@@ -218,7 +230,15 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 	}
 	if env.DryRun {
 		steps := append([]string{plan.Summary(), "pre-pull the " + want + " images on the nodes that run them", "take an etcd snapshot before upgrading Kubernetes"}, kubeStepNames(plan.Steps)...)
-		steps = append(steps, "sync the bootstrap manifests (kube-proxy, CoreDNS) the control planes render for "+want+", as talosctl upgrade-k8s does")
+		sync := "sync the bootstrap manifests (kube-proxy, CoreDNS) the control planes render for " + want + ", as talosctl upgrade-k8s does"
+		// What they no longer render is pruned: read now, from what the
+		// control planes render today.
+		if bs, err := planBootstrapSync(ctx, env, ops, nodes); err != nil {
+			return err
+		} else if bs != nil && len(bs.pruneNames) > 0 {
+			sync += ", and prune what they no longer render: " + strings.Join(bs.pruneNames, ", ")
+		}
+		steps = append(steps, sync)
 		for _, what := range steps {
 			if err := env.Wet(what, nil); err != nil {
 				return err
@@ -255,61 +275,231 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 	return nil
 }
 
-// syncBootstrapManifests applies the bootstrap manifests a control plane
-// renders for the new version (kube-proxy's image follows Kubernetes) with
-// server-side apply as field manager "talos", and waits until they are
-// rolled out, as talosctl upgrade-k8s ends (pkg/cluster/kubernetes/
-// talos_managed.go PerformManifestsSync at v1.13.3). Talos only creates
-// missing objects, so without this kube-proxy stays at the version the
-// cluster was created with.
+// syncBootstrapManifests syncs the bootstrap manifests a control plane
+// renders for the new version (kube-proxy's image follows Kubernetes) as
+// talosctl upgrade-k8s ends (pkg/cluster/kubernetes/talos_managed.go
+// PerformManifestsSync and syncManifestsSSA at v1.13.3, through
+// go-kubernetes v0.2.37's SSA manager with the default inventory policy,
+// AdoptIfNoInventory): every object carries the bootstrap inventory's
+// annotation and is server-side applied as field manager "talos", the
+// inventory ConfigMap then records them, and an object it recorded that
+// no control plane renders any more (kube-proxy once the proxy is
+// disabled) is deleted and forgotten; then the applied objects are waited
+// for. Talos only creates missing objects, so without this kube-proxy
+// stays at the version the cluster was created with. A dry run lists what
+// would change and what would be pruned.
 func syncBootstrapManifests(ctx context.Context, env *Env, ops *talos.Ops, nodes []talos.Target, want string) error {
-	var cp *talos.Target
-	for i := range nodes {
-		if nodes[i].Role == talos.RoleControlPlane {
-			cp = &nodes[i]
-			break
-		}
-	}
-	if cp == nil {
-		return nil
-	}
-	objs, err := ops.BootstrapManifests(ctx, *cp)
-	if err != nil {
+	bs, err := planBootstrapSync(ctx, env, ops, nodes)
+	if err != nil || bs == nil {
 		return err
 	}
-	if len(objs) > 0 {
-		rc, err := kubeRESTConfig(env)
-		if err != nil {
-			return err
+	if len(bs.changes) == 0 && len(bs.prune) == 0 && sameRefs(bs.inventory, bs.final) {
+		env.Log.Debug().Int("objects", len(bs.objs)).Msg("the bootstrap manifests and their inventory are in sync")
+	} else {
+		names := bs.changeNames()
+		for _, p := range bs.pruneNames {
+			names = append(names, p+" pruned")
 		}
-		cl, err := flux.NewClientAs(rc, ssa.Owner{Field: constants.KubernetesFieldManagerName, Group: "talos.dev"}, env.Log)
-		if err != nil {
-			return err
-		}
-		changes, err := cl.Plan(ctx, objs)
-		if err != nil {
-			return err
-		}
-		var names []string
-		for _, c := range changes {
-			names = append(names, c.Object+" "+c.Action)
-		}
-		what := fmt.Sprintf("sync the bootstrap manifests %s renders for Kubernetes %s: %d of %d object(s) change", cp.Name, want, len(changes), len(objs))
+		what := fmt.Sprintf("sync the bootstrap manifests %s renders for Kubernetes %s: %d of %d object(s) change, %d pruned, inventory %s/%s updated",
+			bs.cp.Name, want, len(bs.changes), len(bs.objs), len(bs.prune), constants.KubernetesInventoryNamespace, talos.BootstrapInventory)
 		if len(names) > 0 {
 			what += " (" + strings.Join(names, ", ") + ")"
 		}
-		if err := env.Wet(what, func() error {
-			set, err := cl.ApplyChanges(ctx, changes, env.Config.Cluster.Timeouts.Health.D())
-			if err != nil {
-				return err
-			}
-			return cl.WaitApplied(ctx, set, env.Config.Cluster.Timeouts.Health.D())
-		}); err != nil {
+		if err := env.Wet(what, func() error { return bs.apply(ctx, env.Config.Cluster.Timeouts.Health.D()) }); err != nil {
 			return fmt.Errorf("syncing the bootstrap manifests: %w", err)
 		}
 	}
 	env.State.Outputs.Talos.ManifestSync = ""
 	return env.SaveState()
+}
+
+// bootstrapSync is a planned sync of the bootstrap manifests.
+type bootstrapSync struct {
+	cp   talos.Target
+	objs []*unstructured.Unstructured
+	// changes are the objects a server-side apply changes.
+	changes []flux.Change
+	// prune are the live objects the inventory records that no control
+	// plane renders any more, pruneNames the same as "Kind/ns/name".
+	prune      []*unstructured.Unstructured
+	pruneNames []string
+	// inventory is what the inventory records now, applied with every
+	// rendered object added, final what it records after the prune.
+	inventory, applied, final object.ObjMetadataSet
+	cl                        *flux.Client
+	cs                        kubernetes.Interface
+	live                      *liveObjects
+}
+
+// planBootstrapSync reads what a sync would do, changing nothing: the
+// objects the first control plane renders, annotated for the inventory,
+// which of them change, and what the inventory holds that none renders
+// (to prune, if the inventory policy lets this inventory own it; one
+// already gone is only forgotten). nil when there is no control plane.
+func planBootstrapSync(ctx context.Context, env *Env, ops *talos.Ops, nodes []talos.Target) (*bootstrapSync, error) {
+	i := slices.IndexFunc(nodes, func(t talos.Target) bool { return t.Role == talos.RoleControlPlane })
+	if i < 0 {
+		return nil, nil
+	}
+	bs := &bootstrapSync{cp: nodes[i]}
+	var err error
+	if bs.objs, err = ops.BootstrapManifests(ctx, bs.cp); err != nil {
+		return nil, err
+	}
+	if err := talos.AnnotateForInventory(bs.objs); err != nil {
+		return nil, err
+	}
+	cs, rc, err := kubeClient(env)
+	if err != nil {
+		return nil, err
+	}
+	bs.cs = cs
+	if bs.inventory, _, err = talos.ReadInventory(ctx, cs); err != nil {
+		return nil, err
+	}
+	if bs.live, err = newLiveObjects(rc); err != nil {
+		return nil, err
+	}
+	for _, ref := range talos.PruneRefs(bs.inventory, bs.objs) {
+		obj, err := bs.live.get(ctx, ref)
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s %s/%s to prune it: %w", ref.GroupKind.Kind, ref.Namespace, ref.Name, err)
+		}
+		if err := talos.CheckInventoryPolicy(obj, talos.InventoryAdoptIfNoInventory); err != nil {
+			return nil, err
+		}
+		bs.prune = append(bs.prune, obj)
+		bs.pruneNames = append(bs.pruneNames, ssautil.FmtUnstructured(obj))
+	}
+	if bs.cl, err = flux.NewClientAs(rc, ssa.Owner{Field: constants.KubernetesFieldManagerName, Group: "talos.dev"}, env.Log); err != nil {
+		return nil, err
+	}
+	if bs.changes, err = bs.cl.Plan(ctx, bs.objs); err != nil {
+		return nil, err
+	}
+	// A changed object must be this inventory's to change.
+	for _, c := range bs.changes {
+		j := slices.IndexFunc(bs.objs, func(o *unstructured.Unstructured) bool { return ssautil.FmtUnstructured(o) == c.Object })
+		if c.Action != string(ssa.ConfiguredAction) || j < 0 {
+			continue
+		}
+		obj, err := bs.live.get(ctx, talos.ObjRef(bs.objs[j]))
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", c.Object, err)
+		}
+		if err := talos.CheckInventoryPolicy(obj, talos.InventoryAdoptIfNoInventory); err != nil {
+			return nil, err
+		}
+	}
+	bs.applied = slices.Clone(bs.inventory)
+	for _, o := range bs.objs {
+		if !bs.applied.Contains(talos.ObjRef(o)) {
+			bs.applied = append(bs.applied, talos.ObjRef(o))
+		}
+	}
+	bs.final = slices.DeleteFunc(slices.Clone(bs.applied), func(r object.ObjMetadata) bool {
+		return !slices.ContainsFunc(bs.objs, func(o *unstructured.Unstructured) bool { return talos.ObjRef(o) == r })
+	})
+	return bs, nil
+}
+
+func (bs *bootstrapSync) changeNames() []string {
+	var out []string
+	for _, c := range bs.changes {
+		out = append(out, c.Object+" "+c.Action)
+	}
+	return out
+}
+
+// apply carries out the sync: the changed objects applied, the inventory
+// written with every rendered object (before anything is pruned, as the
+// manager does), the pruned objects deleted and forgotten (one whose
+// delete fails stays recorded for the next sync), then the applied
+// objects waited for.
+func (bs *bootstrapSync) apply(ctx context.Context, timeout time.Duration) error {
+	set, err := bs.cl.ApplyChanges(ctx, bs.changes, timeout)
+	if err != nil {
+		return err
+	}
+	if err := talos.WriteInventory(ctx, bs.cs, bs.applied); err != nil {
+		return err
+	}
+	left := slices.Clone(bs.applied)
+	var errs []error
+	for _, o := range bs.prune {
+		if err := bs.live.delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("pruning %s: %w", ssautil.FmtUnstructured(o), err))
+			continue
+		}
+		left = slices.DeleteFunc(left, func(r object.ObjMetadata) bool { return r == talos.ObjRef(o) })
+	}
+	// What the inventory held that is gone already is forgotten too.
+	left = slices.DeleteFunc(left, func(r object.ObjMetadata) bool {
+		return !slices.ContainsFunc(bs.objs, func(o *unstructured.Unstructured) bool { return talos.ObjRef(o) == r }) &&
+			!slices.ContainsFunc(bs.prune, func(o *unstructured.Unstructured) bool { return talos.ObjRef(o) == r })
+	})
+	if err := talos.WriteInventory(ctx, bs.cs, left); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return bs.cl.WaitApplied(ctx, set, timeout)
+}
+
+// sameRefs reports whether a and b hold the same objects.
+func sameRefs(a, b object.ObjMetadataSet) bool {
+	return len(a) == len(b) && len(a.Diff(b)) == 0 && len(b.Diff(a)) == 0
+}
+
+// liveObjects reads and deletes objects by their inventory reference.
+type liveObjects struct {
+	dyn    dynamic.Interface
+	mapper *restmapper.DeferredDiscoveryRESTMapper
+}
+
+func newLiveObjects(rc *rest.Config) (*liveObjects, error) {
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return &liveObjects{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}, nil
+}
+
+func (l *liveObjects) resource(ref object.ObjMetadata) (dynamic.ResourceInterface, error) {
+	m, err := l.mapper.RESTMapping(ref.GroupKind)
+	if err != nil {
+		return nil, err
+	}
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		return l.dyn.Resource(m.Resource).Namespace(ref.Namespace), nil
+	}
+	return l.dyn.Resource(m.Resource), nil
+}
+
+func (l *liveObjects) get(ctx context.Context, ref object.ObjMetadata) (*unstructured.Unstructured, error) {
+	r, err := l.resource(ref)
+	if err != nil {
+		return nil, err
+	}
+	return r.Get(ctx, ref.Name, metav1.GetOptions{})
+}
+
+// delete deletes o with background propagation, as the manager prunes.
+func (l *liveObjects) delete(ctx context.Context, o *unstructured.Unstructured) error {
+	r, err := l.resource(talos.ObjRef(o))
+	if err != nil {
+		return err
+	}
+	bg := metav1.DeletePropagationBackground
+	return r.Delete(ctx, o.GetName(), metav1.DeleteOptions{PropagationPolicy: &bg})
 }
 
 // checkRemovedInUpgrade refuses an upgrade that would lose objects or

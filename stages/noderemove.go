@@ -2,7 +2,6 @@ package stages
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -166,61 +165,50 @@ func planRemoval(ctx context.Context, env *Env, name string, configured *config.
 }
 
 // planEtcd finds the node's etcd member through a control plane that
-// stays and checks etcd's quorum rule for its removal.
+// stays and checks etcd's quorum rule for its removal, and, for a control
+// plane that is replaced, etcd's rule for adding the re-created node once
+// its member is gone. Each member's etcd is asked at its peer address.
 func (r *NodeRemoval) planEtcd(ctx context.Context, env *Env, ops *talos.Ops) error {
 	if r.Role != config.RoleControlPlane && r.Role != "" {
 		return nil
 	}
-	var stays []config.Node
+	var stays []talos.Target
 	for _, cp := range env.Config.ControlPlanes() {
 		if cp.Name != r.Name {
-			stays = append(stays, cp)
+			stays = append(stays, talos.Target{Name: cp.Name, IP: cp.IP, Role: talos.RoleControlPlane})
 		}
 	}
 	if len(stays) == 0 {
 		return &RemovalRefusedError{r.Name, "no control plane would be left"}
 	}
-	var (
-		members []talos.EtcdMember
-		errs    []error
-	)
-	for _, cp := range stays {
-		m, err := ops.EtcdMembers(ctx, cp.IP)
-		if err == nil {
-			members, r.Via = m, talos.Target{Name: cp.Name, IP: cp.IP, Role: talos.RoleControlPlane}
-			break
-		}
-		errs = append(errs, err)
+	members, via, err := ops.EtcdMembersVia(ctx, stays)
+	if err != nil {
+		return &RemovalRefusedError{r.Name, fmt.Sprintf("no control plane that stays lists the etcd members: %v", err)}
 	}
-	if r.Via.IP == "" {
-		return &RemovalRefusedError{r.Name, fmt.Sprintf("no control plane that stays lists the etcd members: %v", errors.Join(errs...))}
-	}
-	ips := map[string]string{}
-	for _, cp := range stays {
-		ips[cp.Name] = cp.IP
-	}
-	ips[r.Name] = r.IP
+	r.Via = via
+	isTarget := func(name, ip string) bool { return name == r.Name || r.IP != "" && ip == r.IP }
 	for i, m := range members {
-		if m.Hostname == r.Name {
+		if isTarget(m.Hostname, "") || slices.ContainsFunc(m.IPs, func(ip string) bool { return isTarget("", ip) }) {
 			r.Member = &members[i]
 		}
-		if m.Learner {
-			continue // learners do not vote
-		}
+	}
+	voters := ops.Voters(ctx, members)
+	for _, v := range voters {
 		r.Quorum.Members++
-		runs := ips[m.Hostname] != "" && ops.EtcdServiceRuns(ctx, ips[m.Hostname])
-		if runs {
+		if v.Runs {
 			r.Quorum.Running++
 		}
-		if m.Hostname == r.Name {
-			r.Quorum.TargetRuns = runs
+		if isTarget(v.Name, v.IP) {
+			r.Quorum.TargetRuns = v.Runs
 		}
 	}
-	if r.Member == nil || r.Member.Learner {
-		return nil
+	if r.Member != nil && !r.Member.Learner {
+		if ok, why := r.Quorum.Allowed(); !ok {
+			return &RemovalRefusedError{r.Name, "etcd would refuse to remove its member: " + why}
+		}
 	}
-	if ok, why := r.Quorum.Allowed(); !ok {
-		return &RemovalRefusedError{r.Name, "etcd would refuse to remove its member: " + why}
+	if r.replacing {
+		return joinAfterRemoval(r, voters)
 	}
 	return nil
 }

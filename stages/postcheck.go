@@ -104,7 +104,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 			env.UI.OK("postcheck archived to %s", archive)
 		}
 		if p := cfg.Postcheck.PrometheusFile; p != "" {
-			if err := postcheck.WritePrometheus(env.Config.Resolve(p), report); err != nil {
+			if err := postcheck.WritePrometheus(cfg.PrometheusPath(), report); err != nil {
 				env.UI.Warn("Prometheus textfile %s not written: %v", p, err)
 			}
 		}

@@ -51,17 +51,14 @@ func (s PrecheckStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	for _, r := range results {
-		// The table already went to the user; the log keeps every verdict.
-		ev := env.Log.Debug()
-		switch r.Status {
-		case check.Warn:
-			ev = env.Log.Warn()
-		case check.Fail:
-			ev = env.Log.Error()
-		}
-		ev.Str("check", r.Name).Str("result", string(r.Status)).Dur("duration", r.Duration).Msg(r.Reason)
+		// The table already went to the user: every verdict goes to the
+		// run log only (debug), not to the console a second time.
+		env.Log.Debug().Str("check", r.Name).Str("result", string(r.Status)).Dur("duration", r.Duration).Msg(r.Reason)
 	}
 	if n := check.Count(results, check.Fail); n > 0 {
+		if s := check.Count(results, check.Skip); s > 0 {
+			return fmt.Errorf("%d precheck(s) failed (%d more skipped because of them): see the table above", n, s)
+		}
 		return fmt.Errorf("%d precheck(s) failed: see the table above", n)
 	}
 	return nil

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/proxmox"
+	"github.com/homelab/bootstrap/talos"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -135,6 +137,17 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	warnLeftNodes(env, proxmox.ClusterVMs(vms, cfg.Cluster.Name))
+	// A control plane etcd cannot add now gets no VM; a member whose VM
+	// is stopped is started by this stage, or booting already.
+	stopped := map[string]bool{}
+	for _, v := range proxmox.ClusterVMs(vms, cfg.Cluster.Name) {
+		stopped[v.Name] = v.Status == "stopped"
+	}
+	if err := refuseEtcdJoin(ctx, env, func(v talos.Voter) bool {
+		return v.Stage == talos.StageBooting || !v.Answers && slices.ContainsFunc(cfg.ControlPlanes(), func(n config.Node) bool { return n.IP == v.IP && stopped[n.Name] })
+	}); err != nil {
+		return err
+	}
 	if specs, err = c.PlaceVMs(ctx, specs, cfg.Proxmox.Hosts, vms); err != nil {
 		return err
 	}

@@ -44,6 +44,13 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if _, err := pinKubernetes(ctx, env, nil, nil, configTargets(env)); err != nil {
 		return err
 	}
+	// A control plane etcd cannot add now (one of three members down) is
+	// refused before anything too: it would wait 30 minutes to join, then
+	// fail. This asks the cluster, so it comes after the checks above,
+	// which refuse from the state alone.
+	if err := refuseEtcdJoin(ctx, env, booting); err != nil {
+		return err
+	}
 	gen, err := talosGenerateOptions(env)
 	if err != nil {
 		return err
@@ -117,6 +124,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 		Parallelism:    env.Config.Cluster.Parallelism,
 		CNIDisabled:    !env.Config.CNI.TalosDeploysCNI(),
 		Recover:        env.Options.Recover,
+		Now:            env.now,
 		BootstrappedAt: out.BootstrappedAt,
 		NewEtcd:        env.Options.NewEtcd,
 		OnNodeConverged: func(t talos.Target, r talos.EnsureResult) {
@@ -213,11 +221,10 @@ func KeptFiles(cfg *config.Config) *sealed.Files {
 		ids, err := sealer.Identities()
 		return ids.Age(), err
 	}}
-	for _, r := range a.Recipients {
-		// config validate refuses anything else.
-		if rec, err := age.ParseX25519Recipient(strings.TrimSpace(r)); err == nil {
-			f.Recipients = append(f.Recipients, rec)
-		}
+	// config validate refuses what does not parse, and a mix of
+	// post-quantum and classic recipients.
+	if recs, err := sealed.ParseRecipients(a.Recipients); err == nil {
+		f.Recipients = recs
 	}
 	return f
 }
@@ -457,8 +464,11 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 	var installed []talos.Target
 	sameImage := sameImageAs(env)
 	for _, t := range targets {
+		// Version is set once the node answered configured during the
+		// converge: found so, installed now, or found down (rebooting)
+		// and back.
 		r, ok := conv.Nodes[t.Name]
-		if ok && r.Version != "" && (r.Found == talos.ModeConfigured || r.Action == talos.ActionInstalled) {
+		if ok && r.Version != "" {
 			run := talos.Running{Version: r.Version, Schematic: wantSchematic}
 			if wantSchematic != "" && (!env.DryRun || r.Found == talos.ModeConfigured) {
 				sch, err := ops.Schematic(ctx, t.IP)
@@ -532,8 +542,11 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 func upgradeInOrder(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUpgrade, targets []talos.Target, conv *talos.ConvergeResult) error {
 	talosNow, kubeNow := map[string]string{}, map[string]string{}
 	for _, t := range targets {
+		// A node this run installed runs the config's Talos already; one
+		// found down (rebooting) that came back configured is judged by
+		// the version it answered with, as one found configured.
 		r, ok := conv.Nodes[t.Name]
-		if !ok || r.Version == "" || r.Found != talos.ModeConfigured {
+		if !ok || r.Version == "" || r.Action == talos.ActionInstalled {
 			continue
 		}
 		talosNow[t.Name] = r.Version

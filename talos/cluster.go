@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
@@ -79,6 +80,9 @@ type EtcdMember struct {
 	ID       uint64
 	Hostname string
 	Learner  bool
+	// IPs are the hosts of the member's peer URLs: the node's address,
+	// which, unlike the hostname, a user's config patch does not change.
+	IPs []string
 }
 
 // EtcdMembers lists etcd members as the node at ip sees them.
@@ -102,10 +106,23 @@ func etcdMembersOn(ctx context.Context, c *client.Client) ([]EtcdMember, error) 
 	var out []EtcdMember
 	for _, m := range resp.GetMessages() {
 		for _, mem := range m.GetMembers() {
-			out = append(out, EtcdMember{ID: mem.GetId(), Hostname: mem.GetHostname(), Learner: mem.GetIsLearner()})
+			out = append(out, EtcdMember{ID: mem.GetId(), Hostname: mem.GetHostname(), Learner: mem.GetIsLearner(), IPs: peerIPs(mem.GetPeerUrls())})
 		}
 	}
 	return out, nil
+}
+
+// peerIPs are the hosts of etcd peer URLs ("https://10.0.0.11:2380"), as
+// talosctl's EtcdControlPlaneNodesAssertion reads them
+// (pkg/cluster/check/etcd.go at v1.13.3: url.Parse, then Hostname).
+func peerIPs(urls []string) []string {
+	var out []string
+	for _, u := range urls {
+		if p, err := url.Parse(u); err == nil && p.Hostname() != "" {
+			out = append(out, p.Hostname())
+		}
+	}
+	return out
 }
 
 // IsNoLeader reports whether err is etcd refusing a request for want of a

@@ -55,6 +55,9 @@ type ConvergeOptions struct {
 	// an empty etcd, unless NewEtcd or Recover.
 	BootstrappedAt time.Time
 	NewEtcd        bool
+	// Now is the clock the kubeconfig's certificate is judged by (nil:
+	// time.Now).
+	Now func() time.Time
 }
 
 // EtcdLostError stops a run that would otherwise bootstrap an empty etcd
@@ -484,18 +487,32 @@ func boolRank(b bool) int {
 }
 
 // ensureKubeconfig keeps a kubeconfig that already reaches the API server
-// (Talos mints a new client certificate on every fetch, so fetching each
-// run would rewrite the file), else fetches one from the bootstrap node,
-// writes it (0600) and checks that it reaches the API server.
+// and whose client certificate stays valid for RenewBefore more (Talos
+// mints a new client certificate on every fetch, so fetching each run
+// would rewrite the file), else fetches one from the bootstrap node,
+// writes it (0600) and checks that it reaches the API server. The
+// certificate is renewed on the talosconfig's rule: a run in its last 30
+// days replaces it while it still works, instead of after it expired,
+// when the nightly postcheck can no longer reach the cluster.
 func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot Target, mutate Mutator, res *ConvergeResult) error {
 	path := opts.Files.Path(opts.KubeconfigPath)
 	res.KubeconfigPath = path
+	now := time.Now()
+	if opts.Now != nil {
+		now = opts.Now()
+	}
+	what := "write kubeconfig " + path
 	if existing, err := opts.Files.Read(opts.KubeconfigPath); err == nil {
-		if v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); err == nil {
+		exp, expErr := KubeconfigCertExpiry(existing)
+		switch v, err := CheckAPIServer(ctx, existing, o.opts.CallTimeout); {
+		case err != nil:
+			o.opts.Log.Info().Err(err).Msg("existing kubeconfig does not reach the API server; fetching a new one")
+		case expErr == nil && exp.Before(now.Add(RenewBefore)):
+			o.opts.Log.Info().Time("expires", exp).Msg("the kubeconfig's client certificate expires within 30 days; fetching a new one")
+			what = fmt.Sprintf("renew kubeconfig %s (its client certificate expires %s)", path, exp.UTC().Format(time.RFC3339))
+		default:
 			res.APIServerVersion, res.kubeconfig = v, existing
 			return keepKubeconfig(opts, existing, mutate, res)
-		} else {
-			o.opts.Log.Info().Err(err).Msg("existing kubeconfig does not reach the API server; fetching a new one")
 		}
 	}
 	data, err := o.Kubeconfig(ctx, boot.Name, boot.IP)
@@ -504,7 +521,7 @@ func (o *Ops) ensureKubeconfig(ctx context.Context, opts ConvergeOptions, boot T
 	}
 	res.kubeconfig = data
 	ran := false
-	if err := mutate("write kubeconfig "+path, func() error {
+	if err := mutate(what, func() error {
 		ran = true
 		wrote, err := opts.Files.WriteIfChanged(opts.KubeconfigPath, data)
 		res.KubeconfigWrote = wrote

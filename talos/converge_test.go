@@ -3,6 +3,7 @@ package talos
 import (
 	"bytes"
 	"context"
+	stdx509 "crypto/x509"
 	"errors"
 	"os"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/siderolabs/crypto/x509"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/lab/talossim"
@@ -620,5 +624,62 @@ func TestExtensionsReadThroughAConnectionDrop(t *testing.T) {
 	ip := h.targets()[0].IP
 	if _, err := h.ops.Extensions(ctx, ip); err != nil {
 		t.Fatalf("a 400ms connection drop failed the read: %v", err)
+	}
+}
+
+// TestKubeconfigRenewedInItsLast30Days: a kept kubeconfig that still
+// reaches the API server but whose client certificate expires within 30
+// days is replaced by a freshly fetched one (the talosconfig's rule), not
+// kept until it expired; one with a year left is kept.
+func TestKubeconfigRenewedInItsLast30Days(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1})
+	ctx := testCtx(t)
+	res, err := h.converge(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same kubeconfig with a client certificate of the cluster's CA
+	// that expires in ten days: it still works.
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(h.res.Bundle.Certs.K8s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	soon, err := x509.NewKeyPair(ca, x509.CommonName("admin"), x509.Organization("system:masters"),
+		x509.NotAfter(time.Now().Add(10*24*time.Hour)), x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientcmd.LoadFromFile(res.KubeconfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ai := kc.AuthInfos[kc.Contexts[kc.CurrentContext].AuthInfo]
+	ai.ClientCertificateData, ai.ClientKeyData = soon.CrtPEM, soon.KeyPEM
+	if err := clientcmd.WriteToFile(*kc, res.KubeconfigPath); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(res.KubeconfigPath)
+	if _, err := CheckAPIServer(ctx, data, time.Second); err != nil {
+		t.Fatalf("the ten-day kubeconfig does not work: %v", err)
+	}
+	var changes []string
+	record := func(what string, fn func() error) error { changes = append(changes, what); return fn() }
+	res, err = h.converge(ctx, record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ = os.ReadFile(res.KubeconfigPath)
+	exp, err := KubeconfigCertExpiry(data)
+	if err != nil || time.Until(exp) < 300*24*time.Hour || !res.KubeconfigWrote {
+		t.Fatalf("after a run the kubeconfig expires %s (%v), wrote %v: want it renewed", exp, err, res.KubeconfigWrote)
+	}
+	if len(changes) != 1 || !strings.HasPrefix(changes[0], "renew kubeconfig ") {
+		t.Fatalf("changes %q, want the renewal", changes)
+	}
+	// A year left: kept.
+	changes = nil
+	if res, err = h.converge(ctx, record); err != nil || res.KubeconfigWrote || len(changes) != 0 {
+		t.Fatalf("a run with a year left: %v, wrote %v, changes %q", err, res.KubeconfigWrote, changes)
 	}
 }

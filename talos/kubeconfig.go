@@ -2,6 +2,8 @@ package talos
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -57,6 +59,37 @@ func CheckAPIServer(ctx context.Context, kubeconfig []byte, timeout time.Duratio
 		}
 		return r.v, nil
 	}
+}
+
+// KubeconfigCertExpiry is when the client certificate of kubeconfig's
+// current context expires.
+func KubeconfigCertExpiry(kubeconfig []byte) (time.Time, error) {
+	cfg, err := clientcmd.Load(kubeconfig)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading kubeconfig: %w", err)
+	}
+	kctx, ok := cfg.Contexts[cfg.CurrentContext]
+	if !ok {
+		return time.Time{}, errors.New("no current context")
+	}
+	ai, ok := cfg.AuthInfos[kctx.AuthInfo]
+	if !ok || len(ai.ClientCertificateData) == 0 {
+		return time.Time{}, fmt.Errorf("no client certificate in context %s", cfg.CurrentContext)
+	}
+	return CertExpiry(ai.ClientCertificateData)
+}
+
+// CertExpiry is when the PEM certificate expires.
+func CertExpiry(pemBytes []byte) (time.Time, error) {
+	block, _ := pem.Decode(pemBytes)
+	if block == nil {
+		return time.Time{}, errors.New("client cert is not PEM")
+	}
+	crt, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return crt.NotAfter, nil
 }
 
 // MergeResult reports a merge into a user's config file.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -131,5 +132,78 @@ func TestReplacedControlPlaneRejoinsUnderANewMemberID(t *testing.T) {
 	}
 	if after[cp3.Name] == before[cp3.Name] {
 		t.Errorf("%s rejoined under its old member ID %x: Talos removes the stale member and adds a new one", cp3.Name, after[cp3.Name])
+	}
+}
+
+// TestEtcdAddsNoMemberWhileAVoterIsDown: etcd v3.6.11 refuses to add a
+// member (a learner too) unless the member asked is connected to
+// quorum(voters+1) of the voting members (server/etcdserver/server.go
+// mayAddMember). cp-2 is re-created while cp-3 is powered off: its stale
+// member goes (a member that is down may), then cp-1 and cp-3 are the
+// voters and only cp-1 runs, 1 < quorum(3) = 2, so cp-2's etcd asks again
+// and again without joining. Once cp-3 runs again, cp-2 joins.
+func TestEtcdAddsNoMemberWhileAVoterIsDown(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 3})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	cp1, cp2, cp3 := h.res.Nodes[0], h.res.Nodes[1], h.res.Nodes[2]
+	if err := h.sim.StopNode(cp3.IP); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sim.StopNode(cp2.IP); err != nil {
+		t.Fatal(err)
+	}
+	h.sim.WipeDisk(cp2.IP)
+	boot := func(n RenderedNode, phase talossim.Phase) {
+		t.Helper()
+		node, err := h.sim.BootNode(ctx, talossim.NodeSpec{IP: n.IP, Hostname: n.Name, Disks: []talossim.Disk{{Bus: "scsi", Size: 64 << 30}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := node.WaitPhase(wctx, phase); err != nil {
+			t.Fatal(err)
+		}
+	}
+	boot(cp2, talossim.PhaseMaintenance)
+	target := h.targets()[1]
+	if _, err := h.ops.EnsureConfig(ctx, target, EnsureOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	members := func() []string {
+		t.Helper()
+		ms, err := h.ops.EtcdMembers(ctx, cp1.IP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.Hostname)
+		}
+		slices.Sort(out)
+		return out
+	}
+	// Refused, and asked again (EtcdJoinRetry is 20 ms here).
+	deadline := time.Now().Add(5 * time.Second)
+	for h.node("cp-2").Counters().EtcdAddsRefused < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("cp-2 joining with cp-3 down: %d refused adds after 5 s, members %v", h.node("cp-2").Counters().EtcdAddsRefused, members())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := members(); !slices.Equal(got, []string{"cp-1", "cp-3"}) {
+		t.Fatalf("members with cp-3 down %v, want cp-1 and cp-3 (cp-2's stale member removed, no new one)", got)
+	}
+	boot(cp3, talossim.PhaseRunning)
+	deadline = time.Now().Add(5 * time.Second)
+	for !slices.Equal(members(), []string{"cp-1", "cp-2", "cp-3"}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("cp-2 did not join once cp-3 ran again: members %v", members())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

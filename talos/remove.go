@@ -16,10 +16,11 @@ import (
 // `talosctl etcd remove-member` and `talosctl reset` ask Talos for.
 
 // RemovalQuorum is what removing one member does to etcd's quorum, under
-// etcd's strict reconfiguration check (etcd server/v3 v3.6.5
-// etcdserver/server.go mayRemoveMember, which Talos' etcd runs with, the
-// default): the members left must still be a quorum of themselves among
-// those that run, unless the member removed is itself down.
+// etcd's strict reconfiguration check (etcd v3.6.11, the etcd Talos
+// v1.13.3 runs: server/etcdserver/server.go mayRemoveMember, unchanged
+// since v3.6.5, on by default): the members left must still be a quorum
+// of themselves among those that run, unless the member removed is itself
+// down.
 type RemovalQuorum struct {
 	// Members is the voting members before the removal (learners do not
 	// count), Running those whose etcd runs, TargetRuns whether the

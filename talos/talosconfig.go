@@ -16,9 +16,13 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/role"
 )
 
-// talosconfigMinValidity is how long an existing client certificate must
-// still be valid to be reused; below it a fresh one is minted.
-const talosconfigMinValidity = 30 * 24 * time.Hour
+// RenewBefore is how long an existing client certificate (the
+// talosconfig's, the admin kubeconfig's) must still be valid to be kept;
+// below it a run mints or fetches a fresh one, so a cluster whose runs
+// come at least that often never meets an expired one (Talos issues both
+// for one year: constants.TalosAPIDefaultCertificateValidityDuration,
+// KubernetesAdminCertDefaultLifetime).
+const RenewBefore = 30 * 24 * time.Hour
 
 // RenderTalosconfig builds the admin talosconfig (context named after the
 // cluster) for the bundle's OS CA. The client certificate carries a fresh
@@ -75,7 +79,7 @@ func reusableClientCert(existing []byte, cluster string, caPEM []byte, now time.
 	if err != nil {
 		return "", "", false
 	}
-	if err := checkClientCert(crtPEM, keyPEM, caPEM, now.Add(talosconfigMinValidity)); err != nil {
+	if err := checkClientCert(crtPEM, keyPEM, caPEM, now.Add(RenewBefore)); err != nil {
 		return "", "", false
 	}
 	return c.Crt, c.Key, true

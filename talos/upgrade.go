@@ -2,6 +2,7 @@ package talos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -216,23 +217,28 @@ func (o *Ops) UpgradeFailure(ctx context.Context, t Target, actorID string) <-ch
 // Settled is the one condition both the rollout's waits and its checks
 // read: whether the node runs its installed system out of any upgrade or
 // reboot (it answers in configured mode, cri runs, its stage is running),
-// the Talos version it runs, and what it is doing when not.
-func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, status string) {
+// the Talos version it runs, and what it is doing when not. err is a state
+// no wait ends: a NeedsRebootError (its last sequence failed).
+func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, status string, err error) {
 	p, err := o.Probe(ctx, t.IP)
 	if err != nil {
-		return false, "", err.Error()
+		return false, "", err.Error(), nil
 	}
 	if p.Mode != ModeConfigured {
-		return false, "", strings.TrimSpace("node is " + p.Mode.String() + " " + p.Detail)
+		return false, "", strings.TrimSpace("node is " + p.Mode.String() + " " + p.Detail), nil
 	}
 	up, err := o.InstalledSystemUp(ctx, t.IP)
+	var stuck *NeedsRebootError
+	if errors.As(err, &stuck) {
+		return false, p.Version, "", fmt.Errorf("%s: %w", t, err)
+	}
 	if err != nil {
-		return false, p.Version, err.Error()
+		return false, p.Version, err.Error(), nil
 	}
 	if !up.Installed || up.Stage != runtime.MachineStageRunning {
-		return false, p.Version, fmt.Sprintf("Talos %s, %s (stage %s)", p.Version, up.Detail, up.Stage)
+		return false, p.Version, fmt.Sprintf("Talos %s, %s (stage %s)", p.Version, up.Detail, up.Stage), nil
 	}
-	return true, p.Version, "runs Talos " + p.Version
+	return true, p.Version, "runs Talos " + p.Version, nil
 }
 
 // waitSettled waits for Settled and returns the version the node runs;
@@ -249,8 +255,11 @@ func (o *Ops) waitSettled(ctx context.Context, t Target, want, wantSchematic str
 	spec := wait.Spec{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout,
 		Interval: o.opts.PollInterval, ProgressEvery: o.opts.ProgressEvery, Log: o.opts.Log}
 	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
-		ok, v, st := o.Settled(ctx, t)
+		ok, v, st, err := o.Settled(ctx, t)
 		version = v
+		if err != nil {
+			return false, "", err
+		}
 		if !ok || (want != "" && v != want) {
 			return false, st, nil
 		}
@@ -318,7 +327,11 @@ func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep
 		case err := <-failed:
 			cancel()
 			<-settled
-			return fmt.Errorf("upgrading %s to Talos %s: %w; it still runs Talos %s (its machine stage reads rebooting until it is rebooted; `talosctl -n %s dmesg` shows the installer's output)", s.Target, s.To, err, s.From, s.IP)
+			// What the failure left: the services it stopped, read now.
+			if stuck, rerr := o.NeedsReboot(ctx, s.IP); rerr == nil && stuck != nil {
+				return fmt.Errorf("upgrading %s to Talos %s: %w", s.Target, s.To, stuck)
+			}
+			return fmt.Errorf("upgrading %s to Talos %s: %w; it still runs Talos %s and waits for a reboot (its machine stage reads rebooting): read why with `talosctl -n %s dmesg`, then reboot it with `talosctl -n %s reboot`", s.Target, s.To, err, s.From, s.IP, s.IP)
 		case err := <-settled:
 			cancel()
 			if err != nil {

@@ -187,6 +187,11 @@ func secretsOf(cfg *config.Config) *redact.Set {
 			}
 		}
 	}
+	// Validate refuses these; masked too for whatever prints the config
+	// before or without validating it.
+	for _, v := range cfg.MisplacedSecrets() {
+		s.Add(v)
+	}
 	return s
 }
 

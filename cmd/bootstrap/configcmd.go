@@ -63,7 +63,11 @@ func (c *ConfigValidateCmd) Run(ctx context.Context, a *App) error {
 	if files := cfg.Files(); len(files) > 1 {
 		from = " (merged from " + strings.Join(files, " ← ") + ")"
 	}
-	fmt.Fprintf(a.Stdout, "%s is valid%s: cluster %s, %d control plane(s), %d worker(s)\n", cfg.File(), from, cfg.Cluster.Name, len(cfg.ControlPlanes()), len(cfg.Workers()))
+	with := ""
+	if n := len(cfg.Warnings()); n > 0 {
+		with = fmt.Sprintf(", with %d warning(s) above", n)
+	}
+	fmt.Fprintf(a.Stdout, "%s is valid%s%s: cluster %s, %d control plane(s), %d worker(s)\n", cfg.File(), from, with, cfg.Cluster.Name, len(cfg.ControlPlanes()), len(cfg.Workers()))
 	return nil
 }
 

@@ -303,7 +303,13 @@ func (c *Conn) readRecord() ([]byte, error) {
 		n := binary.BigEndian.Uint32(hdr)
 		size := n & 0x7fffffff
 		if size > 1<<22 {
-			return nil, fmt.Errorf("rpc: record of %d bytes", size)
+			// RFC 5531 record marking: a length this large means what
+			// answered does not speak ONC RPC; its first bytes, shown as
+			// text when they are, usually say what it is ("HTTP").
+			if printable(hdr) {
+				return nil, fmt.Errorf("rpc: the answer is not ONC RPC: it starts with %q (another service listens on this port)", hdr)
+			}
+			return nil, fmt.Errorf("rpc: the answer is not ONC RPC (a record of %d bytes)", size)
 		}
 		frag := make([]byte, size)
 		if _, err := io.ReadFull(c.conn, frag); err != nil {
@@ -314,4 +320,14 @@ func (c *Conn) readRecord() ([]byte, error) {
 			return out, nil
 		}
 	}
+}
+
+// printable reports whether b is printable ASCII.
+func printable(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }

@@ -39,9 +39,10 @@ func urlSecrets(raw string) (string, []string) {
 		if p, ok := u.User.Password(); ok {
 			secrets = append(secrets, p)
 			u.User = url.UserPassword(u.User.Username(), Mask)
-		} else {
-			// A lone user name is how tokens travel (https://TOKEN@host);
-			// a plain "git" or "oauth2" is masked too: harmless.
+		} else if !strings.Contains(u.Scheme, "ssh") {
+			// A lone user name is how tokens travel (https://TOKEN@host).
+			// An ssh URL's user is the login (ssh://git@host/repo): the key
+			// authenticates, the name is no secret.
 			secrets = append(secrets, u.User.Username())
 			u.User = url.User(Mask)
 		}

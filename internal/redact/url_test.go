@@ -19,6 +19,8 @@ func TestURL(t *testing.T) {
 		{"oci://user:tok123@ghcr.io/charts", "oci://user:[REDACTED]@ghcr.io/charts", []string{"tok123"}},
 		{"https://user:pa ss@host/x", "https://[REDACTED]@host/x", []string{"user:pa ss", "pa ss"}},
 		{"not a url", "not a url", nil},
+		{"ssh://git@github.com/me/homelab.git", "ssh://git@github.com/me/homelab.git", nil},
+		{"ssh://git:pw123@github.com/me/homelab.git", "ssh://git:[REDACTED]@github.com/me/homelab.git", []string{"pw123"}},
 	} {
 		got, secrets := urlSecrets(c.in)
 		if got != c.want || !slices.Equal(secrets, c.secrets) {

@@ -3,6 +3,7 @@ package talossim
 import (
 	"bytes"
 	stdx509 "crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"reflect"
@@ -12,6 +13,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/config"
+	cfgtypes "github.com/siderolabs/talos/pkg/machinery/config/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configdiff"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
@@ -125,16 +127,11 @@ func validateKubernetesImages(cfg config.Provider, talosVersion string) error {
 	return errors.Join(errs...)
 }
 
-// generateAdminKubeconfig mints an admin kubeconfig from a control plane's
-// machine config the way Talos does (pkg/kubeconfig/generate.go
-// GenerateAdmin at v1.13.3): server = the cluster endpoint, CA = the
-// Kubernetes CA, a client certificate from that CA with the admin
-// kubeconfig's common name and organization.
-func generateAdminKubeconfig(cfg config.Provider) ([]byte, error) {
-	if cfg == nil || cfg.Cluster() == nil {
-		return nil, errors.New("no cluster config")
-	}
-	c := cfg.Cluster()
+// mintAdminCert issues the admin client certificate as GenerateAdmin does:
+// from the Kubernetes CA, with the admin kubeconfig's common name,
+// organization and lifetime (cluster.adminKubeconfig.certLifetime, one
+// year by default: constants.KubernetesAdminCertDefaultLifetime).
+func mintAdminCert(c cfgtypes.ClusterConfig) (*x509.PEMEncodedCertificateAndKey, error) {
 	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(c.IssuingCA())
 	if err != nil {
 		return nil, fmt.Errorf("error getting Kubernetes CA: %w", err)
@@ -151,7 +148,63 @@ func generateAdminKubeconfig(cfg config.Provider) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("error generating Kubernetes client certificate: %w", err)
 	}
-	pem := x509.NewCertificateAndKeyFromKeyPair(kp)
+	return x509.NewCertificateAndKeyFromKeyPair(kp), nil
+}
+
+// withConfiguredAdminCert gives a kubeconfig the simulated control plane
+// served (its address and CA) the admin certificate the node's config
+// would mint (mintAdminCert): its lifetime follows
+// cluster.adminKubeconfig.certLifetime as on Talos. A kubeconfig whose
+// client certificate another CA issued (a test's stand-in) is left as
+// it is.
+func withConfiguredAdminCert(data []byte, cfg config.Provider) ([]byte, error) {
+	if cfg == nil || cfg.Cluster() == nil {
+		return data, nil
+	}
+	kc, err := clientcmd.Load(data)
+	if err != nil {
+		return data, nil
+	}
+	kctx := kc.Contexts[kc.CurrentContext]
+	if kctx == nil || kc.AuthInfos[kctx.AuthInfo] == nil || len(kc.AuthInfos[kctx.AuthInfo].ClientCertificateData) == 0 {
+		return data, nil
+	}
+	ai := kc.AuthInfos[kctx.AuthInfo]
+	ca := cfg.Cluster().IssuingCA()
+	roots := stdx509.NewCertPool()
+	block, _ := pem.Decode(ai.ClientCertificateData)
+	if ca == nil || !roots.AppendCertsFromPEM(ca.Crt) || block == nil {
+		return data, nil
+	}
+	crt, err := stdx509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return data, nil
+	}
+	if _, err := crt.Verify(stdx509.VerifyOptions{Roots: roots, KeyUsages: []stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}}); err != nil {
+		return data, nil
+	}
+	pair, err := mintAdminCert(cfg.Cluster())
+	if err != nil {
+		return nil, err
+	}
+	ai.ClientCertificateData, ai.ClientKeyData = pair.Crt, pair.Key
+	return clientcmd.Write(*kc)
+}
+
+// generateAdminKubeconfig mints an admin kubeconfig from a control plane's
+// machine config the way Talos does (pkg/kubeconfig/generate.go
+// GenerateAdmin at v1.13.3): server = the cluster endpoint, CA = the
+// Kubernetes CA, a client certificate from that CA with the admin
+// kubeconfig's common name and organization.
+func generateAdminKubeconfig(cfg config.Provider) ([]byte, error) {
+	if cfg == nil || cfg.Cluster() == nil {
+		return nil, errors.New("no cluster config")
+	}
+	c := cfg.Cluster()
+	pair, err := mintAdminCert(c)
+	if err != nil {
+		return nil, err
+	}
 	cas := [][]byte{}
 	for _, a := range c.AcceptedCAs() {
 		cas = append(cas, a.Crt)
@@ -160,7 +213,7 @@ func generateAdminKubeconfig(cfg config.Provider) ([]byte, error) {
 	name := c.Name()
 	return clientcmd.Write(clientcmdapi.Config{
 		Clusters:       map[string]*clientcmdapi.Cluster{name: {Server: c.Endpoint().String(), CertificateAuthorityData: bytes.Join(cas, nil)}},
-		AuthInfos:      map[string]*clientcmdapi.AuthInfo{"admin@" + name: {ClientCertificateData: pem.Crt, ClientKeyData: pem.Key}},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{"admin@" + name: {ClientCertificateData: pair.Crt, ClientKeyData: pair.Key}},
 		Contexts:       map[string]*clientcmdapi.Context{"admin@" + name: {Cluster: name, Namespace: "default", AuthInfo: "admin@" + name}},
 		CurrentContext: "admin@" + name,
 	})

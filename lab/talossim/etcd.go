@@ -66,7 +66,10 @@ func (s *Sim) bootstrapEtcd(clusterID string, n *Node, hostname string, now time
 // wiped node left behind), then is added as a learner under a new member
 // ID, as Talos' etcd service does (addMember in
 // internal/app/machined/pkg/system/services/etcd.go at v1.13.3;
-// MemberAddAsLearner gives the new member its own ID).
+// MemberAddAsLearner gives the new member its own ID). etcd refuses the
+// add while it could lose quorum (mayAddLocked); Talos then asks again
+// every EtcdJoinRetry until EtcdJoinTimeout, after which its etcd service
+// has failed (buildInitialCluster).
 func (s *Sim) joinEtcd(clusterID string, n *Node, hostname string, now time.Time) {
 	ip := n.ip
 	c := s.etcd[clusterID]
@@ -84,6 +87,21 @@ func (s *Sim) joinEtcd(clusterID string, n *Node, hostname string, now time.Time
 			c.removed++
 		}
 	}
+	if err := c.mayAddLocked(s.etcdPeersUpLocked(), now); err != nil {
+		n.counters.EtcdAddsRefused++
+		n.log.Debug().Err(err).Msg("talossim: etcd refused to add the member; asking again")
+		if now.Before(n.etcdJoinDeadline) {
+			n.afterLocked(s.scaled(s.opts.Profile.EtcdJoinRetry), func() {
+				if n.phase != PhaseRunning || n.etcdLeft {
+					return
+				}
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.joinEtcd(clusterID, n, n.hostnameLocked(), time.Now())
+			})
+		}
+		return
+	}
 	start := now
 	if c.readyAt.After(start) {
 		start = c.readyAt
@@ -95,6 +113,44 @@ func (s *Sim) joinEtcd(clusterID string, n *Node, hostname string, now time.Time
 	c.members[ip] = m
 	n.serviceEventAtLocked(m.startedAt, "etcd")
 	n.serviceEventAtLocked(m.readyAt, "etcd")
+}
+
+// mayAddLocked is etcd's strict reconfiguration check for adding a member
+// (etcd v3.6.11 server/etcdserver/server.go mayAddMember, on by default),
+// which a learner passes too: the member serving the request must have
+// been connected (for HealthInterval, 5 s: not simulated) to
+// quorum(voters+1) of the voting members, itself included, the new member
+// counted as unavailable (util.go isConnectedToQuorumAfterAddingNewMemberSince;
+// a cluster of one voting member always admits). With three voting
+// members and one down, 2 < quorum(4) = 3: refused with ErrUnhealthy.
+// (v3.6.5 wanted every member connected, isConnectedFullySince.) A member
+// counts as connected while its node's etcd runs (up: etcdPeersUp) with
+// its data. etcd's one-learner limit (membership.DefaultMaxLearners) is
+// not simulated. s.mu is held.
+func (c *etcdCluster) mayAddLocked(up map[string]bool, now time.Time) error {
+	voting, connected := 0, 0
+	for _, m := range c.members {
+		if c.learner(m, now) {
+			continue
+		}
+		voting++
+		if up[m.ip] && !m.dataLost && m.started(now) {
+			connected++
+		}
+	}
+	if voting <= 1 {
+		return nil
+	}
+	if quorum := (voting+1)/2 + 1; connected < quorum {
+		return etcdUnhealthy
+	}
+	return nil
+}
+
+// learner reports whether m is a learner at now (or not yet a member): a
+// joined member until it is promoted; the bootstrap node never is.
+func (c *etcdCluster) learner(m *etcdMember, now time.Time) bool {
+	return m.readyAt.After(now) && m.ip != c.bootstrapNode
 }
 
 // etcdView returns the cluster and the member at ip as of now (nil when not
@@ -120,7 +176,7 @@ func (s *Sim) etcdRunningLocked(clusterID string) bool {
 func (c *etcdCluster) hasQuorum(now time.Time) bool {
 	voting, alive := 0, 0
 	for _, m := range c.members {
-		if m.readyAt.After(now) && m.ip != c.bootstrapNode {
+		if c.learner(m, now) {
 			continue // a learner, or not yet a member
 		}
 		voting++

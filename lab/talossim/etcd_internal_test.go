@@ -1,6 +1,7 @@
 package talossim
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -67,5 +68,46 @@ func TestStrictReconfigCheck(t *testing.T) {
 	last := &etcdCluster{bootstrapNode: "10.0.0.1", members: map[string]*etcdMember{"10.0.0.1": c.members["10.0.0.1"]}}
 	if err := last.mayRemoveLocked(last.members["10.0.0.1"], all, now); err != etcdNotEnoughStarted {
 		t.Fatalf("removing the last member: %v, want not enough started members", err)
+	}
+}
+
+// etcd v3.6.11's check for adding a member (mayAddMember,
+// isConnectedToQuorumAfterAddingNewMemberSince): the running voting
+// members must be at least quorum(voters+1); learners do not count; a
+// cluster of one voting member always admits.
+func TestMemberAddQuorum(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name         string
+		voters, down int
+		learner      bool
+		wantRefused  bool
+	}{
+		{"one voter", 1, 0, false, false},
+		{"one voter, down", 1, 1, false, false},
+		{"two of two", 2, 0, false, false},
+		{"one of two", 2, 1, false, true},
+		{"three of three", 3, 0, false, false},
+		{"two of three", 3, 1, false, true},
+		{"two of three and a learner", 3, 1, true, true},
+		{"three of four", 4, 1, false, false},
+		{"four of five", 5, 1, false, false},
+		{"three of five", 5, 2, false, true},
+	} {
+		c := &etcdCluster{bootstrapNode: "10.0.0.1", members: map[string]*etcdMember{}}
+		up := map[string]bool{}
+		for i := range tc.voters {
+			ip := fmt.Sprintf("10.0.0.%d", i+1)
+			c.members[ip] = &etcdMember{ip: ip, startedAt: now.Add(-time.Minute), readyAt: now.Add(-time.Second)}
+			up[ip] = i >= tc.down
+		}
+		if tc.learner {
+			c.members["10.0.0.9"] = &etcdMember{ip: "10.0.0.9", startedAt: now.Add(-time.Second), readyAt: now.Add(time.Hour)}
+			up["10.0.0.9"] = true
+		}
+		err := c.mayAddLocked(up, now)
+		if refused := err == etcdUnhealthy; refused != tc.wantRefused || err != nil && !refused {
+			t.Errorf("%s: %v, want refused %v", tc.name, err, tc.wantRefused)
+		}
 	}
 }

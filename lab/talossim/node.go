@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/state"
@@ -106,6 +107,9 @@ type Counters struct {
 	// accepted Bootstrap calls with recover_etcd.
 	RecoverUploads int
 	Recoveries     int
+	// EtcdAddsRefused counts the times etcd refused to add this control
+	// plane's member (its strict reconfiguration check) while it joined.
+	EtcdAddsRefused int
 	// Resets counts accepted Reset calls.
 	Resets int
 	// ImagePulls counts the images pulled through the API.
@@ -128,7 +132,8 @@ type Node struct {
 	staticPods map[string]StaticPod
 	mirrorSeq  uint64
 	// uncordonOnBoot: an upgrade cordoned the Node; the machine's
-	// controllers uncordon it once it runs again.
+	// controllers uncordon it once it boots again (after the upgrade, or
+	// the reboot that follows a failed one).
 	uncordonOnBoot bool
 	powered        bool
 	wantUp         bool // the API should serve (subject to faults)
@@ -149,6 +154,18 @@ type Node struct {
 	// etcdLeft: the node left its etcd cluster (EtcdLeaveCluster): its
 	// etcd service is stopped and its data gone until it boots again.
 	etcdLeft bool
+	// sequenceStopped: a failed upgrade sequence stopped cri and what
+	// depends on it (etcd, kubelet) and trustd, and unmounted EPHEMERAL,
+	// before its installer ran; nothing starts them again until the node
+	// reboots (v1alpha1_sequencer.go Upgrade, StopServicesEphemeral in
+	// v1alpha1_sequencer_tasks.go at v1.13.3).
+	sequenceStopped   bool
+	sequenceStoppedAt time.Time
+	// etcdPeer mirrors, for readers that hold no node lock, whether the
+	// node's etcd peers can reach it: powered, running its installed
+	// system, its services not stopped by a failed sequence (see
+	// refreshPeerLocked). etcd's membership checks read it under s.mu.
+	etcdPeer atomic.Bool
 	// applying is set while an ApplyConfiguration is processed;
 	// rebootPending once a reboot-mode apply or a Reboot was accepted.
 	applying      bool
@@ -305,8 +322,14 @@ func (n *Node) setPhaseLocked(p Phase) {
 	}
 	n.log.Debug().Str("from", string(n.phase)).Str("to", string(p)).Msg("talossim phase")
 	n.phase = p
+	n.refreshPeerLocked()
 	close(n.changed)
 	n.changed = make(chan struct{})
+}
+
+// refreshPeerLocked updates etcdPeer from the node's state; n.mu is held.
+func (n *Node) refreshPeerLocked() {
+	n.etcdPeer.Store(n.powered && n.phase == PhaseRunning && !n.sequenceStopped)
 }
 
 // after runs fn after d unless the node moved on (gen changed) or was
@@ -352,6 +375,18 @@ func (n *Node) RunsExtension(name string) bool {
 	return false
 }
 
+// ServiceStates is the state of each service as ServiceList reports it
+// now (e.g. "etcd" → "Running", "Finished"), for tests.
+func (n *Node) ServiceStates() map[string]string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string]string{}
+	for _, si := range n.servicesLocked(n.mode == serveMaintenance, time.Now()) {
+		out[si.GetId()] = si.GetState()
+	}
+	return out
+}
+
 // VMID is the VM the node runs in.
 func (n *Node) VMID() int { return n.spec.VMID }
 
@@ -375,6 +410,7 @@ func (n *Node) powerOn(installed installedSystem) {
 func (n *Node) powerOff() {
 	n.mu.Lock()
 	n.powered = false
+	n.refreshPeerLocked()
 	n.wantUp = false
 	n.gen++
 	for t := range n.timers {
@@ -391,7 +427,7 @@ func (n *Node) powerOff() {
 // system boots configured, nothing boots the ISO's maintenance mode.
 func (n *Node) bootLocked(installed installedSystem) {
 	n.gen++
-	n.etcdLeft = false
+	n.etcdLeft, n.sequenceStopped = false, false
 	n.rebootPending, n.applying = false, false
 	if installed.config == nil {
 		n.config, n.parsed = nil, nil
@@ -495,7 +531,7 @@ func (n *Node) etcdUpLocked(now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, m := s.etcdView(n.clusterIDLocked(), n.ip)
-	return m != nil && !m.readyAt.After(now)
+	return m != nil && !m.readyAt.After(now) && !n.sequenceStopped
 }
 
 // rebootLocked takes the API down for the reboot time and boots from disk.
@@ -523,7 +559,10 @@ func (n *Node) rebootLocked() {
 // FailedPrecondition), then goes down.
 func (n *Node) scheduleRebootLocked() {
 	n.rebootPending = true
-	// The reboot sequence's start sets the stage (machine_status.go).
+	// The reboot sequence's start (Controller.run publishes it:
+	// v1alpha1_controller.go at v1.13.3) sets the stage
+	// (machine_status.go).
+	n.publishEventLocked("", &machine.SequenceEvent{Sequence: "reboot", Action: machine.SequenceEvent_START})
 	n.setStageLocked(runtime.MachineStageRebooting)
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), n.rebootLocked)
 }

@@ -126,8 +126,8 @@ func (s *Sim) recoverCluster(ctx context.Context, cfg []byte, r *etcdRecovery) e
 // node was the last etcd member of its cluster, the cluster's etcd data
 // is gone and an EtcdLoser control plane is told. A member whose cluster
 // keeps other members stays in the member list, as etcd keeps a member
-// until it is removed (what a re-created node does then is not
-// simulated: it rejoins as the same member).
+// until it is removed: the re-created node, joining with an empty data
+// directory, removes it and is added under a new member ID (joinEtcd).
 func (s *Sim) WipeDisk(ip string) {
 	s.mu.Lock()
 	delete(s.installed, ip)

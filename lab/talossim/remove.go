@@ -15,47 +15,54 @@ import (
 // reconfiguration check, and the graceful reset that takes a node out of
 // its cluster and powers it off.
 
-// etcdUnhealthy is what etcd answers a member removal that would break
-// the active quorum (etcd server/v3 v3.6.5 etcdserver/errors/errors.go
-// ErrUnhealthy, relayed as rpctypes ErrGRPCUnhealthy: codes.Unavailable).
+// etcdUnhealthy is what etcd answers a member removal or addition that
+// would break the active quorum (etcd v3.6.11 server/etcdserver/errors/
+// errors.go ErrUnhealthy, relayed as api/v3rpc/rpctypes ErrGRPCUnhealthy:
+// codes.Unavailable).
 var etcdUnhealthy = status.Error(codes.Unavailable, "etcdserver: unhealthy cluster")
 
 // etcdNotEnoughStarted is etcd's answer to removing a member when the
 // members left that ever started would not be a quorum of those left,
 // the last member among them (etcdserver/api/membership/cluster.go
-// IsReadyToRemoveVotingMember; rpctypes ErrGRPCMemberNotEnoughStarted).
+// IsReadyToRemoveVotingMember at etcd v3.6.11; rpctypes
+// ErrGRPCMemberNotEnoughStarted).
 var etcdNotEnoughStarted = status.Error(codes.FailedPrecondition, "etcdserver: re-configuration failed due to not enough started members")
 
 // etcdMemberRemoved is what a removed member's etcd reports before it
-// stops (etcd server/v3 v3.6.5 etcdserver/errors/errors.go ErrMemberRemoved...
+// stops (etcd v3.6.11 server/etcdserver/errors/errors.go ErrMemberRemoved...
 // message "the member has been permanently removed from the cluster").
 const etcdMemberRemoved = "the member has been permanently removed from the cluster"
 
-// poweredIPs lists the nodes that are powered and running their installed
-// system: the members whose etcd peers can reach them. Taken before s.mu
-// (node locks come first).
-func (s *Sim) poweredIPs() map[string]bool {
+// etcdPeersUp lists the nodes whose etcd its peers can reach: powered,
+// running their installed system, their services not stopped by a failed
+// upgrade sequence (Node.etcdPeer). It takes s.mu; etcdPeersUpLocked is
+// for callers that hold it.
+func (s *Sim) etcdPeersUp() map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.etcdPeersUpLocked()
+}
+
+func (s *Sim) etcdPeersUpLocked() map[string]bool {
 	up := map[string]bool{}
-	for _, n := range s.Nodes() {
-		n.mu.Lock()
-		if n.powered && n.phase == PhaseRunning {
-			up[n.ip] = true
+	for ip, n := range s.nodes {
+		if n.etcdPeer.Load() {
+			up[ip] = true
 		}
-		n.mu.Unlock()
 	}
 	return up
 }
 
 // mayRemoveLocked is etcd's strict reconfiguration check for removing m
-// (etcd server/v3 v3.6.5 etcdserver/server.go mayRemoveMember, on by
-// default: --strict-reconfig-check): a learner goes freely; the voting
+// (etcd v3.6.11 server/etcdserver/server.go mayRemoveMember, unchanged
+// since v3.6.5; on by default: --strict-reconfig-check): a learner goes freely; the voting
 // members left that ever started must be a quorum of the voting members
 // left (so the last member never goes); a member that is down is not part
 // of the active quorum and then goes; otherwise the active voting members
 // less m must still be a quorum of the voting members less m. up lists the
-// powered nodes; s.mu is held.
+// nodes whose etcd its peers reach (etcdPeersUp); s.mu is held.
 func (c *etcdCluster) mayRemoveLocked(m *etcdMember, up map[string]bool, now time.Time) error {
-	learner := func(x *etcdMember) bool { return x.readyAt.After(now) && x.ip != c.bootstrapNode }
+	learner := func(x *etcdMember) bool { return c.learner(x, now) }
 	if learner(m) {
 		return nil
 	}
@@ -105,7 +112,7 @@ func (c *etcdCluster) removeMemberLocked(m *etcdMember) {
 func (s *Sim) leaveEtcd(ctx context.Context, clusterID, ip string) error {
 	deadline := time.Now().Add(s.scaled(5 * time.Minute))
 	for {
-		up := s.poweredIPs()
+		up := s.etcdPeersUp()
 		s.mu.Lock()
 		c := s.etcd[clusterID]
 		if c != nil && c.quorumLost {
@@ -192,7 +199,7 @@ func (a *apid) EtcdRemoveMemberByID(_ context.Context, req *machine.EtcdRemoveMe
 		return nil, err
 	}
 	s := a.n.sim
-	up := s.poweredIPs()
+	up := s.etcdPeersUp()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.etcd[clusterID]

@@ -613,7 +613,27 @@ func (n *Node) servicesLocked(maintenance bool, now time.Time) []*machine.Servic
 		kevs = append(kevs, event{"Running", "Health check successful", kubeletReady})
 		services = append(services, svc("kubelet", kevs, &machine.ServiceHealth{Healthy: true, LastChange: timestamppb.New(kubeletReady)}))
 	}
+	if n.sequenceStopped {
+		stopSequenceServices(services, n.sequenceStoppedAt)
+	}
 	return sortServices(services)
+}
+
+// stopSequenceServices marks what a failed upgrade sequence stopped:
+// StopServicesEphemeral stops cri with what depends on it (etcd, kubelet)
+// and trustd (v1alpha1_sequencer_tasks.go at v1.13.3); a service whose run
+// ended reads Finished, "Service finished successfully" (system.go
+// StartAll's runner goroutine), and is not health-checked any more (the
+// health it then reports is unverified: talossim reports unknown).
+func stopSequenceServices(services []*machine.ServiceInfo, at time.Time) {
+	for _, si := range services {
+		switch si.GetId() {
+		case "cri", "etcd", "kubelet", "trustd":
+			si.Events.Events = append(si.Events.Events, &machine.ServiceEvent{Msg: "Service finished successfully", State: "Finished", Ts: timestamppb.New(at)})
+			si.State = "Finished"
+			si.Health = &machine.ServiceHealth{Unknown: true}
+		}
+	}
 }
 
 func sortServices(services []*machine.ServiceInfo) []*machine.ServiceInfo {
@@ -666,14 +686,19 @@ func (a *apid) Kubeconfig(_ *emptypb.Empty, stream grpc.ServerStreamingServer[co
 	// (kubeconfig.GenerateAdmin), so it always answers, whether or not the
 	// API server runs yet. The simulated control plane may point it
 	// elsewhere (a test's stand-in API server).
+	n.mu.Lock()
+	cfg := n.parsed
+	n.mu.Unlock()
 	data, err := n.sim.opts.Cluster.Kubeconfig(stream.Context())
+	if err == nil {
+		// Its certificate as this node's config mints it (lifetime
+		// included: cluster.adminKubeconfig.certLifetime).
+		data, err = withConfiguredAdminCert(data, cfg)
+	} else {
+		data, err = generateAdminKubeconfig(cfg)
+	}
 	if err != nil {
-		n.mu.Lock()
-		cfg := n.parsed
-		n.mu.Unlock()
-		if data, err = generateAdminKubeconfig(cfg); err != nil {
-			return status.Error(codes.Internal, err.Error())
-		}
+		return status.Error(codes.Internal, err.Error())
 	}
 	var buf bytes.Buffer
 	gz := gzip.NewWriter(&buf)

@@ -77,6 +77,11 @@ type Profile struct {
 	// cluster that was never bootstrapped before its service fails
 	// (constants.EtcdJoinTimeout, 30 min).
 	EtcdJoinTimeout time.Duration
+	// EtcdJoinRetry: how long a control plane whose member add etcd
+	// refused waits before it asks again (services/etcd.go
+	// buildInitialCluster at v1.13.3: retry.Constant with 3 s units and
+	// 1 s of jitter; the jitter is not simulated). Zero: 3 s.
+	EtcdJoinRetry time.Duration
 }
 
 // Profiles by name.
@@ -88,6 +93,7 @@ var (
 		BootstrapReady: 0, EtcdStart: 30 * time.Millisecond, EtcdJoin: 30 * time.Millisecond,
 		KubeletReady: 40 * time.Millisecond, ApidRestart: 5 * time.Millisecond, BootSequence: 10 * time.Millisecond,
 		RebootStart: 5 * time.Millisecond, FailedInstallReboot: 10 * time.Millisecond,
+		EtcdJoinRetry: 20 * time.Millisecond,
 		// Long enough that no test waits that long before bootstrapping
 		// by accident; tests of the failure set their own.
 		EtcdJoinTimeout: time.Minute,
@@ -100,6 +106,7 @@ var (
 		KubeletReady: 30 * time.Second, CallLatency: 3 * time.Millisecond, ApplyLatency: 400 * time.Millisecond,
 		ApidRestart: 2 * time.Second, BootSequence: 15 * time.Second, RebootStart: 5 * time.Second,
 		FailedInstallReboot: 10 * time.Second, EtcdJoinTimeout: constants.EtcdJoinTimeout,
+		EtcdJoinRetry: 3 * time.Second,
 	}
 )
 
@@ -168,6 +175,9 @@ func New(opts Options) *Sim {
 	}
 	if opts.TimeScale <= 0 {
 		opts.TimeScale = 1
+	}
+	if opts.Profile.EtcdJoinRetry <= 0 {
+		opts.Profile.EtcdJoinRetry = 3 * time.Second
 	}
 	if opts.Cluster == nil {
 		opts.Cluster = NewMemoryCluster(nil)

@@ -658,7 +658,7 @@ func TestUpgradeRPC(t *testing.T) {
 		t.Fatalf("the answer comes before the pre-flight check: %v", err)
 	}
 	// The sequence's events carry the actor ID of the answer; its failure
-	// is a NOOP sequence event with a FATAL error.
+	// is its STOP, then a NOOP sequence event with a FATAL error.
 	actor := resp.GetMessages()[0].GetActorId()
 	events := make(chan client.EventResult)
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -667,7 +667,7 @@ func TestUpgradeRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	var seq []string
-	for len(seq) < 2 {
+	for len(seq) < 3 {
 		r := <-events
 		if r.Error != nil {
 			t.Fatalf("events of %s: %v (so far %v)", actor, r.Error, seq)
@@ -675,7 +675,7 @@ func TestUpgradeRPC(t *testing.T) {
 		se := r.Event.Payload.(*machine.SequenceEvent)
 		seq = append(seq, se.GetAction().String()+" "+se.GetError().GetCode().String()+" "+se.GetError().GetMessage())
 	}
-	if !strings.HasPrefix(seq[0], "START") || !strings.HasPrefix(seq[1], "NOOP FATAL sequence failed:") || !strings.Contains(seq[1], "host version 1.13.4 is too new to downgrade to Talos 1.11.5") {
+	if !strings.HasPrefix(seq[0], "START") || !strings.HasPrefix(seq[1], "STOP") || !strings.HasPrefix(seq[2], "NOOP FATAL sequence failed:") || !strings.Contains(seq[2], "host version 1.13.4 is too new to downgrade to Talos 1.11.5") {
 		t.Fatalf("events of the failed upgrade: %q", seq)
 	}
 	deadline = time.Now().Add(5 * time.Second)
@@ -689,6 +689,44 @@ func TestUpgradeRPC(t *testing.T) {
 		t.Fatalf("after a failed pre-flight check: %s %s", v, p)
 	}
 	waitStage(runtime.MachineStageRebooting)
+	// The phases before the installer's stopped cri and kubelet with it
+	// (StopServicesEphemeral); nothing starts them again before a reboot.
+	if got := services(t, wkc); got["cri"] != "Finished/unknown" || got["kubelet"] != "Finished/unknown" || got["apid"] != "Running/healthy" {
+		t.Fatalf("the worker's services after its failed upgrade: %v", got)
+	}
+
+	// A control plane's etcd and trustd stop too; a reboot starts them
+	// again, on the old version.
+	f.node(f.cp).SetFaults(talossim.Faults{UpgradeSequenceFails: 1})
+	if _, err := cp.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.4"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for f.node(f.cp).Counters().FailedUpgrades == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the control plane's upgrade sequence never failed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := services(t, cp); got["etcd"] != "Finished/unknown" || got["trustd"] != "Finished/unknown" || got["cri"] != "Finished/unknown" {
+		t.Fatalf("the control plane's services after its failed upgrade: %v", got)
+	}
+	was := f.node(f.cp).Version()
+	if _, err := cp.MachineClient.Reboot(ctx, &machine.RebootRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(f.node(f.cp), talossim.PhaseRebooting)
+	f.waitPhase(f.node(f.cp), talossim.PhaseRunning)
+	deadline = time.Now().Add(5 * time.Second)
+	for services(t, secure(t, f.cfg, f.cp))["etcd"] != "Running/healthy" {
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd not back after the reboot: %v", services(t, secure(t, f.cfg, f.cp)))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if v := f.node(f.cp).Version(); v != was {
+		t.Fatalf("the rebooted control plane runs %s, was %s", v, was)
+	}
 }
 
 // TestControlPlaneBootEndsWhenEtcdRuns: a control plane's boot sequence

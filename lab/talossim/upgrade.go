@@ -89,7 +89,13 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 	actorID := uuid.NewString()
 	n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_START})
 	n.setStageLocked(runtime.MachineStageUpgrading)
+	// The upgrading stage cordons the Node (NodeCordonedSpecController);
+	// the next boot's booting or running stage uncordons it, whether the
+	// upgrade succeeded or failed and the node was rebooted
+	// (controllers/k8s/node_cordoned_spec.go, node_apply.go
+	// ApplyCordoned at v1.13.3).
 	n.setCordonedLocked(hostname, true)
+	n.uncordonOnBoot = true
 	seqErr := installerPreflight(target, n.version)
 	if seqErr == nil && n.faults.UpgradeSequenceFails > 0 {
 		n.faults.UpgradeSequenceFails--
@@ -98,22 +104,37 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 	if err := seqErr; err != nil {
 		// The installer's pre-flight check runs inside the sequence, after
 		// the answer (cmd/installer/pkg/install/preflight.go at v1.13.3:
-		// the installer's UpgradeableFrom the host's version). The failed
-		// sequence publishes a FATAL sequence event, which turns the
-		// machine stage to rebooting (controllers/runtime/machine_status.go);
-		// the Upgrade RPC's goroutine only logs "upgrade failed", so the
-		// node keeps running its old version, cordoned, services of the
-		// sequence stopped (whether anything reboots it then is
-		// unverified: talossim leaves it).
+		// the installer's UpgradeableFrom the host's version), in its
+		// "upgrade" phase, the ninth (v1alpha1_sequencer.go Upgrade). The
+		// phases before it have run: the drain, StopAllPods, and
+		// StopServicesEphemeral, which stops cri and what depends on it
+		// (etcd, kubelet) and trustd (v1alpha1_sequencer_tasks.go), then
+		// EPHEMERAL is unmounted. Nothing starts them again: the failed
+		// sequence publishes its STOP, then a NOOP event with a FATAL
+		// error (v1alpha1_controller.go Run), which turns the machine
+		// stage to rebooting (controllers/runtime/machine_status.go); the
+		// Upgrade RPC's goroutine only logs "upgrade failed"
+		// (v1alpha1_server.go), so the node keeps running its old version,
+		// cordoned, its etcd member and kubelet down, until it is rebooted.
 		n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), func() {
 			n.counters.FailedUpgrades++
 			n.rebootPending = false
-			n.log.Warn().Err(err).Msg("talossim: upgrade failed: pre-flight checks failed")
+			n.sequenceStopped, n.sequenceStoppedAt = true, time.Now()
+			n.refreshPeerLocked()
+			// The pods were stopped (StopAllPods); what StaticPodStatus
+			// reads with kubelet stopped is unverified: talossim lists none.
+			removeStaticPods(n.cosi, hostname)
+			n.staticPods = nil
+			now := time.Now()
+			for _, id := range []string{"cri", "etcd", "kubelet"} {
+				n.serviceEventAtLocked(now, id)
+			}
+			n.log.Warn().Err(err).Msg("talossim: upgrade failed: its services stay stopped until the node reboots")
+			n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_STOP})
 			// Controller.Run publishes the failure as a NOOP sequence
 			// event with a FATAL error, its text wrapped by runPhase and
-			// the task runner (v1alpha1_controller.go; the phase number
-			// here, the upgrade phase's place in the sequence, is
-			// unverified).
+			// the task runner (v1alpha1_controller.go; the task's wording
+			// is unverified).
 			n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_NOOP,
 				Error: &common.Error{Code: common.Code_FATAL, Message: "sequence failed: error running phase 9 in upgrade sequence: task 1/1: failed, " + err.Error()}})
 			n.setStageLocked(runtime.MachineStageRebooting)
@@ -124,7 +145,6 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 		sys := n.sim.installedSystem(n.ip)
 		sys.version, sys.extensions = target, exts
 		n.sim.persist(n.ip, sys)
-		n.uncordonOnBoot = true
 		n.rebootLocked()
 	})
 	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
@@ -152,6 +172,7 @@ func installerPreflight(target, host string) error {
 // cluster: member count and every member's etcd up on a running node.
 func (s *Sim) validateEtcdForUpgrade(clusterID, selfIP string, now time.Time) error {
 	s.mu.Lock()
+	peers := s.etcdPeersUpLocked()
 	c := s.etcd[clusterID]
 	var members []*etcdMember
 	if c != nil {
@@ -167,11 +188,10 @@ func (s *Sim) validateEtcdForUpgrade(clusterID, selfIP string, now time.Time) er
 		if !m.started(now) {
 			return fmt.Errorf("etcd member %016x is not started, all members must be running to perform an upgrade", m.id)
 		}
-		// The asking node runs (its lock is held); the others are asked.
-		up := m.ip == selfIP
-		if node, ok := s.Node(m.ip); ok && !up {
-			up = node.Phase() == PhaseRunning
-		}
+		// The asking node runs (its lock is held); the others' etcd is
+		// reachable when their node runs with its services
+		// (etcdPeersUp: a failed upgrade sequence stopped them).
+		up := m.ip == selfIP || peers[m.ip]
 		if !up || m.readyAt.After(now) {
 			return fmt.Errorf("etcd member %016x is not healthy; all members must be healthy to perform an upgrade: context deadline exceeded", m.id)
 		}
@@ -268,7 +288,7 @@ func (a *apid) ImagePull(_ context.Context, req *machine.ImagePullRequest) (*mac
 	n := a.n
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if a.mode == serveMaintenance || !n.criUpLocked(time.Now()) {
+	if a.mode == serveMaintenance || !n.criUpLocked(time.Now()) || n.sequenceStopped {
 		return nil, status.Errorf(codes.Unavailable, "error connecting to containerd: containerd is not running")
 	}
 	ref := req.GetReference()
