@@ -11,6 +11,8 @@ require (
 	github.com/cosi-project/runtime v1.14.1
 	github.com/distribution/distribution/v3 v3.1.1
 	github.com/distribution/reference v0.6.0
+	github.com/emersion/go-sasl v0.0.0-20241020182733-b788ff22d5a6
+	github.com/emersion/go-smtp v0.25.1
 	github.com/fluxcd/cli-utils v1.2.3
 	github.com/fluxcd/flux2/v2 v2.9.5
 	github.com/fluxcd/helm-controller/api v1.6.4
@@ -29,6 +31,7 @@ require (
 	github.com/joshdk/go-junit v1.0.0
 	github.com/mattn/go-isatty v0.0.22
 	github.com/minio/minio-go/v7 v7.4.1
+	github.com/nicholas-fedor/shoutrrr v0.13.2
 	github.com/posener/complete v1.2.3
 	github.com/prometheus/client_model v0.6.2
 	github.com/prometheus/common v0.70.0
@@ -283,7 +286,7 @@ require (
 	github.com/siderolabs/protoenc v0.2.4 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
 	github.com/skeema/knownhosts v1.3.1 // indirect
-	github.com/spf13/cast v1.7.0 // indirect
+	github.com/spf13/cast v1.10.0 // indirect
 	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/spiffe/go-spiffe/v2 v2.8.1 // indirect

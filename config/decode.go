@@ -148,6 +148,9 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 // pointed message instead of a plain "unknown field".
 var secretKeys = map[string]bool{"tokensecret": true, "secret": true, "password": true, "token": true, "apitoken": true}
 
+// notifyURLKeys are where someone might write notification URLs inline.
+var notifyURLKeys = map[string]bool{"urls": true, "url": true, "services": true, "targets": true}
+
 // s3SecretKeys are the names an S3 key pair goes by in other tools.
 var s3SecretKeys = map[string]bool{"accesskey": true, "secretkey": true, "accesskeyid": true, "secretaccesskey": true,
 	"aws_access_key_id": true, "aws_secret_access_key": true}
@@ -180,6 +183,10 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 func (d *decoder) unknown(k *yaml.Node, path, sub string, fields map[string]int) {
 	if path == "backup.s3" && (s3SecretKeys[strings.ToLower(k.Value)] || secretKeys[strings.ToLower(k.Value)]) {
 		d.fail(k, sub, "S3 keys are never read from the config file: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or point backup.s3.credentialsFile at a 0600 AWS shared credentials file")
+		return
+	}
+	if path == "postcheck.notify" && notifyURLKeys[strings.ToLower(k.Value)] {
+		d.fail(k, sub, "notification URLs carry their services' credentials and are never read from the config file: put them, one per line, in a 0600 file named by postcheck.notify.urlsFile, or in the environment variable postcheck.notify.urlsEnv names")
 		return
 	}
 	if secretKeys[strings.ToLower(k.Value)] {

@@ -236,6 +236,15 @@ type Postcheck struct {
 	Keep           int      `yaml:"keep" doc:"Postcheck archives to keep."`
 	CertWarnDays   int      `yaml:"certWarnDays" doc:"Warn when a client certificate expires within this many days."`
 	PrometheusFile string   `yaml:"prometheusFile" path:"file" doc:"Optional textfile-collector file to write metrics to."`
+	Notify         Notify   `yaml:"notify" doc:"Tell people when the result changes: notification URLs (ntfy, Gotify, Discord, Slack, Telegram, Matrix, email, webhooks)."`
+}
+
+// Notify names where the nightly's result is sent. The URLs carry the
+// services' credentials: by reference only, never in this file.
+type Notify struct {
+	URLsFile     string `yaml:"urlsFile" path:"file" secret:"file" doc:"File (0600) with notification URLs in shoutrrr's forms, one per line (# comments): ntfy://, gotify://, discord://, slack://, telegram://, matrix://, smtp://, generic+https://. Sent when the result changes (fail after pass, pass after fail)."`
+	URLsEnv      string `yaml:"urlsEnv" doc:"Name of an environment variable holding the notification URLs (space or newline separated), instead of urlsFile."`
+	EveryFailure bool   `yaml:"everyFailure" doc:"Also notify on every failed night, not only when the result changes."`
 }
 
 // Backup keeps etcd snapshots under ai/state/<cluster>/etcd/.

@@ -695,6 +695,7 @@ func (v *validator) postcheck() {
 	}
 	v.positive("backup.maxAge", v.c.Backup.MaxAge)
 	v.backupCopy()
+	v.notify()
 	if v.c.State.KeepRuns < 1 {
 		v.errf("state.keepRuns", "must be at least 1, got %d", v.c.State.KeepRuns)
 	}

@@ -74,6 +74,9 @@ type Options struct {
 	KeepKubeData bool
 	// OnNodeBoot sees every Talos node as its VM starts (to inject faults).
 	OnNodeBoot func(*talossim.Node)
+	// NodeMonitorGracePeriod is how long a node may miss heartbeats
+	// before it turns NotReady (lab.Options; the lab's default when zero).
+	NodeMonitorGracePeriod time.Duration
 	// Log receives the lab's own lines (keep it out of a test's output:
 	// a file is best).
 	Log zerolog.Logger
@@ -105,7 +108,7 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
 		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, ProxmoxVersion: o.ProxmoxVersion, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion, FluxVersion: o.FluxVersion,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
-		OnNodeBoot: o.OnNodeBoot, Log: o.Log,
+		OnNodeBoot: o.OnNodeBoot, Log: o.Log, NodeMonitorGracePeriod: o.NodeMonitorGracePeriod,
 	})
 	if err != nil {
 		return nil, err

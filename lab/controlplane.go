@@ -69,6 +69,10 @@ type ControlPlane struct {
 	// MirrorSyncTime); mirrorShownAt when that was.
 	mirrorShown   time.Duration
 	mirrorShownAt time.Time
+
+	// snapshotFault, when set, is what etcd answers a snapshot with
+	// (FailEtcdSnapshots).
+	snapshotFault error
 }
 
 type mirrorReport struct {
@@ -419,11 +423,28 @@ func (c *ControlPlane) SetCordoned(ctx context.Context, nodeName string, cordone
 // EtcdSnapshot implements talossim.EtcdSnapshotter with the real etcd's
 // own snapshot.
 func (c *ControlPlane) EtcdSnapshot(ctx context.Context) (io.ReadCloser, error) {
+	c.mu.Lock()
+	fault := c.snapshotFault
+	c.mu.Unlock()
+	if fault != nil {
+		return nil, fault
+	}
 	kc, err := c.Cluster()
 	if err != nil {
 		return nil, err
 	}
 	return kc.EtcdSnapshot(ctx)
+}
+
+// FailEtcdSnapshots makes every etcd snapshot fail with err until it is
+// called with nil: a test's stand-in for an etcd whose snapshot stream
+// breaks. Talos relays the error as "failed reading etcd snapshot: …"
+// (talossim EtcdSnapshot); what real etcd answers on a broken stream is
+// unverified, so err is the test's own text.
+func (c *ControlPlane) FailEtcdSnapshots(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.snapshotFault = err
 }
 
 // Cluster returns the running control plane, or why there is none.

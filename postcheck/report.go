@@ -23,8 +23,9 @@ import (
 
 // SchemaVersion versions report.json; docs/report.schema.json describes
 // it. 2: flux_objects' readiness keys are snake_case (ready, revision,
-// detail, handled_request), as every other key.
-const SchemaVersion = 2
+// detail, handled_request), as every other key. 3: a check that did not
+// pass carries next, what to do about it.
+const SchemaVersion = 3
 
 // Report is the outcome of one postcheck.
 type Report struct {
@@ -56,17 +57,20 @@ type Report struct {
 
 // CheckReport is one check in report.json.
 type CheckReport struct {
-	Name            string       `json:"name"`
-	Status          check.Status `json:"status"`
-	Reason          string       `json:"reason"`
-	DurationSeconds float64      `json:"duration_seconds"`
+	Name   string       `json:"name"`
+	Status check.Status `json:"status"`
+	Reason string       `json:"reason"`
+	// Next is what to do about a check that did not pass: the command to
+	// run or the place to look (Next).
+	Next            string  `json:"next,omitempty"`
+	DurationSeconds float64 `json:"duration_seconds"`
 }
 
 // NewReport builds a report from check results.
 func NewReport(cluster string, started time.Time, duration time.Duration, results []check.Result) Report {
 	r := Report{SchemaVersion: SchemaVersion, Cluster: cluster, Started: started.UTC(), DurationSeconds: duration.Seconds(), Overall: check.Overall(results)}
 	for _, res := range results {
-		r.Checks = append(r.Checks, CheckReport{Name: res.Name, Status: res.Status, Reason: res.Reason, DurationSeconds: res.Duration.Seconds()})
+		r.Checks = append(r.Checks, CheckReport{Name: res.Name, Status: res.Status, Reason: res.Reason, Next: Next(cluster, res.Name, res.Status), DurationSeconds: res.Duration.Seconds()})
 	}
 	return r
 }

@@ -56,7 +56,7 @@ func TestReportJSON(t *testing.T) {
 			t.Fatalf("report.json lacks %s", k)
 		}
 	}
-	if m["overall"] != "fail" || m["schema_version"].(float64) != 2 || len(m["checks"].([]any)) != 3 {
+	if m["overall"] != "fail" || m["schema_version"].(float64) != 3 || len(m["checks"].([]any)) != 3 {
 		t.Fatalf("report: %s", b)
 	}
 }
@@ -239,14 +239,72 @@ func TestCertExpiryWarns(t *testing.T) {
 		{now.Add(10 * 24 * time.Hour), check.Warn, "expires 2026-12-01 (in 10 days)"},
 		{now.Add(-24 * time.Hour), check.Fail, "expired: kubeconfig admin cert expires 2026-11-20"},
 	}
-	// The command that renews both, in the talos stage's last 30 days.
-	const renew = "run `bootstrap run --stage talos` to renew them"
+	// The command that renews both, in the talos stage's last 30 days, is
+	// the row's next step.
+	const renew = "bootstrap run --stage talos renews"
 	for _, tc := range cases {
 		p := writeKubeconfig(t, t.TempDir(), selfSigned(t, tc.notAfter))
 		c := &checker{o: Options{KubeconfigPath: p, CertWarnDays: 30, Now: func() time.Time { return now }}}
 		st, reason := c.certs(t.Context())
-		if st != tc.want || !strings.Contains(reason, tc.reason) || strings.Contains(reason, renew) != (st != check.Pass) {
+		if st != tc.want || !strings.Contains(reason, tc.reason) || strings.Contains(Next("c", CheckCerts, st), renew) != (st != check.Pass) {
 			t.Errorf("notAfter %s: got %s %q", tc.notAfter, st, reason)
+		}
+	}
+}
+
+// A row that did not pass says what to do next, and a reason quoting a
+// multi-line message stays on its row.
+func TestRowsSayWhatToDoNext(t *testing.T) {
+	res := []check.Result{
+		{Name: CheckFlux, Status: check.Fail, Reason: "GitRepository not Ready (GitOperationFailed: unable to list remote:\nauthentication required)"},
+		{Name: CheckKubeconfig, Status: check.Pass, Reason: "API answers"},
+		{Name: CheckEtcdBackup, Status: check.Warn, Reason: "no verified remote copy"},
+	}
+	var out bytes.Buffer
+	if err := check.Table(&out, WithNext("homelab", res)); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 5 || !strings.Contains(lines[1], "unable to list remote: authentication required) → next: flux get sources git -A") ||
+		strings.Contains(lines[2], "next:") || !strings.Contains(lines[3], "→ next: bootstrap backup takes one now") || !strings.Contains(lines[3], "ls ai/state/homelab/etcd/") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	rep := NewReport("homelab", time.Now(), time.Second, res)
+	for i, c := range rep.Checks {
+		if (c.Next == "") != (res[i].Status == check.Pass) {
+			t.Errorf("%s: next %q", c.Name, c.Next)
+		}
+	}
+	for _, name := range append([]string{CheckArchive}, checkNames()...) {
+		if Next("homelab", name, check.Fail) == "" {
+			t.Errorf("%s has no next step", name)
+		}
+	}
+}
+
+func checkNames() []string {
+	var out []string
+	for _, c := range Checks(Options{}) {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+// README's "What each check catches" has a row for every check (the
+// e2e fault matrix proves each row).
+func TestReadmeListsEveryCheck(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "### What each check catches")
+	section, _, _ = strings.Cut(section, "\n### ")
+	if !ok {
+		t.Fatal("README has no section \"What each check catches\"")
+	}
+	for _, name := range append(checkNames(), CheckArchive) {
+		if !strings.Contains(section, "\n| `"+name+"` |") {
+			t.Errorf("README's matrix has no row for %s", name)
 		}
 	}
 }

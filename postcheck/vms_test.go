@@ -32,7 +32,7 @@ func TestVMRowReportsPlacement(t *testing.T) {
 		t.Errorf("one host: %s %s", st, why)
 	}
 	c.o.Proxmox = vmState{NotRunning: []string{"cp-2 (vmid 702, stopped)"}}
-	if st, _ := c.vms(context.Background()); st != check.Warn {
-		t.Errorf("a stopped VM: %s", st)
+	if st, why := c.vms(context.Background()); st != check.Fail || !strings.Contains(why, "cp-2 (vmid 702, stopped)") {
+		t.Errorf("a stopped VM: %s %s", st, why)
 	}
 }

@@ -7,9 +7,12 @@
 #   openssh-client   the lab's SSH git server is tested with the real ssh client
 #   nfs-ganesha, nfs-ganesha-vfs, rpcbind
 #                    the real NFS server the NFS export probe is tested against
+#   chromium, fonts-dejavu-core
+#                    the postcheck's history page is rendered in a real
+#                    browser (headless) and its screenshot checked
 set -euo pipefail
 
-packages=(git openssh-client nfs-ganesha nfs-ganesha-vfs rpcbind)
+packages=(git openssh-client nfs-ganesha nfs-ganesha-vfs rpcbind chromium fonts-dejavu-core)
 
 installed() {
 	if command -v dpkg-query >/dev/null; then
@@ -23,6 +26,8 @@ installed() {
 	nfs-ganesha) command -v ganesha.nfsd >/dev/null ;;
 	nfs-ganesha-vfs) compgen -G '/usr/lib*/**/ganesha/libfsalvfs.so' >/dev/null || compgen -G '/usr/lib*/ganesha/libfsalvfs.so' >/dev/null ;;
 	rpcbind) command -v rpcbind >/dev/null || [[ -x /usr/sbin/rpcbind || -x /sbin/rpcbind ]] ;;
+	chromium) command -v chromium >/dev/null ;;
+	fonts-dejavu-core) compgen -G '/usr/share/fonts/**/DejaVuSans.ttf' >/dev/null || compgen -G '/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf' >/dev/null ;;
 	esac
 }
 

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/factory"
+	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/notify"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/state"
 )
@@ -34,6 +37,7 @@ func (PostcheckStage) Name() string { return Postcheck }
 func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 	cfg := env.Config
 	start := env.now()
+	var archiveErr error
 	ctx, cancel := context.WithTimeout(ctx, cfg.Postcheck.Timeout.D())
 	defer cancel()
 
@@ -59,17 +63,23 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 			opts.Extensions = append(opts.Extensions, factory.ManifestName(e))
 		}
 	}
-	results := check.RunAll(ctx, postcheck.Checks(opts), 4)
+	checks := append(postcheck.Checks(opts), check.Check{Name: postcheck.CheckArchive, Run: func(context.Context) (check.Status, string) {
+		return archiveWritable(env)
+	}})
+	results := check.RunAll(ctx, checks, 4)
 	report := postcheck.NewReport(cfg.Cluster.Name, start, env.now().Sub(start), results)
 	report.TalosVersions, report.WantTalos = opts.Observed.TalosVersions, cfg.Cluster.TalosVersion
 	report.KubeletVersions, report.APIServerVersion, report.WantKubernetes = opts.Observed.KubeletVersions, opts.Observed.APIServerVersion, cfg.Cluster.KubernetesVersion
 	report.NewestBackup = opts.Observed.NewestBackup
 	report.FluxObjects = opts.Observed.FluxObjects
 	report.Extensions = opts.Observed.Extensions
-	if err := check.Table(env.Out, results); err != nil {
+	// What a person reads (the table, the log) says what to do next on
+	// each row that did not pass; report.json carries it as next.
+	shown := postcheck.WithNext(cfg.Cluster.Name, results)
+	if err := check.Table(env.Out, shown); err != nil {
 		return err
 	}
-	for _, r := range results {
+	for _, r := range shown {
 		ev := env.Log.Debug()
 		if r.Status == check.Fail {
 			ev = env.Log.Error()
@@ -86,7 +96,10 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		defer acancel()
 		archive, err := writePostcheckArchive(actx, env, report)
 		if err != nil {
-			env.UI.Warn("postcheck archive not written: %v", err)
+			// The night's evidence is lost: the run fails, even when
+			// every check passed (the archive row could write a moment
+			// ago, so this is rare: the disk filled up in between).
+			archiveErr = fmt.Errorf("postcheck archive not written: %w", err)
 		} else {
 			env.UI.OK("postcheck archived to %s", archive)
 		}
@@ -95,16 +108,56 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 				env.UI.Warn("Prometheus textfile %s not written: %v", p, err)
 			}
 		}
+		// The history page: the last nights at a glance, rewritten each
+		// night from the archives kept (this one included).
+		page, err := postcheck.WriteHistory(filepath.Join(env.Paths.StateDir, "postcheck"), cfg.Cluster.Name, env.now())
+		if err != nil {
+			env.UI.Warn("postcheck history page not written: %v", err)
+			page = ""
+		} else {
+			env.UI.OK("postcheck history: %s", page)
+		}
+		var prev check.Status
+		if pc := env.State.Outputs.Postcheck; pc != nil {
+			prev = check.Status(pc.Overall)
+		}
+		notifyNight(env, prev, report, archive, page)
 		env.State.Outputs.Postcheck = &state.Postcheck{
 			Overall: string(report.Overall), Started: report.Started, DurationSeconds: report.DurationSeconds,
 			Passed: check.Count(results, check.Pass), Warned: check.Count(results, check.Warn), Failed: check.Count(results, check.Fail),
-			Archive: archive,
+			Archive: archive, Page: page,
 		}
 	}
 	if n := check.Count(results, check.Fail); n > 0 {
 		return fmt.Errorf("%d of %d postcheck(s) failed", n, len(results))
 	}
-	return nil
+	return archiveErr
+}
+
+// archiveWritable is the archive row: the directory the night's archive
+// goes to takes a file now (created if missing, a probe written, synced
+// and removed), so a state directory that is not a directory, read-only
+// or full fails the night instead of losing its evidence quietly.
+func archiveWritable(env *Env) (check.Status, string) {
+	dir := filepath.Join(env.Paths.StateDir, "postcheck")
+	if env.DryRun {
+		return check.Passf("not probed in a dry run (it writes nothing); archives go to %s", dir)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return check.Failf("the archive cannot be written: %v", err)
+	}
+	f, err := os.CreateTemp(dir, ".probe-*")
+	if err != nil {
+		return check.Failf("the archive cannot be written to %s: %v", dir, err)
+	}
+	_, werr := f.Write([]byte("probe\n"))
+	serr := f.Sync()
+	cerr := f.Close()
+	_ = os.Remove(f.Name())
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		return check.Failf("the archive cannot be written to %s: %v", dir, err)
+	}
+	return check.Passf("archives go to %s (keeping %d)", dir, env.Config.Postcheck.Keep)
 }
 
 // writePostcheckArchive stores the reports, this run's log and the evidence
@@ -135,4 +188,41 @@ func writePostcheckArchive(ctx context.Context, env *Env, report postcheck.Repor
 		env.UI.Warn("pruning old postcheck archives: %v", err)
 	}
 	return path, nil
+}
+
+// notifyNight sends the night's result to postcheck.notify's URLs when it
+// changed (or on every failure with everyFailure). A notification that
+// cannot be sent is a warning: the night's verdict stands, and the next
+// change is sent again.
+func notifyNight(env *Env, prev check.Status, report postcheck.Report, archive, page string) {
+	n := env.Config.Postcheck.Notify
+	if n.URLsFile == "" && n.URLsEnv == "" {
+		return
+	}
+	urls, err := env.Config.NotifyURLs()
+	if err != nil {
+		env.UI.Warn("notifications not sent: %v", err)
+		return
+	}
+	if len(urls) == 0 {
+		env.UI.Warn("notifications not sent: %s names no URL", n.URLsEnv)
+		return
+	}
+	if !postcheck.ShouldNotify(prev, report, n.EveryFailure) {
+		env.Log.Debug().Str("previous", string(prev)).Str("overall", string(report.Overall)).Msg("result unchanged: no notification")
+		return
+	}
+	title, body := postcheck.Message(report, archive, page)
+	if env.Secrets != nil {
+		// The reasons went through the log's masking; the message goes
+		// elsewhere, so through the same set.
+		title, body = env.Secrets.String(title), env.Secrets.String(body)
+	}
+	for _, r := range notify.Send(urls, title, body) {
+		if r.Err != nil {
+			env.UI.Warn("%s not sent: %v", r.Label, r.Err)
+			continue
+		}
+		env.UI.OK("%s sent (%s)", r.Label, wait.Round(r.Took))
+	}
 }

@@ -333,10 +333,23 @@ func TestPostcheckCriteriaOnTheLab(t *testing.T) {
 		p.expectOnly(rep, err, "", "")
 	})
 
-	// Retention: postcheck.keep archives and no more.
-	dirs, _ := os.ReadDir(filepath.Join(cfg.Paths().StateDir, "postcheck"))
+	// Retention: postcheck.keep archives and no more; beside them the
+	// history page, which shows exactly those.
+	entries, _ := os.ReadDir(filepath.Join(cfg.Paths().StateDir, "postcheck"))
+	var dirs []string
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, e.Name())
+		} else if e.Name() != postcheck.HistoryPage {
+			t.Errorf("postcheck/ holds %s", e.Name())
+		}
+	}
 	if p.runs < 3 || len(dirs) != 2 {
 		t.Errorf("%d postchecks left %d archives, want 2", p.runs, len(dirs))
+	}
+	nights, err := postcheck.ReadNights(filepath.Join(cfg.Paths().StateDir, "postcheck"), postcheck.HistoryNights)
+	if err != nil || len(nights) != 2 || p.st.Outputs.Postcheck.Page == "" {
+		t.Errorf("the history page shows %d nights (%v), page %q", len(nights), err, p.st.Outputs.Postcheck.Page)
 	}
 
 	// Cron overlap: a nightly postcheck while a run holds the lock exits 3.

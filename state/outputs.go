@@ -117,4 +117,7 @@ type Postcheck struct {
 	Warned          int       `json:"warned"`
 	Failed          int       `json:"failed"`
 	Archive         string    `json:"archive,omitempty"`
+	// Page is the history page the postcheck rewrote
+	// (ai/state/<cluster>/postcheck/index.html).
+	Page string `json:"page,omitempty"`
 }

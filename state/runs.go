@@ -92,7 +92,9 @@ func KeepNewest(parent string, keep int) ([]string, error) {
 	}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
-		if e.Name()[0] != '.' {
+		// Only the timestamped directories count: a file beside them
+		// (the postcheck's index.html) is not an archive.
+		if e.Name()[0] != '.' && e.IsDir() {
 			names = append(names, e.Name())
 		}
 	}

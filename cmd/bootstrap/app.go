@@ -17,6 +17,7 @@ import (
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
+	"github.com/homelab/bootstrap/notify"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
 	"github.com/homelab/bootstrap/ui"
@@ -171,6 +172,20 @@ func secretsOf(cfg *config.Config) *redact.Set {
 	}
 	for _, v := range cfg.CredentialValues() {
 		s.Add(v)
+	}
+	// Notification URLs (from a file or the environment) carry tokens in
+	// any of their parts.
+	if urls, err := cfg.NotifyURLs(); err == nil {
+		for _, u := range urls {
+			for _, v := range notify.Secrets(u) {
+				// A topic named after the cluster would mask the
+				// cluster's name in every line: the URL itself is
+				// masked whole.
+				if v != cfg.Cluster.Name {
+					s.Add(v)
+				}
+			}
+		}
 	}
 	// Validate refuses these; masked too for whatever prints the config
 	// before or without validating it.

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
 )
@@ -212,6 +213,9 @@ func writeStatus(w io.Writer, r statusReport) error {
 		fmt.Fprintf(w, "\nLast postcheck: %s at %s (%d passed, %d warnings, %d failed)\n", strings.ToUpper(pc.Overall), pc.Started.Local().Format("2006-01-02 15:04:05"), pc.Passed, pc.Warned, pc.Failed)
 		if pc.Archive != "" {
 			fmt.Fprintf(w, "  archive %s\n", pc.Archive)
+		}
+		if pc.Page != "" {
+			fmt.Fprintf(w, "  history %s (the last %d nights; open it in a browser)\n", pc.Page, postcheck.HistoryNights)
 		}
 	}
 	if r.LastRun != nil {

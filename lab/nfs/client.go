@@ -62,7 +62,25 @@ var mountStatusNames = map[uint32]string{1: "MNT3ERR_PERM", 2: "MNT3ERR_NOENT", 
 // Status is an NFSv3 error status (nfsstat3).
 type Status uint32
 
-func (s Status) Error() string { return "NFS3 status " + strconv.Itoa(int(s)) }
+func (s Status) Error() string {
+	if name, ok := statusNames[s]; ok {
+		return name
+	}
+	return "NFS3 status " + strconv.Itoa(int(s))
+}
+
+// statusNames are RFC 1813's nfsstat3 names of the statuses a provisioner
+// meets, with what the kernel client turns each into (so a lab message
+// reads as a pod's would).
+var statusNames = map[Status]string{
+	1:  "operation not permitted (NFS3ERR_PERM)",
+	2:  "no such file or directory (NFS3ERR_NOENT)",
+	13: "permission denied (NFS3ERR_ACCES)",
+	17: "file exists (NFS3ERR_EXIST)",
+	28: "no space left on device (NFS3ERR_NOSPC)",
+	30: "read-only file system (NFS3ERR_ROFS)",
+	70: "stale file handle (NFS3ERR_STALE)",
+}
 
 // Is lets errors.Is(err, fs.ErrNotExist) and fs.ErrExist match.
 func (s Status) Is(target error) bool {

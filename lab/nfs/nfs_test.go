@@ -210,3 +210,56 @@ func sourcePortsTo(t *testing.T, port int) []int {
 	}
 	return out
 }
+
+// Root squash: root's mount acts as the anonymous user, who may not create
+// in a root-owned 0755 export, may in a 0777 one (and owns what it made);
+// a withdrawn export refuses the mount. Both undo cleanly.
+func TestRootSquashAndWithdrawnExport(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("root squash is about what root may do: run as root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "export")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, nfs.Options{Dir: dir})
+	mkdir := func(name string) error {
+		m, err := nfs.Dial(ctx, s.Host(), s.Port(), nfs.DefaultExportPath)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		return m.MkdirAll(ctx, name, 0o777)
+	}
+	s.SetRootSquash(true)
+	if err := mkdir("pv-1"); err == nil || !strings.Contains(err.Error(), "permission denied (NFS3ERR_ACCES)") {
+		t.Errorf("root squashed into a 0755 root-owned export: %v", err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := mkdir("pv-2/data"); err != nil {
+		t.Fatalf("squashed into a 0777 export: %v", err)
+	}
+	for _, p := range []string{"pv-2", "pv-2/data"} {
+		st, err := os.Stat(filepath.Join(dir, p))
+		if err != nil || !strings.HasSuffix(ownerOf(st), strconv.Itoa(nfs.Anonymous)) {
+			t.Errorf("%s: %v, owner %s", p, err, ownerOf(st))
+		}
+	}
+	os.Chmod(dir, 0o755)
+	s.SetRootSquash(false)
+	if err := mkdir("pv-3"); err != nil {
+		t.Errorf("no squash: %v", err)
+	}
+	s.SetExported(false)
+	if err := mkdir("pv-4"); err == nil || !strings.Contains(err.Error(), "MNT3ERR_ACCES") {
+		t.Errorf("withdrawn export: %v", err)
+	}
+	s.SetExported(true)
+	if err := mkdir("pv-4"); err != nil {
+		t.Errorf("exported again: %v", err)
+	}
+}

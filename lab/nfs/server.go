@@ -58,6 +58,10 @@ type Server struct {
 
 	mu     sync.Mutex
 	mounts int
+	// unexported: the export was withdrawn (SetExported); rootSquash:
+	// root acts as the anonymous user (SetRootSquash).
+	unexported bool
+	rootSquash bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -123,6 +127,20 @@ func (s *Server) Mounts() int {
 	return s.mounts
 }
 
+// SetExported withdraws the export (false) or exports it again (true), as
+// exportfs -u and exportfs -a do on a kernel server: while withdrawn every
+// MOUNT of it is refused as a path that is not exported (MNT3ERR_ACCES;
+// the exact status Linux mountd answers for a withdrawn export is
+// unverified). Mounts already made keep their file handles here, where a
+// kernel server would answer them NFS3ERR_STALE: the product's clients
+// mount afresh for each volume.
+func (s *Server) SetExported(exported bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unexported = !exported
+	s.log.Info().Bool("exported", exported).Str("export", s.export).Msg("export changed")
+}
+
 // Close stops listening (connections already open are cut when their
 // clients go) and removes the export dir if Start created it.
 func (s *Server) Close() error {
@@ -145,7 +163,7 @@ func (s *Server) Close() error {
 }
 
 // exportHandler answers MOUNT for the export path and directories below it,
-// with AUTH_NULL and AUTH_UNIX accepted and no squashing.
+// with AUTH_NULL and AUTH_UNIX accepted, squashing root when told to.
 type exportHandler struct {
 	server *Server
 }
@@ -154,8 +172,14 @@ func (h *exportHandler) Mount(_ context.Context, conn net.Conn, req gonfs.MountR
 	s := h.server
 	p := path.Clean("/" + string(req.Dirpath))
 	remote := conn.RemoteAddr().String()
+	s.mu.Lock()
+	unexported := s.unexported
+	s.mu.Unlock()
 	var rel string
 	switch {
+	case unexported:
+		s.log.Warn().Str("client", remote).Str("path", p).Msg("mount refused: the export is withdrawn")
+		return gonfs.MountStatusErrAcces, h.refused(), nil
 	case p == s.export:
 	case strings.HasPrefix(p, s.export+"/"):
 		rel = strings.TrimPrefix(p, s.export+"/")
@@ -175,7 +199,11 @@ func (h *exportHandler) Mount(_ context.Context, conn net.Conn, req gonfs.MountR
 	s.mounts++
 	s.mu.Unlock()
 	s.log.Debug().Str("client", remote).Str("path", p).Msg("mounted")
-	return gonfs.MountStatusOk, changeFS{osfs.New(dir)}, []gonfs.AuthFlavor{gonfs.AuthFlavorNull, gonfs.AuthFlavorUnix}
+	var fs billy.Filesystem = changeFS{osfs.New(dir)}
+	if s.squashed(req.Header.Cred) {
+		fs = squashFS{changeFS{osfs.New(dir)}}
+	}
+	return gonfs.MountStatusOk, fs, []gonfs.AuthFlavor{gonfs.AuthFlavorNull, gonfs.AuthFlavorUnix}
 }
 
 // refused is the filesystem returned with a failed mount: go-nfs asks for a
