@@ -81,7 +81,7 @@ func N100() Profile {
 		// An estimate, not a measurement: qemu-img convert of the 1246 MiB
 		// nocloud image (mostly unallocated clusters, written as zeroes
 		// onto a thin volume) at about 400 MiB/s on the N100's NVMe: 3.1 s.
-		ImportPerMiB: 2500 * time.Microsecond,
+		ImportPerMiB:   2500 * time.Microsecond,
 		AuthFailure:    3 * time.Second,
 		LockTimeout:    10 * time.Second,
 		RRDInterval:    10 * time.Second,
