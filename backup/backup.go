@@ -404,23 +404,16 @@ type nopWriteCloser struct{ io.Writer }
 
 func (nopWriteCloser) Close() error { return nil }
 
-// ParseRecipients parses age recipients (age1… X25519 public keys).
+// ParseRecipients parses age recipients: X25519 (age1…) or post-quantum
+// (age1pq1…), not both kinds (sealed.ParseRecipients).
 func ParseRecipients(keys []string) ([]age.Recipient, error) {
-	var out []age.Recipient
-	for _, k := range keys {
-		r, err := age.ParseX25519Recipient(k)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, nil
+	return sealed.ParseRecipients(keys)
 }
 
 // Decrypt writes the plaintext of an age-encrypted copy (src, name ending
 // in .age) into dir as a 0600 temp file and returns its path; the caller
-// removes it. identityFile holds age identities (AGE-SECRET-KEY-1…
-// lines, as age-keygen writes them).
+// removes it. identityFile holds age identities (AGE-SECRET-KEY-1… or
+// AGE-SECRET-KEY-PQ-1… lines, as age-keygen and age-keygen -pq write them).
 func Decrypt(src, identityFile, dir string) (string, error) {
 	kf, err := os.Open(identityFile)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path"
@@ -24,14 +25,22 @@ type S3Options struct {
 	// Endpoint is https://host[:port] (or http:// on a trusted network).
 	Endpoint string
 	Bucket   string
-	// Prefix is prepended to every key (e.g. homelab/etcd/).
+	// Prefix is prepended to every key as it is (homelab/etcd/ puts copies
+	// "in" homelab/etcd; homelab/etcd- names them homelab/etcd-<time>…).
 	Prefix string
 	Region string
-	// PathStyle addresses the bucket as <endpoint>/<bucket>.
-	PathStyle            bool
-	AccessKey, SecretKey string
+	// PathStyle addresses the bucket as <endpoint>/<bucket>; false as
+	// <bucket>.<host> (virtual-hosted), whatever the host.
+	PathStyle bool
+	// AccessKey and SecretKey sign every request, with SessionToken for
+	// temporary credentials; CredentialsSource says where they came from,
+	// for messages.
+	AccessKey, SecretKey, SessionToken string
+	CredentialsSource                  string
 	// CAFile holds PEM CA certificates trusted besides the system's.
 	CAFile string
+	// Now is the clock copies' names are compared with (time.Now when nil).
+	Now func() time.Time
 }
 
 // S3 is a bucket that holds copies of kept snapshots (and of the secrets
@@ -39,6 +48,9 @@ type S3Options struct {
 type S3 struct {
 	c              *minio.Client
 	bucket, prefix string
+	// credentials names where the keys came from, for messages.
+	credentials string
+	now         func() time.Time
 	// partSize is minio-go's multipart part size (0: its default, 16 MiB
 	// and up): a copy larger than one part goes up in parts.
 	partSize uint64
@@ -54,8 +66,7 @@ func NewS3(o S3Options) (*S3, error) {
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("S3 endpoint %q: want https://host[:port]", o.Endpoint)
 	}
-	secure := u.Scheme == "https"
-	tr, err := minio.DefaultTransport(secure)
+	tr, err := minio.DefaultTransport(u.Scheme == "https")
 	if err != nil {
 		return nil, err
 	}
@@ -73,18 +84,31 @@ func NewS3(o S3Options) (*S3, error) {
 		}
 		tr.TLSClientConfig.RootCAs = pool
 	}
-	lookup := minio.BucketLookupAuto
+	return newS3(o, u, tr)
+}
+
+// newS3 makes the client over the transport tr.
+func newS3(o S3Options, u *url.URL, tr http.RoundTripper) (*S3, error) {
+	// minio-go v7.4.1's BucketLookupAuto picks virtual-hosted addressing
+	// only for AWS, Google and Aliyun hosts (api.go
+	// isVirtualHostStyleRequest, pkg/s3utils IsVirtualHostSupported), so
+	// pathStyle: false asks for it explicitly (BucketLookupDNS).
+	lookup := minio.BucketLookupDNS
 	if o.PathStyle {
 		lookup = minio.BucketLookupPath
 	}
 	c, err := minio.New(u.Host, &minio.Options{
-		Creds: credentials.NewStaticV4(o.AccessKey, o.SecretKey, ""), Secure: secure, Region: o.Region,
+		Creds: credentials.NewStaticV4(o.AccessKey, o.SecretKey, o.SessionToken), Secure: u.Scheme == "https", Region: o.Region,
 		BucketLookup: lookup, Transport: tr,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &S3{c: c, bucket: o.Bucket, prefix: o.Prefix}, nil
+	now := o.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &S3{c: c, bucket: o.Bucket, prefix: o.Prefix, credentials: o.CredentialsSource, now: now}, nil
 }
 
 // URL names a key (or, empty, the prefix) for messages: s3://bucket/key.
@@ -195,58 +219,103 @@ func (s *S3) digest(ctx context.Context, key string, w io.Writer) (string, int64
 }
 
 // List returns the copies under the prefix whose names end in one of
-// suffixes and start with a snapshot time, newest first.
-func (s *S3) List(ctx context.Context, suffixes ...string) ([]Remote, error) {
-	var out []Remote
+// suffixes and start with a snapshot time, newest first, and apart from
+// them the copies named after now (future): a clock that was wrong when
+// one was written, or an object someone else put there. Names are read
+// relative to the prefix, so a prefix without a trailing / (homelab/etcd-)
+// lists what it uploaded; keys further down (another "directory") are not
+// copies of this prefix.
+func (s *S3) List(ctx context.Context, suffixes ...string) (copies, future []Remote, err error) {
+	now := s.now()
 	for obj := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix}) {
 		if obj.Err != nil {
-			return nil, s3Error(s, obj.Err)
+			return nil, nil, s3Error(s, obj.Err)
 		}
-		name := path.Base(obj.Key)
-		if !hasSuffix(name, suffixes) {
+		name, ok := strings.CutPrefix(obj.Key, s.prefix)
+		if !ok || strings.Contains(name, "/") || !hasSuffix(name, suffixes) {
 			continue
 		}
 		taken, err := nameTime(name)
 		if err != nil {
 			continue
 		}
-		out = append(out, Remote{Key: obj.Key, Taken: taken, Size: obj.Size})
+		r := Remote{Key: obj.Key, Taken: taken, Size: obj.Size}
+		if taken.After(now) {
+			future = append(future, r)
+			continue
+		}
+		copies = append(copies, r)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key > out[j].Key })
-	return out, nil
+	newestFirst := func(rs []Remote) {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Key > rs[j].Key })
+	}
+	newestFirst(copies)
+	newestFirst(future)
+	return copies, future, nil
 }
 
-// Newest returns the newest copy whose name ends in one of suffixes, with
-// the digest its upload recorded; ok is false when there is none.
-func (s *S3) Newest(ctx context.Context, suffixes ...string) (r Remote, ok bool, err error) {
-	all, err := s.List(ctx, suffixes...)
-	if err != nil || len(all) == 0 {
-		return Remote{}, false, err
-	}
-	r = all[0]
+// verified reads the digest the upload of r recorded ("" for an object
+// this tool did not write).
+func (s *S3) verified(ctx context.Context, r Remote) (Remote, error) {
 	st, err := s.c.StatObject(ctx, s.bucket, r.Key, minio.StatObjectOptions{})
 	if err != nil {
-		return r, true, s3Error(s, err)
+		return r, s3Error(s, err)
 	}
 	r.SHA256 = st.UserMetadata[metaSHA256]
-	return r, true, nil
+	return r, nil
 }
 
-// Prune removes all but the newest keep copies whose names end in one of
-// suffixes, as Prune does in a directory, and returns the removed keys.
-func (s *S3) Prune(ctx context.Context, keep int, suffixes ...string) ([]string, error) {
-	all, err := s.List(ctx, suffixes...)
-	if err != nil || len(all) <= keep {
-		return nil, err
+// Newest returns the newest copy whose name ends in one of suffixes that
+// this tool uploaded and verified (its digest recorded), and the copies
+// named after now, which never count; ok is false when there is none.
+func (s *S3) Newest(ctx context.Context, suffixes ...string) (r Remote, ok bool, future []Remote, err error) {
+	all, future, err := s.List(ctx, suffixes...)
+	if err != nil {
+		return Remote{}, false, nil, err
 	}
-	var removed []string
-	for _, r := range all[keep:] {
-		if err := s.c.RemoveObject(ctx, s.bucket, r.Key, minio.RemoveObjectOptions{}); err != nil {
-			return removed, s3Error(s, err)
+	for _, c := range all {
+		if c, err = s.verified(ctx, c); err != nil {
+			return Remote{}, false, future, err
 		}
-		removed = append(removed, r.Key)
+		if c.SHA256 != "" {
+			return c, true, future, nil
+		}
 	}
-	return removed, nil
+	return Remote{}, false, future, nil
+}
+
+// Prune keeps the newest keep copies whose names end in one of suffixes
+// that this tool uploaded and verified (their digest recorded, Newest),
+// removes the older ones of those, oldest first, and returns what it
+// removed, and the copies named after now. Those never count toward keep
+// nor are removed (a copy named in the future would otherwise outlive
+// every real one and push them out), and objects this tool did not write
+// are left alone.
+func (s *S3) Prune(ctx context.Context, keep int, suffixes ...string) (removed []string, future []Remote, err error) {
+	all, future, err := s.List(ctx, suffixes...)
+	if err != nil || len(all) <= keep {
+		return nil, future, err
+	}
+	var ours []Remote
+	for _, c := range all {
+		if c, err = s.verified(ctx, c); err != nil {
+			return nil, future, err
+		}
+		if c.SHA256 != "" {
+			ours = append(ours, c)
+		}
+	}
+	if len(ours) <= keep {
+		return nil, future, nil
+	}
+	old := ours[keep:]
+	for i := len(old) - 1; i >= 0; i-- {
+		if err := s.c.RemoveObject(ctx, s.bucket, old[i].Key, minio.RemoveObjectOptions{}); err != nil {
+			return removed, future, s3Error(s, err)
+		}
+		removed = append(removed, old[i].Key)
+	}
+	return removed, future, nil
 }
 
 // Download writes key into dir as a 0600 file named after it and returns
@@ -297,8 +366,12 @@ func s3Error(s *S3, err error) error {
 	switch resp.Code {
 	case "NoSuchBucket":
 		return fmt.Errorf("bucket %s does not exist (%s; bootstrap never creates buckets: create it on the server)", s.bucket, resp.Code)
-	case "SignatureDoesNotMatch", "InvalidAccessKeyId", "XAdminUserNotFound", "AccessDenied", "InvalidToken":
-		return fmt.Errorf("the S3 server refused the credentials (%s: %s): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or backup.s3.credentialsFile", resp.Code, resp.Message)
+	case "SignatureDoesNotMatch", "InvalidAccessKeyId", "XAdminUserNotFound", "AccessDenied", "InvalidToken", "ExpiredToken":
+		from := s.credentials
+		if from == "" {
+			from = "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN) or backup.s3.credentialsFile"
+		}
+		return fmt.Errorf("the S3 server refused the credentials (%s: %s): check %s", resp.Code, resp.Message, from)
 	}
 	return fmt.Errorf("%s: %s", resp.Code, resp.Message)
 }

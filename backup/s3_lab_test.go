@@ -39,8 +39,14 @@ func labS3(t *testing.T) *s3server.Server {
 
 func bucket(t *testing.T, srv *s3server.Server, name, secret string) *S3 {
 	t.Helper()
-	s, err := NewS3(S3Options{Endpoint: srv.Endpoint, Bucket: name, Prefix: "lab/etcd/", Region: srv.Region, PathStyle: true,
-		AccessKey: srv.AccessKey, SecretKey: secret})
+	return bucketAt(t, srv, name, "lab/etcd/", secret, nil)
+}
+
+// bucketAt is bucket under prefix, with the clock now (time.Now when nil).
+func bucketAt(t *testing.T, srv *s3server.Server, name, prefix, secret string, now func() time.Time) *S3 {
+	t.Helper()
+	s, err := NewS3(S3Options{Endpoint: srv.Endpoint, Bucket: name, Prefix: prefix, Region: srv.Region, PathStyle: true,
+		AccessKey: srv.AccessKey, SecretKey: secret, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,11 +97,11 @@ func TestS3CopiesAgainstARealServer(t *testing.T) {
 	if !strings.HasSuffix(last.Key, Suffix+AgeSuffix) || last.SHA256 == "" || !last.Taken.Equal(base.Add(2*time.Hour)) {
 		t.Errorf("upload: %+v", last)
 	}
-	removed, err := s.Prune(ctx, 2, SnapshotSuffixes...)
+	removed, _, err := s.Prune(ctx, 2, SnapshotSuffixes...)
 	if err != nil || len(removed) != 1 || !strings.Contains(removed[0], "20261127T030000Z") {
 		t.Fatalf("prune removed %v (%v), want the oldest", removed, err)
 	}
-	newest, ok, err := s.Newest(ctx, SnapshotSuffixes...)
+	newest, ok, _, err := s.Newest(ctx, SnapshotSuffixes...)
 	if err != nil || !ok || newest.Key != last.Key || newest.SHA256 != last.SHA256 {
 		t.Fatalf("newest %+v %v %v, want %+v", newest, ok, err, last)
 	}
@@ -150,7 +156,7 @@ func TestS3Refusals(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "connection reset") {
 		t.Fatalf("an upload cut short: %v", err)
 	}
-	if all, err := s.List(ctx, SnapshotSuffixes...); err != nil || len(all) != 0 {
+	if all, _, err := s.List(ctx, SnapshotSuffixes...); err != nil || len(all) != 0 {
 		t.Errorf("an upload cut short left %v (%v)", all, err)
 	}
 	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, s.prefix, true) {
@@ -186,7 +192,7 @@ func TestS3Refusals(t *testing.T) {
 		t.Fatalf("a multipart upload cut short: %v", err)
 	}
 	s.partSize = 0
-	if all, err := s.List(ctx, SnapshotSuffixes...); err != nil || len(all) != 0 {
+	if all, _, err := s.List(ctx, SnapshotSuffixes...); err != nil || len(all) != 0 {
 		t.Errorf("a multipart upload cut short left %v (%v)", all, err)
 	}
 	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, s.prefix, true) {
@@ -206,3 +212,63 @@ func TestS3Refusals(t *testing.T) {
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// TestS3RetentionTrustsOnlyItsOwnCopies: under a prefix without a trailing
+// / the copies are listed, kept and pruned all the same (their names read
+// relative to the prefix); a copy named after now (a clock that was wrong
+// when it was written) neither counts toward keep nor is pruned nor is the
+// newest, and is reported; an object this tool did not upload (no digest
+// recorded) is never pruned; the older of its own are removed oldest first.
+func TestS3RetentionTrustsOnlyItsOwnCopies(t *testing.T) {
+	srv := labS3(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	s := bucketAt(t, srv, "backups", "homelab/etcd", srv.SecretKey, func() time.Time { return now })
+	dir := t.TempDir()
+	var ours []string
+	for i := range 3 {
+		snap := keptSnapshot(t, dir, now.Add(time.Duration(i-3)*time.Hour))
+		r, err := s.Upload(ctx, snap, filepath.Base(snap))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(r.Key, "homelab/etcd2026") {
+			t.Fatalf("uploaded as %s", r.Key)
+		}
+		ours = append(ours, r.Key)
+	}
+	// Written on a day the clock ran 11h37m ahead, by this tool; and an
+	// object someone else put there, older than all.
+	future := keptSnapshot(t, dir, now.Add(11*time.Hour+37*time.Minute))
+	if _, err := s.Upload(ctx, future, filepath.Base(future)); err != nil {
+		t.Fatal(err)
+	}
+	foreign := "homelab/etcd" + now.Add(-48*time.Hour).Format(timeLayout) + Suffix
+	if _, err := s.c.PutObject(ctx, s.bucket, foreign, strings.NewReader("not ours"), 8, minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	copies, ahead, err := s.List(ctx, SnapshotSuffixes...)
+	if err != nil || len(copies) != 4 || len(ahead) != 1 || !strings.Contains(ahead[0].Key, "20261128T233700Z") {
+		t.Fatalf("listed %v and ahead %v (%v)", copies, ahead, err)
+	}
+	newest, ok, ahead, err := s.Newest(ctx, SnapshotSuffixes...)
+	if err != nil || !ok || newest.Key != ours[2] || len(ahead) != 1 {
+		t.Fatalf("newest %+v %v, ahead %v (%v), want %s", newest, ok, ahead, err, ours[2])
+	}
+	removed, ahead, err := s.Prune(ctx, 2, SnapshotSuffixes...)
+	if err != nil || len(removed) != 1 || removed[0] != ours[0] || len(ahead) != 1 {
+		t.Fatalf("prune to 2 removed %v, ahead %v (%v), want only %s", removed, ahead, err, ours[0])
+	}
+	for _, key := range []string{ours[1], ours[2], foreign, ahead[0].Key} {
+		if _, err := s.c.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{}); err != nil {
+			t.Errorf("%s is gone: %v", key, err)
+		}
+	}
+	// Oldest first: pruning to none removes its own oldest first and
+	// leaves the others' and the future one.
+	removed, _, err = s.Prune(ctx, 0, SnapshotSuffixes...)
+	if err != nil || len(removed) != 2 || removed[0] != ours[1] || removed[1] != ours[2] {
+		t.Fatalf("prune to 0 removed %v (%v)", removed, err)
+	}
+}

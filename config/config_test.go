@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"filippo.io/age"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/homelab/bootstrap/sops"
@@ -414,6 +415,50 @@ func TestBundleCreationRuleIsValidated(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.want)
+		}
+	}
+}
+
+// Post-quantum age keys (age-keygen -pq; sops v3.12 and later, what
+// kustomize-controller v1.9.5 decrypts with) validate: a recipient
+// age1pq1…, a key file holding AGE-SECRET-KEY-PQ-1… beside a classic
+// identity, and PQ backup recipients. A mix of kinds in one list that age
+// seals whole files to is refused, naming the field.
+func TestPostQuantumAgeKeysValidate(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.CopyFS(filepath.Join(dir, "patches"), os.DirFS("testdata/good/patches")); err != nil {
+		t.Fatal(err)
+	}
+	pq, err := age.GenerateHybridIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	classic, classicRec, _ := sops.GenerateIdentity()
+	keyFile := filepath.Join(dir, "age.key")
+	if err := os.WriteFile(keyFile, []byte("# classic\n"+classic+"\n# post-quantum\n"+pq.String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "copies"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	good := string(mustRead(t, "testdata/good/three-plus-two.yaml"))
+	cfgPath := filepath.Join(dir, "bootstrap.yaml")
+	for _, tc := range []struct{ name, extra, want string }{
+		{"PQ recipient and key file", "secrets:\n  age:\n    recipients: [" + pq.Recipient().String() + "]\n    keyFile: age.key\n", ""},
+		{"PQ backup recipients", "backup:\n  copyDir: copies\n  ageRecipients: [" + pq.Recipient().String() + "]\n", ""},
+		{"mixed bundle recipients", "secrets:\n  age:\n    recipients: [" + pq.Recipient().String() + ", " + classicRec + "]\n    keyFile: age.key\n", "secrets.age.recipients: post-quantum"},
+		{"mixed backup recipients", "backup:\n  copyDir: copies\n  ageRecipients: [" + classicRec + ", " + pq.Recipient().String() + "]\n", "backup.ageRecipients: post-quantum"},
+	} {
+		cfg, err := Parse(cfgPath, []byte(good+tc.extra), noEnv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = cfg.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
 		}
 	}
 }

@@ -47,42 +47,21 @@ func TestEveryCredentialFieldIsMarked(t *testing.T) {
 	for _, f := range credentialFields(reflect.TypeOf(Config{}), "") {
 		marked[f.path] = true
 	}
-	var walk func(reflect.Type, string)
-	walk = func(rt reflect.Type, prefix string) {
-		for i := 0; i < rt.NumField(); i++ {
-			f := rt.Field(i)
-			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-			if name == "" || name == "-" {
-				continue
-			}
-			path := strings.TrimPrefix(prefix+"."+name, ".")
-			if f.Tag.Get("path") == "file" {
-				_, plain := notCredentials[path]
-				switch {
-				case marked[path] && plain:
-					t.Errorf("%s is both marked secret:\"file\" and listed as holding no credential", path)
-				case !marked[path] && !plain:
-					t.Errorf("%s names a file but is neither marked secret:\"file\" nor listed in notCredentials: classify it", path)
-				case !marked[path] && credentialName.MatchString(name) && !strings.Contains(path, "knownHosts") && !strings.Contains(path, "Cert"):
-					t.Errorf("%s is named like a credential but not marked secret:\"file\"", path)
-				}
-				continue
-			}
-			if f.Type.Kind() == reflect.Struct {
-				walk(f.Type, path)
-			}
+	fileFields := allFileFields(reflect.TypeOf(Config{}), "")
+	for _, path := range fileFields {
+		_, plain := notCredentials[path]
+		name := path[strings.LastIndex(path, ".")+1:]
+		switch {
+		case marked[path] && plain:
+			t.Errorf("%s is both marked secret:\"file\" and listed as holding no credential", path)
+		case !marked[path] && !plain:
+			t.Errorf("%s names a file but is neither marked secret:\"file\" nor listed in notCredentials: classify it", path)
+		case !marked[path] && credentialName.MatchString(name) && !strings.Contains(path, "knownHosts") && !strings.Contains(path, "Cert"):
+			t.Errorf("%s is named like a credential but not marked secret:\"file\"", path)
 		}
 	}
-	walk(reflect.TypeOf(Config{}), "")
 	for p := range notCredentials {
-		if marked[p] {
-			continue
-		}
-		found := false
-		for _, f := range allFileFields(reflect.TypeOf(Config{}), "") {
-			found = found || f == p
-		}
-		if !found {
+		if !slices.Contains(fileFields, p) {
 			t.Errorf("notCredentials lists %s, which is not a path:\"file\" field", p)
 		}
 	}
@@ -93,6 +72,7 @@ func TestEveryCredentialFieldIsMarked(t *testing.T) {
 	}
 }
 
+// allFileFields lists the paths of the fields tagged path:"file".
 func allFileFields(rt reflect.Type, prefix string) []string {
 	var out []string
 	for i := 0; i < rt.NumField(); i++ {

@@ -236,65 +236,6 @@ func (c *Config) ProxmoxTokenSecret() (string, error) {
 	return s, nil
 }
 
-// S3Credentials returns backup.s3's access key and secret: from
-// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY when both are set, else
-// from backup.s3.credentialsFile (AWS shared credentials, profile
-// backup.s3.profile or default).
-func (c *Config) S3Credentials() (id, secret string, err error) {
-	if c.src.env != nil {
-		id, _ = c.src.env(EnvS3AccessKey)
-		secret, _ = c.src.env(EnvS3SecretKey)
-		if id != "" && secret != "" {
-			return id, secret, nil
-		}
-	}
-	s := c.Backup.S3
-	if s.CredentialsFile == "" {
-		return "", "", Userf("backup.s3: no credentials: set %s and %s, or point backup.s3.credentialsFile at a 0600 AWS shared credentials file", EnvS3AccessKey, EnvS3SecretKey)
-	}
-	data, err := os.ReadFile(c.Resolve(s.CredentialsFile))
-	if err != nil {
-		return "", "", Userf("backup.s3.credentialsFile: %v", err)
-	}
-	keys, err := sharedCredentials(data, s.Profile)
-	if err != nil {
-		return "", "", Userf("backup.s3.credentialsFile %s: %v", s.CredentialsFile, err)
-	}
-	return keys["aws_access_key_id"], keys["aws_secret_access_key"], nil
-}
-
-// sharedCredentials reads profile's keys from an AWS shared credentials
-// file (INI: [profile] sections of key = value lines) and checks that
-// both keys are there.
-func sharedCredentials(data []byte, profile string) (map[string]string, error) {
-	if profile == "" {
-		profile = "default"
-	}
-	section, found := "", false
-	keys := map[string]string{}
-	for _, line := range strings.Split(string(data), "\n") {
-		line = strings.TrimSpace(line)
-		switch {
-		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
-		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
-			section = strings.TrimSpace(line[1 : len(line)-1])
-			found = found || section == profile
-		case section == profile:
-			k, val, _ := strings.Cut(line, "=")
-			if val = strings.TrimSpace(val); val != "" {
-				keys[strings.TrimSpace(k)] = val
-			}
-		}
-	}
-	switch {
-	case !found:
-		return nil, fmt.Errorf("no [%s] profile", profile)
-	case keys["aws_access_key_id"] == "" || keys["aws_secret_access_key"] == "":
-		return nil, fmt.Errorf("profile [%s] lacks aws_access_key_id or aws_secret_access_key", profile)
-	}
-	return keys, nil
-}
-
 // ControlPlanes returns the control-plane nodes in config order.
 func (c *Config) ControlPlanes() []Node { return c.nodesWithRole(RoleControlPlane) }
 

@@ -259,10 +259,10 @@ type BackupS3 struct {
 	Bucket    string `yaml:"bucket" doc:"Bucket the copies go to; it must exist (bootstrap never creates or deletes buckets)."`
 	Prefix    string `yaml:"prefix" doc:"Key prefix of the copies; empty means <cluster>/etcd/."`
 	Region    string `yaml:"region" doc:"Region the bucket is in (MinIO, Garage and SeaweedFS accept their default, us-east-1)."`
-	PathStyle bool   `yaml:"pathStyle" doc:"Address the bucket as <endpoint>/<bucket> (most self-hosted servers) instead of <bucket>.<host>."`
+	PathStyle bool   `yaml:"pathStyle" doc:"Address the bucket as <endpoint>/<bucket> (most self-hosted servers); false: as <bucket>.<host> (virtual-hosted: AWS, and a server set up with a wildcard DNS name)."`
 	// The keys are a credential: by reference only.
-	CredentialsFile string `yaml:"credentialsFile" path:"file" secret:"file" doc:"AWS shared credentials file (0600) with aws_access_key_id and aws_secret_access_key; used when AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are unset."`
-	Profile         string `yaml:"profile" doc:"Profile of credentialsFile; empty means default."`
+	CredentialsFile string `yaml:"credentialsFile" path:"file" secret:"file" doc:"AWS shared credentials file (0600) with aws_access_key_id, aws_secret_access_key and, for temporary keys, aws_session_token; used when AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are unset. Empty: $AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials, as the AWS SDK reads them."`
+	Profile         string `yaml:"profile" doc:"Profile of the credentials file; set, it wins over AWS_ACCESS_KEY_ID (as a profile a program names does in the AWS SDK). Empty: $AWS_PROFILE, $AWS_DEFAULT_PROFILE, else default."`
 	CAFile          string `yaml:"caFile" path:"file" doc:"PEM CA certificates the endpoint's certificate is checked against (a self-signed server), besides the system's."`
 }
 

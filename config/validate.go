@@ -538,11 +538,37 @@ func (v *validator) cni() {
 // v2.3.0; the pairing is from flux2's release notes, unverified here).
 var minFluxVersion = semver.MustParse("2.3.0")
 
-// fluxKubernetesFloor is the oldest Kubernetes `flux check --pre` accepts
-// for Flux v2.9.5 (cmd/flux/check.go kubernetesConstraints ">=1.33.0-0"),
-// applied to that Flux and later; older Flux versions' floors are
-// unverified here and not checked.
-var fluxKubernetesFloor = struct{ flux, kubernetes *semver.Version }{semver.MustParse("2.9.5"), semver.MustParse("1.33.0")}
+// fluxKubernetesFloors are the oldest Kubernetes `flux check --pre`
+// accepts, per Flux minor, read from flux2's cmd/flux/check.go
+// kubernetesConstraints at every tag from v2.3.0 to v2.9.4 (and v2.9.5 in
+// the module cache): every patch release of a minor has its minor's
+// floor. A minor after the newest listed is held to that newest floor
+// (floors only rose from v2.3 to v2.9); its own is unverified here.
+var fluxKubernetesFloors = []struct{ flux, kubernetes *semver.Version }{
+	{semver.MustParse("2.3.0"), semver.MustParse("1.28.0")},
+	{semver.MustParse("2.4.0"), semver.MustParse("1.28.0")},
+	{semver.MustParse("2.5.0"), semver.MustParse("1.30.0")},
+	{semver.MustParse("2.6.0"), semver.MustParse("1.31.0")},
+	{semver.MustParse("2.7.0"), semver.MustParse("1.32.0")},
+	{semver.MustParse("2.8.0"), semver.MustParse("1.33.0")},
+	{semver.MustParse("2.9.0"), semver.MustParse("1.33.0")},
+}
+
+// fluxKubernetesFloor is the oldest Kubernetes Flux fv runs on, and the
+// newest Flux before fv's floor rose past kv (nil when none runs on kv).
+func fluxKubernetesFloor(fv, kv *semver.Version) (floor, fits *semver.Version) {
+	for _, f := range fluxKubernetesFloors {
+		if !fv.LessThan(f.flux) {
+			floor = f.kubernetes
+		}
+	}
+	for _, f := range fluxKubernetesFloors {
+		if !kv.LessThan(f.kubernetes) {
+			fits = f.flux
+		}
+	}
+	return floor, fits
+}
 
 var knownFluxComponents = map[string]bool{
 	"source-controller": true, "kustomize-controller": true, "helm-controller": true,
@@ -581,9 +607,15 @@ func (v *validator) flux() {
 		v.errf("flux.version", "%q is not a Flux version: use the form v2.9.5", f.Version)
 	} else if fv.LessThan(minFluxVersion) || fv.Major() != 2 {
 		v.errf("flux.version", "%s cannot be installed by bootstrap: it writes helm.toolkit.fluxcd.io/v2 HelmReleases and source/kustomize v1 objects, which Flux serves from %s on (Flux 1 is end-of-life); use %s or later in v2", f.Version, "v"+minFluxVersion.String(), "v"+minFluxVersion.String())
-	} else if kv, err := semver.NewVersion(strings.TrimPrefix(v.c.Cluster.KubernetesVersion, "v")); err == nil && !fv.LessThan(fluxKubernetesFloor.flux) && kv.LessThan(fluxKubernetesFloor.kubernetes) {
-		v.errf("flux.version", "%s needs Kubernetes %s or later (flux check --pre: flux2 v2.9.5 cmd/flux/check.go kubernetesConstraints), and cluster.kubernetesVersion is %s: upgrade Kubernetes first, or pin an older Flux",
-			f.Version, fluxKubernetesFloor.kubernetes, v.c.Cluster.KubernetesVersion)
+	} else if kv, err := semver.NewVersion(strings.TrimPrefix(v.c.Cluster.KubernetesVersion, "v")); err == nil {
+		if floor, fits := fluxKubernetesFloor(fv, kv); floor != nil && kv.LessThan(floor) {
+			hint := "upgrade Kubernetes first"
+			if fits != nil {
+				hint += fmt.Sprintf(", or pin Flux v%d.%d (the newest minor that runs on %s)", fits.Major(), fits.Minor(), v.c.Cluster.KubernetesVersion)
+			}
+			v.errf("flux.version", "%s needs Kubernetes %s or later (flux check --pre: flux2 %s cmd/flux/check.go kubernetesConstraints), and cluster.kubernetesVersion is %s: %s",
+				f.Version, floor, f.Version, v.c.Cluster.KubernetesVersion, hint)
+		}
 	}
 	if len(f.Components) == 0 {
 		v.errf("flux.components", "is empty: source-controller and kustomize-controller are needed")

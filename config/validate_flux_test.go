@@ -4,8 +4,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/Masterminds/semver/v3"
 )
 
 // TestKnownHostsLookup checks the known_hosts lookup against files written
@@ -98,5 +101,77 @@ func TestCiliumCompatibilityWarning(t *testing.T) {
 		case c.want != "" && (len(got) != 1 || !strings.Contains(got[0], c.want)):
 			t.Errorf("%s: warnings %q, want one containing %q", c.version, got, c.want)
 		}
+	}
+}
+
+// TestFluxKubernetesFloors: each Flux minor needs the Kubernetes its
+// `flux check --pre` needs (flux2 cmd/flux/check.go kubernetesConstraints
+// per tag), one minor below passes, and the hint names a Flux that runs on
+// that Kubernetes, not merely "an older" one with the same floor. The
+// floor of the Flux the product installs is read from that flux2 module's
+// own check.go.
+func TestFluxKubernetesFloors(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.CopyFS(filepath.Join(dir, "patches"), os.DirFS("testdata/good/patches")); err != nil {
+		t.Fatal(err)
+	}
+	good := string(mustRead(t, "testdata/good/three-plus-two.yaml"))
+	cases := []struct{ flux, floor, below, hint string }{
+		{"v2.3.0", "1.28.0", "1.27.9", ""},
+		{"v2.4.0", "1.28.0", "1.27.9", ""},
+		{"v2.5.1", "1.30.0", "1.29.9", "v2.4.0"},
+		{"v2.6.4", "1.31.0", "1.30.9", "v2.5.0"},
+		{"v2.7.5", "1.32.0", "1.31.9", "v2.6.0"},
+		{"v2.8.8", "1.33.0", "1.32.9", "v2.7.0"},
+		{"v2.9.5", "1.33.0", "1.32.9", "v2.7.0"},
+	}
+	for _, tc := range cases {
+		fv := semver.MustParse(tc.flux)
+		floor, _ := fluxKubernetesFloor(fv, semver.MustParse(tc.floor))
+		_, fits := fluxKubernetesFloor(fv, semver.MustParse(tc.below))
+		if floor == nil || floor.String() != tc.floor || (fits == nil) != (tc.hint == "") || fits != nil && "v"+fits.String() != tc.hint {
+			t.Errorf("Flux %s: floor %v, on %s fits %v; want %s and %q", tc.flux, floor, tc.below, fits, tc.floor, tc.hint)
+		}
+	}
+	// What validate says, at a floor and below one.
+	for _, tc := range []struct {
+		flux, kubernetes string
+		want             string
+	}{
+		{"v2.8.8", "1.32.9", "v2.8.8 needs Kubernetes 1.33.0 or later"},
+		{"v2.5.1", "1.30.0", ""},
+	} {
+		yaml := strings.Replace(good, "\nflux:\n", "\nflux:\n  version: "+tc.flux+"\n", 1)
+		yaml = strings.Replace(yaml, "\n  vip: 10.0.20.10\n", "\n  vip: 10.0.20.10\n  kubernetesVersion: "+tc.kubernetes+"\n", 1)
+		cfg, err := Parse(filepath.Join(dir, "bootstrap.yaml"), []byte(yaml), noEnv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Flux.Version != tc.flux || cfg.Cluster.KubernetesVersion != tc.kubernetes {
+			t.Fatalf("the test config did not take flux %s and Kubernetes %s", tc.flux, tc.kubernetes)
+		}
+		err = cfg.Validate()
+		refused := err != nil && strings.Contains(err.Error(), "needs Kubernetes")
+		switch {
+		case tc.want == "" && refused:
+			t.Errorf("Flux %s on Kubernetes %s: %v", tc.flux, tc.kubernetes, err)
+		case tc.want != "" && (!refused || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "pin Flux v2.7 (the newest minor that runs on 1.32.9)")):
+			t.Errorf("Flux %s on Kubernetes %s: %v", tc.flux, tc.kubernetes, err)
+		}
+	}
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}} {{.Version}}", "github.com/fluxcd/flux2/v2").Output()
+	if err != nil {
+		t.Skipf("the flux2 module's source: %v", err)
+	}
+	modDir, version, _ := strings.Cut(strings.TrimSpace(string(out)), " ")
+	check, err := os.ReadFile(filepath.Join(modDir, "cmd", "flux", "check.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`kubernetesConstraints = \[\]string\{\s*">=([0-9.]+)-0"`).FindSubmatch(check)
+	fv := semver.MustParse(strings.TrimPrefix(version, "v"))
+	floor, _ := fluxKubernetesFloor(fv, semver.MustParse("1.0.0"))
+	if m == nil || floor == nil || floor.String() != string(m[1]) {
+		t.Errorf("flux2 %s check.go says >=%s, the table %v", version, m, floor)
 	}
 }

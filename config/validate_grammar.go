@@ -78,7 +78,8 @@ func (v *validator) placeholders() {
 // decides: the kubeconfig must be a file, not a directory; the Prometheus
 // textfile may be node_exporter's textfile directory (bootstrap.prom is
 // written inside, what node_exporter's textfile collector reads: *.prom
-// in the directory) or a file in an existing directory.
+// in the directory) or a file, whose directory should exist (warned:
+// node_exporter may be installed after bootstrap).
 func (v *validator) outputPaths() {
 	if k := v.c.State.Kubeconfig; k != "" {
 		if st, err := os.Stat(v.c.Resolve(k)); err == nil && st.IsDir() {
@@ -91,7 +92,7 @@ func (v *validator) outputPaths() {
 			return
 		}
 		if st, err := os.Stat(filepath.Dir(full)); err != nil || !st.IsDir() {
-			v.errf("postcheck.prometheusFile", "%s: its directory %s does not exist (node_exporter's textfile directory, e.g. /var/lib/node_exporter/textfile_collector)", p, filepath.Dir(p))
+			v.warnf("postcheck.prometheusFile", "%s: its directory %s does not exist yet: the postcheck cannot write the metrics until it does (node_exporter's textfile directory, e.g. /var/lib/node_exporter/textfile_collector)", p, filepath.Dir(p))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -9,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"filippo.io/age"
 	"github.com/distribution/reference"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/minio/minio-go/v7/pkg/s3utils"
@@ -20,6 +20,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/validation"
 
+	"github.com/homelab/bootstrap/internal/sealed"
 	"github.com/homelab/bootstrap/talos"
 )
 
@@ -254,10 +255,15 @@ func (v *validator) backupCopy() {
 		v.errf("backup.ageRecipients", "are set but neither backup.copyDir nor backup.s3 is: only copies are encrypted (the snapshots on this host are 0600)")
 	}
 	v.backupS3()
+	bad := false
 	for i, r := range b.AgeRecipients {
-		if _, err := age.ParseX25519Recipient(r); err != nil {
-			v.errf(fmt.Sprintf("backup.ageRecipients[%d]", i), "%q is not an age public key (age1…, as age-keygen prints): %v", r, err)
+		if _, err := sealed.ParseRecipient(r); err != nil {
+			bad = true
+			v.errf(fmt.Sprintf("backup.ageRecipients[%d]", i), "%q is not an age public key (age1…, or age1pq1… from age-keygen -pq): %v", r, err)
 		}
+	}
+	if _, err := sealed.ParseRecipients(b.AgeRecipients); !bad && err != nil {
+		v.errf("backup.ageRecipients", "%v (every copy is one age file encrypted to all of them)", err)
 	}
 }
 
@@ -287,22 +293,16 @@ func (v *validator) backupS3() {
 	if s.CAFile != "" {
 		v.caFile("backup.s3.caFile", s.CAFile)
 	}
-	if env := v.c.src.env; env != nil {
-		id, _ := env(EnvS3AccessKey)
-		secret, _ := env(EnvS3SecretKey)
-		if id != "" && secret != "" {
-			return
+	// pathStyle: false addresses the bucket as <bucket>.<host>
+	// (backup.NewS3): no name exists under an IP address.
+	if u, err := url.Parse(s.Endpoint); err == nil && !s.PathStyle {
+		if h := u.Hostname(); net.ParseIP(h) != nil || h == "localhost" {
+			v.errf("backup.s3.pathStyle", "is false, which addresses the bucket as %s.%s (virtual-hosted), and %s has no names under it: set pathStyle: true (<endpoint>/<bucket>, what MinIO, Garage and SeaweedFS answer at an address)", s.Bucket, h, h)
 		}
 	}
-	if s.CredentialsFile == "" {
-		v.errf("backup.s3", "no credentials: set %s and %s, or point backup.s3.credentialsFile at a 0600 AWS shared credentials file", EnvS3AccessKey, EnvS3SecretKey)
-		return
-	}
-	data, ok := v.secretFile("backup.s3.credentialsFile", s.CredentialsFile)
-	if !ok {
-		return
-	}
-	if _, err := sharedCredentials(data, s.Profile); err != nil {
-		v.errf("backup.s3.credentialsFile", "%s: %v", s.CredentialsFile, err)
+	// Resolved as the run resolves them (S3Credentials): the environment,
+	// the profile, the shared credentials file.
+	if _, field, err := v.c.resolveS3Credentials(os.ReadFile); err != nil {
+		v.errf(field, "%v", err)
 	}
 }

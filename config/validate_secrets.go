@@ -1,12 +1,13 @@
 package config
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
-	"filippo.io/age"
-
+	"github.com/homelab/bootstrap/internal/sealed"
 	"github.com/homelab/bootstrap/sops"
 )
 
@@ -18,15 +19,20 @@ func (v *validator) secrets() {
 	var recipients []string
 	for i, r := range a.Recipients {
 		path := fmt.Sprintf("secrets.age.recipients[%d]", i)
-		if _, err := age.ParseX25519Recipient(strings.TrimSpace(r)); err != nil {
+		if _, err := sealed.ParseRecipient(r); err != nil {
 			if strings.HasPrefix(strings.TrimSpace(r), "AGE-SECRET-KEY-") {
 				v.errf(path, "is an age identity, a secret: put the public key (age1…, `age-keygen -y`) here and the identity in a file named by secrets.age.keyFile")
 			} else {
-				v.errf(path, "%q is not an age public key (age1…): %v", r, err)
+				v.errf(path, "%q is not an age public key (age1… or the post-quantum age1pq1…): %v", r, err)
 			}
 			continue
 		}
 		recipients = append(recipients, strings.TrimSpace(r))
+	}
+	// The files derived from the bundle are sealed with age to all of
+	// them at once, which age refuses for a mix of kinds.
+	if _, err := sealed.ParseRecipients(recipients); errors.Is(err, sealed.ErrMixedRecipients) {
+		v.errf("secrets.age.recipients", "%v (the configs, talosconfig and kubeconfig are age-encrypted to all of them together)", err)
 	}
 	// A .sops.yaml creation rule for the bundle's path decides how it is
 	// encrypted (sops.FileSealer): one the tool cannot write fails here.
@@ -47,17 +53,14 @@ func (v *validator) secrets() {
 	if !ok {
 		return
 	}
-	ids, err := age.ParseIdentities(strings.NewReader(string(data)))
+	// Read as sops v3.13.2 reads it (sops.ParseIdentities): classic and
+	// post-quantum identities.
+	ids, err := sops.ParseIdentities(data, a.KeyFile)
 	if err != nil {
-		v.errf("secrets.age.keyFile", "%s holds no age identity (AGE-SECRET-KEY-1… lines, as age-keygen writes): %v", a.KeyFile, err)
+		v.errf("secrets.age.keyFile", "%s holds no age identity (AGE-SECRET-KEY-1… or AGE-SECRET-KEY-PQ-1… lines, as age-keygen writes): %v", a.KeyFile, err)
 		return
 	}
-	var own []string
-	for _, id := range ids {
-		if x, ok := id.(*age.X25519Identity); ok {
-			own = append(own, x.Recipient().String())
-		}
-	}
+	own := ids.Recipients
 	if len(recipients) == 0 {
 		return
 	}
@@ -97,6 +100,18 @@ func (v *validator) fluxDecryption() {
 		env = v.c.src.env
 	}
 	if _, err := sops.LoadIdentities("", env); err != nil {
+		lookup := env
+		if lookup == nil {
+			lookup = os.LookupEnv
+		}
+		if cmd, ok := lookup(sops.KeyCmdEnv); ok && cmd != "" {
+			// sops v3.13.2 runs the key command for each recipient it
+			// decrypts ($SOPS_AGE_RECIPIENT set): one that answers only
+			// then is proven by the flux stage's precheck, which knows
+			// the repository's recipients.
+			v.warnf("flux.decryption.enabled", "$%s gave no age identity without $%s; the sops decryption precheck asks it for each recipient of the repository's SOPS files", sops.KeyCmdEnv, sops.RecipientEnv)
+			return
+		}
 		// Where it looked, not the error: the user config directory
 		// differs per machine and the message must not.
 		v.errf("flux.decryption.enabled", "needs an age identity to hand to Flux and finds none where the sops CLI looks ($%s, $%s, $%s, <user config dir>/%s): set secrets.age.keyFile, or one of those", sops.KeyEnv, sops.KeyFileEnv, sops.KeyCmdEnv, sops.UserConfigPath)

@@ -57,7 +57,9 @@ func TestBadConfigCorpus(t *testing.T) {
 	if len(cases) < 60 {
 		t.Fatalf("the corpus has %d cases", len(cases))
 	}
-	// No age identity from this machine's own ~/.config/sops.
+	// No age identity from this machine's own ~/.config/sops, and no S3
+	// credentials from its ~/.aws: the goldens are the config package's,
+	// which loads without an environment.
 	env := append(cleanEnv(), "PROXMOX_TOKEN_SECRET="+secret, "XDG_CONFIG_HOME="+t.TempDir())
 	binary := h.Binary()
 	before := pve.Counts()
@@ -188,11 +190,12 @@ func equalCounts(a, b map[string]int) bool {
 	return true
 }
 
-// cleanEnv is the environment without anything that overrides the config.
+// cleanEnv is the environment without anything that overrides the config
+// or supplies credentials from this machine (its $HOME: ~/.aws, ~/.kube).
 func cleanEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		for _, p := range []string{"PROXMOX_TOKEN_SECRET=", "TALOS_", "GIT_REPO=", "GIT_BRANCH=", "USE_LOCAL_GIT_SNAPSHOT=", "BOOTSTRAP_CONFIG=", "SOPS_AGE_"} {
+		for _, p := range []string{"PROXMOX_TOKEN_SECRET=", "TALOS_", "GIT_REPO=", "GIT_BRANCH=", "USE_LOCAL_GIT_SNAPSHOT=", "BOOTSTRAP_CONFIG=", "SOPS_AGE_", "AWS_", "HOME="} {
 			if strings.HasPrefix(kv, p) {
 				kv = ""
 				break

@@ -38,6 +38,17 @@ type Readiness struct {
 	// HandledRequest is the last reconcile request the controller handled
 	// (status.lastHandledReconcileAt, the requestedAt value it saw).
 	HandledRequest string `json:"handled_request,omitempty"`
+	// Failed says the Ready condition is False for the object's current
+	// generation (status.observedGeneration absent or equal: the
+	// controllers write it only on success), with Reason and Message as
+	// the controller wrote them.
+	Failed          bool   `json:"-"`
+	Reason, Message string `json:"-"`
+	// Suspended is spec.suspend: the controller will not reconcile it.
+	Suspended bool `json:"-"`
+	// AttemptedRevision is a Kustomization's status.lastAttemptedRevision,
+	// the revision its last reconciliation, failed or not, was of.
+	AttemptedRevision string `json:"-"`
 }
 
 // ReadinessOf reads a Flux object's Ready condition: it counts only when
@@ -60,7 +71,55 @@ func ReadinessOf(u *unstructured.Unstructured) Readiness {
 	handled, _, _ := unstructured.NestedString(u.Object, "status", "lastHandledReconcileAt")
 	r := readiness(u, gen, observed, rev)
 	r.HandledRequest = handled
+	r.Suspended, _, _ = unstructured.NestedBool(u.Object, "spec", "suspend")
+	r.AttemptedRevision, _, _ = unstructured.NestedString(u.Object, "status", "lastAttemptedRevision")
+	if _, has, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration"); !has || observed == gen {
+		for _, raw := range conditionsOf(u) {
+			if raw["type"] == "Ready" && raw["status"] == "False" {
+				r.Failed = true
+				r.Reason, _ = raw["reason"].(string)
+				r.Message, _ = raw["message"].(string)
+			}
+		}
+	}
 	return r
+}
+
+func conditionsOf(u *unstructured.Unstructured) []map[string]any {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	var out []map[string]any
+	for _, raw := range conds {
+		if c, ok := raw.(map[string]any); ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// transientReasons are the Ready=False reasons kustomize-controller v1.9.5
+// writes while it waits for something else and retries on its own
+// (internal/controller/kustomization_controller.go: the source's artifact
+// not there yet, dependencies not ready): not this object's failure.
+var transientReasons = map[string]bool{"ArtifactFailed": true, "DependencyNotReady": true}
+
+// syncFailure is the error that ends a sync wait at once, as flux2 v2.9.5
+// pkg/bootstrap/bootstrap.go objectReconciled ends `flux bootstrap`'s: a
+// suspended object, or Ready=False for the current generation with the
+// controller's message. A failure is taken as this wait's only when it is
+// about what the wait asked for: after the reconcile request it made was
+// handled, and for a Kustomization, of the wanted revision (a failure of
+// the revision before, or while it waits for its source, is not).
+func syncFailure(gvk schema.GroupVersionKind, namespace, name, wantRevision, request string, r Readiness) error {
+	what := fmt.Sprintf("%s %s/%s", gvk.Kind, namespace, name)
+	switch {
+	case r.Suspended:
+		return fmt.Errorf("%s is suspended (spec.suspend: true), so Flux will not reconcile it: resume it (flux resume %s %s -n %s) or remove spec.suspend", what, strings.ToLower(gvk.Kind), name, namespace)
+	case !r.Failed, request != "" && r.HandledRequest != request, gvk == KustomizationGVK && transientReasons[r.Reason]:
+		return nil
+	case gvk == KustomizationGVK && wantRevision != "" && r.AttemptedRevision != wantRevision:
+		return nil
+	}
+	return fmt.Errorf("%s failed: %s: %s", what, r.Reason, r.Message)
 }
 
 func readiness(u *unstructured.Unstructured, gen, observed int64, rev string) Readiness {
@@ -85,9 +144,50 @@ func readiness(u *unstructured.Unstructured, gen, observed int64, rev string) Re
 
 // WaitReady waits until the GitRepository and the Kustomization called
 // name are Ready for their current generation and, when wantRevision is
-// set, both at that revision.
+// set, both at that revision. It fails at once on a suspended object or
+// one that reports Ready=False for what it waits for (syncFailure).
 func (c *Client) WaitReady(ctx context.Context, namespace, name, wantRevision string, timeout time.Duration) error {
 	return c.waitSync(ctx, namespace, name, wantRevision, nil, timeout)
+}
+
+// Unsynced returns the kinds of the sync pair called name whose object is
+// not Ready at wantRevision (any revision when empty).
+func (c *Client) Unsynced(ctx context.Context, namespace, name, wantRevision string) ([]schema.GroupVersionKind, error) {
+	var out []schema.GroupVersionKind
+	for _, gvk := range []schema.GroupVersionKind{GitRepositoryGVK, KustomizationGVK} {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(gvk)
+		if err := c.kube.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, u); err != nil {
+			return nil, fmt.Errorf("reading %s %s/%s: %w", gvk.Kind, namespace, name, err)
+		}
+		if r := ReadinessOf(u); !r.Ready || wantRevision != "" && r.Revision != wantRevision {
+			out = append(out, gvk)
+		}
+	}
+	return out, nil
+}
+
+// RequestSync asks Flux to reconcile the objects of kinds called name at
+// once (the GitRepository fetches now instead of at its interval; a
+// Kustomization's failure from before is tried again) and returns the
+// requests, for WaitReadyAfter. now stamps them.
+func (c *Client) RequestSync(ctx context.Context, namespace, name string, kinds []schema.GroupVersionKind, now func() time.Time) (map[schema.GroupVersionKind]string, error) {
+	requests := map[schema.GroupVersionKind]string{}
+	for _, gvk := range kinds {
+		token := RequestToken(now())
+		if err := c.requestReconcile(ctx, gvk, namespace, name, token); err != nil {
+			return requests, fmt.Errorf("asking Flux to reconcile %s %s/%s: %w", gvk.Kind, namespace, name, err)
+		}
+		requests[gvk] = token
+	}
+	return requests, nil
+}
+
+// WaitReadyAfter is WaitReady where a Ready=False counts only once the
+// object handled its request: a status written before, about a Secret or
+// revision fixed since, does not end the wait.
+func (c *Client) WaitReadyAfter(ctx context.Context, namespace, name, wantRevision string, requests map[schema.GroupVersionKind]string, timeout time.Duration) error {
+	return c.waitSync(ctx, namespace, name, wantRevision, requests, timeout)
 }
 
 // ReconcileWithSource asks Flux to reconcile the GitRepository called name
@@ -155,6 +255,9 @@ func (c *Client) waitObjects(ctx context.Context, namespace, name, wantRevision 
 					continue
 				}
 				r := ReadinessOf(u)
+				if err := syncFailure(gvk, namespace, name, wantRevision, requests[gvk], r); err != nil {
+					return false, "", err
+				}
 				switch {
 				case requests[gvk] != "" && r.HandledRequest != requests[gvk]:
 					status = append(status, fmt.Sprintf("%s has not handled the reconcile request of %s yet", gvk.Kind, requests[gvk]))

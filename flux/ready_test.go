@@ -2,6 +2,7 @@ package flux
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,4 +111,71 @@ func syncObject(gvk schema.GroupVersionKind, status map[string]any) *unstructure
 	u.SetName("flux-system")
 	u.SetGeneration(1)
 	return u
+}
+
+// TestSyncWaitFailsFast: the sync wait ends within seconds, with the
+// controller's message, on Ready=False for what it waits for and on a
+// suspended object, as flux bootstrap's objectReconciled does (flux2
+// v2.9.5 pkg/bootstrap/bootstrap.go); it keeps waiting on a failure that
+// is not of this wait: written before its reconcile request was handled,
+// of the revision before, or while the Kustomization waits for its
+// source (ArtifactFailed).
+func TestSyncWaitFailsFast(t *testing.T) {
+	const rev = "main@sha1:0123456789abcdef0123456789abcdef01234567"
+	const old = "main@sha1:89abcdef0123456789abcdef0123456789abcdef"
+	scheme := runtime.NewScheme()
+	if err := sourcev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := kustomizev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	ready := map[string]any{"type": "Ready", "status": "True", "reason": "Succeeded", "message": "ok"}
+	failed := func(reason, msg string) map[string]any {
+		return map[string]any{"type": "Ready", "status": "False", "reason": reason, "message": msg}
+	}
+	repoReady := syncObject(GitRepositoryGVK, map[string]any{"observedGeneration": int64(1), "conditions": []any{ready}, "artifact": map[string]any{"revision": rev}})
+	for _, tc := range []struct {
+		name     string
+		ks       *unstructured.Unstructured
+		suspend  bool
+		requests map[schema.GroupVersionKind]string
+		want     string // "" keeps waiting
+	}{
+		{"build failed at the wanted revision", syncObject(KustomizationGVK, map[string]any{"observedGeneration": int64(1), "lastAttemptedRevision": rev,
+			"conditions": []any{failed("BuildFailed", "kustomize build failed: accumulating resources")}}), false, nil, "BuildFailed: kustomize build failed"},
+		{"never reconciled before, failing", syncObject(KustomizationGVK, map[string]any{"lastAttemptedRevision": rev,
+			"conditions": []any{failed("ReconciliationFailed", "decryption failed")}}), false, nil, "decryption failed"},
+		{"suspended", syncObject(KustomizationGVK, map[string]any{"observedGeneration": int64(1), "conditions": []any{ready}, "lastAppliedRevision": old}), true, nil, "is suspended"},
+		{"failed at the revision before", syncObject(KustomizationGVK, map[string]any{"observedGeneration": int64(1), "lastAttemptedRevision": old,
+			"conditions": []any{failed("BuildFailed", "old")}}), false, nil, ""},
+		{"waiting for its source", syncObject(KustomizationGVK, map[string]any{"lastAttemptedRevision": rev,
+			"conditions": []any{failed("ArtifactFailed", "Source artifact not found, retrying in 30s")}}), false, nil, ""},
+		{"failed before the request was handled", syncObject(KustomizationGVK, map[string]any{"observedGeneration": int64(1), "lastAttemptedRevision": rev, "lastHandledReconcileAt": "earlier",
+			"conditions": []any{failed("ReconciliationFailed", "stale")}}), false, map[schema.GroupVersionKind]string{KustomizationGVK: "now"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ks := tc.ks.DeepCopy()
+			if tc.suspend {
+				if err := unstructured.SetNestedField(ks.Object, true, "spec", "suspend"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			repo := repoReady.DeepCopy()
+			kc := fake.NewClientBuilder().WithScheme(scheme).WithObjects(repo, ks).WithStatusSubresource(repo, ks).Build()
+			c := &Client{kube: kc, log: zerolog.Nop()}
+			start := time.Now()
+			timeout := time.Second
+			if tc.want != "" {
+				timeout = time.Minute
+			}
+			err := c.WaitReadyAfter(context.Background(), "flux-system", "flux-system", rev, tc.requests, timeout)
+			switch {
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || time.Since(start) > 10*time.Second):
+				t.Errorf("after %s: %v, want at once an error with %q", time.Since(start).Round(time.Millisecond), err, tc.want)
+			case tc.want == "" && (err == nil || !strings.Contains(err.Error(), "timed out") && !strings.Contains(err.Error(), "deadline")):
+				t.Errorf("%v, want the wait to go on to its timeout", err)
+			}
+		})
+	}
 }

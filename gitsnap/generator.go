@@ -97,6 +97,14 @@ func secretGeneratorInputs(root string, candidates []string) generatorInputs {
 				}
 				add(file, formatFor(key, false))
 			}
+			// The deprecated env (singular) is an input kustomize reads
+			// too (FixKustomization moves it into envs), so a plaintext
+			// one is withheld like any. kustomize-controller v1.9.5 does
+			// not decrypt it (decryptKustomizationSources reads a plain
+			// unmarshal's EnvSources only; kustomize api v0.21.1
+			// kvpairsources.go keeps it in EnvSource): an encrypted one
+			// is served and reaches the cluster as ciphertext, as with
+			// git (docs/fidelity.md).
 			envs := sg.Envs
 			if sg.Env != "" {
 				envs = append(envs, sg.Env)

@@ -2,7 +2,7 @@ package sops
 
 // Value encryption and the MAC, as the sops CLI does them (sops.go Tree
 // Encrypt/Decrypt, shouldBeEncrypted and ToBytes, and aes/cipher.go at
-// getsops/sops v3.11.0): each value AES-256-GCM under the data key with a
+// getsops/sops v3.13.2): each value AES-256-GCM under the data key with a
 // fresh 32-byte IV and its path ("a:b:") as additional data, written as
 // ENC[AES256_GCM,data:…,iv:…,tag:…,type:…]; the MAC a SHA-512 over every
 // plaintext value in order (comments excluded), upper-case hex, itself
@@ -26,7 +26,7 @@ import (
 
 // macOnlyEncryptedPrefix starts the MAC's hash when mac_only_encrypted is
 // set, so that such a MAC never equals one over every value: the bytes of
-// MACOnlyEncryptedInitialization in sops.go at v3.11.0, which every sops
+// MACOnlyEncryptedInitialization in sops.go at v3.13.2, which every sops
 // reader hashes the same way.
 var macOnlyEncryptedPrefix = []byte{0x8a, 0x3f, 0xd2, 0xad, 0x54, 0xce, 0x66, 0x52, 0x7b, 0x10, 0x34, 0xf3, 0xd1, 0x47, 0xbe, 0xb, 0xb, 0x97, 0x5b, 0x3b, 0xf4, 0x4f, 0x72, 0xc6, 0xfd, 0xad, 0xec, 0x81, 0x76, 0xf2, 0x7d, 0x69}
 
@@ -145,7 +145,7 @@ func decryptValue(s string, key []byte, additional string) (any, error) {
 		var t time.Time
 		return t, t.UnmarshalText(plain)
 	case "comment":
-		return comment{string(plain)}, nil
+		return comment{text: string(plain)}, nil
 	}
 	return nil, fmt.Errorf("unknown encrypted value type %q", m[4])
 }
@@ -209,11 +209,15 @@ func walkBranch(b branch, path []string, comments [][]string, f leafFunc) (branc
 			if err != nil {
 				return nil, err
 			}
+			// An inline comment stays inline when encrypted; one
+			// decrypted comes back as a comment of its own line, as
+			// walkBranch does at sops v3.13.2 (the cipher's Comment
+			// carries no Inline).
 			switch nv := nv.(type) {
 			case comment:
 				b[i].key = nv
 			case string:
-				b[i].key = comment{nv}
+				b[i].key = comment{nv, c.inline}
 			default:
 				return nil, fmt.Errorf("a comment turned into a %T", nv)
 			}
@@ -353,10 +357,16 @@ func encryptDocs(docs []branch, md metadata, key []byte) (string, error) {
 }
 
 // decryptDocs decrypts the documents in place and returns the MAC of what
-// they hold.
-func decryptDocs(docs []branch, md metadata, key []byte) (string, error) {
-	mac := md.newMAC()
-	err := walkDocs(docs, func(v any, path []string, comments [][]string) (any, error) {
+// they hold, under two rules. mac excludes every comment, as sops up to
+// v3.13.1 and every sops encryption do. strict is sops v3.13.2's decryption
+// (sops.go Tree.Decrypt, commit d1c031eaf "Check some string casts"): it
+// excludes only what was stored as a comment, so an encrypted comment in a
+// list, which the YAML store keeps as a string item, is hashed once
+// decrypted. A file with one fails sops v3.13.2's MAC check, and so
+// kustomize-controller v1.9.5's; listComments names where they are.
+func decryptDocs(docs []branch, md metadata, key []byte) (mac, strict string, listComments []string, err error) {
+	lenient, strictMAC := md.newMAC(), md.newMAC()
+	err = walkDocs(docs, func(v any, path []string, comments [][]string) (any, error) {
 		c, isComment := v.(comment)
 		enc := md.encrypted(path, comments, isComment)
 		out := v
@@ -378,15 +388,26 @@ func decryptDocs(docs []branch, md metadata, key []byte) (string, error) {
 			}
 			out = d
 		}
-		if _, stillComment := out.(comment); (!md.MACOnlyEncrypted || enc) && !stillComment {
-			if err := hashValue(mac, out); err != nil {
-				return nil, err
+		if !md.MACOnlyEncrypted || enc {
+			_, stillComment := out.(comment)
+			if !stillComment {
+				if err := hashValue(lenient, out); err != nil {
+					return nil, err
+				}
+			}
+			if !isComment {
+				if stillComment {
+					listComments = append(listComments, strings.Join(path, "."))
+				}
+				if err := hashValue(strictMAC, out); err != nil {
+					return nil, err
+				}
 			}
 		}
 		return out, nil
 	})
 	if err != nil {
-		return "", err
+		return "", "", nil, err
 	}
-	return fmt.Sprintf("%X", mac.Sum(nil)), nil
+	return fmt.Sprintf("%X", lenient.Sum(nil)), fmt.Sprintf("%X", strictMAC.Sum(nil)), listComments, nil
 }

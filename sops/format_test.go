@@ -125,17 +125,20 @@ func TestFormatMatchesTheLibrary(t *testing.T) {
 		{"encrypted_suffix", sops.EncryptOptions{EncryptedSuffix: "word"}, gosops.Metadata{EncryptedSuffix: "word"}},
 		{"mac_only_encrypted", sops.EncryptOptions{EncryptedRegex: "^stringData$", MACOnlyEncrypted: true}, gosops.Metadata{EncryptedRegex: "^stringData$", MACOnlyEncrypted: true}},
 	}
+	// Comments inside lists are left out: sops v3.13.2 cannot decrypt
+	// them (TestListCommentsFailTheCLIsMAC).
+	noListComments := listComments.ReplaceAllString(rich, "")
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			c.o.Recipients, c.o.Now = ids.Recipients, time.Unix(1700000000, 0)
-			ours, err := sops.Encrypt([]byte(rich), c.o)
+			ours, err := sops.Encrypt([]byte(noListComments), c.o)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if strings.Contains(string(ours), "correct-horse") && c.name != "encrypted_suffix" {
 				t.Fatalf("the password is in clear:\n%s", ours)
 			}
-			theirs := libraryEncrypt(t, []byte(rich), ids.Recipients[0], c.md)
+			theirs := libraryEncrypt(t, []byte(noListComments), ids.Recipients[0], c.md)
 			if masked(ours) != masked(theirs) {
 				t.Errorf("layout differs from the library's.\nours:\n%s\nlibrary:\n%s", masked(ours), masked(theirs))
 			}
@@ -172,6 +175,45 @@ func TestFormatMatchesTheLibrary(t *testing.T) {
 				t.Errorf("a changed clear value (mac_only_encrypted %v): %v", macOnly, err)
 			}
 		})
+	}
+}
+
+// listComments matches the comment lines of rich that sit inside a list.
+var listComments = regexp.MustCompile(`(?m)^    # (above the first item|after the last item)\n| # beside an item`)
+
+// A comment inside a list, encrypted, is stored as a string item of the
+// list; sops v3.13.2 hashes it into the MAC when decrypting but not when
+// encrypting (sops.go Tree.Decrypt at v3.13.2), so it fails its own files
+// and ours alike, and kustomize-controller v1.9.5 with it. Decrypt still
+// opens both (every other sops does); DecryptAsFlux refuses both, naming
+// where the comment is.
+func TestListCommentsFailTheCLIsMAC(t *testing.T) {
+	ids := testIdentity(t)
+	t.Setenv(sops.KeyFileEnv, "testdata/test-identity.agekey")
+	if listComments.ReplaceAllString(rich, "") == rich {
+		t.Fatal("rich holds no comment inside a list")
+	}
+	theirs := libraryEncrypt(t, []byte(rich), ids.Recipients[0], gosops.Metadata{UnencryptedSuffix: gosops.DefaultUnencryptedSuffix})
+	ours, err := sops.Encrypt([]byte(rich), sops.EncryptOptions{Recipients: ids.Recipients})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, enc := range map[string][]byte{"the library's": theirs, "ours": ours} {
+		if _, err := decrypt.DataWithFormat(enc, formats.Yaml); err == nil || !strings.Contains(err.Error(), "Failed to verify data integrity") {
+			t.Errorf("the sops v3.13.2 library decrypts %s file with comments in a list: %v", name, err)
+		}
+		if _, err := sops.Decrypt(enc, ids); err != nil {
+			t.Errorf("Decrypt of %s file: %v", name, err)
+		}
+		if _, err := sops.DecryptAsFlux(enc, ids); err == nil || !strings.Contains(err.Error(), "stringData.list") || !strings.Contains(err.Error(), "kustomize-controller") {
+			t.Errorf("DecryptAsFlux of %s file: %v", name, err)
+		}
+	}
+	// Without them, DecryptAsFlux opens what the library opens.
+	plain := listComments.ReplaceAllString(rich, "")
+	enc := libraryEncrypt(t, []byte(plain), ids.Recipients[0], gosops.Metadata{UnencryptedSuffix: gosops.DefaultUnencryptedSuffix})
+	if _, err := sops.DecryptAsFlux(enc, ids); err != nil {
+		t.Errorf("DecryptAsFlux without comments in lists: %v", err)
 	}
 }
 

@@ -1,7 +1,7 @@
 package sops
 
 // A file's sops metadata as the CLI writes and reads it (stores/stores.go
-// at getsops/sops v3.11.0): the same keys in the same order, so a file we
+// and stores/metadata.go at getsops/sops v3.13.2): the same keys in the same order, so a file we
 // write diffs cleanly against one `sops updatekeys` rewrites. Only age
 // keys are ever opened here; keys of other kinds are read so that the
 // rules for where groups come from hold, and are otherwise left alone.
@@ -17,51 +17,57 @@ import (
 // Version is the sops version written into files (sops.version), that of
 // the library whose format this package follows; a test holds it equal to
 // github.com/getsops/sops/v3/version.
-const Version = "3.11.0"
+const Version = "3.13.2"
 
 // unencryptedSuffix is what stays in clear when a file names no rule.
 const unencryptedSuffix = "_unencrypted"
 
+// The metadata is written with its keys in byte order at every level: sops
+// v3.13.2 turns it into a map and sorts the keys (stores/metadata.go
+// goToSops), where v3.11.0 wrote the struct's field order. Reading does
+// not depend on the order.
 type storedAgeKey struct {
-	Recipient string `yaml:"recipient"`
 	Enc       string `yaml:"enc"`
+	Recipient string `yaml:"recipient"`
 }
 
 // otherKeys are keys of kinds this tool does not open (KMS, Vault, PGP…).
 type otherKeys []map[string]any
 
 type storedGroup struct {
-	PGP     otherKeys `yaml:"pgp,omitempty"`
-	KMS     otherKeys `yaml:"kms,omitempty"`
-	GCPKMS  otherKeys `yaml:"gcp_kms,omitempty"`
-	AzureKV otherKeys `yaml:"azure_kv,omitempty"`
-	// The CLI writes hc_vault and age in every group, empty or not.
-	HCVault otherKeys      `yaml:"hc_vault"`
+	// The CLI writes age and hc_vault in every group, empty or not.
 	Age     []storedAgeKey `yaml:"age"`
+	AzureKV otherKeys      `yaml:"azure_kv,omitempty"`
+	GCPKMS  otherKeys      `yaml:"gcp_kms,omitempty"`
+	HCVault otherKeys      `yaml:"hc_vault"`
+	HCKMS   otherKeys      `yaml:"hckms,omitempty"`
+	KMS     otherKeys      `yaml:"kms,omitempty"`
+	PGP     otherKeys      `yaml:"pgp,omitempty"`
 }
 
 func (g storedGroup) others() int {
-	return len(g.PGP) + len(g.KMS) + len(g.GCPKMS) + len(g.AzureKV) + len(g.HCVault)
+	return len(g.PGP) + len(g.KMS) + len(g.GCPKMS) + len(g.AzureKV) + len(g.HCVault) + len(g.HCKMS)
 }
 
 type storedMetadata struct {
-	ShamirThreshold         int            `yaml:"shamir_threshold,omitempty"`
+	Age                     []storedAgeKey `yaml:"age,omitempty"`
+	AzureKV                 otherKeys      `yaml:"azure_kv,omitempty"`
+	EncryptedCommentRegex   string         `yaml:"encrypted_comment_regex,omitempty"`
+	EncryptedRegex          string         `yaml:"encrypted_regex,omitempty"`
+	EncryptedSuffix         string         `yaml:"encrypted_suffix,omitempty"`
+	GCPKMS                  otherKeys      `yaml:"gcp_kms,omitempty"`
+	HCVault                 otherKeys      `yaml:"hc_vault,omitempty"`
+	HCKMS                   otherKeys      `yaml:"hckms,omitempty"`
 	KeyGroups               []storedGroup  `yaml:"key_groups,omitempty"`
 	KMS                     otherKeys      `yaml:"kms,omitempty"`
-	GCPKMS                  otherKeys      `yaml:"gcp_kms,omitempty"`
-	AzureKV                 otherKeys      `yaml:"azure_kv,omitempty"`
-	HCVault                 otherKeys      `yaml:"hc_vault,omitempty"`
-	Age                     []storedAgeKey `yaml:"age,omitempty"`
 	LastModified            string         `yaml:"lastmodified"`
 	MAC                     string         `yaml:"mac"`
-	PGP                     otherKeys      `yaml:"pgp,omitempty"`
-	UnencryptedSuffix       string         `yaml:"unencrypted_suffix,omitempty"`
-	EncryptedSuffix         string         `yaml:"encrypted_suffix,omitempty"`
-	UnencryptedRegex        string         `yaml:"unencrypted_regex,omitempty"`
-	EncryptedRegex          string         `yaml:"encrypted_regex,omitempty"`
-	UnencryptedCommentRegex string         `yaml:"unencrypted_comment_regex,omitempty"`
-	EncryptedCommentRegex   string         `yaml:"encrypted_comment_regex,omitempty"`
 	MACOnlyEncrypted        bool           `yaml:"mac_only_encrypted,omitempty"`
+	PGP                     otherKeys      `yaml:"pgp,omitempty"`
+	ShamirThreshold         int            `yaml:"shamir_threshold,omitempty"`
+	UnencryptedCommentRegex string         `yaml:"unencrypted_comment_regex,omitempty"`
+	UnencryptedRegex        string         `yaml:"unencrypted_regex,omitempty"`
+	UnencryptedSuffix       string         `yaml:"unencrypted_suffix,omitempty"`
 	Version                 string         `yaml:"version"`
 }
 
@@ -106,7 +112,7 @@ func (m *storedMetadata) internal() (metadata, error) {
 	}
 	// Keys at the top level make one group, and then key_groups is not
 	// read (internalKeygroups).
-	top := storedGroup{PGP: m.PGP, KMS: m.KMS, GCPKMS: m.GCPKMS, AzureKV: m.AzureKV, HCVault: m.HCVault, Age: m.Age}
+	top := storedGroup{PGP: m.PGP, KMS: m.KMS, GCPKMS: m.GCPKMS, AzureKV: m.AzureKV, HCVault: m.HCVault, HCKMS: m.HCKMS, Age: m.Age}
 	switch {
 	case top.others() > 0 || len(top.Age) > 0:
 		md.Groups, md.OtherKeys = [][]*sopsage.MasterKey{ageKeys(top.Age)}, top.others()

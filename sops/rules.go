@@ -1,7 +1,7 @@
 package sops
 
 // .sops.yaml creation rules, read as the sops CLI reads them (config/
-// config.go at getsops/sops v3.11.0: LookupConfigFile, creationRule,
+// config.go at getsops/sops v3.13.2: LookupConfigFile, creationRule,
 // keyGroup, parseCreationRuleForFile), for the age keys only.
 
 import (
@@ -16,8 +16,13 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// configFileName is the file the CLI looks for, from the encrypted file's
-// directory up, at most configSearchDepth levels.
+// configFileName is the file looked for, at most configSearchDepth levels
+// up. The CLI starts from its working directory (cmd/sops/main.go
+// findConfigFile calls config.LookupConfigFile(".") at v3.13.2); this
+// tool starts from the encrypted file's directory, which the CLI agrees
+// with when it runs there, or when no .sops.yaml sits between the file
+// and the directory it runs in. A nested .sops.yaml nearer the file than
+// where `sops updatekeys` runs is where the two differ (docs/fidelity.md).
 const (
 	configFileName    = ".sops.yaml"
 	configSearchDepth = 100

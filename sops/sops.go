@@ -2,7 +2,9 @@
 // keys, so what it writes is what the `sops` CLI reads and writes: the
 // cluster's Talos secrets bundle at rest, and the Secrets Flux's
 // kustomize-controller decrypts. The format (tree.go, cipher.go,
-// metadata.go, rules.go) follows getsops/sops v3.11.0 and the data key is
+// metadata.go, rules.go) follows getsops/sops v3.13.2, the sops
+// kustomize-controller v1.9.5 is built on (its go.mod, with filippo.io/age
+// v1.3.1), and the data key is
 // wrapped by that library's age package and split by its shamir package;
 // the library's document and YAML store packages are not linked, because
 // they import the key services of every cloud KMS and Vault. Tests hold
@@ -34,12 +36,24 @@ import (
 )
 
 // The environment and file the sops CLI reads age identities from, all of
-// them together (age/keysource.go at getsops/sops v3.11.0).
+// them together (age/keysource.go loadIdentities at getsops/sops v3.13.2).
 const (
 	KeyFileEnv     = sopsage.SopsAgeKeyFileEnv
 	KeyEnv         = sopsage.SopsAgeKeyEnv
 	KeyCmdEnv      = sopsage.SopsAgeKeyCmdEnv
 	UserConfigPath = sopsage.SopsAgeKeyUserConfigPath
+	// RecipientEnv is set for KeyCmdEnv's command (and SSHKeyCmdEnv's) to
+	// the recipient whose identity is wanted: sops v3.13.2 runs the
+	// command for each age key of the file it decrypts.
+	RecipientEnv = sopsage.SopsAgeRecipientEnv
+	// SSHKeyFileEnv and SSHKeyCmdEnv name SSH private keys the sops CLI
+	// also decrypts with (besides ~/.ssh/id_ed25519 and id_rsa). They are
+	// not taken here: kustomize-controller v1.9.5 imports only age
+	// identities from sops-age (internal/decryptor/decryptor.go, through
+	// ParsedIdentities.Import), so an SSH key could not decrypt in the
+	// cluster.
+	SSHKeyFileEnv = sopsage.SopsAgeSshPrivateKeyFileEnv
+	SSHKeyCmdEnv  = sopsage.SopsAgeSshPrivateKeyCmdEnv
 )
 
 // EncryptOptions say what Encrypt encrypts and to whom.
@@ -85,8 +99,10 @@ func IsEncrypted(data []byte) bool {
 
 // Encrypt encrypts a plaintext YAML file for the recipients, the way
 // `sops encrypt --age <recipients>` does: a fresh data key, wrapped for
-// each recipient, every value encrypted with AES-GCM and a MAC over the
-// plaintext (cmd/sops/encrypt.go and common.EncryptTree at v3.11.0).
+// each recipient (X25519 age1… or post-quantum age1pq1…, each in an age
+// file of its own, so the two kinds mix), every value encrypted with
+// AES-GCM and a MAC over the plaintext (cmd/sops/encrypt.go and
+// common.EncryptTree at v3.13.2).
 func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 	groups := o.Groups
 	if len(groups) == 0 && len(o.Recipients) > 0 {
@@ -119,7 +135,7 @@ func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 	}
 	// One group: every key wraps the whole data key. Several: each wraps
 	// a Shamir share, threshold of them needed (all when unset), as
-	// UpdateMasterKeysWithKeyServices does at v3.11.0.
+	// UpdateMasterKeysWithKeyServices does at v3.13.2.
 	dataKey := make([]byte, 32)
 	if _, err := rand.Read(dataKey); err != nil {
 		return nil, err
@@ -161,9 +177,22 @@ func Encrypt(plain []byte, o EncryptOptions) ([]byte, error) {
 }
 
 // Decrypt decrypts a SOPS-encrypted YAML file with the identities and
-// verifies its MAC, as `sops decrypt` does (common.DecryptTree at v3.11.0),
-// returning the plaintext YAML.
+// verifies its MAC, as `sops decrypt` does (common.DecryptTree at v3.13.2),
+// returning the plaintext YAML. A MAC that holds under the rule of every
+// sops but v3.13.2 is accepted (decryptDocs); DecryptAsFlux is the
+// stricter check.
 func Decrypt(data []byte, ids Identities) ([]byte, error) {
+	return decrypt(data, ids, false)
+}
+
+// DecryptAsFlux is Decrypt as kustomize-controller v1.9.5 decrypts, with
+// sops v3.13.2's MAC rule: a file that holds an encrypted comment inside
+// a list fails there (decryptDocs), and the error names where.
+func DecryptAsFlux(data []byte, ids Identities) ([]byte, error) {
+	return decrypt(data, ids, true)
+}
+
+func decrypt(data []byte, ids Identities, strict bool) ([]byte, error) {
 	md, docs, err := loadEncrypted(data)
 	if err != nil {
 		return nil, fmt.Errorf("sops: reading the encrypted YAML: %w", err)
@@ -172,7 +201,7 @@ func Decrypt(data []byte, ids Identities) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	computed, err := decryptDocs(docs, md, dataKey)
+	computed, strictMAC, listComments, err := decryptDocs(docs, md, dataKey)
 	if err != nil {
 		return nil, fmt.Errorf("sops: decrypting: %w", err)
 	}
@@ -180,8 +209,13 @@ func Decrypt(data []byte, ids Identities) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sops: decrypting the MAC: %w", err)
 	}
-	if stored != computed {
+	switch {
+	case stored == strictMAC:
+	case stored != computed:
 		return nil, errors.New("sops: MAC mismatch: the file was changed without its key")
+	case strict:
+		return nil, fmt.Errorf("sops: the file holds an encrypted comment inside a list (under %s): sops v3.13.2, which kustomize-controller v1.9.5 decrypts with, counts it in the MAC when decrypting but not when encrypting, so Flux fails this file with \"Failed to verify data integrity\"; move the comment out of the list (or keep it in clear with unencrypted_comment_regex) and encrypt the file again",
+			strings.Join(listComments, ", "))
 	}
 	return emit(docs)
 }
@@ -190,7 +224,7 @@ func Decrypt(data []byte, ids Identities) ([]byte, error) {
 // recipient the identities open gives it; with several (Shamir's secret
 // sharing, .sops.yaml key_groups) each group the identities open gives a
 // share, and shamir_threshold shares are combined, as the sops CLI does
-// (Metadata.GetDataKeyWithKeyServices at v3.11.0).
+// (Metadata.GetDataKeyWithKeyServices at v3.13.2).
 func dataKey(md metadata, ids Identities) ([]byte, error) {
 	if len(md.Groups) == 0 {
 		return nil, errors.New("sops: the file has no key groups")
@@ -274,7 +308,8 @@ func groupKey(group []*sopsage.MasterKey, ids Identities) ([]byte, []string, err
 // Identities are age identities that decrypt, and where they came from.
 type Identities struct {
 	parsed sopsage.ParsedIdentities
-	// Recipients are the public keys of the X25519 identities.
+	// Recipients are the public keys of the identities: X25519 (age1…)
+	// and post-quantum hybrid (age1pq1…, age v1.3.1 `age-keygen -pq`).
 	Recipients []string
 	// Source names the file or variable they were read from, for messages.
 	Source string
@@ -288,41 +323,70 @@ type Identities struct {
 func (i Identities) Age() []age.Identity { return i.parsed }
 
 func (i Identities) opens(recipient string) bool {
-	for _, r := range i.Recipients {
-		if r == recipient {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(i.Recipients, recipient)
 }
 
-// ParseIdentities reads age identities (an age key file: one
-// AGE-SECRET-KEY-1… per line, # comments).
+// identityKeys returns an identity's recipient and its own text (the line
+// of a key file that holds it); ok is false for kinds that have no
+// recipient here (plugins), which neither this tool nor Flux can use.
+func identityKeys(id age.Identity) (recipient, line string, ok bool) {
+	switch x := id.(type) {
+	case *age.X25519Identity:
+		return x.Recipient().String(), x.String(), true
+	case *age.HybridIdentity:
+		return x.Recipient().String(), x.String(), true
+	}
+	return "", "", false
+}
+
+// ParseIdentities reads age identities (an age key file: one identity per
+// line, AGE-SECRET-KEY-1… or the post-quantum AGE-SECRET-KEY-PQ-1…, and #
+// comments), as sops v3.13.2 and kustomize-controller v1.9.5 read them
+// (age/keysource.go parseIdentity).
 func ParseIdentities(data []byte, source string) (Identities, error) {
 	ids := Identities{Source: source, Data: data}
 	if err := ids.parsed.Import(string(data)); err != nil {
 		return Identities{}, fmt.Errorf("age identities in %s: %w", source, err)
 	}
 	for _, id := range ids.parsed {
-		if x, ok := id.(*age.X25519Identity); ok {
-			ids.Recipients = append(ids.Recipients, x.Recipient().String())
+		if r, _, ok := identityKeys(id); ok {
+			ids.Recipients = append(ids.Recipients, r)
 		}
 	}
 	if len(ids.Recipients) == 0 {
-		return Identities{}, fmt.Errorf("%s holds no age X25519 identity (AGE-SECRET-KEY-1…)", source)
+		return Identities{}, fmt.Errorf("%s holds no age identity (AGE-SECRET-KEY-1… or AGE-SECRET-KEY-PQ-1…)", source)
 	}
 	return ids, nil
+}
+
+// splitWords puts each whitespace-separated word of the non-comment lines
+// on a line of its own: $SOPS_AGE_KEY may hold several identities on one
+// line since sops v3.12.0 (parseIdentities with allowMultipleKeysPerLine
+// at v3.13.2); a key file, a command's output and keys.txt may not.
+func splitWords(data []byte) []byte {
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		out = append(out, strings.Fields(line)...)
+	}
+	return []byte(strings.Join(out, "\n"))
 }
 
 // LoadIdentities finds the age identities: the file when set (the
 // config's secrets.age.keyFile, alone), else every source the sops CLI
 // reads, together (age/keysource.go loadIdentities at getsops/sops
-// v3.11.0): $SOPS_AGE_KEY, the file $SOPS_AGE_KEY_FILE names, the output of
-// $SOPS_AGE_KEY_CMD, and <user config dir>/sops/age/keys.txt. A source that
-// fails is reported only when none yields an identity, as the CLI does.
-// SSH identities, which the CLI also reads, are left out: Flux's decryption
-// takes age X25519 identities.
-func LoadIdentities(file string, lookupEnv func(string) (string, bool)) (Identities, error) {
+// v3.13.2): $SOPS_AGE_KEY (several identities to a line allowed), the file
+// $SOPS_AGE_KEY_FILE names, the output of $SOPS_AGE_KEY_CMD, and <user
+// config dir>/sops/age/keys.txt. recipients are the age recipients the
+// caller needs opened (a file's, the repository's): the key command runs
+// once for each with $SOPS_AGE_RECIPIENT set to it, as sops runs it for
+// each age key it tries; without recipients it runs once with the
+// variable unset. A source that fails is reported only when none yields
+// an identity, as the CLI does. SSH identities, which the CLI also reads,
+// are left out (SSHKeyFileEnv).
+func LoadIdentities(file string, lookupEnv func(string) (string, bool), recipients ...string) (Identities, error) {
 	if lookupEnv == nil {
 		lookupEnv = os.LookupEnv
 	}
@@ -342,7 +406,7 @@ func LoadIdentities(file string, lookupEnv func(string) (string, bool)) (Identit
 	var sources []source
 	var problems, unused []string
 	if k, ok := lookupEnv(KeyEnv); ok {
-		sources = append(sources, source{"$" + KeyEnv, []byte(k)})
+		sources = append(sources, source{"$" + KeyEnv, splitWords([]byte(k))})
 	} else {
 		unused = append(unused, "$"+KeyEnv)
 	}
@@ -356,17 +420,10 @@ func LoadIdentities(file string, lookupEnv func(string) (string, bool)) (Identit
 		unused = append(unused, "$"+KeyFileEnv)
 	}
 	if c, ok := lookupEnv(KeyCmdEnv); ok {
-		args, err := shlex.Split(c)
-		switch {
-		case err != nil || len(args) == 0:
-			problems = append(problems, fmt.Sprintf("$%s %q does not parse as a command: %v", KeyCmdEnv, c, err))
-		default:
-			out, err := exec.Command(args[0], args[1:]...).Output()
-			if err != nil {
-				problems = append(problems, fmt.Sprintf("$%s %q failed: %v", KeyCmdEnv, c, err))
-			} else {
-				sources = append(sources, source{"$" + KeyCmdEnv, out})
-			}
+		out, errs := keyCommand(c, recipients)
+		problems = append(problems, errs...)
+		if len(out) > 0 {
+			sources = append(sources, source{"$" + KeyCmdEnv, out})
 		}
 	} else {
 		unused = append(unused, "$"+KeyCmdEnv)
@@ -410,6 +467,11 @@ func LoadIdentities(file string, lookupEnv func(string) (string, bool)) (Identit
 		if len(unused) > 0 {
 			msg += " (unset or missing: " + strings.Join(unused, ", ") + ")"
 		}
+		for _, env := range []string{SSHKeyFileEnv, SSHKeyCmdEnv} {
+			if _, ok := lookupEnv(env); ok {
+				problems = append(problems, fmt.Sprintf("$%s is set, but an SSH key is not an age identity kustomize-controller can decrypt with", env))
+			}
+		}
 		if len(problems) > 0 {
 			msg += ": " + strings.Join(problems, "; ")
 		}
@@ -417,6 +479,37 @@ func LoadIdentities(file string, lookupEnv func(string) (string, bool)) (Identit
 	}
 	all.Source = strings.Join(names, " + ")
 	return all, nil
+}
+
+// keyCommand runs $SOPS_AGE_KEY_CMD's command c once for each recipient
+// with $SOPS_AGE_RECIPIENT set to it (once without it when there is none)
+// and returns every output, one after the other, and what failed.
+func keyCommand(c string, recipients []string) (out []byte, problems []string) {
+	args, err := shlex.Split(c)
+	if err != nil || len(args) == 0 {
+		return nil, []string{fmt.Sprintf("$%s %q does not parse as a command: %v", KeyCmdEnv, c, err)}
+	}
+	runs := recipients
+	if len(runs) == 0 {
+		runs = []string{""}
+	}
+	for _, r := range runs {
+		cmd := exec.Command(args[0], args[1:]...)
+		if r != "" {
+			cmd.Env = append(os.Environ(), RecipientEnv+"="+r)
+		}
+		b, err := cmd.Output()
+		if err != nil {
+			what := fmt.Sprintf("$%s %q failed", KeyCmdEnv, c)
+			if r != "" {
+				what += fmt.Sprintf(" for $%s=%s", RecipientEnv, r)
+			}
+			problems = append(problems, fmt.Sprintf("%s: %v", what, err))
+			continue
+		}
+		out = append(append(out, bytes.TrimSpace(b)...), '\n')
+	}
+	return out, problems
 }
 
 // GenerateIdentity returns a new age identity and its recipient, as
@@ -439,9 +532,8 @@ type CreationRule struct {
 	Options EncryptOptions
 }
 
-// RuleFor finds the .sops.yaml nearest the file (its directory, then up,
-// as the sops CLI searches from where it runs: config.LookupConfigFile at
-// v3.11.0) and the first of its creation rules whose path_regex matches
+// RuleFor finds the .sops.yaml nearest the file (its directory, then up;
+// the sops CLI searches up from where it runs: configFileName) and the first of its creation rules whose path_regex matches
 // the file's path relative to it. ok is false when there is no
 // .sops.yaml or no rule matches (the file then keeps the tool's own
 // recipients). A rule naming keys other than age (PGP, KMS, Vault) is an
@@ -518,7 +610,7 @@ func (s *FileSealer) Open(stored []byte) ([]byte, error) {
 	if !IsEncrypted(stored) {
 		return stored, nil
 	}
-	ids, err := s.Identities()
+	ids, err := s.identities(FileRecipients(stored))
 	if err != nil {
 		return nil, err
 	}
@@ -527,8 +619,14 @@ func (s *FileSealer) Open(stored []byte) ([]byte, error) {
 
 // Identities returns the identities that open what Seal stored.
 func (s *FileSealer) Identities() (Identities, error) {
+	return s.identities(s.Recipients)
+}
+
+// identities loads the identities once, asking a key command for
+// recipients (LoadIdentities).
+func (s *FileSealer) identities(recipients []string) (Identities, error) {
 	if s.ids == nil && s.idsErr == nil {
-		ids, err := LoadIdentities(s.KeyFile, s.LookupEnv)
+		ids, err := LoadIdentities(s.KeyFile, s.LookupEnv, recipients...)
 		s.ids, s.idsErr = &ids, err
 	}
 	if s.idsErr != nil {
@@ -581,15 +679,15 @@ func (i Identities) Only(recipients []string) (Identities, bool) {
 	out := Identities{Source: i.Source}
 	var lines []string
 	for _, id := range i.parsed {
-		x, isX := id.(*age.X25519Identity)
-		if !isX || !want[x.Recipient().String()] {
+		r, line, ok := identityKeys(id)
+		if !ok || !want[r] {
 			continue
 		}
 		// Each identity once, however many sources held it.
-		delete(want, x.Recipient().String())
+		delete(want, r)
 		out.parsed = append(out.parsed, id)
-		out.Recipients = append(out.Recipients, x.Recipient().String())
-		lines = append(lines, x.String())
+		out.Recipients = append(out.Recipients, r)
+		lines = append(lines, line)
 	}
 	out.Data = []byte(strings.Join(lines, "\n"))
 	return out, len(lines) > 0

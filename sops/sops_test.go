@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"filippo.io/age"
 	"github.com/getsops/sops/v3/cmd/sops/formats"
 	"github.com/getsops/sops/v3/decrypt"
 	"go.yaml.in/yaml/v3"
@@ -236,7 +237,7 @@ func TestShamirKeyGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(enc), "- recipient: age1"); n != 3 || !strings.Contains(string(enc), "key_groups:") || !strings.Contains(string(enc), "shamir_threshold: 2") {
+	if n := strings.Count(string(enc), "recipient: age1"); n != 3 || !strings.Contains(string(enc), "key_groups:") || !strings.Contains(string(enc), "shamir_threshold: 2") {
 		t.Fatalf("%d key groups:\n%s", n, enc)
 	}
 	t.Setenv(sops.KeyEnv, keys[0]+"\n"+keys[2])
@@ -312,5 +313,50 @@ func TestCreationRuleDecidesTheBundle(t *testing.T) {
 `)
 	if _, err := sealer.Seal([]byte(plain)); err == nil || !strings.Contains(err.Error(), "age only") || !strings.Contains(err.Error(), ".sops.yaml") {
 		t.Errorf("a PGP rule: %v", err)
+	}
+}
+
+// TestKeySourcesAsSOPS3132 reads the sources as sops v3.13.2 does:
+// $SOPS_AGE_KEY may hold several identities on a line; $SOPS_AGE_KEY_CMD
+// runs once for each recipient asked for, with $SOPS_AGE_RECIPIENT set to
+// it (a command answering only then gives nothing without it); a key file
+// with a post-quantum line is one source still; and an SSH key source is
+// named when nothing else is found, as kustomize-controller cannot use it.
+func TestKeySourcesAsSOPS3132(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	first, firstRec, _ := sops.GenerateIdentity()
+	second, secondRec, _ := sops.GenerateIdentity()
+	pq, err := age.GenerateHybridIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{sops.KeyEnv: first + "  " + second}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	ids, err := sops.LoadIdentities("", lookup)
+	if err != nil || !slices.Equal(ids.Recipients, []string{firstRec, secondRec}) {
+		t.Fatalf("two identities on one line of $SOPS_AGE_KEY: %v %v", ids.Recipients, err)
+	}
+
+	// The command answers for the PQ recipient only, as a password
+	// manager keyed by recipient would.
+	dir := t.TempDir()
+	script := filepath.Join(dir, "key-for")
+	body := "#!/bin/sh\ncase \"$" + sops.RecipientEnv + "\" in\n" + pq.Recipient().String() + ") echo " + pq.String() + " ;;\n*) echo \"no key for '$" + sops.RecipientEnv + "'\" >&2; exit 1 ;;\nesac\n"
+	if err := os.WriteFile(script, []byte(body), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	env = map[string]string{sops.KeyCmdEnv: script}
+	ids, err = sops.LoadIdentities("", lookup, firstRec, pq.Recipient().String())
+	if err != nil || !slices.Equal(ids.Recipients, []string{pq.Recipient().String()}) {
+		t.Fatalf("the key command asked per recipient: %.30q %v", ids.Recipients, err)
+	}
+	if _, err := sops.LoadIdentities("", lookup); err == nil || !strings.Contains(err.Error(), sops.KeyCmdEnv) {
+		t.Errorf("the key command with no recipient to ask for: %v", err)
+	}
+
+	// Nothing but an SSH key: the message says why it is not taken.
+	env = map[string]string{sops.SSHKeyCmdEnv: "cat id_ed25519"}
+	if _, err := sops.LoadIdentities("", lookup); err == nil || !strings.Contains(err.Error(), "$"+sops.SSHKeyCmdEnv+" is set") {
+		t.Errorf("only an SSH key command: %v", err)
 	}
 }

@@ -1,7 +1,7 @@
 package sops
 
 // The SOPS document model, read from and written to YAML as the sops CLI's
-// YAML store does (stores/yaml/store.go at getsops/sops v3.11.0): keys stay
+// YAML store does (stores/yaml/store.go at getsops/sops v3.13.2): keys stay
 // in clear in their order, comments become leaves of the tree (so that they
 // are encrypted too), and every scalar is the Go value yaml.v3 decodes it
 // to, which is what the MAC hashes. The package keeps its own model
@@ -19,8 +19,14 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// comment is one YAML comment line, without its '#'.
-type comment struct{ text string }
+// comment is one YAML comment line, without its '#'. inline marks a
+// comment that stood beside a value (`key: value # comment`): sops v3.13.2
+// writes it back there, where v3.11.0 moved it above the entry
+// (store.go appendInlineCommentToMap and addCommentsLine, commit 42f75bedd).
+type comment struct {
+	text   string
+	inline bool
+}
 
 // item is one mapping entry; key is a string, or a comment that sits
 // between entries (its value then nil).
@@ -36,30 +42,38 @@ type branch []item
 const metadataKey = "sops"
 
 // indent is the sops CLI's YAML indent unless .sops.yaml's
-// stores.yaml.indent says otherwise (IndentDefault at v3.11.0).
+// stores.yaml.indent says otherwise (IndentDefault at v3.13.2).
 const indent = 4
 
 // commentLines splits a yaml.v3 comment block into its lines without the
 // leading '#', dropping empty lines.
-func commentLines(block string) []comment {
+func commentLines(block string, inline bool) []comment {
 	var out []comment
 	for _, line := range strings.Split(block, "\n") {
 		if line != "" {
-			out = append(out, comment{line[1:]})
+			out = append(out, comment{line[1:], inline})
 		}
 	}
 	return out
 }
 
 func appendListComments(list []any, block string) []any {
-	for _, c := range commentLines(block) {
+	return appendListCommentsAs(list, block, false)
+}
+
+func appendListCommentsAs(list []any, block string, inline bool) []any {
+	for _, c := range commentLines(block, inline) {
 		list = append(list, c)
 	}
 	return list
 }
 
 func appendMapComments(b branch, block string) branch {
-	for _, c := range commentLines(block) {
+	return appendMapCommentsAs(b, block, false)
+}
+
+func appendMapCommentsAs(b branch, block string, inline bool) branch {
+	for _, c := range commentLines(block, inline) {
 		b = append(b, item{key: c})
 	}
 	return b
@@ -77,7 +91,7 @@ func treeValue(n *yaml.Node, commentsTaken bool) (any, error) {
 		}
 		for _, e := range n.Content {
 			list = appendListComments(list, e.HeadComment)
-			list = appendListComments(list, e.LineComment)
+			list = appendListCommentsAs(list, e.LineComment, true)
 			v, err := treeValue(e, true)
 			if err != nil {
 				return nil, err
@@ -129,7 +143,7 @@ func appendMapping(n *yaml.Node, b branch, commentsTaken bool) (branch, error) {
 			scalar := v.Kind == yaml.ScalarNode || v.Kind == yaml.AliasNode
 			if scalar {
 				b = appendMapComments(b, v.HeadComment)
-				b = appendMapComments(b, v.LineComment)
+				b = appendMapCommentsAs(b, v.LineComment, true)
 			}
 			var key any
 			if err := k.Decode(&key); err != nil {
@@ -247,27 +261,29 @@ func emit(docs []branch, extra ...item) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// headComment puts comment lines before a node; footComment after it.
-func headComment(n *yaml.Node, lines []string) {
-	if len(lines) == 0 {
-		return
-	}
-	c := "#" + strings.Join(lines, "\n#")
-	if n.HeadComment != "" {
-		c += "\n" + n.HeadComment
-	}
-	n.HeadComment = c
-}
+// headComment puts comment lines before a node, before what it has
+// there; lineComment beside it and footComment after it, after what it has.
+func headComment(n *yaml.Node, lines []string) { addComment(&n.HeadComment, lines, true) }
 
-func footComment(n *yaml.Node, lines []string) {
+func lineComment(n *yaml.Node, lines []string) { addComment(&n.LineComment, lines, false) }
+
+func footComment(n *yaml.Node, lines []string) { addComment(&n.FootComment, lines, false) }
+
+// addComment adds lines to a node's comment field, before or after what
+// it holds.
+func addComment(field *string, lines []string, before bool) {
 	if len(lines) == 0 {
 		return
 	}
 	c := "#" + strings.Join(lines, "\n#")
-	if n.FootComment != "" {
-		c = n.FootComment + "\n" + c
+	switch {
+	case *field == "":
+	case before:
+		c += "\n" + *field
+	default:
+		c = *field + "\n" + c
 	}
-	n.FootComment = c
+	*field = c
 }
 
 func valueNode(v any) (*yaml.Node, error) {
@@ -285,13 +301,19 @@ func valueNode(v any) (*yaml.Node, error) {
 
 // appendBranchNodes writes a branch's entries into a mapping node: the
 // comments before the first entry head the mapping, the others head the
-// entry they precede, and trailing ones follow the last entry.
+// entry they precede, an inline comment goes beside the value of the
+// entry after it, and trailing ones follow the last entry (inline ones
+// last), as appendTreeBranch does at sops v3.13.2.
 func appendBranchNodes(b branch, mapping *yaml.Node) error {
-	var pending []string
+	var pending, inline []string
 	first := true
 	for _, it := range b {
 		if c, ok := it.key.(comment); ok {
-			pending = append(pending, c.text)
+			if c.inline {
+				inline = append(inline, c.text)
+			} else {
+				pending = append(pending, c.text)
+			}
 			continue
 		}
 		if first {
@@ -308,13 +330,15 @@ func appendBranchNodes(b branch, mapping *yaml.Node) error {
 		if err != nil {
 			return err
 		}
+		lineComment(v, inline)
+		inline = nil
 		mapping.Content = append(mapping.Content, k, v)
 	}
 	var last *yaml.Node
 	if !first {
 		last = mapping.Content[len(mapping.Content)-2]
 	}
-	trailingComment(mapping, last, pending)
+	trailingComment(mapping, last, append(pending, inline...))
 	return nil
 }
 
@@ -330,11 +354,15 @@ func trailingComment(block, last *yaml.Node, lines []string) {
 }
 
 func appendListNodes(list []any, seq *yaml.Node) error {
-	var pending []string
+	var pending, inline []string
 	first := true
 	for _, e := range list {
 		if c, ok := e.(comment); ok {
-			pending = append(pending, c.text)
+			if c.inline {
+				inline = append(inline, c.text)
+			} else {
+				pending = append(pending, c.text)
+			}
 			continue
 		}
 		if first {
@@ -346,13 +374,14 @@ func appendListNodes(list []any, seq *yaml.Node) error {
 			return err
 		}
 		headComment(n, pending)
-		pending = nil
+		lineComment(n, inline)
+		pending, inline = nil, nil
 		seq.Content = append(seq.Content, n)
 	}
 	var last *yaml.Node
 	if !first {
 		last = seq.Content[len(seq.Content)-1]
 	}
-	trailingComment(seq, last, pending)
+	trailingComment(seq, last, append(pending, inline...))
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"filippo.io/age"
 
@@ -142,32 +143,38 @@ func copyToDir(env *Env, info backup.Info, recipients []age.Recipient, keep int)
 	return err
 }
 
-// backupS3 is the client of backup.s3's bucket; its secret key joins the
-// values masked in all output.
+// backupS3 is the client of backup.s3's bucket; its secret key and
+// session token join the values masked in all output.
 func backupS3(env *Env) (*backup.S3, error) {
-	s3, secret, err := BackupBucket(env.Config)
+	s3, secrets, err := BackupBucket(env.Config)
 	if err == nil && env.Secrets != nil {
-		env.Secrets.Add(secret)
+		for _, s := range secrets {
+			env.Secrets.Add(s)
+		}
 	}
 	return s3, err
 }
 
 // BackupBucket is the client of backup.s3's bucket (keys under
-// backup.s3.prefix, default <cluster>/etcd/) and the secret key it signs
-// with.
-func BackupBucket(cfg *config.Config) (*backup.S3, string, error) {
+// backup.s3.prefix, default <cluster>/etcd/) and the secrets it signs
+// with (the secret key, and the session token of temporary credentials).
+func BackupBucket(cfg *config.Config) (*backup.S3, []string, error) {
 	s := cfg.Backup.S3
-	id, secret, err := cfg.S3Credentials()
+	creds, err := cfg.S3Credentials()
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
+	}
+	secrets := []string{creds.SecretKey}
+	if creds.SessionToken != "" {
+		secrets = append(secrets, creds.SessionToken)
 	}
 	ca := ""
 	if s.CAFile != "" {
 		ca = cfg.Resolve(s.CAFile)
 	}
 	s3, err := backup.NewS3(backup.S3Options{Endpoint: s.Endpoint, Bucket: s.Bucket, Prefix: backupPrefix(cfg), Region: s.Region, PathStyle: s.PathStyle,
-		AccessKey: id, SecretKey: secret, CAFile: ca})
-	return s3, secret, err
+		AccessKey: creds.AccessKey, SecretKey: creds.SecretKey, SessionToken: creds.SessionToken, CredentialsSource: creds.Source, CAFile: ca})
+	return s3, secrets, err
 }
 
 // backupPrefix is where copies go in backup.s3's bucket: backup.s3.prefix,
@@ -203,8 +210,8 @@ func copyToS3(ctx context.Context, env *Env, info backup.Info, recipients []age.
 		return err
 	}
 	env.Log.Info().Str("copy", s3.URL(r.Key)).Str("sha256", r.SHA256).Msg("etcd snapshot uploaded and read back")
-	if _, err := s3.Prune(ctx, keep, backup.SnapshotSuffixes...); err != nil {
-		return fmt.Errorf("pruning %s: %w", s3.URL(""), err)
+	if err := pruneS3(ctx, env, s3, keep, backup.SnapshotSuffixes...); err != nil {
+		return err
 	}
 	bundle, err := sealedBundle(env, info, recipients, tmp)
 	if err != nil || bundle == "" {
@@ -214,10 +221,30 @@ func copyToS3(ctx context.Context, env *Env, info backup.Info, recipients []age.
 		return err
 	}
 	env.Log.Info().Str("copy", s3.URL(r.Key)).Msg("secrets bundle uploaded (age-encrypted) and read back")
-	if _, err := s3.Prune(ctx, keep, BundleCopySuffix); err != nil {
+	return pruneS3(ctx, env, s3, keep, BundleCopySuffix)
+}
+
+// pruneS3 prunes the bucket's copies to keep (S3.Prune) and warns about
+// each copy named after now, which it neither counts nor removes.
+func pruneS3(ctx context.Context, env *Env, s3 *backup.S3, keep int, suffixes ...string) error {
+	removed, future, err := s3.Prune(ctx, keep, suffixes...)
+	WarnFutureCopies(env, s3, future)
+	if err != nil {
 		return fmt.Errorf("pruning %s: %w", s3.URL(""), err)
 	}
+	for _, k := range removed {
+		env.Log.Info().Str("copy", s3.URL(k)).Msg("old copy removed (backup.keep)")
+	}
 	return nil
+}
+
+// WarnFutureCopies names each copy in the bucket whose name is after now.
+func WarnFutureCopies(env *Env, s3 *backup.S3, future []backup.Remote) {
+	now := env.now()
+	for _, f := range future {
+		env.Log.Warn().Str("copy", s3.URL(f.Key)).Str("named_ahead_by", f.Taken.Sub(now).Round(time.Second).String()).
+			Msg("a copy in the bucket is named after now (a clock that was wrong when it was written, or an object put there by hand): it does not count toward backup.keep, is never the newest and is never pruned; remove it if it is not a snapshot you keep")
+	}
 }
 
 // CopyError says the snapshot was taken and kept on this host but its

@@ -211,18 +211,12 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	return nil
 }
 
-// fluxSynced asks Flux to fetch a new revision at once, or to reconcile
-// again after a restore, and waits until the sync pair is Ready at it.
+// fluxSynced asks Flux to reconcile what is not synced yet at once, or
+// to reconcile again after a restore, and waits until the sync pair is
+// Ready at revision; a suspended object or a Ready=False after the request
+// ends the wait with the controller's message (flux.Client.SyncNow).
 func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) error {
 	f := env.Config.Flux
-	// A new snapshot would otherwise wait for the next interval.
-	if repo, _, err := c.Status(ctx, FluxNamespace, FluxNamespace); err == nil && revision != "" && repo.Revision != "" && repo.Revision != revision {
-		if err := env.Wet(fmt.Sprintf("ask Flux to fetch %s now (it serves %s)", revision, repo.Revision), func() error {
-			return c.RequestReconcile(ctx, flux.GitRepositoryGVK, FluxNamespace, FluxNamespace, env.now())
-		}); err != nil {
-			return err
-		}
-	}
 	// After an etcd restore the Flux objects carry the Ready status they
 	// had when the snapshot was taken: only a reconciliation the new
 	// controllers handled says Flux syncs again.
@@ -231,7 +225,31 @@ func fluxSynced(ctx context.Context, env *Env, c *flux.Client, revision string) 
 			return c.ReconcileWithSource(ctx, FluxNamespace, FluxNamespace, revision, env.now, f.Timeout.D())
 		})
 	}
-	return c.WaitReady(ctx, FluxNamespace, FluxNamespace, revision, f.Timeout.D())
+	// What is not synced yet is asked to reconcile now: a new snapshot
+	// would otherwise wait for the next interval, and a failure from
+	// before (a Secret fixed since) for the retry interval. The wait
+	// then ends at a Ready=False only once it follows the request.
+	pending, err := c.Unsynced(ctx, FluxNamespace, FluxNamespace, revision)
+	if err != nil {
+		return err
+	}
+	var requests map[schema.GroupVersionKind]string
+	if len(pending) > 0 {
+		what := fmt.Sprintf("ask Flux to reconcile the Kustomization at %s again", revision)
+		if pending[0] == flux.GitRepositoryGVK {
+			what = fmt.Sprintf("ask Flux to fetch %s now", revision)
+			if len(pending) > 1 {
+				what += " and reconcile the Kustomization"
+			}
+		}
+		if err := env.Wet(what, func() error {
+			requests, err = c.RequestSync(ctx, FluxNamespace, FluxNamespace, pending, env.now)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return c.WaitReadyAfter(ctx, FluxNamespace, FluxNamespace, revision, requests, f.Timeout.D())
 }
 
 // syncObjectsFor returns the sync objects for the GitRepository's url,
@@ -553,17 +571,6 @@ func fluxAuthSecret(env *Env) (*unstructured.Unstructured, error) {
 // SOPS file found comes back too, for the precheck to prove the selection
 // opens it.
 func fluxIdentities(ctx context.Context, env *Env) (ids sops.Identities, file string, data []byte, err error) {
-	keyFile := env.Config.Resolve(env.Config.Secrets.Age.KeyFile)
-	all, err := sops.LoadIdentities(keyFile, nil)
-	if err != nil {
-		return ids, "", nil, config.Userf("flux.decryption: %v", err)
-	}
-	env.Secrets.Add(strings.TrimSpace(string(all.Data)))
-	for _, line := range strings.Split(string(all.Data), "\n") {
-		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
-			env.Secrets.Add(l)
-		}
-	}
 	file, data, recipients, err := repositorySOPS(ctx, env)
 	if err != nil {
 		return ids, "", nil, err
@@ -574,6 +581,19 @@ func fluxIdentities(ctx context.Context, env *Env) (ids sops.Identities, file st
 	}
 	if len(recipients) == 0 {
 		recipients, what = env.Config.Secrets.Age.Recipients, "secrets.age.recipients"
+	}
+	// The recipients are known first: $SOPS_AGE_KEY_CMD is asked for each
+	// ($SOPS_AGE_RECIPIENT), as sops v3.13.2 asks it.
+	keyFile := env.Config.Resolve(env.Config.Secrets.Age.KeyFile)
+	all, err := sops.LoadIdentities(keyFile, nil, recipients...)
+	if err != nil {
+		return ids, "", nil, config.Userf("flux.decryption: %v", err)
+	}
+	env.Secrets.Add(strings.TrimSpace(string(all.Data)))
+	for _, line := range strings.Split(string(all.Data), "\n") {
+		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
+			env.Secrets.Add(l)
+		}
 	}
 	switch {
 	case len(recipients) > 0:
@@ -652,7 +672,8 @@ func sopsCheck(env *Env) check.Check {
 		case file == "":
 			return check.Warnf("no SOPS-encrypted file under %s yet: nothing to prove %s against", f.Path, ids.Source)
 		}
-		if _, err := sops.Decrypt(data, ids); err != nil {
+		// As kustomize-controller v1.9.5 will: sops v3.13.2's rules.
+		if _, err := sops.DecryptAsFlux(data, ids); err != nil {
 			return check.Failf("%s: %v", file, err)
 		}
 		return check.Passf("%s decrypts with %s (what Flux gets as %s/%s: %d identit%s)", file, ids.Source, flux.DecryptionSecretName, flux.DecryptionAgeKey, len(ids.Recipients), map[bool]string{true: "y", false: "ies"}[len(ids.Recipients) == 1])

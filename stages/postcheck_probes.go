@@ -105,7 +105,8 @@ func (e *Env) postcheckRemote() func(context.Context) (string, time.Time, error)
 		if err != nil {
 			return "", time.Time{}, err
 		}
-		r, ok, err := s3.Newest(ctx, backup.SnapshotSuffixes...)
+		r, ok, future, err := s3.Newest(ctx, backup.SnapshotSuffixes...)
+		WarnFutureCopies(e, s3, future)
 		if err != nil || !ok || r.SHA256 == "" {
 			return "", time.Time{}, err
 		}

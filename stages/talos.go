@@ -221,11 +221,10 @@ func KeptFiles(cfg *config.Config) *sealed.Files {
 		ids, err := sealer.Identities()
 		return ids.Age(), err
 	}}
-	for _, r := range a.Recipients {
-		// config validate refuses anything else.
-		if rec, err := age.ParseX25519Recipient(strings.TrimSpace(r)); err == nil {
-			f.Recipients = append(f.Recipients, rec)
-		}
+	// config validate refuses what does not parse, and a mix of
+	// post-quantum and classic recipients.
+	if recs, err := sealed.ParseRecipients(a.Recipients); err == nil {
+		f.Recipients = recs
 	}
 	return f
 }

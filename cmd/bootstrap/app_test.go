@@ -57,8 +57,10 @@ type harness struct {
 	ran     []string
 	behave  map[string]string
 	blocked chan struct{}
-	stdout  bytes.Buffer
-	stderr  bytes.Buffer
+	// env is the environment the command sees (empty by default).
+	env    map[string]string
+	stdout bytes.Buffer
+	stderr bytes.Buffer
 }
 
 func newHarness(t *testing.T) *harness {
@@ -76,7 +78,7 @@ func (h *harness) run(ctx context.Context, args ...string) int {
 	h.mu.Unlock()
 	h.stdout.Reset()
 	h.stderr.Reset()
-	app := &App{Stdout: &h.stdout, Stderr: &h.stderr, LookupEnv: func(string) (string, bool) { return "", false },
+	app := &App{Stdout: &h.stdout, Stderr: &h.stderr, LookupEnv: func(k string) (string, bool) { v, ok := h.env[k]; return v, ok },
 		Stages: func() []stages.Stage {
 			var out []stages.Stage
 			for _, n := range stages.Order {
@@ -392,7 +394,7 @@ func TestShellCompletion(t *testing.T) {
 		t.Setenv("COMP_LINE", line)
 		t.Setenv("COMP_POINT", strconv.Itoa(len(line)))
 		h.stdout.Reset()
-		app := &App{Stdout: &h.stdout, Stderr: &h.stderr, LookupEnv: func(string) (string, bool) { return "", false }, Stages: registeredStagesForTest}
+		app := &App{Stdout: &h.stdout, Stderr: &h.stderr, LookupEnv: func(k string) (string, bool) { v, ok := h.env[k]; return v, ok }, Stages: registeredStagesForTest}
 		if code := app.Main(context.Background(), nil); code != 0 || h.stdout.String() != want {
 			t.Errorf("%q: code %d, completed %q, want %q", line, code, h.stdout.String(), want)
 		}

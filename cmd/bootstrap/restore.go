@@ -55,7 +55,9 @@ func (r *RestoreCmd) Run(ctx context.Context, a *App) error {
 		}
 		plain, err := backup.Decrypt(from, id, paths.StateDir)
 		if err != nil {
-			return config.Userf("--from %s: %v; nothing was touched", from, err)
+			// The copy the user named (an s3:// URL), not its download,
+			// which is gone by the time this is read.
+			return config.Userf("--from %s: %v; nothing was touched", r.From, err)
 		}
 		defer os.Remove(plain)
 		from = plain

@@ -159,6 +159,45 @@ func (f *Files) WriteIfChanged(path string, data []byte) (bool, error) {
 	return true, nil
 }
 
+// ParseRecipient parses an age public key as the age CLI v1.3.1 does
+// (parse.go parseRecipient): post-quantum hybrid (age1pq1…, age-keygen
+// -pq) or X25519 (age1…).
+func ParseRecipient(s string) (age.Recipient, error) {
+	s = strings.TrimSpace(s)
+	if strings.HasPrefix(s, "age1pq1") {
+		return age.ParseHybridRecipient(s)
+	}
+	return age.ParseX25519Recipient(s)
+}
+
+// ErrMixedRecipients says a list holds both post-quantum and classic
+// recipients: age v1.3.1 refuses to encrypt one file to both (age.go
+// encryptHdr, "incompatible recipients"), since the classic ones would
+// leave it open to a quantum computer. SOPS files are not affected: sops
+// wraps the data key in a separate age file per recipient.
+var ErrMixedRecipients = errors.New("post-quantum (age1pq1…) and classic (age1…) recipients cannot be mixed: age refuses to encrypt one file to both; use one kind")
+
+// ParseRecipients parses age public keys (ParseRecipient) that one file
+// can be encrypted to: all post-quantum or all classic.
+func ParseRecipients(keys []string) ([]age.Recipient, error) {
+	var out []age.Recipient
+	pq := 0
+	for _, k := range keys {
+		r, err := ParseRecipient(k)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", k, err)
+		}
+		if _, ok := r.(*age.HybridRecipient); ok {
+			pq++
+		}
+		out = append(out, r)
+	}
+	if pq > 0 && pq < len(out) {
+		return nil, ErrMixedRecipients
+	}
+	return out, nil
+}
+
 // Seal encrypts plain to recipients with age, ASCII-armored (text, so a
 // diff or a terminal shows what it is).
 func Seal(plain []byte, recipients []age.Recipient) ([]byte, error) {

@@ -4,7 +4,7 @@
 # previous-, and of the two minors a Kubernetes-first upgrade crosses, prefixed
 # 1.30- and 1.31-; kwok, source-controller, kustomize-controller,
 # helm-controller, controller-gen, versitygw (the S3 server of backup.s3), and
-# the users' tools the e2e tests run: kubectl, age, sops, helm, flux,
+# the users' tools the e2e tests run: kubectl, age, age-keygen, sops, helm, flux,
 # node_exporter) from the Go
 # modules pinned under lab/tools/ into $BOOTSTRAP_LAB_BIN (default: .lab/bin at
 # the repository root), and records where the pinned Cilium source is, whose
@@ -117,6 +117,7 @@ declare -A specs=(
 	[controller-gen]="notification-controller|sigs.k8s.io/controller-tools/cmd/controller-gen|"
 	[kubectl]="kubectl|k8s.io/kubernetes/cmd/kubectl|$k8s_ldflags"
 	[age]="clients|filippo.io/age/cmd/age|"
+	[age-keygen]="clients|filippo.io/age/cmd/age-keygen|"
 	[sops]="clients|github.com/getsops/sops/v3/cmd/sops|"
 	[helm]="clients|helm.sh/helm/v3/cmd/helm|"
 	[node_exporter]="node-exporter|github.com/prometheus/node_exporter|-X github.com/prometheus/common/version.Version=${node_exporter_version#v}"
@@ -152,7 +153,7 @@ if [[ $set_name == all ]]; then
 	# The users' own tools, which the e2e tests read the artifacts with
 	# (e2e TestRealClients); a lab runs without them.
 	chain_kubernetes+=(kubectl)
-	chain_rest+=(age sops helm node_exporter flux)
+	chain_rest+=(age age-keygen sops helm node_exporter flux)
 	tool_mods+=(clients kubectl node-exporter flux-cli)
 fi
 versions="kubernetes $k8s_version"
