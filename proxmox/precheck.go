@@ -233,6 +233,9 @@ func (f *facts) imageBoot(ctx context.Context) (BootChoice, bool) {
 	return b.choice, err == nil && b.refusal == nil && b.choice.Mode == BootImage
 }
 
+// BootCheck names the precheck row that says how new VMs boot.
+const BootCheck = "proxmox: boot"
+
 // checkBoot is the boot row: which way new VMs get Talos and why. A
 // refused proxmox.boot image fails it only when a VM is to be created.
 func (f *facts) checkBoot(ctx context.Context) (check.Status, string) {
@@ -392,7 +395,7 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 		checks = append(checks, f.gated("proxmox: HA", f.checkHA))
 	}
 	if in.Boot.Want != "" {
-		checks = append(checks, f.gated("proxmox: boot", f.checkBoot))
+		checks = append(checks, f.gated(BootCheck, f.checkBoot))
 	}
 	return append(checks, []check.Check{
 		f.gated("proxmox: tags", f.checkTags),

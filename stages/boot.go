@@ -57,7 +57,7 @@ func chooseBoot(ctx context.Context, env *Env, c *proxmox.Client, hosts []string
 		d = &bootDecision{choice: choice, refusal: refusal}
 	}
 	if d.refusal == nil {
-		env.Log.Info().Str("boot", string(d.choice.Mode)).Msg("new VMs boot " + d.choice.Reason)
+		env.UI.OK("new VMs boot %s", d.choice.Reason)
 	}
 	return d.choice, d.refusal, nil
 }

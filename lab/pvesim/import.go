@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -215,4 +216,23 @@ func (w *headWriter) Write(p []byte) (int, error) {
 		w.buf = append(w.buf, p[:min(room, len(p))]...)
 	}
 	return len(p), nil
+}
+
+// Volumes lists the volume IDs of a content type on a storage ("import",
+// "images", "iso"), sorted: what a test checks is left behind.
+func (s *Server) Volumes(storage, content string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.storageByName(storage)
+	if st == nil {
+		return nil
+	}
+	var out []string
+	for name, v := range st.vols {
+		if v.content == content {
+			out = append(out, storage+":"+name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
