@@ -3,6 +3,7 @@ package proxmox
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -135,5 +136,62 @@ func TestRunnerRoleImportsTheImage(t *testing.T) {
 	}
 	if r := runPrechecks(t, c, in)["proxmox: boot"]; r.Status != check.Pass || !strings.Contains(r.Reason, "(present)") {
 		t.Errorf("boot row once the image is there: %s %s", r.Status, r.Reason)
+	}
+}
+
+// Adoption and drift do not depend on how a VM got Talos: a VM created
+// from the image is adopted by an ISO config with no ISO drift, one
+// installed from the ISO by an image config as it is, and a VM whose
+// create ended before its resize (a killed run) has its disk grown when it
+// is adopted.
+func TestAdoptionEitherBootMode(t *testing.T) {
+	const version = "8.4.21"
+	e, c := bootEnv(t, version, importStorages, RunnerPrivileges(testVersion(t, version)))
+	ctx := ctxT(t)
+	if err := c.FetchImage(ctx, ISOSource{Storage: "local", Filename: image.Filename, URL: image.URL}); err != nil {
+		t.Fatal(err)
+	}
+	src := iso
+	src.Checksum = isoSum()
+	if _, err := c.EnsureISO(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	ss := specs(3)
+	vol := ImportVolID("local", image.Filename)
+	ss[0].Image = vol // from the image
+	// ss[1] from the ISO
+	ss[2].Image = vol // from the image, its resize failing
+	e.sim.InjectFault(pvesim.Fault{Kind: pvesim.FaultTaskError, Method: "PUT", Path: "/nodes/*/qemu/" + strconv.Itoa(ss[2].VMID) + "/resize", Message: "resize interrupted", Times: 1})
+	for i, s := range ss {
+		_, err := c.EnsureVM(ctx, s)
+		if (err != nil) != (i == 2) {
+			t.Fatalf("VM %d: %v", s.VMID, err)
+		}
+	}
+	if vm, _ := e.sim.VM(ss[2].VMID); len(vm.Event.Disks) != 1 || vm.Event.Disks[0].SizeBytes != 1246<<20 {
+		t.Fatalf("VM %d after a failed resize: disks %+v", ss[2].VMID, vm.Event.Disks)
+	}
+	vms, err := c.ListVMs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other mode's config: ISO for the image VM, image for the ISO VM.
+	swapped := []VMSpec{ss[0], ss[1]}
+	swapped[0].Image, swapped[1].Image = "", vol
+	for _, s := range swapped {
+		p, err := c.PlanVM(ctx, s, vms)
+		if err != nil || p.Create || len(p.Changes()) > 0 || len(p.Drift) > 0 {
+			t.Errorf("VM %d (image %q) planned: create %v, %v, drift %v, %v", s.VMID, s.Image, p.Create, p.Changes(), p.Drift, err)
+		}
+	}
+	p, err := c.PlanVM(ctx, ss[2], vms)
+	if err != nil || p.Create || p.GrowDisk != 20<<30 {
+		t.Fatalf("VM %d not grown: %+v %v", ss[2].VMID, p, err)
+	}
+	if _, err := c.EnsureVM(ctx, ss[2]); err != nil {
+		t.Fatal(err)
+	}
+	if vm, _ := e.sim.VM(ss[2].VMID); len(vm.Event.Disks) != 1 || vm.Event.Disks[0].SizeBytes != 20<<30 || vm.Event.Disks[0].ImportedFrom != vol {
+		t.Errorf("VM %d adopted: disks %+v", ss[2].VMID, vm.Event.Disks)
 	}
 }
