@@ -598,6 +598,7 @@ func renderBootModes(b *strings.Builder, o options, rows []row) {
 	fmt.Fprintf(b, "\nBoot mode (proxmox.boot), bring-up to Flux synced, parallel; the image runs on PVE 8.4 with imports on local:\n\n")
 	b.WriteString("| nodes | ISO: wall | its critical path | image: wall | its critical path | image/ISO wall | image/ISO critical path | at scale 1: ISO | image | image/ISO |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	var paths []string
 	for _, r := range rows {
 		if r.imageBringUp == 0 {
 			continue
@@ -610,8 +611,9 @@ func renderBootModes(b *strings.Builder, o options, rows []row) {
 			r.size.label(), secs(r.bringUp), secs(r.crit.Total), secs(r.imageBringUp), secs(r.imageCrit.Total),
 			r.imageBringUp.Seconds()/r.bringUp.Seconds(), r.imageCrit.Total.Seconds()/r.crit.Total.Seconds(),
 			secs(isoReal), secs(imgReal), imgReal.Seconds()/isoReal.Seconds())
-		fmt.Fprintf(b, "\n- %s from the disk image: critical path %s.\n", r.size, r.imageCrit)
+		paths = append(paths, fmt.Sprintf("- %s from the disk image: critical path %s.\n", r.size, r.imageCrit))
 	}
+	b.WriteString("\n" + strings.Join(paths, ""))
 	pp, _ := pvesim.ProfileByName(o.profile)
 	tp, _ := talossim.ProfileByName(o.profile)
 	fmt.Fprintf(b, "\nThe estimate's inputs (profile %s): Talos install %s and reboot %s per node (what the image saves), "+
