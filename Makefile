@@ -82,7 +82,8 @@ e2e: deps lab-bins test-bins
 
 # The benchmark table of README: wall time against the critical path of the
 # n100 profile, re-run, postcheck, RSS and API calls for 1, 3+2, 3+3 and 3+12
-# nodes (3+12 on three Proxmox hosts).
+# nodes (3+12 on three Proxmox hosts); 3+3 and 3+12 also booted from the
+# factory's disk image, beside the ISO.
 BENCH_ARGS ?=
 bench: deps build lab-bins
 	$(GO) run ./e2e/cmd/bench -binary $(BIN) -readme README.md $(BENCH_ARGS)

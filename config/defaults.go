@@ -43,6 +43,7 @@ func Default() *Config {
 			Node:        "pve",
 			DiskStorage: "local-lvm",
 			ISOStorage:  "local",
+			Boot:        BootAuto,
 			Bridge:      "vmbr0",
 			Parallelism: 4,
 			TaskTimeout: Duration(10 * time.Minute),

@@ -24,6 +24,12 @@ type Images struct {
 	// ISODerived and InstallerDerived say the ISO URL and the installer
 	// come from the schematic (not from proxmox.iso.url, cluster.installImage).
 	ISODerived, InstallerDerived bool
+	// DiskImageURL and DiskImageFile are the factory's nocloud disk image
+	// of the schematic for cluster.talosVersion and its name on Proxmox's
+	// import storage; empty when proxmox.iso.url names an ISO of its own
+	// (the image of that ISO is not known), which rules proxmox.boot:
+	// image out.
+	DiskImageURL, DiskImageFile string
 	// GuestAgent says the installed image runs the QEMU guest agent, so
 	// the VMs get agent: 1. It follows the installer, not the ISO: the ISO
 	// runs only until the install, the installer for the VM's life.
@@ -53,6 +59,7 @@ func (c *Config) Images() Images {
 	out.ISOURL, out.ISOFile, out.ISOChecksum = iso.URL, iso.File, iso.Checksum
 	if iso.URL == "" {
 		out.ISOURL, out.ISODerived = derived.ISOURL(), true
+		out.DiskImageURL, out.DiskImageFile = derived.DiskImageURL(), derived.DiskImageFile()
 	}
 	if iso.File == "" {
 		out.ISOFile = derived.ISOFile()

@@ -99,6 +99,7 @@ type Proxmox struct {
 	Bridge          string   `yaml:"bridge" doc:"Bridge for the VMs' network, e.g. vmbr0."`
 	VLAN            int      `yaml:"vlan" doc:"VLAN tag for the VMs (0 = untagged); the bridge must be VLAN-aware."`
 	ISO             ISO      `yaml:"iso" doc:"The Talos nocloud ISO."`
+	Boot            string   `yaml:"boot" enum:"auto,image,iso" doc:"How new VMs get Talos: image imports the Image Factory's nocloud disk image of cluster.schematic as each VM's disk (Proxmox VE 8.4+, a storage with the 'import' content type; no install, no reboot), iso boots the nocloud ISO and installs to disk; auto (default) takes the image where the host allows it, else the ISO, and the precheck says which and why."`
 	Parallelism     int      `yaml:"parallelism" doc:"How many VMs to create/start at once."`
 	TaskTimeout     Duration `yaml:"taskTimeout" doc:"Bound on one Proxmox task (create, start, download)."`
 	BootTimeout     Duration `yaml:"bootTimeout" doc:"Bound on the wait for every node's Talos API in maintenance mode."`

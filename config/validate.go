@@ -435,6 +435,7 @@ func (v *validator) proxmox() {
 	if p.ISO.File != "" {
 		v.isoFile(p.ISO.File)
 	}
+	v.boot(p)
 	if p.ISO.URL != "" {
 		if u, err := url.Parse(p.ISO.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.errf("proxmox.iso.url", "%q is not an http(s) URL", p.ISO.URL)

@@ -28,3 +28,29 @@ func (v *validator) isoFile(file string) {
 		v.errf("proxmox.iso.file", "%q must end in .iso or .img (Proxmox refuses other names for ISO downloads)", file)
 	}
 }
+
+// The boot modes of proxmox.boot.
+const (
+	// BootAuto takes the disk image where the host allows it, else the ISO.
+	BootAuto = "auto"
+	// BootImage imports the factory's disk image as each new VM's disk, or
+	// refuses the run naming why it cannot.
+	BootImage = "image"
+	// BootISO boots the ISO and installs Talos to the disk.
+	BootISO = "iso"
+)
+
+// boot checks proxmox.boot: one of the modes, and image only where the
+// config lets the run know the image (an explicit proxmox.iso.url names an
+// ISO whose disk image is unknown).
+func (v *validator) boot(p Proxmox) {
+	switch p.Boot {
+	case BootAuto, BootISO:
+	case BootImage:
+		if p.ISO.URL != "" {
+			v.errf("proxmox.boot", "image boots the Image Factory's disk image of cluster.schematic, but proxmox.iso.url names an ISO of its own (its disk image is not known): remove proxmox.iso.url, or set proxmox.boot to iso")
+		}
+	default:
+		v.errf("proxmox.boot", "%q must be auto, image or iso", p.Boot)
+	}
+}

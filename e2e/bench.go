@@ -53,6 +53,15 @@ type PathInput struct {
 	// Provisioned says the VMs already run in maintenance mode (a restore
 	// onto VMs provisioned again): the path starts at the config apply.
 	Provisioned bool
+	// Image says the VMs boot from the factory's disk image (proxmox.boot
+	// resolved to image): ISOBytes and ISODownload are then the image's
+	// download, each create task imports ImageVirtualBytes (the image's
+	// virtual size) and a resize follows it, and a maintenance apply
+	// configures the node on the same boot: no install, no reboot.
+	Image bool
+	// ImageVirtualBytes is the disk image's virtual size, what an import
+	// writes (factory.DiskImageBytes).
+	ImageVirtualBytes int64
 }
 
 // PathPart is one step of the critical path.
@@ -87,7 +96,9 @@ func batches(n, par int) int {
 }
 
 // ComputeCriticalPath walks the slowest node's way from the ISO download
-// through create, start, boot, install and reboot (in as many rounds as
+// through create, start, boot, install and reboot (from the disk image:
+// its download, create with the import, resize, start, boot and the
+// apply) (in as many rounds as
 // the parallelism settings need), then the etcd bootstrap with the control
 // plane start, the CNI and the Flux reconcile.
 func ComputeCriticalPath(in PathInput) CriticalPath {
@@ -100,18 +111,32 @@ func ComputeCriticalPath(in PathInput) CriticalPath {
 		}
 	}
 	if !in.Provisioned {
-		add("ISO download", max(s(p.DownloadPerMiB*time.Duration(in.ISOBytes>>20)), in.ISODownload))
+		download := max(s(p.DownloadPerMiB*time.Duration(in.ISOBytes>>20)), in.ISODownload)
 		vmRounds := batches(in.Nodes, in.ProxmoxParallelism)
-		add(fmt.Sprintf("create+start×%d", vmRounds), time.Duration(vmRounds)*s(p.Create+p.Start))
+		if in.Image {
+			// The create task imports the image's virtual size, the
+			// resize grows the disk before the start (pvesim's model).
+			add("image download", download)
+			vm := p.Create + time.Duration(float64(p.ImportPerMiB)*float64(in.ImageVirtualBytes)/(1<<20)) + p.Resize + p.Start
+			add(fmt.Sprintf("create+import+resize+start×%d", vmRounds), time.Duration(vmRounds)*s(vm))
+		} else {
+			add("ISO download", download)
+			add(fmt.Sprintf("create+start×%d", vmRounds), time.Duration(vmRounds)*s(p.Create+p.Start))
+		}
 		add("boot", s(t.Boot))
 	}
 	nodeRounds := batches(in.Nodes, in.TalosParallelism)
 	// A maintenance apply is answered, apid restarts with the applied CA,
 	// and only then does the install sequence run (talossim's
 	// applyMaintenance, after Talos' sequencer): the restart is node time
-	// no runner can shorten.
+	// no runner can shorten. A node booted from the disk image has no
+	// install to run and boots its config on the same boot.
 	install := s(t.ApplyLatency + t.ApidRestart + t.Install + t.Reboot)
-	add(fmt.Sprintf("install+reboot×%d", nodeRounds), time.Duration(nodeRounds)*install)
+	name := "install+reboot"
+	if in.Image {
+		install, name = s(t.ApplyLatency+t.ApidRestart), "apply"
+	}
+	add(fmt.Sprintf("%s×%d", name, nodeRounds), time.Duration(nodeRounds)*install)
 	// Bootstrap is allowed BootstrapReady after the first control plane's
 	// configured boot; with several rounds that has long passed.
 	sinceFirst := time.Duration(nodeRounds-1) * install

@@ -87,6 +87,34 @@ func TestCriticalPath(t *testing.T) {
 	}
 }
 
+// From the disk image: the image's download, each create importing its
+// virtual size before a resize and the start, and an apply in place of the
+// install and the reboot.
+func TestCriticalPathFromImage(t *testing.T) {
+	t.Parallel()
+	in := PathInput{
+		Proxmox:  pvesim.Profile{DownloadPerMiB: 10 * time.Millisecond, Create: time.Second, Start: time.Second, Resize: 500 * time.Millisecond, ImportPerMiB: time.Millisecond},
+		Talos:    talossim.Profile{Boot: 2 * time.Second, Install: 3 * time.Second, Reboot: 4 * time.Second, BootstrapReady: time.Second, EtcdStart: 2 * time.Second, EtcdJoin: 3 * time.Second, KubeletReady: 2 * time.Second, ApplyLatency: 200 * time.Millisecond, ApidRestart: 800 * time.Millisecond},
+		Scale:    1,
+		ISOBytes: 50 << 20,
+		Nodes:    5, ControlPlanes: 3, ProxmoxParallelism: 4,
+		KubeStart: time.Second, FluxReconcile: 500 * time.Millisecond,
+		Image: true, ImageVirtualBytes: 1000 << 20,
+	}
+	// 0.5 + 2 × (1 + 1 + 0.5 + 1) + 2 + 1 + 1 + 5 + 0.5
+	want := "image download 500ms + create+import+resize+start×2 7s + boot 2s + apply×1 1s + bootstrap ready 1s + etcd 5s + Flux reconcile 500ms"
+	if got := ComputeCriticalPath(in); got.String() != want || got.Total != 17*time.Second {
+		t.Errorf("from the image: %s = %s\nwant 17s = %s", got.Total, got, want)
+	}
+	// The same cluster from the ISO, its download twice as long: the
+	// install and the reboot (7s) are what the image saves.
+	iso := in
+	iso.Image, iso.ISOBytes = false, 100<<20
+	if got := ComputeCriticalPath(iso); got.Total != 21500*time.Millisecond {
+		t.Errorf("from the ISO: %s = %s, want 21.5s", got.Total, got)
+	}
+}
+
 func TestUpgradeCriticalPath(t *testing.T) {
 	t.Parallel()
 	// A control plane: 5 s to start rebooting + 45 s reboot + its kubelet

@@ -55,6 +55,10 @@ type Options struct {
 	// ProxmoxVersion is the pve-manager version the lab's Proxmox runs
 	// (lab.Options; default 8.2.4).
 	ProxmoxVersion string
+	// ProxmoxImport and ProxmoxBoot: the 'import' content type on the
+	// host's local storage, and proxmox.boot (lab.Options).
+	ProxmoxImport bool
+	ProxmoxBoot   string
 	// CNI is flannel (default) or cilium (the real Cilium chart).
 	CNI string
 	// TalosVersion the nodes boot and the config names (lab.Options).
@@ -106,7 +110,7 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 		kubeData = filepath.Join(o.Dir, "kube")
 	}
 	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
-		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, ProxmoxVersion: o.ProxmoxVersion, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion, FluxVersion: o.FluxVersion,
+		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, ProxmoxVersion: o.ProxmoxVersion, ProxmoxImport: o.ProxmoxImport, ProxmoxBoot: o.ProxmoxBoot, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion, FluxVersion: o.FluxVersion,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
 		OnNodeBoot: o.OnNodeBoot, Log: o.Log, NodeMonitorGracePeriod: o.NodeMonitorGracePeriod,
 	})

@@ -45,6 +45,30 @@ func (i Images) ISOFile() string {
 	return fmt.Sprintf("talos-%s-%s-%s-%s.iso", i.Version, ShortID(i.ID), Platform, Arch)
 }
 
+// DiskImageURL is the nocloud disk image's download URL: the same route
+// as the ISO with path <platform>-<arch>.qcow2, which the factory parses as
+// a disk image in qcow2 format (ParseFromPath in internal/profile/profile.go
+// at image-factory v1.5.0) of the platform's default size (talos
+// pkg/imager/profile/default.go: nocloud is MinRAWDiskSize, 1246 MiB). A
+// qcow2 file holds only the clusters written, so it is a smaller download
+// than the .raw of the same image; Proxmox imports it as it is (download-url
+// decompresses ISOs only, and a .raw.xz is no name it accepts for import).
+func (i Images) DiskImageURL() string {
+	return fmt.Sprintf("%s/image/%s/%s/%s-%s.qcow2", i.base(), i.ID, i.Version, Platform, Arch)
+}
+
+// DiskImageFile is the name the disk image is stored under on Proxmox's
+// import content, named like ISOFile (download-url keeps names of
+// [a-zA-Z0-9_.-] ending in .qcow2 as they are).
+func (i Images) DiskImageFile() string {
+	return fmt.Sprintf("talos-%s-%s-%s-%s.qcow2", i.Version, ShortID(i.ID), Platform, Arch)
+}
+
+// DiskImageBytes is the disk image's virtual size: the disk a VM imports
+// it to has this size until it is grown (talos v1.13.3
+// pkg/imager/profile/default.go MinRAWDiskSize, the nocloud default).
+const DiskImageBytes = 1246 << 20
+
 // Installer is the installer image for a nocloud node, as the factory's UI
 // names it (internal/frontend/http/ui.go at image-factory v1.5.0): from
 // Talos 1.10 on, which unified the installer (machinery

@@ -59,6 +59,12 @@ type Options struct {
 	// with that release's published API schema, and the token holds the
 	// README's role for it.
 	ProxmoxVersion string
+	// ProxmoxImport gives the Proxmox host's "local" storage the 'import'
+	// content type as well (an operator's setting on pve-storage 8.2.8 and
+	// later): where proxmox.boot auto or image keeps the Talos disk image.
+	ProxmoxImport bool
+	// ProxmoxBoot, when set, is written as proxmox.boot (auto, image, iso).
+	ProxmoxBoot string
 	// Profile is the latency model of the Proxmox host and Talos nodes:
 	// "instant" or "n100"; TimeScale multiplies its durations (n100 at
 	// 0.1 runs ten times faster than the real box).
@@ -154,6 +160,9 @@ func (l *Lab) proxmoxOptionLines() string {
 	out := ""
 	if l.opts.ProxmoxHA {
 		out = "  ha: true\n"
+	}
+	if l.opts.ProxmoxBoot != "" {
+		out += "  boot: " + l.opts.ProxmoxBoot + "\n"
 	}
 	if len(l.PVEMembers) < 2 {
 		return out
@@ -314,6 +323,13 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 		OnStop:     []func(pvesim.VMEvent){l.stopNode},
 		OnDestroy:  []func(pvesim.VMEvent){l.wipeNode},
 	}
+	if o.ProxmoxImport {
+		// pvesim's default storages, "local" with 'import' added.
+		pveOpts.Storages = []pvesim.StorageSpec{
+			{Name: "local", Type: "dir", Content: []string{"iso", "vztmpl", "backup", "import"}, TotalBytes: 94 << 30, UsedBytes: 9 << 30, Path: "/var/lib/vz"},
+			{Name: "local-lvm", Type: "lvmthin", Content: []string{"images", "rootdir"}, TotalBytes: 348 << 30},
+		}
+	}
 	if o.ProxmoxHosts > 1 {
 		var members []pvesim.NodeSpec
 		for i := range o.ProxmoxHosts {
@@ -420,7 +436,19 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 	for _, d := range ev.Disks {
 		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes)})
 	}
-	n, err := l.Talos.BootNode(context.Background(), talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID, MemoryBytes: uint64(ev.MemoryMiB) << 20})
+	spec := talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID, MemoryBytes: uint64(ev.MemoryMiB) << 20}
+	// A first disk imported from the factory's disk image boots that
+	// image's Talos (the VM then has no ISO to boot).
+	if len(ev.Disks) > 0 && ev.Disks[0].ImportURL != "" {
+		version, exts, ok, err := l.Factory.DiskImage(ev.Disks[0].ImportURL)
+		if err != nil {
+			return fmt.Errorf("VM %d: the disk image it was imported from: %w", ev.VMID, err)
+		}
+		if ok {
+			spec.Image = &talossim.DiskImage{Version: version, Extensions: exts}
+		}
+	}
+	n, err := l.Talos.BootNode(context.Background(), spec)
 	if err == nil && l.opts.OnNodeBoot != nil {
 		l.opts.OnNodeBoot(n)
 	}

@@ -124,6 +124,9 @@ func (p Plan) Changes() []string {
 	s := p.Spec
 	var out []string
 	switch {
+	case p.Create && s.Image != "":
+		out = append(out, fmt.Sprintf("create VM %d %s (%d cores, %d MiB, %s disk on %s imported from %s and grown to %d GiB, %s on %s%s, MAC %s)",
+			s.VMID, s.Name, s.Cores, s.MemoryMiB, s.Bus(), s.DiskStorage, s.Image, s.DiskGiB, s.IPv4, s.Bridge, vlanSuffix(s.VLAN), s.EffectiveMAC()))
 	case p.Create:
 		out = append(out, fmt.Sprintf("create VM %d %s (%d cores, %d MiB, %d GiB %s disk on %s, %s on %s%s, MAC %s)",
 			s.VMID, s.Name, s.Cores, s.MemoryMiB, s.DiskGiB, s.Bus(), s.DiskStorage, s.IPv4, s.Bridge, vlanSuffix(s.VLAN), s.EffectiveMAC()))
@@ -380,7 +383,10 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	refuse("VLAN", strconv.Itoa(s.VLAN), strconv.Itoa(cfg.Net.VLAN), "the node's network")
 	refuse("ipconfig0", s.ipconfig0(), cfg.IPConfig0, "the node's address")
 	report("nameservers", strings.Join(s.Nameservers, " "), strings.Join(cfg.Nameservers, " "), "only read by a node without config")
-	report("ISO", s.ISOStorage+":iso/"+s.ISOFile, cfg.CDROM, "only used until Talos is installed")
+	// A VM created from the disk image has no ISO drive: nothing to say.
+	if cfg.CDROM != "" {
+		report("ISO", s.ISOStorage+":iso/"+s.ISOFile, cfg.CDROM, "only used until Talos is installed")
+	}
 	report("CPU type", "host", cfg.CPU, "")
 	return drift, update, grow
 }
@@ -483,6 +489,14 @@ func (c *Client) applyLocked(ctx context.Context, p Plan, depth int) (Result, er
 		if err != nil {
 			return res, fmt.Errorf("creating VM %d %s: %w", s.VMID, s.Name, err)
 		}
+		if s.Image != "" {
+			// The imported disk has the image's size: Talos puts STATE
+			// and EPHEMERAL on it at its first boot, so it is grown first
+			// (a run killed before this grows it when it adopts the VM).
+			if err := c.growDisk(ctx, s, int64(s.DiskGiB)<<30); err != nil {
+				return res, err
+			}
+		}
 		res.Created = true
 		res.Changed = append(res.Changed, p.Changes()...)
 		return res, nil
@@ -506,21 +520,30 @@ func (c *Client) applyLocked(ctx context.Context, p Plan, depth int) (Result, er
 		}
 	}
 	if p.GrowDisk > 0 {
-		what := fmt.Sprintf("VM %d %s disk resize", s.VMID, s.Name)
-		params := map[string]any{"disk": s.DiskSlot(), "size": sizeString(p.GrowDisk)}
-		err := retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
-			upid, err := c.put(ctx, c.vmPath(s.VMID)+"/resize", params)
-			if err != nil {
-				return err
-			}
-			return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
-		})
-		if err != nil {
-			return res, fmt.Errorf("growing VM %d %s disk: %w", s.VMID, s.Name, err)
+		if err := c.growDisk(ctx, s, p.GrowDisk); err != nil {
+			return res, err
 		}
 	}
 	res.Changed = append(res.Changed, p.Changes()...)
 	return res, nil
+}
+
+// growDisk resizes the VM's install disk to size bytes (PUT …/resize with
+// an absolute size, so a repeat asks for the same).
+func (c *Client) growDisk(ctx context.Context, s VMSpec, size int64) error {
+	what := fmt.Sprintf("VM %d %s disk resize", s.VMID, s.Name)
+	params := map[string]any{"disk": s.DiskSlot(), "size": sizeString(size)}
+	err := retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+		upid, err := c.put(ctx, c.vmPath(s.VMID)+"/resize", params)
+		if err != nil {
+			return err
+		}
+		return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
+	})
+	if err != nil {
+		return fmt.Errorf("growing VM %d %s disk: %w", s.VMID, s.Name, err)
+	}
+	return nil
 }
 
 // EnsureVM plans and applies one spec (without starting the VM).
@@ -563,10 +586,26 @@ func (c *Client) EnsureISO(ctx context.Context, src ISOSource) (bool, error) {
 // without the look). A file another task stored meanwhile counts as
 // fetched.
 func (c *Client) FetchISO(ctx context.Context, src ISOSource) error {
+	return c.fetchFile(ctx, src, "iso", "ISO", func(ctx context.Context) (bool, error) {
+		_, ok, err := c.FindISO(ctx, src.Storage, src.Filename)
+		return ok, err
+	})
+}
+
+// FetchImage downloads the Talos disk image its caller has just found
+// missing on the image's storage, as content import (FetchISO's rules).
+func (c *Client) FetchImage(ctx context.Context, src ISOSource) error {
+	return c.fetchFile(ctx, src, "import", "disk image", func(ctx context.Context) (bool, error) {
+		return c.FindImage(ctx, src.Storage, src.Filename)
+	})
+}
+
+// fetchFile downloads src as content; found looks for the file.
+func (c *Client) fetchFile(ctx context.Context, src ISOSource, content, what string, found func(context.Context) (bool, error)) error {
 	if src.URL == "" {
-		return fmt.Errorf("ISO %s is not on storage %s and no download URL is configured", src.Filename, src.Storage)
+		return fmt.Errorf("%s %s is not on storage %s and no download URL is configured", what, src.Filename, src.Storage)
 	}
-	err := c.DownloadISO(ctx, DownloadRequest{Storage: src.Storage, URL: src.URL, Filename: src.Filename, Checksum: src.Checksum, ChecksumAlgorithm: src.ChecksumAlgorithm})
+	err := c.DownloadISO(ctx, DownloadRequest{Storage: src.Storage, URL: src.URL, Filename: src.Filename, Checksum: src.Checksum, ChecksumAlgorithm: src.ChecksumAlgorithm, Content: content})
 	if err != nil && strings.Contains(err.Error(), "refusing to override existing file") {
 		// Another download task (a killed run's, which goes on on the
 		// host) stored the file after our look and before our task
@@ -576,8 +615,8 @@ func (c *Client) FetchISO(ctx context.Context, src ISOSource) error {
 		// was already running when the other finished renames its own
 		// temporary file over it and succeeds. Either way the file is
 		// there, which is what this call is for.
-		if _, ok, ferr := c.FindISO(ctx, src.Storage, src.Filename); ferr == nil && ok {
-			c.log.Info().Str("iso", src.Filename).Msg("another download task stored the ISO first; keeping its file")
+		if ok, ferr := found(ctx); ferr == nil && ok {
+			c.log.Info().Str("file", src.Filename).Msgf("another download task stored the %s first; keeping its file", what)
 			return nil
 		}
 	}

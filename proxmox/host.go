@@ -82,12 +82,26 @@ func (v Version) AtLeastPatch(major, minor, patch int) bool {
 // pending, so the candidate is used only when no OldVersion is given.
 // found is false when the package is not listed.
 func (c *Client) InstalledPackage(ctx context.Context, pkg string) (v Version, found bool, err error) {
-	list, err := c.getList(ctx, "/nodes/"+c.node+"/apt/versions")
+	all, err := c.InstalledPackages(ctx, pkg)
 	if err != nil {
 		return Version{}, false, err
 	}
+	v, found = all[pkg]
+	return v, found, nil
+}
+
+// InstalledPackages reads the installed versions of Proxmox packages with
+// one GET /nodes/{node}/apt/versions (see InstalledPackage); a package
+// the list lacks has no entry.
+func (c *Client) InstalledPackages(ctx context.Context, pkgs ...string) (map[string]Version, error) {
+	list, err := c.getList(ctx, "/nodes/"+c.node+"/apt/versions")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Version{}
 	for _, e := range list {
-		if name, _ := e["Package"].(string); name != pkg {
+		name, _ := e["Package"].(string)
+		if !slices.Contains(pkgs, name) {
 			continue
 		}
 		ver, _ := e["OldVersion"].(string)
@@ -96,11 +110,11 @@ func (c *Client) InstalledPackage(ctx context.Context, pkg string) (v Version, f
 		}
 		v, err := ParseVersion(ver)
 		if err != nil {
-			return Version{}, false, fmt.Errorf("reading the version of %s on %s: %w", pkg, c.node, err)
+			return nil, fmt.Errorf("reading the version of %s on %s: %w", name, c.node, err)
 		}
-		return v, true, nil
+		out[name] = v
 	}
-	return Version{}, false, nil
+	return out, nil
 }
 
 // NodeInfo is one cluster member from GET /nodes.
@@ -457,14 +471,21 @@ type DownloadRequest struct {
 	// verified by PVE before the file is kept.
 	Checksum          string
 	ChecksumAlgorithm string
-	// Compression ("gz", "zst", ...) decompresses after download.
+	// Compression ("gz", "zst", ...) decompresses after download (ISOs
+	// only: pve-storage refuses it for any other content).
 	Compression string
+	// Content is "iso" (the default) or "import" (a disk image).
+	Content string
 }
 
 // DownloadISO runs POST /nodes/{node}/storage/{storage}/download-url and
 // waits for the download task. A failed checksum is fatal.
 func (c *Client) DownloadISO(ctx context.Context, r DownloadRequest) error {
-	params := map[string]any{"url": r.URL, "content": "iso", "filename": r.Filename}
+	content := r.Content
+	if content == "" {
+		content = "iso"
+	}
+	params := map[string]any{"url": r.URL, "content": content, "filename": r.Filename}
 	if r.Checksum != "" {
 		algo := r.ChecksumAlgorithm
 		if algo == "" {

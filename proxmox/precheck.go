@@ -29,6 +29,10 @@ type PrecheckInput struct {
 	Hosts []string
 	// HA makes every VM a Proxmox HA resource (proxmox.ha).
 	HA bool
+	// Boot is what proxmox.boot asks; Booted, when set, is told the
+	// choice the boot row made (the provision stage then takes it).
+	Boot   BootInput
+	Booted func(BootChoice, error)
 }
 
 func (in PrecheckInput) zone(bridge string) string {
@@ -71,6 +75,7 @@ type facts struct {
 	placed  lazy[[]VMSpec]
 
 	storages lazy[[]Storage]
+	boot     lazy[bootResult]
 	status   lazy[NodeStatus]
 	iso      lazy[bool]
 	bridges  lazy[[]Bridge]
@@ -186,6 +191,73 @@ func (f *facts) getPlans(ctx context.Context) (planSet, error) {
 	})
 }
 
+// bootResult is a boot choice with its refusal (a *BootRefusedError).
+type bootResult struct {
+	choice  BootChoice
+	refusal error
+}
+
+// getBoot is the run's boot choice for the members the VMs are placed on,
+// made once (ChooseBoot) and told to in.Booted.
+func (f *facts) getBoot(ctx context.Context) (bootResult, error) {
+	t := f.top()
+	return t.boot.get(func() (bootResult, error) {
+		placed, err := t.getPlaced(ctx)
+		if err != nil {
+			return bootResult{}, err
+		}
+		var members []string
+		for _, s := range placed {
+			if !contains(members, s.Node) {
+				members = append(members, s.Node)
+			}
+		}
+		choice, err := t.c.chooseBoot(ctx, t.in.Boot, members, bootReads{
+			version:  t.getVersion,
+			storages: func(ctx context.Context, m string) ([]Storage, error) { return t.member(m).getStorages(ctx) },
+		})
+		var refused *BootRefusedError
+		if err != nil && !errors.As(err, &refused) {
+			return bootResult{}, err
+		}
+		if t.in.Booted != nil {
+			t.in.Booted(choice, err)
+		}
+		return bootResult{choice: choice, refusal: err}, nil
+	})
+}
+
+// imageBoot is the disk image the run's new VMs import, when it takes one.
+func (f *facts) imageBoot(ctx context.Context) (BootChoice, bool) {
+	b, err := f.getBoot(ctx)
+	return b.choice, err == nil && b.refusal == nil && b.choice.Mode == BootImage
+}
+
+// BootCheck names the precheck row that says how new VMs boot.
+const BootCheck = "proxmox: boot"
+
+// checkBoot is the boot row: which way new VMs get Talos and why. A
+// refused proxmox.boot image fails it only when a VM is to be created.
+func (f *facts) checkBoot(ctx context.Context) (check.Status, string) {
+	b, err := f.getBoot(ctx)
+	if err != nil {
+		return check.Failf("%v", err)
+	}
+	if b.refusal != nil {
+		ps, err := f.getPlans(ctx)
+		if err != nil {
+			return check.Failf("cannot list VMs: %v", err)
+		}
+		for _, p := range ps.plans {
+			if p.Create || p.WaitCreate {
+				return check.Failf("%v", b.refusal)
+			}
+		}
+		return check.Passf("no VM to create (proxmox.boot image could not be: %s)", b.choice.Reason)
+	}
+	return check.Passf("new VMs boot %s", b.choice.Reason)
+}
+
 func (f *facts) isoPresent(ctx context.Context) (bool, error) {
 	return f.iso.get(func() (bool, error) {
 		_, ok, err := f.c.FindISO(ctx, f.in.ISO.Storage, f.in.ISO.Filename)
@@ -247,6 +319,7 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 				func() { _, _ = f.isoPresent(ctx) },
 				func() { _, _ = f.getBridges(ctx) },
 				func() { _, _ = f.getPlaced(ctx) },
+				func() { _, _ = f.getBoot(ctx) },
 			} {
 				reads.Go(read)
 			}
@@ -277,7 +350,13 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 			if placed, err := f.getPlaced(ctx); err == nil {
 				in.VMs = placed
 			}
-			needs := RequiredPrivileges(c.node, v, in, ps.plans, !present)
+			download := !present
+			if img, ok := f.imageBoot(ctx); ok {
+				// The new VMs' disks are imported from the image: the same
+				// privileges as the ISO, on the image's storage.
+				in.ISO, download = img.Image, len(img.Missing) > 0
+			}
+			needs := RequiredPrivileges(c.node, v, in, ps.plans, download)
 			var paths []string
 			for _, n := range needs {
 				for _, o := range n.Options {
@@ -314,6 +393,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 	}
 	if in.HA {
 		checks = append(checks, f.gated("proxmox: HA", f.checkHA))
+	}
+	if in.Boot.Want != "" {
+		checks = append(checks, f.gated(BootCheck, f.checkBoot))
 	}
 	return append(checks, []check.Check{
 		f.gated("proxmox: tags", f.checkTags),
@@ -558,6 +640,24 @@ func (f *facts) diskRoom(ctx context.Context, st Storage, need int64, disks int)
 }
 
 func (f *facts) checkISOStorage(ctx context.Context) (check.Status, string) {
+	if img, ok := f.imageBoot(ctx); ok {
+		// No ISO is needed: the disk image's storage was judged by the
+		// boot choice, which downloads the image where it is missing.
+		st, found, err := f.storage(ctx, img.Image.Storage)
+		switch {
+		case err != nil:
+			return check.Failf("cannot list storages: %v", err)
+		case !found:
+			return check.Failf("storage %s not found on node %s (or the token cannot see it)", img.Image.Storage, f.c.node)
+		case contains(img.Missing, f.c.node) && st.Avail < f.in.ISOSizeBytes:
+			return check.Failf("%s must be downloaded but %s has only %s free (about %s needed)", img.Image.Filename, st.Name, gib(st.Avail), gib(f.in.ISOSizeBytes))
+		case contains(img.Missing, f.c.node) && img.Image.Checksum == "":
+			return check.Warnf("no ISO needed; the disk image %s will be downloaded to %s without a checksum to verify it", img.Image.Filename, st.Name)
+		case contains(img.Missing, f.c.node):
+			return check.Passf("no ISO needed; the disk image %s will be downloaded to %s (%s free)", img.Image.Filename, st.Name, gib(st.Avail))
+		}
+		return check.Passf("no ISO needed; the disk image %s is on %s", img.Image.Filename, st.Name)
+	}
 	status, reason := f.isoOnStorage(ctx)
 	st, ok, err := f.storage(ctx, f.in.ISO.Storage)
 	if status == check.Pass && len(f.in.Hosts) > 1 && err == nil && ok && !st.Shared {

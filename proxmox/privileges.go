@@ -110,18 +110,7 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 	}
 	needs = append(needs, anyOf("list and attach ISOs on "+in.ISO.Storage, "/storage/"+in.ISO.Storage, "Datastore.Audit", "Datastore.AllocateSpace"))
 	if downloadISO {
-		needs = append(needs, allOf("download the Talos ISO", "/storage/"+in.ISO.Storage, "Datastore.AllocateTemplate"))
-		// download-url (pve-storage src/PVE/API2/Storage/Status.pm): Sys.Audit
-		// and Sys.Modify on /, or Sys.AccessNetwork on the node, a privilege
-		// pve-access-control only has since 8.1.2 (shipped with PVE 8.2).
-		web := Need{Why: "download from a URL", Options: []Grant{{Path: "/", Privs: []string{"Sys.Audit", "Sys.Modify"}}}}
-		for _, m := range members {
-			web := web
-			if v.AtLeast(8, 2) {
-				web.Options = append(slices.Clip(web.Options), Grant{Path: "/nodes/" + m, Privs: []string{"Sys.AccessNetwork"}})
-			}
-			needs = append(needs, web)
-		}
+		needs = append(needs, downloadNeeds(v, in.ISO.Storage, members)...)
 	}
 	if in.HA {
 		for _, s := range in.VMs {

@@ -40,6 +40,11 @@ type VMSpec struct {
 	// ISOStorage and ISOFile are the Talos nocloud ISO on ide2.
 	ISOStorage string
 	ISOFile    string
+	// Image, when set, is the volume ID of the Talos disk image on an
+	// import storage ("local:import/talos-….qcow2"): a new VM's install
+	// disk is created from it (import-from) and grown to DiskGiB before
+	// its first start, and it gets no ISO (see boot.go).
+	Image string
 	// GuestAgent enables the QEMU guest agent device (agent: 1): only when
 	// the image runs the agent, or Proxmox waits for it in vain (shutdown
 	// falls back to ACPI after a timeout, no addresses in the GUI).
@@ -69,8 +74,8 @@ func (s VMSpec) Validate() error {
 	if s.Cores < 1 || s.MemoryMiB < 512 || s.DiskGiB < 1 {
 		errs = append(errs, fmt.Errorf("VM %s: needs cores >= 1, memory >= 512 MiB and a disk >= 1 GiB", s.Name))
 	}
-	if s.DiskStorage == "" || s.Bridge == "" || s.ISOStorage == "" || s.ISOFile == "" {
-		errs = append(errs, fmt.Errorf("VM %s: disk storage, bridge and ISO storage/file are required", s.Name))
+	if s.DiskStorage == "" || s.Bridge == "" || (s.Image == "" && (s.ISOStorage == "" || s.ISOFile == "")) {
+		errs = append(errs, fmt.Errorf("VM %s: disk storage, bridge and ISO storage/file (or a disk image) are required", s.Name))
 	}
 	if s.DiskBus != "" && s.DiskBus != "scsi" && s.DiskBus != "virtio" {
 		errs = append(errs, fmt.Errorf("VM %s: disk bus %q must be scsi or virtio", s.Name, s.DiskBus))
@@ -152,9 +157,15 @@ func (s VMSpec) ipconfig0() string {
 
 // createParams is the POST /nodes/{node}/qemu body: a Talos nocloud VM
 // whose static address reaches the guest through the cloud-init drive,
-// booting from disk first and the ISO until Talos is installed.
+// booting from disk first and the ISO until Talos is installed; with a
+// disk image, the disk is imported from it (`<storage>:0,import-from=`,
+// the size 0 that qemu-server's $check_drive_param requires) and the VM
+// has no ISO.
 func (s VMSpec) createParams() map[string]any {
 	disk := fmt.Sprintf("%s:%d,discard=on", s.DiskStorage, s.DiskGiB)
+	if s.Image != "" {
+		disk = fmt.Sprintf("%s:0,import-from=%s,discard=on", s.DiskStorage, s.Image)
+	}
 	if s.Bus() == "scsi" {
 		disk += ",iothread=1"
 	}
@@ -187,6 +198,10 @@ func (s VMSpec) createParams() map[string]any {
 	}
 	if len(s.Nameservers) > 0 {
 		p["nameserver"] = strings.Join(s.Nameservers, " ")
+	}
+	if s.Image != "" {
+		delete(p, "ide2")
+		p["boot"] = "order=" + s.DiskSlot()
 	}
 	return p
 }

@@ -63,6 +63,8 @@ type Env struct {
 	// mu): the next waits for it.
 	cpuTail      chan struct{}
 	precheckOnce sync.Once
+	// boot is the run's boot choice (proxmox.boot), once made (under mu).
+	boot *bootDecision
 }
 
 // shared is the Env holding the run's shared part: the run's own.

@@ -10,6 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/homelab/bootstrap/check"
+	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/proxmox"
 )
 
 // PrecheckStage verifies, without changing anything, that a run can
@@ -56,10 +58,33 @@ func (s PrecheckStage) Run(ctx context.Context, env *Env) error {
 		env.Log.Debug().Str("check", r.Name).Str("result", string(r.Status)).Dur("duration", r.Duration).Msg(r.Reason)
 	}
 	if n := check.Count(results, check.Fail); n > 0 {
+		err := fmt.Errorf("%d precheck(s) failed: see the table above", n)
 		if s := check.Count(results, check.Skip); s > 0 {
-			return fmt.Errorf("%d precheck(s) failed (%d more skipped because of them): see the table above", n, s)
+			err = fmt.Errorf("%d precheck(s) failed (%d more skipped because of them): see the table above", n, s)
 		}
-		return fmt.Errorf("%d precheck(s) failed: see the table above", n)
+		// proxmox.boot image on a host that cannot import the image is the
+		// config asking the impossible: an invalid config's exit (2).
+		if refusal := bootRefused(env, results); refusal != nil {
+			return errors.Join(config.Userf("%v; nothing was changed", refusal), err)
+		}
+		return err
+	}
+	return nil
+}
+
+// bootRefused is the boot row's refusal of proxmox.boot image, when that
+// row failed.
+func bootRefused(env *Env, results []check.Result) error {
+	for _, r := range results {
+		if r.Name != proxmox.BootCheck || r.Status != check.Fail {
+			continue
+		}
+		s := env.shared()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.boot != nil {
+			return s.boot.refusal
+		}
 	}
 	return nil
 }

@@ -114,7 +114,8 @@ func (ProvisionStage) Prechecks(ctx context.Context, env *Env) []check.Check {
 			return check.Failf("%v", err)
 		}}}
 	}
-	return append(proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config), Hosts: env.Config.Proxmox.Hosts, HA: env.Config.Proxmox.HA}), factoryCheck(env))
+	return append(proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config),
+		Hosts: env.Config.Proxmox.Hosts, HA: env.Config.Proxmox.HA, Boot: bootInput(env.Config), Booted: env.setBoot}), factoryCheck(env))
 }
 
 // Run implements Stage.
@@ -155,21 +156,48 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		env.UI.OK("placement: %s", describePlacement(specs))
 	}
 
-	// 2. The Talos ISO every VM boots from until it is installed, on each
-	// member that runs one; 3. beside it, the plan of every VM before any
-	// is changed: a VMID held by another VM or unsafe drift stops the
-	// stage with no VM half done. The plans only read, and the download is
-	// a task on the member that goes on whatever the plans say, so the
-	// stage waits for both and reports both.
+	// 2. How new VMs get Talos (proxmox.boot) and the file they boot from
+	// on each member that runs one: the disk image their disks are
+	// imported from, or the ISO they install from; 3. beside it, the plan
+	// of every VM before any is changed: a VMID held by another VM or
+	// unsafe drift stops the stage with no VM half done. The plans only
+	// read, and a download is a task on the member that goes on whatever
+	// the plans say, so the stage waits for both and reports both.
 	var (
-		isoErr error
-		iso    sync.WaitGroup
+		boot    proxmox.BootChoice
+		refusal error
+		fileErr error
+		files   sync.WaitGroup
 	)
-	iso.Go(func() { isoErr = ensureISOs(ctx, env, c, usedHosts(specs)) })
+	hosts := usedHosts(specs)
+	files.Go(func() {
+		if boot, refusal, fileErr = chooseBoot(ctx, env, c, hosts); fileErr != nil || refusal != nil {
+			return
+		}
+		fileErr = ensureBootFile(ctx, env, c, hosts, boot)
+	})
 	plans, planErrs := c.PlanVMs(ctx, specs, vms)
-	iso.Wait()
-	if isoErr != nil {
-		return isoErr
+	files.Wait()
+	if fileErr != nil {
+		return fileErr
+	}
+	if refusal != nil {
+		// proxmox.boot image, and the host cannot: refused before any
+		// change when a VM is to be created, else the VMs there are kept
+		// as they are (with the ISO ISO-booted ones may need).
+		for i, p := range plans {
+			if planErrs[i] == nil && (p.Create || p.WaitCreate) {
+				return config.Userf("%v; nothing was changed", refusal)
+			}
+		}
+		if err := ensureFiles(ctx, env, c, hosts, isoFile(cfg)); err != nil {
+			return err
+		}
+	}
+	if boot.Mode == proxmox.BootImage {
+		for i := range plans {
+			plans[i].Spec.Image = proxmox.ImportVolID(boot.Image.Storage, boot.Image.Filename)
+		}
 	}
 	var problems []error
 	for i, s := range specs {
@@ -213,7 +241,7 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		nodes[s.Name] = s.IPv4.Addr().String()
 	}
 	if err := proxmox.WaitTalosAPI(ctx, proxmox.TalosWait{Nodes: nodes, Timeout: cfg.Proxmox.BootTimeout.D(), Log: env.Log}); err != nil {
-		return fmt.Errorf("%w (is the VLAN/bridge right, and does the ISO boot?)", err)
+		return fmt.Errorf("%w (is the VLAN/bridge right, and does the %s boot?)", err, bootWhat(boot))
 	}
 	env.UI.OK("Talos API answers on all %d node(s)", len(nodes))
 	return nil
@@ -260,15 +288,48 @@ func provisionVM(ctx context.Context, env *Env, c *proxmox.Client, p proxmox.Pla
 	})
 }
 
-// ensureISOs makes the ISO present on every member in hosts. Members fetch
+// bootFile is the file new VMs boot from, kept on each member that
+// creates one: the Talos ISO, or the factory's disk image on an import
+// storage.
+type bootFile struct {
+	what  string // "ISO", "disk image"
+	src   proxmox.ISOSource
+	find  func(ctx context.Context, c *proxmox.Client) (bool, error)
+	fetch func(c *proxmox.Client, ctx context.Context, src proxmox.ISOSource) error
+	// derived: the file comes from the schematic (the factory builds it
+	// only for a schematic it holds, and may publish its checksum).
+	derived bool
+}
+
+// isoFile is the Talos ISO as a bootFile.
+func isoFile(cfg *config.Config) bootFile {
+	return bootFile{what: "ISO", src: ISOSource(cfg), derived: cfg.Images().ISODerived,
+		find: func(ctx context.Context, c *proxmox.Client) (bool, error) {
+			_, ok, err := c.FindISO(ctx, ISOSource(cfg).Storage, ISOSource(cfg).Filename)
+			return ok, err
+		},
+		fetch: (*proxmox.Client).FetchISO,
+	}
+}
+
+// imageFile is the disk image of a boot choice as a bootFile.
+func imageFile(img proxmox.ISOSource) bootFile {
+	return bootFile{what: "disk image", src: img, derived: true,
+		find: func(ctx context.Context, c *proxmox.Client) (bool, error) {
+			return c.FindImage(ctx, img.Storage, img.Filename)
+		},
+		fetch: (*proxmox.Client).FetchImage,
+	}
+}
+
+// ensureFiles makes f present on every member in hosts. Members fetch
 // their own copies at the same time: a download is a task on the member
 // that runs it (download_url is proxyto node and forks a "download"
-// worker there, pve-storage 9.1.7 src/PVE/API2/Storage/Status.pm). On a shared
-// ISO storage the first member's copy serves the others, so they look
+// worker there, pve-storage 9.1.7 src/PVE/API2/Storage/Status.pm). On a
+// shared storage the first member's copy serves the others, so they look
 // for it once that one is done. A dry run lists them in order.
-func ensureISOs(ctx context.Context, env *Env, c *proxmox.Client, hosts []string) error {
-	src := ISOSource(env.Config)
-	// Where the ISO already is, and whether its storage is shared, are
+func ensureFiles(ctx context.Context, env *Env, c *proxmox.Client, hosts []string, f bootFile) error {
+	// Where the file already is, and whether its storage is shared, are
 	// independent reads: asked at once, the download starts after the
 	// slowest of them instead of their sum.
 	present := make([]bool, len(hosts))
@@ -276,9 +337,9 @@ func ensureISOs(ctx context.Context, env *Env, c *proxmox.Client, hosts []string
 	var g errgroup.Group
 	for i, h := range hosts {
 		g.Go(func() error {
-			_, ok, err := c.On(h).FindISO(ctx, src.Storage, src.Filename)
+			ok, err := f.find(ctx, c.On(h))
 			if err != nil {
-				return fmt.Errorf("looking for %s on %s: %w", src.Filename, isoWhere(env, h), err)
+				return fmt.Errorf("looking for %s on %s: %w", f.src.Filename, fileWhere(env, f, h), err)
 			}
 			present[i] = ok
 			return nil
@@ -286,7 +347,7 @@ func ensureISOs(ctx context.Context, env *Env, c *proxmox.Client, hosts []string
 	}
 	if len(hosts) > 1 {
 		g.Go(func() error {
-			shared = isoStorageShared(ctx, c.On(hosts[0]), src.Storage)
+			shared = storageShared(ctx, c.On(hosts[0]), f.src.Storage)
 			return nil
 		})
 	}
@@ -296,7 +357,7 @@ func ensureISOs(ctx context.Context, env *Env, c *proxmox.Client, hosts []string
 	var missing []string
 	for i, h := range hosts {
 		if present[i] {
-			env.UI.OK("ISO %s present on %s", src.Filename, isoWhere(env, h))
+			env.UI.OK("%s %s present on %s", f.what, f.src.Filename, fileWhere(env, f, h))
 		} else {
 			missing = append(missing, h)
 		}
@@ -306,12 +367,12 @@ func ensureISOs(ctx context.Context, env *Env, c *proxmox.Client, hosts []string
 		first, rest = missing[:1], missing[1:]
 	}
 	if err := forEach(env, len(first), 0, func(i int) error {
-		return fetchISO(ctx, env, c.On(first[i]))
+		return fetchFile(ctx, env, c.On(first[i]), f)
 	}); err != nil {
 		return err
 	}
 	return forEach(env, len(rest), 0, func(i int) error {
-		return ensureISO(ctx, env, c.On(rest[i]))
+		return ensureFile(ctx, env, c.On(rest[i]), f)
 	})
 }
 
@@ -344,11 +405,9 @@ func forEach(env *Env, n, limit int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// isoStorageShared says whether the member sees the ISO storage as shared;
-// one it cannot list counts as shared, the order that is safe either way
-// (whether two members may download into one shared storage at once is
-// unverified).
-func isoStorageShared(ctx context.Context, c *proxmox.Client, storage string) bool {
+// storageShared says whether the member sees storage as shared; one it
+// cannot list counts as shared, the order that is safe either way.
+func storageShared(ctx context.Context, c *proxmox.Client, storage string) bool {
 	sts, err := c.Storages(ctx)
 	if err != nil {
 		return true
@@ -361,29 +420,27 @@ func isoStorageShared(ctx context.Context, c *proxmox.Client, storage string) bo
 	return false
 }
 
-// ensureISO makes the Talos ISO present on c's member: found, or fetched.
-func ensureISO(ctx context.Context, env *Env, c *proxmox.Client) error {
-	src := ISOSource(env.Config)
-	if _, present, err := c.FindISO(ctx, src.Storage, src.Filename); err != nil {
-		return fmt.Errorf("looking for %s on %s: %w", src.Filename, isoWhere(env, c.Node()), err)
+// ensureFile makes f present on c's member: found, or fetched.
+func ensureFile(ctx context.Context, env *Env, c *proxmox.Client, f bootFile) error {
+	if present, err := f.find(ctx, c); err != nil {
+		return fmt.Errorf("looking for %s on %s: %w", f.src.Filename, fileWhere(env, f, c.Node()), err)
 	} else if present {
-		env.UI.OK("ISO %s present on %s", src.Filename, isoWhere(env, c.Node()))
+		env.UI.OK("%s %s present on %s", f.what, f.src.Filename, fileWhere(env, f, c.Node()))
 		return nil
 	}
-	return fetchISO(ctx, env, c)
+	return fetchFile(ctx, env, c, f)
 }
 
-// fetchISO downloads the Talos ISO its caller found missing on c's member
-// from the factory, registering the schematic first: the factory builds
-// nothing for an ID it does not hold.
-func fetchISO(ctx context.Context, env *Env, c *proxmox.Client) error {
-	cfg := env.Config
-	src := ISOSource(cfg)
-	where := isoWhere(env, c.Node())
+// fetchFile downloads f, which its caller found missing on c's member,
+// registering the schematic first when the factory builds the file: it
+// builds nothing for an ID it does not hold.
+func fetchFile(ctx context.Context, env *Env, c *proxmox.Client, f bootFile) error {
+	src := f.src
+	where := fileWhere(env, f, c.Node())
 	if src.URL == "" {
-		return config.Userf("ISO %s is not on storage %s and proxmox.iso.url is empty", src.Filename, where)
+		return config.Userf("%s %s is not on storage %s and proxmox.iso.url is empty", f.what, src.Filename, where)
 	}
-	if cfg.Images().ISODerived {
+	if f.derived {
 		if err := ensureSchematic(ctx, env); err != nil {
 			return err
 		}
@@ -396,13 +453,13 @@ func fetchISO(ctx context.Context, env *Env, c *proxmox.Client) error {
 		verify = src.ChecksumAlgorithm + " verified"
 	}
 	return env.Wet(fmt.Sprintf("download %s to %s from %s (%s)", src.Filename, where, src.URL, verify), func() error {
-		return c.FetchISO(ctx, src)
+		return f.fetch(c, ctx, src)
 	})
 }
 
-// isoWhere names the ISO storage, and the member when there are several.
-func isoWhere(env *Env, host string) string {
-	where := ISOSource(env.Config).Storage
+// fileWhere names f's storage, and the member when there are several.
+func fileWhere(env *Env, f bootFile, host string) string {
+	where := f.src.Storage
 	if len(env.Config.Proxmox.Hosts) > 1 {
 		where += " on " + host
 	}

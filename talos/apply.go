@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/resources/block"
@@ -48,7 +49,9 @@ type Action string
 // Actions reported by EnsureConfig.
 const (
 	ActionUnchanged Action = "unchanged"
-	// ActionInstalled: applied in maintenance mode; installed and rebooted.
+	// ActionInstalled: applied in maintenance mode; installed and rebooted,
+	// or, on a node booted from the factory's disk image
+	// (EnsureResult.FromImage), configured where it runs.
 	ActionInstalled Action = "installed"
 	// ActionUpdated: applied a changed config to a configured node.
 	ActionUpdated Action = "updated"
@@ -78,6 +81,11 @@ type EnsureResult struct {
 	Attempts int
 	// Version is the Talos version the node runs (as its Version RPC says).
 	Version string
+	// FromImage: the node was found in maintenance mode booted from a disk
+	// created from the factory's disk image (its SystemDisk names the
+	// disk holding META): the maintenance apply needed no install and no
+	// reboot.
+	FromImage bool
 }
 
 // rebootObserveWindow is how many poll intervals EnsureConfig watches for a
@@ -175,11 +183,16 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 				}
 				log.Warn().Int("attempt", res.Attempts+1).Msgf("node %s came back in maintenance mode: the install failed; applying its config again", t)
 			}
-			if err := o.checkInstallDisk(ctx, t); err != nil {
+			fromImage, err := o.checkInstallDisk(ctx, t)
+			if err != nil {
 				return false, "", err
 			}
+			res.FromImage = fromImage
 			ran := false
 			what := fmt.Sprintf("apply config to %s in maintenance mode (installs Talos to %s and reboots)", t, t.InstallDisk)
+			if fromImage {
+				what = fmt.Sprintf("apply config to %s in maintenance mode (it runs Talos from the disk image on %s: no install, no reboot)", t, t.InstallDisk)
+			}
 			if err := mutate(what, func() error {
 				ran = true
 				return o.applyMaintenance(ctx, t)
@@ -196,6 +209,9 @@ func (o *Ops) EnsureConfig(ctx context.Context, t Target, opts EnsureOptions) (E
 			}
 			applied, sawLeft = true, false
 			res.Attempts++
+			if fromImage {
+				return false, "config applied, booting", nil
+			}
 			return false, "config applied, installing", nil
 		case ModeConfigured:
 			sawLeft = sawLeft || applied
@@ -432,24 +448,69 @@ func (o *Ops) Disks(ctx context.Context, ip string, insecure bool) ([]Disk, erro
 	return out, nil
 }
 
-func (o *Ops) checkInstallDisk(ctx context.Context, t Target) error {
+// checkInstallDisk checks, before a maintenance apply, that the node has
+// the writable install disk its config names, and, on a node running
+// Talos from a disk created from the factory's disk image (fromImage),
+// that the image is on that disk: Talos calls the disk holding META its
+// system disk (SystemDisk resource, talos v1.13.3
+// internal/app/machined/pkg/controllers/block/system_disk.go) and puts
+// STATE and EPHEMERAL there, and upgrades install to it.
+func (o *Ops) checkInstallDisk(ctx context.Context, t Target) (fromImage bool, err error) {
 	if t.InstallDisk == "" {
-		return nil
+		return false, nil
 	}
 	disks, err := o.Disks(ctx, t.IP, true)
 	if err != nil {
 		if isDown(err) {
-			return nil // the next probe waits for it
+			return false, nil // the next probe waits for it
 		}
-		return err
+		return false, err
 	}
 	var seen []string
+	found := false
 	for _, d := range disks {
 		if d.DevPath == t.InstallDisk && !d.Readonly && !d.CDROM {
-			return nil
+			found = true
+			break
 		}
 		seen = append(seen, fmt.Sprintf("%s (%d GiB%s)", d.DevPath, d.Size>>30, map[bool]string{true: ", read-only", false: ""}[d.Readonly || d.CDROM]))
 	}
-	return fmt.Errorf("node %s has no writable install disk %s; it reports: %s (check the VM's disk bus: scsi ⇒ /dev/sda, virtio ⇒ /dev/vda)",
-		t, t.InstallDisk, strings.Join(seen, ", "))
+	if !found {
+		return false, fmt.Errorf("node %s has no writable install disk %s; it reports: %s (check the VM's disk bus: scsi ⇒ /dev/sda, virtio ⇒ /dev/vda)",
+			t, t.InstallDisk, strings.Join(seen, ", "))
+	}
+	system, err := o.SystemDisk(ctx, t.IP)
+	switch {
+	case err != nil && isDown(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	case system == "":
+		return false, nil // booted the ISO: the install writes the disk
+	case system != t.InstallDisk:
+		return true, fmt.Errorf("node %s runs Talos from a disk image on %s, but its config installs to %s (check the VM's disk bus: scsi ⇒ /dev/sda, virtio ⇒ /dev/vda)", t, system, t.InstallDisk)
+	}
+	return true, nil
+}
+
+// SystemDisk is the device of the disk holding the node's META partition,
+// read over COSI in maintenance mode ("" when the node has none: it booted
+// the ISO onto an empty disk).
+func (o *Ops) SystemDisk(ctx context.Context, ip string) (string, error) {
+	var dev string
+	err := o.call(ctx, ip, false, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		sd, err := safe.StateGetByID[*block.SystemDisk](ctx, c.COSI, block.SystemDiskID)
+		if state.IsNotFoundError(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		dev = sd.TypedSpec().DevPath
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("reading the system disk of %s: %w", ip, err)
+	}
+	return dev, nil
 }

@@ -338,6 +338,67 @@ func TestMissingInstallDiskStopsBeforeApply(t *testing.T) {
 	}
 }
 
+// Nodes booted from the factory's disk image converge with no install and
+// no reboot, each apply reported as configuring the node where it runs; a
+// second converge changes nothing.
+func TestConvergeNodesBootedFromTheImage(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1, workerBus: "scsi", image: &talossim.DiskImage{Version: "v1.13.3"}})
+	ctx := testCtx(t)
+	var changes []string
+	var mu sync.Mutex
+	record := func(what string, fn func() error) error {
+		mu.Lock()
+		changes = append(changes, what)
+		mu.Unlock()
+		return fn()
+	}
+	res, err := h.converge(ctx, record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cp-1", "wk-1"} {
+		if c := h.node(name).Counters(); c.Installs != 0 || c.Reboots != 0 || c.ImageBoots != 1 || c.MaintenanceApplies != 1 {
+			t.Errorf("%s: counters %+v", name, c)
+		}
+		if r := res.Nodes[name]; r.Action != ActionInstalled || !r.FromImage {
+			t.Errorf("%s: %+v", name, r)
+		}
+	}
+	if n := strings.Count(strings.Join(changes, "\n"), "runs Talos from the disk image on /dev/sda: no install, no reboot"); n != 2 {
+		t.Errorf("%d changes say a node was configured in place: %v", n, changes)
+	}
+	changes = nil
+	again, err := h.converge(ctx, record)
+	if err != nil || len(changes) != 0 || again.Bootstrapped {
+		t.Errorf("second converge: %v %v", changes, err)
+	}
+}
+
+// A node booted from the image whose config installs to another disk than
+// the one the image is on is refused before the apply: Talos would put
+// STATE and EPHEMERAL on the image's disk and upgrades would install to it.
+func TestImageOnAnotherDiskThanTheInstallDisk(t *testing.T) {
+	t.Parallel()
+	// wk-1's image is on its first disk, /dev/sda; its config installs to
+	// its second, /dev/vda.
+	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1, workerBus: "scsi", image: &talossim.DiskImage{Version: "v1.13.3"},
+		extraDisk: map[string]talossim.Disk{"wk-1": {Bus: "virtio", Size: 64 << 30}}})
+	targets := h.targets()
+	for i := range targets {
+		if targets[i].Name == "wk-1" {
+			targets[i].InstallDisk = "/dev/vda"
+		}
+	}
+	_, err := h.ops.EnsureConfig(testCtx(t), targets[1], EnsureOptions{})
+	if err == nil || !strings.Contains(err.Error(), "runs Talos from a disk image on /dev/sda, but its config installs to /dev/vda") {
+		t.Fatalf("err = %v", err)
+	}
+	if c := h.node("wk-1").Counters(); c.Applies != 0 {
+		t.Errorf("applied despite the image on another disk")
+	}
+}
+
 func TestConfigChangeAppliesOnlyWhereItDiffers(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1})

@@ -44,6 +44,11 @@ type harnessOptions struct {
 	// memory and diskSize per node name replace the VMs' defaults (2 GiB
 	// of RAM, one 64 GiB disk).
 	memory, diskSize map[string]uint64
+	// image boots every node from a disk created from the factory's disk
+	// image instead of the ISO.
+	image *talossim.DiskImage
+	// extraDisk per node name: a second, empty disk after the first.
+	extraDisk map[string]talossim.Disk
 }
 
 func testLogger(t *testing.T) zerolog.Logger {
@@ -98,7 +103,11 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		if size, ok := ho.diskSize[n.Name]; ok {
 			disk.Size = size
 		}
-		node, err := h.sim.BootNode(context.Background(), talossim.NodeSpec{IP: n.IP, Hostname: n.Name, Disks: []talossim.Disk{disk}, MemoryBytes: ho.memory[n.Name]})
+		disks := []talossim.Disk{disk}
+		if d, ok := ho.extraDisk[n.Name]; ok {
+			disks = append(disks, d)
+		}
+		node, err := h.sim.BootNode(context.Background(), talossim.NodeSpec{IP: n.IP, Hostname: n.Name, Disks: disks, MemoryBytes: ho.memory[n.Name], Image: ho.image})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -33,6 +33,7 @@ import (
 
 	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/lab/labca"
+	"github.com/homelab/bootstrap/lab/qcow2"
 )
 
 // Options shape the lab factory.
@@ -44,6 +45,11 @@ type Options struct {
 	Extensions []factory.ExtensionInfo
 	// ISOSize is the size of every ISO it serves (default 100 MiB).
 	ISOSize int64
+	// ImageSize is the size of every qcow2 disk image it serves (default
+	// ISOSize: the image carries the same kernel and initramfs in its boot
+	// partition, its other clusters unallocated; the real file's size is
+	// unverified, an estimate).
+	ImageSize int64
 	// Enterprise serves <image>.sha256 as an Enterprise factory does; the
 	// community build answers 402.
 	Enterprise bool
@@ -80,7 +86,7 @@ type Server struct {
 
 // Counts are the requests the factory answered, by kind.
 type Counts struct {
-	SchematicPosts, SchematicGets, ExtensionLists, ISODownloads, ChecksumGets, InstallerPulls int
+	SchematicPosts, SchematicGets, ExtensionLists, ISODownloads, ImageDownloads, ChecksumGets, InstallerPulls int
 }
 
 // Start serves the factory on a loopback port.
@@ -93,6 +99,9 @@ func Start(o Options) (*Server, error) {
 	}
 	if o.ISOSize == 0 {
 		o.ISOSize = 100 << 20
+	}
+	if o.ImageSize == 0 {
+		o.ImageSize = o.ISOSize
 	}
 	s := &Server{opts: o, log: o.Log.With().Str("component", "imagefactory").Logger(), schematics: map[string][]byte{}}
 	cert, err := s.newCerts()
@@ -280,8 +289,10 @@ func (s *Server) build(id, version string) (factory.Schematic, []factory.Extensi
 	return sc, exts, http.StatusOK, nil
 }
 
-// image is handleImage (image.go) for ISOs: <platform>-<arch>.iso, with
-// .sha256/.sha512 answered 402 unless Enterprise.
+// image is handleImage (image.go) for ISOs, <platform>-<arch>.iso, and
+// qcow2 disk images, <platform>-<arch>.qcow2 (ParseFromPath,
+// internal/profile/profile.go), with .sha256/.sha512 answered 402 unless
+// Enterprise.
 func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file string) {
 	want := ""
 	for _, suf := range []string{".sha256", ".sha512"} {
@@ -297,8 +308,8 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file
 		http.Error(w, err.Error(), code)
 		return
 	}
-	if path.Ext(file) != ".iso" || !strings.Contains(file, "-") {
-		// The lab builds ISOs only.
+	if (path.Ext(file) != ".iso" && path.Ext(file) != ".qcow2") || !strings.Contains(file, "-") {
+		// The lab builds ISOs and qcow2 disk images only.
 		http.Error(w, "error parsing profile from path: unsupported in the lab: "+file, http.StatusBadRequest)
 		return
 	}
@@ -315,11 +326,17 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file
 		_, _ = fmt.Fprintf(w, "%s  %s\n", s.ISOSHA256(id, version, file), file)
 		return
 	}
+	size, ctype := s.opts.ISOSize, "application/x-iso9660-image"
 	s.mu.Lock()
-	s.counts.ISODownloads++
+	if path.Ext(file) == ".qcow2" {
+		s.counts.ImageDownloads++
+		size, ctype = s.opts.ImageSize, "application/octet-stream"
+	} else {
+		s.counts.ISODownloads++
+	}
 	s.mu.Unlock()
-	w.Header().Set("Content-Length", strconv.FormatInt(s.opts.ISOSize, 10))
-	w.Header().Set("Content-Type", "application/x-iso9660-image")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.Header().Set("Content-Type", ctype)
 	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="%s"`, file))
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
@@ -328,17 +345,25 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file
 	_, _ = io.Copy(w, s.iso(id, version, file))
 }
 
-// ISOSHA256 is the SHA-256 of the ISO the factory serves for a schematic,
-// version and file name.
+// ISOSHA256 is the SHA-256 of the image (ISO or disk image) the factory
+// serves for a schematic, version and file name.
 func (s *Server) ISOSHA256(id, version, file string) string {
 	h := sha256.New()
 	_, _ = io.Copy(h, s.iso(id, version, file))
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// iso is the content of the ISO for a schematic, version and file name.
-func (s *Server) iso(id, version, file string) *isoReader {
-	return &isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
+// iso is the content of an image for a schematic, version and file name:
+// filler bytes, after a qcow2 header of the nocloud image's virtual size
+// (1246 MiB) for a .qcow2 disk image.
+func (s *Server) iso(id, version, file string) io.Reader {
+	r := &isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
+	if path.Ext(file) != ".qcow2" {
+		return r
+	}
+	h := qcow2.Header(factory.DiskImageBytes)
+	r.size = s.opts.ImageSize - int64(len(h))
+	return io.MultiReader(bytes.NewReader(h), r)
 }
 
 // isoReader yields size bytes: seed repeated, so each image differs. It
@@ -395,17 +420,44 @@ func (s *Server) Installer(image string) ([]Extension, bool, error) {
 	s.mu.Lock()
 	s.counts.InstallerPulls++
 	s.mu.Unlock()
-	_, exts, _, err := s.build(ref.ID, ref.Version)
+	out, err := s.builtExtensions(ref.ID, ref.Version)
 	if err != nil {
 		return nil, true, fmt.Errorf("pulling %s: %w", image, err)
 	}
+	return out, true, nil
+}
+
+// builtExtensions are the extensions an image of schematic id for version
+// runs: the official ones by manifest name, then the virtual "schematic".
+func (s *Server) builtExtensions(id, version string) ([]Extension, error) {
+	_, exts, _, err := s.build(id, version)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]Extension, 0, len(exts)+1)
 	for _, e := range exts {
-		out = append(out, Extension{Name: factory.ManifestName(e.Name), Version: ref.Version, Author: e.Author, Description: e.Description})
+		out = append(out, Extension{Name: factory.ManifestName(e.Name), Version: version, Author: e.Author, Description: e.Description})
 	}
-	out = append(out, Extension{Name: factory.SchematicExtension, Version: ref.ID, Author: "Image Factory (" + s.url + ")",
+	out = append(out, Extension{Name: factory.SchematicExtension, Version: id, Author: "Image Factory (" + s.url + ")",
 		Description: "Virtual extension which specifies the schematic of the image built with schematic."})
-	return out, true, nil
+	return out, nil
+}
+
+// DiskImage resolves the URL of a disk image this factory serves
+// (…/image/<id>/<version>/nocloud-amd64.qcow2) to what a VM whose disk was
+// imported from it boots: the image's Talos version and the extensions of
+// its schematic, as Installer resolves an installer. ok is false for any
+// other URL.
+func (s *Server) DiskImage(url string) (version string, exts []Extension, ok bool, err error) {
+	if !strings.HasPrefix(url, s.url+"/") || path.Ext(url) != ".qcow2" {
+		return "", nil, false, nil
+	}
+	id, version, ok := factory.ParseISOURL(url)
+	if !ok {
+		return "", nil, false, nil
+	}
+	exts, err = s.builtExtensions(id, version)
+	return version, exts, true, err
 }
 
 func (s *Server) newCerts() (tls.Certificate, error) {

@@ -42,6 +42,11 @@ func pveCommon(managerVersion string) string {
 	case "8.2":
 		return "8.2.2"
 	case "8.3":
+		// pve-manager 8.3.6 and 8.3.7, cut beside 8.4.0, declare
+		// libpve-storage-perl >= 8.3.6 (e48f2d91, debian/control).
+		if versionAtLeast(managerVersion, 8, 3, 6) {
+			return "8.3.6"
+		}
 		return "8.2.9"
 	case "8.4":
 		return "8.3.1"
@@ -51,6 +56,42 @@ func pveCommon(managerVersion string) string {
 		return "9.1.11"
 	case "9.2":
 		return "9.2.1"
+	}
+	return fmt.Sprintf("%d.%d.0", maj, min)
+}
+
+// defaultPVEStorage is the pve-storage (libpve-storage-perl) release
+// current when the simulated pve-manager release was, as
+// defaultQemuServer: 8.2 → 8.2.3 (13a8187), 8.3 → 8.2.9 (39fd552), 8.4 →
+// 8.3.6 (0c6234f), 9.0 → 9.0.13 (609752f), 9.1 → 9.1.2 (e26583a), 9.2 →
+// 9.1.7 (0c56bad, the newest read). pve-manager 8.2.9 and 8.2.10, cut
+// beside 8.3.0, already declare libpve-storage-perl >= 8.2.8
+// (pve-manager commit 4055b9d3, debian/control), so they get 8.2.8: the
+// 'import' content type and OVA downloads (pve-storage d955a46, 40df25d).
+// Older releases get "<major>.<minor>.0", unverified.
+func defaultPVEStorage(managerVersion string) string {
+	maj, min := splitVersion(managerVersion)
+	switch fmt.Sprintf("%d.%d", maj, min) {
+	case "8.2":
+		if versionAtLeast(managerVersion, 8, 2, 9) {
+			return "8.2.8"
+		}
+		return "8.2.3"
+	case "8.3":
+		// pve-manager 8.3.6 and 8.3.7, cut beside 8.4.0, declare
+		// libpve-storage-perl >= 8.3.6 (e48f2d91, debian/control).
+		if versionAtLeast(managerVersion, 8, 3, 6) {
+			return "8.3.6"
+		}
+		return "8.2.9"
+	case "8.4":
+		return "8.3.6"
+	case "9.0":
+		return "9.0.13"
+	case "9.1":
+		return "9.1.2"
+	case "9.2":
+		return "9.1.7"
 	}
 	return fmt.Sprintf("%d.%d.0", maj, min)
 }
@@ -86,7 +127,8 @@ func versionAtLeast(v string, major, minor, patch int) bool {
 // $assemble_pkginfo's: Version is the apt *candidate*, OldVersion the
 // installed one (when installed); pve-manager carries ManagerVersion,
 // proxmox-ve the RunningKernel. Only the packages pvesim models are
-// listed (proxmox-ve, pve-manager, qemu-server, libpve-common-perl).
+// listed (proxmox-ve, pve-manager, qemu-server, libpve-common-perl,
+// libpve-storage-perl).
 func (s *Server) aptVersions(r *request) (any, *apiError) {
 	if aerr := r.who.check("/nodes/"+s.node.Name, "Sys.Audit"); aerr != nil {
 		return nil, aerr
@@ -110,6 +152,8 @@ func (s *Server) aptVersions(r *request) (any, *apiError) {
 	common := pveCommon(s.version)
 	lib := entry("libpve-common-perl", "Proxmox VE base library", common, common)
 	lib["Arch"] = "all"
+	stor := entry("libpve-storage-perl", "Proxmox VE storage management library", s.opts.PVEStorage, s.opts.PVEStorage)
+	stor["Arch"] = "all"
 	// The listed packages by name after the first two (APT.pm versions).
-	return []any{ve, mgr, lib, qs}, nil
+	return []any{ve, mgr, lib, stor, qs}, nil
 }

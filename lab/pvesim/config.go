@@ -244,6 +244,13 @@ func validateOption(k, v string, major int) string {
 		if isoVolRE.MatchString(d.file) && d.get("media") != "cdrom" {
 			return "explicit 'media=cdrom' is required for iso images"
 		}
+		// $check_drive_param (qemu-server 9.2.6): an import allocates a new
+		// disk of the source's size, written <storage>:0.
+		if d.get("import-from") != "" {
+			if m := newDiskRE.FindStringSubmatch(d.file); m == nil || m[3] != "0" {
+				return "'import-from' requires special syntax - use <storage ID>:0,import-from=<source>"
+			}
+		}
 	}
 	if min, ok := intKeys[k]; ok {
 		n, err := strconv.Atoi(v)

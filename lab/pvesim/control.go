@@ -63,7 +63,7 @@ func (s *Server) SeedVM(vmid int, params map[string]string, running bool) error 
 		return fmt.Errorf("VM %d already exists", vmid)
 	}
 	s.addMACsLocked(cfg)
-	vols, err := s.createDisksLocked(vmid, cfg)
+	vols, _, err := s.createDisksLocked(vmid, cfg)
 	if err != nil {
 		for _, vol := range vols {
 			s.freeLocked(vol)
@@ -104,7 +104,7 @@ func (s *Server) EditVM(vmid int, changes map[string]string) error {
 		}
 		set[k] = val
 	}
-	vols, err := s.createDisksLocked(vmid, set)
+	vols, _, err := s.createDisksLocked(vmid, set)
 	if err != nil {
 		for _, vol := range vols {
 			s.freeLocked(vol)
@@ -305,7 +305,11 @@ func (s *Server) eventLocked(v *vm) VMEvent {
 		}
 		stName, vol, _ := strings.Cut(d.file, ":")
 		size, _ := parseSize(d.get("size"))
-		ev.Disks = append(ev.Disks, Disk{Slot: k, Bus: driveBus(k), Storage: stName, Volume: vol, SizeBytes: size})
+		disk := Disk{Slot: k, Bus: driveBus(k), Storage: stName, Volume: vol, SizeBytes: size}
+		if _, v := s.volumeLocked(d.file); v != nil {
+			disk.ImportedFrom, disk.ImportURL = v.importedFrom, v.importURL
+		}
+		ev.Disks = append(ev.Disks, disk)
 	}
 	return ev
 }

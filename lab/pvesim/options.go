@@ -30,6 +30,11 @@ type Options struct {
 	// QemuServerCandidate is the qemu-server version apt would install
 	// (default QemuServer: no upgrade pending).
 	QemuServerCandidate string
+	// PVEStorage is the installed pve-storage (libpve-storage-perl)
+	// version (default: the one current when Version's release came out,
+	// see defaultPVEStorage). The 'import' content type and what
+	// download-url imports follow it (import.go).
+	PVEStorage string
 	// Storages replace the default storages when set.
 	Storages []StorageSpec
 	// Bridges replace the default vmbr0 when set.
@@ -186,6 +191,10 @@ type RemoteFile struct {
 	Content []byte
 	Size    int64
 	SHA256  string
+	// Head is the file's first bytes (up to 4 KiB), which is what an
+	// import's image check reads (a qcow2 header); taken from Content
+	// when that is set.
+	Head []byte
 }
 
 // Token is an API token. Its ACL is the token's effective privileges, i.e.
@@ -249,6 +258,10 @@ type Disk struct {
 	Storage   string
 	Volume    string
 	SizeBytes int64
+	// ImportedFrom is the volume the disk was imported from at create
+	// (import-from), and ImportURL where that volume was downloaded from
+	// ("" when it was not downloaded): what the guest finds on the disk.
+	ImportedFrom, ImportURL string
 }
 
 // FaultKind selects what an injected fault does.

@@ -249,6 +249,14 @@ func (s *Server) drivePerms(who *identity, id int, cfg map[string]string, update
 			if !images {
 				return paramErr(map[string]string{"storage": fmt.Sprintf("storage '%s' does not support vm images", stName)})
 			}
+			if src := d.get("import-from"); src != "" {
+				if update {
+					return paramErr(map[string]string{k: "pvesim imports disks on create only"})
+				}
+				if aerr := s.importFromPerms(who, k, src); aerr != nil {
+					return aerr
+				}
+			}
 		default:
 			stName, _, ok := strings.Cut(d.file, ":")
 			if !ok {
@@ -383,20 +391,41 @@ func (s *Server) createVM(r *request) (any, *apiError) {
 			return fmt.Errorf("unable to create VM %d - %v", id, err)
 		}
 		defer funlock(v)
-		if err := t.injected(); err != nil {
-			s.dropVM(id, nil)
-			return err
+		imports := importsOf(cfg)
+		if len(imports) == 0 {
+			if err := t.injected(); err != nil {
+				s.dropVM(id, nil)
+				return err
+			}
 		}
 		if err := s.pause(ctx, s.opts.Profile.Create); err != nil {
 			s.dropVM(id, nil)
 			return err
 		}
 		s.mu.Lock()
-		vols, err := s.createDisksLocked(id, cfg)
+		vols, imported, err := s.createDisksLocked(id, cfg)
 		if err != nil {
 			s.mu.Unlock()
 			s.dropVM(id, vols)
 			return fmt.Errorf("unable to create VM %d - %v", id, err)
+		}
+		if len(imports) > 0 {
+			// qemu-img copies the image while the VM's config holds only
+			// its 'create' lock (create_and_lock_config). A create that
+			// fails here frees every volume it allocated and removes the
+			// config (create_vm's worker, qemu-server 9.2.6): a task-error
+			// fault on the create fails it half way through its import.
+			s.mu.Unlock()
+			perMiB := s.opts.Profile.ImportPerMiB
+			if err := s.pause(ctx, time.Duration(float64(perMiB)*float64(imported)/float64(mib))); err != nil {
+				s.dropVM(id, vols)
+				return err
+			}
+			if err := t.injected(); err != nil {
+				s.dropVM(id, vols)
+				return fmt.Errorf("unable to create VM %d - cannot import from '%s' - %v", id, imports[0], err)
+			}
+			s.mu.Lock()
 		}
 		if checkTags {
 			if aerr := s.createTagsCheck(r.who, id, cfg["tags"]); aerr != nil {
@@ -440,10 +469,24 @@ func (s *Server) dropVM(id int, vols []string) {
 	s.releaseLocked(id)
 }
 
+// importsOf lists the import-from sources of a create's drives.
+func importsOf(cfg map[string]string) []string {
+	var out []string
+	for _, k := range sortedKeys(cfg) {
+		if !isDriveKey(k) {
+			continue
+		}
+		if d, err := parseDrive(cfg[k]); err == nil && d.get("import-from") != "" {
+			out = append(out, d.get("import-from"))
+		}
+	}
+	return out
+}
+
 // createDisksLocked allocates new disks and the cloud-init drive and
-// rewrites the drive options as stored; s.mu must be held.
-func (s *Server) createDisksLocked(id int, cfg map[string]string) ([]string, error) {
-	var vols []string
+// rewrites the drive options as stored; imported is the bytes of the disks
+// imported (their virtual sizes); s.mu must be held.
+func (s *Server) createDisksLocked(id int, cfg map[string]string) (vols []string, imported int64, _ error) {
 	for _, k := range sortedKeys(cfg) {
 		if !isDriveKey(k) {
 			continue
@@ -456,7 +499,7 @@ func (s *Server) createDisksLocked(id int, cfg map[string]string) ([]string, err
 			stName, _, _ := strings.Cut(d.file, ":")
 			st := s.storageByName(stName)
 			if st == nil {
-				return vols, fmt.Errorf("storage '%s' does not exist", stName)
+				return vols, imported, fmt.Errorf("storage '%s' does not exist", stName)
 			}
 			format := d.get("format")
 			name := fmt.Sprintf("vm-%d-cloudinit", id)
@@ -468,7 +511,7 @@ func (s *Server) createDisksLocked(id int, cfg map[string]string) ([]string, err
 			}
 			volid, err := s.allocLocked(stName, id, name, 4*mib, format)
 			if err != nil {
-				return vols, err
+				return vols, imported, err
 			}
 			vols = append(vols, volid)
 			d.file = volid
@@ -479,24 +522,40 @@ func (s *Server) createDisksLocked(id int, cfg map[string]string) ([]string, err
 			m := newDiskRE.FindStringSubmatch(d.file)
 			gibs, _ := strconv.ParseFloat(m[3], 64)
 			size := int64(gibs * float64(gib))
+			src := d.get("import-from")
+			var from *volume
+			if src != "" {
+				// The untrusted check of an import volume, then a copy of
+				// the image's virtual size (create_disks, $import_from_volid).
+				var err error
+				if from, size, err = s.importSourceLocked(src); err != nil {
+					return vols, imported, fmt.Errorf("cannot import from '%s' - %v", src, err)
+				}
+				imported += size
+			}
 			volid, err := s.allocLocked(m[2], id, "", size, d.get("format"))
 			if err != nil {
-				return vols, err
+				return vols, imported, err
 			}
 			vols = append(vols, volid)
+			if from != nil {
+				_, vol := s.volumeLocked(volid)
+				vol.importedFrom, vol.importURL = src, from.url
+			}
 			d.file = volid
 			d.del("format")
+			d.del("import-from")
 			d.set("size", formatSize(size))
 		default:
 			_, vol := s.volumeLocked(d.file)
 			if vol == nil {
-				return vols, fmt.Errorf("volume '%s' does not exist", d.file)
+				return vols, imported, fmt.Errorf("volume '%s' does not exist", d.file)
 			}
 			d.set("size", formatSize(vol.size))
 		}
 		cfg[k] = d.String()
 	}
-	return vols, nil
+	return vols, imported, nil
 }
 
 func defaultBoot(cfg map[string]string) string {
@@ -681,7 +740,7 @@ func (s *Server) applyConfigLocked(v *vm, set map[string]string, dels []string) 
 		val := set[k]
 		if isDriveKey(k) {
 			one := map[string]string{k: val}
-			vols, err := s.createDisksLocked(v.id, one)
+			vols, _, err := s.createDisksLocked(v.id, one)
 			if err != nil {
 				for _, vol := range vols {
 					s.freeLocked(vol)

@@ -144,6 +144,11 @@ func New(opts Options) (*Server, error) {
 	case apiNote != "":
 		s.log.Info().Str("schema", api.Release).Msg(apiNote)
 	}
+	if err := s.checkStorageSpecs(); err != nil {
+		ln.Close()
+		cancel()
+		return nil, fmt.Errorf("pvesim: %w", err)
+	}
 	for _, st := range opts.Storages {
 		s.storages = append(s.storages, newStorage(st))
 	}
@@ -217,6 +222,9 @@ func withDefaults(o Options) Options {
 	}
 	if o.QemuServerCandidate == "" {
 		o.QemuServerCandidate = o.QemuServer
+	}
+	if o.PVEStorage == "" {
+		o.PVEStorage = defaultPVEStorage(o.Version)
 	}
 	if o.Storages == nil {
 		o.Storages = []StorageSpec{

@@ -46,6 +46,13 @@ type volume struct {
 	ctime  time.Time
 	data   []byte
 	sha256 string
+	// head is the file's first bytes (an import's image check reads
+	// them); url where download-url fetched it from.
+	head []byte
+	url  string
+	// importedFrom is the volume a disk was imported from (import-from at
+	// create), importURL that volume's url.
+	importedFrom, importURL string
 }
 
 func newStorage(spec StorageSpec) *storage {
@@ -438,8 +445,12 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 	}
 	if content == "" {
 		errs["content"] = "property is missing and it is not optional"
-	} else if content != "iso" && content != "vztmpl" && content != "import" {
-		errs["content"] = "value '" + content + "' does not have a value in the enumeration 'iso, vztmpl, import'"
+	} else if content != "iso" && content != "vztmpl" && (content != "import" || !s.hasImportContent()) {
+		enum := "iso, vztmpl"
+		if s.hasImportContent() {
+			enum += ", import"
+		}
+		errs["content"] = "value '" + content + "' does not have a value in the enumeration '" + enum + "'"
 	}
 	if filename == "" {
 		errs["filename"] = "property is missing and it is not optional"
@@ -482,17 +493,34 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 	case !stHasContent:
 		return nil, errf(500, "storage '%s' is not configured for content-type '%s'", name, content)
 	}
-	if content != "iso" {
-		return nil, paramErr(map[string]string{"content": "pvesim only downloads ISO images"})
+	var dest, volname, format string
+	switch content {
+	case "iso":
+		if !isoExt.MatchString(filename) {
+			return nil, paramErr(map[string]string{"filename": "wrong file extension"})
+		}
+		dest, volname, format = stPath+"/template/iso/"+filename, "iso/"+filename, "iso"
+	case "import":
+		// import.go: the names and formats each pve-storage takes.
+		if format = s.importExtension(filename); format == "" {
+			return nil, paramErr(map[string]string{"filename": "invalid filename or wrong extension"})
+		}
+		if format != "qcow2" && format != "raw" {
+			return nil, paramErr(map[string]string{"filename": "pvesim simulates qcow2 and raw imports only, not " + format})
+		}
+		dest, volname = stPath+"/import/"+filename, "import/"+filename
+	default:
+		return nil, paramErr(map[string]string{"content": "pvesim downloads ISO and import images only"})
 	}
-	if !isoExt.MatchString(filename) {
-		return nil, paramErr(map[string]string{"filename": "wrong file extension"})
-	}
-	dest := stPath + "/template/iso/" + filename
-	volname := "iso/" + filename
+	compression := r.param("compression")
 	upid := s.startTask(r, "download", filename, func(ctx context.Context, t *task) error {
 		if err := t.injected(); err != nil {
 			return err
+		}
+		// The worker refuses decompression before anything else, for every
+		// content but iso (Status.pm download_url, pve-storage 9.1.7).
+		if compression != "" && content != "iso" {
+			return fmt.Errorf("decompression not supported for %s", content)
 		}
 		t.logf("downloading %s to %s", u, dest)
 		s.mu.Lock()
@@ -528,11 +556,12 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 			t.logf("ERROR 404: Not Found.")
 			return fmt.Errorf("download failed: command '/usr/bin/wget --progress=dot:giga -O %s %s' failed: exit code 8", tmp, u)
 		}
-		size, data, fileSum := remote.Size, remote.Content, remote.SHA256
+		size, data, fileSum, head := remote.Size, remote.Content, remote.SHA256, remote.Head
 		if data != nil {
 			size = int64(len(data))
 			h := sha256.Sum256(data)
 			fileSum = hex.EncodeToString(h[:])
+			head = headOf(data)
 		}
 		perMiB := s.opts.Profile.DownloadPerMiB
 		if err := s.pause(ctx, time.Duration(float64(perMiB)*float64(size)/float64(mib))); err != nil {
@@ -552,13 +581,20 @@ func (s *Server) downloadURL(r *request, name string) (any, *apiError) {
 			}
 			t.logf("OK, checksum verified")
 		}
+		if content == "import" {
+			// The untrusted image check (assert_file_validity), after the
+			// checksum and before the rename.
+			if _, err := untrustedImage(tmp, format, head, size); err != nil {
+				return fmt.Errorf("failed to verify file: %v", err)
+			}
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if old := st.vols[volname]; old != nil {
 			st.used -= old.alloc
 		}
 		st.used += size
-		st.vols[volname] = &volume{name: volname, content: "iso", format: "iso", size: size, alloc: size, ctime: time.Now(), data: data, sha256: fileSum}
+		st.vols[volname] = &volume{name: volname, content: content, format: format, size: size, alloc: size, ctime: time.Now(), data: data, sha256: fileSum, head: head, url: u}
 		t.logf("download of '%s' to '%s' finished", u, dest)
 		return nil
 	})
@@ -589,13 +625,13 @@ func (s *Server) fetch(ctx context.Context, t *task, u string) (RemoteFile, int)
 		t.logf("ERROR %d: %s.", resp.StatusCode, http.StatusText(resp.StatusCode))
 		return RemoteFile{}, 8
 	}
-	h := sha256.New()
-	n, err := io.Copy(h, resp.Body)
+	h, head := sha256.New(), &headWriter{}
+	n, err := io.Copy(io.MultiWriter(h, head), resp.Body)
 	if err != nil {
 		t.logf("read error: %v", err)
 		return RemoteFile{}, 4
 	}
-	return RemoteFile{Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, 0
+	return RemoteFile{Size: n, SHA256: hex.EncodeToString(h.Sum(nil)), Head: head.buf}, 0
 }
 
 // normalizeContentFilename is pve-storage's normalize_content_filename.

@@ -232,3 +232,16 @@ func (s *Server) TaskExits(typ string) []string {
 	}
 	return out
 }
+
+// RunningTasks counts the tasks of a type that have not ended yet.
+func (s *Server) RunningTasks(typ string) int {
+	n := 0
+	for _, t := range s.tasksOf(typ) {
+		t.mu.Lock()
+		if !t.done {
+			n++
+		}
+		t.mu.Unlock()
+	}
+	return n
+}

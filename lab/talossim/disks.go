@@ -28,9 +28,10 @@ func devPathFor(disks []Disk, i int) string {
 }
 
 // newDiskState is the node's COSI state with one Disk resource per VM disk
-// plus the Talos ISO as a read-only CD-ROM, as `talosctl get disks` shows
-// on a Proxmox VM booted from the ISO.
-func newDiskState(disks []Disk) (state.State, error) {
+// plus, with cdrom, the Talos ISO as a read-only CD-ROM, as `talosctl get
+// disks` shows on a Proxmox VM booted from the ISO (a VM created from the
+// disk image has no CD-ROM drive).
+func newDiskState(disks []Disk, cdrom bool) (state.State, error) {
 	st := state.WrapCore(namespaced.NewState(inmem.Build))
 	ctx := context.Background()
 	for i, d := range disks {
@@ -55,6 +56,9 @@ func newDiskState(disks []Disk) (state.State, error) {
 		if err := st.Create(ctx, r); err != nil {
 			return nil, fmt.Errorf("talossim: disk %s: %w", dev, err)
 		}
+	}
+	if !cdrom {
+		return st, nil
 	}
 	iso := block.NewDisk(block.NamespaceName, "sr0")
 	iso.TypedSpec().DevPath = "/dev/sr0"

@@ -114,6 +114,9 @@ type Counters struct {
 	Resets int
 	// ImagePulls counts the images pulled through the API.
 	ImagePulls int
+	// ImageBoots counts maintenance applies that configured a node booted
+	// from the factory's disk image in place: no install, no reboot.
+	ImageBoots int
 }
 
 // Node is one simulated Talos machine.
@@ -166,6 +169,13 @@ type Node struct {
 	// system, its services not stopped by a failed sequence (see
 	// refreshPeerLocked). etcd's membership checks read it under s.mu.
 	etcdPeer atomic.Bool
+	// fromImage: this boot runs Talos from a disk created from the
+	// factory's disk image, META found (image.go): a maintenance apply
+	// configures it in place, without install or reboot. bootBlocked says
+	// why its configured boot cannot go on ("" when it can).
+	fromImage   bool
+	imageSys    installedSystem
+	bootBlocked string
 	// applying is set while an ApplyConfiguration is processed;
 	// rebootPending once a reboot-mode apply or a Reboot was accepted.
 	applying      bool
@@ -199,7 +209,7 @@ func newNode(s *Sim, spec NodeSpec) (*Node, error) {
 		timers:  map[*time.Timer]struct{}{},
 		changed: make(chan struct{}),
 	}
-	st, err := newDiskState(spec.Disks)
+	st, err := newDiskState(spec.Disks, spec.Image == nil)
 	if err != nil {
 		return nil, err
 	}
@@ -429,9 +439,17 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.gen++
 	n.etcdLeft, n.sequenceStopped = false, false
 	n.rebootPending, n.applying = false, false
+	n.fromImage, n.bootBlocked = installed.fromImage, ""
+	if installed.fromImage {
+		n.imageSys = installed.clone()
+		publishSystemDisk(n.cosi, devPathFor(n.spec.Disks, 0))
+	}
 	if installed.config == nil {
 		n.config, n.parsed = nil, nil
 		n.version = n.spec.TalosVersion
+		if installed.fromImage {
+			n.version = installed.version
+		}
 		n.mode = serveMaintenance
 		n.setPhaseLocked(PhaseMaintenance)
 		n.setStageLocked(runtime.MachineStageMaintenance)
@@ -451,6 +469,20 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.version = installed.version
 	n.mode = serveConfigured
 	n.bootedAt = time.Now()
+	if installed.fromImage {
+		if blocked := imageDiskTooSmall(n.spec.Disks); blocked != "" {
+			// The boot sequence's diskSizeCheck waits for an EPHEMERAL
+			// volume the disk has no room for: apid answers (with the
+			// config's CA), nothing else starts.
+			n.bootBlocked = blocked
+			n.log.Warn().Msg("talossim: " + blocked)
+			n.setPhaseLocked(PhaseBooting)
+			n.setStageLocked(runtime.MachineStageBooting)
+			n.wantUp = true
+			n.serveLocked()
+			return
+		}
+	}
 	n.etcdJoinDeadline = n.bootedAt.Add(n.sim.scaled(n.sim.opts.Profile.EtcdJoinTimeout))
 	n.setPhaseLocked(PhaseRunning)
 	n.setStageLocked(runtime.MachineStageBooting)
@@ -461,7 +493,11 @@ func (n *Node) bootLocked(installed installedSystem) {
 
 	publishKubernetesConfig(n.cosi, imagesOf(n.parsed))
 	publishManifests(n.cosi, n.parsed)
-	if n.parsed.Machine() != nil {
+	switch {
+	case installed.fromImage:
+		// EPHEMERAL is on the system disk, the one the image is on.
+		publishImageEphemeral(n.cosi, n.spec.Disks[0].Size, devPathFor(n.spec.Disks, 0))
+	case n.parsed.Machine() != nil:
 		disk := n.parsed.Machine().Install().Disk()
 		for i := range n.spec.Disks {
 			if devPathFor(n.spec.Disks, i) == disk {
@@ -573,6 +609,10 @@ func (n *Node) scheduleRebootLocked() {
 // completes and the node kexecs into the installed system, or fails and
 // the node reboots from the ISO into maintenance mode again.
 func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
+	if n.fromImage {
+		n.configureInPlaceLocked(cfg, parsed)
+		return
+	}
 	n.gen++
 	n.setPhaseLocked(PhaseInstalling)
 	n.setStageLocked(runtime.MachineStageBooting) // runningMaintenance stopped

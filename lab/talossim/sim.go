@@ -230,6 +230,12 @@ type NodeSpec struct {
 	TalosVersion string
 	// MemoryBytes is the VM's RAM (default 2 GiB).
 	MemoryBytes uint64
+	// Image, when set, says the VM's first disk was created from the
+	// Image Factory's nocloud disk image (Proxmox import-from) and not
+	// written since: a disk without a config boots the image's Talos
+	// with its META partition found (see image.go). Nil: an empty disk
+	// boots the ISO.
+	Image *DiskImage
 }
 
 // BootNode starts a node at spec.IP, as a VM that was just powered on. A
@@ -261,6 +267,10 @@ func (s *Sim) BootNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		spec.TalosVersion = s.opts.TalosVersion
 	}
 	installed := s.installed[spec.IP].clone()
+	if installed.config == nil && spec.Image != nil {
+		// What the imported disk holds until a config is written to it.
+		installed = installedSystem{fromImage: true, version: spec.Image.Version, extensions: slices.Clone(spec.Image.Extensions)}
+	}
 	n, err := newNode(s, spec)
 	if err != nil {
 		s.mu.Unlock()
@@ -335,10 +345,14 @@ type installedSystem struct {
 	// on the EPHEMERAL partition (/var/lib/etcd.snapshot) until a
 	// recover_etcd bootstrap consumes it.
 	recoverySnapshot []byte
+	// fromImage: the system disk was created from the factory's disk image
+	// (its partitions, META included, came with it), not by an install.
+	fromImage bool
 }
 
 func (i installedSystem) clone() installedSystem {
-	return installedSystem{config: slices.Clone(i.config), version: i.version, extensions: slices.Clone(i.extensions), recoverySnapshot: slices.Clone(i.recoverySnapshot)}
+	return installedSystem{config: slices.Clone(i.config), version: i.version, extensions: slices.Clone(i.extensions),
+		recoverySnapshot: slices.Clone(i.recoverySnapshot), fromImage: i.fromImage}
 }
 
 // pullInstaller is what pulling an installer image yields: its system

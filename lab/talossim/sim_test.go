@@ -765,3 +765,64 @@ func TestControlPlaneBootEndsWhenEtcdRuns(t *testing.T) {
 		t.Fatalf("the boot sequence ended %s after bootstrap, etcd took %s: it waited for another boot-sequence tick", d, p.EtcdStart)
 	}
 }
+
+// A VM whose disk was imported from the factory's disk image boots its
+// Talos with META found: a maintenance apply configures it where it runs
+// (no install, no reboot; apid comes back with the config's CA), STATE
+// and EPHEMERAL are made on that boot, EPHEMERAL taking the rest of the
+// system disk; the SystemDisk names the disk. A disk left at the image's
+// size has no room for EPHEMERAL: the boot never gets past its wait.
+func TestBootFromDiskImage(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	prefix, err := talossim.RandomLoopbackPrefix(50000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := &talossim.DiskImage{Version: "v1.13.2"}
+	boot := func(ip string, size uint64) *talossim.Node {
+		n, err := f.sim.BootNode(ctx, talossim.NodeSpec{IP: ip, Disks: []talossim.Disk{{Bus: "scsi", Size: size}}, Image: image})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.waitPhase(n, talossim.PhaseMaintenance)
+		return n
+	}
+	ip := talossim.HostAddr(prefix, 31)
+	node := boot(ip, 32<<30)
+	c := insecure(t, ip)
+	sd, err := safe.StateGetByID[*block.SystemDisk](ctx, c.COSI, block.SystemDiskID)
+	if err != nil || sd.TypedSpec().DevPath != "/dev/sda" {
+		t.Fatalf("system disk in maintenance mode: %v %v", sd, err)
+	}
+	if v, err := c.Version(ctx); err != nil || v.Messages[0].Version.Tag != "v1.13.2" {
+		t.Fatalf("the image's version: %v %v", v, err)
+	}
+	if _, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPhase(node, talossim.PhaseRunning)
+	if got := node.Counters(); got.Installs != 0 || got.Reboots != 0 || got.ImageBoots != 1 || got.MaintenanceApplies != 1 {
+		t.Errorf("counters %+v", got)
+	}
+	eph, err := safe.StateGetByID[*block.VolumeStatus](ctx, secure(t, f.cfg, ip).COSI, "EPHEMERAL")
+	if err != nil || eph.TypedSpec().Size != 32<<30-1246<<20-100<<20 || eph.TypedSpec().Location != "/dev/sda" {
+		t.Errorf("EPHEMERAL: %v %v", eph, err)
+	}
+	if node.Version() != "v1.13.2" || string(f.sim.Installed(ip)) != string(f.config("cp-1")) {
+		t.Errorf("runs %s, disk holds the config: %v", node.Version(), string(f.sim.Installed(ip)) == string(f.config("cp-1")))
+	}
+
+	small := boot(talossim.HostAddr(prefix, 32), 1246<<20)
+	if _, err := insecure(t, talossim.HostAddr(prefix, 32)).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("wk-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for small.BootBlocked() == "" && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !strings.Contains(small.BootBlocked(), "diskSizeCheck") || small.Phase() == talossim.PhaseRunning {
+		t.Errorf("a disk at the image's size: %q, phase %s", small.BootBlocked(), small.Phase())
+	}
+}

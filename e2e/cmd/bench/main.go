@@ -6,7 +6,12 @@
 // the Proxmox and Talos API calls it made; for 3-control-plane sizes also
 // the etcd backup and the restore of a lost cluster to a green postcheck.
 //
-//	go run ./e2e/cmd/bench -binary bin/bootstrap [-scale 0.1] [-sizes 1,3+2,3+3,3+12]
+// For the sizes in -boot-sizes it also brings the cluster up with the VMs
+// booted from the factory's disk image (proxmox.boot auto on a PVE 8.4 host
+// whose storage holds imports), beside the ISO run: both modes' wall and
+// critical path, here and projected to the real box.
+//
+//	go run ./e2e/cmd/bench -binary bin/bootstrap [-scale 0.1] [-sizes 1,3+2,3+3,3+12] [-boot-sizes 3+3,3+12]
 package main
 
 import (
@@ -19,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +36,7 @@ import (
 
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/lab"
 	"github.com/homelab/bootstrap/lab/pvesim"
 	"github.com/homelab/bootstrap/lab/talossim"
@@ -39,7 +46,7 @@ import (
 type options struct {
 	binary, profile, dir, readme string
 	scale                        float64
-	sizes                        []size
+	sizes, bootSizes             []size
 	sequential, keep, verbose    bool
 }
 
@@ -112,11 +119,12 @@ func dropPageCache(path string) error {
 
 func main() {
 	var o options
-	var sizes string
+	var sizes, bootSizes string
 	flag.StringVar(&o.binary, "binary", "bin/bootstrap", "bootstrap binary to measure")
 	flag.StringVar(&o.profile, "profile", "n100", "latency profile of the simulated host and nodes")
 	flag.Float64Var(&o.scale, "scale", 0.1, "time scale of the profile (0.1: ten times faster than the real box)")
 	flag.StringVar(&sizes, "sizes", "1,3+2,3+3,3+12", "cluster sizes: control planes[+workers], comma separated")
+	flag.StringVar(&bootSizes, "boot-sizes", "3+3,3+12", "sizes also brought up from the factory's disk image (\"\" for none)")
 	flag.BoolVar(&o.sequential, "sequential", true, "also measure parallelism 1 (the one-node-after-another reference)")
 	flag.StringVar(&o.dir, "dir", "", "work directory (default: a temporary one, removed unless -keep)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (labs, state, run logs)")
@@ -131,6 +139,11 @@ func main() {
 	var err error
 	if o.sizes, err = parseSizes(sizes); err != nil {
 		fatal(err)
+	}
+	if bootSizes != "" {
+		if o.bootSizes, err = parseSizes(bootSizes); err != nil {
+			fatal(err)
+		}
 	}
 	if o.binary, err = filepath.Abs(o.binary); err != nil {
 		fatal(err)
@@ -190,6 +203,11 @@ type row struct {
 	// time against its critical path.
 	upgrade, upgradeStage time.Duration
 	upgradeCrit           e2e.CriticalPath
+	// Boot from the disk image (sizes in -boot-sizes): the bring-up to
+	// Flux synced against its critical path.
+	imageBringUp time.Duration
+	imageCrit    e2e.CriticalPath
+	imageCritIn  e2e.PathInput
 }
 
 func bench(ctx context.Context, o options, progress io.Writer) (string, error) {
@@ -217,8 +235,17 @@ func bench(ctx context.Context, o options, progress io.Writer) (string, error) {
 				return "", fmt.Errorf("%s parallelism 1: %w", sz, err)
 			}
 		}
+		if slices.Contains(o.bootSizes, sz) {
+			fmt.Fprintf(progress, "bench %s: from the disk image…\n", sz)
+			if err := measureImage(ctx, o, &r, pveProfile, talosProfile); err != nil {
+				return "", fmt.Errorf("%s from the disk image: %w", sz, err)
+			}
+		}
 		if o.verbose {
 			fmt.Fprintf(progress, "  critical path %s = %s\n  stages %s\n", r.crit.Total.Round(10*time.Millisecond), r.crit, stageLine(r.stageTimes))
+			if r.imageBringUp > 0 {
+				fmt.Fprintf(progress, "  from the disk image: critical path %s = %s\n", r.imageCrit.Total.Round(10*time.Millisecond), r.imageCrit)
+			}
 			if r.seqBringUp > 0 {
 				fmt.Fprintf(progress, "  parallelism 1: critical path %s = %s\n  stages %s\n", r.seqCrit.Total.Round(10*time.Millisecond), r.seqCrit, stageLine(r.seqStageTimes))
 			}
@@ -237,6 +264,17 @@ func stageLine(d map[string]time.Duration) string {
 }
 
 func startLab(ctx context.Context, o options, sz size, name string) (*e2e.Harness, func(), error) {
+	return startLabWith(ctx, o, sz, name, e2e.Options{})
+}
+
+// imageLab is what a bring-up from the disk image needs of the lab: a
+// release that imports disk images (PVE 8.4) and a storage whose content
+// types include import.
+var imageLab = e2e.Options{ProxmoxVersion: "8.4.21", ProxmoxImport: true}
+
+// startLabWith starts a lab of size sz; extra gives the Proxmox version
+// and import storage.
+func startLabWith(ctx context.Context, o options, sz size, name string, extra e2e.Options) (*e2e.Harness, func(), error) {
 	dir := filepath.Join(o.dir, sz.String()+"-"+name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, nil, err
@@ -246,7 +284,8 @@ func startLab(ctx context.Context, o options, sz size, name string) (*e2e.Harnes
 		return nil, nil, err
 	}
 	h, err := e2e.Start(ctx, e2e.Options{Dir: dir, Binary: o.binary, ControlPlanes: sz.controlPlanes, Workers: sz.workers, ProxmoxHosts: sz.hosts(),
-		Profile: o.profile, TimeScale: o.scale, KeepKubeData: o.keep, Log: zerolog.New(logFile).With().Timestamp().Logger()})
+		Profile: o.profile, TimeScale: o.scale, KeepKubeData: o.keep, Log: zerolog.New(logFile).With().Timestamp().Logger(),
+		ProxmoxVersion: extra.ProxmoxVersion, ProxmoxImport: extra.ProxmoxImport})
 	if err != nil {
 		logFile.Close()
 		return nil, nil, err
@@ -286,6 +325,7 @@ func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossi
 	cfg := h.Config()
 	in := e2e.PathInput{
 		Proxmox: pp, Talos: tp, Scale: scale, ISOBytes: lab.ISOBytes, ISODownload: h.ISODownloadTime(),
+		Image: h.Lab.Factory.Counts().ImageDownloads > 0, ImageVirtualBytes: factory.DiskImageBytes,
 		Nodes: len(cfg.Nodes), ControlPlanes: len(cfg.ControlPlanes()),
 		ProxmoxParallelism: cfg.Proxmox.Parallelism, TalosParallelism: cfg.Cluster.Parallelism,
 		KubeStart: kubeStart, CNI: network, FluxReconcile: flux, MirrorPods: h.MirrorSyncTime(),
@@ -437,6 +477,30 @@ func measureRestore(ctx context.Context, h *e2e.Harness, r *row) error {
 	return nil
 }
 
+// measureImage brings the size up from the factory's disk image and checks
+// that it was: every node booted from it, none installed or rebooted.
+func measureImage(ctx context.Context, o options, r *row, pp pvesim.Profile, tp talossim.Profile) error {
+	h, stop, err := startLabWith(ctx, o, r.size, "image", imageLab)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	res, durs, in, err := converge(ctx, h, pp, tp, o.scale)
+	if err != nil {
+		return err
+	}
+	if !in.Image {
+		return errors.New("the run did not download the disk image")
+	}
+	for _, n := range h.Lab.Talos.Nodes() {
+		if c := n.Counters(); !n.BootedFromImage() || c.Installs != 0 || c.Reboots != 0 {
+			return fmt.Errorf("node %s: booted from the image %v, %d installs, %d reboots", n.IP(), n.BootedFromImage(), c.Installs, c.Reboots)
+		}
+	}
+	r.imageBringUp, r.imageCrit, r.imageCritIn = res.Wall-durs[stages.Postcheck], e2e.ComputeCriticalPath(in), in
+	return nil
+}
+
 func measureSequential(ctx context.Context, o options, r *row, pp pvesim.Profile, tp talossim.Profile) error {
 	h, stop, err := startLab(ctx, o, r.size, "parallelism1")
 	if err != nil {
@@ -493,6 +557,7 @@ func render(o options, rows []row, took time.Duration) string {
 		fmt.Fprintf(&b, "\nTalos upgrade, %s (next patch release, one node at a time): %s (talos stage %s) against a critical path of %s = %s; ratio %.2f.\n",
 			r.size, secs(r.upgrade), secs(r.upgradeStage), secs(r.upgradeCrit.Total), r.upgradeCrit, r.upgrade.Seconds()/r.upgradeCrit.Total.Seconds())
 	}
+	renderBootModes(&b, o, rows)
 	b.WriteString("\nStage times (parallel run):\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "- %s: %s\n", r.size, stageLine(r.stageTimes))
@@ -512,6 +577,50 @@ func render(o options, rows []row, took time.Duration) string {
 		}
 	}
 	return b.String()
+}
+
+// renderBootModes puts the ISO and disk image bring-ups of a size side by
+// side: wall and critical path of each, and the path at scale 1 (the
+// real box) with the overhead measured here, so the saving is a ratio of
+// measured runs with the profile's figures named.
+func renderBootModes(b *strings.Builder, o options, rows []row) {
+	var any bool
+	for _, r := range rows {
+		any = any || r.imageBringUp > 0
+	}
+	if !any {
+		return
+	}
+	at1 := func(in e2e.PathInput) time.Duration {
+		in.Scale = 1
+		return e2e.ComputeCriticalPath(in).Total
+	}
+	fmt.Fprintf(b, "\nBoot mode (proxmox.boot), bring-up to Flux synced, parallel; the image runs on PVE 8.4 with imports on local:\n\n")
+	b.WriteString("| nodes | ISO: wall | its critical path | image: wall | its critical path | image/ISO wall | image/ISO critical path | at scale 1: ISO | image | image/ISO |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	var paths []string
+	for _, r := range rows {
+		if r.imageBringUp == 0 {
+			continue
+		}
+		// On the real box the profile's part is 1/scale times longer;
+		// each mode keeps the overhead measured here.
+		isoReal := at1(r.critIn) + r.bringUp - r.crit.Total
+		imgReal := at1(r.imageCritIn) + r.imageBringUp - r.imageCrit.Total
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %.2f |\n",
+			r.size.label(), secs(r.bringUp), secs(r.crit.Total), secs(r.imageBringUp), secs(r.imageCrit.Total),
+			r.imageBringUp.Seconds()/r.bringUp.Seconds(), r.imageCrit.Total.Seconds()/r.crit.Total.Seconds(),
+			secs(isoReal), secs(imgReal), imgReal.Seconds()/isoReal.Seconds())
+		paths = append(paths, fmt.Sprintf("- %s from the disk image: critical path %s.\n", r.size, r.imageCrit))
+	}
+	b.WriteString("\n" + strings.Join(paths, ""))
+	pp, _ := pvesim.ProfileByName(o.profile)
+	tp, _ := talossim.ProfileByName(o.profile)
+	fmt.Fprintf(b, "\nThe estimate's inputs (profile %s): Talos install %s and reboot %s per node (what the image saves), "+
+		"the disk image's download %d MiB at %s/MiB (the lab's file: the real qcow2's size is unverified, taken as the ISO's), "+
+		"its import %d MiB at %s/MiB (an estimate, not a measurement), the resize %s; "+
+		"the Kubernetes, CNI and Flux parts are the lab's own, measured in each run.\n",
+		o.profile, secs(tp.Install), secs(tp.Reboot), lab.ISOBytes>>20, pp.DownloadPerMiB, factory.DiskImageBytes>>20, pp.ImportPerMiB, pp.Resize)
 }
 
 const (
