@@ -42,11 +42,6 @@ func pveCommon(managerVersion string) string {
 	case "8.2":
 		return "8.2.2"
 	case "8.3":
-		// pve-manager 8.3.6 and 8.3.7, cut beside 8.4.0, declare
-		// libpve-storage-perl >= 8.3.6 (e48f2d91, debian/control).
-		if versionAtLeast(managerVersion, 8, 3, 6) {
-			return "8.3.6"
-		}
 		return "8.2.9"
 	case "8.4":
 		return "8.3.1"
