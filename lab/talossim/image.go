@@ -10,7 +10,6 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/imager/quirks"
 	"github.com/siderolabs/talos/pkg/machinery/resources/block"
-	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 
 	"github.com/homelab/bootstrap/lab/imagefactory"
 )
@@ -67,17 +66,7 @@ func imageDiskTooSmall(disks []Disk) string {
 // publishImageEphemeral is EPHEMERAL on a disk created from the image: the
 // disk less the image and STATE (GPT overhead left out).
 func publishImageEphemeral(st state.State, diskSize uint64, location string) {
-	other := uint64(diskImageBytes) + quirks.New("").PartitionSizes().StateSize()
-	size := uint64(0)
-	if diskSize > other {
-		size = diskSize - other
-	}
-	_ = safe.StateModify(context.Background(), st, block.NewVolumeStatus(block.NamespaceName, "EPHEMERAL"), func(v *block.VolumeStatus) error {
-		v.TypedSpec().Phase = block.VolumePhaseReady
-		v.TypedSpec().Location = location
-		v.TypedSpec().SetSize(size)
-		return nil
-	})
+	publishEphemeralBeside(st, diskSize, uint64(diskImageBytes)+quirks.New("").PartitionSizes().StateSize(), location)
 }
 
 // publishSystemDisk publishes the SystemDisk resource (block namespace,
@@ -95,14 +84,7 @@ func publishSystemDisk(st state.State, devPath string) {
 // sequence passes, and the Boot sequence runs on the same boot, with the
 // config written to the new STATE. n.mu is held.
 func (n *Node) configureInPlaceLocked(cfg []byte, parsed config.Provider) {
-	n.gen++
-	n.setPhaseLocked(PhaseBooting)
-	n.setStageLocked(runtime.MachineStageBooting) // runningMaintenance stopped
-	srv, lis := n.detachLocked()
-	go stopServer(srv, lis, false)
-	n.config, n.parsed = slices.Clone(cfg), parsed
-	n.mode = serveConfigured
-	n.wantUp = true
+	n.leaveMaintenanceLocked(cfg, parsed, PhaseBooting)
 	sys := n.imageSys.clone()
 	sys.config = slices.Clone(cfg)
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.ApidRestart), func() {

@@ -603,6 +603,20 @@ func (n *Node) scheduleRebootLocked() {
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), n.rebootLocked)
 }
 
+// leaveMaintenanceLocked is what every maintenance apply does first:
+// maintenance's apid stops, and the node takes the config and will serve
+// it in configured mode. n.mu is held.
+func (n *Node) leaveMaintenanceLocked(cfg []byte, parsed config.Provider, phase Phase) {
+	n.gen++
+	n.setPhaseLocked(phase)
+	n.setStageLocked(runtime.MachineStageBooting) // runningMaintenance stopped
+	srv, lis := n.detachLocked()
+	go stopServer(srv, lis, false)
+	n.config, n.parsed = slices.Clone(cfg), parsed
+	n.mode = serveConfigured
+	n.wantUp = true
+}
+
 // installLocked models a maintenance apply: apid restarts with mutual TLS
 // and the applied config's CA (the node answers in configured mode from
 // then on, while the installer pulls and writes), then the install either
@@ -613,14 +627,7 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 		n.configureInPlaceLocked(cfg, parsed)
 		return
 	}
-	n.gen++
-	n.setPhaseLocked(PhaseInstalling)
-	n.setStageLocked(runtime.MachineStageBooting) // runningMaintenance stopped
-	srv, lis := n.detachLocked()
-	go stopServer(srv, lis, false)
-	n.config, n.parsed = slices.Clone(cfg), parsed
-	n.mode = serveConfigured
-	n.wantUp = true
+	n.leaveMaintenanceLocked(cfg, parsed, PhaseInstalling)
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.ApidRestart), func() {
 		n.serveLocked()
 		n.setStageLocked(runtime.MachineStageInstalling)

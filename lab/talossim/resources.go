@@ -89,7 +89,12 @@ func (a *apid) Memory(context.Context, *emptypb.Empty) (*machine.MemoryResponse,
 // pkg/cluster/check/nodes.go, the real layout's is unverified).
 func publishEphemeral(st state.State, diskSize uint64, location string) {
 	ps := quirks.New("").PartitionSizes()
-	other := ps.UKIEFISize() + ps.METASize() + ps.StateSize() + 10<<20
+	publishEphemeralBeside(st, diskSize, ps.UKIEFISize()+ps.METASize()+ps.StateSize()+10<<20, location)
+}
+
+// publishEphemeralBeside publishes EPHEMERAL Ready at location, taking the
+// disk less the other partitions' bytes.
+func publishEphemeralBeside(st state.State, diskSize, other uint64, location string) {
 	size := uint64(0)
 	if diskSize > other {
 		size = diskSize - other
