@@ -14,28 +14,11 @@ import (
 
 	"filippo.io/age"
 	"github.com/minio/minio-go/v7"
-	"github.com/rs/zerolog"
 
 	"github.com/homelab/bootstrap/backup/backuptest"
 	"github.com/homelab/bootstrap/lab/s3server"
+	"github.com/homelab/bootstrap/lab/s3server/s3test"
 )
-
-// labS3 starts the lab's S3 server (versitygw) with one bucket.
-func labS3(t *testing.T) *s3server.Server {
-	t.Helper()
-	srv, err := s3server.Start(context.Background(), s3server.Options{Dir: t.TempDir(), Log: zerolog.New(zerolog.NewTestWriter(t))})
-	if errors.Is(err, s3server.ErrNoBinary) && os.Getenv("BOOTSTRAP_REQUIRE_LAB") != "1" {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	if err := srv.MakeBucket("backups"); err != nil {
-		t.Fatal(err)
-	}
-	return srv
-}
 
 func bucket(t *testing.T, srv *s3server.Server, name, secret string) *S3 {
 	t.Helper()
@@ -71,7 +54,7 @@ func keptSnapshot(t *testing.T, dir string, at time.Time) string {
 // downloaded to the same bytes, which the age identity opens into the
 // verified snapshot.
 func TestS3CopiesAgainstARealServer(t *testing.T) {
-	srv := labS3(t)
+	srv := s3test.Start(t, "backups")
 	s := bucket(t, srv, "backups", srv.SecretKey)
 	ctx := context.Background()
 	if err := s.Check(ctx); err != nil {
@@ -125,7 +108,7 @@ func TestS3CopiesAgainstARealServer(t *testing.T) {
 // TestS3Refusals: a wrong key, a missing bucket and an upload cut short
 // each fail with what to do, and leave no object behind.
 func TestS3Refusals(t *testing.T) {
-	srv := labS3(t)
+	srv := s3test.Start(t, "backups")
 	ctx := context.Background()
 	snap := keptSnapshot(t, t.TempDir(), time.Date(2026, 11, 27, 3, 0, 0, 0, time.UTC))
 
@@ -220,7 +203,7 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 // newest, and is reported; an object this tool did not upload (no digest
 // recorded) is never pruned; the older of its own are removed oldest first.
 func TestS3RetentionTrustsOnlyItsOwnCopies(t *testing.T) {
-	srv := labS3(t)
+	srv := s3test.Start(t, "backups")
 	ctx := context.Background()
 	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
 	s := bucketAt(t, srv, "backups", "homelab/etcd", srv.SecretKey, func() time.Time { return now })

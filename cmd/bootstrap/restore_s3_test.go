@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,28 +9,17 @@ import (
 	"time"
 
 	"filippo.io/age"
-	"github.com/rs/zerolog"
 
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/backup/backuptest"
-	"github.com/homelab/bootstrap/lab/s3server"
+	"github.com/homelab/bootstrap/lab/s3server/s3test"
 )
 
 // TestRestoreFromS3NamesTheURL: a copy fetched from s3:// that the given
 // identity does not open fails before anything is touched, naming the
 // s3:// URL the user gave, not the download (deleted by then).
 func TestRestoreFromS3NamesTheURL(t *testing.T) {
-	srv, err := s3server.Start(context.Background(), s3server.Options{Dir: t.TempDir(), Log: zerolog.New(zerolog.NewTestWriter(t))})
-	if errors.Is(err, s3server.ErrNoBinary) && os.Getenv("BOOTSTRAP_REQUIRE_LAB") != "1" {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	if err := srv.MakeBucket("backups"); err != nil {
-		t.Fatal(err)
-	}
+	srv := s3test.Start(t, "backups")
 	h := newHarness(t)
 	creds := filepath.Join(h.dir, "s3-credentials")
 	if err := os.WriteFile(creds, []byte("[default]\naws_access_key_id = "+srv.AccessKey+"\naws_secret_access_key = "+srv.SecretKey+"\n"), 0o600); err != nil {
