@@ -248,13 +248,7 @@ func (c *Client) imageLacks(ctx context.Context, v Version, storage string, down
 	if len(download) > 0 {
 		needs = append(needs, downloadNeeds(v, storage, download)...)
 	}
-	var paths []string
-	for _, n := range needs {
-		for _, o := range n.Options {
-			paths = append(paths, o.Path)
-		}
-	}
-	held, err := c.Permissions(ctx, paths)
+	held, err := c.Permissions(ctx, Paths(needs))
 	if err != nil {
 		return "", fmt.Errorf("reading the token's permissions: %w", err)
 	}

@@ -357,13 +357,7 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 				in.ISO, download = img.Image, len(img.Missing) > 0
 			}
 			needs := RequiredPrivileges(c.node, v, in, ps.plans, download)
-			var paths []string
-			for _, n := range needs {
-				for _, o := range n.Options {
-					paths = append(paths, o.Path)
-				}
-			}
-			held, err := c.Permissions(ctx, paths)
+			held, err := c.Permissions(ctx, Paths(needs))
 			if err != nil {
 				return check.Failf("cannot read the token's permissions: %v", err)
 			}

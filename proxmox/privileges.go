@@ -139,6 +139,18 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 	return needs
 }
 
+// Paths returns the ACL paths the needs are judged on, the ones whose
+// permissions are to be read.
+func Paths(needs []Need) []string {
+	var paths []string
+	for _, n := range needs {
+		for _, o := range n.Options {
+			paths = append(paths, o.Path)
+		}
+	}
+	return paths
+}
+
 // Missing returns, for each unmet need, what is lacking: the missing
 // privileges of its one grant, or the alternatives spelled out.
 func Missing(needs []Need, held map[string]Privileges) []Grant {
