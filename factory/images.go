@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/blang/semver/v4"
 	"github.com/siderolabs/talos/pkg/machinery/imager/quirks"
 )
 
@@ -49,8 +50,8 @@ func (i Images) ISOFile() string {
 // as the ISO with path <platform>-<arch>.qcow2, which the factory parses as
 // a disk image in qcow2 format (ParseFromPath in internal/profile/profile.go
 // at image-factory v1.5.0) of the platform's default size (talos
-// pkg/imager/profile/default.go: nocloud is MinRAWDiskSize, 1246 MiB). A
-// qcow2 file holds only the clusters written, so it is a smaller download
+// pkg/imager/profile/default.go: nocloud is MinRAWDiskSize; the imager
+// then enlarges it, see DiskImageBytes). A qcow2 file holds only the clusters written, so it is a smaller download
 // than the .raw of the same image; Proxmox imports it as it is (download-url
 // decompresses ISOs only, and a .raw.xz is no name it accepts for import).
 func (i Images) DiskImageURL() string {
@@ -64,10 +65,27 @@ func (i Images) DiskImageFile() string {
 	return fmt.Sprintf("talos-%s-%s-%s-%s.qcow2", i.Version, ShortID(i.ID), Platform, Arch)
 }
 
-// DiskImageBytes is the disk image's virtual size: the disk a VM imports
-// it to has this size until it is grown (talos v1.13.3
-// pkg/imager/profile/default.go MinRAWDiskSize, the nocloud default).
-const DiskImageBytes = 1246 << 20
+// DiskImageBytes is the nocloud amd64 disk image's virtual size for a
+// Talos version: the disk a VM imports it to has this size until it is
+// grown. ParseFromPath (image-factory v1.5.0 internal/profile/profile.go)
+// starts from MinRAWDiskSize, 1246 MiB, and the imager's FillDefaults
+// (talos pkg/imager/profile/output.go) adds to it: a larger GRUB boot
+// partition from Talos 1.11 on, and the dual-boot loader's partitions from
+// 1.10 on, amd64's default without secure boot. Talos' own expected
+// profiles at v1.13.3 (pkg/imager/profile/testdata/nocloud-amd64-*.yaml,
+// diskSize) give 1246 MiB for 1.9, 2247 MiB for 1.10 and 4247 MiB for 1.11
+// to 1.13 (earlier versions: 1.9's, unverified); a version that does not
+// parse gets the newest.
+func DiskImageBytes(version string) int64 {
+	v, err := semver.ParseTolerant(strings.TrimPrefix(version, "v"))
+	switch {
+	case err != nil || v.Major > 1 || v.Minor >= 11:
+		return 4247 << 20
+	case v.Minor == 10:
+		return 2247 << 20
+	}
+	return 1246 << 20
+}
 
 // Installer is the installer image for a nocloud node, as the factory's UI
 // names it (internal/frontend/http/ui.go at image-factory v1.5.0): from

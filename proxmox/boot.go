@@ -19,7 +19,9 @@ import (
 //     'import', checked as an untrusted image and never decompressed
 //     (src/PVE/API2/Storage/Status.pm download_url, src/PVE/Storage.pm
 //     $UPLOAD_IMPORT_EXT_RE_1); 8.2.8 to 8.3.5 take .ova only (40df25d),
-//     and the 'import' content type itself exists from 8.2.8 (d955a46).
+//     and file-based storages (dir, NFS, CIFS, …) take the 'import'
+//     content type from 8.2.8 (d955a46, 974081c); before, only the ESXi
+//     importer's storage had it (bf45353, a171036, 8.1.1).
 //     The storage needs 'import' in its content types (an operator's
 //     setting) and a path (a file-based storage).
 //   - qemu-server 8.2.7 and later create a disk from an import volume with
@@ -191,7 +193,8 @@ func (c *Client) imageBlocked(ctx context.Context, in BootInput, members []strin
 // (GET …/apt/versions, Sys.Audit on the node, which every run needs); a
 // package list it cannot read falls back to the pve-manager version:
 // 8.3.6 and later depend on pve-storage 8.3.6 and qemu-server 8.3.11
-// (pve-manager e48f2d91 debian/control, in 8.3.6 c349e2ea and 8.4.0).
+// (pve-manager 4a148ae4 debian/control, in 8.3.6 c349e2ea and 8.4.0), and
+// 8.2.9 and later on pve-storage 8.2.8 (4055b9d3, in 8.2.9 98c7f346).
 func (c *Client) importSupport(ctx context.Context, v Version, m string) string {
 	pkgs, err := c.On(m).InstalledPackages(ctx, "libpve-storage-perl", "qemu-server")
 	st, haveSt := pkgs["libpve-storage-perl"]
@@ -200,7 +203,7 @@ func (c *Client) importSupport(ctx context.Context, v Version, m string) string 
 		switch {
 		case v.AtLeastPatch(8, 3, 6):
 			return ""
-		case v.AtLeast(8, 3):
+		case v.AtLeastPatch(8, 2, 9):
 			return fmt.Sprintf("PVE %s: imports .ova only (disk images from PVE 8.4)", v)
 		}
 		return fmt.Sprintf("PVE %s: no import content type (disk images from PVE 8.4)", v)
@@ -244,6 +247,10 @@ func pickImportStorage(sts []Storage, prefer string) string {
 // on storage and, for the members in download, to download it there ("" when
 // it has them).
 func (c *Client) imageLacks(ctx context.Context, v Version, storage string, download []string) (string, error) {
+	// import-from's check_volume_access also lets Datastore.Allocate alone
+	// through, but finding the image lists the storage's content, which
+	// asks Datastore.Audit or Datastore.AllocateSpace (pve-storage 9.1.7
+	// src/PVE/API2/Storage/Content.pm index): that is the need.
 	needs := []Need{anyOf("read the disk image on "+storage, "/storage/"+storage, "Datastore.Audit", "Datastore.AllocateSpace")}
 	if len(download) > 0 {
 		needs = append(needs, downloadNeeds(v, storage, download)...)

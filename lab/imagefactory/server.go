@@ -355,13 +355,13 @@ func (s *Server) ISOSHA256(id, version, file string) string {
 
 // iso is the content of an image for a schematic, version and file name:
 // filler bytes, after a qcow2 header of the nocloud image's virtual size
-// (1246 MiB) for a .qcow2 disk image.
+// for the version (factory.DiskImageBytes) for a .qcow2 disk image.
 func (s *Server) iso(id, version, file string) io.Reader {
 	r := &isoReader{seed: sha256.Sum256([]byte(id + "/" + version + "/" + file)), size: s.opts.ISOSize}
 	if path.Ext(file) != ".qcow2" {
 		return r
 	}
-	h := qcow2.Header(factory.DiskImageBytes)
+	h := qcow2.Header(factory.DiskImageBytes(version))
 	r.size = s.opts.ImageSize - int64(len(h))
 	return io.MultiReader(bytes.NewReader(h), r)
 }

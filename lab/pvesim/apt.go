@@ -74,7 +74,7 @@ func defaultPVEStorage(managerVersion string) string {
 		return "8.2.3"
 	case "8.3":
 		// pve-manager 8.3.6 and 8.3.7, cut beside 8.4.0, declare
-		// libpve-storage-perl >= 8.3.6 (e48f2d91, debian/control).
+		// libpve-storage-perl >= 8.3.6 (4a148ae4, debian/control).
 		if versionAtLeast(managerVersion, 8, 3, 6) {
 			return "8.3.6"
 		}

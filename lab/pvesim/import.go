@@ -14,8 +14,12 @@ import (
 // Guest images in the 'import' content type, as pve-storage and
 // qemu-server handle them:
 //
-//   - The content type exists from pve-storage 8.2.8 (d955a46 "plugin: dir:
-//     implement import content type"); download-url takes content=import
+//   - File-based storages (dir, NFS, CIFS, CephFS, GlusterFS, BTRFS) take
+//     the content type from pve-storage 8.2.8 (d955a46 "plugin: dir:
+//     implement import content type", 974081c); before, only the ESXi
+//     importer's storage had it (bf45353, 8.1.1), and block storages (LVM,
+//     LVM-thin, ZFS, RBD, iSCSI) never do (their plugins' content lists at
+//     9.1.7, 0c56bad). download-url takes content=import
 //     from then on, for .ova files only (40df25d, $UPLOAD_IMPORT_EXT_RE_1
 //     = .ova), and for .ova, .qcow2, .raw and .vmdk from 8.3.6 (76f695f2
 //     "import: allow upload of guest images files into import storage").
@@ -43,8 +47,8 @@ import (
 //     take a source of type import (0d41c7f5); before, "<src> has wrong type
 //     'import' - not an image".
 
-// importContentSince is the first pve-storage with the 'import' content
-// type (d955a46, in 8.2.8).
+// importContentSince is the first pve-storage whose file-based storages
+// take the 'import' content type (d955a46, 974081c, in 8.2.8).
 var importContentSince = [3]int{8, 2, 8}
 
 // imageImportSince is the first pve-storage whose download-url imports
@@ -81,12 +85,23 @@ var (
 	uploadImportImages = regexp.MustCompile(`[a-zA-Z0-9\-.+=_]+\.(ova|qcow2|raw|vmdk)$`)
 )
 
+// importStorageTypes are the storage types whose plugin lists 'import' in
+// its content types (pve-storage 9.1.7: DirPlugin, NFSPlugin, CIFSPlugin,
+// CephFSPlugin, BTRFSPlugin; GlusterFSPlugin until its removal, 7669a99).
+var importStorageTypes = map[string]bool{"dir": true, "nfs": true, "cifs": true, "cephfs": true, "glusterfs": true, "btrfs": true}
+
 // checkStorageSpecs refuses storages the simulated pve-storage cannot have.
 func (s *Server) checkStorageSpecs() error {
 	for _, st := range s.opts.Storages {
 		for _, c := range st.Content {
-			if c == "import" && !s.hasImportContent() {
-				return fmt.Errorf("storage %s: the content type 'import' does not exist before pve-storage 8.2.8 (this host runs %s)", st.Name, s.opts.PVEStorage)
+			if c != "import" {
+				continue
+			}
+			if !importStorageTypes[st.Type] {
+				return fmt.Errorf("storage %s: type %s does not support content type 'import' (file-based storages do)", st.Name, st.Type)
+			}
+			if !s.hasImportContent() {
+				return fmt.Errorf("storage %s: file-based storages take the content type 'import' from pve-storage 8.2.8 (this host runs %s)", st.Name, s.opts.PVEStorage)
 			}
 		}
 	}

@@ -61,8 +61,13 @@ func TestImportDownloadByPVEStorage(t *testing.T) {
 			binary.BigEndian.PutUint64(h[72:], 1<<2)
 		})},
 	}
-	if _, err := New(Options{Version: "8.2.4", Storages: importStorages}); err == nil || !strings.Contains(err.Error(), "'import' does not exist before pve-storage 8.2.8") {
+	if _, err := New(Options{Version: "8.2.4", Storages: importStorages}); err == nil || !strings.Contains(err.Error(), "take the content type 'import' from pve-storage 8.2.8") {
 		t.Fatalf("8.2.4 with an import storage: %v", err)
+	}
+	// Block storages never take it (their plugins' content lists).
+	thin := []StorageSpec{{Name: "local-lvm", Type: "lvmthin", Content: []string{"images", "import"}, TotalBytes: 348 * gib}}
+	if _, err := New(Options{Version: "9.1.2", Storages: thin}); err == nil || !strings.Contains(err.Error(), "type lvmthin does not support content type 'import'") {
+		t.Fatalf("lvmthin with import: %v", err)
 	}
 	old := newSim(t, Options{Version: "8.3.4", Storages: importStorages, RemoteFiles: remote})
 	if got := download(newClient(t, old), "https://f/good.qcow2", "talos.qcow2", nil); !strings.Contains(got, "invalid filename or wrong extension") {

@@ -78,9 +78,10 @@ func N100() Profile {
 		Delete:         2 * time.Second,
 		Resize:         700 * time.Millisecond,
 		DownloadPerMiB: 40 * time.Millisecond,
-		// An estimate, not a measurement: qemu-img convert of the 1246 MiB
-		// nocloud image (mostly unallocated clusters, written as zeroes
-		// onto a thin volume) at about 400 MiB/s on the N100's NVMe: 3.1 s.
+		// An estimate, not a measurement: qemu-img convert of the 4247 MiB
+		// nocloud image of Talos 1.13 (mostly unallocated clusters, written
+		// as zeroes onto a thin volume) at about 400 MiB/s on the N100's
+		// NVMe: 10.6 s.
 		ImportPerMiB:   2500 * time.Microsecond,
 		AuthFailure:    3 * time.Second,
 		LockTimeout:    10 * time.Second,

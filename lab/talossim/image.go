@@ -20,8 +20,8 @@ import (
 //   - The image holds the boot partitions and META, nothing else: the
 //     installer in image mode adds STATE and EPHEMERAL only for Talos
 //     before 1.8 (cmd/installer/pkg/install/install.go, legacyImage and
-//     quirks SkipDataPartitions). Its size is MinRAWDiskSize, 1246 MiB
-//     (pkg/imager/profile/default.go, the nocloud default).
+//     quirks SkipDataPartitions). Its size depends on the Talos version
+//     (factory.DiskImageBytes: 4247 MiB from 1.11 on).
 //   - META found makes Installed() true (internal/app/machined/pkg/
 //     runtime/v1alpha1/v1alpha1_state.go: the META volume's phase ready),
 //     and the SystemDisk resource names the disk META is on
@@ -48,14 +48,11 @@ type DiskImage struct {
 	Extensions []imagefactory.Extension
 }
 
-// diskImageBytes is the nocloud disk image's size (MinRAWDiskSize).
-const diskImageBytes = 1246 << 20
-
 // imageDiskTooSmall says why a disk created from the image cannot hold
 // STATE and EPHEMERAL next to the image's partitions ("" when it can).
-func imageDiskTooSmall(disks []Disk) string {
+func imageDiskTooSmall(disks []Disk, imageBytes uint64) string {
 	ps := quirks.New("").PartitionSizes()
-	need := diskImageBytes + ps.StateSize() + ps.EphemeralMinSize()
+	need := imageBytes + ps.StateSize() + ps.EphemeralMinSize()
 	if len(disks) == 0 || disks[0].Size >= need {
 		return ""
 	}
@@ -65,8 +62,8 @@ func imageDiskTooSmall(disks []Disk) string {
 
 // publishImageEphemeral is EPHEMERAL on a disk created from the image: the
 // disk less the image and STATE (GPT overhead left out).
-func publishImageEphemeral(st state.State, diskSize uint64, location string) {
-	publishEphemeralBeside(st, diskSize, uint64(diskImageBytes)+quirks.New("").PartitionSizes().StateSize(), location)
+func publishImageEphemeral(st state.State, diskSize, imageBytes uint64, location string) {
+	publishEphemeralBeside(st, diskSize, imageBytes+quirks.New("").PartitionSizes().StateSize(), location)
 }
 
 // publishSystemDisk publishes the SystemDisk resource (block namespace,

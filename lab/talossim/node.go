@@ -470,7 +470,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.mode = serveConfigured
 	n.bootedAt = time.Now()
 	if installed.fromImage {
-		if blocked := imageDiskTooSmall(n.spec.Disks); blocked != "" {
+		if blocked := imageDiskTooSmall(n.spec.Disks, installed.imageBytes); blocked != "" {
 			// The boot sequence's diskSizeCheck waits for an EPHEMERAL
 			// volume the disk has no room for: apid answers (with the
 			// config's CA), nothing else starts.
@@ -496,7 +496,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 	switch {
 	case installed.fromImage:
 		// EPHEMERAL is on the system disk, the one the image is on.
-		publishImageEphemeral(n.cosi, n.spec.Disks[0].Size, devPathFor(n.spec.Disks, 0))
+		publishImageEphemeral(n.cosi, n.spec.Disks[0].Size, installed.imageBytes, devPathFor(n.spec.Disks, 0))
 	case n.parsed.Machine() != nil:
 		disk := n.parsed.Machine().Install().Disk()
 		for i := range n.spec.Disks {

@@ -34,6 +34,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 
+	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/lab/imagefactory"
 )
 
@@ -269,7 +270,8 @@ func (s *Sim) BootNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 	installed := s.installed[spec.IP].clone()
 	if installed.config == nil && spec.Image != nil {
 		// What the imported disk holds until a config is written to it.
-		installed = installedSystem{fromImage: true, version: spec.Image.Version, extensions: slices.Clone(spec.Image.Extensions)}
+		installed = installedSystem{fromImage: true, version: spec.Image.Version, extensions: slices.Clone(spec.Image.Extensions),
+			imageBytes: uint64(factory.DiskImageBytes(spec.Image.Version))}
 	}
 	n, err := newNode(s, spec)
 	if err != nil {
@@ -348,11 +350,14 @@ type installedSystem struct {
 	// fromImage: the system disk was created from the factory's disk image
 	// (its partitions, META included, came with it), not by an install.
 	fromImage bool
+	// imageBytes is that image's size, the space its partitions take at
+	// the start of the disk (by the Talos version it was built for).
+	imageBytes uint64
 }
 
 func (i installedSystem) clone() installedSystem {
 	return installedSystem{config: slices.Clone(i.config), version: i.version, extensions: slices.Clone(i.extensions),
-		recoverySnapshot: slices.Clone(i.recoverySnapshot), fromImage: i.fromImage}
+		recoverySnapshot: slices.Clone(i.recoverySnapshot), fromImage: i.fromImage, imageBytes: i.imageBytes}
 }
 
 // pullInstaller is what pulling an installer image yields: its system

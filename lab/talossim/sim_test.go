@@ -807,14 +807,14 @@ func TestBootFromDiskImage(t *testing.T) {
 		t.Errorf("counters %+v", got)
 	}
 	eph, err := safe.StateGetByID[*block.VolumeStatus](ctx, secure(t, f.cfg, ip).COSI, "EPHEMERAL")
-	if err != nil || eph.TypedSpec().Size != 32<<30-1246<<20-100<<20 || eph.TypedSpec().Location != "/dev/sda" {
+	if err != nil || eph.TypedSpec().Size != 32<<30-4247<<20-100<<20 || eph.TypedSpec().Location != "/dev/sda" {
 		t.Errorf("EPHEMERAL: %v %v", eph, err)
 	}
 	if node.Version() != "v1.13.2" || string(f.sim.Installed(ip)) != string(f.config("cp-1")) {
 		t.Errorf("runs %s, disk holds the config: %v", node.Version(), string(f.sim.Installed(ip)) == string(f.config("cp-1")))
 	}
 
-	small := boot(talossim.HostAddr(prefix, 32), 1246<<20)
+	small := boot(talossim.HostAddr(prefix, 32), 4247<<20) // the v1.13 image's size, never grown
 	if _, err := insecure(t, talossim.HostAddr(prefix, 32)).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("wk-1"), Mode: machine.ApplyConfigurationRequest_AUTO}); err != nil {
 		t.Fatal(err)
 	}

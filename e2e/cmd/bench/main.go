@@ -325,7 +325,7 @@ func converge(ctx context.Context, h *e2e.Harness, pp pvesim.Profile, tp talossi
 	cfg := h.Config()
 	in := e2e.PathInput{
 		Proxmox: pp, Talos: tp, Scale: scale, ISOBytes: lab.ISOBytes, ISODownload: h.ISODownloadTime(),
-		Image: h.Lab.Factory.Counts().ImageDownloads > 0, ImageVirtualBytes: factory.DiskImageBytes,
+		Image: h.Lab.Factory.Counts().ImageDownloads > 0, ImageVirtualBytes: factory.DiskImageBytes(cfg.Cluster.TalosVersion),
 		Nodes: len(cfg.Nodes), ControlPlanes: len(cfg.ControlPlanes()),
 		ProxmoxParallelism: cfg.Proxmox.Parallelism, TalosParallelism: cfg.Cluster.Parallelism,
 		KubeStart: kubeStart, CNI: network, FluxReconcile: flux, MirrorPods: h.MirrorSyncTime(),
@@ -599,10 +599,12 @@ func renderBootModes(b *strings.Builder, o options, rows []row) {
 	b.WriteString("| nodes | ISO: wall | its critical path | image: wall | its critical path | image/ISO wall | image/ISO critical path | at scale 1: ISO | image | image/ISO |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	var paths []string
+	var imageBytes int64
 	for _, r := range rows {
 		if r.imageBringUp == 0 {
 			continue
 		}
+		imageBytes = r.imageCritIn.ImageVirtualBytes
 		// On the real box the profile's part is 1/scale times longer;
 		// each mode keeps the overhead measured here.
 		isoReal := at1(r.critIn) + r.bringUp - r.crit.Total
@@ -620,7 +622,7 @@ func renderBootModes(b *strings.Builder, o options, rows []row) {
 		"the disk image's download %d MiB at %s/MiB (the lab's file: the real qcow2's size is unverified, taken as the ISO's), "+
 		"its import %d MiB at %s/MiB (an estimate, not a measurement), the resize %s; "+
 		"the Kubernetes, CNI and Flux parts are the lab's own, measured in each run.\n",
-		o.profile, secs(tp.Install), secs(tp.Reboot), lab.ISOBytes>>20, pp.DownloadPerMiB, factory.DiskImageBytes>>20, pp.ImportPerMiB, pp.Resize)
+		o.profile, secs(tp.Install), secs(tp.Reboot), lab.ISOBytes>>20, pp.DownloadPerMiB, imageBytes>>20, pp.ImportPerMiB, pp.Resize)
 }
 
 const (
