@@ -409,13 +409,7 @@ func TestBundleCreationRuleIsValidated(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = cfg.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.want)
-		}
+		wantValid(t, tc.name, cfg, tc.want)
 	}
 }
 
@@ -453,12 +447,19 @@ func TestPostQuantumAgeKeysValidate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = cfg.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
-		}
+		wantValid(t, tc.name, cfg, tc.want)
+	}
+}
+
+// wantValid checks that cfg validates when want is empty, and otherwise
+// fails with an error containing want.
+func wantValid(t *testing.T, name string, cfg *Config, want string) {
+	t.Helper()
+	err := cfg.Validate()
+	switch {
+	case want == "" && err != nil:
+		t.Errorf("%s: %v", name, err)
+	case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+		t.Errorf("%s: %v, want an error with %q", name, err, want)
 	}
 }

@@ -24,13 +24,7 @@ import (
 // source-controller has not built yet and wait out its requeue (30s).
 func TestReconcileWithSourceAsksTheSourceFirst(t *testing.T) {
 	const rev = "main@sha1:0123456789abcdef0123456789abcdef01234567"
-	scheme := runtime.NewScheme()
-	if err := sourcev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := kustomizev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := syncScheme(t)
 	ready := map[string]any{"type": "Ready", "status": "True", "reason": "Succeeded", "message": "ok"}
 	repo := syncObject(GitRepositoryGVK, map[string]any{"observedGeneration": int64(1), "conditions": []any{ready},
 		"artifact": map[string]any{"revision": rev}, "lastHandledReconcileAt": "before the restore"})
@@ -123,13 +117,7 @@ func syncObject(gvk schema.GroupVersionKind, status map[string]any) *unstructure
 func TestSyncWaitFailsFast(t *testing.T) {
 	const rev = "main@sha1:0123456789abcdef0123456789abcdef01234567"
 	const old = "main@sha1:89abcdef0123456789abcdef0123456789abcdef"
-	scheme := runtime.NewScheme()
-	if err := sourcev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := kustomizev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := syncScheme(t)
 	ready := map[string]any{"type": "Ready", "status": "True", "reason": "Succeeded", "message": "ok"}
 	failed := func(reason, msg string) map[string]any {
 		return map[string]any{"type": "Ready", "status": "False", "reason": reason, "message": msg}
@@ -178,4 +166,17 @@ func TestSyncWaitFailsFast(t *testing.T) {
 			}
 		})
 	}
+}
+
+// syncScheme knows the Flux sync objects the fake client serves.
+func syncScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := sourcev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := kustomizev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return scheme
 }
