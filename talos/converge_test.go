@@ -83,14 +83,8 @@ func TestConvergeFirstRunThenNoChanges(t *testing.T) {
 	// Second run: nothing to do.
 	past := time.Now().Add(-time.Hour).Truncate(time.Second)
 	os.Chtimes(res.KubeconfigPath, past, past)
-	var changes []string
-	var mu sync.Mutex
-	record := func(what string, fn func() error) error {
-		mu.Lock()
-		changes = append(changes, what)
-		mu.Unlock()
-		return fn()
-	}
+	var log changeLog
+	record := log.record
 	res2, err := h.converge(ctx, record)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +96,7 @@ func TestConvergeFirstRunThenNoChanges(t *testing.T) {
 	if d := total2.Bootstraps - total.Bootstraps; d != 0 || res2.Bootstrapped {
 		t.Errorf("re-run made %d bootstraps", d)
 	}
-	if len(changes) != 0 {
+	if changes := log.take(); len(changes) != 0 {
 		t.Errorf("re-run recorded changes: %v", changes)
 	}
 	for name, r := range res2.Nodes {
@@ -113,6 +107,29 @@ func TestConvergeFirstRunThenNoChanges(t *testing.T) {
 	if fi, _ := os.Stat(res.KubeconfigPath); !fi.ModTime().Equal(past) || res2.KubeconfigWrote {
 		t.Error("re-run rewrote the kubeconfig")
 	}
+}
+
+// changeLog records the changes a converge reports, from any goroutine.
+type changeLog struct {
+	mu   sync.Mutex
+	list []string
+}
+
+// record is a Mutator that notes each change before running it.
+func (l *changeLog) record(what string, fn func() error) error {
+	l.mu.Lock()
+	l.list = append(l.list, what)
+	l.mu.Unlock()
+	return fn()
+}
+
+// take returns the changes recorded so far and forgets them.
+func (l *changeLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.list
+	l.list = nil
+	return out
 }
 
 // killAt returns a Mutator that behaves like a process killed at the first
@@ -345,14 +362,8 @@ func TestConvergeNodesBootedFromTheImage(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, harnessOptions{controlPlanes: 1, workers: 1, workerBus: "scsi", image: &talossim.DiskImage{Version: "v1.13.3"}})
 	ctx := testCtx(t)
-	var changes []string
-	var mu sync.Mutex
-	record := func(what string, fn func() error) error {
-		mu.Lock()
-		changes = append(changes, what)
-		mu.Unlock()
-		return fn()
-	}
+	var log changeLog
+	record := log.record
 	res, err := h.converge(ctx, record)
 	if err != nil {
 		t.Fatal(err)
@@ -365,12 +376,11 @@ func TestConvergeNodesBootedFromTheImage(t *testing.T) {
 			t.Errorf("%s: %+v", name, r)
 		}
 	}
-	if n := strings.Count(strings.Join(changes, "\n"), "runs Talos from the disk image on /dev/sda: no install, no reboot"); n != 2 {
-		t.Errorf("%d changes say a node was configured in place: %v", n, changes)
+	if changes := log.take(); strings.Count(strings.Join(changes, "\n"), "runs Talos from the disk image on /dev/sda: no install, no reboot") != 2 {
+		t.Errorf("not 2 changes say a node was configured in place: %v", changes)
 	}
-	changes = nil
 	again, err := h.converge(ctx, record)
-	if err != nil || len(changes) != 0 || again.Bootstrapped {
+	if changes := log.take(); err != nil || len(changes) != 0 || again.Bootstrapped {
 		t.Errorf("second converge: %v %v", changes, err)
 	}
 }
@@ -724,8 +734,8 @@ func TestKubeconfigRenewedInItsLast30Days(t *testing.T) {
 	if _, err := CheckAPIServer(ctx, data, time.Second); err != nil {
 		t.Fatalf("the ten-day kubeconfig does not work: %v", err)
 	}
-	var changes []string
-	record := func(what string, fn func() error) error { changes = append(changes, what); return fn() }
+	var log changeLog
+	record := log.record
 	res, err = h.converge(ctx, record)
 	if err != nil {
 		t.Fatal(err)
@@ -735,12 +745,12 @@ func TestKubeconfigRenewedInItsLast30Days(t *testing.T) {
 	if err != nil || time.Until(exp) < 300*24*time.Hour || !res.KubeconfigWrote {
 		t.Fatalf("after a run the kubeconfig expires %s (%v), wrote %v: want it renewed", exp, err, res.KubeconfigWrote)
 	}
-	if len(changes) != 1 || !strings.HasPrefix(changes[0], "renew kubeconfig ") {
+	if changes := log.take(); len(changes) != 1 || !strings.HasPrefix(changes[0], "renew kubeconfig ") {
 		t.Fatalf("changes %q, want the renewal", changes)
 	}
 	// A year left: kept.
-	changes = nil
-	if res, err = h.converge(ctx, record); err != nil || res.KubeconfigWrote || len(changes) != 0 {
+	res, err = h.converge(ctx, record)
+	if changes := log.take(); err != nil || res.KubeconfigWrote || len(changes) != 0 {
 		t.Fatalf("a run with a year left: %v, wrote %v, changes %q", err, res.KubeconfigWrote, changes)
 	}
 }
