@@ -174,15 +174,23 @@ const (
 	pvcPollMax = time.Second
 )
 
-// pvcEvents quotes the newest event about the PVC, which is usually why it
-// is still Pending.
+// pvcEvents quotes why the PVC is still Pending: the newest Warning event
+// about it (ProvisioningFailed), else the newest event. A provisioner
+// retrying a failed claim records a Normal "Provisioning" before each
+// attempt, so the newest event alone would hide the failure behind the
+// retry.
 func (c *checker) pvcEvents(ctx context.Context, cs kubernetes.Interface, name string) string {
 	ev, err := cs.CoreV1().Events(c.o.PVCNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 	if err != nil || len(ev.Items) == 0 {
 		return ""
 	}
-	sort.Slice(ev.Items, func(i, j int) bool { return ev.Items[i].LastTimestamp.Before(&ev.Items[j].LastTimestamp) })
+	sort.SliceStable(ev.Items, func(i, j int) bool { return ev.Items[i].LastTimestamp.Before(&ev.Items[j].LastTimestamp) })
 	last := ev.Items[len(ev.Items)-1]
+	for _, e := range ev.Items {
+		if e.Type == corev1.EventTypeWarning {
+			last = e
+		}
+	}
 	return fmt.Sprintf(" (%s: %s)", last.Reason, strings.TrimSpace(last.Message))
 }
 
