@@ -98,7 +98,7 @@ func TestBootImageRefusedOnPVE83(t *testing.T) {
 	h := startHarness(t, e2e.Options{ControlPlanes: 1, ProxmoxVersion: "8.3.5", ProxmoxImport: true})
 	r := run(t, ctx, h, "run", "--stage", "provision")
 	const why = "PVE 8.3.5 (pve-storage 8.2.9 on pve): imports .ova only (disk images from pve-storage 8.3.6, PVE 8.4)"
-	if r.ExitCode != 0 || !strings.Contains(r.Stdout+r.Stderr, why+" — using the ISO") {
+	if r.ExitCode != 0 || !strings.Contains(r.Stdout+r.Stderr, "new VMs boot the ISO: "+why) {
 		t.Fatalf("auto on 8.3 (exit %d) does not say why it takes the ISO:\n%s", r.ExitCode, r.Tail(20))
 	}
 	if fc := h.Lab.Factory.Counts(); fc.ISODownloads != 1 || fc.ImageDownloads != 0 {

@@ -42,9 +42,9 @@ func TestProxmoxVersions(t *testing.T) {
 			// import disk images but the lab's storage holds no imports.
 			why := "no storage has the import content type"
 			if strings.HasPrefix(version, "8.2.") {
-				why = "imports .ova only (disk images from pve-storage 8.3.6, PVE 8.4) — using the ISO"
+				why = "imports .ova only (disk images from pve-storage 8.3.6, PVE 8.4)"
 			}
-			if !strings.Contains(r.Stdout, why) || !strings.Contains(r.Stdout, "using the ISO") {
+			if !strings.Contains(r.Stdout, why) || !strings.Contains(r.Stdout, "new VMs boot the ISO: ") {
 				t.Errorf("PVE %s: the boot row does not say %q and that the ISO is used:\n%s", version, why, r.Stdout)
 			}
 			if c := h.Lab.Factory.Counts(); c.ISODownloads != 1 || c.ImageDownloads != 0 {

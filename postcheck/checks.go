@@ -119,10 +119,11 @@ type Options struct {
 	BackupMaxAge time.Duration
 	TakeBackup   func(ctx context.Context) (string, error)
 	// NewestRemote, when backups are copied off the host (backup.s3),
-	// returns the newest verified remote copy (its URL and when its
-	// snapshot was taken; "" when there is none): the check reports its
-	// age and warns when it is older than BackupMaxAge or missing.
-	NewestRemote func(ctx context.Context) (string, time.Time, error)
+	// returns the newest verified remote copy (URL "" when there is none)
+	// and the copies named after now: the check reports the copy's age,
+	// warns when it is older than BackupMaxAge or missing, and names the
+	// copies dated in the future.
+	NewestRemote func(ctx context.Context) (RemoteCopies, error)
 	// TalosVersion is the version the config names; nodes that run another
 	// are reported (a warning: the talos stage upgrades them).
 	TalosVersion string
@@ -236,4 +237,15 @@ func (c *checker) client() (*kubernetes.Clientset, dynamic.Interface, error) {
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
 	return cs, dyn, err
+}
+
+// RemoteCopies is what the etcd-backup row reads of the bucket.
+type RemoteCopies struct {
+	// URL and Taken name the newest verified copy ("" without one).
+	URL   string
+	Taken time.Time
+	// Future lists the copies named after now (a clock that was wrong when
+	// they were written, or an object put there by hand): never the
+	// newest, never pruned, so the row warns until someone removes them.
+	Future []string
 }

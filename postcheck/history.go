@@ -7,6 +7,7 @@ import (
 	"html/template"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -82,11 +83,15 @@ func WriteHistory(dir, cluster string, now time.Time) (string, error) {
 }
 
 // RenderHistory is the page: a grid of checks (rows) by nights (columns,
-// newest first; each headed by its time, verdict and duration, linked to
-// its archive and to its rows below), each cell the check's status that
-// night with its reason as a tooltip; then, per night, the rows that did
-// not pass with their reasons and what to do next. Static: no script, no
-// external asset, inline style only.
+// newest first; each headed by its date and time, verdict and duration,
+// linked to its archive and to its rows below), each cell the check's
+// status that night with its reason as a tooltip; then what did not pass,
+// each distinct reason once with the nights it was seen on. Static: no
+// script, no external asset, inline style only.
+//
+// The grid is sized for 30 nights beside the check names at 1400 px: a
+// night's column is a few characters wide (date over time, a one-letter
+// verdict), and the names stay in view when the grid scrolls sideways.
 func RenderHistory(cluster string, nights []Night, now time.Time) ([]byte, error) {
 	type cell struct {
 		ID, Class, Text, Title string
@@ -95,26 +100,52 @@ func RenderHistory(cluster string, nights []Night, now time.Time) ([]byte, error
 		Check string
 		Cells []cell
 	}
-	type col struct {
-		ID, Archive, When, Overall, Class, Duration string
-		Bad                                         []CheckReport
+	// seen is a reason that did not pass, with the nights it was seen on.
+	type seen struct {
+		Name, Next string
+		Status     check.Status
+		Reason     string
+		nights     []int // column indexes, newest first
+		Anchors    []string
+		Nights     string
 	}
-	var cols []col
+	var cols []historyCol
 	var order []string
-	seen := map[string]bool{}
-	for _, n := range nights {
-		c := col{ID: "night-" + n.Dir, Archive: n.Archive, When: n.Report.Started.UTC().Format("01-02 15:04"),
+	known := map[string]bool{}
+	var reasons []*seen
+	byReason := map[string]*seen{}
+	anchored := map[string]bool{}
+	for i, n := range nights {
+		at := n.Report.Started.UTC()
+		c := historyCol{ID: "night-" + n.Dir, Archive: n.Archive, Day: at.Format("01-02"), Time: at.Format("15:04"), Full: at.Format("2006-01-02 15:04 MST"),
 			Overall: strings.ToUpper(string(n.Report.Overall)), Class: string(n.Report.Overall), Duration: fmt.Sprintf("%.1f s", n.Report.DurationSeconds)}
 		for _, ch := range n.Report.Checks {
-			if !seen[ch.Name] {
-				seen[ch.Name] = true
+			if !known[ch.Name] {
+				known[ch.Name] = true
 				order = append(order, ch.Name)
 			}
-			if ch.Status != check.Pass {
-				c.Bad = append(c.Bad, ch)
+			if ch.Status == check.Pass {
+				continue
+			}
+			c.Bad = true
+			key := ch.Name + "\x00" + string(ch.Status) + "\x00" + ch.Reason
+			r := byReason[key]
+			if r == nil {
+				r = &seen{Name: ch.Name, Next: ch.Next, Status: ch.Status, Reason: ch.Reason}
+				byReason[key] = r
+				reasons = append(reasons, r)
+			}
+			r.nights = append(r.nights, i)
+			// A night's "rows" link lands on the first reason it shows.
+			if !anchored[c.ID] {
+				anchored[c.ID] = true
+				r.Anchors = append(r.Anchors, c.ID)
 			}
 		}
 		cols = append(cols, c)
+	}
+	for _, r := range reasons {
+		r.Nights = nightRanges(r.nights, cols)
 	}
 	var rows []row
 	for _, name := range order {
@@ -130,19 +161,54 @@ func RenderHistory(cluster string, nights []Night, now time.Time) ([]byte, error
 				case check.Pass:
 					c.Text = "✓"
 				case check.Warn:
-					c.Text = "warn"
+					c.Text = "W"
 				default:
-					c.Text = "FAIL"
+					c.Text = "F"
 				}
 			}
 			r.Cells = append(r.Cells, c)
 		}
 		rows = append(rows, r)
 	}
+	var years []string
+	for _, n := range nights {
+		if y := n.Report.Started.UTC().Format("2006"); !slices.Contains(years, y) {
+			years = append(years, y)
+		}
+	}
+	slices.Sort(years)
 	var b bytes.Buffer
 	err := historyTemplate.Execute(&b, map[string]any{"Cluster": cluster, "Cols": cols, "Rows": rows, "N": len(nights),
-		"Generated": now.UTC().Format("2006-01-02 15:04 MST")})
+		"Reasons": reasons, "Years": strings.Join(years, "–"), "Generated": now.UTC().Format("2006-01-02 15:04 MST")})
 	return b.Bytes(), err
+}
+
+// historyCol is one night's column of the history page.
+type historyCol struct {
+	ID, Archive, Day, Time, Full, Overall, Class, Duration string
+	// Bad: the night has rows that did not pass.
+	Bad bool
+}
+
+// nightRanges names the nights at the column indexes idx (newest first)
+// as runs of consecutive columns, oldest first: "11-20 03:30 – 11-27 03:30
+// (8 nights), 11-29 03:30".
+func nightRanges(idx []int, cols []historyCol) string {
+	var parts []string
+	for end := len(idx) - 1; end >= 0; {
+		start := end
+		for start > 0 && idx[start-1] == idx[start]-1 {
+			start--
+		}
+		older, newer := cols[idx[end]], cols[idx[start]]
+		if start == end {
+			parts = append(parts, older.Day+" "+older.Time)
+		} else {
+			parts = append(parts, fmt.Sprintf("%s %s – %s %s (%d nights)", older.Day, older.Time, newer.Day, newer.Time, end-start+1))
+		}
+		end = start - 1
+	}
+	return strings.Join(parts, ", ")
 }
 
 var historyTemplate = template.Must(template.New("history").Parse(`<!doctype html>
@@ -155,35 +221,35 @@ var historyTemplate = template.Must(template.New("history").Parse(`<!doctype htm
 body { font: 14px/1.4 "DejaVu Sans", Verdana, sans-serif; margin: 1.5em; color: #1b1b1b; background: #fff; }
 h1 { font-size: 1.4em; margin: 0 0 .3em; }
 p.sub { color: #555; margin: 0 0 1em; }
-table.grid { border-collapse: collapse; }
-table.grid th, table.grid td { border: 1px solid #d0d0d0; padding: 3px 6px; text-align: center; white-space: nowrap; }
-table.grid th.check { text-align: left; font-weight: normal; font-family: "DejaVu Sans Mono", monospace; }
-table.grid thead th { font-weight: normal; font-size: 12px; vertical-align: bottom; }
+div.scroll { overflow-x: auto; }
+table.grid { border-collapse: separate; border-spacing: 0; }
+table.grid th, table.grid td { border: 1px solid #d0d0d0; border-width: 0 1px 1px 0; padding: 2px 3px; text-align: center; white-space: nowrap; font-size: 12px; }
+table.grid th.check { position: sticky; left: 0; z-index: 1; background: #fff; text-align: left; font-weight: normal; font-family: "DejaVu Sans Mono", monospace; border-left-width: 1px; padding: 2px 6px; }
+table.grid thead th { font-weight: normal; font-size: 11px; vertical-align: bottom; border-top-width: 1px; line-height: 1.25; }
+table.grid td { min-width: 2.2em; }
 td.pass { background: #e3f4e1; color: #1e6b1e; }
 td.warn { background: #fff1c2; color: #7a5600; font-weight: bold; }
 td.fail { background: #c62828; color: #fff; font-weight: bold; }
 td.none { background: #f4f4f4; color: #999; }
 span.pass { color: #1e6b1e; } span.warn { color: #7a5600; font-weight: bold; } span.fail { color: #c62828; font-weight: bold; }
-section.night { margin: 1em 0; }
-section.night h3 { font-size: 1em; margin: .3em 0; }
+ul.seen li { margin: .4em 0; }
 li.fail b { color: #c62828; } li.warn b { color: #7a5600; }
+.nights { color: #444; }
 .next { color: #444; font-family: "DejaVu Sans Mono", monospace; font-size: 12px; }
 </style>
 </head>
 <body>
 <h1>Nightly postcheck of {{.Cluster}}</h1>
-<p class="sub">The last {{.N}} nights kept under this directory, newest first. Written by bootstrap at {{.Generated}}; each night links to its archive and to its rows that did not pass.</p>
-{{if .Cols}}<table class="grid">
-<thead><tr><th class="check">check</th>{{range .Cols}}<th id="head-{{.ID}}"><a href="{{.Archive}}">{{.When}}</a><br><span class="{{.Class}}">{{.Overall}}</span><br>{{.Duration}}{{if .Bad}}<br><a href="#{{.ID}}">rows</a>{{end}}</th>{{end}}</tr></thead>
+<p class="sub">The last {{.N}} nights kept under this directory, newest first{{if .Years}}: {{.Years}}, times in UTC{{end}}. Written by bootstrap at {{.Generated}}. Each night links to its archive, and to what did not pass below; a cell's tooltip holds its reason.</p>
+{{if .Cols}}<div class="scroll"><table class="grid">
+<thead><tr><th class="check">check</th>{{range .Cols}}<th id="head-{{.ID}}" title="{{.Full}}: {{.Overall}} in {{.Duration}}"><a href="{{.Archive}}">{{.Day}}<br>{{.Time}}</a><br><span class="{{.Class}}">{{if .Bad}}<a href="#{{.ID}}">{{.Overall}}</a>{{else}}{{.Overall}}{{end}}</span></th>{{end}}</tr></thead>
 <tbody>
 {{range .Rows}}<tr><th class="check">{{.Check}}</th>{{range .Cells}}<td id="{{.ID}}" class="{{.Class}}" title="{{.Title}}">{{.Text}}</td>{{end}}</tr>
 {{end}}</tbody>
-</table>
-{{range .Cols}}{{if .Bad}}<section class="night" id="{{.ID}}">
-<h3>{{.When}} UTC: <span class="{{.Class}}">{{.Overall}}</span> in {{.Duration}}, <a href="{{.Archive}}">archive</a></h3>
-<ul>{{range .Bad}}<li class="{{.Status}}"><b>{{.Name}}</b> {{.Status}}: {{.Reason}}{{if .Next}}<br><span class="next">next: {{.Next}}</span>{{end}}</li>{{end}}</ul>
-</section>
-{{end}}{{end}}{{else}}<p>No archived night yet.</p>{{end}}
+</table></div>
+{{if .Reasons}}<h2>What did not pass</h2>
+<ul class="seen">{{range .Reasons}}<li class="{{.Status}}">{{range .Anchors}}<a id="{{.}}"></a>{{end}}<b>{{.Name}}</b> {{.Status}}: {{.Reason}}<br><span class="nights">{{.Nights}}</span>{{if .Next}}<br><span class="next">next: {{.Next}}</span>{{end}}</li>
+{{end}}</ul>{{end}}{{else}}<p>No archived night yet.</p>{{end}}
 </body>
 </html>
 `))

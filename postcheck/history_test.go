@@ -72,12 +72,14 @@ func TestHistoryPage(t *testing.T) {
 	}
 	page := string(b)
 	for _, want := range []string{
-		`<a href="` + failing + `/postcheck.tar.gz">11-27 03:30</a>`,
-		`href="#night-` + failing + `">rows</a>`,
+		`<a href="` + failing + `/postcheck.tar.gz">11-27<br>03:30</a>`,
+		`href="#night-` + failing + `">FAIL</a>`,
+		`<a id="night-` + failing + `"></a><b>nodes-ready</b>`,
+		"2026, times in UTC",
+		`title="2026-11-27 03:30 UTC: FAIL in 4.0 s"`,
 		`<td id="cell-nodes-ready-` + failing + `" class="fail"`,
 		`NotReady: wk-1 &lt;script&gt;`,
 		"next: " + html.EscapeString(nextSteps[CheckNodesReady]),
-		"4.0 s",
 		"The last 3 nights",
 	} {
 		if !strings.Contains(page, want) {
@@ -85,7 +87,7 @@ func TestHistoryPage(t *testing.T) {
 		}
 	}
 	// Newest first: the failing night's column comes before the others.
-	if i, j := strings.Index(page, "11-27 03:30"), strings.Index(page, "11-25 03:30"); i < 0 || j < i {
+	if i, j := strings.Index(page, "11-27<br>03:30"), strings.Index(page, "11-25<br>03:30"); i < 0 || j < i {
 		t.Error("the nights are not newest first")
 	}
 	if regexp.MustCompile(`(?i)<script|<link|src=|@import|url\(|https?://`).MatchString(strings.ReplaceAll(page, "&lt;script&gt;", "")) {
@@ -113,8 +115,81 @@ func TestHistoryPageInChromium(t *testing.T) {
 	}
 	dom := testbrowser.DOM(t, path)
 	cell := regexp.MustCompile(`<td id="cell-nodes-ready-` + failing + `" class="fail"[^>]*>([^<]*)</td>`).FindStringSubmatch(dom)
-	if cell == nil || cell[1] != "FAIL" {
+	if cell == nil || cell[1] != "F" {
 		t.Errorf("the failing cell as rendered: %v", cell)
+	}
+}
+
+// Thirty nights with several kinds of failure fit a 1400 px window beside
+// the check names, and a reason seen on many nights is listed once with
+// the nights it was seen on. The browser lays the page out; a script the
+// test adds to a copy of it (the page itself has none) measures.
+func TestHistoryPageThirtyNightsInChromium(t *testing.T) {
+	testbrowser.Binary(t)
+	dir := t.TempDir()
+	start := time.Date(2026, 11, 1, 3, 30, 0, 0, time.UTC)
+	for i := range HistoryNights {
+		at := start.Add(time.Duration(i) * 24 * time.Hour)
+		var res []check.Result
+		for _, name := range []string{CheckKubeconfig, CheckNodesReady, CheckDefaultClass, CheckFlux, CheckFluxObjects, CheckNFS, CheckEtcd,
+			CheckTalosAPI, CheckTalosHealth, CheckTalosVersion, CheckKubeVersion, CheckCerts, CheckVMs, CheckEtcdBackup, CheckExtensions, CheckGuestAgent} {
+			r := check.Result{Name: name, Status: check.Pass, Reason: "fine", Duration: 40 * time.Millisecond}
+			switch {
+			case name == CheckNFS && i >= 10 && i < 17: // the provisioner at 0 replicas for a week
+				r.Status, r.Reason = check.Fail, "test PVC postcheck-x not Bound after 2m0s: phase Pending"
+			case name == CheckEtcdBackup && i%9 == 4: // a receiver down some nights
+				r.Status, r.Reason = check.Warn, "a copy in the bucket is named after now (s3://b/20990101T000000Z.snapshot)"
+			case name == CheckVMs && i == 25:
+				r.Status, r.Reason = check.Fail, "VM 102 cp-2 is stopped"
+			}
+			res = append(res, r)
+		}
+		rep := NewReport("homelab", at, 40*time.Second, res)
+		js, err := rep.JSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := WriteArchive(dir, at, map[string][]byte{"report.json": js}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path, err := WriteHistory(dir, "homelab", start.Add(31*24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"11-11 03:30 – 11-17 03:30 (7 nights)",
+		"11-05 03:30, 11-14 03:30, 11-23 03:30",
+	} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("the page does not group a repeated reason as %q", want)
+		}
+	}
+	if n := strings.Count(string(page), "not Bound after 2m0s"); n != 7+1 { // seven cell tooltips, one listing
+		t.Errorf("the Pending reason appears %d times, want it listed once (and in its 7 cells' tooltips)", n)
+	}
+	measure := `<pre id="fit"></pre><script>
+const w = window.innerWidth, names = document.querySelectorAll("th.check"), heads = document.querySelectorAll("thead th[id^=head-]");
+let nameRight = 0; names.forEach(n => nameRight = Math.max(nameRight, n.getBoundingClientRect().right));
+let out = [], inView = 0;
+heads.forEach(h => { const r = h.getBoundingClientRect(); if (r.left >= nameRight - 1 && r.right <= w) inView++; });
+document.getElementById("fit").textContent = "width=" + w + " columns=" + heads.length + " inview=" + inView + " names=" + Math.round(nameRight);
+</script>`
+	probe := filepath.Join(t.TempDir(), "probe.html")
+	if err := os.WriteFile(probe, []byte(strings.Replace(string(page), "</body>", measure+"</body>", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dom := testbrowser.DOMAt(t, probe, 1400, 900)
+	m := regexp.MustCompile(`width=(\d+) columns=(\d+) inview=(\d+) names=(\d+)`).FindStringSubmatch(dom)
+	if m == nil {
+		t.Fatalf("the measuring script did not run:\n%s", dom)
+	}
+	if m[1] != "1400" || m[2] != "30" || m[3] != "30" {
+		t.Errorf("at 1400 px: %s: every night's column should be in view beside the check names", m[0])
 	}
 }
 

@@ -132,7 +132,9 @@ func (c *Client) chooseBoot(ctx context.Context, in BootInput, members []string,
 	if in.Want == "image" {
 		return BootChoice{Mode: BootISO, Reason: why}, &BootRefusedError{Reason: why}
 	}
-	return BootChoice{Mode: BootISO, Reason: why + " — using the ISO"}, nil
+	// The row reads "new VMs boot the ISO: <why>": the choice first, then
+	// its reason, as every other row of the precheck does.
+	return BootChoice{Mode: BootISO, Reason: "the ISO: " + why}, nil
 }
 
 // imageBlocked says why the disk image cannot be used on every member

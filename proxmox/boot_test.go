@@ -54,9 +54,9 @@ func TestBootChoiceFollowsTheHost(t *testing.T) {
 	}{
 		{name: "8.2", version: "8.2.4", want: "auto", mode: BootISO, reason: "PVE 8.2.4 (pve-storage 8.2.3 on pve): no import content type"},
 		{name: "8.2.10", version: "8.2.10", want: "auto", storages: importStorages, mode: BootISO, reason: "(pve-storage 8.2.8 on pve): imports .ova only"},
-		{name: "8.3", version: "8.3.5", want: "auto", storages: importStorages, mode: BootISO, reason: "PVE 8.3.5 (pve-storage 8.2.9 on pve): imports .ova only (disk images from pve-storage 8.3.6, PVE 8.4) — using the ISO"},
+		{name: "8.3", version: "8.3.5", want: "auto", storages: importStorages, mode: BootISO, reason: "the ISO: PVE 8.3.5 (pve-storage 8.2.9 on pve): imports .ova only (disk images from pve-storage 8.3.6, PVE 8.4)"},
 		{name: "8.3-image", version: "8.3.5", want: "image", storages: importStorages, mode: BootISO, refused: true, reason: "imports .ova only"},
-		{name: "8.4-no-import", version: "8.4.21", want: "auto", mode: BootISO, reason: "no storage has the import content type (of those this token sees on pve): enable it on local"},
+		{name: "8.4-no-import", version: "8.4.21", want: "auto", mode: BootISO, reason: "the ISO: no storage has the import content type (of those this token sees on pve): enable it on local"},
 		{name: "8.4-no-template", version: "8.4.21", want: "auto", storages: importStorages, drop: "Datastore.AllocateTemplate", mode: BootISO, reason: "the token lacks Datastore.AllocateTemplate on /storage/local"},
 		{name: "8.4", version: "8.4.21", want: "auto", storages: importStorages, mode: BootImage, reason: "the disk image: Proxmox VE 8.4.21 imports talos-v1.13.3-abc-nocloud-amd64.qcow2 from local (to be downloaded): no install, no reboot"},
 		{name: "9.1-image", version: "9.1.19", want: "image", storages: importStorages, mode: BootImage},

@@ -96,21 +96,26 @@ func (e *Env) postcheckBackup(ctx context.Context) func(context.Context) (string
 // postcheckRemote reads the newest verified copy in backup.s3's bucket
 // (nil without one): a copy counts when its upload recorded the sha256 it
 // was read back with.
-func (e *Env) postcheckRemote() func(context.Context) (string, time.Time, error) {
+func (e *Env) postcheckRemote() func(context.Context) (postcheck.RemoteCopies, error) {
 	if !e.Config.Backup.S3.Enabled() {
 		return nil
 	}
-	return func(ctx context.Context) (string, time.Time, error) {
+	return func(ctx context.Context) (postcheck.RemoteCopies, error) {
+		var rc postcheck.RemoteCopies
 		s3, err := backupS3(e)
 		if err != nil {
-			return "", time.Time{}, err
+			return rc, err
 		}
 		r, ok, future, err := s3.Newest(ctx, backup.SnapshotSuffixes...)
 		WarnFutureCopies(e, s3, future)
-		if err != nil || !ok || r.SHA256 == "" {
-			return "", time.Time{}, err
+		for _, f := range future {
+			rc.Future = append(rc.Future, s3.URL(f.Key))
 		}
-		return s3.URL(r.Key), r.Taken, nil
+		if err != nil || !ok || r.SHA256 == "" {
+			return rc, err
+		}
+		rc.URL, rc.Taken = s3.URL(r.Key), r.Taken
+		return rc, nil
 	}
 }
 

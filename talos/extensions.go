@@ -2,7 +2,6 @@ package talos
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -42,7 +41,7 @@ func (o *Ops) Extensions(ctx context.Context, ip string) ([]Extension, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading the extensions of %s: %w", ip, err)
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b Extension) int {
 		if a.Name < b.Name {

@@ -340,7 +340,7 @@ func PinKubeImages(cfg []byte, versions map[string]string) ([]byte, error) {
 // resources upgrade-k8s reads for the configured images.
 func (o *Ops) KubeImages(ctx context.Context, t Target) (map[string]string, error) {
 	out := map[string]string{}
-	err := o.callRetrying(ctx, t.IP, "reading the Kubernetes images of "+t.Name, func(ctx context.Context, c *client.Client) error {
+	err := o.callRetrying(ctx, t.IP, "reading the Kubernetes images of "+t.String(), func(ctx context.Context, c *client.Client) error {
 		ks, err := safe.StateGet[*k8s.KubeletSpec](ctx, c.COSI, resource.NewMetadata(k8s.NamespaceName, k8s.KubeletSpecType, k8s.KubeletID, resource.VersionUndefined))
 		if err != nil {
 			return err
@@ -367,7 +367,7 @@ func (o *Ops) KubeImages(ctx context.Context, t Target) (map[string]string, erro
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading the Kubernetes images %s is configured with: %w", t, err)
+		return nil, err
 	}
 	return out, nil
 }
@@ -426,14 +426,15 @@ func (o *Ops) component(ctx context.Context, t Target, component string, kc kube
 		st = podState(p.TypedSpec().PodStatus)
 		return nil
 	}
+	what := "reading the " + component + " static pod status of " + t.Name
 	var err error
 	if retrying {
-		err = o.callRetrying(ctx, t.IP, "reading the "+component+" static pod of "+t.Name, read)
-	} else {
-		err = o.read(ctx, t.IP, o.opts.CallTimeout, read)
+		err = o.callRetrying(ctx, t.IP, what, read)
+	} else if err = o.read(ctx, t.IP, o.opts.CallTimeout, read); err != nil {
+		err = fmt.Errorf("%s: %w", what, err)
 	}
 	if err != nil {
-		return ComponentState{Detail: fmt.Sprintf("reading the %s static pod status: %v", component, err)}
+		return ComponentState{Detail: err.Error()}
 	}
 	if !st.Ready && st.Detail == "" {
 		st.Detail = component + " is not Ready"

@@ -26,7 +26,7 @@ func (o *Ops) BootstrapManifests(ctx context.Context, cp Target) ([]*unstructure
 		objects []*unstructured.Unstructured
 	}
 	var ms []manifest
-	err := o.callRetrying(ctx, cp.IP, "reading the bootstrap manifests of "+cp.Name, func(ctx context.Context, c *client.Client) error {
+	err := o.callRetrying(ctx, cp.IP, "reading the bootstrap manifests of "+cp.String(), func(ctx context.Context, c *client.Client) error {
 		list, err := safe.StateListAll[*k8s.Manifest](ctx, c.COSI)
 		if err != nil {
 			return err
@@ -52,7 +52,7 @@ func (o *Ops) BootstrapManifests(ctx context.Context, cp Target) ([]*unstructure
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading the bootstrap manifests of %s: %w", cp, err)
+		return nil, err
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].id < ms[j].id })
 	var out []*unstructured.Unstructured

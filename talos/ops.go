@@ -228,7 +228,7 @@ func (o *Ops) release(ip string, k *keptClient, failed bool) {
 // (retryableCall), is retried with backoff (internal/retry's default: 5
 // attempts over ~4 s), so one connection drop does not fail the stage.
 func (o *Ops) callRetrying(ctx context.Context, ip, what string, fn func(context.Context, *client.Client) error) error {
-	return retry.Do(ctx, retry.Policy{}, o.opts.Log, what, func(ctx context.Context) error {
+	return retry.Named(ctx, retry.Policy{}, o.opts.Log, what, func(ctx context.Context) error {
 		return retryableCall(o.read(ctx, ip, o.opts.CallTimeout, fn))
 	})
 }

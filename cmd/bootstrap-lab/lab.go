@@ -26,16 +26,26 @@ const defaultDir = ".lab/demo"
 
 // LabUpCmd is `bootstrap-lab up`.
 type LabUpCmd struct {
-	Dir           string        `default:"${labdir}" help:"Directory for the lab's config, token file, demo git tree and state." type:"path"`
-	ControlPlanes int           `default:"1" help:"Control-plane VMs."`
-	Workers       int           `default:"0" help:"Worker VMs."`
-	VIP           bool          `help:"Give the control planes a shared VIP."`
-	Profile       string        `default:"instant" enum:"instant,n100" help:"Latency model of the Proxmox host and Talos nodes: instant, or n100 (an Intel N100 box)."`
-	TimeScale     float64       `default:"1" help:"Multiply the profile's durations (0.1 runs n100 ten times faster)."`
-	CNI           string        `default:"flannel" enum:"flannel,cilium" help:"CNI written into the lab config."`
-	BinDir        string        `env:"BOOTSTRAP_LAB_BIN" help:"Directory of the lab binaries (make lab-bins); default .lab/bin of this repository." type:"path"`
-	Detach        bool          `help:"Run the lab in the background; stop it with bootstrap-lab down."`
-	Timeout       time.Duration `default:"5m" help:"With --detach: how long to wait for the lab to come up."`
+	Dir           string  `default:"${labdir}" help:"Directory for the lab's config, token file, demo git tree and state." type:"path"`
+	ControlPlanes int     `default:"1" help:"Control-plane VMs."`
+	Workers       int     `default:"0" help:"Worker VMs."`
+	VIP           bool    `help:"Give the control planes a shared VIP."`
+	Profile       string  `default:"instant" enum:"instant,n100" help:"Latency model of the Proxmox host and Talos nodes: instant, or n100 (an Intel N100 box)."`
+	TimeScale     float64 `default:"1" help:"Multiply the profile's durations (0.1 runs n100 ten times faster)."`
+	CNI           string  `default:"flannel" enum:"flannel,cilium" help:"CNI written into the lab config."`
+	// The rehearsal flags: the same lab.Options the e2e tests use, so a
+	// user can try a newer Proxmox VE or the disk-image boot before the
+	// real host.
+	ProxmoxVersion    string        `help:"pve-manager version the simulated Proxmox runs (e.g. 9.1.19; default the oldest supported): its published API schema judges every call."`
+	ProxmoxImport     bool          `help:"Give the host's local storage the import content type (pve-storage 8.2.8+), where proxmox.boot auto or image keeps the Talos disk image."`
+	ProxmoxBoot       string        `enum:",auto,image,iso" default:"" help:"Written as proxmox.boot: auto, image or iso (default: the config's default)."`
+	ProxmoxHosts      int           `help:"Members of a simulated Proxmox VE cluster (pve1, pve2, ...); 0 or 1 is the single host pve."`
+	ProxmoxHA         bool          `name:"proxmox-ha" help:"Write proxmox.ha: true and grant the token what HA resources need."`
+	TalosVersion      string        `help:"Talos version the nodes boot and the config names (default bootstrap's)."`
+	KubernetesVersion string        `help:"Kubernetes version the config names (default bootstrap's)."`
+	BinDir            string        `env:"BOOTSTRAP_LAB_BIN" help:"Directory of the lab binaries (make lab-bins); default .lab/bin of this repository." type:"path"`
+	Detach            bool          `help:"Run the lab in the background; stop it with bootstrap-lab down."`
+	Timeout           time.Duration `default:"5m" help:"With --detach: how long to wait for the lab to come up."`
 }
 
 func (c *LabUpCmd) args() []string {
@@ -46,6 +56,23 @@ func (c *LabUpCmd) args() []string {
 	}
 	if c.BinDir != "" {
 		a = append(a, "--bin-dir", c.BinDir)
+	}
+	for _, f := range []struct{ name, value string }{
+		{"--proxmox-version", c.ProxmoxVersion}, {"--proxmox-boot", c.ProxmoxBoot},
+		{"--talos-version", c.TalosVersion}, {"--kubernetes-version", c.KubernetesVersion},
+	} {
+		if f.value != "" {
+			a = append(a, f.name, f.value)
+		}
+	}
+	if c.ProxmoxImport {
+		a = append(a, "--proxmox-import")
+	}
+	if c.ProxmoxHA {
+		a = append(a, "--proxmox-ha")
+	}
+	if c.ProxmoxHosts > 0 {
+		a = append(a, "--proxmox-hosts", strconv.Itoa(c.ProxmoxHosts))
 	}
 	return a
 }
@@ -63,7 +90,9 @@ func (c *LabUpCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 	l, err := lab.Start(ctx, lab.Options{Dir: c.Dir, ControlPlanes: c.ControlPlanes, Workers: c.Workers, VIP: c.VIP,
-		Profile: c.Profile, TimeScale: c.TimeScale, CNI: c.CNI, BinDir: c.BinDir, Log: log})
+		Profile: c.Profile, TimeScale: c.TimeScale, CNI: c.CNI, BinDir: c.BinDir, Log: log,
+		ProxmoxVersion: c.ProxmoxVersion, ProxmoxImport: c.ProxmoxImport, ProxmoxBoot: c.ProxmoxBoot,
+		ProxmoxHosts: c.ProxmoxHosts, ProxmoxHA: c.ProxmoxHA, TalosVersion: c.TalosVersion, KubernetesVersion: c.KubernetesVersion})
 	if err != nil {
 		return err
 	}

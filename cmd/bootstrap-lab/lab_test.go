@@ -59,7 +59,11 @@ func TestLabUpDetachedAndDown(t *testing.T) {
 	}
 	run := func(args ...string) string { t.Helper(); return runBin(bin, args...) }
 	labCmd := func(args ...string) string { t.Helper(); return runBin(labBin, args...) }
-	out := labCmd("up", "--detach", "--dir", dir, "--timeout", "2m")
+	// The rehearsal flags: a Proxmox VE that imports disk images, with the
+	// import content type, told to boot from the image (the ISO path is the
+	// default every other lab test takes).
+	out := labCmd("up", "--detach", "--dir", dir, "--timeout", "2m",
+		"--proxmox-version", "8.4.21", "--proxmox-import", "--proxmox-boot", "image")
 	if !strings.Contains(out, "lab up in the background") {
 		t.Fatalf("lab up: %s", out)
 	}
@@ -69,7 +73,9 @@ func TestLabUpDetachedAndDown(t *testing.T) {
 	}
 	t.Cleanup(func() { lab.StopProcess(context.Background(), rec.PID, 5*time.Second) })
 	// Bring the cluster up so the real control plane processes run too.
-	run("run", "--config", rec.Config, "--from", "provision", "--log-format", "json")
+	if out := run("run", "--config", rec.Config, "--from", "provision", "--log-format", "json"); !strings.Contains(out, "new VMs boot the disk image: Proxmox VE 8.4.21 imports") {
+		t.Fatalf("the lab did not boot from the disk image:\n%s", out)
+	}
 	members := sessionMembers(t, rec.PID)
 	if len(members) < 6 {
 		t.Fatalf("expected the lab and its control plane in its session, got %v", members)

@@ -56,11 +56,28 @@ func (p Policy) withDefaults() Policy {
 // runs out of attempts, or ctx ends. Every retry is logged at warn level with
 // what was being done, so a run that recovered still shows what it recovered from.
 func Do(ctx context.Context, p Policy, log zerolog.Logger, what string, fn func(context.Context) error) error {
+	return do(ctx, p, log, what, fn, false)
+}
+
+// Named is Do for a caller that adds no context of its own: every error it
+// returns starts with what, a fatal one too, so the caller returns it as it
+// is instead of naming the operation a second time.
+func Named(ctx context.Context, p Policy, log zerolog.Logger, what string, fn func(context.Context) error) error {
+	return do(ctx, p, log, what, fn, true)
+}
+
+func do(ctx context.Context, p Policy, log zerolog.Logger, what string, fn func(context.Context) error, nameFatal bool) error {
 	p = p.withDefaults()
 	delay := p.Initial
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
-		if err == nil || !IsRetryable(err) {
+		if err == nil {
+			return nil
+		}
+		if !IsRetryable(err) {
+			if nameFatal {
+				return fmt.Errorf("%s: %w", what, err)
+			}
 			return err
 		}
 		if attempt >= p.Attempts {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,5 +53,32 @@ func TestDoStopsOnContext(t *testing.T) {
 	}
 	if IsRetryable(nil) || Retryable(nil) != nil {
 		t.Fatal("nil handling")
+	}
+}
+
+// Named's errors name the operation exactly once, however the loop ended,
+// so a caller returning them as they are never doubles the prefix (a
+// postcheck row once read "reading the extensions of 10.0.0.1: reading the
+// extensions of 10.0.0.1: …").
+func TestNamedNamesTheOperationOnce(t *testing.T) {
+	fast := Policy{Attempts: 2, Initial: time.Millisecond, Max: time.Millisecond}
+	const what = "reading the extensions of 10.0.0.1"
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for name, tc := range map[string]struct {
+		ctx context.Context
+		err error
+	}{
+		"fatal":     {context.Background(), errors.New("permission denied")},
+		"exhausted": {context.Background(), Retryable(errors.New("connection refused"))},
+		"cancelled": {cancelled, Retryable(errors.New("connection refused"))},
+	} {
+		err := Named(tc.ctx, fast, zerolog.Nop(), what, func(context.Context) error { return tc.err })
+		if err == nil || !strings.HasPrefix(err.Error(), what+": ") || strings.Count(err.Error(), what) != 1 {
+			t.Errorf("%s: %v", name, err)
+		}
+		if name != "cancelled" && !errors.Is(err, tc.err) {
+			t.Errorf("%s: %v does not wrap %v", name, err, tc.err)
+		}
 	}
 }

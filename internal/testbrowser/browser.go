@@ -77,3 +77,11 @@ func DOM(t testing.TB, path string) string {
 	t.Helper()
 	return string(run(t, args(t, "--dump-dom", "file://"+path)))
 }
+
+// DOMAt is DOM with the page laid out in a window of w×h pixels, after its
+// scripts ran: a test's own script can measure the layout into the
+// document.
+func DOMAt(t testing.TB, path string, w, h int) string {
+	t.Helper()
+	return string(run(t, args(t, "--window-size="+strconv.Itoa(w)+","+strconv.Itoa(h), "--virtual-time-budget=2000", "--dump-dom", "file://"+path)))
+}

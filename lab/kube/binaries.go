@@ -61,11 +61,12 @@ type Module struct {
 	Dir     string `json:"dir,omitempty"`
 }
 
-// DefaultBinDir returns $BOOTSTRAP_LAB_BIN if set, else .lab/bin at the root
-// of the repository containing the working directory.
+// DefaultBinDir returns $BOOTSTRAP_LAB_BIN if set (made absolute: the lab
+// starts its servers from other directories), else .lab/bin at the root of
+// the repository containing the working directory.
 func DefaultBinDir() (string, error) {
 	if d := os.Getenv(BinDirEnv); d != "" {
-		return d, nil
+		return filepath.Abs(d)
 	}
 	wd, err := os.Getwd()
 	if err != nil {

@@ -30,6 +30,14 @@ fi
 tools_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$tools_dir/../.." && pwd)
 bin_dir=${1:-${BOOTSTRAP_LAB_BIN:-$repo_root/.lab/bin}}
+# Every build below runs from its module's directory: a relative bin
+# directory is made absolute against where this script was started, or the
+# binaries land under lab/tools/<module>/ and every later lab started from
+# elsewhere fails looking for them.
+case $bin_dir in
+/*) ;;
+*) bin_dir=$PWD/$bin_dir ;;
+esac
 manifest=$bin_dir/manifest.json
 
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
