@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"time"
 
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/postcheck"
