@@ -284,6 +284,38 @@ func (s *Server) storageStatus(r *request, name string) (any, *apiError) {
 	return s.storageEntryLocked(st, false), nil
 }
 
+// storageConfig answers GET /storage/{storage} (pve-storage 9.1.7
+// src/PVE/API2/Storage/Config.pm read): Datastore.Allocate on
+// /storage/<id>, and the storage.cfg section: its type, content joined,
+// the flags that are set (shared, sparse, disable) and a digest. Only
+// what pvesim models is given.
+func (s *Server) storageConfig(r *request, name string) (any, *apiError) {
+	if err := r.who.check("/storage/"+name, "Datastore.Allocate"); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.storageByName(name)
+	if st == nil {
+		return nil, errf(500, "storage '%s' does not exist", name)
+	}
+	out := map[string]any{"storage": name, "type": st.spec.Type, "content": strings.Join(st.spec.Content, ","),
+		"digest": "0000000000000000000000000000000000000000"}
+	if st.spec.Path != "" {
+		out["path"] = st.spec.Path
+	}
+	if st.spec.Shared {
+		out["shared"] = 1
+	}
+	if st.spec.Sparse {
+		out["sparse"] = 1
+	}
+	if st.spec.Disabled {
+		out["disable"] = 1
+	}
+	return out, nil
+}
+
 func (s *Server) storageContent(r *request, name string) (any, *apiError) {
 	if err := r.who.checkAny("/storage/"+name, "Datastore.Audit", "Datastore.AllocateSpace"); err != nil {
 		return nil, err
