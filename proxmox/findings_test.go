@@ -165,7 +165,8 @@ func TestImageRoomJudgedAgainstTheImage(t *testing.T) {
 
 // A VLAN-aware bridge carries on its ports only the VLANs of its
 // bridge-vids: a VLAN outside them is refused before a VM starts with no
-// way out of the host.
+// way out of the host. PVE starts such a VM all the same (pvesim marks
+// its start Isolated, and the lab boots no reachable node for it).
 func TestBridgeVIDsHoldTheVLAN(t *testing.T) {
 	for _, tc := range []struct {
 		vids string
@@ -180,6 +181,13 @@ func TestBridgeVIDsHoldTheVLAN(t *testing.T) {
 		t.Run(tc.vids, func(t *testing.T) {
 			e := newEnv(t, pvesim.Options{Bridges: []pvesim.BridgeSpec{{Name: "vmbr0", VLANAware: true, VIDs: tc.vids, Ports: "enp1s0"}}})
 			expect(t, runPrechecks(t, e.c, precheckInput(1)), "proxmox: bridge", tc.st, tc.has)
+			e.provision(ctxT(t), e.c, specs(1))
+			e.mu.Lock()
+			ev, started := e.starts[701]
+			e.mu.Unlock()
+			if !started || ev.Isolated != (tc.st == check.Fail) {
+				t.Errorf("start: %v, isolated %v", started, ev.Isolated)
+			}
 		})
 	}
 }
