@@ -388,7 +388,7 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	if cfg.CDROM != "" && cfg.CDROM != "none" {
 		report("ISO", s.ISOStorage+":iso/"+s.ISOFile, cfg.CDROM, "only used until Talos is installed")
 	}
-	report("CPU type", "host", cfg.CPU, "")
+	report("CPU type", s.CPUType(), cfg.CPU, "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node")
 	return drift, update, grow
 }
 

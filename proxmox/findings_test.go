@@ -258,8 +258,31 @@ func TestCPUModelsCompared(t *testing.T) {
 	in := precheckInput(3)
 	in.Hosts = []string{"pve1", "pve2", "pve3"}
 	expect(t, runPrechecks(t, c, in), CPUModelsCheck, check.Warn,
-		"Intel(R) N100 on pve1, pve3; AMD Ryzen 7 5800U on pve2", "x86-64-v2-AES")
+		"Intel(R) N100 on pve1, pve3; AMD Ryzen 7 5800U on pve2", "set proxmox.cpu to a generic type such as x86-64-v2-AES")
+	// proxmox.cpu x86-64-v2-AES: the row passes and new VMs get that type;
+	// an adopted VM of another type is reported, not changed.
+	for i := range in.VMs {
+		in.VMs[i].CPU = "x86-64-v2-AES"
+	}
+	expect(t, runPrechecks(t, c, in), CPUModelsCheck, check.Pass, "new VMs get cpu type x86-64-v2-AES")
+	ctx := ctxT(t)
+	createOn(t, c, in.VMs[0], "pve2")
+	cfg, err := c.On("pve2").VMConfig(ctx, 701)
+	if err != nil || cfg.CPU != "x86-64-v2-AES" {
+		t.Fatalf("created VM cpu %q, %v", cfg.CPU, err)
+	}
+	vms, err := c.ListVMs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := in.VMs[0]
+	host.CPU, host.Node = "", "pve2"
+	p, err := c.PlanVM(ctx, host, vms)
+	if err != nil || len(p.Changes()) > 0 || len(p.Drift) != 1 || p.Drift[0].Field != "CPU type" || p.Drift[0].Kind != DriftReport {
+		t.Errorf("adopting a VM of another CPU type: changes %v, drift %+v, %v", p.Changes(), p.Drift, err)
+	}
 	_, c = newCluster(t, pvesim.Options{Bridges: vlanBridge}, []pvesim.NodeSpec{{Name: "pve1"}, {Name: "pve2"}}, nil)
+	in = precheckInput(3)
 	in.Hosts = []string{"pve1", "pve2"}
 	expect(t, runPrechecks(t, c, in), CPUModelsCheck, check.Pass, "every member has a Intel(R) N100")
 }

@@ -562,6 +562,13 @@ const CPUModelsCheck = "proxmox: CPU models"
 // 9.2.6) has no guard of its own. Such a migration is the user's, or HA's
 // when a member goes into maintenance.
 func (f *facts) checkCPUModels(ctx context.Context) (check.Status, string) {
+	cpu := "host"
+	if len(f.in.VMs) > 0 {
+		cpu = f.in.VMs[0].CPUType()
+	}
+	if cpu != "host" {
+		return check.Passf("new VMs get cpu type %s (proxmox.cpu), which migrates between members whose CPUs have that level", cpu)
+	}
 	models := map[string][]string{}
 	var order []string
 	for _, h := range f.in.Hosts {
@@ -582,7 +589,7 @@ func (f *facts) checkCPUModels(ctx context.Context) (check.Status, string) {
 	for _, m := range order {
 		parts = append(parts, fmt.Sprintf("%s on %s", m, strings.Join(models[m], ", ")))
 	}
-	return check.Warnf("the members' CPUs differ (%s): the VMs get cpu type host, and a live migration between different CPUs (yours, or HA's when a member goes into maintenance) can stop the guest; a generic CPU type such as x86-64-v2-AES migrates between them (Proxmox's 'CPU Type' documentation)", strings.Join(parts, "; "))
+	return check.Warnf("the members' CPUs differ (%s): the VMs get cpu type host, and a live migration between different CPUs (yours, or HA's when a member goes into maintenance) can stop the guest; set proxmox.cpu to a generic type such as x86-64-v2-AES, which migrates between them (Proxmox's 'CPU Type' documentation)", strings.Join(parts, "; "))
 }
 
 func (f *facts) storage(ctx context.Context, name string) (Storage, bool, error) {

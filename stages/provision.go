@@ -59,7 +59,7 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 		}
 		specs = append(specs, proxmox.VMSpec{
 			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID, Node: host(n),
-			Cores: n.Cores, MemoryMiB: n.MemoryMiB, DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
+			Cores: n.Cores, MemoryMiB: n.MemoryMiB, CPU: p.CPU, DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
 			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFile, GuestAgent: im.GuestAgent,
 			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
 		})
