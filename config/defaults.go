@@ -45,6 +45,7 @@ func Default() *Config {
 			ISOStorage:  "local",
 			Boot:        BootAuto,
 			Bridge:      "vmbr0",
+			CPU:         CPUHost,
 			Parallelism: 4,
 			TaskTimeout: Duration(10 * time.Minute),
 			BootTimeout: Duration(10 * time.Minute),

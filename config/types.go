@@ -98,6 +98,7 @@ type Proxmox struct {
 	ISOStorage      string   `yaml:"isoStorage" doc:"Storage for the Talos ISO (content 'iso')."`
 	Bridge          string   `yaml:"bridge" doc:"Bridge for the VMs' network, e.g. vmbr0."`
 	VLAN            int      `yaml:"vlan" doc:"VLAN tag for the VMs (0 = untagged); the bridge must be VLAN-aware."`
+	CPU             string   `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type of new VMs: host (default) passes the host's CPU through, fastest, but a live migration to a member with another CPU can stop the guest; x86-64-v2-AES (Proxmox's own default) or another generic x86-64 level migrates between any members that have it. A VM that exists keeps its type: the run reports the difference."`
 	ISO             ISO      `yaml:"iso" doc:"The Talos nocloud ISO."`
 	Boot            string   `yaml:"boot" enum:"auto,image,iso" doc:"How new VMs get Talos: image imports the Image Factory's nocloud disk image of cluster.schematic as each VM's disk (Proxmox VE 8.4+, a storage with the 'import' content type; no install, no reboot), iso boots the nocloud ISO and installs to disk; auto (default) takes the image where the host allows it, else the ISO, and the precheck says which and why."`
 	Parallelism     int      `yaml:"parallelism" doc:"How many VMs to create/start at once."`

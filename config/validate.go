@@ -436,6 +436,7 @@ func (v *validator) proxmox() {
 		v.isoFile(p.ISO.File)
 	}
 	v.boot(p)
+	v.cpu(p.CPU)
 	if p.ISO.URL != "" {
 		if u, err := url.Parse(p.ISO.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.errf("proxmox.iso.url", "%q is not an http(s) URL", p.ISO.URL)

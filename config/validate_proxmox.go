@@ -40,6 +40,26 @@ const (
 	BootISO = "iso"
 )
 
+// CPUHost is proxmox.cpu's default: the host's own CPU.
+const CPUHost = "host"
+
+// cpuTypes are the CPU types proxmox.cpu offers: host, and qemu-server's
+// built-in generic x86-64 levels (qemu-server 9.2.6
+// src/PVE/QemuServer/CPUConfig.pm $builtin_models_by_arch; x86-64-v2-AES
+// is the Proxmox GUI's default for new VMs). QEMU's named models and
+// custom ones are not offered.
+var cpuTypes = []string{CPUHost, "x86-64-v2", "x86-64-v2-AES", "x86-64-v3", "x86-64-v4"}
+
+// cpu checks proxmox.cpu against the offered types.
+func (v *validator) cpu(cpu string) {
+	for _, t := range cpuTypes {
+		if cpu == t {
+			return
+		}
+	}
+	v.errf("proxmox.cpu", "%q is not a CPU type this tool offers: use %s", cpu, strings.Join(cpuTypes, ", "))
+}
+
 // boot checks proxmox.boot: one of the modes, and image only where the
 // config lets the run know the image (an explicit proxmox.iso.url names an
 // ISO whose disk image is unknown).

@@ -432,6 +432,11 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 	if !ev.IPv4.IsValid() {
 		return fmt.Errorf("VM %d has no static cloud-init address: Talos' nocloud image would have no IP", ev.VMID)
 	}
+	if ev.Isolated {
+		// The VM runs, but its VLAN never leaves the host (pvesim
+		// VMEvent.Isolated): no node answers on its address.
+		return nil
+	}
 	disks := make([]talossim.Disk, 0, len(ev.Disks))
 	for _, d := range ev.Disks {
 		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes)})

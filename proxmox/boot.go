@@ -45,6 +45,9 @@ const (
 	BootISO BootMode = "iso"
 	// BootImage imports the factory's nocloud disk image as the disk.
 	BootImage BootMode = "image"
+	// BootNone is the choice of a run that creates no VM: no member needs
+	// the ISO or the disk image, so none is judged or downloaded.
+	BootNone BootMode = "none"
 )
 
 // The package versions that bring the image path (see above).
@@ -107,6 +110,27 @@ type bootReads struct {
 	storages func(ctx context.Context, member string) ([]Storage, error)
 }
 
+// CreatingMembers lists, in first-use order, the members where a placed
+// spec's VM is to be created: its VMID is not listed, or PVE is still
+// creating it (lock create). Only they import the disk image: create_vm
+// is proxyto node and imports in create_disks → $import_from_volid on
+// that member (qemu-server 9.2.6 src/PVE/API2/Qemu.pm); a member that
+// only holds VMs that exist neither imports nor installs.
+func CreatingMembers(specs []VMSpec, vms []VMSummary) []string {
+	listed := map[int]VMSummary{}
+	for _, v := range vms {
+		listed[v.VMID] = v
+	}
+	var out []string
+	for _, s := range specs {
+		v, ok := listed[s.VMID]
+		if (!ok || v.Lock == "create") && !slices.Contains(out, s.Node) {
+			out = append(out, s.Node)
+		}
+	}
+	return out
+}
+
 // ChooseBoot decides how VMs created on members get Talos: the disk image
 // when proxmox.boot allows it and every member can import it, else the
 // ISO with the reason; proxmox.boot image refuses with a
@@ -119,6 +143,9 @@ func (c *Client) ChooseBoot(ctx context.Context, in BootInput, members []string)
 }
 
 func (c *Client) chooseBoot(ctx context.Context, in BootInput, members []string, r bootReads) (BootChoice, error) {
+	if len(members) == 0 {
+		return BootChoice{Mode: BootNone, Reason: "nothing: every VM exists, none is created"}, nil
+	}
 	if in.Want == "iso" {
 		return BootChoice{Mode: BootISO, Reason: "the ISO: proxmox.boot is iso"}, nil
 	}

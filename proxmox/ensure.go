@@ -384,10 +384,11 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	refuse("ipconfig0", s.ipconfig0(), cfg.IPConfig0, "the node's address")
 	report("nameservers", strings.Join(s.Nameservers, " "), strings.Join(cfg.Nameservers, " "), "only read by a node without config")
 	// A VM created from the disk image has no ISO drive: nothing to say.
-	if cfg.CDROM != "" {
+	// Nor for one whose ISO was ejected once Talos was installed (EjectISO).
+	if cfg.CDROM != "" && cfg.CDROM != "none" {
 		report("ISO", s.ISOStorage+":iso/"+s.ISOFile, cfg.CDROM, "only used until Talos is installed")
 	}
-	report("CPU type", "host", cfg.CPU, "")
+	report("CPU type", s.CPUType(), cfg.CPU, "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node")
 	return drift, update, grow
 }
 

@@ -282,7 +282,8 @@ const (
 // zfspool's zvols, and those of ZFS over iSCSI (ZFSPlugin.pm, through
 // ZFSPoolPlugin's zfs_create_zvol), are thin only with 'sparse' (-s),
 // otherwise their refreservation takes the whole size. Storage config
-// (GET /storage/{id}) needs Datastore.Allocate, so neither option is read.
+// (GET /storage/{id}) needs Datastore.Allocate: StorageSparse reads
+// 'sparse' where the token may; 'preallocation' is not read.
 func (s Storage) Provisioning() Provisioning {
 	switch s.Type {
 	case "lvmthin", "dir", "nfs", "cifs", "glusterfs", "cephfs", "btrfs", "rbd":
@@ -291,6 +292,21 @@ func (s Storage) Provisioning() Provisioning {
 		return MaybeThin
 	}
 	return ThickProvisioned
+}
+
+// StorageSparse reads a storage's 'sparse' option (GET /storage/{id},
+// pve-storage 9.1.7 src/PVE/API2/Storage/Config.pm read, which needs
+// Datastore.Allocate on /storage/<id>): known is false when the token may
+// not read it.
+func (c *Client) StorageSparse(ctx context.Context, name string) (sparse, known bool, err error) {
+	m, err := c.getMap(ctx, "/storage/"+url.PathEscape(name))
+	switch {
+	case IsForbidden(err):
+		return false, false, nil
+	case err != nil:
+		return false, false, err
+	}
+	return num(m["sparse"]) == 1, true, nil
 }
 
 // ImagesSize sums the virtual sizes of the disk images on a storage the
@@ -383,6 +399,10 @@ type Bridge struct {
 	// VLAN-aware flag, which OVS bridges never have.
 	OVS       bool
 	VLANAware bool
+	// VIDs are the VLANs a VLAN-aware Linux bridge carries on its ports
+	// (bridge_vids; "2-4094" when unset, which pve-common 9.2.1
+	// src/PVE/Network/Interfaces.pm writes as bridge-vids).
+	VIDs string
 	// Ports are the bridge's ports (bridge_ports, or ovs_ports).
 	Ports  []string
 	Active bool
@@ -392,6 +412,37 @@ type Bridge struct {
 	// read the VNet's config).
 	Zone string
 	VNet bool
+}
+
+// Carries says whether a VLAN-aware bridge's ports carry VLAN tag. Only
+// the VM's tap is given its tag at start (pve-common 9.2.1
+// src/PVE/Network.pm $bridge_add_interface: bridge vlan add dev <tap>
+// vid <tag>); the ports carry the VLANs of bridge-vids alone, so a VM on
+// another VLAN starts and reaches nothing beyond the host. bridge_vids is
+// a pve-vlan-id-or-range-list: tags and lo-hi ranges (JSONSchema.pm
+// pve_verify_vlan_id_or_range), split on commas, semicolons or spaces
+// (unverified: the split of "-list" formats was not read).
+func (b Bridge) Carries(tag int) bool {
+	if !b.VLANAware || b.VNet || b.OVS || tag == 0 {
+		return true
+	}
+	for _, part := range strings.FieldsFunc(b.VIDs, func(r rune) bool { return r == ',' || r == ';' || r == ' ' || r == '\t' }) {
+		lo, hi, rng := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return true // not understood: not judged
+		}
+		z := a
+		if rng {
+			if z, err = strconv.Atoi(hi); err != nil {
+				return true
+			}
+		}
+		if tag >= a && tag <= z {
+			return true
+		}
+	}
+	return false
 }
 
 // LocalZone is the SDN zone of plain bridges.
@@ -424,6 +475,12 @@ func (c *Client) Bridges(ctx context.Context) ([]Bridge, error) {
 			b.OVS, b.Ports = true, strings.Fields(str(e["ovs_ports"]))
 		} else {
 			b.VLANAware, b.Ports = num(e["bridge_vlan_aware"]) == 1, strings.Fields(str(e["bridge_ports"]))
+			if b.VLANAware {
+				b.VIDs = str(e["bridge_vids"])
+				if b.VIDs == "" {
+					b.VIDs = "2-4094"
+				}
+			}
 		}
 		out = append(out, b)
 	}

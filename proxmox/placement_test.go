@@ -4,10 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rs/zerolog"
-
 	"github.com/homelab/bootstrap/check"
-	"github.com/homelab/bootstrap/internal/retry"
 	"github.com/homelab/bootstrap/lab/pvesim"
 )
 
@@ -54,23 +51,9 @@ func TestPlace(t *testing.T) {
 // started each on its member through one endpoint, the member checks run
 // on every member, and a VM migrated by the user is adopted where it is.
 func TestSeveralMembers(t *testing.T) {
-	ms, err := pvesim.NewCluster(pvesim.Options{Bridges: vlanBridge,
+	ms, c := newCluster(t, pvesim.Options{Bridges: vlanBridge,
 		RemoteFiles: map[string]pvesim.RemoteFile{isoURL: {Content: isoBytes}}},
 		[]pvesim.NodeSpec{{Name: "pve1"}, {Name: "pve2", MemoryBytes: 32 << 30}, {Name: "pve3"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, m := range ms {
-			_ = m.Close()
-		}
-	})
-	id, secret := ms[0].Token()
-	c, err := New(ctxT(t), Options{URL: ms[0].URL(), Node: "pve1", TokenID: id, TokenSecret: secret, Fingerprint: ms[0].Fingerprint(),
-		Log: zerolog.Nop(), Retry: retry.Policy{Attempts: 4}, TaskPoll: 20e6})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := ctxT(t)
 	in := precheckInput(4)
 	in.Hosts = []string{"pve1", "pve2", "pve3"}

@@ -21,6 +21,10 @@ type PrecheckInput struct {
 	// ISOSizeBytes is the expected download size when the ISO is missing
 	// (default 150 MiB, a Talos ISO with some room).
 	ISOSizeBytes int64
+	// ImageSizeBytes is the disk image's virtual size
+	// (factory.DiskImageBytes), the most its qcow2 download can hold; 0
+	// when it is not known.
+	ImageSizeBytes int64
 	// Zones maps a VNet to its SDN zone; bridges not in it belong to
 	// localnetwork.
 	Zones map[string]string
@@ -197,8 +201,8 @@ type bootResult struct {
 	refusal error
 }
 
-// getBoot is the run's boot choice for the members the VMs are placed on,
-// made once (ChooseBoot) and told to in.Booted.
+// getBoot is the run's boot choice for the members where VMs are created
+// (CreatingMembers), made once (ChooseBoot) and told to in.Booted.
 func (f *facts) getBoot(ctx context.Context) (bootResult, error) {
 	t := f.top()
 	return t.boot.get(func() (bootResult, error) {
@@ -206,13 +210,11 @@ func (f *facts) getBoot(ctx context.Context) (bootResult, error) {
 		if err != nil {
 			return bootResult{}, err
 		}
-		var members []string
-		for _, s := range placed {
-			if !contains(members, s.Node) {
-				members = append(members, s.Node)
-			}
+		vms, err := t.getVMs(ctx)
+		if err != nil {
+			return bootResult{}, err
 		}
-		choice, err := t.c.chooseBoot(ctx, t.in.Boot, members, bootReads{
+		choice, err := t.c.chooseBoot(ctx, t.in.Boot, CreatingMembers(placed, vms), bootReads{
 			version:  t.getVersion,
 			storages: func(ctx context.Context, m string) ([]Storage, error) { return t.member(m).getStorages(ctx) },
 		})
@@ -385,6 +387,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 	} else {
 		checks = append(checks, f.memberChecks("")...)
 	}
+	if len(in.Hosts) > 1 {
+		checks = append(checks, f.gated(CPUModelsCheck, f.checkCPUModels))
+	}
 	if in.HA {
 		checks = append(checks, f.gated("proxmox: HA", f.checkHA))
 	}
@@ -495,7 +500,13 @@ func (f *facts) checkHA(ctx context.Context) (check.Status, string) {
 			names = append(names, s.DiskStorage)
 		}
 	}
-	if !contains(names, f.in.ISO.Storage) {
+	// The ISO storage counts only when a VM holds the ISO: a run that
+	// installs from it, or a VM that exists with it in its cdrom. A VM
+	// created from the disk image has no ide2, and QemuMigrate refuses a
+	// cdrom only when it holds a volume on local storage.
+	if iso, err := f.isoHeld(ctx); err != nil {
+		return check.Failf("cannot list VMs: %v", err)
+	} else if iso && !contains(names, f.in.ISO.Storage) {
 		names = append(names, f.in.ISO.Storage)
 	}
 	for _, name := range names {
@@ -515,6 +526,70 @@ func (f *facts) checkHA(ctx context.Context) (check.Status, string) {
 		return check.Warnf("every VM becomes an HA resource, but %s %s not shared storage: HA cannot restart a VM of a failed member elsewhere (its disk went down with the host) nor move it (put disks and the ISO on shared storage such as Ceph or NFS)", strings.Join(local, " and "), verb)
 	}
 	return check.Passf("every VM becomes an HA resource; its disk and ISO are on shared storage, so HA can restart it on another member")
+}
+
+// isoHeld says whether a VM of the run holds the Talos ISO in its cdrom:
+// a VM the run creates from the ISO, or one that exists with a volume in
+// ide2 (not "none", an ejected drive).
+func (f *facts) isoHeld(ctx context.Context) (bool, error) {
+	ps, err := f.getPlans(ctx)
+	if err != nil {
+		return false, err
+	}
+	b, err := f.getBoot(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range ps.plans {
+		switch {
+		case (p.Create || p.WaitCreate) && b.choice.Mode != BootImage:
+			return true, nil
+		case p.Config != nil && p.Config.CDROM != "" && p.Config.CDROM != "none":
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// CPUModelsCheck names the row comparing the members' CPU models.
+const CPUModelsCheck = "proxmox: CPU models"
+
+// checkCPUModels compares the CPU models of the members VMs are spread
+// over. The VMs get cpu type host, the host's own CPU: pve-docs 9.1.3
+// qm.adoc ("CPU Type") says a VM live-migrated to a host with another CPU
+// type may stop ("the QEMU process will stop"), and to use host only in a
+// homogeneous cluster (same CPU, same microcode); QemuMigrate (qemu-server
+// 9.2.6) has no guard of its own. Such a migration is the user's, or HA's
+// when a member goes into maintenance.
+func (f *facts) checkCPUModels(ctx context.Context) (check.Status, string) {
+	cpu := "host"
+	if len(f.in.VMs) > 0 {
+		cpu = f.in.VMs[0].CPUType()
+	}
+	if cpu != "host" {
+		return check.Passf("new VMs get cpu type %s (proxmox.cpu), which migrates between members whose CPUs have that level", cpu)
+	}
+	models := map[string][]string{}
+	var order []string
+	for _, h := range f.in.Hosts {
+		m := f.member(h)
+		ns, err := m.status.get(func() (NodeStatus, error) { return m.c.NodeStatus(ctx) })
+		if err != nil {
+			return check.Failf("cannot read the status of %s: %v", h, err)
+		}
+		if _, ok := models[ns.CPUModel]; !ok {
+			order = append(order, ns.CPUModel)
+		}
+		models[ns.CPUModel] = append(models[ns.CPUModel], h)
+	}
+	if len(order) == 1 {
+		return check.Passf("every member has a %s: the VMs' cpu type host migrates between them", order[0])
+	}
+	var parts []string
+	for _, m := range order {
+		parts = append(parts, fmt.Sprintf("%s on %s", m, strings.Join(models[m], ", ")))
+	}
+	return check.Warnf("the members' CPUs differ (%s): the VMs get cpu type host, and a live migration between different CPUs (yours, or HA's when a member goes into maintenance) can stop the guest; set proxmox.cpu to a generic type such as x86-64-v2-AES, which migrates between them (Proxmox's 'CPU Type' documentation)", strings.Join(parts, "; "))
 }
 
 func (f *facts) storage(ctx context.Context, name string) (Storage, bool, error) {
@@ -596,10 +671,23 @@ func (f *facts) diskRoom(ctx context.Context, st Storage, need int64, disks int)
 		}
 		return fmt.Sprintf("%s: %s needed, %s free", st.Name, gib(need), gib(st.Avail)), nil, ""
 	case MaybeThin:
-		if need > st.Avail {
-			return "", nil, fmt.Sprintf("storage %s: %s needed for %d new disk(s), only %s free (a %s zvol reserves its whole size unless the storage is 'sparse', which this token cannot read)", st.Name, gib(need), disks, gib(st.Avail), st.Type)
+		// A zvol reserves its whole size unless the storage is 'sparse'
+		// (zfs create -s, pve-storage 9.1.7 ZFSPoolPlugin.pm
+		// zfs_create_zvol), which only the storage config says.
+		sparse, known, err := f.c.StorageSparse(ctx, st.Name)
+		switch {
+		case err != nil:
+			return "", nil, fmt.Sprintf("storage %s: cannot read its config: %v", st.Name, err)
+		case sparse:
+			// Thin: judged below.
+		case !known && need > st.Avail:
+			return fmt.Sprintf("%s: %s needed, %s free", st.Name, gib(need), gib(st.Avail)),
+				[]string{fmt.Sprintf("%s has %s free, less than the %s the new disks take unless the storage is 'sparse', which this token cannot read (Datastore.Allocate on /storage/%s reads it): a %s zvol reserves its whole size, and Proxmox then fails the create", st.Name, gib(st.Avail), gib(need), st.Name, st.Type)}, ""
+		case need > st.Avail:
+			return "", nil, fmt.Sprintf("storage %s: %s needed for %d new disk(s), only %s free (a %s zvol reserves its whole size: the storage is not 'sparse')", st.Name, gib(need), disks, gib(st.Avail), st.Type)
+		default:
+			return fmt.Sprintf("%s: %s needed, %s free", st.Name, gib(need), gib(st.Avail)), nil, ""
 		}
-		return fmt.Sprintf("%s: %s needed, %s free", st.Name, gib(need), gib(st.Avail)), nil, ""
 	}
 	part = fmt.Sprintf("%s (thin): %s for new disks, %s free", st.Name, gib(need), gib(st.Avail))
 	if need > st.Avail {
@@ -643,8 +731,16 @@ func (f *facts) checkISOStorage(ctx context.Context) (check.Status, string) {
 			return check.Failf("cannot list storages: %v", err)
 		case !found:
 			return check.Failf("storage %s not found on node %s (or the token cannot see it)", img.Image.Storage, f.c.node)
-		case contains(img.Missing, f.c.node) && st.Avail < f.in.ISOSizeBytes:
-			return check.Failf("%s must be downloaded but %s has only %s free (about %s needed)", img.Image.Filename, st.Name, gib(st.Avail), gib(f.in.ISOSizeBytes))
+		case contains(img.Missing, f.c.node) && f.in.ImageSizeBytes <= 0:
+			// download-url writes the whole file to the storage before
+			// the import (pve-common 9.2.1 src/PVE/Tools.pm
+			// download_file_from_url): its size is the room it needs.
+			return check.Warnf("no ISO needed; the disk image %s will be downloaded to %s (%s free), but its size is not known here: the download fails if it does not fit", img.Image.Filename, st.Name, gib(st.Avail))
+		case contains(img.Missing, f.c.node) && st.Avail < f.in.ImageSizeBytes:
+			// The qcow2 holds the image's allocated clusters: up to its
+			// virtual size, how much less is not known before the
+			// download, so a storage with less room may still take it.
+			return check.Warnf("no ISO needed; the disk image %s will be downloaded to %s, which has %s free: the image holds up to %s (its virtual size), and the download fails with \"No space left on device\" if it does not fit (free room on %s, or set proxmox.boot to iso)", img.Image.Filename, st.Name, gib(st.Avail), gib(f.in.ImageSizeBytes), st.Name)
 		case contains(img.Missing, f.c.node) && img.Image.Checksum == "":
 			return check.Warnf("no ISO needed; the disk image %s will be downloaded to %s without a checksum to verify it", img.Image.Filename, st.Name)
 		case contains(img.Missing, f.c.node):
@@ -734,6 +830,8 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 			return check.Warnf("%s is an SDN VNet whose zone the token cannot read (SDN.Audit on its zone): the SDN.Use it needs was not checked", s.Bridge)
 		case s.VLAN != 0 && b.VNet && !b.VLANAware:
 			return check.Failf("SDN VNet %s is not VLAN aware but VLAN %d is configured (enable 'VLAN aware' on the VNet, or give the VMs a VNet of that VLAN)", s.Bridge, s.VLAN)
+		case !b.Carries(s.VLAN):
+			return check.Failf("bridge %s is VLAN aware but its ports carry only VLANs %s (bridge-vids), not VLAN %d: the VMs would start and reach nothing beyond this host (add %d to bridge-vids of %s in /etc/network/interfaces and run ifreload -a, or use a VLAN it carries)", s.Bridge, b.VIDs, s.VLAN, s.VLAN, s.Bridge)
 		case s.VLAN != 0 && !b.VNet && !b.OVS && !b.VLANAware && len(b.Ports) == 0:
 			// activate_bridge_vlan (pve-common src/PVE/Network.pm) builds
 			// <bridge>v<tag> over <port>.<tag> of the bridge's ports, at VM

@@ -141,11 +141,11 @@ func TestPrecheckCatchesFullStorage(t *testing.T) {
 		}
 	}
 	// Thick storage must hold the disks now; a zfspool too unless it is
-	// sparse, which a token without Datastore.Allocate cannot read.
+	// sparse (TestSparseZFSPoolIsThin).
 	rs := runPrechecks(t, e.c, onStorage(precheckInput(3), "thick"))
 	expect(t, rs, "proxmox: disk storage", check.Fail, "storage thick: 60.0 GiB needed for 3 new disk(s), only 48.0 GiB free")
 	rs = runPrechecks(t, e.c, onStorage(precheckInput(3), "local-zfs"))
-	expect(t, rs, "proxmox: disk storage", check.Fail, "storage local-zfs: 60.0 GiB needed", "unless the storage is 'sparse'")
+	expect(t, rs, "proxmox: disk storage", check.Fail, "storage local-zfs: 60.0 GiB needed", "the storage is not 'sparse'")
 	// A thin pool creates them anyway: a warning.
 	rs = runPrechecks(t, e.c, onStorage(precheckInput(3), "local-lvm"))
 	expect(t, rs, "proxmox: disk storage", check.Warn, "local-lvm (thin): 60.0 GiB for new disks, 48.0 GiB free",
@@ -198,7 +198,7 @@ func TestRBDIsThin(t *testing.T) {
 	e.checkProvisioned(in.VMs)
 	e = newEnv(t, pvesim.Options{Bridges: vlanBridge, Storages: storages})
 	expect(t, runPrechecks(t, e.c, onStorage(precheckInput(1), "iscsi")), "proxmox: disk storage", check.Fail,
-		"a zfs zvol reserves its whole size unless the storage is 'sparse'")
+		"a zfs zvol reserves its whole size: the storage is not 'sparse'")
 }
 
 // The content index shows a VM's image only with Datastore.Audit on the

@@ -26,6 +26,8 @@ type VMSpec struct {
 	Node      string
 	Cores     int
 	MemoryMiB int
+	// CPU is the VM's CPU type (proxmox.cpu; "" is host).
+	CPU string
 	// DiskStorage and DiskGiB describe the install disk.
 	DiskStorage string
 	DiskGiB     int
@@ -55,6 +57,17 @@ type VMSpec struct {
 	IPv4        netip.Prefix
 	Gateway     netip.Addr
 	Nameservers []string
+}
+
+// CPUType is the VM's CPU type: CPU, or host when unset. host is not a
+// custom model, so the create asks no Sys.Audit on /nodes for it
+// (qemu-server 9.2.6 src/PVE/API2/Qemu.pm, CPUConfig.pm); neither are the
+// built-in x86-64 levels.
+func (s VMSpec) CPUType() string {
+	if s.CPU == "" {
+		return "host"
+	}
+	return s.CPU
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
@@ -174,7 +187,7 @@ func (s VMSpec) createParams() map[string]any {
 		"name":       s.Name,
 		"cores":      s.Cores,
 		"sockets":    1,
-		"cpu":        "host",
+		"cpu":        s.CPUType(),
 		"memory":     s.MemoryMiB,
 		"scsihw":     "virtio-scsi-single",
 		s.DiskSlot(): disk,

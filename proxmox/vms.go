@@ -327,8 +327,13 @@ func atoiOr(v string, def int) int {
 	return n
 }
 
-// Start boots a VM and waits for the start task; an already running VM is
-// left alone. Lock errors and transient failures are retried.
+// Start boots a VM and waits until it runs; an already running VM is
+// left alone. Lock errors and transient failures are retried. The start
+// task's end is not enough: for an HA-managed VM the start is a 'hastart'
+// task that only sets the requested state (`ha-manager set vm:<id>
+// --state started`, qemu-server 9.2.6 src/PVE/API2/Qemu.pm vm_start), and
+// the HA stack starts the VM a CRM round later, so its status is polled
+// until it reads running.
 func (c *Client) Start(ctx context.Context, vmid int) error {
 	unlock, err := c.lockVM(ctx, vmid)
 	if err != nil {
@@ -336,6 +341,22 @@ func (c *Client) Start(ctx context.Context, vmid int) error {
 	}
 	defer unlock()
 	what := fmt.Sprintf("VM %d start", vmid)
+	if err := c.startTask(ctx, vmid, what); err != nil {
+		return err
+	}
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("VM %d to run (an HA-managed VM starts a CRM round after its start is requested)", vmid),
+		Timeout: c.opts.TaskTimeout, Interval: c.opts.TaskPoll, MaxInterval: c.opts.TaskPollMax, Log: c.log},
+		func(ctx context.Context) (bool, string, error) {
+			st, err := c.Status(ctx, vmid)
+			if err != nil {
+				return false, "", err
+			}
+			return st.Running(), "status " + st.Status, nil
+		})
+}
+
+// startTask asks for the start and waits for its task.
+func (c *Client) startTask(ctx context.Context, vmid int, what string) error {
 	return retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
 		st, err := c.Status(ctx, vmid)
 		if err != nil {
@@ -478,7 +499,7 @@ func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, v VMSumma
 		return err
 	}
 	defer unlock()
-	st, err := c.statusOn(ctx, node, vmid)
+	st, node, err := c.statusWhere(ctx, node, vmid)
 	if IsNotFound(err) {
 		return nil
 	}
@@ -509,6 +530,70 @@ func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, v VMSumma
 		return err
 	}
 	return c.deleteOn(ctx, node, vmid)
+}
+
+// EjectISO empties a VM's cdrom drive (ide2: none,media=cdrom) and says
+// whether it held anything. Talos needs the ISO only until it is installed
+// to the disk, and QemuMigrate refuses to move a VM whose cdrom holds a
+// volume on storage that is not shared ("local cdrom image", qemu-server
+// 9.2.6 src/PVE/QemuMigrate.pm), the user's migration and HA's alike.
+// The change needs VM.Config.CDROM, which the create of an ISO-booted VM
+// needed too ($check_vm_modify_config_perm, src/PVE/API2/Qemu.pm).
+func (c *Client) EjectISO(ctx context.Context, vmid int) (bool, error) {
+	unlock, err := c.lockVM(ctx, vmid)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	cfg, err := c.VMConfig(ctx, vmid)
+	if err != nil {
+		return false, err
+	}
+	if cfg.CDROM == "" || cfg.CDROM == "none" {
+		return false, nil
+	}
+	what := fmt.Sprintf("VM %d ISO eject", vmid)
+	params := map[string]any{"ide2": "none,media=cdrom", "digest": cfg.Digest}
+	return true, retry.Do(ctx, c.opts.Retry, c.log, what, func(ctx context.Context) error {
+		upid, err := c.put(ctx, c.vmPath(vmid)+"/config", params)
+		if err != nil {
+			return err
+		}
+		return c.waitTask(ctx, upid, what, c.opts.TaskTimeout)
+	})
+}
+
+// statusWhere reads a VM's status on node, or on the member it moved to:
+// its config lives in nodes/<node>/qemu-server/<vmid>.conf, so a VM
+// migrated since a listing reads "does not exist" on the member listed
+// (qemu-server src/PVE/QemuConfig.pm load_config). The cluster listing
+// says where it is now; a NotFound error is returned only when it is
+// listed nowhere, with where the VM was found.
+func (c *Client) statusWhere(ctx context.Context, node string, vmid int) (VMStatus, string, error) {
+	for moves := 0; ; moves++ {
+		st, err := c.statusOn(ctx, node, vmid)
+		if !IsNotFound(err) {
+			return st, node, err
+		}
+		vms, lerr := c.ListVMs(ctx)
+		if lerr != nil {
+			return VMStatus{}, node, lerr
+		}
+		now := ""
+		for _, v := range vms {
+			if v.VMID == vmid && v.Type == "qemu" {
+				now = v.Node
+			}
+		}
+		switch {
+		case now == "":
+			return st, node, err
+		case now == node || moves >= 3:
+			return VMStatus{}, node, fmt.Errorf("VM %d is listed on %s, but its status cannot be read there (a migration under way?): %v", vmid, now, err)
+		}
+		c.log.Info().Int("vmid", vmid).Str("from", node).Str("to", now).Msg("the VM moved since it was listed: acting on the member that runs it")
+		node = now
+	}
 }
 
 // waitUnlocked waits until a VM's config lock (e.g. "create" from a run that

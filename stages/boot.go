@@ -56,17 +56,22 @@ func chooseBoot(ctx context.Context, env *Env, c *proxmox.Client, hosts []string
 		env.setBoot(choice, refusal)
 		d = &bootDecision{choice: choice, refusal: refusal}
 	}
-	if d.refusal == nil {
+	if d.refusal == nil && d.choice.Mode != proxmox.BootNone {
 		env.UI.OK("new VMs boot %s", d.choice.Reason)
 	}
 	return d.choice, d.refusal, nil
 }
 
-// ensureBootFile makes the file the choice boots new VMs from present on
-// every member in hosts.
-func ensureBootFile(ctx context.Context, env *Env, c *proxmox.Client, hosts []string, choice proxmox.BootChoice) error {
-	if choice.Mode == proxmox.BootImage {
-		return ensureFiles(ctx, env, c, hosts, imageFile(choice.Image))
+// ensureBootFile makes the file the choice boots new VMs from present:
+// the disk image on the members that create a VM (creating), the ISO on
+// every member in hosts, where VMs installed from it keep it in their
+// cdrom drive; nothing when no VM is created.
+func ensureBootFile(ctx context.Context, env *Env, c *proxmox.Client, hosts, creating []string, choice proxmox.BootChoice) error {
+	switch choice.Mode {
+	case proxmox.BootNone:
+		return nil
+	case proxmox.BootImage:
+		return ensureFiles(ctx, env, c, creating, imageFile(choice.Image))
 	}
 	return ensureFiles(ctx, env, c, hosts, isoFile(env.Config))
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/proxmox"
 	"github.com/homelab/bootstrap/talos"
 	"golang.org/x/sync/errgroup"
@@ -58,7 +59,7 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 		}
 		specs = append(specs, proxmox.VMSpec{
 			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID, Node: host(n),
-			Cores: n.Cores, MemoryMiB: n.MemoryMiB, DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
+			Cores: n.Cores, MemoryMiB: n.MemoryMiB, CPU: p.CPU, DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
 			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFile, GuestAgent: im.GuestAgent,
 			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
 		})
@@ -115,7 +116,8 @@ func (ProvisionStage) Prechecks(ctx context.Context, env *Env) []check.Check {
 		}}}
 	}
 	return append(proxmox.Prechecks(c, proxmox.PrecheckInput{Cluster: env.Config.Cluster.Name, VMs: specs, ISO: ISOSource(env.Config),
-		Hosts: env.Config.Proxmox.Hosts, HA: env.Config.Proxmox.HA, Boot: bootInput(env.Config), Booted: env.setBoot}), factoryCheck(env))
+		Hosts: env.Config.Proxmox.Hosts, HA: env.Config.Proxmox.HA, Boot: bootInput(env.Config), Booted: env.setBoot,
+		ImageSizeBytes: factory.DiskImageBytes(env.Config.Cluster.TalosVersion)}), factoryCheck(env))
 }
 
 // Run implements Stage.
@@ -169,12 +171,14 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		fileErr error
 		files   sync.WaitGroup
 	)
-	hosts := usedHosts(specs)
+	// The boot is chosen, and the disk image downloaded, only where a VM
+	// is created: a member holding only VMs that exist imports nothing.
+	hosts, creating := usedHosts(specs), proxmox.CreatingMembers(specs, vms)
 	files.Go(func() {
-		if boot, refusal, fileErr = chooseBoot(ctx, env, c, hosts); fileErr != nil || refusal != nil {
+		if boot, refusal, fileErr = chooseBoot(ctx, env, c, creating); fileErr != nil || refusal != nil {
 			return
 		}
-		fileErr = ensureBootFile(ctx, env, c, hosts, boot)
+		fileErr = ensureBootFile(ctx, env, c, hosts, creating, boot)
 	})
 	plans, planErrs := c.PlanVMs(ctx, specs, vms)
 	files.Wait()

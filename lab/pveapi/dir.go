@@ -33,8 +33,11 @@ const Provenance = "Proxmox VE's API schema per release (pve-docs' api-viewer/ap
 // ErrNoSchema is returned when no schema directory is found.
 var ErrNoSchema = errors.New("no Proxmox VE API schema directory")
 
-// Dir finds the schema directory. explicit says the environment named it:
-// then a missing directory is an error the caller must not skip over.
+// Dir finds the schema directory. explicit says the environment named it
+// or requires it: then a missing directory is an error the caller must not
+// skip over. BOOTSTRAP_REQUIRE_LAB=1 (make test) asks for it as well: a suite that
+// must run against the whole lab does not run its Proxmox requests
+// unjudged and its schema tests skipped.
 func Dir() (dir string, explicit bool, err error) {
 	if d := os.Getenv(DirEnv); d != "" {
 		if !hasSchemas(d) {
@@ -47,8 +50,20 @@ func Dir() (dir string, explicit bool, err error) {
 			return d, false, nil
 		}
 	}
-	return "", false, fmt.Errorf("%w: looked in %s (%s)", ErrNoSchema, strings.Join(candidates(), ", "), Provenance)
+	err = fmt.Errorf("%w: looked in %s (%s)", ErrNoSchema, strings.Join(candidates(), ", "), Provenance)
+	if os.Getenv(requireLabEnv) == "1" {
+		return "", true, fmt.Errorf("%s=1 needs the API schema to judge every request pvesim answers: %w", requireLabEnv, err)
+	}
+	return "", false, err
 }
+
+// requireLabEnv is set to 1 by make test: every lab component, the
+// schema files among them, must be there.
+const requireLabEnv = "BOOTSTRAP_REQUIRE_LAB"
+
+// sharedDir is where this setup keeps the schema files for every
+// worktree (a variable so a test can point it elsewhere).
+var sharedDir = "/work/shared/pve-api"
 
 // candidates are <repo>/../shared/pve-api for the repository holding the
 // working directory, then /work/shared/pve-api (where this setup keeps it
@@ -58,7 +73,7 @@ func candidates() []string {
 	if root := repoRoot(); root != "" {
 		out = append(out, filepath.Join(filepath.Dir(root), "shared", "pve-api"))
 	}
-	return append(out, "/work/shared/pve-api")
+	return append(out, sharedDir)
 }
 
 // repoRoot walks up from the working directory to this module's go.mod.

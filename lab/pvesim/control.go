@@ -1,6 +1,7 @@
 package pvesim
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sort"
@@ -279,6 +280,24 @@ func (s *Server) OnDestroy(fn func(VMEvent)) {
 	s.mu.Unlock()
 }
 
+// vidsHold says whether a bridge-vids list (tags and lo-hi ranges, the
+// pve-vlan-id-or-range-list format of pve-common 9.2.1
+// src/PVE/JSONSchema.pm) holds tag.
+func vidsHold(vids string, tag int) bool {
+	for _, part := range strings.FieldsFunc(vids, func(r rune) bool { return r == ',' || r == ';' || r == ' ' }) {
+		lo, hi, rng := strings.Cut(part, "-")
+		a, _ := strconv.Atoi(lo)
+		z := a
+		if rng {
+			z, _ = strconv.Atoi(hi)
+		}
+		if tag >= a && tag <= z {
+			return true
+		}
+	}
+	return false
+}
+
 // eventLocked describes v as its guest would see it; s.mu must be held.
 func (s *Server) eventLocked(v *vm) VMEvent {
 	ev := VMEvent{Node: s.node.Name, VMID: v.id, Name: v.conf["name"], Tags: splitTags(v.conf["tags"]), MemoryMiB: memoryMiB(v.conf), At: time.Now()}
@@ -292,6 +311,9 @@ func (s *Server) eventLocked(v *vm) VMEvent {
 	}
 	if n, err := parseNet(v.conf["net0"]); err == nil && v.conf["net0"] != "" {
 		ev.MAC, ev.Bridge, ev.VLAN = strings.ToUpper(n.mac), n.bridge, n.tag
+		if b, ok := s.bridgeLocked(n.bridge); ok && b.VLANAware && b.Zone == "" && !b.OVS && n.tag != 0 {
+			ev.Isolated = !vidsHold(cmp.Or(b.VIDs, "2-4094"), n.tag)
+		}
 	}
 	keys := sortedKeys(v.conf)
 	sort.SliceStable(keys, func(i, j int) bool { return driveOrder(keys[i]) < driveOrder(keys[j]) })

@@ -11,8 +11,9 @@ import (
 // paths in 8.4.10). A VM listed in the HA resources is started and stopped
 // by the HA stack: a stop request only queues a CRM command, and a destroy
 // without purge is refused; one that went down by itself is started
-// again (control.go haRestart). Starting an HA-managed VM through the API
-// ('hastart') and HA groups, rules and relocation are not modelled.
+// again (control.go haRestart); a start request only sets the requested
+// state, and the LRM starts the VM a CRM round later (haStart). HA groups,
+// rules and relocation are not modelled.
 
 // SetHAManaged adds a VM to the HA resources (ha-manager add vm:<id>) with
 // its requested state "started", or removes it.
@@ -162,6 +163,40 @@ func (s *Server) haStop(r *request, v *vm) string {
 			s.mu.Unlock()
 			lrm := &task{node: s.node.Name, typ: "qmstop", id: strconv.Itoa(id)}
 			_ = s.stopWork(s.ctx, lrm, v, false, 0)
+		})
+		return nil
+	})
+}
+
+// haStart is the start of an HA-managed VM (qemu-server 9.2.6
+// src/PVE/API2/Qemu.pm vm_start, line 3631: when vm_is_ha_managed and the
+// request is not the HA stack's own): a 'hastart' task that only runs
+// `ha-manager set vm:<id> --state started` ("Requesting HA start for VM
+// <id>") and ends at once. The requested state is "started" from then;
+// the node's LRM starts the VM on the CRM's next round (Profile.HAStop,
+// the same round as a stop). A VM that already runs stays as it is.
+func (s *Server) haStart(r *request, v *vm) string {
+	id := v.id
+	return s.startTask(r, "hastart", strconv.Itoa(id), func(ctx context.Context, t *task) error {
+		t.logf("Requesting HA start for VM %d", id)
+		s.mu.Lock()
+		if _, ok := s.ha[id]; ok {
+			s.ha[id] = "started"
+		}
+		s.mu.Unlock()
+		s.afterCRMRound(func() {
+			s.mu.Lock()
+			running := v.state != "stopped"
+			s.mu.Unlock()
+			if running {
+				return
+			}
+			lrm := &task{node: s.node.Name, typ: "qmstart", id: strconv.Itoa(id)}
+			if err := s.flock(s.ctx, v, s.lockTimeout()); err != nil {
+				return
+			}
+			defer funlock(v)
+			_ = s.startWork(s.ctx, lrm, v, false)
 		})
 		return nil
 	})

@@ -1,6 +1,7 @@
 package pvesim
 
 import (
+	"cmp"
 	"fmt"
 	"sort"
 	"strconv"
@@ -297,7 +298,7 @@ func (s *Server) listNetwork(r *request) any {
 		}
 		if b.VLANAware {
 			e["bridge_vlan_aware"] = 1
-			e["bridge_vids"] = "2-4094"
+			e["bridge_vids"] = cmp.Or(b.VIDs, "2-4094")
 		}
 		if b.CIDR != "" {
 			addr, bits, _ := strings.Cut(b.CIDR, "/")

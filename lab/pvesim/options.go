@@ -165,6 +165,10 @@ type BridgeSpec struct {
 	// ovs_ports): it tags a VM's port itself and has no VLAN-aware flag.
 	OVS       bool
 	VLANAware bool
+	// VIDs is a VLAN-aware bridge's bridge-vids ("10 20 30", "2-4094"
+	// when empty, as pve-common 9.2.1 src/PVE/Network/Interfaces.pm
+	// writes it): the VLANs its ports carry.
+	VIDs string
 	// Ports are the bridge's ports, space-separated ("enp1s0"); a Linux
 	// bridge that is not VLAN aware needs one to carry a tagged NIC.
 	Ports string
@@ -245,6 +249,11 @@ type VMEvent struct {
 	MAC    string
 	Bridge string
 	VLAN   int
+	// Isolated: net0's VLAN is not among the bridge-vids of its VLAN-aware
+	// bridge. PVE starts the VM all the same (only the tap gets the tag,
+	// pve-common 9.2.1 src/PVE/Network.pm $bridge_add_interface), and its
+	// traffic never leaves the host: the lab boots no reachable node.
+	Isolated bool
 	// At is when the event happened.
 	At time.Time
 }

@@ -109,6 +109,12 @@ func (s *Server) powerAction(r *request, idStr, action string) (any, *apiError) 
 		if aerr := s.quorumErr(); aerr != nil {
 			return nil, aerr
 		}
+		s.mu.Lock()
+		_, ha := s.ha[id]
+		s.mu.Unlock()
+		if ha {
+			return s.haStart(r, v), nil
+		}
 		return s.startTask(r, "qmstart", sid, func(ctx context.Context, t *task) error {
 			if err := s.flock(ctx, v, s.lockTimeout()); err != nil {
 				return err

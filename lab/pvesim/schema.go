@@ -27,7 +27,8 @@ import (
 //
 // Without the schema files (a clone outside this setup) pvesim falls back
 // to the checks its handlers make themselves; with BOOTSTRAP_PVE_API_DIR
-// set, a missing directory fails New. Nothing turns the schema off.
+// set, or BOOTSTRAP_REQUIRE_LAB=1 (make test), a missing directory fails
+// New. Nothing turns the schema off.
 
 // loadSchema finds the schema of version (see pveapi.ReleaseFor).
 func loadSchema(version string) (*pveapi.API, string, error) {

@@ -610,6 +610,8 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 		return s.haDelete(r, seg[3])
 	case n == 1 && seg[0] == "nodes" && get:
 		return s.listNodes(), nil
+	case n == 2 && seg[0] == "storage" && get:
+		return s.storageConfig(r, seg[1])
 	}
 	if n >= 2 && seg[0] == "nodes" && seg[1] != s.node.Name {
 		// pveproxy forwards a call for another member to that node

@@ -271,9 +271,12 @@ func (s *Server) storageEntryLocked(st *storage, withName bool) map[string]any {
 	return e
 }
 
-func (s *Server) storageStatus(r *request, name string) (any, *apiError) {
-	if err := r.who.checkAny("/storage/"+name, "Datastore.Audit", "Datastore.AllocateSpace"); err != nil {
-		return nil, err
+// readStorage answers a read of storage name once the caller's permission
+// check (denied) passed: fn's answer under s.mu, or "storage '<id>' does
+// not exist" (pve-storage 9.1.7 src/PVE/Storage.pm storage_config).
+func (s *Server) readStorage(denied *apiError, name string, fn func(st *storage) any) (any, *apiError) {
+	if denied != nil {
+		return nil, denied
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -281,7 +284,42 @@ func (s *Server) storageStatus(r *request, name string) (any, *apiError) {
 	if st == nil {
 		return nil, errf(500, "storage '%s' does not exist", name)
 	}
-	return s.storageEntryLocked(st, false), nil
+	return fn(st), nil
+}
+
+func (s *Server) storageStatus(r *request, name string) (any, *apiError) {
+	return s.readStorage(r.who.checkAny("/storage/"+name, "Datastore.Audit", "Datastore.AllocateSpace"), name, func(st *storage) any {
+		return s.storageEntryLocked(st, false)
+	})
+}
+
+// storageConfig answers GET /storage/{storage} (pve-storage 9.1.7
+// src/PVE/API2/Storage/Config.pm read): Datastore.Allocate on
+// /storage/<id>, and the storage.cfg section: its type, content joined,
+// the flags that are set (shared, sparse, disable) and a digest. Only
+// what pvesim models is given.
+func (s *Server) storageConfig(r *request, name string) (any, *apiError) {
+	return s.readStorage(r.who.check("/storage/"+name, "Datastore.Allocate"), name, storageConfigOf)
+}
+
+// storageConfigOf is a storage's storage.cfg section as the read gives it.
+func storageConfigOf(st *storage) any {
+	name := st.spec.Name
+	out := map[string]any{"storage": name, "type": st.spec.Type, "content": strings.Join(st.spec.Content, ","),
+		"digest": "0000000000000000000000000000000000000000"}
+	if st.spec.Path != "" {
+		out["path"] = st.spec.Path
+	}
+	if st.spec.Shared {
+		out["shared"] = 1
+	}
+	if st.spec.Sparse {
+		out["sparse"] = 1
+	}
+	if st.spec.Disabled {
+		out["disable"] = 1
+	}
+	return out
 }
 
 func (s *Server) storageContent(r *request, name string) (any, *apiError) {
