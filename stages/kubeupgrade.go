@@ -216,11 +216,32 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 		return err
 	}
 	if len(plan.Steps) == 0 {
-		// A run killed between the rollout and the sync syncs now.
-		if env.State.Outputs.Talos.ManifestSync == want {
+		// Whatever the control planes render now reaches the cluster on
+		// every run, not only with a new version: Talos'
+		// ManifestApplyController only creates missing objects and never
+		// updates or deletes one (manifest_apply.go at v1.13.3), so a
+		// patch to what they render (cluster.proxy.disabled, CoreDNS,
+		// flannel, inline or extra manifests) would reach the machine
+		// configs and not the cluster; Talos' v1.13.0 release notes tell
+		// users to sync the bootstrap manifests after such a patch
+		// (hack/release.toml notes.network-policy), which is what
+		// talosctl upgrade-k8s does at the running version. The sync is a
+		// no-op when the cluster matches (nothing listed, nothing
+		// written); a dry run lists it. It also finishes the sync of a
+		// run killed between the rollout and the sync. A cluster with no
+		// inventory yet is left alone: ManifestApplyController writes it
+		// as it creates the objects (manifest_apply.go), so Talos has not
+		// applied them yet and the sync would race its first apply.
+		_, applied, err := talos.ReadInventory(ctx, kc)
+		if err != nil {
+			return err
+		}
+		if applied || env.State.Outputs.Talos.ManifestSync == want {
 			if err := syncBootstrapManifests(ctx, env, ops, nodes, want); err != nil {
 				return err
 			}
+		} else {
+			env.Log.Debug().Msg("no bootstrap manifest inventory yet: Talos has not applied its manifests, nothing to sync")
 		}
 		recordKubernetesVersion(env, targets, want)
 		return nil
@@ -286,8 +307,10 @@ func upgradeKubernetes(ctx context.Context, env *Env, ops *talos.Ops, ku *kubeUp
 // no control plane renders any more (kube-proxy once the proxy is
 // disabled) is deleted and forgotten; then the applied objects are waited
 // for. Talos only creates missing objects, so without this kube-proxy
-// stays at the version the cluster was created with. A dry run lists what
-// would change and what would be pruned.
+// stays at the version the cluster was created with, and a patch to what
+// the control planes render never reaches the cluster: it runs after
+// every Kubernetes upgrade and on every run without one. A dry run lists
+// what would change and what would be pruned.
 func syncBootstrapManifests(ctx context.Context, env *Env, ops *talos.Ops, nodes []talos.Target, want string) error {
 	bs, err := planBootstrapSync(ctx, env, ops, nodes)
 	if err != nil || bs == nil {
@@ -308,6 +331,9 @@ func syncBootstrapManifests(ctx context.Context, env *Env, ops *talos.Ops, nodes
 		if err := env.Wet(what, func() error { return bs.apply(ctx, env.Config.Cluster.Timeouts.Health.D()) }); err != nil {
 			return fmt.Errorf("syncing the bootstrap manifests: %w", err)
 		}
+	}
+	if env.State.Outputs.Talos.ManifestSync == "" {
+		return nil
 	}
 	env.State.Outputs.Talos.ManifestSync = ""
 	return env.SaveState()
