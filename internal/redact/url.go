@@ -2,14 +2,8 @@ package redact
 
 import (
 	"net/url"
-	"regexp"
 	"strings"
 )
-
-// secretQuery names query parameters that carry a credential: tokens,
-// passwords, keys and signatures (S3 presigned URLs carry X-Amz-Signature
-// and X-Amz-Credential, Azure SAS sig, GitLab private_token).
-var secretQuery = regexp.MustCompile(`(?i)(token|passw|secret|key|sig|credential|auth)`)
 
 // URL returns raw with its credentials masked: the user information
 // (user:password@, or a token in the user name) and the value of every
@@ -50,7 +44,7 @@ func urlSecrets(raw string) (string, []string) {
 	if u.RawQuery != "" {
 		q := u.Query()
 		for k, vs := range q {
-			if !secretQuery.MatchString(k) {
+			if !SecretParam(k) {
 				continue
 			}
 			for i, v := range vs {
@@ -61,6 +55,28 @@ func urlSecrets(raw string) (string, []string) {
 			}
 		}
 		u.RawQuery = q.Encode()
+	}
+	// A fragment written as parameters (#access_token=…, as OAuth's
+	// implicit flow hands tokens over) is masked the same way.
+	if strings.Contains(u.Fragment, "=") {
+		if f, err := url.ParseQuery(u.EscapedFragment()); err == nil {
+			found := false
+			for k, vs := range f {
+				if !SecretParam(k) {
+					continue
+				}
+				for i, v := range vs {
+					if v != "" {
+						secrets = append(secrets, v)
+						vs[i] = Mask
+						found = true
+					}
+				}
+			}
+			if found {
+				u.Fragment, u.RawFragment = strings.ReplaceAll(f.Encode(), url.QueryEscape(Mask), Mask), ""
+			}
+		}
 	}
 	if len(secrets) == 0 {
 		return raw, nil
