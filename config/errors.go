@@ -74,7 +74,8 @@ func (e *FieldError) Error() string {
 	if e.Path == "" {
 		return redact.Text(fmt.Sprintf("%s: %s%s", loc, kind, e.Msg))
 	}
-	return redact.Text(fmt.Sprintf("%s: %s%s: %s", loc, kind, e.Path, e.Msg))
+	// A path holds the keys of the user's maps (cluster.patches.nodes.<key>).
+	return redact.Text(fmt.Sprintf("%s: %s%s: %s", loc, kind, redact.Value(e.Path), e.Msg))
 }
 
 // Errors collects every problem found in one config; it is an error only

@@ -222,7 +222,12 @@ func (c *Config) Render() ([]byte, error) {
 	if err := enc.Encode(c.src.merged); err != nil {
 		return nil, err
 	}
-	return b.Bytes(), enc.Close()
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	// Printed: a secret typed anywhere in the chain is masked like in
+	// every other output.
+	return []byte(redact.Text(b.String())), nil
 }
 
 // Files are the config files this config was read from: the file itself,
