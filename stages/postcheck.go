@@ -13,6 +13,7 @@ import (
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/factory"
+	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/notify"
 	"github.com/homelab/bootstrap/postcheck"
@@ -180,6 +181,15 @@ func writePostcheckArchive(ctx context.Context, env *Env, report postcheck.Repor
 		if b, err := os.ReadFile(env.LogPath); err == nil {
 			files["run.log"] = b
 		}
+	}
+	// The archive is read by people and sent around: every file of it
+	// through the masking every log line goes through.
+	mask := env.Secrets
+	if mask == nil {
+		mask = &redact.Set{}
+	}
+	for name, b := range files {
+		files[name] = mask.Bytes(b)
 	}
 	dir := filepath.Join(env.Paths.StateDir, "postcheck")
 	path, err := postcheck.WriteArchive(dir, report.Started, files)

@@ -231,7 +231,8 @@ type session struct {
 // session; the caller closes it).
 func (a *App) commandEnv(cfg *config.Config, dryRun bool) (*stages.Env, *session, error) {
 	secrets := secretsOf(cfg)
-	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: a.Stdout, DryRun: dryRun, Secrets: secrets, Now: a.Now}
+	// The plan, the check tables and the diffs go to stdout: masked like the log.
+	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: secrets.Writer(a.Stdout), DryRun: dryRun, Secrets: secrets, Now: a.Now}
 	if dryRun {
 		st, err := state.Load(env.Paths.StateDir, cfg.Cluster.Name)
 		if err != nil {
