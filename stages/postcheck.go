@@ -251,7 +251,7 @@ func notifyNight(env *Env, prev check.Status, pending []string, report postcheck
 		// Named by its position in the whole list, as the state keeps it.
 		label := notify.Label(idx[j], send[j])
 		if r.Err != nil {
-			env.UI.Warn("%s not sent (sent again on the next run): %v", label, r.Err)
+			env.UI.Warn("%s not sent: %v (sent again on the next run)", label, r.Err)
 			unsent = append(unsent, label)
 			continue
 		}
