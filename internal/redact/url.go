@@ -43,37 +43,15 @@ func urlSecrets(raw string) (string, []string) {
 	}
 	if u.RawQuery != "" {
 		q := u.Query()
-		for k, vs := range q {
-			if !SecretParam(k) {
-				continue
-			}
-			for i, v := range vs {
-				if v != "" {
-					secrets = append(secrets, v)
-					vs[i] = Mask
-				}
-			}
-		}
+		secrets = append(secrets, maskParams(q)...)
 		u.RawQuery = q.Encode()
 	}
 	// A fragment written as parameters (#access_token=…, as OAuth's
 	// implicit flow hands tokens over) is masked the same way.
 	if strings.Contains(u.Fragment, "=") {
 		if f, err := url.ParseQuery(u.EscapedFragment()); err == nil {
-			found := false
-			for k, vs := range f {
-				if !SecretParam(k) {
-					continue
-				}
-				for i, v := range vs {
-					if v != "" {
-						secrets = append(secrets, v)
-						vs[i] = Mask
-						found = true
-					}
-				}
-			}
-			if found {
+			if found := maskParams(f); len(found) > 0 {
+				secrets = append(secrets, found...)
 				u.Fragment, u.RawFragment = strings.ReplaceAll(f.Encode(), url.QueryEscape(Mask), Mask), ""
 			}
 		}
@@ -102,4 +80,22 @@ func userinfoFallback(raw string) (string, []string) {
 		secrets = append(secrets, p)
 	}
 	return raw[:i+3] + Mask + rest[at:], secrets
+}
+
+// maskParams masks, in place, the non-empty values of the parameters
+// whose name says they carry a credential (SecretParam) and returns them.
+func maskParams(vals url.Values) []string {
+	var secrets []string
+	for k, vs := range vals {
+		if !SecretParam(k) {
+			continue
+		}
+		for i, v := range vs {
+			if v != "" {
+				secrets = append(secrets, v)
+				vs[i] = Mask
+			}
+		}
+	}
+	return secrets
 }
