@@ -39,7 +39,7 @@ func (d *decoder) at(n *yaml.Node) pos {
 }
 
 func (d *decoder) fail(n *yaml.Node, path, format string, a ...any) {
-	fe := &FieldError{File: d.file, Path: path, Msg: fmt.Sprintf(format, a...)}
+	fe := &FieldError{File: d.file, Path: path, Msg: message(format, a...)}
 	if n != nil {
 		p := d.at(n)
 		fe.Line, fe.Col = p.line, p.col

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/homelab/bootstrap/internal/redact"
 )
 
 // UserError marks a failure caused by the user's input (config file, flags,
@@ -36,6 +38,27 @@ type FieldError struct {
 	Warning bool
 }
 
+// message formats a problem's text: every value it quotes (a string or
+// an error) is masked as a value that was meant to be a name or
+// a path (redact.Value), and the result by the shapes of secrets
+// (redact.Text). The decoder and the validator build every message here,
+// so a value quoted back from a new field is masked without anyone
+// remembering it.
+func message(format string, a ...any) string {
+	args := make([]any, len(a))
+	for i, x := range a {
+		switch v := x.(type) {
+		case string:
+			args[i] = redact.Value(v)
+		case error:
+			args[i] = redact.Value(v.Error())
+		default:
+			args[i] = x
+		}
+	}
+	return redact.Text(fmt.Sprintf(format, args...))
+}
+
 func (e *FieldError) Error() string {
 	loc := e.File
 	switch {
@@ -49,9 +72,10 @@ func (e *FieldError) Error() string {
 		kind = "warning: "
 	}
 	if e.Path == "" {
-		return fmt.Sprintf("%s: %s%s", loc, kind, e.Msg)
+		return redact.Text(fmt.Sprintf("%s: %s%s", loc, kind, e.Msg))
 	}
-	return fmt.Sprintf("%s: %s%s: %s", loc, kind, e.Path, e.Msg)
+	// A path holds the keys of the user's maps (cluster.patches.nodes.<key>).
+	return redact.Text(fmt.Sprintf("%s: %s%s: %s", loc, kind, redact.Value(e.Path), e.Msg))
 }
 
 // Errors collects every problem found in one config; it is an error only

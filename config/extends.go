@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/homelab/bootstrap/internal/redact"
 )
 
 // A config may extend a base (`extends: ../base.yaml`): the base is read
@@ -41,7 +43,7 @@ func layer(path string, data []byte, seen []string) (*layered, []*FieldError) {
 	l := &layered{origin: map[*yaml.Node]string{}, files: []string{path}}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		fe := &FieldError{File: path, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+		fe := &FieldError{File: path, Msg: redact.Text(strings.TrimPrefix(err.Error(), "yaml: "))}
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
 			fmt.Sscan(m[1], &fe.Line)
 			fe.Msg = strings.TrimSpace(strings.TrimPrefix(fe.Msg, m[0][len("yaml: "):]))
@@ -220,7 +222,12 @@ func (c *Config) Render() ([]byte, error) {
 	if err := enc.Encode(c.src.merged); err != nil {
 		return nil, err
 	}
-	return b.Bytes(), enc.Close()
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	// Printed: a secret typed anywhere in the chain is masked like in
+	// every other output.
+	return []byte(redact.Text(b.String())), nil
 }
 
 // Files are the config files this config was read from: the file itself,

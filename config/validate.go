@@ -23,7 +23,7 @@ type validator struct {
 }
 
 func (v *validator) add(warning bool, path, format string, a ...any) {
-	fe := &FieldError{File: v.c.src.file, Path: path, Msg: fmt.Sprintf(format, a...), Warning: warning}
+	fe := &FieldError{File: v.c.src.file, Path: path, Msg: message(format, a...), Warning: warning}
 	if env, ok := v.c.src.fromEnv[path]; ok {
 		fe.Msg += fmt.Sprintf(" (value from environment %s)", env)
 	}

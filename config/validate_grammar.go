@@ -26,6 +26,21 @@ func (v *validator) s3Grammar() {
 		if p, ok := portOf(u); !ok {
 			v.errf("backup.s3.endpoint", "port %s of %s is not a TCP port (1-65535)", p, redact.URL(s.Endpoint))
 		}
+		// The S3 client takes only the scheme and host[:port] of the
+		// endpoint: a query or fragment would be dropped without a word.
+		if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(s.Endpoint, "#") {
+			v.errf("backup.s3.endpoint", "%s has a query or a fragment, which the S3 client drops (it uses only the scheme and host[:port]): write https://host[:port], the bucket in backup.s3.bucket and the key prefix in backup.s3.prefix", redact.URL(s.Endpoint))
+		}
+	}
+	// MinIO refuses every object name with a "." or ".." path component
+	// (cmd/object-api-utils.go isValidObjectName: hasBadPathComponent),
+	// and AWS stores such keys literally ("../" as a name): either way
+	// the nightly copy fails or lands where no restore looks.
+	for _, comp := range strings.Split(s.Prefix, "/") {
+		if comp == "." || comp == ".." {
+			v.errf("backup.s3.prefix", "%q has a %q path component: S3 keys are not paths (MinIO refuses such names, AWS keeps them literally); write the prefix without it, e.g. lab/etcd/", s.Prefix, comp)
+			break
+		}
 	}
 	switch r := s.Region; {
 	case r == "":

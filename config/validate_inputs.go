@@ -259,7 +259,7 @@ func (v *validator) backupCopy() {
 	for i, r := range b.AgeRecipients {
 		if _, err := sealed.ParseRecipient(r); err != nil {
 			bad = true
-			v.errf(fmt.Sprintf("backup.ageRecipients[%d]", i), "%q is not an age public key (age1…, or age1pq1… from age-keygen -pq): %v", r, err)
+			v.notARecipient(fmt.Sprintf("backup.ageRecipients[%d]", i), r, err, "keep the identity in a 0600 file off this config (a restore reads it: --age-identity FILE)")
 		}
 	}
 	if _, err := sealed.ParseRecipients(b.AgeRecipients); !bad && err != nil {

@@ -20,11 +20,7 @@ func (v *validator) secrets() {
 	for i, r := range a.Recipients {
 		path := fmt.Sprintf("secrets.age.recipients[%d]", i)
 		if _, err := sealed.ParseRecipient(r); err != nil {
-			if strings.HasPrefix(strings.TrimSpace(r), "AGE-SECRET-KEY-") {
-				v.errf(path, "is an age identity, a secret: put the public key (age1…, `age-keygen -y`) here and the identity in a file named by secrets.age.keyFile")
-			} else {
-				v.errf(path, "%q is not an age public key (age1… or the post-quantum age1pq1…): %v", r, err)
-			}
+			v.notARecipient(path, r, err, "put the identity in a file named by secrets.age.keyFile")
 			continue
 		}
 		recipients = append(recipients, strings.TrimSpace(r))
@@ -116,4 +112,16 @@ func (v *validator) fluxDecryption() {
 		// differs per machine and the message must not.
 		v.errf("flux.decryption.enabled", "needs an age identity to hand to Flux and finds none where the sops CLI looks ($%s, $%s, $%s, <user config dir>/%s): set secrets.age.keyFile, or one of those", sops.KeyEnv, sops.KeyFileEnv, sops.KeyCmdEnv, sops.UserConfigPath)
 	}
+}
+
+// notARecipient refuses a value that is not an age public key. An
+// identity (AGE-SECRET-KEY-1…, or -PQ-1…, in either case: bech32 allows
+// lower case) is a secret typed where its public key belongs: the message
+// says so without quoting it, and where the identity goes instead.
+func (v *validator) notARecipient(path, r string, err error, identityGoes string) {
+	if strings.HasPrefix(strings.ToUpper(strings.TrimSpace(r)), "AGE-SECRET-KEY-") {
+		v.errf(path, "is an age identity, a secret: put its public key here (age1…, or age1pq1… for a post-quantum one: `age-keygen -y` prints it) and %s", identityGoes)
+		return
+	}
+	v.errf(path, "%q is not an age public key (age1…, or age1pq1… from age-keygen -pq): %v", r, err)
 }

@@ -200,6 +200,15 @@ func TestPostcheckFaultMatrix(t *testing.T) {
 	}
 	m.sink.SetDown(false)
 	m.notified(t, "")
+	// The next night, unchanged, sends what the last could not, once.
+	if r, _ := m.nightly(t); r.ExitCode != 0 {
+		t.Errorf("the night after the receivers came back: exit %d:\n%s", r.ExitCode, r.Tail(20))
+	}
+	m.notified(t, "passes again")
+	if r, _ := m.nightly(t); r.ExitCode != 0 {
+		t.Errorf("a second passing night: exit %d:\n%s", r.ExitCode, r.Tail(20))
+	}
+	m.notified(t, "")
 	m.historyPage(t)
 
 	if only != "" {

@@ -4,7 +4,8 @@
 // (ntfy://, gotify://, discord://, slack://, telegram://, matrix://,
 // smtp://, generic+https:// and the others it knows). The URLs carry the
 // services' credentials: every error this package returns names a URL by
-// its position and service only, and Secrets lists what to mask.
+// its position and service only, Secrets lists exactly the parts to mask
+// and Redact shows a URL with them masked.
 package notify
 
 import (
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/nicholas-fedor/shoutrrr/pkg/router"
 	"github.com/nicholas-fedor/shoutrrr/pkg/types"
 )
@@ -47,49 +49,87 @@ func Label(i int, raw string) string {
 	return fmt.Sprintf("notification %d (%s)", i+1, strings.ToLower(scheme))
 }
 
-// Secrets returns what in a notification URL may be a credential, for a
-// redaction set: the whole URL, its user information, its host (a Discord
-// webhook ID, a Telegram bot's name), every path segment and every query
-// value. Services put tokens in any of these places (Gotify and Slack in
-// the path, Telegram and Discord in the user information, ntfy in either),
-// so all of them are masked wherever they appear; parts shorter than 4
-// characters are left out (they would mask ordinary text and guard
-// nothing).
+// Secrets returns the credentials a notification URL holds, for a
+// redaction set: exactly the parts where its service carries a secret, so
+// that a log line still reads ntfy://:[REDACTED]@10.0.20.2:8418/topic.
+// Those parts are, in shoutrrr's URL forms: the password of the user
+// information (ntfy, smtp, matrix, telegram's bot token, pushover, join,
+// zulip, bark); the user name when it stands alone and is the token
+// (discord, and any service but those whose user is a login name); the
+// host where a service puts its key there (slack's webhook token-a,
+// pushbullet, ifttt, pushover's user key, teams); the path segments that
+// hold a token (gotify, opsgenie and lark: the last; mattermost: the first;
+// slack, rocketchat and teams: all); the value of every query parameter
+// whose name says it is a credential (redact.SecretParam: googlechat's key
+// and token, lark's secret); and, for any service, a path segment or query
+// value that looks random (redact.HighEntropy: a webhook's ID). A URL that
+// does not parse is a secret whole. Parts shorter than 4 characters are
+// left out (they would mask ordinary text and guard nothing).
 func Secrets(raw string) []string {
-	out := []string{raw}
 	u, err := url.Parse(raw)
-	if err != nil {
-		return out
+	if err != nil || u.Scheme == "" {
+		return []string{raw}
 	}
+	var out []string
 	add := func(s string) {
 		if len(s) >= 4 {
 			out = append(out, s)
 		}
 	}
+	service := strings.TrimPrefix(strings.ToLower(u.Scheme), "generic+")
 	if u.User != nil {
-		add(u.User.Username())
 		if p, ok := u.User.Password(); ok {
 			add(p)
+		} else if !loginUser[service] {
+			add(u.User.Username())
 		}
 	}
-	if h := u.Hostname(); h != "" && !isLoopbackOrIP(h) {
+	if h := u.Hostname(); hostIsKey[service] && h != "" && !isLoopbackOrIP(h) {
 		add(h)
 	}
+	var segs []string
 	for _, seg := range strings.Split(u.Path, "/") {
-		add(seg)
+		if seg != "" {
+			segs = append(segs, seg)
+		}
 	}
-	for _, vs := range u.Query() {
+	for i, seg := range segs {
+		switch which := tokenSegments[service]; {
+		case which == "all" && !strings.HasPrefix(seg, "#") && !strings.HasPrefix(seg, "@"),
+			which == "last" && i == len(segs)-1,
+			which == "first" && i == 0,
+			redact.HighEntropy(seg):
+			add(seg)
+		}
+	}
+	for k, vs := range u.Query() {
 		for _, v := range vs {
-			add(v)
+			if redact.SecretParam(k) || redact.HighEntropy(v) {
+				add(v)
+			}
 		}
 	}
 	return out
 }
 
-// isLoopbackOrIP: an address names a machine, not an account.
-func isLoopbackOrIP(h string) bool {
-	return h == "localhost" || net.ParseIP(h) != nil
+// Redact returns the URL with exactly its Secrets masked.
+func Redact(raw string) string {
+	return maskParts(raw, raw)
 }
+
+var (
+	// loginUser: services whose lone user name is an account's login,
+	// not a token.
+	loginUser = map[string]bool{"slack": true, "smtp": true, "matrix": true, "mattermost": true, "rocketchat": true, "signal": true, "ntfy": true}
+	// hostIsKey: services that carry a key or token where the host goes.
+	hostIsKey = map[string]bool{"slack": true, "pushbullet": true, "ifttt": true, "pushover": true, "teams": true}
+	// tokenSegments: which path segments carry a service's token.
+	tokenSegments = map[string]string{
+		"gotify": "last", "opsgenie": "last", "lark": "last",
+		"mattermost": "first", "pushbullet": "first",
+		"slack": "all", "rocketchat": "all", "teams": "all",
+	}
+)
 
 // Check says whether each URL names a service shoutrrr knows with a
 // valid configuration, without sending anything; the errors name URLs by
@@ -142,15 +182,32 @@ func Send(urls []string, title, message string) []Result {
 	return out
 }
 
-// mask is err's text with the URL and each of its secret parts replaced:
-// shoutrrr's errors quote the URL they were given.
+// mask is err's text with the URL's secret parts replaced (shoutrrr's
+// errors quote the URL they were given) and every secret recognised by its
+// shape (redact.Text): a service's errors may quote what it learnt on the
+// way, such as the access token a Matrix login returned.
 func mask(err error, raw string) string {
-	s := err.Error()
+	return maskText(err.Error(), raw)
+}
+
+func maskText(s, raw string) string {
+	return redact.Text(maskParts(s, raw))
+}
+
+func maskParts(s, raw string) string {
 	secrets := Secrets(raw)
 	// Longest first: a part inside another is masked with it.
 	sort.Slice(secrets, func(i, j int) bool { return len(secrets[i]) > len(secrets[j]) })
 	for _, sec := range secrets {
-		s = strings.ReplaceAll(s, sec, "****")
+		s = strings.ReplaceAll(s, sec, redact.Mask)
+		if esc := url.PathEscape(sec); esc != sec {
+			s = strings.ReplaceAll(s, esc, redact.Mask)
+		}
 	}
 	return s
+}
+
+// isLoopbackOrIP: an address names a machine, not an account.
+func isLoopbackOrIP(h string) bool {
+	return h == "localhost" || net.ParseIP(h) != nil
 }

@@ -2,6 +2,8 @@ package notify_test
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -76,13 +78,24 @@ func TestSendReachesRealReceivers(t *testing.T) {
 	}
 }
 
-// Every part of a URL that may hold a token is listed for masking; a URL
-// of an unknown service is refused naming it by position only.
+// Exactly the parts of a URL that hold a service's credential are masked;
+// hosts, ports, topics, rooms and options stay readable. A URL of an
+// unknown service is refused naming it by position only.
 func TestSecretsAndCheck(t *testing.T) {
-	sec := notify.Secrets("gotify://push.example.com/Aabcdefgh12345?priority=5&title=x")
-	for _, want := range []string{"Aabcdefgh12345", "push.example.com", "gotify://push.example.com/Aabcdefgh12345?priority=5&title=x"} {
-		if !strings.Contains(strings.Join(sec, "\n"), want) {
-			t.Errorf("secrets %q lack %q", sec, want)
+	for in, want := range map[string]string{
+		"ntfy://:tk_abcdefghijklmnopqrstuvwxyz012@10.0.20.2:8418/topic?scheme=http": "ntfy://:[REDACTED]@10.0.20.2:8418/topic?scheme=http",
+		"ntfy://10.0.20.2:8418/topic":                                                            "ntfy://10.0.20.2:8418/topic",
+		"gotify://push.example.com/Aabcdefgh12345?priority=5&title=x":                            "gotify://push.example.com/[REDACTED]?priority=5&title=x",
+		"discord://webhooktokenvalue@123456789012345678":                                         "discord://[REDACTED]@123456789012345678",
+		"slack://bot@T0123ABCD/B0456EFGH/XXXXXXXXXXXXXXXXXXXXXXXX":                               "slack://bot@[REDACTED]/[REDACTED]/[REDACTED]",
+		"smtp://bootstrap:mailpassword@mail.lan:587/?from=b@lab.local&to=a@lab.local&auth=Plain": "smtp://bootstrap:[REDACTED]@mail.lan:587/?from=b@lab.local&to=a@lab.local&auth=Plain",
+		"matrix://bot:matrixpassword@matrix.lan/?rooms=!room:lan":                                "matrix://bot:[REDACTED]@matrix.lan/?rooms=!room:lan",
+		"telegram://123456789:AAbbccddeeffgg@telegram?chats=@homelab":                            "telegram://123456789:[REDACTED]@telegram?chats=@homelab",
+		"googlechat://chat.googleapis.com/v1/spaces/FOO/messages?key=keyvalue&token=tokvalue":    "googlechat://chat.googleapis.com/v1/spaces/FOO/messages?key=[REDACTED]&token=[REDACTED]",
+		"generic+https://hooks.lan/api/webhook/Zq9rTp2LmX8vKw4NbC7d?template=json":               "generic+https://hooks.lan/api/webhook/[REDACTED]?template=json",
+	} {
+		if got := notify.Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
 		}
 	}
 	err := notify.Check([]string{"ntfy://ntfy.sh/topic", "pager://tok3nsecret@x"})
@@ -91,5 +104,47 @@ func TestSecretsAndCheck(t *testing.T) {
 	}
 	if got := notify.Parse("# comment\nntfy://a/b\n\n generic://c/d  discord://e@f\n"); len(got) != 3 {
 		t.Errorf("parse: %q", got)
+	}
+}
+
+// A Matrix homeserver that takes the login and then drops the connection:
+// the send fails after shoutrrr holds the bot's access token, and the
+// error must not quote it. shoutrrr v0.13.2 put the token in every API
+// URL's query (matrix_api.go, access_token=) and Go's *url.Error quotes
+// the whole URL; v0.14.3 sends it as an Authorization header
+// (matrix_client.go setAuthorizationHeader). The server answers the r0
+// paths of the old release and the v3 paths of the new one alike
+// (matrix_api.go apiLogin, apiRoomJoin).
+func TestMatrixSendFailureQuotesNoToken(t *testing.T) {
+	const token = "MatrixSessionToken0x5eedABCDEFGHIJ"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/login") && r.Method == http.MethodGet:
+			fmt.Fprint(w, `{"flows":[{"type":"m.login.password"}]}`)
+		case strings.HasSuffix(r.URL.Path, "/login"):
+			fmt.Fprintf(w, `{"access_token":%q,"home_server":"lab","user_id":"@bot:lab","device_id":"D1"}`, token)
+		default:
+			// Joining the room: the connection drops (a restarting
+			// homeserver, a proxy timing out).
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	raw := "matrix://bot:botpassword0x5eed@" + host + "/?rooms=!room:lab&disableTLS=yes"
+	res := notify.Send([]string{raw}, "t", "m")
+	if res[0].Err == nil {
+		t.Fatal("no error from a homeserver that drops the connection")
+	}
+	for _, secret := range []string{token, "botpassword0x5eed"} {
+		if strings.Contains(res[0].Err.Error(), secret) {
+			t.Errorf("the error quotes a secret: %v", res[0].Err)
+		}
+	}
+	if !strings.Contains(res[0].Err.Error(), "join") {
+		t.Errorf("the failure is not the room join after the login: %v", res[0].Err)
 	}
 }

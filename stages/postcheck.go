@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"k8s.io/client-go/rest"
 
 	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/factory"
+	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/internal/wait"
 	"github.com/homelab/bootstrap/notify"
 	"github.com/homelab/bootstrap/postcheck"
@@ -118,14 +120,15 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 			env.UI.OK("postcheck history: %s", page)
 		}
 		var prev check.Status
+		var unsent []string
 		if pc := env.State.Outputs.Postcheck; pc != nil {
-			prev = check.Status(pc.Overall)
+			prev, unsent = check.Status(pc.Overall), pc.Unsent
 		}
-		notifyNight(env, prev, report, archive, page)
+		unsent = notifyNight(env, prev, unsent, report, archive, page)
 		env.State.Outputs.Postcheck = &state.Postcheck{
 			Overall: string(report.Overall), Started: report.Started, DurationSeconds: report.DurationSeconds,
 			Passed: check.Count(results, check.Pass), Warned: check.Count(results, check.Warn), Failed: check.Count(results, check.Fail),
-			Archive: archive, Page: page,
+			Archive: archive, Page: page, Unsent: unsent,
 		}
 	}
 	if n := check.Count(results, check.Fail); n > 0 {
@@ -179,6 +182,15 @@ func writePostcheckArchive(ctx context.Context, env *Env, report postcheck.Repor
 			files["run.log"] = b
 		}
 	}
+	// The archive is read by people and sent around: every file of it
+	// through the masking every log line goes through.
+	mask := env.Secrets
+	if mask == nil {
+		mask = &redact.Set{}
+	}
+	for name, b := range files {
+		files[name] = mask.Bytes(b)
+	}
 	dir := filepath.Join(env.Paths.StateDir, "postcheck")
 	path, err := postcheck.WriteArchive(dir, report.Started, files)
 	if err != nil {
@@ -191,26 +203,38 @@ func writePostcheckArchive(ctx context.Context, env *Env, report postcheck.Repor
 }
 
 // notifyNight sends the night's result to postcheck.notify's URLs when it
-// changed (or on every failure with everyFailure). A notification that
-// cannot be sent is a warning: the night's verdict stands, and the next
-// change is sent again.
-func notifyNight(env *Env, prev check.Status, report postcheck.Report, archive, page string) {
+// changed (or on every failure with everyFailure), and to those a previous
+// night could not reach (pending, by notify.Label) whatever the result: a
+// change is never lost to one failed send. A notification that cannot be
+// sent is a warning: the night's verdict stands. It returns the labels
+// still unsent, for the state.
+func notifyNight(env *Env, prev check.Status, pending []string, report postcheck.Report, archive, page string) []string {
 	n := env.Config.Postcheck.Notify
 	if n.URLsFile == "" && n.URLsEnv == "" {
-		return
+		return nil
 	}
 	urls, err := env.Config.NotifyURLs()
 	if err != nil {
 		env.UI.Warn("notifications not sent: %v", err)
-		return
+		return pending
 	}
 	if len(urls) == 0 {
 		env.UI.Warn("notifications not sent: %s names no URL", n.URLsEnv)
-		return
+		return pending
 	}
-	if !postcheck.ShouldNotify(prev, report, n.EveryFailure) {
+	due := postcheck.ShouldNotify(prev, report, n.EveryFailure)
+	var idx []int
+	for i, u := range urls {
+		if due || slices.Contains(pending, notify.Label(i, u)) {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
 		env.Log.Debug().Str("previous", string(prev)).Str("overall", string(report.Overall)).Msg("result unchanged: no notification")
-		return
+		return nil
+	}
+	if !due {
+		env.Log.Info().Strs("notifications", pending).Msg("sending again what the last run could not send")
 	}
 	title, body := postcheck.Message(report, archive, page)
 	if env.Secrets != nil {
@@ -218,11 +242,20 @@ func notifyNight(env *Env, prev check.Status, report postcheck.Report, archive, 
 		// elsewhere, so through the same set.
 		title, body = env.Secrets.String(title), env.Secrets.String(body)
 	}
-	for _, r := range notify.Send(urls, title, body) {
+	send := make([]string, len(idx))
+	for j, i := range idx {
+		send[j] = urls[i]
+	}
+	var unsent []string
+	for j, r := range notify.Send(send, title, body) {
+		// Named by its position in the whole list, as the state keeps it.
+		label := notify.Label(idx[j], send[j])
 		if r.Err != nil {
-			env.UI.Warn("%s not sent: %v", r.Label, r.Err)
+			env.UI.Warn("%s not sent: %v (sent again on the next run)", label, r.Err)
+			unsent = append(unsent, label)
 			continue
 		}
-		env.UI.OK("%s sent (%s)", r.Label, wait.Round(r.Took))
+		env.UI.OK("%s sent (%s)", label, wait.Round(r.Took))
 	}
+	return unsent
 }

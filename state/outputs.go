@@ -120,4 +120,8 @@ type Postcheck struct {
 	// Page is the history page the postcheck rewrote
 	// (ai/state/<cluster>/postcheck/index.html).
 	Page string `json:"page,omitempty"`
+	// Unsent names the notifications (notify.Label: position and
+	// service) that were due and could not be sent: the next run sends
+	// them again, whatever its result, until they go through.
+	Unsent []string `json:"unsent,omitempty"`
 }

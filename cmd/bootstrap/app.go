@@ -99,7 +99,8 @@ func (a *App) Main(ctx context.Context, args []string) (code int) {
 		kongplete.WithPredictor("stage", complete.PredictSet(append([]string{stages.All}, stages.Order...)...)))
 	kctx, err := parser.Parse(args)
 	if err != nil {
-		fmt.Fprintln(a.Stderr, "bootstrap:", err)
+		// A flag's value may be a secret pasted in the wrong place.
+		fmt.Fprintln(a.Stderr, "bootstrap:", redact.Text(err.Error()))
 		return stages.ExitUsage
 	}
 	kctx.BindTo(ctx, (*context.Context)(nil))
@@ -127,12 +128,13 @@ func (a *App) exitCode(err error) int {
 	}
 	var nothing *stages.ErrNothingToResume
 	if errors.As(err, &nothing) {
-		fmt.Fprintln(a.Stderr, "bootstrap:", err)
+		fmt.Fprintln(a.Stderr, "bootstrap:", redact.Text(err.Error()))
 		return stages.ExitOK
 	}
 	var silent silentError
 	if !errors.As(err, &silent) {
-		fmt.Fprintln(a.Stderr, "bootstrap:", err)
+		// The last line of every failed command: masked like a log line.
+		fmt.Fprintln(a.Stderr, "bootstrap:", redact.Text(err.Error()))
 	}
 	return stages.ExitCode(err)
 }
@@ -173,14 +175,13 @@ func secretsOf(cfg *config.Config) *redact.Set {
 	for _, v := range cfg.CredentialValues() {
 		s.Add(v)
 	}
-	// Notification URLs (from a file or the environment) carry tokens in
-	// any of their parts.
+	// Notification URLs (from a file or the environment) carry their
+	// services' credentials: exactly those parts are masked.
 	if urls, err := cfg.NotifyURLs(); err == nil {
 		for _, u := range urls {
 			for _, v := range notify.Secrets(u) {
-				// A topic named after the cluster would mask the
-				// cluster's name in every line: the URL itself is
-				// masked whole.
+				// A path token equal to the cluster's name would mask
+				// the name in every line: it is no secret then.
 				if v != cfg.Cluster.Name {
 					s.Add(v)
 				}
@@ -230,7 +231,8 @@ type session struct {
 // session; the caller closes it).
 func (a *App) commandEnv(cfg *config.Config, dryRun bool) (*stages.Env, *session, error) {
 	secrets := secretsOf(cfg)
-	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: a.Stdout, DryRun: dryRun, Secrets: secrets, Now: a.Now}
+	// The plan, the check tables and the diffs go to stdout: masked like the log.
+	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: secrets.Writer(a.Stdout), DryRun: dryRun, Secrets: secrets, Now: a.Now}
 	if dryRun {
 		st, err := state.Load(env.Paths.StateDir, cfg.Cluster.Name)
 		if err != nil {

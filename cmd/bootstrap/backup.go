@@ -24,7 +24,7 @@ func (b *BackupCmd) Run(ctx context.Context, a *App) error {
 		return err
 	}
 	defer sess.Close()
-	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: a.Stdout, Secrets: secrets, Now: a.Now,
+	env := &stages.Env{Config: cfg, Paths: cfg.Paths(), Out: secrets.Writer(a.Stdout), Secrets: secrets, Now: a.Now,
 		State: sess.State, Log: sess.Log, UI: ui.NewReporter(sess.Log), LogPath: sess.LogPath}
 	info, err := stages.Backup(ctx, env)
 	if err != nil {

@@ -51,7 +51,7 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 	}
 
 	secrets := secretsOf(cfg)
-	env := &stages.Env{Config: cfg, Paths: paths, State: st, Out: a.Stdout, DryRun: r.DryRun, Secrets: secrets,
+	env := &stages.Env{Config: cfg, Paths: paths, State: st, Out: secrets.Writer(a.Stdout), DryRun: r.DryRun, Secrets: secrets,
 		Options: stages.Options{MergeConfigs: r.MergeConfigs || cfg.Cluster.MergeConfigs, AllowDowngrade: r.AllowDowngrade, NewEtcd: r.NewEtcd}, Now: a.Now}
 
 	if r.DryRun {

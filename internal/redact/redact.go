@@ -1,5 +1,7 @@
-// Package redact keeps secrets out of every log line: a Writer replaces each
-// registered secret value before the bytes reach a terminal or a log file.
+// Package redact keeps secrets out of every output: Text masks what looks
+// like a secret wherever it stands (the one masking every message goes
+// through), and a Set's Writer also replaces each registered secret value
+// before the bytes reach a terminal or a log file.
 package redact
 
 import (
@@ -37,15 +39,19 @@ func (s *Set) Add(secret string) {
 // String returns in with every registered secret masked.
 func (s *Set) String(in string) string { return string(s.Bytes([]byte(in))) }
 
-// Bytes returns p with every registered secret masked (p itself is not changed).
+// Bytes returns p with every registered secret and every secret Text
+// recognises by its shape masked (p itself is not changed).
 func (s *Set) Bytes(p []byte) []byte {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
 	out := p
 	for _, sec := range s.secrets {
 		if bytes.Contains(out, sec) {
 			out = bytes.ReplaceAll(out, sec, []byte(Mask))
 		}
+	}
+	s.mu.RUnlock()
+	if masked := Text(string(out)); masked != string(out) {
+		return []byte(masked)
 	}
 	return out
 }

@@ -2,14 +2,8 @@ package redact
 
 import (
 	"net/url"
-	"regexp"
 	"strings"
 )
-
-// secretQuery names query parameters that carry a credential: tokens,
-// passwords, keys and signatures (S3 presigned URLs carry X-Amz-Signature
-// and X-Amz-Credential, Azure SAS sig, GitLab private_token).
-var secretQuery = regexp.MustCompile(`(?i)(token|passw|secret|key|sig|credential|auth)`)
 
 // URL returns raw with its credentials masked: the user information
 // (user:password@, or a token in the user name) and the value of every
@@ -49,18 +43,18 @@ func urlSecrets(raw string) (string, []string) {
 	}
 	if u.RawQuery != "" {
 		q := u.Query()
-		for k, vs := range q {
-			if !secretQuery.MatchString(k) {
-				continue
-			}
-			for i, v := range vs {
-				if v != "" {
-					secrets = append(secrets, v)
-					vs[i] = Mask
-				}
+		secrets = append(secrets, maskParams(q)...)
+		u.RawQuery = q.Encode()
+	}
+	// A fragment written as parameters (#access_token=…, as OAuth's
+	// implicit flow hands tokens over) is masked the same way.
+	if strings.Contains(u.Fragment, "=") {
+		if f, err := url.ParseQuery(u.EscapedFragment()); err == nil {
+			if found := maskParams(f); len(found) > 0 {
+				secrets = append(secrets, found...)
+				u.Fragment, u.RawFragment = strings.ReplaceAll(f.Encode(), url.QueryEscape(Mask), Mask), ""
 			}
 		}
-		u.RawQuery = q.Encode()
 	}
 	if len(secrets) == 0 {
 		return raw, nil
@@ -86,4 +80,22 @@ func userinfoFallback(raw string) (string, []string) {
 		secrets = append(secrets, p)
 	}
 	return raw[:i+3] + Mask + rest[at:], secrets
+}
+
+// maskParams masks, in place, the non-empty values of the parameters
+// whose name says they carry a credential (SecretParam) and returns them.
+func maskParams(vals url.Values) []string {
+	var secrets []string
+	for k, vs := range vals {
+		if !SecretParam(k) {
+			continue
+		}
+		for i, v := range vs {
+			if v != "" {
+				secrets = append(secrets, v)
+				vs[i] = Mask
+			}
+		}
+	}
+	return secrets
 }

@@ -33,3 +33,19 @@ func TestURL(t *testing.T) {
 		}
 	}
 }
+
+// Parameters named like a credential are masked in the query and in a
+// fragment written as parameters; the others stay.
+func TestURLParams(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://git.lan/r.git?pass=hunter22":         "https://git.lan/r.git?pass=[REDACTED]",
+		"https://git.lan/r.git?pwd=hunter22&ref=main": "https://git.lan/r.git?pwd=[REDACTED]&ref=main",
+		"https://git.lan/r.git#access_token=hunter22": "https://git.lan/r.git#access_token=[REDACTED]",
+		"https://git.lan/r.git#readme":                "https://git.lan/r.git#readme",
+		"https://git.lan/r.git?ref=main#x=1":          "https://git.lan/r.git?ref=main#x=1",
+	} {
+		if got := URL(in); got != want {
+			t.Errorf("URL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
