@@ -9,7 +9,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 )
 
 // TestAClaimMadeBeforeTheDefaultClassGetsIt: a claim without a class made
