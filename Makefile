@@ -16,7 +16,7 @@ GOBUILD := $(GO) build -tags $(TAGS) -trimpath -ldflags "-s -w -X main.version=$
 LAB_BIN ?= $(CURDIR)/.lab/bin
 export BOOTSTRAP_LAB_BIN := $(LAB_BIN)
 
-.PHONY: all build build-lab deps deps-then-lint test test-quick test-bins lint lint-files lint-units lab-bins lab-bins-demo demo-bins bench binsize e2e fuzz demo clean
+.PHONY: all build build-lab deps deps-then-lint test test-quick test-times test-bins lint lint-files lint-units lab-bins lab-bins-demo demo-bins bench binsize e2e fuzz demo clean
 
 all: build
 
@@ -46,6 +46,7 @@ lab-bins-demo:
 TEST_BIN := $(CURDIR)/bin/test
 test-bins:
 	$(GO) build -tags $(TAGS) -o $(TEST_BIN)/ ./cmd/bootstrap ./cmd/bootstrap-lab
+	$(GO) build -o bin/testtimes ./internal/testtimes
 
 # How much runs side by side: test packages (compiling and linking too), the
 # tests inside one package, and, across all of them, tests holding a lab (a
@@ -57,16 +58,33 @@ TEST_PARALLEL ?= 3
 TEST_LABS ?= 3
 TEST_ENV := BOOTSTRAP_REQUIRE_LAB=1 BOOTSTRAP_TEST_BIN=$(TEST_BIN) BOOTSTRAP_TEST_LABS=$(TEST_LABS)
 
+# The test phase's budget: `make test` fails when its tests (after lint and
+# the lab binaries) take longer, warm, on 2 cores. It is the goal, not
+# today's time, so a change that slows the suite is seen in that change.
+# A cold run (empty build caches) compiles every test binary too:
+# make test TEST_BUDGET=0 runs without the budget.
+TEST_BUDGET ?= 8m
+# The last run's `go test -json`, which `make test-times` reads.
+TEST_TIMES := bin/test-times.json
+
 # THE test command: lint, then everything, against the simulators and the
 # real lab. BOOTSTRAP_REQUIRE_LAB=1 turns a missing lab component into a failure.
 # The system packages (apt, mostly network) and then lint run beside
 # lab-bins, which needs neither: on a fresh machine the downloads overlap
 # the compiles, and vet's compiles fill what the lab's two build chains
-# leave idle (a no-op beside them when warm).
+# leave idle (a no-op beside them when warm). The tests' output is what
+# plain go test prints, then the time of each package and the wall time.
 test:
 	@$(MAKE) --no-print-directory -j2 deps-then-lint lab-bins
 	@$(MAKE) --no-print-directory test-bins
-	$(TEST_ENV) $(GO) test -tags $(TAGS) -p $(TEST_P) -parallel $(TEST_PARALLEL) -count=1 -timeout 30m ./...
+	set -o pipefail; $(TEST_ENV) $(GO) test -json -tags $(TAGS) -p $(TEST_P) -parallel $(TEST_PARALLEL) -count=1 -timeout 30m ./... \
+		| bin/testtimes -save $(TEST_TIMES) -budget $(TEST_BUDGET)
+
+# The slowest tests and packages of the last `make test`, with each test's
+# wait for a lab slot and its control planes' start (TEST_TIMES_N of each).
+TEST_TIMES_N ?= 30
+test-times:
+	@$(GO) run ./internal/testtimes -report $(TEST_TIMES) -n $(TEST_TIMES_N)
 
 # Everyday work: every unit test (-short skips whatever needs the lab) and
 # one pipeline end to end against the real lab.

@@ -3,6 +3,7 @@ package flux
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,12 +19,18 @@ import (
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 )
 
-const widgetCRD = `apiVersion: apiextensions.k8s.io/v1
+// widgetCRD is the CRD of kind Widget in group: each test defines its own
+// group, as the tests share one lab.
+func widgetCRD(group string) string {
+	return strings.ReplaceAll(widgetCRDTemplate, "GROUP", group)
+}
+
+const widgetCRDTemplate = `apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: widgets.example.homelab
+  name: widgets.GROUP
 spec:
-  group: example.homelab
+  group: GROUP
   names: {kind: Widget, listKind: WidgetList, plural: widgets, singular: widget}
   scope: Namespaced
   versions:
@@ -40,10 +47,11 @@ spec:
               size: {type: integer}
 `
 
-// labClient is a Client of a fresh lab API server, with a minute's budget.
+// labClient is a Client of the package's shared lab (fluxLab), with a
+// minute's budget.
 func labClient(t *testing.T) (*kube.Cluster, context.Context, *Client) {
 	t.Helper()
-	lab := kubetest.Start(t, kube.Options{})
+	lab := fluxLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
@@ -54,16 +62,16 @@ func labClient(t *testing.T) (*kube.Cluster, context.Context, *Client) {
 }
 
 // holdUntil is a client of the lab whose patches (applies and dry runs) of
-// an object named "held" wait until called is closed, at most five
+// an object named name wait until called is closed, at most five
 // seconds; *held says whether one was let go by it.
-func holdUntil(t *testing.T, lab *kube.Cluster, c *Client, called <-chan struct{}, held *bool) client.WithWatch {
+func holdUntil(t *testing.T, lab *kube.Cluster, c *Client, name string, called <-chan struct{}, held *bool) client.WithWatch {
 	t.Helper()
 	ww, err := client.NewWithWatch(lab.RESTConfig(), client.Options{Mapper: c.kube.RESTMapper()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return interceptor.NewClient(ww, interceptor.Funcs{Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-		if obj.GetName() == "held" {
+		if obj.GetName() == name {
 			select {
 			case <-called:
 				*held = true
@@ -81,9 +89,10 @@ func holdUntil(t *testing.T, lab *kube.Cluster, c *Client, called <-chan struct{
 // only for the CRDs of their own kinds.
 func TestOnlyACRDSpecChangeGoesOneByOne(t *testing.T) {
 	_, ctx, c := labClient(t)
+	const group = "crdspec.example.homelab"
 	crd := func(edit func(*unstructured.Unstructured)) *unstructured.Unstructured {
 		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal([]byte(widgetCRD), &u.Object); err != nil {
+		if err := yaml.Unmarshal([]byte(widgetCRD(group)), &u.Object); err != nil {
 			t.Fatal(err)
 		}
 		if edit != nil {
@@ -132,17 +141,17 @@ func TestOnlyACRDSpecChangeGoesOneByOne(t *testing.T) {
 	// established (without the wait its apply fails: no match for the
 	// kind), and the caller hears of it through DefinedKinds.
 	gadgets := crd(func(u *unstructured.Unstructured) {
-		u.SetName("gadgets.example.homelab")
+		u.SetName("gadgets." + group)
 		if err := unstructured.SetNestedStringMap(u.Object, map[string]string{"kind": "Gadget", "listKind": "GadgetList", "plural": "gadgets", "singular": "gadget"}, "spec", "names"); err != nil {
 			t.Fatal(err)
 		}
 	})
-	gadget := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.homelab/v1", "kind": "Gadget",
+	gadget := &unstructured.Unstructured{Object: map[string]any{"apiVersion": group + "/v1", "kind": "Gadget",
 		"metadata": map[string]any{"name": "g1", "namespace": "default"}, "spec": map[string]any{"size": int64(3)}}}
 	changes := plan(gadgets)
 	changes = append(changes, Change{Object: "Gadget/default/g1", Action: "created", obj: gadget})
 	var told bool
-	if _, err := c.ApplyChangesStaged(ctx, changes, time.Minute, DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Gadget"}}, Then: func(changed bool) { told = changed }}); err != nil {
+	if _, err := c.ApplyChangesStaged(ctx, changes, time.Minute, DefinedKinds{Kinds: []schema.GroupKind{{Group: group, Kind: "Gadget"}}, Then: func(changed bool) { told = changed }}); err != nil {
 		t.Fatalf("a CRD and a resource of its kind in one apply: %v", err)
 	}
 	if !told {
@@ -161,17 +170,18 @@ func TestOnlyACRDSpecChangeGoesOneByOne(t *testing.T) {
 // the first stage: a ClusterRole whose apply is held until Then is called.
 func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
 	lab, ctx, c := labClient(t)
+	const group = "besidetherest.example.homelab"
 	crd := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal([]byte(widgetCRD), &crd.Object); err != nil {
+	if err := yaml.Unmarshal([]byte(widgetCRD(group)), &crd.Object); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Apply(ctx, []*unstructured.Unstructured{crd.DeepCopy()}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	crd.SetLabels(map[string]string{"app.kubernetes.io/part-of": "flux"})
-	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "gizmos"}}}
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "gizmos-beside"}}}
 	held := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-		"metadata": map[string]any{"name": "held"}, "rules": []any{}}}
+		"metadata": map[string]any{"name": "held-beside"}, "rules": []any{}}}
 	changes, err := c.Plan(ctx, []*unstructured.Unstructured{crd, ns, held})
 	if err != nil {
 		t.Fatal(err)
@@ -182,15 +192,15 @@ func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
 
 	called := make(chan struct{})
 	var heldUntilThen bool
-	c.kube = holdUntil(t, lab, c, called, &heldUntilThen)
+	c.kube = holdUntil(t, lab, c, "held-beside", called, &heldUntilThen)
 	var nsThere error
 	var redefined bool
 	then := func(changed bool) {
 		redefined = changed
-		nsThere = c.kube.Get(ctx, client.ObjectKey{Name: "gizmos"}, ns.DeepCopy())
+		nsThere = c.kube.Get(ctx, client.ObjectKey{Name: "gizmos-beside"}, ns.DeepCopy())
 		close(called)
 	}
-	if _, err := c.ApplyChangesStaged(ctx, changes, time.Minute, DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Widget"}}, Then: then}); err != nil {
+	if _, err := c.ApplyChangesStaged(ctx, changes, time.Minute, DefinedKinds{Kinds: []schema.GroupKind{{Group: group, Kind: "Widget"}}, Then: then}); err != nil {
 		t.Fatal(err)
 	}
 	if !heldUntilThen {
@@ -211,25 +221,26 @@ func TestDefinedKindsGoBesideTheRestOfTheDefinitions(t *testing.T) {
 // create the CRD, Then is left to the apply, told the kind was defined.
 func TestPlanDefinedFirstTellsBeforeTheRestIsPlanned(t *testing.T) {
 	lab, ctx, c := labClient(t)
+	const group = "planfirst.example.homelab"
 	crd := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal([]byte(widgetCRD), &crd.Object); err != nil {
+	if err := yaml.Unmarshal([]byte(widgetCRD(group)), &crd.Object); err != nil {
 		t.Fatal(err)
 	}
-	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "gizmos"}}}
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "gizmos-planfirst"}}}
 	held := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-		"metadata": map[string]any{"name": "held"}, "rules": []any{}}}
+		"metadata": map[string]any{"name": "held-planfirst"}, "rules": []any{}}}
 	if _, err := c.Apply(ctx, []*unstructured.Unstructured{crd.DeepCopy(), ns.DeepCopy(), held.DeepCopy()}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	crd.SetLabels(map[string]string{"app.kubernetes.io/part-of": "flux"})
 	held.Object["rules"] = []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get"}}}
-	widgets := DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Widget"}}}
+	widgets := DefinedKinds{Kinds: []schema.GroupKind{{Group: group, Kind: "Widget"}}}
 
 	// The dry run of the held ClusterRole waits until Then is called (at
 	// most five seconds): with Then after the whole plan, it never is.
 	called := make(chan struct{})
 	var heldUntilThen bool
-	c.rm = ssa.NewResourceManager(holdUntil(t, lab, c, called, &heldUntilThen), nil, c.owner)
+	c.rm = ssa.NewResourceManager(holdUntil(t, lab, c, "held-planfirst", called, &heldUntilThen), nil, c.owner)
 	var redefined bool
 	widgets.Then = func(changed bool) {
 		redefined = changed
@@ -249,18 +260,18 @@ func TestPlanDefinedFirstTellsBeforeTheRestIsPlanned(t *testing.T) {
 	for _, ch := range changes {
 		got = append(got, ch.Object+" "+ch.Action)
 	}
-	if want := []string{"ClusterRole/held configured", "CustomResourceDefinition/widgets.example.homelab configured"}; !slices.Equal(got, want) {
+	if want := []string{"ClusterRole/held-planfirst configured", "CustomResourceDefinition/widgets." + group + " configured"}; !slices.Equal(got, want) {
 		t.Errorf("plan %q, want %q (the namespace unchanged)", got, want)
 	}
 
 	// A kind the plan would define: Then waits for the apply.
 	gadgets := crd.DeepCopy()
-	gadgets.SetName("gadgets.example.homelab")
+	gadgets.SetName("gadgets." + group)
 	if err := unstructured.SetNestedStringMap(gadgets.Object, map[string]string{"kind": "Gadget", "listKind": "GadgetList", "plural": "gadgets", "singular": "gadget"}, "spec", "names"); err != nil {
 		t.Fatal(err)
 	}
 	early := false
-	_, rest, err = c.PlanDefinedFirst(ctx, []*unstructured.Unstructured{gadgets, ns}, DefinedKinds{Kinds: []schema.GroupKind{{Group: "example.homelab", Kind: "Gadget"}}, Then: func(bool) { early = true }})
+	_, rest, err = c.PlanDefinedFirst(ctx, []*unstructured.Unstructured{gadgets, ns}, DefinedKinds{Kinds: []schema.GroupKind{{Group: group, Kind: "Gadget"}}, Then: func(bool) { early = true }})
 	if err != nil {
 		t.Fatal(err)
 	}

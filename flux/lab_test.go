@@ -15,8 +15,11 @@ import (
 
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/internal/testcert"
@@ -26,12 +29,54 @@ import (
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 )
 
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+
+// fluxLab is the lab with the Flux controllers the package's lab tests
+// share, one after another (none is parallel: the layouts test waits for
+// every Kustomization and HelmRelease of the cluster). Each test names
+// its own objects (its own CRD group, namespaces, sync pair) and deletes
+// the sync pairs it made (removeSync), whose sources end with the test.
+func fluxLab(t *testing.T) *kube.Cluster {
+	return kubetest.Shared(t, "flux", kube.Options{Flux: true})
+}
+
+// removeSync deletes the GitRepository and Kustomization flux-system/name
+// when the test ends and waits until they are gone: their source is a
+// server of the test, and a later test waits for every Kustomization.
+func removeSync(t *testing.T, c *Client, name string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, gvk := range []schema.GroupVersionKind{KustomizationGVK, GitRepositoryGVK} {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(gvk)
+			u.SetNamespace("flux-system")
+			u.SetName(name)
+			if err := c.kube.Delete(ctx, u); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("removing %s flux-system/%s: %v", gvk.Kind, name, err)
+				continue
+			}
+			err := wait.Until(ctx, wait.Spec{What: gvk.Kind + " flux-system/" + name + " gone", Timeout: time.Minute, Interval: 100 * time.Millisecond},
+				func(ctx context.Context) (bool, string, error) {
+					err := c.kube.Get(ctx, client.ObjectKeyFromObject(u), u.DeepCopy())
+					if apierrors.IsNotFound(err) {
+						return true, "", nil
+					}
+					return false, "still there", nil
+				})
+			if err != nil {
+				t.Error(err)
+			}
+		}
+	})
+}
+
 // TestSyncAgainstRealFlux applies the GitRepository and Kustomization to a
 // real API server where the real source-controller and kustomize-controller
 // run, pointed at a snapshot served by gitsnap, and waits for the objects
 // under ./infra to appear. A second apply must change nothing.
 func TestSyncAgainstRealFlux(t *testing.T) {
-	lab := kubetest.Start(t, kube.Options{Flux: true})
+	lab := fluxLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -62,10 +107,11 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := SyncObjects(SyncOptions{Name: "flux-system", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute})
+	objs, err := SyncObjects(SyncOptions{Name: "sync-http", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
+	removeSync(t, c, "sync-http")
 	if _, err := lab.Client().CoreV1().Namespaces().Get(ctx, "flux-system", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the lab with Flux must have flux-system: %v", err)
 	}
@@ -84,7 +130,7 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := srv.Snapshot().Revision()
-	if err := c.WaitReady(ctx, "flux-system", "flux-system", want, 2*time.Minute); err != nil {
+	if err := c.WaitReady(ctx, "flux-system", "sync-http", want, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	cm, err := lab.Client().CoreV1().ConfigMaps("default").Get(ctx, "from-git", metav1.GetOptions{})
@@ -98,7 +144,7 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 	if n := dryRuns.Load(); n != int32(len(objs)) {
 		t.Fatalf("the re-plan asked %d dry runs for %d existing objects", n, len(objs))
 	}
-	repoR, ks, err := c.Status(ctx, "flux-system", "flux-system")
+	repoR, ks, err := c.Status(ctx, "flux-system", "sync-http")
 	if err != nil || !repoR.Ready || ks.Revision != want {
 		t.Fatalf("status: %+v %+v %v", repoR, ks, err)
 	}
@@ -111,7 +157,7 @@ func TestSyncAgainstRealFlux(t *testing.T) {
 // with a Secret lacking known_hosts is refused by source-controller
 // itself, which is why config validate requires the file.
 func TestSSHSyncAgainstRealFlux(t *testing.T) {
-	lab := kubetest.Start(t, kube.Options{Flux: true})
+	lab := fluxLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -155,7 +201,7 @@ func TestSSHSyncAgainstRealFlux(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	syncWithSecret(t, ctx, c, url, Credentials{SSHKey: key, KnownHosts: srv.KnownHosts()}, "main@sha1:"+strings.TrimSpace(string(head)))
+	syncWithSecret(t, ctx, c, "sync-ssh", url, Credentials{SSHKey: key, KnownHosts: srv.KnownHosts()}, "main@sha1:"+strings.TrimSpace(string(head)))
 	if cm, err := lab.Client().CoreV1().ConfigMaps("default").Get(ctx, "over-ssh", metav1.GetOptions{}); err != nil || cm.Data["via"] != "ssh" {
 		t.Fatalf("object under ./infra not applied over SSH: %v", err)
 	}
@@ -170,6 +216,7 @@ func TestSSHSyncAgainstRealFlux(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Created without Apply's wait: it would wait for a Ready that never comes.
+	removeSync(t, c, "no-known-hosts")
 	if err := c.kube.Create(ctx, objs[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +244,7 @@ func TestSSHSyncAgainstRealFlux(t *testing.T) {
 // only HTTPS with a self-signed certificate, given the Secret AuthSecret
 // builds (username, password, ca.crt).
 func TestSnapshotOverTLSWithAuthAgainstRealFlux(t *testing.T) {
-	lab := kubetest.Start(t, kube.Options{Flux: true})
+	lab := fluxLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	repo := infraTree(t, "over-tls", "via", "https", false)
@@ -224,7 +271,7 @@ func TestSnapshotOverTLSWithAuthAgainstRealFlux(t *testing.T) {
 		t.Fatal(err)
 	}
 	ca, _ := os.ReadFile(certFile)
-	syncWithSecret(t, ctx, c, url, Credentials{Username: auth.Username, Token: auth.Password, CA: ca}, srv.Snapshot().Revision())
+	syncWithSecret(t, ctx, c, "sync-tls", url, Credentials{Username: auth.Username, Token: auth.Password, CA: ca}, srv.Snapshot().Revision())
 	if cm, err := lab.Client().CoreV1().ConfigMaps("default").Get(ctx, "over-tls", metav1.GetOptions{}); err != nil || cm.Data["via"] != "https" {
 		t.Fatalf("object under ./infra not applied over HTTPS: %v", err)
 	}
@@ -253,24 +300,25 @@ func infraTree(t *testing.T, name, key, value string, commit bool) string {
 }
 
 // syncWithSecret applies the Secret AuthSecret builds from cr with the
-// GitRepository and Kustomization flux-system/flux-system for url, and
-// waits until both are Ready at revision.
-func syncWithSecret(t *testing.T, ctx context.Context, c *Client, url string, cr Credentials, revision string) {
+// GitRepository and Kustomization flux-system/name for url, and waits
+// until both are Ready at revision; they are removed when the test ends.
+func syncWithSecret(t *testing.T, ctx context.Context, c *Client, name, url string, cr Credentials, revision string) {
 	t.Helper()
-	secret, err := AuthSecret("flux-system", "flux-system", cr)
+	secret, err := AuthSecret(name, "flux-system", cr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := SyncObjects(SyncOptions{Name: "flux-system", Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: "flux-system"})
+	objs, err := SyncObjects(SyncOptions{Name: name, Namespace: "flux-system", URL: url, Branch: "main", Path: "./infra", Interval: time.Minute, SecretName: name})
 	if err != nil {
 		t.Fatal(err)
 	}
+	removeSync(t, c, name)
 	// The apply waits for the sync pair too: long enough for the lab to
 	// restart a controller whose reconcilers never started (docs/lab.md).
 	if _, err := c.Apply(ctx, append([]*unstructured.Unstructured{secret}, objs...), 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.WaitReady(ctx, "flux-system", "flux-system", revision, 2*time.Minute); err != nil {
+	if err := c.WaitReady(ctx, "flux-system", name, revision, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 }

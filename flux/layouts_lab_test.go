@@ -125,7 +125,7 @@ var layouts = []layout{
 // yields are equal, and each layout's expected objects are there. A clone
 // of the snapshot with the git CLI holds every file of the commit.
 func TestSnapshotBuildsWhatGitBuilds(t *testing.T) {
-	lab := kubetest.Start(t, kube.Options{Flux: true})
+	lab := fluxLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	bins := kubetest.Binaries(t)

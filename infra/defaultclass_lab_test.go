@@ -9,9 +9,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/homelab/bootstrap/lab/kube"
-	"github.com/homelab/bootstrap/lab/kube/kubetest"
 )
 
 // TestAClaimMadeBeforeTheDefaultClassGetsIt: a claim without a class made
@@ -22,10 +19,17 @@ import (
 // stage runs beside this stage on that: a claim Flux's sources create
 // first is not left without the NFS class.
 func TestAClaimMadeBeforeTheDefaultClassGetsIt(t *testing.T) {
-	lab := kubetest.Start(t, kube.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	lab := oneNodeLab(t, ctx)
 	cs := lab.Client()
+	// The lab is shared: the claim and the default class go with the test.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = cs.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "early", metav1.DeleteOptions{})
+		_ = cs.StorageV1().StorageClasses().Delete(ctx, "nfs-storage", metav1.DeleteOptions{})
+	})
 	claim := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "early", Namespace: "default"},
 		Spec: corev1.PersistentVolumeClaimSpec{

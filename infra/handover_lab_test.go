@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/flux"
-	"github.com/homelab/bootstrap/lab/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
 	"github.com/homelab/bootstrap/lab/ociregistry"
 )
@@ -23,7 +22,7 @@ func TestHandedOverOCIRepositoryIsReconciled(t *testing.T) {
 	kubetest.Binaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lab := oneNodeLab(t, ctx, kube.Options{Flux: true})
+	lab := oneNodeLab(t, ctx)
 	reg, err := ociregistry.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +35,7 @@ func TestHandedOverOCIRepositoryIsReconciled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := Release{Name: "demo", Namespace: "demo-oci", RepoURL: reg.RepoURL("charts"), Chart: "demo", Version: "1.0.0", Values: map[string]any{"greeting": "oci"}, Timeout: time.Minute}
+	r := Release{Name: "demo", Namespace: "demo-handover", RepoURL: reg.RepoURL("charts"), Chart: "demo", Version: "1.0.0", Values: map[string]any{"greeting": "oci"}, Timeout: time.Minute}
 	planAndApply(t, ctx, h, r, ActionInstall)
 
 	plain, err := OCIPlainHTTP(ctx, r.RepoURL)

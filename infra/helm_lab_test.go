@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/repo"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -80,7 +82,7 @@ func TestHelmInstallsFromAnOCIRegistry(t *testing.T) {
 	kubetest.Binaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lab := oneNodeLab(t, ctx, kube.Options{})
+	lab := oneNodeLab(t, ctx)
 	reg, err := ociregistry.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -127,14 +129,20 @@ func planAndApply(t *testing.T, ctx context.Context, h *Helm, r Release, want Ac
 	return rel
 }
 
-// oneNodeLab is a real control plane (opts, e.g. with Flux) with one
-// schedulable, Ready node cp-1.
-func oneNodeLab(t *testing.T, ctx context.Context, opts kube.Options) *kube.Cluster {
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+
+// oneNodeLab is the real control plane the package's lab tests share, one
+// after another (kubetest.Shared), with the Flux controllers and one
+// schedulable, Ready node cp-1. Each test keeps to namespaces and
+// releases of its own; what is cluster-wide (the Cilium release in
+// kube-system, a default StorageClass) no other test reads.
+func oneNodeLab(t *testing.T, ctx context.Context) *kube.Cluster {
 	t.Helper()
-	opts.ScheduleOnControlPlanes = true
-	lab := kubetest.Start(t, opts)
-	if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
-		t.Fatal(err)
+	lab := kubetest.Shared(t, "infra", kube.Options{Flux: true, ScheduleOnControlPlanes: true})
+	if _, err := lab.Client().CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := lab.WaitNodesReady(ctx, []string{"cp-1"}, 30*time.Second); err != nil {
 		t.Fatal(err)
@@ -156,7 +164,7 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 	kubetest.Binaries(t) // the slot before the budget: waiting for one must not eat it
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lab := oneNodeLab(t, ctx, kube.Options{})
+	lab := oneNodeLab(t, ctx)
 	url := chartRepo(t, "1.0.0", "1.1.0")
 	h, err := NewHelm(kubetest.AdminKubeconfig(t, lab), "lab", kubetest.Logger(t))
 	if err != nil {
@@ -287,7 +295,7 @@ func TestCiliumOnOneNodeWithTheRealChart(t *testing.T) {
 	kubetest.Binaries(t) // the slot before the budget: waiting for one must not eat it
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lab := oneNodeLab(t, ctx, kube.Options{})
+	lab := oneNodeLab(t, ctx)
 	chartDir, err := lab.Binaries().CiliumChart(ctx)
 	if err != nil {
 		t.Fatal(err)
