@@ -216,6 +216,9 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 				rule = generated.judge(p, data)
 			}
 			if rule == "" {
+				rule = dotenvNamedSecret(p, data)
+			}
+			if rule == "" {
 				rule = ex.byContent(data, kindOf(p, charts))
 			}
 			if plaintextRule[rule] && plain != nil && plain.Match(strings.Split(p, "/"), false) {
