@@ -25,7 +25,7 @@ import (
 // and mtime recorded at `git add`), and left out otherwise, since running
 // the clean filter is the user's tool's business, not ours.
 type gitView struct {
-	repo    *gogit.Repository
+	repo *gogit.Repository
 	// filters are the paths git runs a filter driver on.
 	filters map[string]bool
 	entries map[string]*index.Entry
