@@ -1,6 +1,7 @@
 package gitsnap
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path"
@@ -8,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	gogit "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
 	"go.yaml.in/yaml/v3"
 )
@@ -400,4 +402,30 @@ func (n *needs) valuesFiles(spec map[string]any, by string) {
 			}
 		}
 	}
+}
+
+// BuildReads returns the files of the work tree holding dir (slash paths
+// relative to its root, sorted) that the cluster's build reads from
+// fluxPath, as the snapshot judges it (neededFiles over what git lists,
+// minus what source-controller leaves out), and the work tree's root.
+// Whatever a Kustomization the build applies decrypts is among them.
+func BuildReads(ctx context.Context, dir, fluxPath string) (root string, files []string, err error) {
+	repo, err := gogit.PlainOpenWithOptions(dir, &gogit.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
+	if err != nil {
+		return "", nil, fmt.Errorf("opening git repository at %s: %w", dir, err)
+	}
+	wt, err := repo.Worktree()
+	if err != nil {
+		return "", nil, fmt.Errorf("opening work tree of %s: %w", dir, err)
+	}
+	root = wt.Filesystem.Root()
+	candidates, _, err := listCandidates(ctx, root)
+	if err != nil {
+		return "", nil, err
+	}
+	for p := range neededFiles(root, candidates, fluxStarts(fluxPath)) {
+		files = append(files, p)
+	}
+	sort.Strings(files)
+	return root, files, nil
 }
