@@ -38,9 +38,9 @@ func TestRepositorySOPSFollowsTheBuild(t *testing.T) {
 		"clusters/home/vars.sops.yaml": sealed(recA),
 		"clusters/home/apps.yaml": "apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata: {name: apps, namespace: flux-system}\n" +
 			"spec:\n  path: ./apps\n  sourceRef: {kind: GitRepository, name: flux-system}\n  decryption: {provider: sops, secretRef: {name: sops-age}}\n",
-		"apps/kustomization.yaml": "resources: [db.sops.yaml]\nsecretGenerator:\n- name: env\n  envs: [secret.sops.env]\n",
-		"apps/db.sops.yaml":       sealed(recB),
-		"apps/secret.sops.env":    "PASSWORD=ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops_age__list_0__map_recipient=" + recC + "\nsops_mac=ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\nsops_version=3.13.2\n",
+		"apps/kustomization.yaml":   "resources: [db.sops.yaml]\nsecretGenerator:\n- name: env\n  envs: [secret.sops.env]\n",
+		"apps/db.sops.yaml":         sealed(recB),
+		"apps/secret.sops.env":      "PASSWORD=ENC[AES256_GCM,data:abc,iv:def,tag:ghi,type:str]\nsops_age__list_0__map_recipient=" + recC + "\nsops_mac=ENC[AES256_GCM,data:m,iv:i,tag:t,type:str]\nsops_version=3.13.2\n",
 		"other-cluster/x.sops.yaml": sealed(recD),
 	} {
 		full := filepath.Join(dir, filepath.FromSlash(p))
