@@ -442,12 +442,18 @@ func TestPostQuantumAgeKeysValidate(t *testing.T) {
 		{"PQ backup recipients", "backup:\n  copyDir: copies\n  ageRecipients: [" + pq.Recipient().String() + "]\n", ""},
 		{"mixed bundle recipients", "secrets:\n  age:\n    recipients: [" + pq.Recipient().String() + ", " + classicRec + "]\n    keyFile: age.key\n", "secrets.age.recipients: post-quantum"},
 		{"mixed backup recipients", "backup:\n  copyDir: copies\n  ageRecipients: [" + classicRec + ", " + pq.Recipient().String() + "]\n", "backup.ageRecipients: post-quantum"},
+		// The sops-age Secret of a Flux before v2.9 cannot hold one.
+		{"PQ identity for Flux v2.8", "  version: v2.8.1\n  decryption: {enabled: true}\nsecrets:\n  age:\n    keyFile: age.key\n", "secrets.age.keyFile: age.key holds a post-quantum age identity"},
+		{"PQ identity for Flux v2.9", "  version: v2.9.0\n  decryption: {enabled: true}\nsecrets:\n  age:\n    keyFile: age.key\n", ""},
 	} {
 		cfg, err := Parse(cfgPath, []byte(good+tc.extra), noEnv)
 		if err != nil {
 			t.Fatal(err)
 		}
 		wantValid(t, tc.name, cfg, tc.want)
+		if err := cfg.Validate(); tc.want != "" && strings.Contains(tc.want, "post-quantum age identity") && (err == nil || !strings.Contains(err.Error(), "flux.version v2.8.1") || !strings.Contains(err.Error(), "v2.9.0 or later")) {
+			t.Errorf("%s: %v, want it to name flux.version v2.8.1 and v2.9.0", tc.name, err)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/Masterminds/semver/v3"
 	"github.com/homelab/bootstrap/internal/sealed"
 	"github.com/homelab/bootstrap/sops"
 )
@@ -56,6 +57,9 @@ func (v *validator) secrets() {
 		v.errf("secrets.age.keyFile", "%s holds no age identity (AGE-SECRET-KEY-1… or AGE-SECRET-KEY-PQ-1… lines, as age-keygen writes): %v", a.KeyFile, err)
 		return
 	}
+	if v.c.Flux.Decryption.Enabled {
+		v.pqIdentitiesNeedFlux(ids, "secrets.age.keyFile")
+	}
 	own := ids.Recipients
 	if len(recipients) == 0 {
 		return
@@ -86,31 +90,67 @@ func (v *validator) secrets() {
 
 // fluxDecryption needs an identity to hand to Flux: without
 // secrets.age.keyFile it is looked up where the sops CLI reads identities,
-// and finding none there fails now rather than in the flux stage.
+// and finding none there fails now rather than in the flux stage. A
+// post-quantum identity needs a Flux whose kustomize-controller reads it
+// (pqFluxFloor).
 func (v *validator) fluxDecryption() {
-	if !v.c.Flux.Decryption.Enabled || v.c.Secrets.Age.KeyFile != "" {
+	if !v.c.Flux.Decryption.Enabled {
 		return
 	}
 	var env LookupEnv
 	if v.c.src != nil {
 		env = v.c.src.env
 	}
-	if _, err := sops.LoadIdentities("", env); err != nil {
-		lookup := env
-		if lookup == nil {
-			lookup = os.LookupEnv
-		}
-		if cmd, ok := lookup(sops.KeyCmdEnv); ok && cmd != "" {
-			// sops v3.13.2 runs the key command for each recipient it
-			// decrypts ($SOPS_AGE_RECIPIENT set): one that answers only
-			// then is proven by the flux stage's precheck, which knows
-			// the repository's recipients.
-			v.warnf("flux.decryption.enabled", "$%s gave no age identity without $%s; the sops decryption precheck asks it for each recipient of the repository's SOPS files", sops.KeyCmdEnv, sops.RecipientEnv)
+	if v.c.Secrets.Age.KeyFile != "" {
+		// The key file is read and judged by the age checks.
+		return
+	}
+	ids, err := sops.LoadIdentities("", env)
+	if err == nil {
+		v.pqIdentitiesNeedFlux(ids, "flux.decryption.enabled")
+		return
+	}
+	lookup := env
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	if cmd, ok := lookup(sops.KeyCmdEnv); ok && cmd != "" {
+		// sops v3.13.2 runs the key command for each recipient it
+		// decrypts ($SOPS_AGE_RECIPIENT set): one that answers only
+		// then is proven by the flux stage's precheck, which knows
+		// the repository's recipients.
+		v.warnf("flux.decryption.enabled", "$%s gave no age identity without $%s; the sops decryption precheck asks it for each recipient of the repository's SOPS files", sops.KeyCmdEnv, sops.RecipientEnv)
+		return
+	}
+	// Where it looked, not the error: the user config directory
+	// differs per machine and the message must not.
+	v.errf("flux.decryption.enabled", "needs an age identity to hand to Flux and finds none where the sops CLI looks ($%s, $%s, $%s, <user config dir>/%s): set secrets.age.keyFile, or one of those", sops.KeyEnv, sops.KeyFileEnv, sops.KeyCmdEnv, sops.UserConfigPath)
+}
+
+// pqFluxFloor is the first Flux whose kustomize-controller reads
+// post-quantum age identities (AGE-SECRET-KEY-PQ-1…): sops parses them
+// from v3.12.0 (getsops/sops v3.13.2 age/keysource.go parseIdentity's
+// "AGE-SECRET-KEY-PQ-1" case; v3.11.0's knows only AGE-PLUGIN- and
+// AGE-SECRET-KEY-1, "unknown identity type"); kustomize-controller v1.8.5
+// pins sops v3.11.0, v1.9.0 first pins sops v3.13 with age v1.3.1 (its
+// go.mod; v1.9.5's: sops v3.13.2, age v1.3.1), and flux2 v2.9.0 first
+// ships that controller (manifests/bases/kustomize-controller). An older
+// kustomize-controller fails the import of the whole sops-age Secret
+// (internal/decryptor/decryptor.go ImportKeys), classic keys included.
+var pqFluxFloor = semver.MustParse("2.9.0")
+
+// pqIdentitiesNeedFlux refuses a post-quantum identity for Flux older
+// than pqFluxFloor.
+func (v *validator) pqIdentitiesNeedFlux(ids sops.Identities, field string) {
+	fv, err := semver.StrictNewVersion(strings.TrimPrefix(v.c.Flux.Version, "v"))
+	if err != nil || !fv.LessThan(pqFluxFloor) {
+		return
+	}
+	for _, r := range ids.Recipients {
+		if strings.HasPrefix(r, "age1pq1") {
+			v.errf(field, "%s holds a post-quantum age identity (AGE-SECRET-KEY-PQ-1…) that flux.version %s cannot read: its kustomize-controller's sops predates v3.12 and fails the whole sops-age Secret; set flux.version to v%s or later, or hand Flux classic identities only", ids.Source, v.c.Flux.Version, pqFluxFloor)
 			return
 		}
-		// Where it looked, not the error: the user config directory
-		// differs per machine and the message must not.
-		v.errf("flux.decryption.enabled", "needs an age identity to hand to Flux and finds none where the sops CLI looks ($%s, $%s, $%s, <user config dir>/%s): set secrets.age.keyFile, or one of those", sops.KeyEnv, sops.KeyFileEnv, sops.KeyCmdEnv, sops.UserConfigPath)
 	}
 }
 

@@ -33,39 +33,6 @@ var errStop = errors.New("stop")
 // walk.
 type Visit func(rel string, data []byte) (stop bool)
 
-// WalkLocal walks the YAML and JSON files under dir/sub of a local work
-// tree, as Flux would see them in a snapshot of it.
-func WalkLocal(dir, sub string, visit Visit) error {
-	root := filepath.Join(dir, filepath.FromSlash(strings.TrimPrefix(sub, "./")))
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if d.Name() == ".git" {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !isManifest(p) || !d.Type().IsRegular() {
-			return nil
-		}
-		data, err := readLimited(p)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if visit(filepath.ToSlash(rel), data) {
-			return errStop
-		}
-		return nil
-	})
-	if errors.Is(err, errStop) {
-		return nil
-	}
-	return err
-}
-
 // WalkRemote clones the branch's head into memory (depth 1) and walks its
 // YAML and JSON files under sub: what source-controller will fetch.
 func WalkRemote(ctx context.Context, url, branch string, cr Credentials, knownHostsFile, sub string, visit Visit) error {

@@ -116,7 +116,38 @@ var layouts = []layout{
 		},
 		want: map[string][]string{"ConfigMap/kept": {"a"}},
 	},
+	{
+		// What the build reads beyond its own directory: a kustomize
+		// component, a chart's values file outside the chart and its
+		// file:// dependency; and a plaintext Secret the root .sourceignore
+		// leaves out of the artifact (withheld, refusing nothing).
+		name: "reach",
+		files: map[string]string{
+			// No kustomization file in layouts/ignored/: Flux would apply
+			// every manifest there, but for the root .sourceignore.
+			".sourceignore":                       "layouts/ignored/local-*.yaml\n",
+			"layouts/ignored/local-secret.yaml":   "apiVersion: v1\nkind: Secret\nmetadata:\n  name: local\nstringData:\n  password: local-only\n",
+			"layouts/reach/kustomization.yaml":    "resources: [release.yaml]\ncomponents: [../../components/extra]\n",
+			"components/extra/kustomization.yaml": "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nresources: [cm.yaml]\n",
+			"components/extra/cm.yaml":            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra\ndata:\n  a: b\n",
+			"charts/web/Chart.yaml":               "apiVersion: v2\nname: web\nversion: 1.0.0\ndependencies:\n- name: common\n  version: 1.0.0\n  repository: file://../common\n",
+			"charts/web/values.yaml":              "greeting: default\n",
+			"charts/web/templates/cm.yaml":        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-settings\ndata:\n  greeting: {{ .Values.greeting | quote }}\n",
+			"charts/common/Chart.yaml":            "apiVersion: v2\nname: common\nversion: 1.0.0\n",
+			"charts/common/templates/cm.yaml":     "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-common\ndata:\n  from: common\n",
+			"values/web-home.yaml":                "greeting: from-values-file\n",
+			"layouts/reach/release.yaml": "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata:\n  name: web\nspec:\n  interval: 10m\n" +
+				"  chart:\n    spec:\n      chart: ./charts/web\n      valuesFiles: [./charts/web/values.yaml, ./values/web-home.yaml]\n" +
+				"      sourceRef:\n        kind: GitRepository\n        name: ${SOURCE}\n        namespace: flux-system\n",
+		},
+		want: map[string][]string{"ConfigMap/extra": {"a"}, "ConfigMap/web-settings": {"greeting"}, "ConfigMap/web-common": {"from"}},
+	},
 }
+
+// sourceIgnoredSecret is the one file the layouts' snapshot withholds:
+// source-controller leaves it out of the artifact (.sourceignore), so no
+// build reads it.
+const sourceIgnoredSecret = "layouts/ignored/local-secret.yaml"
 
 // TestSnapshotBuildsWhatGitBuilds serves one commit twice, as the
 // snapshot (gitsnap) and as a bare repository through `git http-backend`,
@@ -178,8 +209,8 @@ func TestSnapshotBuildsWhatGitBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(snap.Withheld) != 0 {
-		t.Fatalf("the snapshot withholds %s: none of these layouts holds a plaintext secret", snap.WithheldList())
+	if len(snap.Withheld) != 1 || snap.Withheld[0].Path != sourceIgnoredSecret || snap.Withheld[0].NeededBy != "" {
+		t.Fatalf("the snapshot withholds %s: only %s, which no build reads, holds a plaintext secret", snap.WithheldList(), sourceIgnoredSecret)
 	}
 	head := strings.TrimSpace(gitCmd(t, repo, "rev-parse", "HEAD"))
 	auth, _, err := gitsnap.EnsureAuth(t.TempDir())
@@ -201,8 +232,9 @@ func TestSnapshotBuildsWhatGitBuilds(t *testing.T) {
 	clone := filepath.Join(t.TempDir(), "clone")
 	authURL := strings.Replace(snapURL, "http://", "http://"+auth.Username+":"+auth.Password+"@", 1)
 	gitCmd(t, "", "clone", "-q", authURL, clone)
-	if got, want := lsFiles(t, clone, "HEAD"), lsFiles(t, repo, head); !slices.Equal(got, want) {
-		t.Errorf("git clone of the snapshot holds %v, the commit %v", got, want)
+	want := slices.DeleteFunc(lsFiles(t, repo, head), func(p string) bool { return p == sourceIgnoredSecret })
+	if got := lsFiles(t, clone, "HEAD"); !slices.Equal(got, want) {
+		t.Errorf("git clone of the snapshot holds %v, the commit less %s %v", got, sourceIgnoredSecret, want)
 	}
 
 	c, err := NewClient(lab.RESTConfig(), kubetest.Logger(t))
@@ -268,6 +300,10 @@ func TestSnapshotBuildsWhatGitBuilds(t *testing.T) {
 	}
 	if got := string(builtObjects(t, ctx, lab, "snap-sops")["Secret/api"]["token"]); got != "sealed-api-token" {
 		t.Errorf("decrypted token = %q", got)
+	}
+	// The values file outside the chart was read, from both sources.
+	if got := builtObjects(t, ctx, lab, "snap-reach")["ConfigMap/web-settings"]["greeting"]; got != "from-values-file" {
+		t.Errorf("greeting = %q, want the values file's", got)
 	}
 }
 

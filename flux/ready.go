@@ -102,6 +102,18 @@ func conditionsOf(u *unstructured.Unstructured) []map[string]any {
 // not there yet, dependencies not ready): not this object's failure.
 var transientReasons = map[string]bool{"ArtifactFailed": true, "DependencyNotReady": true}
 
+// pathNotFound starts the one ArtifactFailed message that no retry mends:
+// kustomize-controller v1.9.5 kustomization_controller.go reconcile, "check
+// build path exists", writes it when spec.path is not in the fetched
+// artifact (a typo in flux.path). Its other ArtifactFailed messages wait
+// for the source (getSource errors, "Source artifact not found, retrying",
+// "Source is not ready, artifact not found, retrying") or come from a
+// fetch the controller retries with backoff. The controller records
+// lastAttemptedRevision only after that check, so the revision the failure
+// is about is the source's: it counts once the GitRepository serves the
+// wanted revision.
+const pathNotFound = "kustomization path not found"
+
 // syncFailure is the error that ends a sync wait at once, as flux2 v2.9.5
 // pkg/bootstrap/bootstrap.go objectReconciled ends `flux bootstrap`'s: a
 // suspended object, or Ready=False for the current generation with the
@@ -109,12 +121,19 @@ var transientReasons = map[string]bool{"ArtifactFailed": true, "DependencyNotRea
 // about what the wait asked for: after the reconcile request it made was
 // handled, and for a Kustomization, of the wanted revision (a failure of
 // the revision before, or while it waits for its source, is not).
-func syncFailure(gvk schema.GroupVersionKind, namespace, name, wantRevision, request string, r Readiness) error {
+// sourceAtWant says the GitRepository serves wantRevision (or none is
+// wanted): a Kustomization's spec.path missing from that artifact is
+// permanent (pathNotFound).
+func syncFailure(gvk schema.GroupVersionKind, namespace, name, wantRevision, request string, r Readiness, sourceAtWant bool) error {
 	what := fmt.Sprintf("%s %s/%s", gvk.Kind, namespace, name)
 	switch {
 	case r.Suspended:
 		return fmt.Errorf("%s is suspended (spec.suspend: true), so Flux will not reconcile it: resume it (flux resume %s %s -n %s) or remove spec.suspend", what, strings.ToLower(gvk.Kind), name, namespace)
-	case !r.Failed, request != "" && r.HandledRequest != request, gvk == KustomizationGVK && transientReasons[r.Reason]:
+	case !r.Failed, request != "" && r.HandledRequest != request:
+		return nil
+	case gvk == KustomizationGVK && r.Reason == "ArtifactFailed" && strings.HasPrefix(r.Message, pathNotFound) && sourceAtWant:
+		return fmt.Errorf("%s failed: %s: %s (flux.path names a directory the served tree does not hold)", what, r.Reason, r.Message)
+	case gvk == KustomizationGVK && transientReasons[r.Reason]:
 		return nil
 	case gvk == KustomizationGVK && wantRevision != "" && r.AttemptedRevision != wantRevision:
 		return nil
@@ -246,6 +265,7 @@ func (c *Client) waitObjects(ctx context.Context, namespace, name, wantRevision 
 		func(ctx context.Context) (bool, string, error) {
 			var status []string
 			done := true
+			sourceAtWant := wantRevision == ""
 			for _, gvk := range kinds {
 				u := &unstructured.Unstructured{}
 				u.SetGroupVersionKind(gvk)
@@ -255,7 +275,10 @@ func (c *Client) waitObjects(ctx context.Context, namespace, name, wantRevision 
 					continue
 				}
 				r := ReadinessOf(u)
-				if err := syncFailure(gvk, namespace, name, wantRevision, requests[gvk], r); err != nil {
+				if gvk == GitRepositoryGVK && r.Ready && r.Revision == wantRevision {
+					sourceAtWant = true
+				}
+				if err := syncFailure(gvk, namespace, name, wantRevision, requests[gvk], r, sourceAtWant); err != nil {
 					return false, "", err
 				}
 				switch {

@@ -137,6 +137,10 @@ func TestSyncWaitFailsFast(t *testing.T) {
 		{"suspended", syncObject(KustomizationGVK, map[string]any{"observedGeneration": int64(1), "conditions": []any{ready}, "lastAppliedRevision": old}), true, nil, "is suspended"},
 		{"failed at the revision before", syncObject(KustomizationGVK, map[string]any{"observedGeneration": int64(1), "lastAttemptedRevision": old,
 			"conditions": []any{failed("BuildFailed", "old")}}), false, nil, ""},
+		// kustomize-controller records lastAttemptedRevision after the
+		// path check: the old one stays.
+		{"spec.path not in the artifact", syncObject(KustomizationGVK, map[string]any{"observedGeneration": int64(1), "lastAttemptedRevision": old,
+			"conditions": []any{failed("ArtifactFailed", "kustomization path not found: stat /tmp/kustomization-1/infra: no such file or directory")}}), false, nil, "kustomization path not found: stat /tmp/kustomization-1/infra"},
 		{"waiting for its source", syncObject(KustomizationGVK, map[string]any{"lastAttemptedRevision": rev,
 			"conditions": []any{failed("ArtifactFailed", "Source artifact not found, retrying in 30s")}}), false, nil, ""},
 		{"failed before the request was handled", syncObject(KustomizationGVK, map[string]any{"observedGeneration": int64(1), "lastAttemptedRevision": rev, "lastHandledReconcileAt": "earlier",

@@ -149,9 +149,14 @@ func Serve(ctx context.Context, f ServeFlags, log zerolog.Logger, refresh <-chan
 		return err
 	}
 	if f.StateDir != "" {
-		// Best effort: the starting run may not have recorded this process
-		// yet (it records the hash itself once the server answers).
-		_ = recordWithheld(f.StateDir, os.Getpid(), withheldOrEmpty(srv.Snapshot()))
+		if os.Getenv(detachedEnv) == "1" {
+			// Best effort: the starting run may not have recorded this
+			// process yet (it records the hash itself once the server
+			// answers).
+			_ = recordWithheld(f.StateDir, os.Getpid(), withheldOrEmpty(srv.Snapshot()))
+		} else if err := recordStandalone(f, opts, srv.Snapshot()); err != nil {
+			log.Warn().Err(err).Msg("could not record this server in the state directory; gitsnap status and bootstrap status will not show it")
+		}
 	}
 	defer func() {
 		if f.StateDir != "" {
@@ -161,18 +166,48 @@ func Serve(ctx context.Context, f ServeFlags, log zerolog.Logger, refresh <-chan
 	return srv.ListenAndServe(ctx, refresh)
 }
 
+// detachedEnv marks the server Start runs: Start records it itself. A
+// server started any other way with --state-dir (a systemd unit, a shell)
+// records itself as standalone.
+const detachedEnv = "BOOTSTRAP_GITSNAP_DETACHED"
+
+// recordStandalone records a server not started by Start in the state
+// directory, so `gitsnap status` and `bootstrap status` show it, unless
+// the directory records another live server.
+func recordStandalone(f ServeFlags, opts ServerOptions, snap *Snapshot) error {
+	if st, err := ReadState(f.StateDir); err != nil {
+		return err
+	} else if st != nil && st.PID != os.Getpid() && processAlive(st.PID) {
+		return fmt.Errorf("%s records another live server (pid %d)", filepath.Join(f.StateDir, StateFileName), st.PID)
+	}
+	authFile := f.AuthFile
+	if authFile == "" && !f.Anonymous {
+		authFile = filepath.Join(f.StateDir, AuthFileName)
+	}
+	now := time.Now().UTC()
+	return writeState(f.StateDir, &State{
+		PID: os.Getpid(), Listen: f.Listen, URL: opts.URL, Hash: snap.Hash.String(), Branch: f.branch(), Repo: f.Repo,
+		Interval: f.Interval, Excludes: f.Exclude, Protect: f.Protect, Path: f.Path, Plaintext: f.Plaintext,
+		Withheld: withheldOrEmpty(snap), AuthFile: authFile, TLSCert: f.TLSCert, Standalone: true, StartedAt: now, UpdatedAt: now,
+	})
+}
+
 // State is what the state directory records about a detached server.
 type State struct {
-	PID      int           `json:"pid"`
-	Listen   string        `json:"listen"`
-	URL      string        `json:"url"`
-	Hash     string        `json:"hash"`
-	Branch   string        `json:"branch"`
-	Repo     string        `json:"repo"`
-	Interval time.Duration `json:"interval"`
-	Excludes []string      `json:"excludes,omitempty"`
-	Protect  []string      `json:"protect,omitempty"`
-	Path     string        `json:"path,omitempty"`
+	PID int `json:"pid"`
+	// Standalone: the server was started outside bootstrap (gitsnap serve
+	// --state-dir from a systemd unit or a shell) and recorded itself;
+	// bootstrap never stops or replaces it.
+	Standalone bool          `json:"standalone,omitempty"`
+	Listen     string        `json:"listen"`
+	URL        string        `json:"url"`
+	Hash       string        `json:"hash"`
+	Branch     string        `json:"branch"`
+	Repo       string        `json:"repo"`
+	Interval   time.Duration `json:"interval"`
+	Excludes   []string      `json:"excludes,omitempty"`
+	Protect    []string      `json:"protect,omitempty"`
+	Path       string        `json:"path,omitempty"`
 	// Plaintext is --serve-plaintext.
 	Plaintext []string `json:"serve_plaintext,omitempty"`
 	// Withheld names the files the served snapshot leaves out (paths and
@@ -330,7 +365,7 @@ func Start(ctx context.Context, opts StartOptions) (*State, error) {
 
 	cmd := exec.Command(opts.Executable, opts.Flags.Args()...)
 	cmd.Dir = "/"
-	cmd.Env = append(os.Environ(), opts.Env...)
+	cmd.Env = append(append(os.Environ(), opts.Env...), detachedEnv+"=1")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	child, err := proc.StartDetached(cmd)
 	logf.Close()
@@ -574,6 +609,13 @@ func Ensure(ctx context.Context, opts StartOptions, wantHash string) (*State, En
 	status, err := Check(ctx, opts.StateDir)
 	if err != nil {
 		return nil, "", err
+	}
+	if st := status.State; st != nil && status.Alive && st.Standalone {
+		// Not ours to stop or replace: used as an external server is.
+		if !status.Serves(wantHash) {
+			return nil, "", fmt.Errorf("the standalone git snapshot server (pid %d, %s) serves %s, not the current snapshot %s: reload it (SIGHUP, or systemctl reload) or stop it", st.PID, st.URL, status.ServedHash, wantHash)
+		}
+		return st, EnsureExternal, nil
 	}
 	if st := status.State; st != nil && status.Alive {
 		if !st.sameServer(opts.Flags) {

@@ -61,6 +61,10 @@ const (
 	// servers (MinIO, Garage, SeaweedFS, B2) issue keys without AWS's
 	// AKIA prefix, so the file is known by its key name, not its value.
 	RuleAWSCredentials = "AWS shared credentials"
+	// RuleHelmValues: a Flux HelmRelease whose spec.values hold a literal
+	// under a key that names a secret (password, token, apiKey, …), where
+	// Flux's way is valuesFrom a (SOPS-encrypted) Secret.
+	RuleHelmValues = "plaintext secret in HelmRelease values"
 )
 
 // tokenRules are the token formats looked for in every inspected file: a
@@ -78,6 +82,11 @@ var tokenRules = []struct {
 	{"gitlab", "glpat-", regexp.MustCompile(`\bglpat-[A-Za-z0-9_-]{20,}`)},
 	{"aws access key", "A", regexp.MustCompile(`\b(AKIA|ASIA)[0-9A-Z]{16}\b`)},
 	{"slack", "xox", regexp.MustCompile(`\bxox[abprs]-[A-Za-z0-9-]{10,}`)},
+	// Incoming-webhook URLs carry their token in the path: Slack's
+	// hooks.slack.com/services/T…/B…/<token>, Discord's
+	// /api/webhooks/<id>/<token>.
+	{"slack webhook", "hooks.slack.com/services/", regexp.MustCompile(`hooks\.slack\.com/services/T[A-Z0-9]+/B[A-Z0-9]+/[A-Za-z0-9]{16,}`)},
+	{"discord webhook", "/api/webhooks/", regexp.MustCompile(`discord(?:app)?\.com/api/webhooks/[0-9]+/[A-Za-z0-9_-]{16,}`)},
 	{"age secret key", "AGE-SECRET-KEY-1", regexp.MustCompile(`AGE-SECRET-KEY-1[0-9A-Z]{58}`)},
 	// Post-quantum hybrid identities (age v1.3.0 age-keygen -pq; sops
 	// v3.12.0 and later parse them: getsops/sops v3.13.2 age/keysource.go
@@ -306,7 +315,7 @@ func (x *excluder) byContent(data []byte, kind fileKind) string {
 	if isPrivateKey(data) {
 		return RulePrivateKey
 	}
-	if bytes.Contains(data, []byte("users")) && bytes.Contains(data, []byte("Config")) && isKubeconfigWithCredentials(data) {
+	if bytes.Contains(data, []byte("users")) && isKubeconfigWithCredentials(data) {
 		return RuleKubeconfig
 	}
 	if bytes.Contains(data, []byte("contexts")) && bytes.Contains(data, []byte("key")) && isTalosconfigWithKey(data) {
@@ -324,6 +333,12 @@ func (x *excluder) byContent(data []byte, kind fileKind) string {
 	if kind != otherFile && bytes.Contains(data, []byte("Secret")) && isUnencryptedSecret(data, kind == chartTemplate) {
 		return RuleUnencryptedSecret
 	}
+	if kind == manifestFile && bytes.Contains(data, []byte("patch")) && bytes.Contains(data, []byte("Secret")) && inlinePatchSecret(data) {
+		return RuleUnencryptedSecret
+	}
+	if kind == manifestFile && bytes.Contains(data, []byte("helm.toolkit.fluxcd.io")) && helmValuesHoldSecret(data) {
+		return RuleHelmValues
+	}
 	for _, t := range tokenRules {
 		if bytes.Contains(data, []byte(t.prefix)) && t.re.Match(data) {
 			return RuleTokenPrefix + t.name
@@ -334,8 +349,10 @@ func (x *excluder) byContent(data []byte, kind fileKind) string {
 
 // awsSecretKeyLine is the secret key of an AWS shared credentials file as
 // the AWS SDK reads it (aws-sdk-go-v2 config v1.32.17 internal/ini: keys
-// case-insensitive, '=' or ':' between key and value).
-var awsSecretKeyLine = regexp.MustCompile(`(?mi)^\s*aws_secret_access_key\s*[=:]\s*(.*)$`)
+// case-insensitive, '=' or ':' between key and value). The value is what
+// stands on the key's own line: a YAML key whose value is a mapping on the
+// next lines (an env entry with valueFrom.secretKeyRef) holds none.
+var awsSecretKeyLine = regexp.MustCompile(`(?mi)^[ \t]*aws_secret_access_key[ \t]*[=:][ \t]*(.*)$`)
 
 // isAWSSharedCredentials: a file with an aws_secret_access_key line whose
 // value is not a placeholder.
@@ -439,17 +456,28 @@ func withoutTemplateActions(chunk []byte) []byte {
 	lines := strings.Split(string(chunk), "\n")
 	out := lines[:0]
 	for _, line := range lines {
-		if t := strings.TrimSpace(line); t != "" && strings.TrimSpace(templateAction.ReplaceAllString(t, "")) == "" && !templateLiteral.MatchString(t) {
+		if t := strings.TrimSpace(line); t != "" && strings.TrimSpace(templateAction.ReplaceAllString(t, "")) == "" && !writesLiteral(t) {
 			continue
 		}
 		out = append(out, templateAction.ReplaceAllStringFunc(line, func(a string) string {
-			if templateLiteral.MatchString(a) {
+			if actionWritesLiteral(a) {
 				return "literal"
 			}
 			return templatePlaceholder
 		}))
 	}
 	return []byte(strings.Join(out, "\n"))
+}
+
+// writesLiteral reports whether any template action of line writes a
+// string literal.
+func writesLiteral(line string) bool {
+	for _, a := range templateAction.FindAllString(line, -1) {
+		if actionWritesLiteral(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // dataBlock starts a Secret's data or stringData block in a document
@@ -728,11 +756,16 @@ func splitYAMLDocs(data []byte) [][]byte {
 	return out
 }
 
-// isKubeconfigWithCredentials: a kubeconfig (kind Config) one of whose
-// users holds a credential that is not a placeholder.
+// isKubeconfigWithCredentials: a kubeconfig one of whose users holds a
+// credential that is not a placeholder. kubectl loads a file without
+// kind and apiVersion (client-go tools/clientcmd's loader decodes into
+// clientcmdapi.Config whatever the kind says), so a document with users
+// and clusters or contexts lists counts as one too.
 func isKubeconfigWithCredentials(data []byte) bool {
 	for _, doc := range yamlDocs(data) {
-		if doc["kind"] != "Config" {
+		_, clusters := doc["clusters"].([]any)
+		_, contexts := doc["contexts"].([]any)
+		if doc["kind"] != "Config" && (doc["kind"] != nil || !clusters && !contexts) {
 			continue
 		}
 		users, _ := doc["users"].([]any)
@@ -762,4 +795,164 @@ func isTalosconfigWithKey(data []byte) bool {
 		}
 	}
 	return false
+}
+
+// inlinePatchSecret: a kustomization (kustomize's, or a Flux
+// Kustomization's spec) whose inline patches write a plaintext Secret
+// value: a strategic-merge patch holding a Secret (patches[].patch,
+// patchesStrategicMerge entries written inline, Flux's
+// patchesStrategicMerge objects), or a JSON 6902 patch targeting a Secret
+// that adds a data or stringData value. kustomize applies the patch, so
+// the value is in the built Secret as written here.
+func inlinePatchSecret(data []byte) bool {
+	for _, doc := range yamlDocs(data) {
+		k := doc
+		if api, _ := doc["apiVersion"].(string); doc["kind"] == "Kustomization" && strings.HasPrefix(api, "kustomize.toolkit.fluxcd.io/") {
+			k, _ = doc["spec"].(map[string]any)
+		}
+		var patches []any
+		for _, field := range []string{"patches", "patchesStrategicMerge", "patchesJson6902"} {
+			if l, ok := k[field].([]any); ok {
+				patches = append(patches, l...)
+			}
+		}
+		for _, p := range patches {
+			if patchWritesSecret(p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func patchWritesSecret(p any) bool {
+	switch t := p.(type) {
+	case string:
+		return strings.Contains(t, "\n") && isUnencryptedSecret([]byte(t), false)
+	case map[string]any:
+		if _, ok := t["kind"]; ok {
+			return plaintextSecret(t, 0)
+		}
+		body, _ := t["patch"].(string)
+		if body == "" {
+			return false
+		}
+		if isUnencryptedSecret([]byte(body), false) {
+			return true
+		}
+		target, _ := t["target"].(map[string]any)
+		if target["kind"] != "Secret" {
+			return false
+		}
+		var ops []map[string]any
+		if yaml.Unmarshal([]byte(body), &ops) != nil {
+			return false
+		}
+		for _, op := range ops {
+			at, _ := op["path"].(string)
+			if (strings.HasPrefix(at, "/data") || strings.HasPrefix(at, "/stringData")) && !secretValuesHoldNoSecret(op["value"], false) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// helmValuesHoldSecret: a Flux HelmRelease whose spec.values hold a
+// secret-named key with a literal string (secretNamedKey), or an env
+// entry {name: <secret-named>, value: <literal>}. A key whose value is a
+// mapping (valueFrom.secretKeyRef) or a placeholder holds none.
+func helmValuesHoldSecret(data []byte) bool {
+	for _, doc := range yamlDocs(data) {
+		api, _ := doc["apiVersion"].(string)
+		if doc["kind"] != "HelmRelease" || !strings.HasPrefix(api, "helm.toolkit.fluxcd.io/") {
+			continue
+		}
+		spec, _ := doc["spec"].(map[string]any)
+		if valuesHoldSecret(spec["values"], 0) {
+			return true
+		}
+	}
+	return false
+}
+
+func valuesHoldSecret(v any, depth int) bool {
+	if depth > 32 {
+		return false
+	}
+	switch t := v.(type) {
+	case map[string]any:
+		if name, ok := t["name"].(string); ok && secretNamedKey(name) {
+			if s, ok := t["value"].(string); ok && !holdsNoSecret(s) {
+				return true
+			}
+		}
+		for k, x := range t {
+			if s, ok := x.(string); ok && secretNamedKey(k) && !holdsNoSecret(s) {
+				return true
+			}
+			if valuesHoldSecret(x, depth+1) {
+				return true
+			}
+		}
+	case []any:
+		for _, x := range t {
+			if valuesHoldSecret(x, depth+1) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// secretNamedKey reports whether a values or env key names a secret
+// itself (postgresPassword, adminPassword, apiToken, AWS_SECRET_ACCESS_KEY,
+// clientSecret), not a reference to one (existingSecret, passwordKey,
+// secretName, tokenSecretRef, passwordFile).
+func secretNamedKey(k string) bool {
+	l := strings.Map(func(r rune) rune {
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return -1
+	}, k)
+	for _, ref := range []string{"existing", "ref", "name", "file", "path", "enabled", "enable", "create", "mount", "annotation", "length", "policy", "type", "selector", "passwordkey", "tokenkey", "userkey", "usernamekey", "secretkeyref"} {
+		if strings.Contains(l, ref) {
+			return false
+		}
+	}
+	for _, s := range []string{"password", "passwd", "secret", "token", "apikey", "accesskey", "privatekey"} {
+		if strings.Contains(l, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// dotenvNamedSecret: a file named *.env (a compose or app env file, a
+// generator's env source) with an assignment whose key names a secret
+// and whose value is a literal. Other values (LOG_LEVEL=debug) are
+// configuration.
+func dotenvNamedSecret(p string, data []byte) string {
+	if !strings.HasSuffix(backedUp(path.Base(p)), ".env") || sopsDotenvSealed(data) {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		m := dotenvAssignment.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		key, _, _ := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		if secretNamedKey(strings.TrimSpace(key)) && !holdsNoSecret(unquote(strings.TrimSpace(m[1]))) {
+			return RuleDotEnv
+		}
+	}
+	return ""
 }

@@ -1,19 +1,17 @@
 package gitsnap
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"path"
-	"path/filepath"
-	"sort"
+	"os/exec"
 	"strings"
 
-	"github.com/go-git/go-billy/v5/osfs"
 	gogit "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
-	"github.com/go-git/go-git/v5/plumbing/format/gitattributes"
 	"github.com/go-git/go-git/v5/plumbing/format/index"
 )
 
@@ -27,76 +25,49 @@ import (
 // and mtime recorded at `git add`), and left out otherwise, since running
 // the clean filter is the user's tool's business, not ours.
 type gitView struct {
-	repo    *gogit.Repository
-	attrs   gitattributes.Matcher
+	repo *gogit.Repository
+	// filters are the paths git runs a filter driver on.
+	filters map[string]bool
 	entries map[string]*index.Entry
 }
 
-// newGitView indexes idx by path and reads the attributes git applies to
-// the work tree: the system and global attributes files, every .gitattributes among
-// the candidates (outer directories first, as deeper files take
-// precedence), then $GIT_DIR/info/attributes, which wins over all.
-func newGitView(repo *gogit.Repository, idx *index.Index, root string, candidates []string) (*gitView, error) {
-	v := &gitView{repo: repo, entries: make(map[string]*index.Entry, len(idx.Entries))}
+// newGitView indexes idx by path and asks git which candidates it runs a
+// filter driver on (`git check-attr filter`), so every attributes source
+// git reads counts: .gitattributes files, $GIT_DIR/info/attributes,
+// core.attributesFile wherever it is configured, and the system and
+// $XDG_CONFIG_HOME/git/attributes defaults.
+func newGitView(ctx context.Context, repo *gogit.Repository, idx *index.Index, root string, candidates []string) (*gitView, error) {
+	v := &gitView{repo: repo, entries: make(map[string]*index.Entry, len(idx.Entries)), filters: map[string]bool{}}
 	for _, e := range idx.Entries {
 		v.entries[e.Name] = e
 	}
-	var stack []gitattributes.MatchAttribute
-	rootfs := osfs.New("/")
-	if sys, err := gitattributes.LoadSystemPatterns(rootfs); err == nil {
-		stack = append(stack, sys...)
+	if len(candidates) == 0 {
+		return v, nil
 	}
-	if global, err := gitattributes.LoadGlobalPatterns(rootfs); err == nil {
-		stack = append(stack, global...)
-	}
-	var files []string
-	for _, p := range candidates {
-		if path.Base(p) == ".gitattributes" {
-			files = append(files, p)
-		}
-	}
-	sort.SliceStable(files, func(i, j int) bool { return strings.Count(files[i], "/") < strings.Count(files[j], "/") })
-	for _, p := range files {
-		var domain []string
-		if d := path.Dir(p); d != "." {
-			domain = strings.Split(d, "/")
-		}
-		attrs, err := readAttributes(filepath.Join(root, filepath.FromSlash(p)), domain, len(domain) == 0)
-		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", p, err)
-		}
-		stack = append(stack, attrs...)
-	}
-	infoDir := filepath.Join(root, ".git", "info")
-	if common := linkedCommonDir(root); common != "" {
-		infoDir = filepath.Join(common, "info")
-	}
-	attrs, err := readAttributes(filepath.Join(infoDir, "attributes"), nil, true)
+	cmd := exec.CommandContext(ctx, "git", "-C", root, "check-attr", "-z", "--stdin", "filter")
+	cmd.Env = gitEnv()
+	cmd.Stdin = strings.NewReader(strings.Join(candidates, "\x00") + "\x00")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", filepath.Join(infoDir, "attributes"), err)
+		return nil, fmt.Errorf("reading git attributes of %s (git check-attr): %w: %s", root, err, strings.TrimSpace(stderr.String()))
 	}
-	v.attrs = gitattributes.NewMatcher(append(stack, attrs...))
+	// Records are <path> NUL <attribute> NUL <info> NUL; info is
+	// "unspecified", "unset", "set" (no driver named) or the driver.
+	f := strings.Split(string(out), "\x00")
+	for i := 0; i+2 < len(f); i += 3 {
+		switch f[i+2] {
+		case "unspecified", "unset", "set", "":
+		default:
+			v.filters[f[i]] = true
+		}
+	}
 	return v, nil
 }
 
-func readAttributes(file string, domain []string, allowMacro bool) ([]gitattributes.MatchAttribute, error) {
-	f, err := os.Open(file)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return gitattributes.ReadAttributes(f, domain, allowMacro)
-}
-
 // filtered reports whether git runs a filter driver on p.
-func (v *gitView) filtered(p string) bool {
-	got, _ := v.attrs.Match(strings.Split(p, "/"), []string{"filter"})
-	a, ok := got["filter"]
-	return ok && a.IsValueSet() && a.Value() != ""
-}
+func (v *gitView) filtered(p string) bool { return v.filters[p] }
 
 // content returns the bytes to serve for the regular file p (full on
 // disk, fi its Lstat). ok is false when p is filtered and git holds no

@@ -1,12 +1,16 @@
 package gitsnap
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 
+	gogit "github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -28,11 +32,17 @@ import (
 // The starting paths are flux.path (the flux-system Kustomization); a tree
 // served without one starts at its root.
 
-// neededFiles maps each candidate the cluster's build reads to why.
+// neededFiles maps each candidate the cluster's build reads to why. What
+// source-controller leaves out of the artifact (sourceIgnored) is never
+// read.
 func neededFiles(root string, candidates []string, starts []string) map[string]string {
-	n := &needs{root: root, list: candidates, files: map[string]bool{}, why: map[string]string{}, built: map[string]bool{}}
+	n := &needs{root: root, files: map[string]bool{}, why: map[string]string{}, built: map[string]bool{}, charts: map[string]bool{}}
+	ignored := sourceIgnored(root, candidates)
 	for _, p := range candidates {
-		n.files[p] = true
+		if !ignored.Match(strings.Split(p, "/"), false) {
+			n.list = append(n.list, p)
+			n.files[p] = true
+		}
 	}
 	if len(starts) == 0 {
 		starts = []string{"."}
@@ -50,6 +60,50 @@ type needs struct {
 	files map[string]bool
 	why   map[string]string
 	built map[string]bool
+	// charts are the chart directories recorded.
+	charts map[string]bool
+}
+
+// sourceIgnored is what source-controller leaves out of a GitRepository's
+// artifact: fluxcd/pkg sourceignore (23cf50f) NewDefaultMatcher, i.e. the
+// VCS, extension, CI and extra defaults (ExcludeVCS, ExcludeExt,
+// ExcludeCI, ExcludeExtra: **/.sops.yaml among them) below the patterns
+// of every .sourceignore file, each scoped to its directory
+// (LoadIgnorePatterns).
+func sourceIgnored(root string, candidates []string) gitignore.Matcher {
+	var ps []gitignore.Pattern
+	for _, list := range []string{".git/,.gitignore,.gitmodules,.gitattributes",
+		"*.jpg,*.jpeg,*.gif,*.png,*.wmv,*.flv,*.tar.gz,*.zip",
+		".github/,.circleci/,.travis.yml,.gitlab-ci.yml,appveyor.yml,.drone.yml,cloudbuild.yaml,codeship-services.yml,codeship-steps.yml",
+		"**/.goreleaser.yml,**/.sops.yaml,**/.flux.yaml"} {
+		for _, p := range strings.Split(list, ",") {
+			ps = append(ps, gitignore.ParsePattern(p, nil))
+		}
+	}
+	var files []string
+	for _, p := range candidates {
+		if path.Base(p) == ".sourceignore" {
+			files = append(files, p)
+		}
+	}
+	// Outer directories first, as LoadIgnorePatterns walks them.
+	sort.SliceStable(files, func(i, j int) bool { return strings.Count(files[i], "/") < strings.Count(files[j], "/") })
+	for _, f := range files {
+		data, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(f)))
+		if err != nil {
+			continue
+		}
+		var domain []string
+		if d := path.Dir(f); d != "." {
+			domain = strings.Split(d, "/")
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if line = strings.TrimRight(line, "\r"); !strings.HasPrefix(line, "#") && strings.TrimSpace(line) != "" {
+				ps = append(ps, gitignore.ParsePattern(line, domain))
+			}
+		}
+	}
+	return gitignore.NewMatcher(ps)
 }
 
 func (n *needs) need(p, why string) {
@@ -266,7 +320,19 @@ func (n *needs) fluxObjects(p string) {
 			src, _ := spec["sourceRef"].(map[string]any)
 			dir, _ := spec["path"].(string)
 			if src["kind"] == "GitRepository" && !strings.Contains(dir, "${") {
-				n.build(cleanRel(dir), fmt.Sprintf("the Flux Kustomization %s (%s)", name, p))
+				by := fmt.Sprintf("the Flux Kustomization %s (%s)", name, p)
+				n.build(cleanRel(dir), by)
+				// spec.components are added to the build, relative to
+				// spec.path (kustomize-controller api v1.9.5
+				// kustomization_types.go Components; fluxcd/pkg/kustomize
+				// v1.35.6 kustomize_generator.go adds them to the
+				// kustomization it builds).
+				comps, _ := spec["components"].([]any)
+				for _, c := range comps {
+					if c, ok := c.(string); ok && !strings.Contains(c, "://") {
+						n.build(path.Clean(path.Join(cleanRel(dir), c)), "the components of "+by)
+					}
+				}
 			}
 		case doc["kind"] == "HelmRelease" && strings.HasPrefix(api, "helm.toolkit.fluxcd.io/"):
 			chart, _ := spec["chart"].(map[string]any)
@@ -274,27 +340,92 @@ func (n *needs) fluxObjects(p string) {
 			src, _ := cspec["sourceRef"].(map[string]any)
 			dir, _ := cspec["chart"].(string)
 			if src["kind"] == "GitRepository" {
-				n.chart(cleanRel(dir), fmt.Sprintf("the HelmRelease %s (%s)", name, p))
+				by := fmt.Sprintf("the HelmRelease %s (%s)", name, p)
+				n.chart(cleanRel(dir), by)
+				n.valuesFiles(cspec, by)
 			}
 		case doc["kind"] == "HelmChart" && strings.HasPrefix(api, "source.toolkit.fluxcd.io/"):
 			src, _ := spec["sourceRef"].(map[string]any)
 			dir, _ := spec["chart"].(string)
 			if src["kind"] == "GitRepository" {
-				n.chart(cleanRel(dir), fmt.Sprintf("the HelmChart %s (%s)", name, p))
+				by := fmt.Sprintf("the HelmChart %s (%s)", name, p)
+				n.chart(cleanRel(dir), by)
+				n.valuesFiles(spec, by)
 			}
 		}
 	}
 }
 
 // chart records every file of the chart in dir: source-controller builds
-// it whole.
+// it whole, with the charts its Chart.yaml names as file:// dependencies
+// (relative to the chart; source-controller v1.9.5's local builder
+// resolves them inside the artifact).
 func (n *needs) chart(dir, by string) {
-	if dir == ".." || strings.HasPrefix(dir, "../") || strings.Contains(dir, "${") {
+	if dir == ".." || strings.HasPrefix(dir, "../") || strings.Contains(dir, "${") || n.charts[dir] {
 		return
 	}
+	n.charts[dir] = true
 	for _, q := range n.list {
 		if dir == "." || strings.HasPrefix(q, dir+"/") {
 			n.need(q, fmt.Sprintf("a file of the Helm chart %s/, which source-controller builds for %s", dir, by))
 		}
 	}
+	data, err := os.ReadFile(filepath.Join(n.root, filepath.FromSlash(path.Join(dir, "Chart.yaml"))))
+	if err != nil {
+		return
+	}
+	var c struct {
+		Dependencies []struct {
+			Repository string `yaml:"repository"`
+		} `yaml:"dependencies"`
+	}
+	if yaml.Unmarshal(data, &c) != nil {
+		return
+	}
+	for _, d := range c.Dependencies {
+		if rel, ok := strings.CutPrefix(d.Repository, "file://"); ok {
+			n.chart(path.Clean(path.Join(dir, rel)), fmt.Sprintf("a file:// dependency of the chart %s/ (%s)", dir, by))
+		}
+	}
+}
+
+// valuesFiles records the values files a chart is built with
+// (spec.valuesFiles, paths from the source's root, which may lie outside
+// the chart: source-controller merges them from the artifact's work
+// directory).
+func (n *needs) valuesFiles(spec map[string]any, by string) {
+	list, _ := spec["valuesFiles"].([]any)
+	for _, v := range list {
+		if f, ok := v.(string); ok {
+			if p := cleanRel(f); n.files[p] {
+				n.need(p, "a values file of "+by)
+			}
+		}
+	}
+}
+
+// BuildReads returns the files of the work tree holding dir (slash paths
+// relative to its root, sorted) that the cluster's build reads from
+// fluxPath, as the snapshot judges it (neededFiles over what git lists,
+// minus what source-controller leaves out), and the work tree's root.
+// Whatever a Kustomization the build applies decrypts is among them.
+func BuildReads(ctx context.Context, dir, fluxPath string) (root string, files []string, err error) {
+	repo, err := gogit.PlainOpenWithOptions(dir, &gogit.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
+	if err != nil {
+		return "", nil, fmt.Errorf("opening git repository at %s: %w", dir, err)
+	}
+	wt, err := repo.Worktree()
+	if err != nil {
+		return "", nil, fmt.Errorf("opening work tree of %s: %w", dir, err)
+	}
+	root = wt.Filesystem.Root()
+	candidates, _, err := listCandidates(ctx, root)
+	if err != nil {
+		return "", nil, err
+	}
+	for p := range neededFiles(root, candidates, fluxStarts(fluxPath)) {
+		files = append(files, p)
+	}
+	sort.Strings(files)
+	return root, files, nil
 }

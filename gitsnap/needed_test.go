@@ -154,3 +154,68 @@ func TestServerRefusesASnapshotMissingWhatTheBuildReads(t *testing.T) {
 		t.Errorf("Refresh with a needed plaintext Secret: changed %v, hash %s (was %s), err %v; want the old snapshot kept and the file named", changed, snap.Hash, served, err)
 	}
 }
+
+// TestNeededFollowsWhatFluxReads: what source-controller leaves out of
+// the artifact (.sourceignore, its defaults) is not read, so a withheld
+// file there refuses nothing; a Flux Kustomization's spec.components, a
+// chart's valuesFiles outside its directory and its file:// dependencies
+// are read, so a withheld file there refuses the snapshot, named.
+func TestNeededFollowsWhatFluxReads(t *testing.T) {
+	requireGit(t)
+	dir := t.TempDir()
+	git(t, dir, "init", "-q", "-b", testRepoBranch)
+	for p, c := range map[string]string{
+		".sourceignore":                   "clusters/home/local-*.yaml\n",
+		"clusters/home/flux.yaml":         configMap,
+		"clusters/home/local-secret.yaml": plainSecret,
+		"clusters/home/apps.yaml": "apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata: {name: apps, namespace: flux-system}\n" +
+			"spec:\n  path: ./apps\n  components: [../components/db]\n  sourceRef: {kind: GitRepository, name: flux-system}\n",
+		"clusters/home/release.yaml": "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata: {name: web}\n" +
+			"spec:\n  chart:\n    spec:\n      chart: ./charts/web\n      valuesFiles: [./charts/web/values.yaml, ./values/web-home.yaml]\n      sourceRef: {kind: GitRepository, name: flux-system}\n",
+		"apps/kustomization.yaml":             "resources: [cm.yaml]\n",
+		"apps/cm.yaml":                        configMap,
+		"components/db/kustomization.yaml":    "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nresources: [secret.yaml]\n",
+		"components/db/secret.yaml":           plainSecret,
+		"charts/web/Chart.yaml":               "apiVersion: v2\nname: web\nversion: 1.0.0\ndependencies:\n- name: common\n  version: 1.0.0\n  repository: file://../common\n",
+		"charts/web/values.yaml":              "replicas: 1\n",
+		"charts/common/Chart.yaml":            "apiVersion: v2\nname: common\nversion: 1.0.0\n",
+		"charts/common/templates/secret.yaml": plainSecret,
+		"values/web-home.yaml":                "password: {{ \"hunter2\" }}\napiVersion: v1\nkind: Secret\nstringData: {password: hunter2}\n",
+	} {
+		writeFile(t, dir, p, c, 0o644)
+	}
+	snap, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./clusters/home"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"clusters/home/local-secret.yaml":     "",
+		"components/db/secret.yaml":           "listed in components/db/kustomization.yaml",
+		"charts/common/templates/secret.yaml": "a file of the Helm chart charts/common/",
+		"values/web-home.yaml":                "a values file of the HelmRelease web",
+	}
+	got := map[string]string{}
+	for _, w := range snap.Withheld {
+		got[w.Path] = w.NeededBy
+	}
+	for p, by := range want {
+		nb, ok := got[p]
+		switch {
+		case !ok:
+			t.Errorf("%s not withheld; withheld: %v", p, snap.Withheld)
+		case by == "" && nb != "":
+			t.Errorf("%s: NeededBy %q, want nothing (.sourceignore leaves it out of the artifact)", p, nb)
+		case by != "" && !strings.HasPrefix(nb, by):
+			t.Errorf("%s: NeededBy %q, want it to start with %q", p, nb, by)
+		}
+	}
+	err = snap.Refusal()
+	for _, p := range []string{"components/db/secret.yaml", "charts/common/templates/secret.yaml", "values/web-home.yaml"} {
+		if err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("Refusal() = %v, want it to name %s", err, p)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "local-secret") {
+		t.Errorf("Refusal() names the .sourceignore'd file: %v", err)
+	}
+}

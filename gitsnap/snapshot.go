@@ -6,23 +6,23 @@
 package gitsnap
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/go-git/go-billy/v5/osfs"
 	gogit "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
-	"github.com/go-git/go-git/v5/plumbing/format/index"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/storage/memory"
 )
@@ -138,11 +138,11 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the git index of %s: %w", root, err)
 	}
-	candidates, skipped, err := listCandidates(ctx, idx, root)
+	candidates, skipped, err := listCandidates(ctx, root)
 	if err != nil {
 		return nil, err
 	}
-	held, err := newGitView(repo, idx, root, candidates)
+	held, err := newGitView(ctx, repo, idx, root, candidates)
 	if err != nil {
 		return nil, err
 	}
@@ -216,6 +216,9 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 				rule = generated.judge(p, data)
 			}
 			if rule == "" {
+				rule = dotenvNamedSecret(p, data)
+			}
+			if rule == "" {
 				rule = ex.byContent(data, kindOf(p, charts))
 			}
 			if plaintextRule[rule] && plain != nil && plain.Match(strings.Split(p, "/"), false) {
@@ -277,56 +280,46 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 
 // listCandidates returns the sorted slash-separated paths of tracked files
 // and of untracked files that git would not ignore, and how many paths were
-// skipped because a snapshot cannot carry them.
-func listCandidates(ctx context.Context, idx *index.Index, root string) ([]string, int, error) {
+// skipped because a snapshot cannot carry them (submodules, nested
+// repositories). git itself lists them (`git ls-files`), so every source
+// git reads decides what exists: .gitignore files, $GIT_DIR/info/exclude
+// (the common one for a linked work tree), core.excludesFile wherever it
+// is set (system, ~/.gitconfig, $XDG_CONFIG_HOME/git/config or
+// ~/.config/git/config, .git/config, include and includeIf files) and
+// git's default $XDG_CONFIG_HOME/git/ignore. A reimplementation of those
+// rules missed every config source but ~/.gitconfig.
+func listCandidates(ctx context.Context, root string) ([]string, int, error) {
 	set := map[string]bool{}
 	skipped := 0
-	for _, e := range idx.Entries {
-		if e.Mode == filemode.Submodule {
-			skipped++
-			continue
-		}
-		set[e.Name] = true
-	}
-
-	ignore, err := ignoreMatcher(root)
+	// --stage gives each tracked entry's mode: a gitlink (160000) is a
+	// submodule, its own project.
+	staged, err := gitLsFiles(ctx, root, "--cached", "--stage")
 	if err != nil {
 		return nil, 0, err
 	}
-	err = filepath.WalkDir(root, func(full string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	for _, rec := range staged {
+		meta, name, ok := strings.Cut(rec, "\t")
+		if !ok {
+			return nil, 0, fmt.Errorf("git ls-files --stage in %s: unexpected record %q", root, rec)
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if strings.HasPrefix(meta, "160000 ") {
+			skipped++
+			continue
 		}
-		if full == root {
-			return nil
-		}
-		rel, err := filepath.Rel(root, full)
-		if err != nil {
-			return err
-		}
-		p := filepath.ToSlash(rel)
-		parts := strings.Split(p, "/")
-		if d.IsDir() {
-			if d.Name() == ".git" || ignore.Match(parts, true) {
-				return filepath.SkipDir
-			}
-			// A nested repository is its own project, not part of this tree.
-			if _, err := os.Lstat(filepath.Join(full, ".git")); err == nil {
-				skipped++
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !set[p] && !ignore.Match(parts, false) {
-			set[p] = true
-		}
-		return nil
-	})
+		set[name] = true
+	}
+	others, err := gitLsFiles(ctx, root, "--others", "--exclude-standard")
 	if err != nil {
-		return nil, 0, fmt.Errorf("walking %s: %w", root, err)
+		return nil, 0, err
+	}
+	for _, name := range others {
+		// An untracked nested repository is listed as its directory
+		// ("vendor/other/"): its own project, not part of this tree.
+		if strings.HasSuffix(name, "/") {
+			skipped++
+			continue
+		}
+		set[name] = true
 	}
 	out := make([]string, 0, len(set))
 	for p := range set {
@@ -336,83 +329,40 @@ func listCandidates(ctx context.Context, idx *index.Index, root string) ([]strin
 	return out, skipped, nil
 }
 
-// ignoreMatcher combines what `git status` honours: .gitignore files,
-// info/exclude (also for linked work trees) and the user's and system's
-// core.excludesFile.
-func ignoreMatcher(root string) (gitignore.Matcher, error) {
-	wtfs := osfs.New(root)
-	ps, err := gitignore.ReadPatterns(wtfs, nil)
+// gitLsFiles runs `git ls-files -z` with args in the work tree root and
+// returns its NUL-separated records. The variables that would point git
+// at another repository or index are dropped: the work tree is root.
+func gitLsFiles(ctx context.Context, root string, args ...string) ([]string, error) {
+	cmd := exec.CommandContext(ctx, "git", append([]string{"-C", root, "-c", "core.fsmonitor=false", "ls-files", "-z"}, args...)...)
+	cmd.Env = gitEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("reading .gitignore files under %s: %w", root, err)
+		return nil, fmt.Errorf("listing the work tree of %s with git ls-files %s: %w: %s", root, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
-	// Later patterns win, so the order is lowest priority first, as in git.
-	var all []gitignore.Pattern
-	rootfs := osfs.New("/")
-	if global, err := gitignore.LoadGlobalPatterns(rootfs); err == nil && len(global) > 0 {
-		all = append(all, global...)
-	} else if sys, err := gitignore.LoadSystemPatterns(rootfs); err == nil && len(sys) > 0 {
-		all = append(all, sys...)
-	} else if file := defaultExcludesFile(); file != "" {
-		all = append(all, readPatternFile(file)...)
+	var recs []string
+	for _, r := range strings.Split(string(out), "\x00") {
+		if r != "" {
+			recs = append(recs, r)
+		}
 	}
-	if common := linkedCommonDir(root); common != "" {
-		all = append(all, readPatternFile(filepath.Join(common, "info", "exclude"))...)
-	}
-	return gitignore.NewMatcher(append(all, ps...)), nil
+	return recs, nil
 }
 
-// defaultExcludesFile is where git looks for global ignore patterns when
-// core.excludesFile is not set.
-func defaultExcludesFile() string {
-	if x := os.Getenv("XDG_CONFIG_HOME"); x != "" {
-		return filepath.Join(x, "git", "ignore")
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(home, ".config", "git", "ignore")
-	}
-	return ""
-}
-
-// linkedCommonDir returns the common git directory of a linked work tree
-// (where .git is a "gitdir:" file), or "" for an ordinary repository.
-func linkedCommonDir(root string) string {
-	b, err := os.ReadFile(filepath.Join(root, ".git"))
-	if err != nil {
-		return ""
-	}
-	gitdir, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir:")
-	if !ok {
-		return ""
-	}
-	gitdir = strings.TrimSpace(gitdir)
-	if !filepath.IsAbs(gitdir) {
-		gitdir = filepath.Join(root, gitdir)
-	}
-	c, err := os.ReadFile(filepath.Join(gitdir, "commondir"))
-	if err != nil {
-		return ""
-	}
-	common := strings.TrimSpace(string(c))
-	if !filepath.IsAbs(common) {
-		common = filepath.Join(gitdir, common)
-	}
-	return common
-}
-
-func readPatternFile(file string) []gitignore.Pattern {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil
-	}
-	var ps []gitignore.Pattern
-	for _, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimRight(line, "\r")
-		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+// gitEnv is the environment without the variables that redirect git to
+// another repository, index or work tree.
+func gitEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch name {
+		case "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX":
 			continue
 		}
-		ps = append(ps, gitignore.ParsePattern(line, nil))
+		env = append(env, kv)
 	}
-	return ps
+	return env
 }
 
 type treeFile struct {

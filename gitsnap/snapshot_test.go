@@ -135,7 +135,7 @@ func newFixture(t *testing.T) fixture {
 	add("configs/cm.yaml", configMap, 0o644)
 	add("configs/anon-kubeconfig.yaml", kubeconfigNoCredentials, 0o644)
 	add("docs/age.md", "about age keys\n", 0o644)
-	add("environment.env", "NOT_A_SECRET=1\n", 0o644)
+	add("environment.env", "LOG_LEVEL=debug\nAWS_SECRET_ACCESS_KEY=\n", 0o644)
 	exclude("build/out.bin", "ignored build output\n", "")
 	exclude("debug.log", "ignored log\n", "")
 
@@ -244,6 +244,36 @@ func newFixture(t *testing.T) fixture {
 	exclude("apps/secrets.yaml.bak-20261128T000000Z", "password: hunter2\n", RuleSecretsBundle)
 	exclude("keys/pq.txt", "AGE-SECRET-KEY-PQ-1"+strings.Repeat("Q", 80)+"\n", RuleTokenPrefix+"age secret key")
 	exclude("talos/controlplane.yaml.j2", talosMachineConfig, RuleTalosMachineConfig)
+	// A literal secret beside a placeholder: Flux substitutes ${VAR} and
+	// leaves the rest as written.
+	leakSecret := func(value string) string {
+		return "apiVersion: v1\nkind: Secret\nmetadata: {name: app}\nstringData:\n  value: '" + value + "'\n"
+	}
+	exclude("apps/jdbc.yaml", leakSecret("jdbc:postgresql://${DB_HOST}:5432/app?user=app&password=JdbcS3cretValue"), RuleUnencryptedSecret)
+	exclude("apps/adonet.yaml", leakSecret("Server=${DB_HOST};Database=app;User Id=sa;Password=MssqlS3cretValue;"), RuleUnencryptedSecret)
+	exclude("apps/registry.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: reg}\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{\"auths\":{\"${REGISTRY}\":{\"username\":\"bot\",\"password\":\"RegistryS3cretValue\"}}}'\n", RuleUnencryptedSecret)
+	exclude("apps/webhook.yaml", leakSecret("https://discord.com/api/webhooks/1234567890/WebhookS3cretTokenValue?thread_id=${THREAD_ID}"), RuleUnencryptedSecret)
+	exclude("gen4/kustomization.yaml", "secretGenerator:\n- name: db\n  literals:\n  - DSN=Server=${DB_HOST};User Id=sa;Password=GenLiteralS3cret;\n", RuleSecretGenerator)
+	// Templates that write a literal wherever it stands; a bare $NAME.
+	exclude("charts/app/templates/funcs.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: app}\ndata:\n  a: {{ b64enc \"ChartFuncS3cretValue\" }}\n", RuleUnencryptedSecret)
+	exclude("charts/app/templates/default.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: app}\ndata:\n  b: {{ .Values.password | default \"ChartDefaultS3cret\" | b64enc }}\n", RuleUnencryptedSecret)
+	exclude("charts/app/templates/printf.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: app}\ndata:\n  c: {{ printf \"%s\" \"ChartPrintfS3cret\" | b64enc }}\n", RuleUnencryptedSecret)
+	exclude("apps/dollar.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: app}\nstringData: {password: $DollarS3cretValue}\n", RuleUnencryptedSecret)
+	// A plaintext Secret in an inline patch, kustomize's and Flux's.
+	exclude("patched/kustomization.yaml", "resources: [app.yaml]\npatches:\n- patch: |-\n    apiVersion: v1\n    kind: Secret\n    metadata: {name: db}\n    stringData:\n      password: PatchS3cretValue\n", RuleUnencryptedSecret)
+	exclude("patched/json6902.yaml", "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\npatches:\n- target: {kind: Secret, name: db}\n  patch: |-\n    - op: add\n      path: /stringData/password\n      value: PatchS3cretValue\n", RuleUnencryptedSecret)
+	exclude("clusters/home/apps.yaml", "apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata: {name: apps, namespace: flux-system}\nspec:\n  path: ./apps\n  sourceRef: {kind: GitRepository, name: flux-system}\n  patches:\n  - patch: |\n      apiVersion: v1\n      kind: Secret\n      metadata: {name: db}\n      stringData: {password: FluxPatchS3cret}\n", RuleUnencryptedSecret)
+	// A kubeconfig without kind: kubectl loads it all the same.
+	exclude("configs/kindless.yaml", "clusters:\n- name: c\n  cluster: {server: \"https://10.0.0.10:6443\"}\nusers:\n- name: u\n  user: {token: KindlessS3cretToken}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\n", RuleKubeconfig)
+	// A password in a HelmRelease's values; a compose env file.
+	exclude("apps/pg-release.yaml", "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata: {name: pg}\nspec:\n  values:\n    auth:\n      postgresPassword: HelmValuesS3cret\n", RuleHelmValues)
+	exclude("compose/db.env", "POSTGRES_USER=app\nPOSTGRES_PASSWORD=ComposeEnvS3cret\n", RuleDotEnv)
+	exclude("notes/slack.txt", "alerts go to https://hooks.slack.com/services/T0123ABCD/B0123ABCD/abcdefghijklmnopqrstuvwx\n", RuleTokenPrefix+"slack webhook")
+	// What reads as a secret's name but takes its value from elsewhere:
+	// an env entry whose valueFrom stands on the next lines (the AWS rule
+	// read the next line as its value), secret references in values.
+	add("apps/backup-release.yaml", "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata: {name: backup}\nspec:\n  values:\n    env:\n      AWS_ACCESS_KEY_ID:\n        valueFrom:\n          secretKeyRef: {name: s3, key: id}\n      AWS_SECRET_ACCESS_KEY:\n        valueFrom:\n          secretKeyRef:\n            name: s3\n            key: secret\n    auth:\n      existingSecret: pg-auth\n      secretKeys: {adminPasswordKey: password}\n      password: ${PG_PASSWORD}\n", 0o644)
+	add("apps/env-list.yaml", "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata: {name: app}\nspec:\n  values:\n    env:\n    - name: AWS_SECRET_ACCESS_KEY\n      valueFrom:\n        secretKeyRef: {name: s3, key: secret}\n    - name: LOG_LEVEL\n      value: debug\n", 0o644)
 
 	// A nested repository is its own project.
 	nested := filepath.Join(dir, "vendor", "other")

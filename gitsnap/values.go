@@ -18,10 +18,49 @@ import (
 // onedr0p/cluster-template configures them (#{ … }#, #% … %#).
 var templateAction = regexp.MustCompile(`\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}|#\{.*?\}#|#%.*?%#`)
 
-// templateLiteral finds an action whose pipeline starts with a quoted
-// string ({{ "hunter2" | b64enc }}): the value is then written in the
-// template itself, not taken from values or a variable.
-var templateLiteral = regexp.MustCompile(`^(\{\{|\{%|#\{)-?\s*("[^"]*"|'[^']*'|` + "`[^`]*`" + `)`)
+// actionWritesLiteral reports whether a template action writes a string
+// literal kept in the template itself: in Go templates (text/template, as
+// Helm renders them) and Jinja a literal is written wherever it stands in
+// the pipeline ({{ "x" | b64enc }}, {{ b64enc "x" }}, {{ .Values.pw |
+// default "x" }}, {{ printf "%s" "x" }}, {{ pw | default("x") }}). A
+// quoted string does not count when it names something instead of being
+// written: a template (include, template), a message (required, fail), a
+// key (index, hasKey, lookup), an operand of a comparison, printf's
+// format; nor when it holds no letter or digit (a separator). Control
+// actions, assignments, comments and Jinja statements write nothing.
+func actionWritesLiteral(a string) bool {
+	inner := a
+	switch {
+	case strings.HasPrefix(a, "{{"):
+		inner = strings.TrimSuffix(strings.TrimPrefix(a, "{{"), "}}")
+	case strings.HasPrefix(a, "#{"):
+		inner = strings.TrimSuffix(strings.TrimPrefix(a, "#{"), "}#")
+	default: // {% %}, {# #}, #% %#: statements and comments
+		return false
+	}
+	inner = strings.TrimSpace(strings.Trim(strings.TrimSpace(inner), "-"))
+	if controlAction.MatchString(inner) || assignment.MatchString(inner) {
+		return false
+	}
+	inner = namingCall.ReplaceAllStringFunc(inner, func(m string) string { return quoted.ReplaceAllString(m, "") })
+	inner = printfFormat.ReplaceAllString(inner, "printf ")
+	for _, q := range quoted.FindAllString(inner, -1) {
+		if strings.IndexFunc(q, func(r rune) bool { return r >= '0' && r <= '9' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' }) >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	quoted        = regexp.MustCompile(`"(?:[^"\\]|\\.)*"|'[^']*'|` + "`[^`]*`")
+	controlAction = regexp.MustCompile(`^(?:if|else|end|with|range|define|block|template|break|continue|/\*|#)\b|^/\*`)
+	assignment    = regexp.MustCompile(`^\$[A-Za-z0-9_]*\s*:?=`)
+	// namingCall is a call whose quoted arguments name things (up to the
+	// next pipe or closing parenthesis).
+	namingCall   = regexp.MustCompile(`\b(?:include|template|required|fail|index|hasKey|lookup|eq|ne|lt|le|gt|ge|hasPrefix|hasSuffix|contains|semverCompare|regexMatch|tpl|env|getenv|expandenv)\b[^|)]*`)
+	printfFormat = regexp.MustCompile(`\bprintf\s*\(?\s*(?:"(?:[^"\\]|\\.)*"|'[^']*')`)
+)
 
 // substitution matches Flux's post-build variables, ${NAME} with an
 // optional default (${NAME:=default}, ${NAME:-default}, ${NAME=default}):
@@ -29,13 +68,8 @@ var templateLiteral = regexp.MustCompile(`^(\{\{|\{%|#\{)-?\s*("[^"]*"|'[^']*'|`
 // name, SubstituteWithAlways's "${MYFOO:=bar}" for defaults), as
 // kustomize-controller v1.9.5 runs it; talhelper's envsubst files use the
 // same form, and other renderers use dotted names (${cluster.ca.key}),
-// taken too. The bare $NAME form is not: a password may hold '$'.
+// taken too. The bare $NAME form is not: Flux leaves it as written.
 var substitution = regexp.MustCompile(`\$\{([_A-Za-z][_A-Za-z0-9.]*)(?::?[-=]([^}]*))?\}`)
-
-// shellVariable is a value that is wholly $NAME, as envsubst and shell
-// templates write a variable; only the whole value counts (a password
-// may hold '$').
-var shellVariable = regexp.MustCompile(`^\$[A-Za-z_][A-Za-z0-9_]*$`)
 
 // storeReference matches references a secret store resolves at deploy
 // time: 1Password's secret references (op://vault/item[/section]/field,
@@ -52,10 +86,13 @@ var urlPassword = regexp.MustCompile(`://[^/\s:@]*:[^/\s@]+@`)
 // or every line of it is blank, structural punctuation, or holds a
 // template action, a substitution or a secret-store reference. A line that
 // mixes a placeholder with literal text ("postgres://app:${DB_PASSWORD}@db")
-// holds no secret unless the literal part is itself a URL password; a line
-// of literal text only (token = "abc") does. A template that writes a
-// string literal ({{ "x" | b64enc }}) is literal text, and so is a
-// substitution's non-empty default.
+// holds no secret unless the literal part holds one itself
+// (literalBesidePlaceholder); a line of literal text only (token = "abc")
+// does. A template that writes a string literal (actionWritesLiteral) is
+// literal text, and so is a substitution's non-empty default. A bare $NAME
+// is literal too: Flux substitutes only ${NAME} (fluxcd/pkg envsubst
+// README, "expanding variables in a string using ${var} syntax"), so
+// "$Passw0rd" is the password applied.
 func holdsNoSecret(v string) bool {
 	t := strings.TrimSpace(v)
 	if t == "" || isSOPSValue(t) {
@@ -71,12 +108,12 @@ func holdsNoSecret(v string) bool {
 
 func lineHoldsNoSecret(line string) bool {
 	l := strings.TrimSpace(line)
-	if l == "" || isSOPSValue(unquote(l)) || strings.Trim(l, `{}[](),;"'`) == "" || shellVariable.MatchString(unquote(l)) {
+	if l == "" || isSOPSValue(unquote(l)) || strings.Trim(l, `{}[](),;"'`) == "" {
 		return true
 	}
 	placeholder := false
 	for _, a := range templateAction.FindAllString(l, -1) {
-		if templateLiteral.MatchString(a) {
+		if actionWritesLiteral(a) {
 			return false
 		}
 		placeholder = true
@@ -93,8 +130,36 @@ func lineHoldsNoSecret(line string) bool {
 		placeholder = true
 		rest = storeReference.ReplaceAllString(rest, "")
 	}
-	return placeholder && !urlPassword.MatchString(rest)
+	return placeholder && !literalBesidePlaceholder(rest)
 }
+
+// literalBesidePlaceholder reports whether what is left of a line once its
+// placeholders are taken out still holds a secret: Flux substitutes
+// ${VAR} and leaves the rest of the string as written (fluxcd/pkg
+// envsubst), so a password beside a host variable is in git as it is
+// applied. It looks for a URL password (scheme://user:pass@), a
+// credential assignment (password=…, "password":"…", Password=…; as JDBC,
+// ADO.NET and docker config JSON write them) and a token-shaped run (16 or
+// more letters and digits, both present, as webhook tokens are), not a
+// digest.
+func literalBesidePlaceholder(rest string) bool {
+	if urlPassword.MatchString(rest) || credentialAssignment.MatchString(rest) {
+		return true
+	}
+	for _, m := range tokenRun.FindAllStringIndex(rest, -1) {
+		run := rest[m[0]:m[1]]
+		if strings.ContainsAny(run, "0123456789") && strings.IndexFunc(run, func(r rune) bool { return r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' }) >= 0 && !digestPrefix.MatchString(rest[:m[0]]) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	credentialAssignment = regexp.MustCompile(`(?i)(?:pass(?:word|wd)?|pwd|secret|token|api[_-]?key)["']?\s*[:=]\s*["']?[^\s"';&,}]{3,}`)
+	tokenRun             = regexp.MustCompile(`[A-Za-z0-9]{16,}`)
+	digestPrefix         = regexp.MustCompile(`(?i)sha(?:1|256|512):$`)
+)
 
 // isSOPSValue: a value as sops encrypts it (ENC[AES256_GCM,data:…]).
 func isSOPSValue(s string) bool { return strings.HasPrefix(s, "ENC[") }

@@ -30,7 +30,7 @@ func (w Withheld) String() string {
 // plaintextRule are the rules judging plaintext Secret values, which
 // BuildOptions.ServePlaintext may override; the others guard credentials,
 // keys and bootstrap's own files and always hold.
-var plaintextRule = map[string]bool{RuleUnencryptedSecret: true, RuleSecretGenerator: true, RuleSecretsBundle: true, RuleDotEnv: true}
+var plaintextRule = map[string]bool{RuleUnencryptedSecret: true, RuleSecretGenerator: true, RuleSecretsBundle: true, RuleDotEnv: true, RuleHelmValues: true}
 
 // Advice says what to do about a withheld file the cluster's build reads.
 func (w Withheld) Advice() string {
@@ -41,6 +41,8 @@ func (w Withheld) Advice() string {
 		return "move the generator's literal values into a SOPS-encrypted env file it reads (envs: [secret.sops.env]) or encrypt the file it reads with SOPS; to serve it in plaintext, list it in flux.localSnapshot.servePlaintext"
 	case w.Rule == RuleSecretsBundle || w.Rule == RuleDotEnv:
 		return "encrypt it with SOPS (sops encrypt -i " + w.Path + "); to serve it in plaintext, list it in flux.localSnapshot.servePlaintext"
+	case w.Rule == RuleHelmValues:
+		return "move the secret values into a SOPS-encrypted Secret the HelmRelease reads with spec.valuesFrom; to serve it in plaintext, list it in flux.localSnapshot.servePlaintext"
 	case w.Rule == RuleFiltered:
 		return "git add it, so the snapshot serves what git holds"
 	case w.Rule == RuleConfiguredExclude:

@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -610,12 +612,26 @@ func fluxIdentities(ctx context.Context, env *Env) (ids sops.Identities, file st
 	}
 }
 
-// repositorySOPS walks flux.path of the tree Flux will pull (the local work
-// tree, or a shallow clone of the remote) and returns its first SOPS file
-// and the age recipients of all of them.
+// repositorySOPS reads the SOPS files of the tree Flux will pull and
+// returns the first YAML one and the age recipients of all of them. For a
+// local snapshot these are the files the cluster's build reads from
+// flux.path (gitsnap.BuildReads: every Kustomization it applies, wherever
+// its path lies, decrypts with the same sops-age Secret: kustomize-
+// controller v1.9.5 internal/decryptor/decryptor.go ImportKeys), dotenv
+// and INI generator inputs included (decryptKustomizationSources decrypts
+// those too); for a remote, the YAML and JSON files under flux.path of a
+// shallow clone.
 func repositorySOPS(ctx context.Context, env *Env) (file string, data []byte, recipients []string, err error) {
 	f := env.Config.Flux
 	seen := map[string]bool{}
+	add := func(rs []string) {
+		for _, r := range rs {
+			if !seen[r] {
+				seen[r] = true
+				recipients = append(recipients, r)
+			}
+		}
+	}
 	visit := func(rel string, b []byte) bool {
 		if !sops.IsEncrypted(b) {
 			return false
@@ -623,16 +639,25 @@ func repositorySOPS(ctx context.Context, env *Env) (file string, data []byte, re
 		if file == "" {
 			file, data = rel, b
 		}
-		for _, r := range sops.FileRecipients(b) {
-			if !seen[r] {
-				seen[r] = true
-				recipients = append(recipients, r)
-			}
-		}
+		add(sops.FileRecipients(b))
 		return false
 	}
 	if f.LocalSnapshot.Enabled {
-		err = flux.WalkLocal(env.Config.Resolve(f.LocalSnapshot.Source), f.Path, visit)
+		root, files, rerr := gitsnap.BuildReads(ctx, env.Config.Resolve(f.LocalSnapshot.Source), f.Path)
+		if rerr != nil {
+			return "", nil, nil, fmt.Errorf("reading what the cluster's build reads from %s: %w", f.Path, rerr)
+		}
+		for _, rel := range files {
+			b, rerr := os.ReadFile(filepath.Join(root, filepath.FromSlash(rel)))
+			if rerr != nil {
+				return "", nil, nil, rerr
+			}
+			if flatRecipients := sopsFlatRecipients(b); len(flatRecipients) > 0 {
+				add(flatRecipients)
+				continue
+			}
+			visit(rel, b)
+		}
 	} else {
 		ctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
@@ -646,6 +671,25 @@ func repositorySOPS(ctx context.Context, env *Env) (file string, data []byte, re
 		return "", nil, nil, fmt.Errorf("reading %s for its SOPS files: %w", f.Path, err)
 	}
 	return file, data, recipients, nil
+}
+
+// sopsFlatRecipient is an age recipient of a dotenv or INI file as sops
+// writes it (stores/dotenv and stores/ini flatten the metadata:
+// sops_age__list_0__map_recipient=age1… in dotenv, age__list_0__map_recipient
+// = age1… under [sops] in INI).
+var sopsFlatRecipient = regexp.MustCompile(`(?m)^\s*(?:sops_)?age__list_\d+__map_recipient\s*=\s*(age1[0-9a-z]+)\s*$`)
+
+// sopsFlatRecipients returns the age recipients of a SOPS-encrypted
+// dotenv or INI file (one with an encrypted MAC), or nothing.
+func sopsFlatRecipients(b []byte) []string {
+	if !bytes.Contains(b, []byte("sops_mac=ENC[")) && !(bytes.Contains(b, []byte("[sops]")) && bytes.Contains(b, []byte("mac"))) {
+		return nil
+	}
+	var out []string
+	for _, m := range sopsFlatRecipient.FindAllSubmatch(b, -1) {
+		out = append(out, string(m[1]))
+	}
+	return out
 }
 
 // fluxDecryptionSecret builds the sops-age Secret kustomize-controller

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
 )
@@ -275,6 +276,33 @@ func TestStatus(t *testing.T) {
 	}
 	if len(rep.Stages) != 6 || rep.Stages[2].Status != "failed" || rep.Stages[2].Attempts != 1 || !strings.Contains(rep.Next, "--resume") {
 		t.Fatalf("json status: %+v", rep)
+	}
+}
+
+// status shows the snapshot server the state directory records, a
+// standalone one (gitsnap serve --state-dir from a systemd unit) included.
+func TestStatusShowsAStandaloneSnapshotServer(t *testing.T) {
+	h := newHarness(t)
+	dir := filepath.Join(h.dir, "ai/state/homelab")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec := `{"pid": 999999, "standalone": true, "url": "http://127.0.0.1:1/homelab.git", "listen": "127.0.0.1:1", "branch": "main", "withheld": [{"path": "a.env", "rule": ".env"}]}`
+	if err := os.WriteFile(filepath.Join(dir, gitsnap.StateFileName), []byte(rec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := h.run(context.Background(), "status"); code != 0 {
+		t.Fatal(h.stderr.String())
+	}
+	if out := h.stdout.String(); !strings.Contains(out, "Snapshot server: pid 999999 (standalone) alive=false at http://127.0.0.1:1/homelab.git, not answering") {
+		t.Errorf("status lacks the standalone server:\n%s", out)
+	}
+	h.stdout.Reset()
+	if code := h.run(context.Background(), "gitsnap", "status"); code != 0 {
+		t.Fatal(h.stderr.String())
+	}
+	if out := h.stdout.String(); !strings.Contains(out, "pid 999999 alive=false") || !strings.Contains(out, "standalone") || !strings.Contains(out, "withheld a.env") {
+		t.Errorf("gitsnap status:\n%s", out)
 	}
 }
 

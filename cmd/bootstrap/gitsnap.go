@@ -60,6 +60,14 @@ func (c *GitsnapStopCmd) Run(ctx context.Context, a *App) error {
 	return nil
 }
 
+// standaloneNote says a recorded server was started outside bootstrap.
+func standaloneNote(st *gitsnap.State) string {
+	if st.Standalone {
+		return " (standalone: started outside bootstrap with --state-dir)"
+	}
+	return ""
+}
+
 // GitsnapStatusCmd is `bootstrap gitsnap status`.
 type GitsnapStatusCmd struct{}
 
@@ -77,7 +85,7 @@ func (c *GitsnapStatusCmd) Run(ctx context.Context, a *App) error {
 		fmt.Fprintln(a.Stdout, "no snapshot server recorded for this cluster")
 		return nil
 	}
-	fmt.Fprintf(a.Stdout, "pid %d alive=%v url %s listen %s\n", st.State.PID, st.Alive, st.State.URL, st.State.Listen)
+	fmt.Fprintf(a.Stdout, "pid %d alive=%v url %s listen %s%s\n", st.State.PID, st.Alive, st.State.URL, st.State.Listen, standaloneNote(st.State))
 	if st.State.Hash != "" {
 		fmt.Fprintf(a.Stdout, "recorded snapshot %s\n", st.State.Hash)
 	} else {

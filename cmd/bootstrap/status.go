@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/homelab/bootstrap/gitsnap"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/stages"
 	"github.com/homelab/bootstrap/state"
@@ -96,6 +97,19 @@ type statusReport struct {
 	Outputs           state.Outputs     `json:"outputs"`
 	Paths             map[string]string `json:"paths"`
 	Next              string            `json:"next"`
+	// SnapshotServer is the git snapshot server the state directory
+	// records (started by the flux stage, or standalone with --state-dir).
+	SnapshotServer *snapshotServer `json:"snapshot_server,omitempty"`
+}
+
+type snapshotServer struct {
+	PID        int    `json:"pid"`
+	Standalone bool   `json:"standalone"`
+	Alive      bool   `json:"alive"`
+	URL        string `json:"url"`
+	Serving    string `json:"serving,omitempty"`
+	Error      string `json:"error,omitempty"`
+	Withheld   int    `json:"withheld"`
 }
 
 type stageStatus struct {
@@ -138,6 +152,14 @@ func (s *StatusCmd) Run(ctx context.Context, a *App) error {
 		LastRun: st.LastRun, Outputs: st.Outputs, Next: nextHint(st),
 		Paths: map[string]string{"talos_dir": paths.TalosDir, "talosconfig": kept.Path(paths.Talosconfig), "kubeconfig": kept.Path(paths.Kubeconfig), "state_dir": paths.StateDir},
 	}
+	if gs, err := gitsnap.Check(ctx, paths.StateDir); err == nil && gs.State != nil {
+		rep.SnapshotServer = &snapshotServer{PID: gs.State.PID, Standalone: gs.State.Standalone, Alive: gs.Alive, URL: gs.State.URL, Withheld: len(gs.State.Withheld)}
+		if gs.ProbeError != nil {
+			rep.SnapshotServer.Error = gs.ProbeError.Error()
+		} else {
+			rep.SnapshotServer.Serving = gs.ServedHash.String()
+		}
+	}
 	for _, name := range stages.Order {
 		r := st.Stages[name]
 		ss := stageStatus{Name: name, Status: string(r.EffectiveStatus())}
@@ -174,6 +196,19 @@ func writeStatus(w io.Writer, r statusReport) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", s.Name, s.Status, started, dur, s.Attempts, oneLine(s.Error, 80))
 	}
 	tw.Flush()
+
+	if g := r.SnapshotServer; g != nil {
+		how := "started by the flux stage"
+		if g.Standalone {
+			how = "standalone"
+		}
+		fmt.Fprintf(w, "\nSnapshot server: pid %d (%s) alive=%v at %s", g.PID, how, g.Alive, g.URL)
+		if g.Error != "" {
+			fmt.Fprintf(w, ", not answering: %s\n", oneLine(g.Error, 120))
+		} else {
+			fmt.Fprintf(w, ", serving %s, %d file(s) withheld (bootstrap gitsnap status names them)\n", g.Serving, g.Withheld)
+		}
+	}
 
 	o := r.Outputs
 	if len(o.Nodes) > 0 {
