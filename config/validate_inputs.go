@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -171,22 +172,86 @@ func (v *validator) patchContents() {
 					return
 				}
 			}
+			if kinds := newerKinds(contract, patch); len(kinds) > 0 {
+				v.errf(field, "patch file %s writes %s, which Talos %s does not know (the document kinds came with Talos v1.14): set the v1alpha1 field instead, or set cluster.talosVersion to v1.14.x",
+					f, strings.Join(kinds, ", "), c.TalosVersion)
+				continue
+			}
 			for _, typ := range t.types {
-				out, err := configpatcher.Apply(configpatcher.WithConfig(base[typ]), []configpatcher.Patch{patch})
-				var cfg talosconfig.Provider
-				if err == nil {
-					cfg, err = out.Config()
-				}
-				if err == nil {
-					_, err = cfg.Validate(talos.MetalMode{}, validation.WithStrict())
-				}
-				if err != nil {
-					v.errf(field, "patch file %s does not apply to a %s config: %s", f, typ, oneLine(err))
+				if err := applyAndValidate(base[typ], patch); err != nil {
+					hint := ""
+					if contract.MultidocKubernetesConfigSupported() && appliesBefore114(c, v.c.Images().InstallImage, typ, patch) {
+						hint = "; the patch is valid for Talos v1.13, but from v1.14 the Kubernetes settings and the install disk live in typed documents (KubeNetworkConfig, KubeProxyConfig, KubeletConfig, UnattendedInstallConfig, …) that bootstrap writes, and a v1alpha1 field beside its document is refused: move the setting into the document the error names, or keep cluster.talosVersion at v1.13.x"
+					}
+					v.errf(field, "patch file %s does not apply to a %s config: %s%s", f, typ, oneLine(err), hint)
 					break
 				}
 			}
 		}
 	}
+}
+
+// applyAndValidate applies patch to base and validates the result strictly
+// for metal, as a node would. A v1alpha1 field beside the typed document
+// that replaces it is refused here, by machinery's own conflict check
+// (container validate, V1Alpha1ConflictValidate at v1.14.1).
+func applyAndValidate(base talosconfig.Provider, patch configpatcher.Patch) error {
+	out, err := configpatcher.Apply(configpatcher.WithConfig(base), []configpatcher.Patch{patch})
+	var cfg talosconfig.Provider
+	if err == nil {
+		cfg, err = out.Config()
+	}
+	if err == nil {
+		_, err = cfg.ValidateAsClient(talos.MetalMode{}, validation.WithStrict())
+	}
+	return err
+}
+
+// appliesBefore114 reports whether patch applies cleanly to a Talos v1.13
+// config of the same cluster: a patch that does, and that v1.14 refuses, was
+// written for the v1alpha1 form.
+func appliesBefore114(c *Cluster, installImage string, typ machine.Type, patch configpatcher.Patch) bool {
+	base, err := baseConfigs(c, installImage, talosconfig.TalosVersion1_13)
+	if err != nil {
+		return false
+	}
+	return applyAndValidate(base[typ], patch) == nil
+}
+
+// kindsFrom114 are the config document kinds machinery v1.14 registers and
+// v1.13.3 does not (registry.Register calls under config/types at both
+// tags): a node older than v1.14 refuses a config holding one.
+var kindsFrom114 = []string{
+	"BGPInstanceConfig", "CRIBaseRuntimeSpecConfig", "CRICustomizationConfig", "ContainerConfig",
+	"DiscoveryIdentityConfig", "DiscoveryServiceConfig", "EtcFileConfig", "FilesystemScrubConfig",
+	"FilesystemTrimConfig", "HTTPProbeConfig", "ImageCacheConfig", "KernelModuleConfig",
+	"KubeAPIServerCAConfig", "KubeAPIServerConfig", "KubeAdmissionControlConfig", "KubeAggregatorCAConfig",
+	"KubeAuditPolicyConfig", "KubeAuthenticationConfig", "KubeAuthorizerConfig", "KubeClusterConfig",
+	"KubeControllerManagerConfig", "KubeCoreDNSConfig", "KubeCredentialProviderConfig", "KubeEtcdEncryptionConfig",
+	"KubeExternalManifestConfig", "KubeFlannelCNIConfig", "KubeInlineManifestConfig", "KubeNetworkConfig",
+	"KubeNodeConfig", "KubePrismConfig", "KubeProxyConfig", "KubeSchedulerConfig",
+	"KubeServiceAccountConfig", "KubeStaticPodConfig", "KubeTalosAPIAccessConfig", "KubeletConfig",
+	"LVMLogicalVolumeConfig", "LVMVolumeGroupConfig", "RAIDArrayConfig", "SecurityProfileConfig",
+	"SysctlConfig", "SysfsConfig", "UdevRulesConfig", "UnattendedInstallConfig", "VethConfig",
+}
+
+// newerKinds lists the documents of patch whose kind the contract's Talos
+// does not know yet (only a strategic merge patch carries documents).
+func newerKinds(contract *talosconfig.VersionContract, patch configpatcher.Patch) []string {
+	if contract.Greater(talosconfig.TalosVersion1_13) {
+		return nil
+	}
+	smp, ok := patch.(configpatcher.StrategicMergePatch)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, d := range smp.Documents() {
+		if slices.Contains(kindsFrom114, d.Kind()) && !slices.Contains(out, d.Kind()) {
+			out = append(out, d.Kind())
+		}
+	}
+	return out
 }
 
 // loadPatch reads and parses one patch file; problems are reported on field.

@@ -9,6 +9,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility/talos112"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility/talos113"
+	"github.com/siderolabs/talos/pkg/machinery/compatibility/talos114"
 )
 
 // kubernetesRange is the Kubernetes versions a Talos minor supports, from
@@ -20,11 +21,17 @@ type kubernetesRange struct{ min, max blang.Version }
 // for. Every node's patch uses the multi-document network configs
 // (HostnameConfig, LinkConfig, Layer2VIPConfig, ResolverConfig), which exist
 // from Talos v1.12 on (pkg/machinery/config/types/network first appears at
-// v1.12.0); v1.13 is the machinery this binary is built with.
+// v1.12.0); v1.14 is the machinery this binary is built with, whose
+// generator writes each minor's own form (the version contract).
 var generatedTalosMinors = map[uint64]kubernetesRange{
 	12: {talos112.MinimumKubernetesVersion, talos112.MaximumKubernetesVersion},
 	13: {talos113.MinimumKubernetesVersion, talos113.MaximumKubernetesVersion},
+	14: {talos114.MinimumKubernetesVersion, talos114.MaximumKubernetesVersion},
 }
+
+// generatedTalosNames says which minors generatedTalosMinors holds, for
+// messages.
+const generatedTalosNames = "Talos v1.12.x, v1.13.x and v1.14.x"
 
 // talosVersions checks cluster.talosVersion and cluster.kubernetesVersion:
 // the form, a Talos version configs are generated for, and a Kubernetes
@@ -35,7 +42,7 @@ func (v *validator) talosVersions() {
 	tv, err := semver.StrictNewVersion(strings.TrimPrefix(c.TalosVersion, "v"))
 	talosOK := err == nil && strings.HasPrefix(c.TalosVersion, "v")
 	if !talosOK {
-		v.errf("cluster.talosVersion", "%q is not a Talos version: use the form v1.13.3", c.TalosVersion)
+		v.errf("cluster.talosVersion", "%q is not a Talos version: use the form v1.14.1", c.TalosVersion)
 	}
 	var k8sRange kubernetesRange
 	if talosOK {
@@ -44,10 +51,10 @@ func (v *validator) talosVersions() {
 		switch {
 		case supported && tv.Major() == 1:
 		case tv.Major() == 1 && tv.Minor() < 12:
-			v.errf("cluster.talosVersion", "%s is not supported: bootstrap generates configs for Talos v1.12.x and v1.13.x (the multi-document network configs it writes exist from v1.12)", c.TalosVersion)
+			v.errf("cluster.talosVersion", "%s is not supported: bootstrap generates configs for %s (the multi-document network configs it writes exist from v1.12)", c.TalosVersion, generatedTalosNames)
 			talosOK = false
 		default:
-			v.errf("cluster.talosVersion", "%s is not supported: bootstrap generates configs for Talos v1.12.x and v1.13.x (it is built with Talos machinery v1.13 and does not know a newer config format)", c.TalosVersion)
+			v.errf("cluster.talosVersion", "%s is not supported: bootstrap generates configs for %s (it is built with Talos machinery v1.14 and does not know a newer config format)", c.TalosVersion, generatedTalosNames)
 			talosOK = false
 		}
 	}

@@ -139,15 +139,9 @@ func (c *ControlPlane) start(ctx context.Context, machineConfig []byte, with fun
 	// The servers start at the versions the bootstrap node's static pods
 	// name, as its kubelet would run them.
 	o.KubernetesVersions = map[string]string{}
-	if cl := cfg.Cluster(); cl != nil {
-		for name, image := range map[string]string{
-			"kube-apiserver":          cl.APIServer().Image(),
-			"kube-controller-manager": cl.ControllerManager().Image(),
-			"kube-scheduler":          cl.Scheduler().Image(),
-		} {
-			if v := talossim.ImageTag(image); v != "" {
-				o.KubernetesVersions[name] = v
-			}
+	for name, image := range talossim.StaticPodImages(cfg) {
+		if v := talossim.ImageTag(image); v != "" {
+			o.KubernetesVersions[name] = v
 		}
 	}
 	with(&o)

@@ -23,7 +23,10 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/generate"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/k8s"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/meta"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/network"
+	runtimecfg "github.com/siderolabs/talos/pkg/machinery/config/types/runtime"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/siderolabs/talos/pkg/machinery/nethelpers"
@@ -330,7 +333,7 @@ func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []
 		return nil, fmt.Errorf("preparing config input: %w", err)
 	}
 
-	builtin, err := builtinPatches(opts)
+	builtin, err := builtinPatches(contract, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -359,6 +362,9 @@ func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []
 		if err != nil {
 			return nil, fmt.Errorf("generating %s config: %w", r, err)
 		}
+		if base, err = typedCNI(contract, base, opts.CNI); err != nil {
+			return nil, fmt.Errorf("generating %s config: %w", r, err)
+		}
 		cfg, err := applyPatches(base, slices.Concat(builtin, global, rolePatches[r]))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", file, err)
@@ -376,7 +382,7 @@ func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
-		generated, patchBytes, disk, err := nodePatch(opts, n)
+		generated, patchBytes, disk, err := nodePatch(contract, opts, n)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
@@ -458,8 +464,17 @@ func applyPatches(cfg config.Provider, patches []namedPatch) (config.Provider, e
 	return cfg, nil
 }
 
-func builtinPatches(opts GenerateOptions) ([]namedPatch, error) {
+// builtinPatches are the v1alpha1 patches that set the CNI before Talos
+// v1.14. From v1.14 on the same settings live in typed documents (see
+// typedCNI) and the v1alpha1 fields must stay unset: a config holding
+// cluster.network or cluster.proxy beside KubeNetworkConfig or
+// KubeProxyConfig is refused (V1Alpha1ConflictValidate in machinery
+// config/types/k8s network.go and proxy.go at v1.14.1).
+func builtinPatches(contract *config.VersionContract, opts GenerateOptions) ([]namedPatch, error) {
 	var out []namedPatch
+	if contract.MultidocKubernetesConfigSupported() {
+		return nil, nil
+	}
 	add := func(source, text string) error {
 		p, err := configpatcher.LoadPatch([]byte(text))
 		if err != nil {
@@ -482,11 +497,44 @@ func builtinPatches(opts GenerateOptions) ([]namedPatch, error) {
 	return out, nil
 }
 
+// typedCNI writes the CNI choice into the typed documents of a Talos v1.14+
+// config (machinery's generator writes KubeFlannelCNIConfig and
+// KubeProxyConfig there; config/generate/kubernetes.go at v1.14.1): without
+// a KubeFlannelCNIConfig no CNI is deployed (v1alpha1_k8s_bridge.go
+// K8sFlannelCNIConfig: the legacy path answers nil too when the CNI is not
+// flannel), and Cilium replaces kube-proxy, so KubeProxyConfig says
+// enabled: false. Older contracts are returned as they are: builtinPatches
+// sets the v1alpha1 fields there.
+func typedCNI(contract *config.VersionContract, base config.Provider, cni string) (config.Provider, error) {
+	if !contract.MultidocKubernetesConfigSupported() || cni == CNIFlannel || cni == "" {
+		return base, nil
+	}
+	docs := make([]configdoc.Document, 0, len(base.Documents()))
+	for _, d := range base.Documents() {
+		switch doc := d.(type) {
+		case *k8s.KubeFlannelCNIConfigV1Alpha1:
+			continue
+		case *k8s.KubeProxyConfigV1Alpha1:
+			if cni == CNICilium {
+				doc = doc.DeepCopy()
+				off := false
+				doc.ProxyEnabled = &off
+				d = doc
+			}
+		}
+		docs = append(docs, d)
+	}
+	return container.New(docs...)
+}
+
 // nodePatch builds the documents that make a role config this node's:
 // install disk and image, hostname, static address, resolvers and, on
 // control planes, the shared VIP. It uses the multi-document network
-// configs of Talos 1.13, not the deprecated machine.network.
-func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error) {
+// configs of Talos 1.12+, not the deprecated machine.network, and from
+// v1.14 the UnattendedInstallConfig document, not machine.install (the two
+// are refused together: UnattendedInstallConfigV1Alpha1.V1Alpha1ConflictValidate,
+// machinery config/types/runtime/unattended_install.go at v1.14.1).
+func nodePatch(contract *config.VersionContract, opts GenerateOptions, n Node) (namedPatch, []byte, string, error) {
 	disk := n.InstallDisk
 	if disk == "" {
 		bus := n.DiskBus
@@ -503,11 +551,20 @@ func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error)
 		return namedPatch{}, nil, "", err
 	}
 
-	docs := []configdoc.Document{&v1alpha1.Config{
-		MachineConfig: &v1alpha1.MachineConfig{
-			MachineInstall: &v1alpha1.InstallConfig{InstallDisk: disk, InstallImage: opts.InstallImage},
-		},
-	}}
+	var docs []configdoc.Document
+	if contract.UnattendedInstallConfig() {
+		install, err := unattendedInstall(disk, opts.InstallImage)
+		if err != nil {
+			return namedPatch{}, nil, "", err
+		}
+		docs = append(docs, install)
+	} else {
+		docs = append(docs, &v1alpha1.Config{
+			MachineConfig: &v1alpha1.MachineConfig{
+				MachineInstall: &v1alpha1.InstallConfig{InstallDisk: disk, InstallImage: opts.InstallImage}, //nolint:staticcheck // the form before v1.14
+			},
+		})
+	}
 
 	hostname := network.NewHostnameConfigV1Alpha1()
 	off := nethelpers.AutoHostnameKindOff
@@ -533,7 +590,7 @@ func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error)
 	link.LinkAddresses = []network.AddressConfig{{AddressAddress: prefix}}
 	if opts.Network.Gateway != "" {
 		gw := netip.MustParseAddr(opts.Network.Gateway)
-		link.LinkRoutes = []network.RouteConfig{{RouteGateway: network.Addr{Addr: gw}}}
+		link.LinkRoutes = []network.RouteConfig{{RouteGateway: meta.Addr{Addr: gw}}}
 	}
 	docs = append(docs, link)
 
@@ -546,7 +603,7 @@ func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error)
 		resolver := network.NewResolverConfigV1Alpha1()
 		for _, ns := range opts.Network.Nameservers {
 			resolver.ResolverNameservers = append(resolver.ResolverNameservers,
-				network.NameserverConfig{Address: network.Addr{Addr: netip.MustParseAddr(ns)}})
+				network.NameserverConfig{Address: meta.Addr{Addr: netip.MustParseAddr(ns)}})
 		}
 		docs = append(docs, resolver)
 	}
@@ -562,8 +619,56 @@ func nodePatch(opts GenerateOptions, n Node) (namedPatch, []byte, string, error)
 	return namedPatch{source: "generated node patch", patch: configpatcher.NewStrategicMergePatch(c)}, text, disk, nil
 }
 
+// unattendedInstall is the install disk and image of a v1.14+ node, in the
+// form machinery's generator writes them (config/generate/init.go
+// unattendedInstallConfig at v1.14.1): the disk selected by its device path,
+// wipe off.
+func unattendedInstall(disk, image string) (*runtimecfg.UnattendedInstallConfigV1Alpha1, error) {
+	expr, err := cel.ParseBooleanExpression(fmt.Sprintf("disk.dev_path == %q", disk), celenv.DiskLocator())
+	if err != nil {
+		return nil, fmt.Errorf("install disk selector for %s: %w", disk, err)
+	}
+	u := runtimecfg.NewUnattendedInstallConfigV1Alpha1()
+	u.Installer.Image = image
+	wipe := false
+	u.ProvisioningSpec.Wipe = &wipe
+	u.ProvisioningSpec.DiskSelector.Match = expr
+	return u, nil
+}
+
+// configImage is the image a config names for a Kubernetes component
+// (Kubelet, KubeAPIServer, KubeControllerManager, KubeScheduler), "" when
+// it names none. The container's accessors answer from the typed documents
+// of Talos v1.14 (KubeletConfig, KubeAPIServerConfig…) or from the v1alpha1
+// fields before (config/container/container.go at machinery v1.14.1).
+func configImage(cfg config.Provider, component string) string {
+	var c interface{ Image() string }
+	switch component {
+	case Kubelet:
+		if k := cfg.K8sKubeletConfig(); k != nil {
+			c = k
+		}
+	case KubeAPIServer:
+		if a := cfg.K8sAPIServerConfig(); a != nil {
+			c = a
+		}
+	case KubeControllerManager:
+		if m := cfg.K8sControllerManagerConfig(); m != nil {
+			c = m
+		}
+	case KubeScheduler:
+		if s := cfg.K8sSchedulerConfig(); s != nil {
+			c = s
+		}
+	}
+	if c == nil {
+		return ""
+	}
+	return c.Image()
+}
+
 // DefaultDNSDomain is the cluster's DNS domain unless a patch changes it
-// (machinery constants at v1.13.3).
+// (machinery constants at v1.14.1).
 const DefaultDNSDomain = constants.DefaultDNSDomain
 
 // DNSDomain reads the cluster's DNS domain (cluster.network.dnsDomain,
@@ -574,7 +679,12 @@ func DNSDomain(files *sealed.Files, dir, node string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return cfg.Cluster().Network().DNSDomain(), nil
+	// K8sNetworkConfig answers from KubeNetworkConfig (v1.14+) or from
+	// cluster.network (container.go at machinery v1.14.1).
+	if n := cfg.K8sNetworkConfig(); n != nil {
+		return n.DNSDomain(), nil
+	}
+	return DefaultDNSDomain, nil
 }
 
 // renderedConfig loads the rendered config of node from dir.
@@ -602,8 +712,10 @@ func KubePrismPort(files *sealed.Files, dir string, nodes []string) (int, error)
 		if err != nil {
 			return 0, err
 		}
-		kp := cfg.Machine().Features().KubePrism()
-		if !kp.Enabled() {
+		// KubePrismConfig (v1.14+) or machine.features.kubePrism; nil when
+		// off (v1alpha1_k8s_bridge.go K8sKubePrismConfig at v1.14.1).
+		kp := cfg.K8sKubePrismConfig()
+		if kp == nil {
 			return 0, nil
 		}
 		if i > 0 && kp.Port() != port {

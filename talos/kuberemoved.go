@@ -108,20 +108,31 @@ func (r Removed) CheckConfigs(configs map[string][]byte) error {
 			return fmt.Errorf("reading the machine config of %s: %w", node, err)
 		}
 		gates, args := map[string][]string{}, map[string]map[string][]string{}
-		if m := cfg.Machine(); m != nil {
-			args[Kubelet] = m.Kubelet().ExtraArgs()
-			gates["kubelet"] = append(gates["kubelet"], argGates(m.Kubelet().ExtraArgs()["feature-gates"])...)
-			if fg, ok := m.Kubelet().ExtraConfig()["featureGates"].(map[string]any); ok {
+		// The container's K8s accessors answer from the typed documents of
+		// Talos v1.14 (KubeletConfig, KubeAPIServerConfig…) or from the
+		// v1alpha1 fields before (container.go at machinery v1.14.1).
+		if k := cfg.K8sKubeletConfig(); k != nil {
+			args[Kubelet] = k.ExtraArgs()
+			gates["kubelet"] = append(gates["kubelet"], argGates(k.ExtraArgs()["feature-gates"])...)
+			if fg, ok := k.ExtraConfig()["featureGates"].(map[string]any); ok {
 				for g := range fg {
 					gates["kubelet"] = append(gates["kubelet"], g)
 				}
 			}
 		}
-		if c := cfg.Cluster(); c != nil && cfg.Machine() != nil && cfg.Machine().Type().IsControlPlane() {
-			gates["kube-apiserver"] = argGates(c.APIServer().ExtraArgs()["feature-gates"])
-			gates["kube-controller-manager"] = argGates(c.ControllerManager().ExtraArgs()["feature-gates"])
-			gates["kube-scheduler"] = argGates(c.Scheduler().ExtraArgs()["feature-gates"])
-			args[KubeAPIServer], args[KubeControllerManager], args[KubeScheduler] = c.APIServer().ExtraArgs(), c.ControllerManager().ExtraArgs(), c.Scheduler().ExtraArgs()
+		if cfg.Machine() != nil && cfg.Machine().Type().IsControlPlane() {
+			if a := cfg.K8sAPIServerConfig(); a != nil {
+				gates["kube-apiserver"] = argGates(a.ExtraArgs()["feature-gates"])
+				args[KubeAPIServer] = a.ExtraArgs()
+			}
+			if c := cfg.K8sControllerManagerConfig(); c != nil {
+				gates["kube-controller-manager"] = argGates(c.ExtraArgs()["feature-gates"])
+				args[KubeControllerManager] = c.ExtraArgs()
+			}
+			if s := cfg.K8sSchedulerConfig(); s != nil {
+				gates["kube-scheduler"] = argGates(s.ExtraArgs()["feature-gates"])
+				args[KubeScheduler] = s.ExtraArgs()
+			}
 		}
 		for _, comp := range []string{KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet} {
 			for _, f := range r.Flags[comp] {

@@ -300,7 +300,7 @@ func PinKubeImages(cfg []byte, versions map[string]string) ([]byte, error) {
 			if c.MachineConfig.MachineKubelet == nil {
 				c.MachineConfig.MachineKubelet = &v1alpha1.KubeletConfig{}
 			}
-			set(&c.MachineConfig.MachineKubelet.KubeletImage, Kubelet, provider.Machine().Kubelet().Image())
+			set(&c.MachineConfig.MachineKubelet.KubeletImage, Kubelet, configImage(provider, Kubelet))
 		}
 		// kube-proxy's image, which Talos renders into the kube-proxy
 		// manifest, moves with the node's kubelet: after the static pods,
@@ -319,9 +319,9 @@ func PinKubeImages(cfg []byte, versions map[string]string) ([]byte, error) {
 			if cl.SchedulerConfig == nil {
 				cl.SchedulerConfig = &v1alpha1.SchedulerConfig{}
 			}
-			set(&cl.APIServerConfig.ContainerImage, KubeAPIServer, provider.Cluster().APIServer().Image())
-			set(&cl.ControllerManagerConfig.ContainerImage, KubeControllerManager, provider.Cluster().ControllerManager().Image())
-			set(&cl.SchedulerConfig.ContainerImage, KubeScheduler, provider.Cluster().Scheduler().Image())
+			set(&cl.APIServerConfig.ContainerImage, KubeAPIServer, configImage(provider, KubeAPIServer))
+			set(&cl.ControllerManagerConfig.ContainerImage, KubeControllerManager, configImage(provider, KubeControllerManager))
+			set(&cl.SchedulerConfig.ContainerImage, KubeScheduler, configImage(provider, KubeScheduler))
 		}
 		return nil
 	})
@@ -349,15 +349,15 @@ func (o *Ops) KubeImages(ctx context.Context, t Target) (map[string]string, erro
 		if t.Role != RoleControlPlane {
 			return nil
 		}
-		api, err := safe.StateGet[*k8s.APIServerConfig](ctx, c.COSI, k8s.NewAPIServerConfig().Metadata())
+		api, err := safe.StateGet[*k8s.APIServerConfig](ctx, c.COSI, k8s.NewAPIServerConfig(k8s.APIServerConfigID).Metadata())
 		if err != nil {
 			return err
 		}
-		cm, err := safe.StateGet[*k8s.ControllerManagerConfig](ctx, c.COSI, k8s.NewControllerManagerConfig().Metadata())
+		cm, err := safe.StateGet[*k8s.ControllerManagerConfig](ctx, c.COSI, k8s.NewControllerManagerConfig(k8s.ControllerManagerConfigID).Metadata())
 		if err != nil {
 			return err
 		}
-		sched, err := safe.StateGet[*k8s.SchedulerConfig](ctx, c.COSI, k8s.NewSchedulerConfig().Metadata())
+		sched, err := safe.StateGet[*k8s.SchedulerConfig](ctx, c.COSI, k8s.NewSchedulerConfig(k8s.SchedulerConfigID).Metadata())
 		if err != nil {
 			return err
 		}
@@ -598,13 +598,13 @@ func (o *Ops) PrePullKubernetes(ctx context.Context, plan *KubePlan, configs map
 		p := pull{node: s.Target, ns: common.ContainerdNamespace_NS_CRI}
 		switch s.Component {
 		case Kubelet:
-			p.ns, p.ref = common.ContainerdNamespace_NS_SYSTEM, cfg.Machine().Kubelet().Image()
+			p.ns, p.ref = common.ContainerdNamespace_NS_SYSTEM, configImage(cfg, Kubelet)
 		case KubeAPIServer:
-			p.ref = cfg.Cluster().APIServer().Image()
+			p.ref = configImage(cfg, KubeAPIServer)
 		case KubeControllerManager:
-			p.ref = cfg.Cluster().ControllerManager().Image()
+			p.ref = configImage(cfg, KubeControllerManager)
 		case KubeScheduler:
-			p.ref = cfg.Cluster().Scheduler().Image()
+			p.ref = configImage(cfg, KubeScheduler)
 		}
 		if key := s.Name + "\x00" + p.ref; p.ref != "" && !seen[key] {
 			seen[key] = true

@@ -121,18 +121,18 @@ func TestPinKubeImages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := cfg.Machine().Kubelet().Image(); got != "ghcr.io/siderolabs/kubelet:v1.35.0" {
+		if got := configImage(cfg, Kubelet); got != "ghcr.io/siderolabs/kubelet:v1.35.0" {
 			t.Fatalf("%s kubelet image %q", n.Name, got)
 		}
 		// A worker's config carries no cluster.proxy section.
-		if got := cfg.Cluster().Proxy().Image(); n.Role == RoleControlPlane && got != "registry.k8s.io/kube-proxy:v1.35.0" {
+		if got := cfg.K8sProxyConfig().Image(); n.Role == RoleControlPlane && got != "registry.k8s.io/kube-proxy:v1.35.0" {
 			t.Fatalf("%s kube-proxy image %q, want the kubelet's version", n.Name, got)
 		}
 		if n.Role == RoleControlPlane {
 			for got, want := range map[string]string{
-				cfg.Cluster().APIServer().Image():         "registry.k8s.io/kube-apiserver:v1.35.4",
-				cfg.Cluster().ControllerManager().Image(): "registry.k8s.io/kube-controller-manager:v1.35.4",
-				cfg.Cluster().Scheduler().Image():         "registry.k8s.io/kube-scheduler:v1.35.4",
+				configImage(cfg, KubeAPIServer):         "registry.k8s.io/kube-apiserver:v1.35.4",
+				configImage(cfg, KubeControllerManager): "registry.k8s.io/kube-controller-manager:v1.35.4",
+				configImage(cfg, KubeScheduler):         "registry.k8s.io/kube-scheduler:v1.35.4",
 			} {
 				if got != want {
 					t.Fatalf("%s image %q, want %q", n.Name, got, want)
@@ -141,7 +141,7 @@ func TestPinKubeImages(t *testing.T) {
 		}
 		// Everything else is the rendered config's.
 		orig, _ := configloader.NewFromBytes(n.Config)
-		if cfg.Cluster().Endpoint().String() != orig.Cluster().Endpoint().String() || cfg.Machine().Install().Image() != orig.Machine().Install().Image() {
+		if cfg.K8sClusterConfig().ClusterEndpoint().String() != orig.K8sClusterConfig().ClusterEndpoint().String() || cfg.Machine().Install().Image() != orig.Machine().Install().Image() {
 			t.Fatalf("%s: pinning changed more than the images", n.Name)
 		}
 		// Pinning to what the config names returns it unchanged.

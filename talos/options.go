@@ -13,7 +13,6 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
-	"github.com/siderolabs/talos/pkg/machinery/constants"
 
 	"github.com/homelab/bootstrap/internal/sealed"
 )
@@ -47,8 +46,10 @@ const (
 	LinkAliasName = "net0"
 )
 
-// DefaultKubernetesVersion is the Kubernetes version machinery v1.13.3 defaults to.
-const DefaultKubernetesVersion = constants.DefaultKubernetesVersion
+// DefaultKubernetesVersion is the Kubernetes version rendered when none is
+// given: the one the lab's control plane runs and config.DefaultKubernetesVersion
+// (machinery v1.13.3 defaulted to it too; v1.14.1's constants say 1.37.0).
+const DefaultKubernetesVersion = "1.36.1"
 
 // Node describes one machine of the cluster.
 type Node struct {

@@ -54,7 +54,10 @@ func LoadSecrets(path string, s Sealer) (*secrets.Bundle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading secrets bundle %s: %w", path, err)
 	}
-	if err := b.Validate(); err != nil {
+	// The contract only says whether Kubernetes is disabled (then the
+	// Kubernetes secrets are not required: bundle.go Validate at machinery
+	// v1.14.1); it never is here.
+	if err := b.Validate(config.TalosVersionCurrent); err != nil {
 		return nil, fmt.Errorf("secrets bundle %s is invalid: %w", path, err)
 	}
 	if b.Certs == nil || b.Certs.OS == nil || b.Certs.K8s == nil || b.Certs.Etcd == nil {
@@ -64,7 +67,7 @@ func LoadSecrets(path string, s Sealer) (*secrets.Bundle, error) {
 }
 
 // decodeBundle decodes a plaintext bundle as secrets.LoadBundle does
-// (machinery config/generate/secrets at v1.13.3), from bytes: a decrypted
+// (machinery config/generate/secrets at v1.14.1), from bytes: a decrypted
 // bundle never touches the disk.
 func decodeBundle(plain []byte) (*secrets.Bundle, error) {
 	b := &secrets.Bundle{Clock: secrets.NewClock()}

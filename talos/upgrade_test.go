@@ -52,7 +52,7 @@ func TestPlanUpgrades(t *testing.T) {
 		t.Fatalf("hosts the installer accepts: %v %v", steps, err)
 	}
 	// A release this machinery does not know is left to its installer.
-	if _, err := PlanUpgrades(nodes, old, "v1.14.0", false); err != nil {
+	if _, err := PlanUpgrades(nodes, old, "v1.15.0", false); err != nil {
 		t.Fatalf("unknown target release: %v", err)
 	}
 }

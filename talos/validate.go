@@ -46,10 +46,15 @@ func (v ValidationErrors) Error() string {
 	return strings.Join(lines, "\n")
 }
 
-// ValidateMetal checks a config the way a metal node will, returning the
-// warnings and one error per problem found.
+// ValidateMetal checks a config the way a metal node will, strictly (a
+// warning is an error: machinery's validation.WithStrict), returning one
+// error per problem found. Metal requires the install section, which is
+// what an ISO-booted node needs; the conflict between a v1alpha1 field and
+// the typed document replacing it (Talos v1.14) is checked here too, by
+// machinery's container validation (config/container/validate.go at
+// v1.14.1: V1Alpha1ConflictValidate for every document).
 func ValidateMetal(cfg config.Provider) (warnings []string, errs []error) {
-	warnings, err := cfg.Validate(MetalMode{}, validation.WithLocal())
+	warnings, err := cfg.ValidateAsClient(MetalMode{}, validation.WithLocal(), validation.WithStrict())
 	if err == nil {
 		return warnings, nil
 	}

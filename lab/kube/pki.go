@@ -11,6 +11,7 @@ import (
 	"github.com/siderolabs/crypto/x509"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -56,29 +57,95 @@ func PKIFromBundle(b *secrets.Bundle) (PKI, error) {
 // whether workloads may run on control planes. Log, BinDir and the like are
 // left for the caller.
 func OptionsFromMachineConfig(cfg config.Config) (Options, error) {
-	if cfg == nil || cfg.Cluster() == nil {
+	// The container's K8s accessors answer from the typed documents of
+	// Talos v1.14 (KubeAPIServerCAConfig, KubeServiceAccountConfig,
+	// KubeClusterConfig, KubeAPIServerConfig, KubeNodeConfig,
+	// KubeNetworkConfig, KubeEtcdEncryptionConfig) or from the v1alpha1
+	// cluster section before (config/container/container.go and
+	// v1alpha1_k8s_bridge.go at machinery v1.14.1).
+	if cfg == nil || cfg.K8sClusterConfig() == nil {
 		return Options{}, errors.New("machine config has no cluster section")
 	}
-	c := cfg.Cluster()
-	ca, sa := c.IssuingCA(), c.ServiceAccount()
+	var ca *x509.PEMEncodedCertificateAndKey
+	if c := cfg.K8sAPIServerCAConfig(); c != nil {
+		ca = c.IssuingCA()
+	}
+	var sa *x509.PEMEncodedKey
+	if s := cfg.K8sServiceAccountConfig(); s != nil {
+		sa = s.IssuingKey()
+	}
 	if ca == nil || len(ca.Key) == 0 || sa == nil || len(sa.Key) == 0 {
 		return Options{}, errors.New("machine config carries no Kubernetes CA key or service-account key (not a control-plane config)")
 	}
-	if c.Endpoint() == nil {
+	cl := cfg.K8sClusterConfig()
+	if cl.ClusterEndpoint() == nil {
 		return Options{}, errors.New("machine config has no cluster endpoint")
 	}
 	opts := Options{
-		ClusterName:             c.Name(),
-		Endpoint:                c.Endpoint().String(),
-		CertSANs:                append([]string{}, c.CertSANs()...),
-		PKI:                     PKI{CACertPEM: ca.Crt, CAKeyPEM: ca.Key, ServiceAccountKeyPEM: sa.Key},
-		ScheduleOnControlPlanes: c.ScheduleOnControlPlanes(),
-		Encryption:              Encryption{Secretbox: c.SecretboxEncryptionSecret(), AESCBC: c.AESCBCEncryptionSecret()},
+		ClusterName: cl.ClusterName(),
+		Endpoint:    cl.ClusterEndpoint().String(),
+		PKI:         PKI{CACertPEM: ca.Crt, CAKeyPEM: ca.Key, ServiceAccountKeyPEM: sa.Key},
+		// Workloads run on control planes when their node config carries
+		// no control-plane NoSchedule taint (the v1alpha1 bridge adds it
+		// unless allowSchedulingOnControlPlanes; v1.14 lists it in
+		// KubeNodeConfig).
+		ScheduleOnControlPlanes: true,
+		Encryption:              encryptionOf(cfg),
 	}
-	if c.Network() != nil && len(c.Network().ServiceCIDRs()) > 0 {
-		opts.ServiceCIDR = c.Network().ServiceCIDRs()[0]
+	if a := cfg.K8sAPIServerConfig(); a != nil {
+		opts.CertSANs = append([]string{}, a.CertSANs()...)
+	}
+	if n := cfg.K8sNodeConfig(); n != nil {
+		if _, tainted := n.Taints()[constants.LabelNodeRoleControlPlane]; tainted {
+			opts.ScheduleOnControlPlanes = false
+		}
+	}
+	if n := cfg.K8sNetworkConfig(); n != nil && len(n.ServiceCIDRs()) > 0 {
+		opts.ServiceCIDR = n.ServiceCIDRs()[0].String()
 	}
 	return opts, nil
+}
+
+// encryptionOf reads the secrets the API server encrypts with: the
+// v1alpha1 cluster secrets before Talos v1.14; from v1.14 the keys of the
+// KubeEtcdEncryptionConfig document, where machinery's generator writes
+// the secretbox secret as key "key2" and an older bundle's AES-CBC secret
+// as "key1" (config/generate/kubernetes.go at v1.14.1).
+func encryptionOf(cfg config.Config) Encryption {
+	var enc Encryption
+	if c := cfg.Cluster(); c != nil {
+		enc = Encryption{Secretbox: c.SecretboxEncryptionSecret(), AESCBC: c.AESCBCEncryptionSecret()}
+	}
+	if enc.Secretbox != "" || enc.AESCBC != "" {
+		return enc
+	}
+	e := cfg.K8sEtcdEncryptionConfig()
+	if e == nil {
+		return enc
+	}
+	resources, _ := e.EtcdEncryptionConfig()["resources"].([]any)
+	for _, r := range resources {
+		rm, _ := r.(map[string]any)
+		providers, _ := rm["providers"].([]any)
+		for _, p := range providers {
+			pm, _ := p.(map[string]any)
+			for _, kind := range []string{"secretbox", "aescbc"} {
+				km, _ := pm[kind].(map[string]any)
+				keys, _ := km["keys"].([]any)
+				for _, k := range keys {
+					kk, _ := k.(map[string]any)
+					secret, _ := kk["secret"].(string)
+					switch kk["name"] {
+					case "key2":
+						enc.Secretbox = secret
+					case "key1":
+						enc.AESCBC = secret
+					}
+				}
+			}
+		}
+	}
+	return enc
 }
 
 // IssueKubeconfig returns an admin kubeconfig the way Talos issues one: a

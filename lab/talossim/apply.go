@@ -2,6 +2,7 @@ package talossim
 
 import (
 	"bytes"
+	"context"
 	stdx509 "crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -13,10 +14,9 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/config"
-	cfgtypes "github.com/siderolabs/talos/pkg/machinery/config/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configdiff"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
-	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/block/blockhelpers"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -107,7 +107,7 @@ func validateKubernetesImages(cfg config.Provider, talosVersion string) error {
 		return fmt.Errorf("failed to parse Talos version: %w", err)
 	}
 	check := func(name, ref string) error {
-		kv, err := v1alpha1.KubernetesVersionFromImageRef(ref)
+		kv, err := compatibility.KubernetesVersionFromImageRef(ref)
 		if err != nil {
 			return fmt.Errorf("%s image is not valid: failed to parse Kubernetes version from image reference %q: %w", name, ref, err)
 		}
@@ -117,22 +117,52 @@ func validateKubernetesImages(cfg config.Provider, talosVersion string) error {
 		return nil
 	}
 	var errs []error
-	errs = append(errs, check("kubelet", cfg.Machine().Kubelet().Image()))
-	if cfg.Machine().Type().IsControlPlane() && cfg.Cluster() != nil {
-		errs = append(errs,
-			check("kube-apiserver", cfg.Cluster().APIServer().Image()),
-			check("kube-controller-manager", cfg.Cluster().ControllerManager().Image()),
-			check("kube-scheduler", cfg.Cluster().Scheduler().Image()))
+	errs = append(errs, check("kubelet", kubeletImage(cfg)))
+	if cfg.Machine().Type().IsControlPlane() {
+		pods := StaticPodImages(cfg)
+		for _, name := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			if ref, ok := pods[name]; ok {
+				errs = append(errs, check(name, ref))
+			}
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// installTargetLocked is the install disk and installer image a config
+// asks for. From Talos v1.14 an UnattendedInstallConfig document carries
+// them, the disk as a CEL selector that the UnattendedInstallController
+// resolves against the Disk resources with machinery's own MatchDisks,
+// taking the first match (internal/app/machined/pkg/controllers/runtime/
+// unattended_install.go at v1.14.0-rc.1); before, .machine.install names
+// the disk. The real controller waits while no disk matches ("no disk
+// matched the selector", phase pending); the simulator reports that as the
+// install failing, so a test sees it at once.
+func (n *Node) installTargetLocked(cfg config.Provider) (disk, image string, err error) {
+	if u := cfg.UnattendedInstallConfig(); u != nil {
+		expr := u.VolumeSelector()
+		matched, err := blockhelpers.MatchDisks(context.Background(), n.cosi, &expr)
+		if err != nil {
+			return "", u.InstallerImage(), fmt.Errorf("failed to match install disk: %w", err)
+		}
+		if len(matched) == 0 {
+			return "", u.InstallerImage(), errors.New("no disk matched the selector")
+		}
+		return matched[0].TypedSpec().DevPath, u.InstallerImage(), nil
+	}
+	if cfg.Machine() == nil {
+		return "", "", errors.New("the config has no install section")
+	}
+	return cfg.Machine().Install().Disk(), cfg.Machine().Install().Image(), nil //nolint:staticcheck // the form before v1.14
 }
 
 // mintAdminCert issues the admin client certificate as GenerateAdmin does:
 // from the Kubernetes CA, with the admin kubeconfig's common name,
 // organization and lifetime (cluster.adminKubeconfig.certLifetime, one
 // year by default: constants.KubernetesAdminCertDefaultLifetime).
-func mintAdminCert(c cfgtypes.ClusterConfig) (*x509.PEMEncodedCertificateAndKey, error) {
-	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(c.IssuingCA())
+func mintAdminCert(cfg config.Provider) (*x509.PEMEncodedCertificateAndKey, error) {
+	c := cfg.Cluster()
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(kubernetesCA(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("error getting Kubernetes CA: %w", err)
 	}
@@ -149,6 +179,26 @@ func mintAdminCert(c cfgtypes.ClusterConfig) (*x509.PEMEncodedCertificateAndKey,
 		return nil, fmt.Errorf("error generating Kubernetes client certificate: %w", err)
 	}
 	return x509.NewCertificateAndKeyFromKeyPair(kp), nil
+}
+
+// kubernetesCA is the Kubernetes CA a control plane's config holds: the
+// KubeAPIServerCAConfig document from Talos v1.14, .cluster.ca before
+// (K8sAPIServerCAConfig answers either: container.go at machinery v1.14.1).
+func kubernetesCA(cfg config.Provider) *x509.PEMEncodedCertificateAndKey {
+	if c := cfg.K8sAPIServerCAConfig(); c != nil {
+		return c.IssuingCA()
+	}
+	return nil
+}
+
+// clusterID is the cluster's discovery identity: the DiscoveryIdentityConfig
+// document from Talos v1.14, .cluster.id before (DiscoveryIdentityConfig
+// in container.go at machinery v1.14.1 answers either).
+func clusterID(cfg config.Provider) string {
+	if d := cfg.DiscoveryIdentityConfig(); d != nil {
+		return d.ClusterID()
+	}
+	return ""
 }
 
 // withConfiguredAdminCert gives a kubeconfig the simulated control plane
@@ -170,7 +220,7 @@ func withConfiguredAdminCert(data []byte, cfg config.Provider) ([]byte, error) {
 		return data, nil
 	}
 	ai := kc.AuthInfos[kctx.AuthInfo]
-	ca := cfg.Cluster().IssuingCA()
+	ca := kubernetesCA(cfg)
 	roots := stdx509.NewCertPool()
 	block, _ := pem.Decode(ai.ClientCertificateData)
 	if ca == nil || !roots.AppendCertsFromPEM(ca.Crt) || block == nil {
@@ -183,7 +233,7 @@ func withConfiguredAdminCert(data []byte, cfg config.Provider) ([]byte, error) {
 	if _, err := crt.Verify(stdx509.VerifyOptions{Roots: roots, KeyUsages: []stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}}); err != nil {
 		return data, nil
 	}
-	pair, err := mintAdminCert(cfg.Cluster())
+	pair, err := mintAdminCert(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -200,19 +250,25 @@ func generateAdminKubeconfig(cfg config.Provider) ([]byte, error) {
 	if cfg == nil || cfg.Cluster() == nil {
 		return nil, errors.New("no cluster config")
 	}
-	c := cfg.Cluster()
-	pair, err := mintAdminCert(c)
+	pair, err := mintAdminCert(cfg)
 	if err != nil {
 		return nil, err
 	}
+	// The CA documents and the cluster name and endpoint moved to
+	// KubeAPIServerCAConfig and KubeClusterConfig in Talos v1.14; the
+	// container's accessors answer from either form.
+	caCfg, cl := cfg.K8sAPIServerCAConfig(), cfg.K8sClusterConfig()
+	if caCfg == nil || cl == nil || cl.ClusterEndpoint() == nil {
+		return nil, errors.New("no cluster config")
+	}
 	cas := [][]byte{}
-	for _, a := range c.AcceptedCAs() {
+	for _, a := range caCfg.AcceptedCAs() {
 		cas = append(cas, a.Crt)
 	}
-	cas = append(cas, c.IssuingCA().Crt)
-	name := c.Name()
+	cas = append(cas, caCfg.IssuingCA().Crt)
+	name := cl.ClusterName()
 	return clientcmd.Write(clientcmdapi.Config{
-		Clusters:       map[string]*clientcmdapi.Cluster{name: {Server: c.Endpoint().String(), CertificateAuthorityData: bytes.Join(cas, nil)}},
+		Clusters:       map[string]*clientcmdapi.Cluster{name: {Server: cl.ClusterEndpoint().String(), CertificateAuthorityData: bytes.Join(cas, nil)}},
 		AuthInfos:      map[string]*clientcmdapi.AuthInfo{"admin@" + name: {ClientCertificateData: pair.Crt, ClientKeyData: pair.Key}},
 		Contexts:       map[string]*clientcmdapi.Context{"admin@" + name: {Cluster: name, Namespace: "default", AuthInfo: "admin@" + name}},
 		CurrentContext: "admin@" + name,

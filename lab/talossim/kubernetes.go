@@ -62,15 +62,42 @@ func imagesOf(cfg config.Provider) kubernetesImages {
 	if cfg == nil || cfg.Machine() == nil {
 		return im
 	}
-	im.kubelet = cfg.Machine().Kubelet().Image()
-	if cfg.Machine().Type().IsControlPlane() && cfg.Cluster() != nil {
-		im.staticPods = map[string]string{
-			"kube-apiserver":          cfg.Cluster().APIServer().Image(),
-			"kube-controller-manager": cfg.Cluster().ControllerManager().Image(),
-			"kube-scheduler":          cfg.Cluster().Scheduler().Image(),
-		}
+	im.kubelet = kubeletImage(cfg)
+	if cfg.Machine().Type().IsControlPlane() {
+		im.staticPods = StaticPodImages(cfg)
 	}
 	return im
+}
+
+// kubeletImage is the kubelet image a config asks for: KubeletConfig from
+// Talos v1.14, .machine.kubelet before (the container answers either:
+// K8sKubeletConfig in config/container/container.go at machinery v1.14.1).
+func kubeletImage(cfg config.Provider) string {
+	if k := cfg.K8sKubeletConfig(); k != nil {
+		return k.Image()
+	}
+	return ""
+}
+
+// StaticPodImages are a control plane's static pod images, from the
+// KubeAPIServerConfig, KubeControllerManagerConfig and KubeSchedulerConfig
+// documents (v1.14) or .cluster.apiServer and friends (before), through
+// the same container accessors; nil when the config has neither.
+func StaticPodImages(cfg config.Provider) map[string]string {
+	out := map[string]string{}
+	if a := cfg.K8sAPIServerConfig(); a != nil {
+		out["kube-apiserver"] = a.Image()
+	}
+	if c := cfg.K8sControllerManagerConfig(); c != nil {
+		out["kube-controller-manager"] = c.Image()
+	}
+	if s := cfg.K8sSchedulerConfig(); s != nil {
+		out["kube-scheduler"] = s.Image()
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // publishKubernetesConfig keeps the resources Talos' controllers derive
@@ -92,15 +119,15 @@ func publishKubernetesConfig(st state.State, im kubernetesImages) {
 	if im.staticPods == nil {
 		return
 	}
-	_ = safe.StateModify(ctx, st, k8s.NewAPIServerConfig(), func(r *k8s.APIServerConfig) error {
+	_ = safe.StateModify(ctx, st, k8s.NewAPIServerConfig(k8s.APIServerConfigID), func(r *k8s.APIServerConfig) error {
 		r.TypedSpec().Image = im.staticPods["kube-apiserver"]
 		return nil
 	})
-	_ = safe.StateModify(ctx, st, k8s.NewControllerManagerConfig(), func(r *k8s.ControllerManagerConfig) error {
+	_ = safe.StateModify(ctx, st, k8s.NewControllerManagerConfig(k8s.ControllerManagerConfigID), func(r *k8s.ControllerManagerConfig) error {
 		r.TypedSpec().Image = im.staticPods["kube-controller-manager"]
 		return nil
 	})
-	_ = safe.StateModify(ctx, st, k8s.NewSchedulerConfig(), func(r *k8s.SchedulerConfig) error {
+	_ = safe.StateModify(ctx, st, k8s.NewSchedulerConfig(k8s.SchedulerConfigID), func(r *k8s.SchedulerConfig) error {
 		r.TypedSpec().Image = im.staticPods["kube-scheduler"]
 		return nil
 	})

@@ -80,7 +80,7 @@ func TestKubernetesImagesFollowTheConfig(t *testing.T) {
 	if err != nil || resp.GetMessages()[0].GetMode() != machine.ApplyConfigurationRequest_NO_REBOOT {
 		t.Fatalf("apply %v %v", resp, err)
 	}
-	api, err := safe.StateGet[*k8s.APIServerConfig](ctx, cp.COSI, k8s.NewAPIServerConfig().Metadata())
+	api, err := safe.StateGet[*k8s.APIServerConfig](ctx, cp.COSI, k8s.NewAPIServerConfig(k8s.APIServerConfigID).Metadata())
 	if err != nil || api.TypedSpec().Image != newAPI {
 		t.Fatalf("APIServerConfig %v %v", api, err)
 	}

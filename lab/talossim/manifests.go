@@ -34,12 +34,22 @@ type Manifest struct {
 // token, CSR and RBAC manifests are not rendered (docs/lab.md). "05-flannel"
 // (its ServiceAccount and DaemonSet) comes first when the CNI is flannel.
 func BootstrapManifests(cfg config.Provider) []Manifest {
-	if cfg == nil || cfg.Cluster() == nil || cfg.Machine() == nil || !cfg.Machine().Type().IsControlPlane() {
+	if cfg == nil || cfg.Machine() == nil || !cfg.Machine().Type().IsControlPlane() {
 		return nil
 	}
-	cl := cfg.Cluster()
+	// Talos renders nothing without a network and a cluster config
+	// (ControlPlaneBootstrapManifestsController's map function in
+	// controllers/k8s/control_plane.go at v1.14.0-rc.1). The accessors
+	// answer from the typed documents of v1.14 or the v1alpha1 fields
+	// before (container.go at machinery v1.14.1): flannel is deployed
+	// when K8sFlannelCNIConfig is set (KubeFlannelCNIConfig, or
+	// cluster.network.cni.name flannel).
+	network := cfg.K8sNetworkConfig()
+	if network == nil || cfg.K8sClusterConfig() == nil {
+		return nil
+	}
 	var out []Manifest
-	if cl.Network().CNI().Name() == constants.FlannelCNI {
+	if cfg.K8sFlannelCNIConfig() != nil {
 		// "05-flannel": FlannelDaemonSetTemplate and its ServiceAccount
 		// (k8stemplates/flannel.go at v1.13.3), image pkg/images/list.go's
 		// ghcr.io/siderolabs/flannel at constants.FlannelVersion. Its
@@ -75,7 +85,7 @@ func BootstrapManifests(cfg config.Provider) []Manifest {
 			},
 		}})
 	}
-	if cl.Proxy().Enabled() {
+	if proxy := cfg.K8sProxyConfig(); proxy != nil && proxy.Enabled() {
 		labels := map[string]any{"k8s-app": "kube-proxy", "tier": "node"}
 		out = append(out, Manifest{ID: "10-kube-proxy", Objects: []map[string]any{
 			{
@@ -87,8 +97,8 @@ func BootstrapManifests(cfg config.Provider) []Manifest {
 						"metadata": map[string]any{"labels": labels},
 						"spec": map[string]any{
 							"containers": []any{map[string]any{
-								"name": "kube-proxy", "image": cl.Proxy().Image(),
-								"command": []any{"/usr/local/bin/kube-proxy", "--proxy-mode=" + proxyMode(cl.Proxy().Mode())},
+								"name": "kube-proxy", "image": proxy.Image(),
+								"command": []any{"/usr/local/bin/kube-proxy", "--proxy-mode=" + proxyMode(proxy.Mode())},
 							}},
 							"hostNetwork": true, "priorityClassName": "system-cluster-critical", "serviceAccountName": "kube-proxy",
 							"tolerations": []any{
@@ -104,9 +114,9 @@ func BootstrapManifests(cfg config.Provider) []Manifest {
 			clusterRoleBinding("kube-proxy", "system:node-proxier", "kube-proxy"),
 		}})
 	}
-	if cl.CoreDNS().Enabled() {
+	if coreDNS := cfg.K8sCoreDNSConfig(); coreDNS != nil && coreDNS.Enabled() {
 		labels := map[string]any{"k8s-app": "kube-dns"}
-		domain := cl.Network().DNSDomain()
+		domain := network.DNSDomain()
 		out = append(out, Manifest{ID: "11-core-dns", Objects: []map[string]any{
 			serviceAccount("coredns"),
 			{
@@ -134,7 +144,7 @@ func BootstrapManifests(cfg config.Provider) []Manifest {
 						"metadata": map[string]any{"labels": labels},
 						"spec": map[string]any{
 							"containers": []any{map[string]any{
-								"name": "coredns", "image": cl.CoreDNS().Image(),
+								"name": "coredns", "image": coreDNS.Image(),
 								"args": []any{"-conf", "/etc/coredns/Corefile"},
 							}},
 							"dnsPolicy": "Default", "nodeSelector": map[string]any{"kubernetes.io/os": "linux"},
@@ -148,7 +158,8 @@ func BootstrapManifests(cfg config.Provider) []Manifest {
 				},
 			},
 		}})
-		if ips, err := cl.Network().DNSServiceIPs(); err == nil && len(ips) > 0 {
+		// k8s.DNSServiceAddrs, as the controller computes the address.
+		if ips := k8s.DNSServiceAddrs(network.ServiceCIDRs()); len(ips) > 0 {
 			out = append(out, Manifest{ID: "11-core-dns-svc", Objects: []map[string]any{{
 				"apiVersion": "v1", "kind": "Service",
 				"metadata": map[string]any{"name": "kube-dns", "namespace": "kube-system", "labels": map[string]any{"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},

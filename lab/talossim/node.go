@@ -294,10 +294,10 @@ func (n *Node) roleLocked() string {
 }
 
 func (n *Node) clusterIDLocked() string {
-	if n.parsed == nil || n.parsed.Cluster() == nil {
+	if n.parsed == nil {
 		return ""
 	}
-	return n.parsed.Cluster().ID()
+	return clusterID(n.parsed)
 }
 
 // Counters returns a copy of the node's counters.
@@ -502,7 +502,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 		// EPHEMERAL is on the system disk, the one the image is on.
 		publishImageEphemeral(n.cosi, n.spec.Disks[0].Size, installed.imageBytes, devPathFor(n.spec.Disks, 0))
 	case n.parsed.Machine() != nil:
-		disk := n.parsed.Machine().Install().Disk()
+		disk, _, _ := n.installTargetLocked(n.parsed)
 		for i := range n.spec.Disks {
 			if devPathFor(n.spec.Disks, i) == disk {
 				publishEphemeral(n.cosi, n.spec.Disks[i].Size, disk)
@@ -560,7 +560,7 @@ const etcdUpCheck = 10 * time.Millisecond
 func (n *Node) infoLocked() NodeInfo {
 	info := NodeInfo{Hostname: n.hostnameLocked(), IP: n.ip, Role: n.roleLocked()}
 	if n.parsed != nil && n.parsed.Machine() != nil {
-		info.KubeletImage = n.parsed.Machine().Kubelet().Image()
+		info.KubeletImage = kubeletImage(n.parsed)
 	}
 	return info
 }
@@ -636,8 +636,7 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 		n.serveLocked()
 		n.setStageLocked(runtime.MachineStageInstalling)
 	})
-	installDisk := parsed.Machine().Install().Disk()
-	image := parsed.Machine().Install().Image()
+	installDisk, image, selErr := n.installTargetLocked(parsed)
 	crash := n.faults.CrashDuringInstall > 0
 	if crash {
 		n.faults.CrashDuringInstall--
@@ -656,6 +655,8 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 			failed = fmt.Sprintf("failed to pull the installer image %q (injected)", image)
 		case pullErr != nil:
 			failed = fmt.Sprintf("failed to pull the installer image %q: %v", image, pullErr)
+		case selErr != nil:
+			failed = selErr.Error()
 		case !diskExists(n.spec.Disks, installDisk):
 			failed = fmt.Sprintf("install disk %s not found", installDisk)
 		}

@@ -180,7 +180,7 @@ func parseAndValidate(data []byte, talosVersion string) (config.Provider, []stri
 	if err != nil {
 		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	warnings, err := cfg.Validate(metalMode{})
+	warnings, err := cfg.ValidateAsClient(metalMode{})
 	if err != nil {
 		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}

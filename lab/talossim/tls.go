@@ -62,7 +62,7 @@ func configuredTLS(s *Sim, ip, hostname string, cfg config.Provider, trustdRunni
 			return nil, fmt.Errorf("machine.ca: %w", err)
 		}
 		if trustdRunning {
-			s.registerSigner(ip, osCA.Crt, signer{ca: ca, token: sec.Token(), clusterID: cfg.Cluster().ID()})
+			s.registerSigner(ip, osCA.Crt, signer{ca: ca, token: sec.Token(), clusterID: clusterID(cfg)})
 		}
 	} else {
 		sg, ok := s.findSigner(cfg, osCA.Crt, sec.Token())
@@ -119,12 +119,14 @@ func (s *Sim) dropSigner(ip string) {
 func (s *Sim) findSigner(cfg config.Provider, caCrt []byte, token string) (signer, bool) {
 	endpointHost := ""
 	discovery := false
-	if c := cfg.Cluster(); c != nil {
-		if ep := c.Endpoint(); ep != nil {
-			endpointHost = ep.Hostname()
-		}
-		discovery = c.Discovery().Enabled() && !s.opts.DiscoveryUnreachable
+	// The endpoint is in KubeClusterConfig and discovery in
+	// DiscoveryServiceConfig documents from Talos v1.14; the container's
+	// accessors answer from either form (container.go at machinery v1.14.1).
+	if cl := cfg.K8sClusterConfig(); cl != nil && cl.ClusterEndpoint() != nil {
+		endpointHost = cl.ClusterEndpoint().Hostname()
 	}
+	legacy := cfg.Cluster() != nil && cfg.Cluster().Discovery().Enabled()
+	discovery = (legacy || len(cfg.DiscoveryServiceConfigs()) > 0) && !s.opts.DiscoveryUnreachable
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, endpointIsNode := s.nodes[endpointHost]

@@ -1,0 +1,90 @@
+package talossim
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate"
+	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+)
+
+// talos114Config is a control plane config in Talos v1.14's form, as
+// machinery's generator writes it for that contract.
+func talos114Config(t *testing.T) config.Provider {
+	t.Helper()
+	in, err := generate.NewInput("lab", "https://10.10.0.11:6443", "1.37.2",
+		generate.WithVersionContract(config.TalosVersion1_14),
+		generate.WithInstallDisk("/dev/sda"),
+		generate.WithInstallImage("factory.talos.dev/nocloud-installer/abc:v1.14.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := in.Config(machine.TypeControlPlane)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// A Talos v1.14 node takes a config with the typed documents, and refuses
+// one that holds a v1alpha1 field beside the document that replaces it, as
+// machinery's container validation does (config/container/validate.go at
+// v1.14.1: V1Alpha1ConflictValidate of every document).
+func TestTypedDocumentsAndTheMixedConfig(t *testing.T) {
+	cfg := talos114Config(t)
+	data, err := cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(data), "install:") {
+		t.Fatal("the v1.14 config carries .machine.install")
+	}
+	parsed, _, err := parseAndValidate(data, "v1.14.1")
+	if err != nil {
+		t.Fatalf("v1.14 config refused: %v", err)
+	}
+	if got := kubeletImage(parsed); got != "ghcr.io/siderolabs/kubelet:v1.37.2" {
+		t.Errorf("kubelet image %q", got)
+	}
+	if got := StaticPodImages(parsed)["kube-apiserver"]; got != "registry.k8s.io/kube-apiserver:v1.37.2" {
+		t.Errorf("kube-apiserver image %q", got)
+	}
+	if clusterID(parsed) == "" {
+		t.Error("no cluster ID from DiscoveryIdentityConfig")
+	}
+	if len(BootstrapManifests(parsed)) == 0 {
+		t.Error("no bootstrap manifests from the typed documents")
+	}
+
+	mixed, err := cfg.PatchV1Alpha1(func(c *v1alpha1.Config) error {
+		c.ClusterConfig.ProxyConfig = &v1alpha1.ProxyConfig{Disabled: new(true)} //nolint:staticcheck // the conflict under test
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err = mixed.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := parseAndValidate(data, "v1.14.1"); err == nil || !strings.Contains(err.Error(), "KubeProxyConfig") {
+		t.Fatalf("mixed config: %v, want the KubeProxyConfig conflict", err)
+	}
+
+}
+
+// The typed documents' images are checked against the Talos the node runs
+// as the v1alpha1 ones are: Kubernetes 1.37 is too new for Talos v1.13
+// (compatibility/talos113 at machinery v1.14.1).
+func TestTypedDocumentImagesCheckedAgainstTheNodesTalos(t *testing.T) {
+	data, err := talos114Config(t).EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := parseAndValidate(data, "v1.13.3"); err == nil || !strings.Contains(err.Error(), "too new") {
+		t.Fatalf("Kubernetes 1.37 on Talos v1.13: %v", err)
+	}
+}
