@@ -19,7 +19,6 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/internal/sealed"
-	"github.com/homelab/bootstrap/proxmox"
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/talos"
 )
@@ -164,7 +163,6 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if err := upgradeInOrder(ctx, env, ops, ku, targets, conv); err != nil {
 		return err
 	}
-	ejectISOs(ctx, env, targets)
 	api := conv.APIServerVersion
 	if ku.apiServerVersion != "" {
 		api = ku.apiServerVersion
@@ -172,34 +170,6 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
 		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), api, keptFiles(env).Path(env.Paths.Kubeconfig))
 	return mergeUserConfigs(env, res.Talosconfig)
-}
-
-// ejectISOs empties the cdrom drive of every VM whose node now runs an
-// installed Talos: the ISO served only the install, and a VM whose cdrom
-// holds one on local storage cannot be migrated (proxmox.EjectISO). A
-// failure only warns: the cluster runs either way.
-func ejectISOs(ctx context.Context, env *Env, targets []talos.Target) {
-	var c *proxmox.Client
-	for _, t := range targets {
-		n := env.Node(t.Name)
-		if n.VMID == 0 || n.Host == "" {
-			continue
-		}
-		if c == nil {
-			var err error
-			if c, err = ProxmoxClient(ctx, env); err != nil {
-				env.UI.Warn("the Talos ISO stays in the VMs' cdrom drives: %v", err)
-				return
-			}
-		}
-		ejected, err := c.On(n.Host).EjectISO(ctx, n.VMID)
-		switch {
-		case err != nil:
-			env.UI.Warn("VM %d %s keeps the Talos ISO in its cdrom drive, which keeps Proxmox from migrating it off local storage: %v", n.VMID, t.Name, err)
-		case ejected:
-			env.UI.OK("VM %d %s: Talos ISO ejected (Talos runs from the disk)", n.VMID, t.Name)
-		}
-	}
 }
 
 // prepBundle keys the secrets bundle minted in the background.
