@@ -377,7 +377,7 @@ func (m *matrix) historyPage(t *testing.T) {
 		t.Errorf("screenshot %v", b)
 	}
 	got := regexp.MustCompile(`<td id="` + regexp.QuoteMeta(cell) + `" class="fail"[^>]*>([^<]*)</td>`).FindStringSubmatch(testbrowser.DOM(t, page))
-	if got == nil || got[1] != "FAIL" {
+	if got == nil || got[1] != "F" {
 		t.Errorf("the failing cell %s as rendered: %v", cell, got)
 	}
 }
