@@ -96,14 +96,8 @@ var (
 		Name: "instant", Boot: 0, Install: 20 * time.Millisecond, Reboot: 30 * time.Millisecond,
 		BootstrapReady: 0, EtcdStart: 30 * time.Millisecond, EtcdJoin: 30 * time.Millisecond,
 		KubeletReady: 40 * time.Millisecond, ApidRestart: 5 * time.Millisecond, BootSequence: 10 * time.Millisecond,
-		RebootStart: 5 * time.Millisecond,
-		// Real machined counts 10 s down before it reboots after a failed
-		// sequence; at 10 ms a loaded test machine could reboot the node
-		// before the runner read the failure from its events, and the run
-		// then waited out the version wait instead (seen under load). A
-		// second keeps the order the real node shows.
-		FailedSequenceReboot: time.Second,
-		EtcdJoinRetry:        20 * time.Millisecond,
+		RebootStart: 5 * time.Millisecond, FailedSequenceReboot: 10 * time.Millisecond,
+		EtcdJoinRetry: 20 * time.Millisecond,
 		// Long enough that no test waits that long before bootstrapping
 		// by accident; tests of the failure set their own.
 		EtcdJoinTimeout: time.Minute,
