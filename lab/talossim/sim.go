@@ -71,12 +71,9 @@ type Profile struct {
 	// RebootStart: a reboot-mode apply or a Reboot call → API down (the
 	// reboot sequence stops pods and services first).
 	RebootStart time.Duration
-	// FailedSequenceReboot: a failed install, upgrade or reset sequence →
-	// reboot: machined's handle() counts down "rebooting in %d seconds"
-	// from 10 before it reboots (internal/app/machined/main.go at v1.13.9
-	// and v1.14.0-rc.1). For an upgrade or a reset, machined's services
-	// shut down first (RebootStart).
-	FailedSequenceReboot time.Duration
+	// FailedInstallReboot: a failed install → reboot ("rebooting in 10
+	// seconds", internal/app/machined/main.go).
+	FailedInstallReboot time.Duration
 	// EtcdJoinTimeout: how long a control plane's etcd tries to join a
 	// cluster that was never bootstrapped before its service fails
 	// (constants.EtcdJoinTimeout, 30 min).
@@ -96,7 +93,7 @@ var (
 		Name: "instant", Boot: 0, Install: 20 * time.Millisecond, Reboot: 30 * time.Millisecond,
 		BootstrapReady: 0, EtcdStart: 30 * time.Millisecond, EtcdJoin: 30 * time.Millisecond,
 		KubeletReady: 40 * time.Millisecond, ApidRestart: 5 * time.Millisecond, BootSequence: 10 * time.Millisecond,
-		RebootStart: 5 * time.Millisecond, FailedSequenceReboot: 10 * time.Millisecond,
+		RebootStart: 5 * time.Millisecond, FailedInstallReboot: 10 * time.Millisecond,
 		EtcdJoinRetry: 20 * time.Millisecond,
 		// Long enough that no test waits that long before bootstrapping
 		// by accident; tests of the failure set their own.
@@ -109,7 +106,7 @@ var (
 		BootstrapReady: 8 * time.Second, EtcdStart: 20 * time.Second, EtcdJoin: 35 * time.Second,
 		KubeletReady: 30 * time.Second, CallLatency: 3 * time.Millisecond, ApplyLatency: 400 * time.Millisecond,
 		ApidRestart: 2 * time.Second, BootSequence: 15 * time.Second, RebootStart: 5 * time.Second,
-		FailedSequenceReboot: 10 * time.Second, EtcdJoinTimeout: constants.EtcdJoinTimeout,
+		FailedInstallReboot: 10 * time.Second, EtcdJoinTimeout: constants.EtcdJoinTimeout,
 		EtcdJoinRetry: 3 * time.Second,
 	}
 )
