@@ -3,7 +3,11 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"net/url"
 	"os"
@@ -16,6 +20,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"k8s.io/client-go/tools/clientcmd"
+	certutil "k8s.io/client-go/util/cert"
 
 	"github.com/homelab/bootstrap/backup"
 	"github.com/homelab/bootstrap/e2e"
@@ -148,9 +154,11 @@ func TestRealClients(t *testing.T) {
 			t.Fatalf("kubectl get sc: want one default class, %s:\n%s %v", h.Config().Storage.NFS.StorageClass, out, err)
 		}
 		// A kubeconfig for another cluster's CA is refused.
+		// (Another CA, not a mangled one: a PEM decoder skips junk before
+		// "\n-----BEGIN", so a prefix could leave a bundle's later
+		// certificate standing and prove nothing.)
 		other := filepath.Join(dir, "other.kubeconfig")
-		b, _ := os.ReadFile(kubeconfig)
-		os.WriteFile(other, bytes.Replace(b, []byte("certificate-authority-data: "), []byte("certificate-authority-data: AAAA"), 1), 0o600)
+		writeSecretFile(t, other, string(withOtherCA(t, kubeconfig)))
 		if _, err := tool(t, ctx, []string{"KUBECONFIG=" + other}, "kubectl", "get", "nodes", "--request-timeout=5s"); err == nil {
 			t.Error("kubectl accepted a kubeconfig with a broken CA")
 		}
@@ -462,4 +470,31 @@ func restoredEtcdHasTheKeys(t *testing.T, ctx context.Context, dir, snapshot str
 	if int(resp.Count) != info.LiveKeys || !found {
 		t.Errorf("the etcd restored from %s holds %d keys (kube-system namespace: %v), the product counted %d", filepath.Base(snapshot), resp.Count, found, info.LiveKeys)
 	}
+}
+
+// withOtherCA returns the kubeconfig at path with every cluster's CA
+// replaced by a fresh self-signed one: a kubeconfig for another cluster.
+func withOtherCA(t *testing.T, path string) []byte {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := certutil.NewSelfSignedCACert(certutil.Config{CommonName: "another-cluster"}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
+	for _, c := range cfg.Clusters {
+		c.CertificateAuthorityData, c.CertificateAuthority = caPEM, ""
+	}
+	b, err := clientcmd.Write(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -16,8 +16,9 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
-	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/stdpatches"
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -268,11 +269,16 @@ func withTag(image, version string) string {
 // PinKubeImages returns the machine config cfg with the images of the
 // components named in versions set to those versions (the image
 // repositories stay cfg's). A component cfg does not carry (a worker's
-// static pods) is ignored; kube-proxy's image follows the kubelet's. It is how a config rendered for the target
-// version is applied without moving Kubernetes: the upgrade moves the
-// images one component and one node at a time, as upgrade-k8s patches
-// them (pkg/cluster/kubernetes/talos_managed.go upgradeStaticPodPatcher,
-// kubelet.go upgradeKubeletPatcher at v1.13.3).
+// static pods) is ignored; kube-proxy's image follows the kubelet's. It is
+// how a config rendered for the target version is applied without moving
+// Kubernetes: the upgrade moves the images one component and one node at a
+// time, as upgrade-k8s patches them (pkg/cluster/kubernetes/talos_managed.go
+// upgradeStaticPodPatcher, kubelet.go upgradeKubeletPatcher at v1.13.3 and
+// v1.14.0-rc.1). The patches are machinery's own (config/generate/stdpatches
+// at v1.14.1), which write the image where cfg keeps it: in the typed
+// documents of a Talos v1.14 config (KubeletConfig, KubeAPIServerConfig…),
+// which refuses the v1alpha1 fields beside them, or in .machine.kubelet and
+// .cluster.apiServer/controllerManager/scheduler/proxy before.
 func PinKubeImages(cfg []byte, versions map[string]string) ([]byte, error) {
 	if len(versions) == 0 {
 		return cfg, nil
@@ -281,55 +287,69 @@ func PinKubeImages(cfg []byte, versions map[string]string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the machine config: %w", err)
 	}
-	changed := false
-	patched, err := provider.PatchV1Alpha1(func(c *v1alpha1.Config) error {
-		set := func(image *string, comp, fallback string) {
-			v, ok := versions[comp]
-			if !ok || v == "" {
-				return
-			}
-			cur := *image
-			if cur == "" {
-				cur = fallback
-			}
-			if next := withTag(cur, v); next != *image {
-				*image, changed = next, true
-			}
+	var patches []configpatcher.Patch
+	pin := func(comp, version, current string, patch func(string) ([]byte, error)) error {
+		if version == "" || current == "" {
+			return nil
 		}
-		if c.MachineConfig != nil {
-			if c.MachineConfig.MachineKubelet == nil {
-				c.MachineConfig.MachineKubelet = &v1alpha1.KubeletConfig{}
-			}
-			set(&c.MachineConfig.MachineKubelet.KubeletImage, Kubelet, configImage(provider, Kubelet))
+		next := withTag(current, version)
+		if next == current {
+			return nil
 		}
-		// kube-proxy's image, which Talos renders into the kube-proxy
-		// manifest, moves with the node's kubelet: after the static pods,
-		// where upgrade-k8s moves it (upgradeKubeProxy).
-		if p := c.ClusterConfig; p != nil && p.ProxyConfig != nil && p.ProxyConfig.ContainerImage != "" {
-			set(&p.ProxyConfig.ContainerImage, Kubelet, p.ProxyConfig.ContainerImage)
+		b, err := patch(next)
+		if err != nil {
+			return fmt.Errorf("pinning %s to %s: %w", comp, version, err)
 		}
-		if c.ClusterConfig != nil && provider.Machine().Type().IsControlPlane() {
-			cl := c.ClusterConfig
-			if cl.APIServerConfig == nil {
-				cl.APIServerConfig = &v1alpha1.APIServerConfig{}
-			}
-			if cl.ControllerManagerConfig == nil {
-				cl.ControllerManagerConfig = &v1alpha1.ControllerManagerConfig{}
-			}
-			if cl.SchedulerConfig == nil {
-				cl.SchedulerConfig = &v1alpha1.SchedulerConfig{}
-			}
-			set(&cl.APIServerConfig.ContainerImage, KubeAPIServer, configImage(provider, KubeAPIServer))
-			set(&cl.ControllerManagerConfig.ContainerImage, KubeControllerManager, configImage(provider, KubeControllerManager))
-			set(&cl.SchedulerConfig.ContainerImage, KubeScheduler, configImage(provider, KubeScheduler))
+		p, err := configpatcher.LoadPatch(b)
+		if err != nil {
+			return fmt.Errorf("pinning %s to %s: %w", comp, version, err)
 		}
+		patches = append(patches, p)
 		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
-	if !changed {
+	type pinning struct {
+		comp, version, current string
+		patch                  func(string) ([]byte, error)
+	}
+	todo := []pinning{{Kubelet, versions[Kubelet], configImage(provider, Kubelet), func(img string) ([]byte, error) {
+		return stdpatches.WithKubeletImage(stdpatches.GuessVersionContractKubelet(provider), img)
+	}}}
+	// kube-proxy's image, which Talos renders into the kube-proxy
+	// manifest, moves with the node's kubelet: after the static pods,
+	// where upgrade-k8s moves it (upgradeKubeProxy). Only a config that
+	// names it (a control plane's) carries it.
+	if p := provider.K8sProxyConfig(); p != nil && provider.Machine() != nil && provider.Machine().Type().IsControlPlane() {
+		todo = append(todo, pinning{"kube-proxy", versions[Kubelet], p.Image(), func(img string) ([]byte, error) {
+			return stdpatches.WithKubeProxyImage(stdpatches.GuessVersionContractKubeProxy(provider), img)
+		}})
+	}
+	if provider.Machine() != nil && provider.Machine().Type().IsControlPlane() {
+		todo = append(todo,
+			pinning{KubeAPIServer, versions[KubeAPIServer], configImage(provider, KubeAPIServer), func(img string) ([]byte, error) {
+				return stdpatches.WithKubeAPIServerImage(stdpatches.GuessVersionContractKubeAPIServer(provider), img)
+			}},
+			pinning{KubeControllerManager, versions[KubeControllerManager], configImage(provider, KubeControllerManager), func(img string) ([]byte, error) {
+				return stdpatches.WithKubeControllerManagerImage(stdpatches.GuessVersionContractKubeControllerManager(provider), img)
+			}},
+			pinning{KubeScheduler, versions[KubeScheduler], configImage(provider, KubeScheduler), func(img string) ([]byte, error) {
+				return stdpatches.WithKubeSchedulerImage(stdpatches.GuessVersionContractKubeScheduler(provider), img)
+			}})
+	}
+	for _, p := range todo {
+		if err := pin(p.comp, p.version, p.current, p.patch); err != nil {
+			return nil, err
+		}
+	}
+	if len(patches) == 0 {
 		return cfg, nil
+	}
+	out, err := configpatcher.Apply(configpatcher.WithConfig(provider), patches)
+	if err != nil {
+		return nil, fmt.Errorf("pinning the Kubernetes images: %w", err)
+	}
+	patched, err := out.Config()
+	if err != nil {
+		return nil, fmt.Errorf("pinning the Kubernetes images: %w", err)
 	}
 	return patched.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
 }

@@ -219,3 +219,61 @@ func TestPodState(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// TestPinKubeImagesInEachConfigForm: the images are pinned where each
+// Talos minor's config keeps them. A v1.14 config holds them in the typed
+// documents and refuses a v1alpha1 .machine.kubelet or .cluster.apiServer
+// beside them (machinery's validation), so pinning there must write the
+// documents; v1.12 and v1.13 configs keep the v1alpha1 fields.
+func TestPinKubeImagesInEachConfigForm(t *testing.T) {
+	for _, version := range []string{"v1.12.6", DefaultTalosVersion, "v1.14.1"} {
+		t.Run(version, func(t *testing.T) {
+			opts := atVersion(func(dir string) GenerateOptions {
+				o := haCluster(dir)
+				o.CNI = "" // flannel: kube-proxy runs and is pinned too
+				return o
+			}, version)(clusterDir(t, "secrets.yaml"))
+			res, err := Generate(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range res.Nodes {
+				pinned, err := PinKubeImages(n.Config, map[string]string{
+					KubeAPIServer: "1.35.4", KubeControllerManager: "1.35.4", KubeScheduler: "1.35.4", Kubelet: "1.35.0",
+				})
+				if err != nil {
+					t.Fatalf("%s: %v", n.Name, err)
+				}
+				cfg, err := configloader.NewFromBytes(pinned)
+				if err != nil {
+					t.Fatalf("%s: %v", n.Name, err)
+				}
+				if _, errs := ValidateMetal(cfg); len(errs) != 0 {
+					t.Fatalf("%s: the pinned config does not validate: %v\n%s", n.Name, errs, pinned)
+				}
+				want := map[string]string{Kubelet: "ghcr.io/siderolabs/kubelet:v1.35.0"}
+				if n.Role == RoleControlPlane {
+					want[KubeAPIServer] = "registry.k8s.io/kube-apiserver:v1.35.4"
+					want[KubeControllerManager] = "registry.k8s.io/kube-controller-manager:v1.35.4"
+					want[KubeScheduler] = "registry.k8s.io/kube-scheduler:v1.35.4"
+					if got := cfg.K8sProxyConfig().Image(); got != "registry.k8s.io/kube-proxy:v1.35.0" {
+						t.Errorf("%s kube-proxy image %q, want the kubelet's version", n.Name, got)
+					}
+				}
+				for comp, w := range want {
+					if got := configImage(cfg, comp); got != w {
+						t.Errorf("%s %s image %q, want %q", n.Name, comp, got, w)
+					}
+				}
+				typed := strings.HasPrefix(version, "v1.14")
+				v1 := cfg.RawV1Alpha1()
+				if hasV1 := v1 != nil && v1.MachineConfig != nil && v1.MachineConfig.MachineKubelet != nil && v1.MachineConfig.MachineKubelet.KubeletImage != ""; hasV1 == typed {
+					t.Errorf("%s at %s: .machine.kubelet.image set %v, want %v", n.Name, version, hasV1, !typed)
+				}
+				if typed && v1 != nil && v1.ClusterConfig != nil && v1.ClusterConfig.APIServerConfig != nil && v1.ClusterConfig.APIServerConfig.ContainerImage != "" {
+					t.Errorf("%s at %s: .cluster.apiServer.image set beside KubeAPIServerConfig", n.Name, version)
+				}
+			}
+		})
+	}
+}
