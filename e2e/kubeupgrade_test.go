@@ -522,6 +522,38 @@ func TestKubernetesUpgradeAfterATalosMinor(t *testing.T) {
 	}
 }
 
+// TestPipelineAndKubernetesUpgradeOnTalos114: the pipeline on Talos
+// v1.14.1, whose configs keep Kubernetes in typed documents (KubeletConfig,
+// KubeAPIServerConfig…) and refuse the v1alpha1 fields beside them, then a
+// Kubernetes upgrade 1.35.4 → 1.36.1 on it. The upgrade pins each
+// component's image in the config it applies; pinned in .machine.kubelet
+// or .cluster.apiServer, the node refuses it (talossim validates as
+// machined does: V1Alpha1ConflictValidate at machinery v1.14.1).
+func TestPipelineAndKubernetesUpgradeOnTalos114(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 6*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, Workers: 1, TalosVersion: "v1.14.1", KubernetesVersion: "1.35.4"})
+	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
+		t.Fatalf("install at v1.14.1 and 1.35.4:\n%s", r.Tail(40))
+	}
+	if v := nodeNamed(t, h, "cp-1").Version(); v != "v1.14.1" {
+		t.Fatalf("cp-1 runs Talos %s, want v1.14.1", v)
+	}
+	setKubernetesVersion(t, h, "1.36.1")
+	dryRunThenUpgrade(t, ctx, h, func(dry *e2e.Result) {
+		if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1") {
+			t.Fatalf("dry run of Kubernetes 1.36.1 on Talos v1.14.1 (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
+		}
+	})
+	api, kubelets := kubeState(t, ctx, h)
+	if api != "v1.36.1" || kubelets["cp-1"] != "v1.36.1" || kubelets["wk-1"] != "v1.36.1" {
+		t.Fatalf("after the upgrade the API server runs %s and the kubelets %v", api, kubelets)
+	}
+	if pc := run(t, ctx, h, "run", "--stage", "postcheck"); pc.ExitCode != 0 {
+		t.Fatalf("postcheck after the upgrade:\n%s", pc.Tail(30))
+	}
+}
+
 // TestKubernetesFirstUpgrade: a cluster at Talos v1.12.6 and Kubernetes
 // 1.30.14 (the lab's real 1.30 servers) is moved to Talos v1.13.3 and
 // Kubernetes 1.31.0 in one edit. Talos v1.13 does not run Kubernetes 1.30

@@ -38,7 +38,8 @@ import (
 
 // Options shape the lab factory.
 type Options struct {
-	// Versions are the Talos versions it builds (default v1.12.6, v1.13.3).
+	// Versions are the Talos versions it builds (default v1.12.6, v1.13.3,
+	// v1.14.1).
 	Versions []string
 	// Extensions are the official extensions of every version (default
 	// DefaultExtensions).
@@ -92,7 +93,7 @@ type Counts struct {
 // Start serves the factory on a loopback port.
 func Start(o Options) (*Server, error) {
 	if len(o.Versions) == 0 {
-		o.Versions = []string{"v1.12.6", "v1.13.3"}
+		o.Versions = []string{"v1.12.6", "v1.13.3", "v1.14.1"}
 	}
 	if o.Extensions == nil {
 		o.Extensions = DefaultExtensions
