@@ -82,12 +82,22 @@ func RunAll(ctx context.Context, checks []Check, parallel int) []Result {
 			defer wg.Done()
 			defer func() { <-sem }()
 			start := time.Now()
-			st, reason := runOne(ctx, c)
+			st, reason := runOne(context.WithValue(ctx, nameKey{}, c.Name), c)
 			out[i] = Result{Name: c.Name, Status: st, Reason: reason, Duration: time.Since(start)}
 		}()
 	}
 	wg.Wait()
 	return out
+}
+
+type nameKey struct{}
+
+// Name is the name of the check whose Run was given ctx by RunAll ("" for
+// a context of none): what a check calls can say whose work it does (the
+// postcheck puts a warning logged with it on that check's row).
+func Name(ctx context.Context) string {
+	name, _ := ctx.Value(nameKey{}).(string)
+	return name
 }
 
 func runOne(ctx context.Context, c Check) (st Status, reason string) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/homelab/bootstrap/backup"
@@ -74,20 +73,6 @@ func (c *checker) etcdBackup(ctx context.Context) (check.Status, string) {
 		problem = fmt.Sprintf("the newest verified remote copy, %s, is %s old (limit %s)", remote, rage.Round(time.Minute), c.o.BackupMaxAge)
 	case rat.Before(at):
 		problem = fmt.Sprintf("the newest verified remote copy, %s, is older than the newest local snapshot %s (by %s)", remote, filepath.Base(newest), at.Sub(rat).Round(time.Second))
-	}
-	// A copy dated in the future is printed as a warning by every run
-	// that lists the bucket; the row carries it too, so the report, the
-	// page and the metrics show what the console said.
-	if len(rc.Future) > 0 {
-		ahead := fmt.Sprintf("%d copies in the bucket are named after now (%s): they never count as the newest and are never pruned; remove them if they are not snapshots you keep", len(rc.Future), strings.Join(rc.Future, ", "))
-		if len(rc.Future) == 1 {
-			ahead = fmt.Sprintf("a copy in the bucket is named after now (%s): it never counts as the newest and is never pruned; remove it if it is not a snapshot you keep", rc.Future[0])
-		}
-		if problem != "" {
-			problem += "; " + ahead
-		} else {
-			problem = ahead
-		}
 	}
 	switch {
 	case problem != "" && takeErr != nil:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"sync"
 	"time"
 
@@ -71,6 +72,9 @@ type VMState struct {
 	NotRunning []string
 	// Hosts is the member each node's VM runs on, by node name.
 	Hosts map[string]string
+	// Down is the state of each node's VM that is not running ("stopped",
+	// "paused", "missing"), by node name.
+	Down map[string]string
 }
 
 // Node is a node the config expects.
@@ -94,6 +98,19 @@ type Observed struct {
 	FluxObjects []flux.Object
 	// Extensions are the system extensions each node runs, by node name.
 	Extensions map[string][]talos.Extension
+	// Causes are what a check saw that names why it did not pass, by
+	// check name: the row's next says it first (NextSeen).
+	Causes map[string]Cause
+}
+
+// Cause is what a check that did not pass saw to be the reason, said as
+// the first thing to do next.
+type Cause struct {
+	// Seen names the observed cause and what to do about it.
+	Seen string
+	// Instead: the check's usual next does not apply (a node's VM is
+	// stopped: no upgrade helps), so Seen is the whole next.
+	Instead bool
 }
 
 // Options configure the checks.
@@ -119,10 +136,10 @@ type Options struct {
 	BackupMaxAge time.Duration
 	TakeBackup   func(ctx context.Context) (string, error)
 	// NewestRemote, when backups are copied off the host (backup.s3),
-	// returns the newest verified remote copy (URL "" when there is none)
-	// and the copies named after now: the check reports the copy's age,
-	// warns when it is older than BackupMaxAge or missing, and names the
-	// copies dated in the future.
+	// returns the newest verified remote copy (URL "" when there is none):
+	// the check reports the copy's age and warns when it is older than
+	// BackupMaxAge or missing. What it logs as a warning (a copy named
+	// after now) the row carries through WithWarnings.
 	NewestRemote func(ctx context.Context) (RemoteCopies, error)
 	// TalosVersion is the version the config names; nodes that run another
 	// are reported (a warning: the talos stage upgrades them).
@@ -201,9 +218,48 @@ type checker struct {
 	kube     []byte
 	kubeErr  error
 
+	// mu guards causes (checks run side by side).
+	mu     sync.Mutex
+	causes map[string]Cause
+
+	// vmOnce reads the VMs once for the rows that look at them.
+	vmOnce sync.Once
+	vmSt   VMState
+	vmErr  error
+
 	// dyn, when set, is the dynamic client the Flux rows use instead of
 	// one from the kubeconfig (tests).
 	dyn dynamic.Interface
+}
+
+// log is the checks' logger, its lines tagged with the check ctx runs
+// for (check.Name): a warning it logs lands on that check's row
+// (WithWarnings).
+func (c *checker) log(ctx context.Context) zerolog.Logger {
+	if name := check.Name(ctx); name != "" {
+		return c.o.Log.With().Str("check", name).Logger()
+	}
+	return c.o.Log
+}
+
+// saw records the cause a check observed (Observed.Causes).
+func (c *checker) saw(name string, cause Cause) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.causes == nil {
+		c.causes = map[string]Cause{}
+	}
+	c.causes[name] = cause
+	if c.o.Observed != nil {
+		c.o.Observed.Causes = maps.Clone(c.causes)
+	}
+}
+
+// vmState is Proxmox's view of the VMs, asked once for every row that
+// reads it (the VM row, and the rows a stopped VM explains).
+func (c *checker) vmState(ctx context.Context) (VMState, error) {
+	c.vmOnce.Do(func() { c.vmSt, c.vmErr = c.o.Proxmox.VMs(ctx) })
+	return c.vmSt, c.vmErr
 }
 
 // dynamic is the client the Flux rows read objects with.
@@ -244,8 +300,4 @@ type RemoteCopies struct {
 	// URL and Taken name the newest verified copy ("" without one).
 	URL   string
 	Taken time.Time
-	// Future lists the copies named after now (a clock that was wrong when
-	// they were written, or an object put there by hand): never the
-	// newest, never pruned, so the row warns until someone removes them.
-	Future []string
 }

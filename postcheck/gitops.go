@@ -89,7 +89,7 @@ func reconciling(r flux.Readiness) bool {
 // fluxSettle, and says how long it waited.
 func (c *checker) settle(ctx context.Context, what string, read func(context.Context) bool) time.Duration {
 	start := c.o.now()
-	_ = wait.Until(ctx, wait.Spec{What: what + " done reconciling", Timeout: fluxSettle, Interval: 250 * time.Millisecond, MaxInterval: time.Second, Log: c.o.Log},
+	_ = wait.Until(ctx, wait.Spec{What: what + " done reconciling", Timeout: fluxSettle, Interval: 250 * time.Millisecond, MaxInterval: time.Second, Log: c.log(ctx)},
 		func(ctx context.Context) (bool, string, error) { return !read(ctx), "", nil })
 	return wait.Round(c.o.now().Sub(start))
 }

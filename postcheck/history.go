@@ -29,6 +29,31 @@ type Night struct {
 	// the archive's path relative to the page.
 	Dir, Archive string
 	Report       Report
+	// Notified is what the night sent (nil when it sent nothing).
+	Notified *Notified
+}
+
+// NotifiedFile is written beside a night's archive once its notifications
+// went out (they go after the archive is written, and name it).
+const NotifiedFile = "notified.json"
+
+// Notified is what a night's notifications did, by notify.Label.
+type Notified struct {
+	Sent   []string `json:"sent,omitempty"`
+	Failed []string `json:"failed,omitempty"`
+}
+
+// WriteNotified records n beside the archive at archive (WriteArchive's
+// path), for the history page; nothing when nothing was sent.
+func WriteNotified(archive string, n Notified) error {
+	if len(n.Sent) == 0 && len(n.Failed) == 0 {
+		return nil
+	}
+	b, err := json.MarshalIndent(n, "", "  ")
+	if err != nil {
+		return err
+	}
+	return fsutil.WriteAtomic(filepath.Join(filepath.Dir(archive), NotifiedFile), append(b, '\n'), 0o600)
 }
 
 // ReadNights reads report.json from the newest n archives under dir,
@@ -59,7 +84,14 @@ func ReadNights(dir string, n int) ([]Night, error) {
 		if json.Unmarshal(files["report.json"], &r) != nil {
 			continue
 		}
-		out = append(out, Night{Dir: name, Archive: name + "/" + ArchiveName, Report: r})
+		night := Night{Dir: name, Archive: name + "/" + ArchiveName, Report: r}
+		if b, err := os.ReadFile(filepath.Join(dir, name, NotifiedFile)); err == nil {
+			var n Notified
+			if json.Unmarshal(b, &n) == nil {
+				night.Notified = &n
+			}
+		}
+		out = append(out, night)
 	}
 	return out, nil
 }
@@ -84,7 +116,8 @@ func WriteHistory(dir, cluster string, now time.Time) (string, error) {
 
 // RenderHistory is the page: a grid of checks (rows) by nights (columns,
 // newest first; each headed by its date and time, verdict and duration,
-// linked to its archive and to its rows below), each cell the check's
+// linked to its archive and to its rows below, and marked when the night
+// sent a notification or failed to), each cell the check's
 // status that night with its reason as a tooltip; then what did not pass,
 // each distinct reason once with the nights it was seen on. Static: no
 // script, no external asset, inline style only.
@@ -110,6 +143,7 @@ func RenderHistory(cluster string, nights []Night, now time.Time) ([]byte, error
 		Nights     string
 	}
 	var cols []historyCol
+	mailed := false // a night has a notification marker: the legend says what it means
 	var order []string
 	known := map[string]bool{}
 	var reasons []*seen
@@ -119,6 +153,19 @@ func RenderHistory(cluster string, nights []Night, now time.Time) ([]byte, error
 		at := n.Report.Started.UTC()
 		c := historyCol{ID: "night-" + n.Dir, Archive: n.Archive, Day: at.Format("01-02"), Time: at.Format("15:04"), Full: at.Format("2006-01-02 15:04 MST"),
 			Overall: strings.ToUpper(string(n.Report.Overall)), Class: string(n.Report.Overall), Duration: fmt.Sprintf("%.1f s", n.Report.DurationSeconds)}
+		if nf := n.Notified; nf != nil {
+			var said []string
+			if len(nf.Sent) > 0 {
+				c.Mail, c.MailClass = "✉", "sent"
+				said = append(said, "sent: "+strings.Join(nf.Sent, ", "))
+			}
+			if len(nf.Failed) > 0 {
+				c.Mail, c.MailClass = "✉!", "unsent"
+				said = append(said, "not sent (tried again the next night): "+strings.Join(nf.Failed, ", "))
+			}
+			c.MailTitle = strings.Join(said, "; ")
+			mailed = mailed || c.Mail != ""
+		}
 		for _, ch := range n.Report.Checks {
 			if !known[ch.Name] {
 				known[ch.Name] = true
@@ -179,7 +226,7 @@ func RenderHistory(cluster string, nights []Night, now time.Time) ([]byte, error
 	slices.Sort(years)
 	var b bytes.Buffer
 	err := historyTemplate.Execute(&b, map[string]any{"Cluster": cluster, "Cols": cols, "Rows": rows, "N": len(nights),
-		"Reasons": reasons, "Years": strings.Join(years, "–"), "Generated": now.UTC().Format("2006-01-02 15:04 MST")})
+		"Reasons": reasons, "Mailed": mailed, "Years": strings.Join(years, "–"), "Generated": now.UTC().Format("2006-01-02 15:04 MST")})
 	return b.Bytes(), err
 }
 
@@ -188,6 +235,9 @@ type historyCol struct {
 	ID, Archive, Day, Time, Full, Overall, Class, Duration string
 	// Bad: the night has rows that did not pass.
 	Bad bool
+	// Mail marks a night that sent a notification ("✉") or failed to
+	// ("✉!"); MailTitle names them, MailClass styles the marker.
+	Mail, MailTitle, MailClass string
 }
 
 // nightRanges names the nights at the column indexes idx (newest first)
@@ -235,6 +285,8 @@ span.pass { color: #1e6b1e; } span.warn { color: #7a5600; font-weight: bold; } s
 ul.seen li { margin: .4em 0; }
 li.fail b { color: #c62828; } li.warn b { color: #7a5600; }
 .nights { color: #444; }
+span.sent { color: #1b4f9c; } span.unsent { color: #c62828; font-weight: bold; }
+p.legend { color: #444; font-size: 12px; margin: .5em 0 0; }
 .next { color: #444; font-family: "DejaVu Sans Mono", monospace; font-size: 12px; }
 </style>
 </head>
@@ -242,12 +294,13 @@ li.fail b { color: #c62828; } li.warn b { color: #7a5600; }
 <h1>Nightly postcheck of {{.Cluster}}</h1>
 <p class="sub">The last {{.N}} nights kept under this directory, newest first{{if .Years}}: {{.Years}}, times in UTC{{end}}. Written by bootstrap at {{.Generated}}. Each night links to its archive, and to what did not pass below; a cell's tooltip holds its reason.</p>
 {{if .Cols}}<div class="scroll"><table class="grid">
-<thead><tr><th class="check">check</th>{{range .Cols}}<th id="head-{{.ID}}" title="{{.Full}}: {{.Overall}} in {{.Duration}}"><a href="{{.Archive}}">{{.Day}}<br>{{.Time}}</a><br><span class="{{.Class}}">{{if .Bad}}<a href="#{{.ID}}">{{.Overall}}</a>{{else}}{{.Overall}}{{end}}</span></th>{{end}}</tr></thead>
+<thead><tr><th class="check">check</th>{{range .Cols}}<th id="head-{{.ID}}" title="{{.Full}}: {{.Overall}} in {{.Duration}}"><a href="{{.Archive}}">{{.Day}}<br>{{.Time}}</a><br><span class="{{.Class}}">{{if .Bad}}<a href="#{{.ID}}">{{.Overall}}</a>{{else}}{{.Overall}}{{end}}</span>{{if .Mail}}<br><span class="{{.MailClass}}" title="{{.MailTitle}}">{{.Mail}}</span>{{end}}</th>{{end}}</tr></thead>
 <tbody>
 {{range .Rows}}<tr><th class="check">{{.Check}}</th>{{range .Cells}}<td id="{{.ID}}" class="{{.Class}}" title="{{.Title}}">{{.Text}}</td>{{end}}</tr>
 {{end}}</tbody>
 </table></div>
-{{if .Reasons}}<h2>What did not pass</h2>
+{{if .Mailed}}<p class="legend"><span class="sent">✉</span> the night sent a notification; <span class="unsent">✉!</span> a notification could not be sent (it is sent again the next night); the marker's tooltip names them.</p>
+{{end}}{{if .Reasons}}<h2>What did not pass</h2>
 <ul class="seen">{{range .Reasons}}<li class="{{.Status}}">{{range .Anchors}}<a id="{{.}}"></a>{{end}}<b>{{.Name}}</b> {{.Status}}: {{.Reason}}<br><span class="nights">{{.Nights}}</span>{{if .Next}}<br><span class="next">next: {{.Next}}</span>{{end}}</li>
 {{end}}</ul>{{end}}{{else}}<p>No archived night yet.</p>{{end}}
 </body>

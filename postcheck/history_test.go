@@ -209,3 +209,55 @@ func countColor(img image.Image, c color.RGBA) int {
 }
 
 func near(a uint32, b uint8) bool { d := int(a) - int(b); return d > -8 && d < 8 }
+
+// A night that sent a notification is marked ✉ in its column's header, one
+// whose send failed ✉!, each with a tooltip naming them, and a legend says
+// what the markers mean; a page with no notification has neither.
+func TestHistoryPageNotificationMarkers(t *testing.T) {
+	dir := t.TempDir()
+	failing := nightsIn(t, dir)
+	now := time.Date(2026, 11, 28, 4, 0, 0, 0, time.UTC)
+	path, err := WriteHistory(dir, "homelab", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); strings.Contains(string(b), "✉") {
+		t.Error("a marker or legend on a page with no notification")
+	}
+	warned := "20261126T033000Z"
+	if err := WriteNotified(filepath.Join(dir, warned, ArchiveName), Notified{Sent: []string{"notification 1 (ntfy)"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteNotified(filepath.Join(dir, failing, ArchiveName), Notified{Sent: []string{"notification 1 (ntfy)"}, Failed: []string{"notification 2 (smtp)"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteNotified(filepath.Join(dir, "20261125T033000Z", ArchiveName), Notified{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "20261125T033000Z", NotifiedFile)); !os.IsNotExist(err) {
+		t.Errorf("a night that sent nothing has a record: %v", err)
+	}
+	if _, err := WriteHistory(dir, "homelab", now); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	head := func(night string) string {
+		return regexp.MustCompile(`<th id="head-night-` + night + `"[^>]*>.*?</th>`).FindString(page)
+	}
+	if h := head(warned); !strings.Contains(h, `<span class="sent" title="sent: notification 1 (ntfy)">✉</span>`) {
+		t.Errorf("the night that sent: %s", h)
+	}
+	if h := head(failing); !strings.Contains(h, `<span class="unsent" title="sent: notification 1 (ntfy); not sent (tried again the next night): notification 2 (smtp)">✉!</span>`) {
+		t.Errorf("the night whose send failed: %s", h)
+	}
+	if h := head("20261125T033000Z"); h == "" || strings.Contains(h, "✉") {
+		t.Errorf("the night that sent nothing: %s", h)
+	}
+	if !strings.Contains(page, `<p class="legend"><span class="sent">✉</span> the night sent a notification; <span class="unsent">✉!</span> a notification could not be sent`) {
+		t.Error("no legend")
+	}
+}

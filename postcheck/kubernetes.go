@@ -115,7 +115,8 @@ func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
 	// Leftovers of a killed postcheck go first.
 	if old, err := pvcs.List(ctx, metav1.ListOptions{LabelSelector: TestPVCLabel + "=true"}); err == nil {
 		for _, p := range old.Items {
-			c.o.Log.Info().Str("pvc", p.Name).Msg("removing a test PVC left by an earlier postcheck")
+			log := c.log(ctx)
+			log.Info().Str("pvc", p.Name).Msg("removing a test PVC left by an earlier postcheck")
 			_ = pvcs.Delete(ctx, p.Name, metav1.DeleteOptions{})
 		}
 	}
@@ -141,7 +142,8 @@ func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.o.PVCTimeout+30*time.Second)
 		defer cancel()
 		if err := c.deletePVC(cctx, cs, name, volume); err != nil {
-			c.o.Log.Error().Err(err).Str("pvc", name).Msg("test PVC cleanup incomplete")
+			log := c.log(ctx)
+			log.Error().Err(err).Str("pvc", name).Msg("test PVC cleanup incomplete")
 		}
 	}()
 	start := c.o.now()
@@ -150,7 +152,7 @@ func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
 	wake := kube.Wake(wctx, func(ctx context.Context) (watch.Interface, error) {
 		return pvcs.Watch(ctx, kube.Named(name))
 	})
-	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s/%s Bound", c.o.PVCNamespace, name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log, Wake: wake},
+	err = wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s/%s Bound", c.o.PVCNamespace, name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.log(ctx), Wake: wake},
 		func(ctx context.Context) (bool, string, error) {
 			p, err := pvcs.Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
@@ -160,9 +162,39 @@ func (c *checker) nfsProvisioning(ctx context.Context) (check.Status, string) {
 			return p.Status.Phase == corev1.ClaimBound, "phase " + string(p.Status.Phase) + c.pvcEvents(ctx, cs, name), nil
 		})
 	if err != nil {
+		if cause := c.provisionerDown(ctx, cs); cause != "" {
+			c.saw(CheckNFS, Cause{Seen: cause})
+		}
 		return check.Failf("%v", err)
 	}
 	return check.Passf("test PVC %s bound to %s via %s in %s", name, volume, class, wait.Round(c.o.now().Sub(start)))
+}
+
+// provisionerDown names a Deployment in the test PVC's namespace (the NFS
+// provisioner's) with fewer ready replicas than it wants, or none ("" when
+// each is ready or they cannot be read): a claim nobody provisions stays
+// Pending, and that is the first thing to fix.
+func (c *checker) provisionerDown(ctx context.Context, cs kubernetes.Interface) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	deps, err := cs.AppsV1().Deployments(c.o.PVCNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return ""
+	}
+	for _, d := range deps.Items {
+		want := int32(1)
+		if d.Spec.Replicas != nil {
+			want = *d.Spec.Replicas
+		}
+		ready := d.Status.ReadyReplicas
+		switch {
+		case want == 0:
+			return fmt.Sprintf("the NFS provisioner %s/%s has 0/0 ready replicas (scaled to 0): kubectl --kubeconfig <(bootstrap kubeconfig) -n %s scale deployment %s --replicas=1, and find out who scaled it down", d.Namespace, d.Name, d.Namespace, d.Name)
+		case ready < want:
+			return fmt.Sprintf("the NFS provisioner %s/%s has %d/%d ready replicas: kubectl --kubeconfig <(bootstrap kubeconfig) -n %s describe deployment %s and its pods say why", d.Namespace, d.Name, ready, want, d.Namespace, d.Name)
+		}
+	}
+	return ""
 }
 
 // The test PVC's waits start polling quickly and back off: the nightly
@@ -207,7 +239,7 @@ func (c *checker) deletePVC(ctx context.Context, cs kubernetes.Interface, name, 
 			return cs.CoreV1().PersistentVolumes().Watch(ctx, kube.Named(volume))
 		})
 	}
-	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s and its volume deleted", name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.o.Log, Wake: wake},
+	return wait.Until(ctx, wait.Spec{What: fmt.Sprintf("test PVC %s and its volume deleted", name), Timeout: c.o.PVCTimeout, Interval: pvcPoll, MaxInterval: pvcPollMax, Log: c.log(ctx), Wake: wake},
 		func(ctx context.Context) (bool, string, error) {
 			if _, err := cs.CoreV1().PersistentVolumeClaims(c.o.PVCNamespace).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return false, "PVC still present", nil

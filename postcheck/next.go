@@ -31,6 +31,7 @@ var nextSteps = map[string]string{
 	CheckEtcdBackup:   "bootstrap backup takes one now and says why it cannot; ls ai/state/CLUSTER/etcd/ for the local ones, backup.s3 and backup.copyDir for the copies",
 	CheckExtensions:   "bootstrap run --stage talos upgrades the node to the schematic's installer",
 	CheckGuestAgent:   "qm agent VMID ping on the Proxmox host; the node's image must carry siderolabs/qemu-guest-agent (bootstrap run --stage talos)",
+	CheckRunWarnings:  "the night's run.log (in its archive) has each warning with the lines around it",
 	CheckArchive:      "df -h and ls -ld ai/state/CLUSTER/postcheck: free space, or make it a writable directory",
 }
 
@@ -43,15 +44,40 @@ func Next(cluster, name string, st check.Status) string {
 	return strings.ReplaceAll(nextSteps[name], "CLUSTER", cluster)
 }
 
+// NextSeen is Next led by the cause the check saw (Observed.Causes): the
+// thing to fix first is the one observed, the usual way on after it (or
+// not at all when the cause says it does not apply).
+func NextSeen(cluster, name string, st check.Status, cause Cause) string {
+	next := Next(cluster, name, st)
+	switch {
+	case st == check.Pass || cause.Seen == "":
+		return next
+	case cause.Instead || next == "":
+		return cause.Seen
+	}
+	return cause.Seen + "; else: " + next
+}
+
+// SetCauses leads each non-passing row's next with the cause its check saw
+// (NextSeen).
+func (r *Report) SetCauses(causes map[string]Cause) {
+	for i, c := range r.Checks {
+		if cause, ok := causes[c.Name]; ok {
+			r.Checks[i].Next = NextSeen(r.Cluster, c.Name, c.Status, cause)
+		}
+	}
+}
+
 // WithNext returns the results with each non-passing reason followed by
-// what to do next, for the table and the log a person reads. A reason
-// quoting a multi-line message (a Flux condition's git error) is put on
-// one line: the table has one row per check.
-func WithNext(cluster string, results []check.Result) []check.Result {
+// what to do next (led by the cause its check saw, NextSeen), for the
+// table and the log a person reads. A reason quoting a multi-line message
+// (a Flux condition's git error) is put on one line: the table has one row
+// per check.
+func WithNext(cluster string, results []check.Result, causes map[string]Cause) []check.Result {
 	out := make([]check.Result, len(results))
 	for i, r := range results {
 		r.Reason = strings.Join(strings.Fields(r.Reason), " ")
-		if next := Next(cluster, r.Name, r.Status); next != "" {
+		if next := NextSeen(cluster, r.Name, r.Status, causes[r.Name]); next != "" {
 			r.Reason += " → next: " + next
 		}
 		out[i] = r

@@ -12,7 +12,7 @@ func (c *checker) vms(ctx context.Context) (check.Status, string) {
 	if c.o.Proxmox == nil {
 		return check.Warnf("Proxmox not checked (no API token available to this run)")
 	}
-	st, err := c.o.Proxmox.VMs(ctx)
+	st, err := c.vmState(ctx)
 	if err != nil {
 		return check.Warnf("could not list the cluster's VMs: %v", err)
 	}

@@ -261,7 +261,7 @@ func TestRowsSayWhatToDoNext(t *testing.T) {
 		{Name: CheckEtcdBackup, Status: check.Warn, Reason: "no verified remote copy"},
 	}
 	var out bytes.Buffer
-	if err := check.Table(&out, WithNext("homelab", res)); err != nil {
+	if err := check.Table(&out, WithNext("homelab", res, nil)); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -302,7 +302,7 @@ func TestReadmeListsEveryCheck(t *testing.T) {
 	if !ok {
 		t.Fatal("README has no section \"What each check catches\"")
 	}
-	for _, name := range append(checkNames(), CheckArchive) {
+	for _, name := range append(checkNames(), CheckArchive, CheckRunWarnings) {
 		if !strings.Contains(section, "\n| `"+name+"` |") {
 			t.Errorf("README's matrix has no row for %s", name)
 		}

@@ -3,6 +3,7 @@ package postcheck
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -101,10 +102,19 @@ func (c *checker) extensions(ctx context.Context) (check.Status, string) {
 		c.o.Observed.Extensions = got
 	}
 	if err != nil {
+		// The nodes that did not answer.
+		var silent []string
+		for _, n := range c.o.Nodes {
+			if _, ok := got[n.Name]; !ok {
+				silent = append(silent, n.Name)
+			}
+		}
+		c.vmsDown(ctx, CheckExtensions, silent)
 		return check.Failf("reading the nodes' extensions: %v", err)
 	}
-	var bad []string
+	var bad, badNodes []string
 	for _, n := range c.o.Nodes {
+		before := len(bad)
 		have := map[string]string{}
 		for _, e := range got[n.Name] {
 			have[e.Name] = e.Version
@@ -130,12 +140,47 @@ func (c *checker) extensions(ctx context.Context) (check.Status, string) {
 				bad = append(bad, fmt.Sprintf("%s runs schematic %q, not %.12s", n.Name, have, c.o.Schematic))
 			}
 		}
+		if len(bad) > before {
+			badNodes = append(badNodes, n.Name)
+		}
 	}
 	if len(bad) > 0 {
+		c.vmsDown(ctx, CheckExtensions, badNodes)
 		return check.Failf("%s: run the talos stage (it upgrades nodes to the schematic's installer)", strings.Join(bad, "; "))
 	}
 	if len(c.o.Extensions) == 0 {
 		return check.Passf("no system extensions wanted")
 	}
 	return check.Passf("every node runs %s", strings.Join(c.o.Extensions, ", "))
+}
+
+// vmsDown records as the cause of row name's failure the VMs of nodes
+// that Proxmox says are not running, from the VM row's reading: a node
+// that is off answers nothing, and no upgrade brings it back. When every
+// one of nodes is such a node, the row's usual next does not apply.
+func (c *checker) vmsDown(ctx context.Context, name string, nodes []string) {
+	if c.o.Proxmox == nil {
+		return
+	}
+	st, err := c.vmState(ctx)
+	if err != nil || len(st.Down) == 0 {
+		return
+	}
+	var down []string
+	all := true
+	for _, n := range c.o.Nodes {
+		if !slices.Contains(nodes, n.Name) {
+			continue
+		}
+		if s, ok := st.Down[n.Name]; ok {
+			down = append(down, fmt.Sprintf("%s is %s", n.Name, s))
+		} else {
+			all = false
+		}
+	}
+	if len(down) == 0 {
+		return
+	}
+	c.saw(name, Cause{Instead: all,
+		Seen: fmt.Sprintf("Proxmox says the VM of %s: start it (bootstrap run --stage provision, or qm start VMID on its host), then run the postcheck again", strings.Join(down, ", "))})
 }

@@ -22,6 +22,8 @@ func TestVMRowReportsPlacement(t *testing.T) {
 	if st, why := c.vms(context.Background()); st != check.Pass || !strings.Contains(why, "cp-1 on pve1, cp-2 on pve2, cp-3 on pve3, wk-1 on pve1") {
 		t.Errorf("spread: %s %s", st, why)
 	}
+	// A checker reads the VMs once a run: each case is a run of its own.
+	c = &checker{o: c.o}
 	c.o.Proxmox = vmState{Hosts: map[string]string{"cp-1": "pve1", "cp-2": "pve1", "cp-3": "pve3", "wk-1": "pve1"}}
 	if st, why := c.vms(context.Background()); st != check.Warn || !strings.Contains(why, "cp-1 and cp-2 share pve1") || !strings.Contains(why, "2 etcd members") {
 		t.Errorf("two control planes on pve1: %s %s", st, why)
@@ -31,6 +33,7 @@ func TestVMRowReportsPlacement(t *testing.T) {
 	if st, why := c.vms(context.Background()); st != check.Pass || strings.Contains(why, "pve1") {
 		t.Errorf("one host: %s %s", st, why)
 	}
+	c = &checker{o: c.o}
 	c.o.Proxmox = vmState{NotRunning: []string{"cp-2 (vmid 702, stopped)"}}
 	if st, why := c.vms(context.Background()); st != check.Fail || !strings.Contains(why, "cp-2 (vmid 702, stopped)") {
 		t.Errorf("a stopped VM: %s %s", st, why)

@@ -238,10 +238,24 @@ func pruneS3(ctx context.Context, env *Env, s3 *backup.S3, keep int, suffixes ..
 	return nil
 }
 
-// WarnFutureCopies names each copy in the bucket whose name is after now.
+// WarnFutureCopies names each copy in the bucket whose name is after now,
+// once a run: pruning and the postcheck's look for the newest copy both
+// see it, and one warning each is what the postcheck's row carries.
 func WarnFutureCopies(env *Env, s3 *backup.S3, future []backup.Remote) {
 	now := env.now()
+	r := env.shared()
 	for _, f := range future {
+		url := s3.URL(f.Key)
+		r.mu.Lock()
+		seen := r.aheadWarned[url]
+		if r.aheadWarned == nil {
+			r.aheadWarned = map[string]bool{}
+		}
+		r.aheadWarned[url] = true
+		r.mu.Unlock()
+		if seen {
+			continue
+		}
 		env.Log.Warn().Str("copy", s3.URL(f.Key)).Str("named_ahead_by", f.Taken.Sub(now).Round(time.Second).String()).
 			Msg("a copy in the bucket is named after now (a clock that was wrong when it was written, or an object put there by hand): it does not count toward backup.keep, is never the newest and is never pruned; remove it if it is not a snapshot you keep")
 	}

@@ -1,12 +1,14 @@
 package stages
 
 import (
+	"context"
 	"io"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/state"
@@ -35,6 +37,10 @@ type Env struct {
 	Now func() time.Time
 	// LogPath is this run's JSON log file ("" in a dry run).
 	LogPath string
+	// Warnings, when set, keeps the warn-level lines Log writes (the
+	// logger's ui.Options.Warnings): the postcheck puts those logged while
+	// its checks run on its rows.
+	Warnings *ui.Warnings
 
 	// run is the Env of the whole run when this one is a stage's view of
 	// it (forStage): the view has its own Log, UI and stage, and shares
@@ -65,6 +71,9 @@ type Env struct {
 	precheckOnce sync.Once
 	// boot is the run's boot choice (proxmox.boot), once made (under mu).
 	boot *bootDecision
+	// aheadWarned are the bucket copies named after now already warned
+	// about in this run (under mu): a run lists the bucket more than once.
+	aheadWarned map[string]bool
 }
 
 // shared is the Env holding the run's shared part: the run's own.
@@ -83,8 +92,19 @@ func (e *Env) forStage(name string, log zerolog.Logger) *Env {
 	return &Env{
 		Config: e.Config, Paths: e.Paths, State: e.State, Log: log, UI: e.UI.With(log), Out: e.Out,
 		DryRun: e.DryRun, Secrets: e.Secrets, Options: e.Options, Now: e.Now, LogPath: e.LogPath,
-		run: e.shared(), stage: name,
+		Warnings: e.Warnings, run: e.shared(), stage: name,
 	}
+}
+
+// inCheck returns the view of e for the check ctx runs (check.Name): its
+// log lines carry check=<name>, so a warning logged through it lands on
+// that check's row. Outside a check it is e.
+func (e *Env) inCheck(ctx context.Context) *Env {
+	name := check.Name(ctx)
+	if name == "" {
+		return e
+	}
+	return e.forStage(e.stage, e.Log.With().Str(ui.FieldCheck, name).Logger())
 }
 
 // withState runs fn on the run's state under the lock SaveState takes:

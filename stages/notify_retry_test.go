@@ -30,18 +30,18 @@ func TestFailedNotificationIsSentNextRun(t *testing.T) {
 
 	// Night 1: pass → fail is due, the receiver is down.
 	sink.SetDown(true)
-	unsent := notifyNight(env, check.Pass, nil, fail, "", "")
-	if len(unsent) != 1 || len(sink.Messages()) != 0 {
+	sent, unsent := notifyNight(env, check.Pass, nil, fail, "", "")
+	if len(unsent) != 1 || len(sent) != 0 || len(sink.Messages()) != 0 {
 		t.Fatalf("night 1: unsent %q, %d received", unsent, len(sink.Messages()))
 	}
 	// Night 2: still failing (no change), the receiver is back: sent.
 	sink.SetDown(false)
-	unsent = notifyNight(env, check.Fail, unsent, fail, "", "")
-	if len(unsent) != 0 || len(sink.Messages()) != 1 || !strings.Contains(sink.Messages()[0].Title, "FAILED") {
+	sent, unsent = notifyNight(env, check.Fail, unsent, fail, "", "")
+	if len(unsent) != 0 || len(sent) != 1 || len(sink.Messages()) != 1 || !strings.Contains(sink.Messages()[0].Title, "FAILED") {
 		t.Fatalf("night 2: unsent %q, received %+v", unsent, sink.Messages())
 	}
 	// Night 3: unchanged and nothing pending: nothing sent.
-	if unsent = notifyNight(env, check.Fail, unsent, fail, "", ""); len(unsent) != 0 || len(sink.Messages()) != 1 {
+	if sent, unsent = notifyNight(env, check.Fail, unsent, fail, "", ""); len(unsent) != 0 || len(sent) != 0 || len(sink.Messages()) != 1 {
 		t.Fatalf("night 3: unsent %q, %d received", unsent, len(sink.Messages()))
 	}
 }

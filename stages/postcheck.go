@@ -68,16 +68,17 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 	checks := append(postcheck.Checks(opts), check.Check{Name: postcheck.CheckArchive, Run: func(context.Context) (check.Status, string) {
 		return archiveWritable(env)
 	}})
-	results := check.RunAll(ctx, checks, 4)
+	results := runPostchecks(ctx, env, checks)
 	report := postcheck.NewReport(cfg.Cluster.Name, start, env.now().Sub(start), results)
 	report.TalosVersions, report.WantTalos = opts.Observed.TalosVersions, cfg.Cluster.TalosVersion
 	report.KubeletVersions, report.APIServerVersion, report.WantKubernetes = opts.Observed.KubeletVersions, opts.Observed.APIServerVersion, cfg.Cluster.KubernetesVersion
 	report.NewestBackup = opts.Observed.NewestBackup
 	report.FluxObjects = opts.Observed.FluxObjects
 	report.Extensions = opts.Observed.Extensions
+	report.SetCauses(opts.Observed.Causes)
 	// What a person reads (the table, the log) says what to do next on
 	// each row that did not pass; report.json carries it as next.
-	shown := postcheck.WithNext(cfg.Cluster.Name, results)
+	shown := postcheck.WithNext(cfg.Cluster.Name, results, opts.Observed.Causes)
 	if err := check.Table(env.Out, shown); err != nil {
 		return err
 	}
@@ -124,7 +125,19 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		if pc := env.State.Outputs.Postcheck; pc != nil {
 			prev, unsent = check.Status(pc.Overall), pc.Unsent
 		}
-		unsent = notifyNight(env, prev, unsent, report, archive, page)
+		var sent []string
+		sent, unsent = notifyNight(env, prev, unsent, report, archive, page)
+		if archive != "" && len(sent)+len(unsent) > 0 {
+			// The page was written before the notifications went out (they
+			// name it): written again with tonight's marker.
+			if err := postcheck.WriteNotified(archive, postcheck.Notified{Sent: sent, Failed: unsent}); err != nil {
+				env.UI.Warn("the night's notifications not recorded for the history page: %v", err)
+			} else if page != "" {
+				if _, err := postcheck.WriteHistory(filepath.Join(env.Paths.StateDir, "postcheck"), cfg.Cluster.Name, env.now()); err != nil {
+					env.UI.Warn("postcheck history page not written: %v", err)
+				}
+			}
+		}
 		env.State.Outputs.Postcheck = &state.Postcheck{
 			Overall: string(report.Overall), Started: report.Started, DurationSeconds: report.DurationSeconds,
 			Passed: check.Count(results, check.Pass), Warned: check.Count(results, check.Warn), Failed: check.Count(results, check.Fail),
@@ -135,6 +148,24 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		return fmt.Errorf("%d of %d postcheck(s) failed", n, len(results))
 	}
 	return archiveErr
+}
+
+// runPostchecks runs the checks and puts on their rows what the stage
+// logged as a warning meanwhile (postcheck.WithWarnings): a line logged
+// through env.inCheck on its check's row, any other on the run-warnings
+// row. The lines are read back from env.Warnings, masked as the log is.
+func runPostchecks(ctx context.Context, env *Env, checks []check.Check) []check.Result {
+	mark := env.Warnings.Mark()
+	results := check.RunAll(ctx, checks, 4)
+	var warned []postcheck.Warning
+	for _, w := range env.Warnings.Since(mark) {
+		// Stages running beside this one warn about their own work.
+		if env.stage != "" && w.Stage != env.stage {
+			continue
+		}
+		warned = append(warned, postcheck.Warning{Check: w.Check, Text: w.Text})
+	}
+	return postcheck.WithWarnings(results, warned)
 }
 
 // archiveWritable is the archive row: the directory the night's archive
@@ -207,20 +238,20 @@ func writePostcheckArchive(ctx context.Context, env *Env, report postcheck.Repor
 // night could not reach (pending, by notify.Label) whatever the result: a
 // change is never lost to one failed send. A notification that cannot be
 // sent is a warning: the night's verdict stands. It returns the labels
-// still unsent, for the state.
-func notifyNight(env *Env, prev check.Status, pending []string, report postcheck.Report, archive, page string) []string {
+// sent, and those still unsent (for the state).
+func notifyNight(env *Env, prev check.Status, pending []string, report postcheck.Report, archive, page string) (sent, unsent []string) {
 	n := env.Config.Postcheck.Notify
 	if n.URLsFile == "" && n.URLsEnv == "" {
-		return nil
+		return nil, nil
 	}
 	urls, err := env.Config.NotifyURLs()
 	if err != nil {
 		env.UI.Warn("notifications not sent: %v", err)
-		return pending
+		return nil, pending
 	}
 	if len(urls) == 0 {
 		env.UI.Warn("notifications not sent: %s names no URL", n.URLsEnv)
-		return pending
+		return nil, pending
 	}
 	due := postcheck.ShouldNotify(prev, report, n.EveryFailure)
 	var idx []int
@@ -231,7 +262,7 @@ func notifyNight(env *Env, prev check.Status, pending []string, report postcheck
 	}
 	if len(idx) == 0 {
 		env.Log.Debug().Str("previous", string(prev)).Str("overall", string(report.Overall)).Msg("result unchanged: no notification")
-		return nil
+		return nil, nil
 	}
 	if !due {
 		env.Log.Info().Strs("notifications", pending).Msg("sending again what the last run could not send")
@@ -246,7 +277,6 @@ func notifyNight(env *Env, prev check.Status, pending []string, report postcheck
 	for j, i := range idx {
 		send[j] = urls[i]
 	}
-	var unsent []string
 	for j, r := range notify.Send(send, title, body) {
 		// Named by its position in the whole list, as the state keeps it.
 		label := notify.Label(idx[j], send[j])
@@ -256,6 +286,7 @@ func notifyNight(env *Env, prev check.Status, pending []string, report postcheck
 			continue
 		}
 		env.UI.OK("%s sent (%s)", label, wait.Round(r.Took))
+		sent = append(sent, label)
 	}
-	return unsent
+	return sent, unsent
 }

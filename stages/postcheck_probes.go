@@ -79,7 +79,8 @@ func (e *Env) postcheckBackup(ctx context.Context) func(context.Context) (string
 		return nil
 	}
 	return func(ctx context.Context) (string, error) {
-		info, err := TakeBackup(ctx, e, ops)
+		// What the backup warns about is the etcd-backup row's.
+		info, err := TakeBackup(ctx, e.inCheck(ctx), ops)
 		var copyErr *CopyError
 		if errors.As(err, &copyErr) {
 			// Kept here: the check warns (a recent snapshot exists).
@@ -106,10 +107,8 @@ func (e *Env) postcheckRemote() func(context.Context) (postcheck.RemoteCopies, e
 			return rc, err
 		}
 		r, ok, future, err := s3.Newest(ctx, backup.SnapshotSuffixes...)
-		WarnFutureCopies(e, s3, future)
-		for _, f := range future {
-			rc.Future = append(rc.Future, s3.URL(f.Key))
-		}
+		// Logged for the etcd-backup row: the warning is the row's too.
+		WarnFutureCopies(e.inCheck(ctx), s3, future)
 		if err != nil || !ok || r.SHA256 == "" {
 			return rc, err
 		}
@@ -147,7 +146,7 @@ func (p *vmProbe) VMs(ctx context.Context) (postcheck.VMState, error) {
 	for _, n := range p.env.Config.Nodes {
 		want[n.VMID] = n.Name
 	}
-	out := postcheck.VMState{Hosts: map[string]string{}}
+	out := postcheck.VMState{Hosts: map[string]string{}, Down: map[string]string{}}
 	seen := map[int]bool{}
 	for _, v := range vms {
 		seen[v.VMID] = true
@@ -162,11 +161,15 @@ func (p *vmProbe) VMs(ctx context.Context) (postcheck.VMState, error) {
 		}
 		if !st.Running() {
 			out.NotRunning = append(out.NotRunning, fmt.Sprintf("%s (vmid %d, %s)", v.Name, v.VMID, st.Status))
+			if name, ok := want[v.VMID]; ok {
+				out.Down[name] = st.Status
+			}
 		}
 	}
 	for id, name := range want {
 		if !seen[id] {
 			out.NotRunning = append(out.NotRunning, fmt.Sprintf("%s (vmid %d, missing)", name, id))
+			out.Down[name] = "missing"
 		}
 	}
 	sort.Strings(out.NotRunning)

@@ -36,6 +36,9 @@ type Options struct {
 	File io.Writer
 	// Redact masks secrets on every output.
 	Redact *redact.Set
+	// Warnings, when set, keeps every warn-level line, masked as the
+	// other outputs are.
+	Warnings *Warnings
 }
 
 // ParseLevel maps a --log-level value to a zerolog level.
@@ -100,6 +103,12 @@ func NewLogger(o Options) (zerolog.Logger, error) {
 		writers = append(writers, &levelFilter{w: red.Writer(o.File), min: zerolog.DebugLevel})
 		if zerolog.DebugLevel < min {
 			min = zerolog.DebugLevel
+		}
+	}
+	if o.Warnings != nil {
+		writers = append(writers, &levelFilter{w: red.Writer(o.Warnings), min: zerolog.WarnLevel})
+		if zerolog.WarnLevel < min {
+			min = zerolog.WarnLevel
 		}
 	}
 	return zerolog.New(zerolog.MultiLevelWriter(writers...)).Level(min).Hook(millisTimestamp{}), nil

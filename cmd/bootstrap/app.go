@@ -157,7 +157,7 @@ func (a *App) configAndLog() (*config.Config, zerolog.Logger, error) {
 	if err != nil {
 		return nil, zerolog.Nop(), err
 	}
-	log, err := a.logger(nil, secretsOf(cfg))
+	log, err := a.logger(nil, secretsOf(cfg), nil)
 	return cfg, log, err
 }
 
@@ -196,9 +196,10 @@ func secretsOf(cfg *config.Config) *redact.Set {
 	return s
 }
 
-// logger builds the process logger; file, when set, gets the full JSON log.
-func (a *App) logger(file io.Writer, secrets *redact.Set) (zerolog.Logger, error) {
-	log, err := ui.NewLogger(ui.Options{Format: a.cli.LogFormat, Level: a.cli.LogLevel, Out: a.Stderr, File: file, Redact: secrets})
+// logger builds the process logger; file, when set, gets the full JSON log
+// and warnings, when set, the warn-level lines (ui.Options.Warnings).
+func (a *App) logger(file io.Writer, secrets *redact.Set, warnings *ui.Warnings) (zerolog.Logger, error) {
+	log, err := ui.NewLogger(ui.Options{Format: a.cli.LogFormat, Level: a.cli.LogLevel, Out: a.Stderr, File: file, Redact: secrets, Warnings: warnings})
 	if err != nil {
 		return log, config.Userf("%v", err)
 	}
@@ -223,6 +224,8 @@ type session struct {
 	Log     zerolog.Logger
 	LogPath string
 	RunID   string
+	// Warnings keeps the warn-level lines Log writes (stages.Env.Warnings).
+	Warnings *ui.Warnings
 }
 
 // commandEnv builds the Env of a command that may change the cluster. A
@@ -238,7 +241,8 @@ func (a *App) commandEnv(cfg *config.Config, dryRun bool) (*stages.Env, *session
 		if err != nil {
 			return nil, nil, err
 		}
-		log, err := a.logger(nil, secrets)
+		env.Warnings = &ui.Warnings{}
+		log, err := a.logger(nil, secrets, env.Warnings)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -249,7 +253,7 @@ func (a *App) commandEnv(cfg *config.Config, dryRun bool) (*stages.Env, *session
 	if err != nil {
 		return nil, nil, err
 	}
-	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
+	env.State, env.Log, env.UI, env.LogPath, env.Warnings = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath, sess.Warnings
 	return env, sess, nil
 }
 
@@ -278,7 +282,8 @@ func (a *App) lockAndLog(cfg *config.Config, secrets *redact.Set) (*session, err
 	if s.file, err = os.OpenFile(s.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
 		return fail(err)
 	}
-	if s.Log, err = a.logger(s.file, secrets); err != nil {
+	s.Warnings = &ui.Warnings{}
+	if s.Log, err = a.logger(s.file, secrets, s.Warnings); err != nil {
 		return fail(err)
 	}
 	if removed, err := state.KeepNewest(filepath.Join(paths.StateDir, state.RunsDirName), cfg.State.KeepRuns); err != nil {

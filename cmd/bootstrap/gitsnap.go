@@ -27,7 +27,7 @@ type GitsnapServeCmd struct {
 
 // Run serves until SIGTERM/SIGINT; SIGHUP re-snapshots.
 func (c *GitsnapServeCmd) Run(ctx context.Context, a *App) error {
-	log, err := a.logger(nil, &redact.Set{})
+	log, err := a.logger(nil, &redact.Set{}, nil)
 	if err != nil {
 		return err
 	}

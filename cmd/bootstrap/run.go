@@ -56,7 +56,8 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 
 	if r.DryRun {
 		// A dry run takes no lock and writes no log file: it changes nothing.
-		log, err := a.logger(nil, secrets)
+		env.Warnings = &ui.Warnings{}
+		log, err := a.logger(nil, secrets, env.Warnings)
 		if err != nil {
 			return err
 		}
@@ -71,7 +72,7 @@ func (r *RunCmd) Run(ctx context.Context, a *App) error {
 	defer sess.Close()
 	// The state read under the lock wins: another run may have finished
 	// between the first read and taking the lock.
-	env.State, env.Log, env.UI, env.LogPath = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath
+	env.State, env.Log, env.UI, env.LogPath, env.Warnings = sess.State, sess.Log, ui.NewReporter(sess.Log), sess.LogPath, sess.Warnings
 	log, logPath := sess.Log, sess.LogPath
 	names := make([]string, len(selected))
 	for i, s := range selected {
