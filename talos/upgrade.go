@@ -170,9 +170,9 @@ func installerAccepts(target, host string) error {
 // validates the image, and on a control plane checks etcd, before it
 // answers; the upgrade itself runs after the answer.
 //
-// It returns the actor ID the upgrade sequence runs under: its events carry
-// it (v1alpha1_server.go Upgrade at v1.13.3), so UpgradeFailure can follow
-// exactly this sequence.
+// It returns the actor ID the upgrade sequence runs under: its events
+// carry it (v1alpha1_server.go Upgrade at v1.13.3), so a sequenceWatch can
+// follow exactly this sequence.
 func (o *Ops) Upgrade(ctx context.Context, t Target, image string) (actorID string, err error) {
 	err = o.call(ctx, t.IP, true, o.opts.InstallTimeout, func(ctx context.Context, c *client.Client) error {
 		resp, err := c.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: image})
@@ -187,34 +187,81 @@ func (o *Ops) Upgrade(ctx context.Context, t Target, image string) (actorID stri
 	return actorID, nil
 }
 
-// UpgradeFailure follows the upgrade sequence actorID on t through the
-// node's runtime events, as `talosctl upgrade --wait` does, and delivers
-// its failure: a sequence event that carries an error (Controller.Run
-// publishes a failed sequence as a NOOP event with a FATAL error,
-// v1alpha1_controller.go at v1.13.3). The Upgrade call answers before the
-// sequence runs, and a failed sequence reboots the node into the Talos it
-// ran (SequenceFailure). The watch ends with ctx, or when the node's API
-// goes away (machined shuts apid down before its reboot, which empties
-// the event ring): the event can be missed, and the version wait then
-// tells the rollback from the node's boot time (waitUpgraded).
-func (o *Ops) UpgradeFailure(ctx context.Context, t Target, actorID string) <-chan SequenceFailure {
-	out := make(chan SequenceFailure, 1)
-	if actorID == "" {
-		return out
-	}
+// sequenceWatch follows a node's runtime events from the moment it was
+// opened, for the failure of one sequence (as `talosctl upgrade --wait`
+// does): a sequence event that carries an error (Controller.Run publishes
+// a failed sequence as a NOOP event with a FATAL error,
+// v1alpha1_controller.go at v1.13.3) under the sequence's actor ID.
+type sequenceWatch struct {
+	actor  chan string
+	failed chan SequenceFailure
+}
+
+// watchSequenceFailures opens a sequenceWatch on t and returns once apid
+// has sent its first (empty) event: the stream is open. It is opened
+// before the Upgrade call, because the sequence runs after the answer and
+// a failed one shuts apid down soon after its failure event (machined's
+// runEntrypoint, SequenceFailure): a watch opened after the answer can
+// find the API gone. The watch ends with ctx, or when the node's API goes
+// away (its reboot empties the event ring); a failure missed anyway is
+// the version wait's to tell, from the node's boot time (waitUpgraded).
+func (o *Ops) watchSequenceFailures(ctx context.Context, t Target) (*sequenceWatch, error) {
+	w := &sequenceWatch{actor: make(chan string, 1), failed: make(chan SequenceFailure, 1)}
+	opened := make(chan error, 1)
 	go func() {
-		_ = o.call(ctx, t.IP, true, o.opts.InstallTimeout+o.opts.RebootTimeout, func(ctx context.Context, c *client.Client) error {
-			return followEvents(ctx, c, func(ev client.Event) bool {
-				se, ok := ev.Payload.(*machine.SequenceEvent)
-				if !ok || se.GetError() == nil {
-					return false
+		var once sync.Once
+		err := o.call(ctx, t.IP, true, o.opts.InstallTimeout+o.opts.RebootTimeout, func(ctx context.Context, c *client.Client) error {
+			ch := make(chan client.EventResult)
+			if err := c.EventsWatchV2(ctx, ch, client.WithTailEvents(0)); err != nil {
+				return err
+			}
+			once.Do(func() { opened <- nil })
+			actorCh, actor := w.actor, ""
+			// Failures seen before the caller knew its sequence's actor ID.
+			early := map[string]SequenceFailure{}
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case actor = <-actorCh:
+					actorCh = nil
+					if f, ok := early[actor]; ok {
+						w.failed <- f
+						return nil
+					}
+				case r := <-ch:
+					if r.Error != nil {
+						return r.Error
+					}
+					se, ok := r.Event.Payload.(*machine.SequenceEvent)
+					if !ok || se.GetError() == nil {
+						continue
+					}
+					f := SequenceFailure{Sequence: se.GetSequence(), Failure: se.GetError().GetMessage()}
+					if actor == "" {
+						early[r.Event.ActorID] = f
+						continue
+					}
+					if r.Event.ActorID == actor {
+						w.failed <- f
+						return nil
+					}
 				}
-				out <- SequenceFailure{Sequence: se.GetSequence(), Failure: se.GetError().GetMessage()}
-				return true
-			}, client.WithTailEvents(-1), client.WithActorID(actorID))
+			}
 		})
+		once.Do(func() { opened <- err })
 	}()
-	return out
+	if err := <-opened; err != nil {
+		return nil, fmt.Errorf("following the events of %s: %w", t, err)
+	}
+	return w, nil
+}
+
+// For names the sequence to watch (the Upgrade answer's actor ID) and
+// returns the channel its failure is delivered on.
+func (w *sequenceWatch) For(actorID string) <-chan SequenceFailure {
+	w.actor <- actorID
+	return w.failed
 }
 
 // BootTime is the time the node at ip booted, in unix seconds, as
@@ -455,23 +502,32 @@ func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep
 			}
 			done = have == s.ToSchematic
 		}
-		actorID, bootBefore := "", uint64(0)
+		// The version wait and the sequence's events side by side: a
+		// sequence that fails after the answer is reported with its
+		// error, and a failure whose event was missed ends the version
+		// wait once the node is back on its old Talos.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var failed <-chan SequenceFailure // nil: no upgrade asked
+		bootBefore := uint64(0)
 		if !done {
 			// The boot before the call tells the node's reboot into its
 			// old Talos after a failed sequence from its being slow.
 			if bootBefore, err = o.BootTime(ctx, s.IP); err != nil {
 				return err
 			}
-			if actorID, err = o.Upgrade(ctx, s.Target, opts.Image); err != nil {
+			watch, err := o.watchSequenceFailures(wctx, s.Target)
+			if err != nil {
 				return err
 			}
+			actorID, err := o.Upgrade(ctx, s.Target, opts.Image)
+			if err != nil {
+				return err
+			}
+			if actorID != "" {
+				failed = watch.For(actorID)
+			}
 		}
-		// The version wait and the sequence's events side by side: a
-		// sequence that fails after the answer is reported with its
-		// error, and a failure whose event was missed ends the version
-		// wait once the node is back on its old Talos.
-		wctx, cancel := context.WithCancel(ctx)
-		failed := o.UpgradeFailure(wctx, s.Target, actorID)
 		settled := make(chan error, 1)
 		go func() { settled <- o.waitUpgraded(wctx, s, bootBefore) }()
 		select {
