@@ -331,23 +331,24 @@ func (e *RolledBackError) Error() string {
 // reboot (it answers in configured mode, cri runs, its stage is running),
 // the Talos version it runs, and what it is doing when not (a node about
 // to reboot by itself after a failed sequence says so: SequenceFailure).
-// err is only what the node's answers cannot explain.
-func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, status string, err error) {
+// No state of the node is an error: every one either ends by itself or is
+// a wait's to time out.
+func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, status string) {
 	p, err := o.Probe(ctx, t.IP)
 	if err != nil {
-		return false, "", err.Error(), nil
+		return false, "", err.Error()
 	}
 	if p.Mode != ModeConfigured {
-		return false, "", strings.TrimSpace("node is " + p.Mode.String() + " " + p.Detail), nil
+		return false, "", strings.TrimSpace("node is " + p.Mode.String() + " " + p.Detail)
 	}
 	up, err := o.InstalledSystemUp(ctx, t.IP)
 	if err != nil {
-		return false, p.Version, err.Error(), nil
+		return false, p.Version, err.Error()
 	}
 	if !up.Installed || up.Stage != runtime.MachineStageRunning {
-		return false, p.Version, fmt.Sprintf("Talos %s, %s (stage %s)", p.Version, up.Detail, up.Stage), nil
+		return false, p.Version, fmt.Sprintf("Talos %s, %s (stage %s)", p.Version, up.Detail, up.Stage)
 	}
-	return true, p.Version, "runs Talos " + p.Version, nil
+	return true, p.Version, "runs Talos " + p.Version
 }
 
 // settleWait is what waitSettledOn waits for: the node settled (Settled),
@@ -385,11 +386,8 @@ func (o *Ops) waitSettledOn(ctx context.Context, t Target, w settleWait) (string
 	spec := wait.Spec{What: w.What, Timeout: w.Timeout,
 		Interval: o.opts.PollInterval, ProgressEvery: o.opts.ProgressEvery, Log: o.opts.Log}
 	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
-		ok, v, st, err := o.Settled(ctx, t)
+		ok, v, st := o.Settled(ctx, t)
 		version = v
-		if err != nil {
-			return false, "", err
-		}
 		if !ok {
 			return false, st, nil
 		}
@@ -403,9 +401,9 @@ func (o *Ops) waitSettledOn(ctx context.Context, t Target, w settleWait) (string
 			}
 		}
 		match := w.Version == "" || v == w.Version
-		have := ""
 		if match && w.Schematic != "" {
-			if have, err = o.Schematic(ctx, t.IP); err != nil {
+			have, err := o.Schematic(ctx, t.IP)
+			if err != nil {
 				return false, err.Error(), nil
 			}
 			st = fmt.Sprintf("%s, schematic %s", st, orNone(factory.ShortID(have)))

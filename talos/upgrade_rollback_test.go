@@ -95,3 +95,34 @@ func TestUpgradeNotBackAfterItsFailure(t *testing.T) {
 		t.Fatalf("not back in time: %v", err)
 	}
 }
+
+// Between a failed upgrade sequence and machined's reboot the node answers
+// with its stage at rebooting: Settled reads it as not settled, naming the
+// failure and the coming reboot, not as a state no wait ends.
+func TestSettledNamesAFailedSequence(t *testing.T) {
+	t.Parallel()
+	// apid goes away RebootStart after the failure: long enough to read.
+	h := newHarness(t, harnessOptions{controlPlanes: 1, profile: profile(func(p *talossim.Profile) { p.RebootStart = 1500 * time.Millisecond })})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, Execute); err != nil {
+		t.Fatal(err)
+	}
+	cp := h.node("cp-1")
+	cp.SetFaults(talossim.Faults{UpgradeSequenceFails: 1})
+	target := h.targets()[0]
+	if _, err := h.ops.Upgrade(ctx, target, "ghcr.io/siderolabs/installer:v1.13.11"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for cp.Counters().FailedUpgrades == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the upgrade sequence never failed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	settled, v, st := h.ops.Settled(ctx, target)
+	if settled || v != cp.Version() || !strings.Contains(st, "its upgrade sequence failed (sequence failed:") ||
+		!strings.Contains(st, "Talos reverts its bootloader and reboots it into the Talos it ran") || !strings.Contains(st, "stage rebooting") {
+		t.Fatalf("Settled in the failure's window: %v %s %q", settled, v, st)
+	}
+}
