@@ -19,9 +19,11 @@ import (
 // replace`, after its old member was removed). A voting member whose etcd
 // does not run counts as down unless it is a configured control plane
 // that this run brings up (comingUp: the provision stage starts a stopped
-// VM, the talos stage waits for a node still booting); one outside the
-// config, or one that answers settled with its etcd stopped (a failed
-// upgrade, say), nothing here brings back. The refusal names the members
+// VM, the talos stage waits for a node still booting or rebooting, which
+// includes the reboot Talos does by itself after a failed upgrade or reset
+// sequence: talos.SequenceFailure); one outside the config, or one that
+// answers settled with its etcd stopped, nothing here brings back. The
+// refusal names the members
 // that do not run and is a user error (exit 2). Nothing is checked for a
 // cluster this state never bootstrapped, a restore or a new etcd, or when
 // no control plane lists the members (the talos stage judges those).
@@ -72,9 +74,13 @@ func refuseEtcdJoin(ctx context.Context, env *Env, comingUp func(talos.Voter) bo
 }
 
 // booting is the talos stage's comingUp: a configured control plane that
-// does not answer yet or still boots (its VM just started) is waited for
-// by the converge, and its etcd starts with it.
-func booting(v talos.Voter) bool { return !v.Answers || v.Stage == talos.StageBooting }
+// does not answer yet, still boots (its VM just started) or reboots (also
+// machined's own reboot after a failed sequence, whose stage reads
+// rebooting until then: talos.SequenceFailure) is waited for by the
+// converge, and its etcd starts with it.
+func booting(v talos.Voter) bool {
+	return !v.Answers || v.Stage == talos.StageBooting || v.Stage == talos.StageRebooting
+}
 
 // joinAfterRemoval is JoinAllowed for a control plane about to be
 // replaced: its own member (removed first) does not vote any more when

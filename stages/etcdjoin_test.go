@@ -31,3 +31,25 @@ func TestJoinAfterRemoval(t *testing.T) {
 		t.Fatalf("replacing cp-2, the one down: %v", err)
 	}
 }
+
+// A control plane whose etcd does not run counts as coming up for a
+// joining one when the talos stage waits for it: it does not answer,
+// boots, or reads rebooting — also the reboot machined does by itself
+// after a failed upgrade or reset sequence (main.go runEntrypoint and
+// handle at v1.13.9), which brings its etcd back without anyone asking.
+// One settled at running with its etcd stopped does not.
+func TestBootingCountsARebootingControlPlane(t *testing.T) {
+	for _, tc := range []struct {
+		v    talos.Voter
+		want bool
+	}{
+		{talos.Voter{Name: "cp-2", Answers: false}, true},
+		{talos.Voter{Name: "cp-2", Answers: true, Stage: talos.StageBooting}, true},
+		{talos.Voter{Name: "cp-2", Answers: true, Stage: talos.StageRebooting}, true},
+		{talos.Voter{Name: "cp-2", Answers: true, Stage: talos.StageRunning}, false},
+	} {
+		if got := booting(tc.v); got != tc.want {
+			t.Errorf("booting(answers %v, stage %s) = %v, want %v", tc.v.Answers, tc.v.Stage, got, tc.want)
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -80,14 +79,15 @@ func (o *Ops) InstalledSystemUp(ctx context.Context, ip string) (SystemUp, error
 	}
 	up := SystemUp{Stage: stage}
 	if stage == runtime.MachineStageRebooting {
-		// Rebooting, or stuck there after a failed sequence: only the
-		// node's events tell which.
-		stuck, err := o.NeedsReboot(ctx, ip)
+		// A reboot, or the one machined does by itself after a failed
+		// sequence: the node's events tell which, for the user.
+		failed, err := o.LastSequenceFailure(ctx, ip)
 		if err != nil {
 			return SystemUp{}, err
 		}
-		if stuck != nil {
-			return SystemUp{}, stuck
+		if failed != nil {
+			up.Detail = failed.String()
+			return up, nil
 		}
 	}
 	switch stage {
@@ -109,48 +109,28 @@ func (o *Ops) InstalledSystemUp(ctx context.Context, ip string) (SystemUp, error
 	return up, nil
 }
 
-// NeedsRebootError says a node's last sequence failed and left it
-// waiting for a reboot: Controller.Run publishes the failure as a NOOP
-// sequence event with a FATAL error, which turns MachineStatus to
-// rebooting, and nothing reboots the node (the Upgrade RPC's goroutine
-// only logs "upgrade failed": v1alpha1_controller.go, machine_status.go,
-// v1alpha1_server.go at v1.13.3). A failed upgrade has already stopped cri,
-// etcd and kubelet (and trustd) and unmounted EPHEMERAL before its
-// installer ran (v1alpha1_sequencer.go Upgrade, StopServicesEphemeral),
-// so until the reboot a control plane's etcd member is down and the
-// node's pods do not run. No wait ends this state.
-//
-// The run does not reboot the node itself: the reboot returns it to its
-// old Talos, but it loses the record of why the installer failed (the
-// console and machined's log live in memory), and the next run would ask
-// the same upgrade, which most likely fails the same way and takes the
-// member down again. The user reads why, fixes it (or pins the version
-// the node runs) and reboots it.
-type NeedsRebootError struct {
-	IP string
-	// Version is the Talos the node runs and boots again.
-	Version string
-	// Sequence is the sequence that failed ("upgrade"), Failure its error.
+// SequenceFailure is a node's sequence that failed after the node had
+// booted (an upgrade whose installer failed, a reset whose leave failed):
+// Controller.Run publishes its STOP, then the failure as a NOOP sequence
+// event with a FATAL error (v1alpha1_controller.go), which turns
+// MachineStatus to rebooting ("fatal errors lead to reboot",
+// machine_status.go). machined's runEntrypoint takes any sequence error
+// but LOCKED and CANCELED as fatal ("fatal sequencer error in %q
+// sequence") and returns it; its deferred system.Services(...).Shutdown
+// stops every service, apid with it, then handle() reverts the bootloader
+// to the entry the node booted (revertBootloader), counts "rebooting in
+// %d seconds" down from 10 and reboots (internal/app/machined/main.go at
+// v1.13.9 and v1.14.0-rc.1; only a panic=0 kernel argument, not Talos'
+// default, keeps it down). The node comes back on the Talos it ran, with
+// its services: no wait has to be ended by hand.
+type SequenceFailure struct {
+	// Sequence is the sequence that failed ("upgrade", "reset"), Failure
+	// its error as the event carried it.
 	Sequence, Failure string
-	// Stopped are the services that do not run (cri, etcd, kubelet).
-	Stopped []string
 }
 
-func (e *NeedsRebootError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "its %s sequence failed (%s) and it waits for a reboot", e.Sequence, e.Failure)
-	if len(e.Stopped) > 0 {
-		fmt.Fprintf(&b, "; Talos stopped its %s before the failure, and they stay down until it reboots", strings.Join(e.Stopped, ", "))
-		if slices.Contains(e.Stopped, "etcd") {
-			b.WriteString(" (its etcd member is down meanwhile)")
-		}
-	}
-	fmt.Fprintf(&b, ". Read why with `talosctl -n %s dmesg`, then reboot it with `talosctl -n %s reboot`", e.IP, e.IP)
-	if e.Version != "" {
-		fmt.Fprintf(&b, " (it boots Talos %s again)", e.Version)
-	}
-	b.WriteString(" and run again; the run does not reboot it itself (a reboot loses the installer's output, and the same upgrade would be asked again)")
-	return b.String()
+func (f *SequenceFailure) String() string {
+	return fmt.Sprintf("its %s sequence failed (%s): Talos reverts its bootloader and reboots it into the Talos it ran, about ten seconds after the failure", f.Sequence, f.Failure)
 }
 
 // eventsQuiet is how long a read of a node's event history waits for the
@@ -159,30 +139,18 @@ func (e *NeedsRebootError) Error() string {
 // Events at v1.13.3), and no event marks the end of the history.
 const eventsQuiet = 300 * time.Millisecond
 
-// NeedsReboot reads the node's event history and returns a
-// NeedsRebootError when its last sequence event is a failure (a FATAL
-// NOOP), with the services that do not run and the version it runs; nil
-// when the last sequence did not fail.
-func (o *Ops) NeedsReboot(ctx context.Context, ip string) (*NeedsRebootError, error) {
-	var out *NeedsRebootError
+// LastSequenceFailure reads the node's event history and returns its last
+// sequence event when that is a failure (a FATAL NOOP); nil when the last
+// sequence did not fail. The history lives in machined's memory: the
+// reboot that follows a failure empties it.
+func (o *Ops) LastSequenceFailure(ctx context.Context, ip string) (*SequenceFailure, error) {
+	var out *SequenceFailure
 	err := o.read(ctx, ip, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
 		last, err := lastSequenceEvent(ctx, c)
 		if err != nil || last == nil || last.GetAction() != machine.SequenceEvent_NOOP || last.GetError().GetCode() != common.Code_FATAL {
 			return err
 		}
-		out = &NeedsRebootError{IP: ip, Sequence: last.GetSequence(), Failure: last.GetError().GetMessage()}
-		if v, err := c.Version(ctx); err == nil {
-			out.Version = versionTag(v.GetMessages())
-		}
-		svcs, err := servicesOn(ctx, c)
-		if err != nil {
-			return err
-		}
-		for _, id := range []string{"cri", "etcd", "kubelet"} {
-			if s, ok := findService(svcs, id); ok && s.State != "Running" {
-				out.Stopped = append(out.Stopped, id)
-			}
-		}
+		out = &SequenceFailure{Sequence: last.GetSequence(), Failure: last.GetError().GetMessage()}
 		return nil
 	})
 	if err != nil {

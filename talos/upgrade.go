@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/internal/wait"
@@ -167,9 +170,9 @@ func installerAccepts(target, host string) error {
 // validates the image, and on a control plane checks etcd, before it
 // answers; the upgrade itself runs after the answer.
 //
-// It returns the actor ID the upgrade sequence runs under: its events carry
-// it (v1alpha1_server.go Upgrade at v1.13.3), so UpgradeFailure can follow
-// exactly this sequence.
+// It returns the actor ID the upgrade sequence runs under: its events
+// carry it (v1alpha1_server.go Upgrade at v1.13.3), so a sequenceWatch can
+// follow exactly this sequence.
 func (o *Ops) Upgrade(ctx context.Context, t Target, image string) (actorID string, err error) {
 	err = o.call(ctx, t.IP, true, o.opts.InstallTimeout, func(ctx context.Context, c *client.Client) error {
 		resp, err := c.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: image})
@@ -184,61 +187,184 @@ func (o *Ops) Upgrade(ctx context.Context, t Target, image string) (actorID stri
 	return actorID, nil
 }
 
-// UpgradeFailure follows the upgrade sequence actorID on t through the
-// node's runtime events, as `talosctl upgrade --wait` does, and delivers
-// its failure: a sequence event that carries an error (Controller.Run
-// publishes a failed sequence as a NOOP event with a FATAL error,
-// v1alpha1_controller.go at v1.13.3). The Upgrade call answers before the
-// sequence runs, and a failed sequence leaves the node up on its old
-// version (stage rebooting) instead of rebooting: without this a rollout
-// would only learn of it when its version wait runs out. The watch ends
-// with ctx, or when the node's API goes away (its reboot empties the
-// event ring; what happens after it is the version wait's to judge).
-func (o *Ops) UpgradeFailure(ctx context.Context, t Target, actorID string) <-chan error {
-	out := make(chan error, 1)
-	if actorID == "" {
-		return out
-	}
+// sequenceWatch follows a node's runtime events from the moment it was
+// opened, for the failure of one sequence (as `talosctl upgrade --wait`
+// does): a sequence event that carries an error (Controller.Run publishes
+// a failed sequence as a NOOP event with a FATAL error,
+// v1alpha1_controller.go at v1.13.3) under the sequence's actor ID.
+type sequenceWatch struct {
+	actor  chan string
+	failed chan SequenceFailure
+}
+
+// watchSequenceFailures opens a sequenceWatch on t and returns once apid
+// has sent its first (empty) event: the stream is open. It is opened
+// before the Upgrade call, because the sequence runs after the answer and
+// a failed one shuts apid down soon after its failure event (machined's
+// runEntrypoint, SequenceFailure): a watch opened after the answer can
+// find the API gone. The watch ends with ctx, or when the node's API goes
+// away (its reboot empties the event ring); a failure missed anyway is
+// the version wait's to tell, from the node's boot time (waitUpgraded).
+func (o *Ops) watchSequenceFailures(ctx context.Context, t Target) (*sequenceWatch, error) {
+	w := &sequenceWatch{actor: make(chan string, 1), failed: make(chan SequenceFailure, 1)}
+	opened := make(chan error, 1)
 	go func() {
-		_ = o.call(ctx, t.IP, true, o.opts.InstallTimeout+o.opts.RebootTimeout, func(ctx context.Context, c *client.Client) error {
-			return followEvents(ctx, c, func(ev client.Event) bool {
-				se, ok := ev.Payload.(*machine.SequenceEvent)
-				if !ok || se.GetError() == nil {
-					return false
+		var once sync.Once
+		err := o.call(ctx, t.IP, true, o.opts.InstallTimeout+o.opts.RebootTimeout, func(ctx context.Context, c *client.Client) error {
+			ch := make(chan client.EventResult)
+			if err := c.EventsWatchV2(ctx, ch, client.WithTailEvents(0)); err != nil {
+				return err
+			}
+			once.Do(func() { opened <- nil })
+			actorCh, actor := w.actor, ""
+			// Failures seen before the caller knew its sequence's actor ID.
+			early := map[string]SequenceFailure{}
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case actor = <-actorCh:
+					actorCh = nil
+					if f, ok := early[actor]; ok {
+						w.failed <- f
+						return nil
+					}
+				case r := <-ch:
+					if r.Error != nil {
+						return r.Error
+					}
+					se, ok := r.Event.Payload.(*machine.SequenceEvent)
+					if !ok || se.GetError() == nil {
+						continue
+					}
+					f := SequenceFailure{Sequence: se.GetSequence(), Failure: se.GetError().GetMessage()}
+					if actor == "" {
+						early[r.Event.ActorID] = f
+						continue
+					}
+					if r.Event.ActorID == actor {
+						w.failed <- f
+						return nil
+					}
 				}
-				out <- fmt.Errorf("its %s sequence failed after the Upgrade call was accepted: %s", se.GetSequence(), se.GetError().GetMessage())
-				return true
-			}, client.WithTailEvents(-1), client.WithActorID(actorID))
+			}
 		})
+		once.Do(func() { opened <- err })
 	}()
-	return out
+	if err := <-opened; err != nil {
+		return nil, fmt.Errorf("following the events of %s: %w", t, err)
+	}
+	return w, nil
+}
+
+// For names the sequence to watch (the Upgrade answer's actor ID) and
+// returns the channel its failure is delivered on.
+func (w *sequenceWatch) For(actorID string) <-chan SequenceFailure {
+	w.actor <- actorID
+	return w.failed
+}
+
+// BootTime is the time the node at ip booted, in unix seconds, as
+// MachineService.SystemStat answers it (BootTime: /proc/stat's btime,
+// v1alpha1_monitoring.go at v1.13.9): it changes with every reboot and
+// only then. 0 without error when the node answers SystemStat with
+// Unimplemented: the caller then knows nothing of its reboots.
+func (o *Ops) BootTime(ctx context.Context, ip string) (uint64, error) {
+	var bt uint64
+	err := o.read(ctx, ip, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.MachineClient.SystemStat(ctx, &emptypb.Empty{})
+		for _, m := range resp.GetMessages() {
+			bt = m.GetBootTime()
+		}
+		return err
+	})
+	if client.StatusCode(err) == codes.Unimplemented {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the boot time of %s: %w", ip, err)
+	}
+	return bt, nil
+}
+
+// RolledBackError is an upgrade Talos accepted whose sequence then failed
+// on the node: machined took the failure as fatal, reverted the
+// bootloader and rebooted the node into the Talos it ran (SequenceFailure;
+// internal/app/machined/main.go runEntrypoint and handle at v1.13.9 and
+// v1.14.0-rc.1). Nobody has to reboot it; the node's own console kept why
+// its installer failed until that reboot. A re-run plans from the version
+// the node runs and asks the same upgrade again, so the cause (the
+// installer image, the disk space it needs) is to be fixed first.
+type RolledBackError struct {
+	Step UpgradeStep
+	// Failure is the sequence's error as its FATAL event carried it; ""
+	// when the run did not see the event (the node's API went away
+	// first, and its reboot emptied the event ring) and learnt of the
+	// failure from the node settled on its old version under a new boot
+	// time.
+	Failure string
+	// Back: the node runs Step.From again. False when it did not within
+	// RebootTimeout; Wait is then what the wait saw.
+	Back bool
+	Wait error
+}
+
+func (e *RolledBackError) Error() string {
+	s := e.Step
+	var b strings.Builder
+	fmt.Fprintf(&b, "upgrading %s to Talos %s: ", s.Target, s.To)
+	switch {
+	case e.Failure == "":
+		fmt.Fprintf(&b, "its upgrade sequence failed on the node: Talos reverted its bootloader and rebooted it, and it runs Talos %s again, not %s (it came back under a new boot time; the sequence's error went with that reboot, which empties the node's event history, and its console showed it)", s.From, s.To)
+	case e.Back:
+		fmt.Fprintf(&b, "its upgrade sequence failed after the Upgrade call was accepted: %s; Talos reverted its bootloader and rebooted it, and it runs Talos %s again", e.Failure, s.From)
+	default:
+		fmt.Fprintf(&b, "its upgrade sequence failed after the Upgrade call was accepted: %s; Talos reverts the bootloader of such a node and reboots it into its old Talos by itself, but %s did not run Talos %s again within the reboot timeout: %v; check its console", e.Failure, s.Name, s.From, e.Wait)
+		return b.String()
+	}
+	b.WriteString(". A re-run asks the same upgrade again: fix the cause first (the installer image, or the disk space the installer needs)")
+	return b.String()
 }
 
 // Settled is the one condition both the rollout's waits and its checks
 // read: whether the node runs its installed system out of any upgrade or
 // reboot (it answers in configured mode, cri runs, its stage is running),
-// the Talos version it runs, and what it is doing when not. err is a state
-// no wait ends: a NeedsRebootError (its last sequence failed).
-func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, status string, err error) {
+// the Talos version it runs, and what it is doing when not (a node about
+// to reboot by itself after a failed sequence says so: SequenceFailure).
+// No state of the node is an error: every one either ends by itself or is
+// a wait's to time out.
+func (o *Ops) Settled(ctx context.Context, t Target) (settled bool, version, status string) {
 	p, err := o.Probe(ctx, t.IP)
 	if err != nil {
-		return false, "", err.Error(), nil
+		return false, "", err.Error()
 	}
 	if p.Mode != ModeConfigured {
-		return false, "", strings.TrimSpace("node is " + p.Mode.String() + " " + p.Detail), nil
+		return false, "", strings.TrimSpace("node is " + p.Mode.String() + " " + p.Detail)
 	}
 	up, err := o.InstalledSystemUp(ctx, t.IP)
-	var stuck *NeedsRebootError
-	if errors.As(err, &stuck) {
-		return false, p.Version, "", fmt.Errorf("%s: %w", t, err)
-	}
 	if err != nil {
-		return false, p.Version, err.Error(), nil
+		return false, p.Version, err.Error()
 	}
 	if !up.Installed || up.Stage != runtime.MachineStageRunning {
-		return false, p.Version, fmt.Sprintf("Talos %s, %s (stage %s)", p.Version, up.Detail, up.Stage), nil
+		return false, p.Version, fmt.Sprintf("Talos %s, %s (stage %s)", p.Version, up.Detail, up.Stage)
 	}
-	return true, p.Version, "runs Talos " + p.Version, nil
+	return true, p.Version, "runs Talos " + p.Version
+}
+
+// settleWait is what waitSettledOn waits for: the node settled (Settled),
+// on Version when set, with Schematic when set.
+type settleWait struct {
+	What               string
+	Timeout            time.Duration
+	Version, Schematic string
+	// NewBootSince, when set, counts the node only under another boot
+	// time: it rebooted since.
+	NewBootSince uint64
+	// RolledBack, when set, is asked of a node settled on another version
+	// or schematic than wanted; true ends the wait with a
+	// RolledBackError.
+	RolledBack func(ctx context.Context, version string) (bool, error)
+	Step       UpgradeStep
 }
 
 // waitSettled waits for Settled and returns the version the node runs;
@@ -251,28 +377,94 @@ func (o *Ops) waitSettled(ctx context.Context, t Target, want, wantSchematic str
 	if wantSchematic != "" {
 		what += " with schematic " + factory.ShortID(wantSchematic)
 	}
+	return o.waitSettledOn(ctx, t, settleWait{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout, Version: want, Schematic: wantSchematic})
+}
+
+// waitSettledOn waits as w says and returns the version the node runs.
+func (o *Ops) waitSettledOn(ctx context.Context, t Target, w settleWait) (string, error) {
 	var version string
-	spec := wait.Spec{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout,
+	spec := wait.Spec{What: w.What, Timeout: w.Timeout,
 		Interval: o.opts.PollInterval, ProgressEvery: o.opts.ProgressEvery, Log: o.opts.Log}
 	err := wait.Until(ctx, spec, func(ctx context.Context) (bool, string, error) {
-		ok, v, st, err := o.Settled(ctx, t)
+		ok, v, st := o.Settled(ctx, t)
 		version = v
-		if err != nil {
-			return false, "", err
-		}
-		if !ok || (want != "" && v != want) {
+		if !ok {
 			return false, st, nil
 		}
-		if wantSchematic == "" {
+		if w.NewBootSince != 0 {
+			bt, err := o.BootTime(ctx, t.IP)
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			if bt == w.NewBootSince {
+				return false, st + ", not rebooted yet (same boot time)", nil
+			}
+		}
+		match := w.Version == "" || v == w.Version
+		if match && w.Schematic != "" {
+			have, err := o.Schematic(ctx, t.IP)
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			st = fmt.Sprintf("%s, schematic %s", st, orNone(factory.ShortID(have)))
+			match = have == w.Schematic
+		}
+		if match {
 			return true, st, nil
 		}
-		have, err := o.Schematic(ctx, t.IP)
-		if err != nil {
-			return false, err.Error(), nil
+		if w.RolledBack != nil {
+			back, err := w.RolledBack(ctx, v)
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			if back {
+				return false, st, &RolledBackError{Step: w.Step, Back: true}
+			}
 		}
-		return have == wantSchematic, fmt.Sprintf("%s, schematic %s", st, orNone(factory.ShortID(have))), nil
+		return false, st, nil
 	})
 	return version, err
+}
+
+// waitUpgraded is the version wait of one upgrade step: for the node to
+// settle on s.To (and s.ToSchematic). With bootBefore, its boot time
+// before the Upgrade call, a node settled on s.From under another boot
+// time ends the wait at once as a RolledBackError: its sequence failed
+// and machined rebooted it into its old Talos. Without it (SystemStat
+// Unimplemented, or no upgrade asked) only the failure event tells.
+func (o *Ops) waitUpgraded(ctx context.Context, s UpgradeStep, bootBefore uint64) error {
+	what := fmt.Sprintf("%s to reboot into Talos %s", s.Target, s.To)
+	if s.ToSchematic != "" {
+		what += " with schematic " + factory.ShortID(s.ToSchematic)
+	}
+	w := settleWait{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout, Version: s.To, Schematic: s.ToSchematic, Step: s}
+	if bootBefore != 0 {
+		w.RolledBack = func(ctx context.Context, v string) (bool, error) {
+			if v != s.From {
+				return false, nil
+			}
+			bt, err := o.BootTime(ctx, s.IP)
+			return err == nil && bt != 0 && bt != bootBefore, err
+		}
+	}
+	_, err := o.waitSettledOn(ctx, s.Target, w)
+	return err
+}
+
+// waitRolledBack follows a failure event of s's upgrade sequence: machined
+// reboots the node into s.From by itself, about ten seconds after the
+// failure (SequenceFailure). The wait, bounded by RebootTimeout, lets the
+// error say where the node stands.
+func (o *Ops) waitRolledBack(ctx context.Context, s UpgradeStep, bootBefore uint64, failure SequenceFailure) error {
+	o.opts.Log.Warn().Str("node", s.Name).Str("failure", failure.Failure).Msgf("the upgrade sequence of %s failed on the node; Talos reboots it into Talos %s by itself: waiting for that", s.Name, s.From)
+	_, err := o.waitSettledOn(ctx, s.Target, settleWait{
+		What:    fmt.Sprintf("%s to reboot into its old Talos %s after its failed upgrade", s.Target, s.From),
+		Timeout: o.opts.RebootTimeout, Version: s.From, NewBootSince: bootBefore,
+	})
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return &RolledBackError{Step: s, Failure: failure.Failure, Back: err == nil, Wait: err}
 }
 
 // RollOutOptions configure a Talos rollout.
@@ -308,31 +500,48 @@ func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep
 			}
 			done = have == s.ToSchematic
 		}
-		actorID := ""
+		// The version wait and the sequence's events side by side: a
+		// sequence that fails after the answer is reported with its
+		// error, and a failure whose event was missed ends the version
+		// wait once the node is back on its old Talos.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var failed <-chan SequenceFailure // nil: no upgrade asked
+		bootBefore := uint64(0)
 		if !done {
-			if actorID, err = o.Upgrade(ctx, s.Target, opts.Image); err != nil {
+			// The boot before the call tells the node's reboot into its
+			// old Talos after a failed sequence from its being slow.
+			if bootBefore, err = o.BootTime(ctx, s.IP); err != nil {
 				return err
 			}
+			watch, err := o.watchSequenceFailures(wctx, s.Target)
+			if err != nil {
+				return err
+			}
+			actorID, err := o.Upgrade(ctx, s.Target, opts.Image)
+			if err != nil {
+				return err
+			}
+			if actorID != "" {
+				failed = watch.For(actorID)
+			}
 		}
-		// The version wait and the sequence's events side by side: a
-		// sequence that fails after the answer is reported at once.
-		wctx, cancel := context.WithCancel(ctx)
-		failed := o.UpgradeFailure(wctx, s.Target, actorID)
 		settled := make(chan error, 1)
-		go func() {
-			_, err := o.waitSettled(wctx, s.Target, s.To, s.ToSchematic)
-			settled <- err
-		}()
+		go func() { settled <- o.waitUpgraded(wctx, s, bootBefore) }()
 		select {
-		case err := <-failed:
+		case f := <-failed:
 			cancel()
 			<-settled
-			// What the failure left: the services it stopped, read now.
-			if stuck, rerr := o.NeedsReboot(ctx, s.IP); rerr == nil && stuck != nil {
-				return fmt.Errorf("upgrading %s to Talos %s: %w", s.Target, s.To, stuck)
-			}
-			return fmt.Errorf("upgrading %s to Talos %s: %w; it still runs Talos %s and waits for a reboot (its machine stage reads rebooting): read why with `talosctl -n %s dmesg`, then reboot it with `talosctl -n %s reboot`", s.Target, s.To, err, s.From, s.IP, s.IP)
+			return o.waitRolledBack(ctx, s, bootBefore, f)
 		case err := <-settled:
+			var rb *RolledBackError
+			if errors.As(err, &rb) {
+				select {
+				case f := <-failed:
+					rb.Failure = f.Failure
+				default:
+				}
+			}
 			cancel()
 			if err != nil {
 				return err

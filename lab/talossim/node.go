@@ -66,9 +66,16 @@ type Faults struct {
 	// installer image: the RPC errors and the node keeps its version.
 	UpgradePullFails int
 	// UpgradeSequenceFails makes the next N accepted upgrades fail inside
-	// their sequence, after the answer (as a failing installer does): the
-	// node keeps its version, its stage reads rebooting.
+	// their sequence, after the answer (as a failing installer does): its
+	// stage reads rebooting, its API goes away and machined reboots it
+	// into the version it ran (failSequenceLocked).
 	UpgradeSequenceFails int
+	// SequenceFailureUnseen makes the next N failed sequences publish
+	// neither their STOP nor their FATAL event: a client that follows
+	// the node's events sees none, as when apid shuts down before it
+	// delivers them and the reboot empties the ring. Only what the node
+	// runs after its reboot (its version, its boot time) tells.
+	SequenceFailureUnseen int
 	// MissingImages are image references no registry serves: ImagePull
 	// answers NotFound for them.
 	MissingImages []string
@@ -112,6 +119,10 @@ type Counters struct {
 	EtcdAddsRefused int
 	// Resets counts accepted Reset calls.
 	Resets int
+	// FailedResets counts accepted resets whose sequence failed after the
+	// answer (a control plane's leave): machined rebooted the node into
+	// the system it ran.
+	FailedResets int
 	// ImagePulls counts the images pulled through the API.
 	ImagePulls int
 	// ImageBoots counts maintenance applies that configured a node booted
@@ -146,6 +157,9 @@ type Node struct {
 	config         []byte
 	parsed         config.Provider
 	bootedAt       time.Time
+	// bootTime is the current boot's /proc/stat btime in unix seconds, as
+	// SystemStat answers it; every boot's is greater than the last.
+	bootTime uint64
 	// version is the Talos version running: the ISO's until an install,
 	// then the installer image's tag.
 	version string
@@ -159,9 +173,10 @@ type Node struct {
 	etcdLeft bool
 	// sequenceStopped: a failed upgrade sequence stopped cri and what
 	// depends on it (etcd, kubelet) and trustd, and unmounted EPHEMERAL,
-	// before its installer ran; nothing starts them again until the node
-	// reboots (v1alpha1_sequencer.go Upgrade, StopServicesEphemeral in
-	// v1alpha1_sequencer_tasks.go at v1.13.3).
+	// before its installer ran (v1alpha1_sequencer.go Upgrade,
+	// StopServicesEphemeral in v1alpha1_sequencer_tasks.go at v1.13.3);
+	// or machined shut every service down after a failed sequence. They
+	// stay down until the reboot that follows (failSequenceLocked).
 	sequenceStopped   bool
 	sequenceStoppedAt time.Time
 	// etcdPeer mirrors, for readers that hold no node lock, whether the
@@ -433,10 +448,21 @@ func (n *Node) powerOff() {
 	stopServer(srv, lis, true)
 }
 
+// BootTime is the node's current boot time in unix seconds, as SystemStat
+// answers it (0 before its first boot).
+func (n *Node) BootTime() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.bootTime
+}
+
 // bootLocked brings the node up from what its disk holds: an installed
 // system boots configured, nothing boots the ISO's maintenance mode.
 func (n *Node) bootLocked(installed installedSystem) {
 	n.gen++
+	// A real reboot takes more than a second, so btime grows with every
+	// boot; the simulator's may take milliseconds and keeps it growing.
+	n.bootTime = max(uint64(time.Now().Unix()), n.bootTime+1)
 	n.etcdLeft, n.sequenceStopped = false, false
 	n.rebootPending, n.applying = false, false
 	n.fromImage, n.bootBlocked = installed.fromImage, ""

@@ -234,8 +234,9 @@ func (a *apid) EtcdRemoveMemberByID(_ context.Context, req *machine.EtcdRemoveMe
 // (graceful, no reboot, the whole system disk): v1alpha1_sequencer.go
 // Reset at v1.13.3 runs drain, cleanup, leave (control planes: LeaveEtcd,
 // which skips a node whose etcd data is already gone), the wipe and
-// shutdown; a failed phase ends the sequence there and the node keeps
-// running. The drain is not simulated (the pods are kwok's; docs/lab.md).
+// shutdown; a failed phase ends the sequence there, and machined reboots
+// the node into the system it runs, not wiped (failSequenceLocked). The
+// drain is not simulated (the pods are kwok's; docs/lab.md).
 // The wiped system disk boots nothing; the shutdown powers the VM off
 // through the hypervisor (Options.PowerOff).
 func (a *apid) gracefulShutdownReset(req *machine.ResetRequest) (*machine.ResetResponse, error) {
@@ -253,7 +254,14 @@ func (a *apid) gracefulShutdownReset(req *machine.ResetRequest) (*machine.ResetR
 		time.Sleep(s.scaled(s.opts.Profile.RebootStart))
 		if role == "controlplane" && !left {
 			if err := s.leaveEtcd(context.Background(), clusterID, n.ip); err != nil {
-				n.log.Warn().Err(err).Msg("talossim: reset failed: failed to leave cluster")
+				n.log.Warn().Err(err).Msg("talossim: reset failed: failed to leave cluster; machined reboots the node")
+				n.mu.Lock()
+				n.counters.FailedResets++
+				// leave is the graceful control plane's fourth phase
+				// (drain, cleanup, dbus, leave: v1alpha1_sequencer.go
+				// Reset at v1.13.9); the task's wording is unverified.
+				n.failSequenceLocked("talossim", "reset", "error running phase 4 in reset sequence: task 1/1: failed, failed to leave cluster: "+err.Error())
+				n.mu.Unlock()
 				return
 			}
 		}

@@ -171,6 +171,16 @@ func (a *apid) Version(context.Context, *emptypb.Empty) (*machine.VersionRespons
 	}}}, nil
 }
 
+// SystemStat implements machine.MachineServiceServer as
+// v1alpha1_monitoring.go does at v1.13.9 (and v1.14.0-rc.1) for what the
+// product reads: BootTime, /proc/stat's btime in unix seconds, the time
+// the running kernel booted; it changes with every reboot and only then.
+// The CPU, IRQ and process counters are not simulated (zero). os:reader
+// is enough (services/machined.go rules).
+func (a *apid) SystemStat(context.Context, *emptypb.Empty) (*machine.SystemStatResponse, error) {
+	return &machine.SystemStatResponse{Messages: []*machine.SystemStat{{BootTime: a.n.BootTime()}}}, nil
+}
+
 // parseAndValidate loads and validates a config as ApplyConfiguration
 // does: the loader, Validate in the platform's mode, then the runtime
 // validation that checks the Kubernetes images against the Talos version

@@ -74,6 +74,15 @@ type Profile struct {
 	// FailedInstallReboot: a failed install → reboot ("rebooting in 10
 	// seconds", internal/app/machined/main.go).
 	FailedInstallReboot time.Duration
+	// FailedSequenceReboot: an upgrade or reset sequence that failed after
+	// the node booted → its reboot into the system it ran. machined's
+	// runEntrypoint takes the sequence's FATAL event as fatal and
+	// returns, its deferred calls shut the services down (apid with them:
+	// the API goes away after RebootStart), then handle() reverts the
+	// bootloader and counts "rebooting in %d seconds" down from 10, a
+	// second each, before it reboots (internal/app/machined/main.go at
+	// v1.13.9 and v1.14.0-rc.1). The reboot itself takes Reboot more.
+	FailedSequenceReboot time.Duration
 	// EtcdJoinTimeout: how long a control plane's etcd tries to join a
 	// cluster that was never bootstrapped before its service fails
 	// (constants.EtcdJoinTimeout, 30 min).
@@ -94,7 +103,12 @@ var (
 		BootstrapReady: 0, EtcdStart: 30 * time.Millisecond, EtcdJoin: 30 * time.Millisecond,
 		KubeletReady: 40 * time.Millisecond, ApidRestart: 5 * time.Millisecond, BootSequence: 10 * time.Millisecond,
 		RebootStart: 5 * time.Millisecond, FailedInstallReboot: 10 * time.Millisecond,
-		EtcdJoinRetry: 20 * time.Millisecond,
+		// Real machined counts 10 s down; a second, a hundred times the
+		// instant reboot, keeps the order a real node shows to a client
+		// polling every few milliseconds: the failure, the node away, then
+		// its old version on a new boot.
+		FailedSequenceReboot: time.Second,
+		EtcdJoinRetry:        20 * time.Millisecond,
 		// Long enough that no test waits that long before bootstrapping
 		// by accident; tests of the failure set their own.
 		EtcdJoinTimeout: time.Minute,
@@ -106,8 +120,9 @@ var (
 		BootstrapReady: 8 * time.Second, EtcdStart: 20 * time.Second, EtcdJoin: 35 * time.Second,
 		KubeletReady: 30 * time.Second, CallLatency: 3 * time.Millisecond, ApplyLatency: 400 * time.Millisecond,
 		ApidRestart: 2 * time.Second, BootSequence: 15 * time.Second, RebootStart: 5 * time.Second,
-		FailedInstallReboot: 10 * time.Second, EtcdJoinTimeout: constants.EtcdJoinTimeout,
-		EtcdJoinRetry: 3 * time.Second,
+		FailedInstallReboot: 10 * time.Second, FailedSequenceReboot: 10 * time.Second,
+		EtcdJoinTimeout: constants.EtcdJoinTimeout,
+		EtcdJoinRetry:   3 * time.Second,
 	}
 )
 

@@ -109,6 +109,29 @@ func (f *fixture) waitPhase(n *talossim.Node, p talossim.Phase) {
 	}
 }
 
+// waitRebooted waits until n rebooted since it counted before reboots and
+// runs again.
+func (f *fixture) waitRebooted(n *talossim.Node, before int) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for n.Counters().Reboots <= before || n.Phase() != talossim.PhaseRunning {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("node %s did not reboot and run again (phase %s, %+v)", n.Hostname(), n.Phase(), n.Counters())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// bootTime reads the node's boot time as SystemStat answers it.
+func bootTime(t *testing.T, c *client.Client) uint64 {
+	t.Helper()
+	resp, err := c.MachineClient.SystemStat(callCtx(t), &emptypb.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetMessages()[0].GetBootTime()
+}
+
 func (f *fixture) config(name string) []byte {
 	n, ok := f.gen.Node(name)
 	if !ok {
@@ -636,7 +659,8 @@ func TestUpgradeRPC(t *testing.T) {
 
 	// The installer's pre-flight check runs after the answer: the 1.11
 	// installer refuses a 1.13 host (talos111.MaximumHostDowngradeVersion),
-	// the sequence fails, the stage reads rebooting, the version stays.
+	// the sequence fails, the stage reads rebooting, and machined reboots
+	// the node into the version it ran after its countdown.
 	waitStage := func(want runtime.MachineStage) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
@@ -653,6 +677,10 @@ func TestUpgradeRPC(t *testing.T) {
 	}
 	waitStage(runtime.MachineStageRunning)
 	wkc := secure(t, f.cfg, f.wk)
+	wkBoot, wkReboots := bootTime(t, wkc), f.node(f.wk).Counters().Reboots
+	if wkBoot == 0 || wkBoot != f.node(f.wk).BootTime() {
+		t.Fatalf("SystemStat's boot time %d, the node's %d", wkBoot, f.node(f.wk).BootTime())
+	}
 	resp, err := wkc.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.11.5"})
 	if err != nil {
 		t.Fatalf("the answer comes before the pre-flight check: %v", err)
@@ -685,19 +713,48 @@ func TestUpgradeRPC(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if v, p := f.node(f.wk).Version(), f.node(f.wk).Phase(); v != "v1.13.4" || p != talossim.PhaseRunning {
-		t.Fatalf("after a failed pre-flight check: %s %s", v, p)
-	}
-	waitStage(runtime.MachineStageRebooting)
+	failedAt := time.Now()
 	// The phases before the installer's stopped cri and kubelet with it
-	// (StopServicesEphemeral); nothing starts them again before a reboot.
-	if got := services(t, wkc); got["cri"] != "Finished/unknown" || got["kubelet"] != "Finished/unknown" || got["apid"] != "Running/healthy" {
-		t.Fatalf("the worker's services after its failed upgrade: %v", got)
+	// (StopServicesEphemeral); machined's shutdown takes the rest down,
+	// apid with it, and the node waits out its countdown
+	// (Profile.FailedSequenceReboot) before it reboots.
+	if s := f.node(f.wk).ServiceStates(); s["cri"] != "Finished" || s["kubelet"] != "Finished" {
+		t.Fatalf("the worker's services after its failed upgrade: %v", s)
+	}
+	if v, st := f.node(f.wk).Version(), f.node(f.wk).Stage(); v != "v1.13.4" || st != runtime.MachineStageRebooting {
+		t.Fatalf("after a failed pre-flight check: %s, stage %s", v, st)
+	}
+	time.Sleep(talossim.ProfileInstant.FailedSequenceReboot / 2)
+	if c := f.node(f.wk).Counters(); c.Reboots != wkReboots {
+		t.Fatalf("the worker rebooted before machined's countdown ended: %+v", c)
+	}
+	if _, err := wkc.Version(callCtx(t)); err == nil {
+		t.Fatal("the worker's API still answers after machined shut its services down")
+	}
+	// Then it boots the version it ran, with its services, on a new boot,
+	// without anyone asking.
+	f.waitRebooted(f.node(f.wk), wkReboots)
+	if d := time.Since(failedAt); d < talossim.ProfileInstant.FailedSequenceReboot {
+		t.Fatalf("the worker rebooted %s after its failed upgrade, before machined's countdown", d)
+	}
+	if v, c := f.node(f.wk).Version(), f.node(f.wk).Counters(); v != "v1.13.4" || c.Reboots != wkReboots+1 || c.RebootCalls != 0 {
+		t.Fatalf("after a failed pre-flight check: %s %+v", v, c)
+	}
+	if b := bootTime(t, secure(t, f.cfg, f.wk)); b <= wkBoot || b != f.node(f.wk).BootTime() {
+		t.Fatalf("boot time after machined's reboot %d, before %d", b, wkBoot)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for s := f.node(f.wk).ServiceStates(); s["cri"] != "Running" || s["kubelet"] != "Running" || f.node(f.wk).Stage() != runtime.MachineStageRunning; s = f.node(f.wk).ServiceStates() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker's services after its failed upgrade's reboot: %v, stage %s", s, f.node(f.wk).Stage())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 
-	// A control plane's etcd and trustd stop too; a reboot starts them
-	// again, on the old version.
+	// A control plane's etcd and trustd stop too, and come back with
+	// machined's reboot, on the old version.
 	f.node(f.cp).SetFaults(talossim.Faults{UpgradeSequenceFails: 1})
+	was, cpReboots, cpBoot := f.node(f.cp).Version(), f.node(f.cp).Counters().Reboots, f.node(f.cp).BootTime()
 	if _, err := cp.MachineClient.Upgrade(ctx, &machine.UpgradeRequest{Image: "ghcr.io/siderolabs/installer:v1.13.4"}); err != nil {
 		t.Fatal(err)
 	}
@@ -708,15 +765,13 @@ func TestUpgradeRPC(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got := services(t, cp); got["etcd"] != "Finished/unknown" || got["trustd"] != "Finished/unknown" || got["cri"] != "Finished/unknown" {
-		t.Fatalf("the control plane's services after its failed upgrade: %v", got)
+	if s := f.node(f.cp).ServiceStates(); s["etcd"] != "Finished" || s["trustd"] != "Finished" || s["cri"] != "Finished" {
+		t.Fatalf("the control plane's services after its failed upgrade: %v", s)
 	}
-	was := f.node(f.cp).Version()
-	if _, err := cp.MachineClient.Reboot(ctx, &machine.RebootRequest{}); err != nil {
-		t.Fatal(err)
+	f.waitRebooted(f.node(f.cp), cpReboots)
+	if b := f.node(f.cp).BootTime(); b <= cpBoot {
+		t.Fatalf("the control plane's boot time after machined's reboot %d, before %d", b, cpBoot)
 	}
-	f.waitPhase(f.node(f.cp), talossim.PhaseRebooting)
-	f.waitPhase(f.node(f.cp), talossim.PhaseRunning)
 	deadline = time.Now().Add(5 * time.Second)
 	for services(t, secure(t, f.cfg, f.cp))["etcd"] != "Running/healthy" {
 		if time.Now().After(deadline) {
@@ -724,8 +779,8 @@ func TestUpgradeRPC(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if v := f.node(f.cp).Version(); v != was {
-		t.Fatalf("the rebooted control plane runs %s, was %s", v, was)
+	if v, c := f.node(f.cp).Version(), f.node(f.cp).Counters(); v != was || c.RebootCalls != 0 {
+		t.Fatalf("the control plane rebooted by machined runs %s, was %s (%+v)", v, was, c)
 	}
 }
 

@@ -109,16 +109,12 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 		// phases before it have run: the drain, StopAllPods, and
 		// StopServicesEphemeral, which stops cri and what depends on it
 		// (etcd, kubelet) and trustd (v1alpha1_sequencer_tasks.go), then
-		// EPHEMERAL is unmounted. Nothing starts them again: the failed
-		// sequence publishes its STOP, then a NOOP event with a FATAL
-		// error (v1alpha1_controller.go Run), which turns the machine
-		// stage to rebooting (controllers/runtime/machine_status.go); the
-		// Upgrade RPC's goroutine only logs "upgrade failed"
-		// (v1alpha1_server.go), so the node keeps running its old version,
-		// cordoned, its etcd member and kubelet down, until it is rebooted.
+		// EPHEMERAL is unmounted. The Upgrade RPC's goroutine only logs
+		// "upgrade failed" (v1alpha1_server.go); machined itself reboots
+		// the node into its old version (failSequenceLocked).
 		n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), func() {
 			n.counters.FailedUpgrades++
-			n.rebootPending = false
+			// rebootPending stays: the node is on its way to its reboot.
 			n.sequenceStopped, n.sequenceStoppedAt = true, time.Now()
 			n.refreshPeerLocked()
 			// The pods were stopped (StopAllPods); what StaticPodStatus
@@ -129,15 +125,11 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 			for _, id := range []string{"cri", "etcd", "kubelet"} {
 				n.serviceEventAtLocked(now, id)
 			}
-			n.log.Warn().Err(err).Msg("talossim: upgrade failed: its services stay stopped until the node reboots")
-			n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_STOP})
-			// Controller.Run publishes the failure as a NOOP sequence
-			// event with a FATAL error, its text wrapped by runPhase and
-			// the task runner (v1alpha1_controller.go; the task's wording
-			// is unverified).
-			n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_NOOP,
-				Error: &common.Error{Code: common.Code_FATAL, Message: "sequence failed: error running phase 9 in upgrade sequence: task 1/1: failed, " + err.Error()}})
-			n.setStageLocked(runtime.MachineStageRebooting)
+			n.log.Warn().Err(err).Msg("talossim: upgrade failed: machined reboots the node into its old version")
+			// The failure's text is wrapped by runPhase and the task
+			// runner (v1alpha1_controller.go; the task's wording is
+			// unverified).
+			n.failSequenceLocked(actorID, "upgrade", "error running phase 9 in upgrade sequence: task 1/1: failed, "+err.Error())
 		})
 		return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
 	}
@@ -166,6 +158,49 @@ func installerPreflight(target, host string) error {
 		return fmt.Errorf("pre-flight checks failed: %w", err)
 	}
 	return nil
+}
+
+// failSequenceLocked is what machined does when a sequence fails after
+// the node booted (an upgrade whose installer fails, a reset whose leave
+// fails), as internal/app/machined does at v1.13.9 and v1.14.0-rc.1:
+//   - Controller.Run publishes the sequence's STOP, then the failure as a
+//     NOOP sequence event with a FATAL error, "sequence failed: …"
+//     (pkg/runtime/v1alpha1/v1alpha1_controller.go Run), which turns the
+//     machine stage to rebooting ("fatal errors lead to reboot",
+//     pkg/controllers/runtime/machine_status.go);
+//   - runEntrypoint's event watch takes any sequence error but LOCKED and
+//     CANCELED as fatal ("fatal sequencer error in %q sequence") and
+//     returns it (main.go); its deferred system.Services(...).Shutdown
+//     stops every service, apid with it: the API goes away (RebootStart);
+//   - handle() logs the error, reverts the bootloader to the entry it
+//     booted (revertBootloader), counts "rebooting in %d seconds" down
+//     from 10 and reboots (FailedSequenceReboot; no panic=0 on the kernel
+//     command line). The node boots the system it ran, with its
+//     services, and that boot uncordons its Node.
+//
+// The revert is implicit here: an upgrade persists the new version only
+// once it succeeded, so the reboot boots what the disk held.
+func (n *Node) failSequenceLocked(actorID, sequence, failure string) {
+	if n.faults.SequenceFailureUnseen > 0 {
+		n.faults.SequenceFailureUnseen--
+	} else {
+		n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: sequence, Action: machine.SequenceEvent_STOP})
+		n.publishEventLocked(actorID, &machine.SequenceEvent{Sequence: sequence, Action: machine.SequenceEvent_NOOP,
+			Error: &common.Error{Code: common.Code_FATAL, Message: "sequence failed: " + failure}})
+	}
+	n.rebootPending = true
+	n.setStageLocked(runtime.MachineStageRebooting)
+	shutdown := n.sim.scaled(n.sim.opts.Profile.RebootStart)
+	n.afterLocked(shutdown, func() {
+		if !n.sequenceStopped {
+			n.sequenceStopped, n.sequenceStoppedAt = true, time.Now()
+			n.refreshPeerLocked()
+		}
+		n.wantUp = false
+		srv, lis := n.detachLocked()
+		go stopServer(srv, lis, false)
+	})
+	n.afterLocked(shutdown+n.sim.scaled(n.sim.opts.Profile.FailedSequenceReboot), n.rebootLocked)
 }
 
 // validateEtcdForUpgrade is ValidateForUpgrade against the simulated
