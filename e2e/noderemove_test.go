@@ -31,21 +31,6 @@ func greenLab(t *testing.T, ctx context.Context, o e2e.Options) (*e2e.Harness, *
 	return h, st
 }
 
-// addNode inserts a node entry (one line) after the entry of node after.
-func addNode(t *testing.T, h *e2e.Harness, after, entry string) {
-	t.Helper()
-	re := regexp.MustCompile(`(?m)^  - \{name: ` + regexp.QuoteMeta(after) + `,.*\}\n`)
-	if err := h.EditConfig(func(s string) (string, error) {
-		loc := re.FindStringIndex(s)
-		if loc == nil {
-			t.Fatalf("no node %s in the lab config", after)
-		}
-		return s[:loc[1]] + entry + s[loc[1]:], nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // dropNode deletes a node's entry from the lab config.
 func dropNode(t *testing.T, h *e2e.Harness, name string) {
 	t.Helper()
