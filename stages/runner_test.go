@@ -13,6 +13,7 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/internal/redact"
 	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/ui"
 )
 
 // besideStage is a stage for the runner's scheduling tests: it records
@@ -171,7 +172,7 @@ func TestFluxRunsBesideInfraOnlyOnTalosNetwork(t *testing.T) {
 // carries every exported field; a field added to Env must be added to
 // forStage too (this list fails until it is).
 func TestForStageCopiesEveryExportedField(t *testing.T) {
-	copied := []string{"Config", "Paths", "State", "Log", "UI", "Out", "DryRun", "Secrets", "Options", "Now", "LogPath"}
+	copied := []string{"Config", "Paths", "State", "Log", "UI", "Out", "DryRun", "Secrets", "Options", "Now", "LogPath", "Warnings"}
 	typ := reflect.TypeFor[Env]()
 	for i := range typ.NumField() {
 		if f := typ.Field(i); f.IsExported() && !slices.Contains(copied, f.Name) {
@@ -179,10 +180,10 @@ func TestForStageCopiesEveryExportedField(t *testing.T) {
 		}
 	}
 	env := besideEnv(t, true)
-	env.LogPath, env.Options.NewEtcd = "run.log", true
+	env.LogPath, env.Options.NewEtcd, env.Warnings = "run.log", true, &ui.Warnings{}
 	view := env.forStage(Flux, env.Log)
 	if view.Config != env.Config || view.State != env.State || view.Secrets != env.Secrets || view.LogPath != env.LogPath ||
-		view.DryRun != env.DryRun || view.Options != env.Options || view.Paths != env.Paths || view.Out != env.Out {
+		view.DryRun != env.DryRun || view.Options != env.Options || view.Paths != env.Paths || view.Out != env.Out || view.Warnings != env.Warnings {
 		t.Error("the view differs from the run's Env")
 	}
 }
