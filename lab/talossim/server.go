@@ -21,6 +21,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/configdiff"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
+	"github.com/siderolabs/talos/pkg/machinery/config/validation"
 	"github.com/siderolabs/talos/pkg/machinery/role"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -190,7 +191,14 @@ func parseAndValidate(data []byte, talosVersion string) (config.Provider, []stri
 	if err != nil {
 		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	warnings, err := cfg.ValidateAsClient(metalMode{})
+	// Local: machinery checks the Kubernetes images against the Talos it
+	// was built as (compatibility.ValidateKubernetesImageTag reads
+	// version.NewVersion(): v1.14.1 here), which a real node does against
+	// its own build. The simulated node runs many versions, so that check
+	// is validateKubernetesImages against the version it runs; Local skips
+	// nothing else (config/validation/validation.go WithLocal, read by
+	// v1alpha1_validation.go and config/types/k8s at machinery v1.14.1).
+	warnings, err := cfg.ValidateAsClient(metalMode{}, validation.WithLocal())
 	if err != nil {
 		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -88,3 +88,39 @@ func TestTypedDocumentImagesCheckedAgainstTheNodesTalos(t *testing.T) {
 		t.Fatalf("Kubernetes 1.37 on Talos v1.13: %v", err)
 	}
 }
+
+// TestKubernetesImagesJudgedByTheNodesTalos: a node judges the Kubernetes
+// images of a config against the Talos it runs, as a real node does
+// against its own build (compatibility.ValidateKubernetesImageTag). A
+// v1.12 node takes Kubernetes 1.30, which Talos v1.14 (the machinery the
+// simulator is built with) refuses, and refuses 1.36, which v1.12 does
+// not run.
+func TestKubernetesImagesJudgedByTheNodesTalos(t *testing.T) {
+	cfgAt := func(kube string) []byte {
+		in, err := generate.NewInput("lab", "https://10.10.0.11:6443", kube,
+			generate.WithVersionContract(config.TalosVersion1_12),
+			generate.WithInstallDisk("/dev/sda"),
+			generate.WithInstallImage("factory.talos.dev/nocloud-installer/abc:v1.12.6"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := in.Config(machine.TypeControlPlane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	if _, _, err := parseAndValidate(cfgAt("1.30.14"), "v1.12.6"); err != nil {
+		t.Fatalf("a v1.12.6 node refuses Kubernetes 1.30.14: %v", err)
+	}
+	if _, _, err := parseAndValidate(cfgAt("1.30.14"), "v1.14.1"); err == nil || !strings.Contains(err.Error(), "too old to be used with Talos 1.14") {
+		t.Fatalf("a v1.14.1 node takes Kubernetes 1.30.14: %v", err)
+	}
+	if _, _, err := parseAndValidate(cfgAt("1.36.1"), "v1.12.6"); err == nil || !strings.Contains(err.Error(), "1.36.1") {
+		t.Fatalf("a v1.12.6 node takes Kubernetes 1.36.1: %v", err)
+	}
+}
