@@ -19,9 +19,7 @@ import (
 // stage runs beside this stage on that: a claim Flux's sources create
 // first is not left without the NFS class.
 func TestAClaimMadeBeforeTheDefaultClassGetsIt(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	lab := oneNodeLab(t, ctx)
+	lab, ctx := oneNodeLab(t, 4*time.Minute)
 	cs := lab.Client()
 	// The lab is shared: the claim and the default class go with the test.
 	t.Cleanup(func() {

@@ -1,7 +1,6 @@
 package infra
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -19,10 +18,7 @@ import (
 // the HelmRelease never gets its chart.
 func TestHandedOverOCIRepositoryIsReconciled(t *testing.T) {
 	helmHome(t)
-	kubetest.Binaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	lab := oneNodeLab(t, ctx)
+	lab, ctx := oneNodeLab(t, 3*time.Minute)
 	reg, err := ociregistry.Start()
 	if err != nil {
 		t.Fatal(err)

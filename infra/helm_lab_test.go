@@ -79,10 +79,7 @@ func demoChart(v string) *chart.Chart {
 // nothing.
 func TestHelmInstallsFromAnOCIRegistry(t *testing.T) {
 	helmHome(t)
-	kubetest.Binaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	lab := oneNodeLab(t, ctx)
+	lab, ctx := oneNodeLab(t, 3*time.Minute)
 	reg, err := ociregistry.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -135,9 +132,14 @@ func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
 // after another (kubetest.Shared), with the Flux controllers and one
 // schedulable, Ready node cp-1. Each test keeps to namespaces and
 // releases of its own; what is cluster-wide (the Cilium release in
-// kube-system, a default StorageClass) no other test reads.
-func oneNodeLab(t *testing.T, ctx context.Context) *kube.Cluster {
+// kube-system, a default StorageClass) no other test reads. The returned
+// context bounds the test to budget counted from when it holds a lab slot:
+// a wait for a slot on a loaded run must not eat the test's own time.
+func oneNodeLab(t *testing.T, budget time.Duration) (*kube.Cluster, context.Context) {
 	t.Helper()
+	kubetest.Binaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	t.Cleanup(cancel)
 	lab := kubetest.Shared(t, "infra", kube.Options{Flux: true, ScheduleOnControlPlanes: true})
 	if _, err := lab.Client().CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		if err := lab.RegisterNode(ctx, "cp-1", "127.0.0.11", kube.RoleControlPlane); err != nil {
@@ -147,7 +149,7 @@ func oneNodeLab(t *testing.T, ctx context.Context) *kube.Cluster {
 	if err := lab.WaitNodesReady(ctx, []string{"cp-1"}, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	return lab
+	return lab, ctx
 }
 
 func helmHome(t *testing.T) {
@@ -161,10 +163,7 @@ func helmHome(t *testing.T) {
 // against a real API server and a real chart repository.
 func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 	helmHome(t)
-	kubetest.Binaries(t) // the slot before the budget: waiting for one must not eat it
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	lab := oneNodeLab(t, ctx)
+	lab, ctx := oneNodeLab(t, 3*time.Minute)
 	url := chartRepo(t, "1.0.0", "1.1.0")
 	h, err := NewHelm(kubetest.AdminKubeconfig(t, lab), "lab", kubetest.Logger(t))
 	if err != nil {
@@ -292,10 +291,7 @@ func TestHelmInstallIsIdempotentAndRecovers(t *testing.T) {
 // node count it is Available at once.
 func TestCiliumOnOneNodeWithTheRealChart(t *testing.T) {
 	helmHome(t)
-	kubetest.Binaries(t) // the slot before the budget: waiting for one must not eat it
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	lab := oneNodeLab(t, ctx)
+	lab, ctx := oneNodeLab(t, 3*time.Minute)
 	chartDir, err := lab.Binaries().CiliumChart(ctx)
 	if err != nil {
 		t.Fatal(err)
