@@ -34,20 +34,27 @@ func nodeVersions(h *e2e.Harness) (versions map[string]string, upgrades map[stri
 	return versions, upgrades
 }
 
-// TestTalosUpgrade: a cluster installed at v1.13.2 is moved to v1.13.3 by
-// editing cluster.talosVersion. The dry run shows the rollout (control
-// planes first) and calls no Upgrade; the run upgrades every node exactly
-// once with the Upgrade RPC and ends with postcheck green; going back is
-// refused with exit 2 before any Talos call changes anything.
+// TestTalosUpgrade: a cluster installed at v1.13.2 is moved to v1.13.3
+// (and the one-node cluster across the minor, to v1.14.1) by editing
+// cluster.talosVersion. The dry run shows the rollout (control planes
+// first) and calls no Upgrade; the run upgrades every node exactly once
+// with the Upgrade RPC and ends with postcheck green; going back is refused
+// with exit 2 before any Talos call changes anything.
+//
+// Across v1.14 the configs keep the v1alpha1 form until the node runs
+// v1.14 (a v1.13 node refuses every typed document: "not registered"),
+// then take the typed documents, without workload isolation (the cluster
+// was made on v1.13, and an upgrade changes nothing on its own).
 func TestTalosUpgrade(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name               string
 		controlPlanes, wks int
 		vip                bool
+		to                 string
 	}{
-		{"1cp", 1, 0, false},
-		{"3cp+2w-vip", 3, 2, true},
+		{"1cp-to-v1.14", 1, 0, false, "v1.14.1"},
+		{"3cp+2w-vip", 3, 2, true, "v1.13.3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -56,23 +63,29 @@ func TestTalosUpgrade(t *testing.T) {
 			if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
 				t.Fatalf("install at v1.13.2:\n%s", r.Tail(40))
 			}
-			setTalosVersion(t, h, "v1.13.2", "v1.13.3")
+			setTalosVersion(t, h, "v1.13.2", tc.to)
+			crosses := strings.HasPrefix(tc.to, "v1.14")
 			if tc.wks > 1 {
 				// Both workers at once; the control planes still one by one.
 				if err := h.EditConfig(func(s string) (string, error) {
-					return strings.Replace(s, "  talosVersion: v1.13.3\n", "  talosVersion: v1.13.3\n  upgradeParallelism: 2\n", 1), nil
+					return strings.Replace(s, "  talosVersion: "+tc.to+"\n", "  talosVersion: "+tc.to+"\n  upgradeParallelism: 2\n", 1), nil
 				}); err != nil {
 					t.Fatal(err)
 				}
 			}
 			dry := run(t, ctx, h, "run", "--stage", "talos", "--dry-run")
 			nodes := tc.controlPlanes + tc.wks
-			if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, fmt.Sprintf("upgrade Talos on cp-1 v1.13.2 → v1.13.3 (1/%d, control planes first)", nodes)) {
+			if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, fmt.Sprintf("upgrade Talos on cp-1 v1.13.2 → %s (1/%d, control planes first)", tc.to, nodes)) ||
+				crosses != strings.Contains(dry.Stdout+dry.Stderr, "then apply the v1.14.1 form (typed documents) to every node") {
 				t.Fatalf("dry run:\n%s", dry.Tail(40))
 			}
 			t.Logf("dry-run plan:\n%s", planLines(dry.Stdout))
 			if _, up := nodeVersions(h); sum(up) != 0 {
 				t.Fatalf("the dry run upgraded %d nodes", sum(up))
+			}
+			reboots := map[string]int{}
+			for _, n := range h.Lab.Talos.Nodes() {
+				reboots[n.IP()] = n.Counters().Reboots
 			}
 			r := run(t, ctx, h, "run", "--stage", "all")
 			if r.ExitCode != 0 {
@@ -83,13 +96,26 @@ func TestTalosUpgrade(t *testing.T) {
 			}
 			versions, up := nodeVersions(h)
 			for ip, v := range versions {
-				if v != "v1.13.3" || up[ip] != 1 {
+				if v != tc.to || up[ip] != 1 {
 					t.Errorf("node %s runs %s after %d upgrades", ip, v, up[ip])
+				}
+			}
+			if crosses {
+				for _, n := range h.Lab.Talos.Nodes() {
+					cfg := string(n.Config())
+					if !strings.Contains(cfg, "kind: KubeletConfig") || !strings.Contains(cfg, "kind: UnattendedInstallConfig") ||
+						strings.Contains(cfg, "SecurityProfileConfig") || n.Counters().Reboots != reboots[n.IP()]+1 {
+						t.Errorf("%s after the upgrade to %s: typed documents %v, workload isolation %v, %d reboot(s) (want 1, the upgrade's)",
+							n.Hostname(), tc.to, strings.Contains(cfg, "kind: KubeletConfig"), strings.Contains(cfg, "SecurityProfileConfig"), n.Counters().Reboots-reboots[n.IP()])
+					}
+				}
+				if r := run(t, ctx, h, "run", "--stage", "talos", "--dry-run"); r.ExitCode != 0 || strings.Contains(r.Stdout, "would ") {
+					t.Errorf("the dry run after the upgrade across v1.14 plans changes:\n%s", r.Tail(30))
 				}
 			}
 			t.Logf("upgrade of %d node(s): %s", nodes, r.Wall.Round(100*time.Millisecond))
 
-			setTalosVersion(t, h, "v1.13.3", "v1.13.2")
+			setTalosVersion(t, h, tc.to, "v1.13.2")
 			before := h.Lab.Talos.Nodes()[0].Counters()
 			down := run(t, ctx, h, "run", "--stage", "talos")
 			if down.ExitCode != 2 || !strings.Contains(down.Stdout+down.Stderr, "downgrade is refused") {

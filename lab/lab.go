@@ -273,9 +273,9 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	// workers find trustd through the cluster endpoint only, as in an
 	// offline homelab, so a VIP endpoint makes them wait for etcd.
 	// The factory builds every release; the lab's builds every patch of
-	// the two minors the lab runs, and its own version.
+	// the three minors the lab runs, and its own version.
 	var versions []string
-	for _, minor := range []int{12, 13} {
+	for _, minor := range []int{12, 13, 14} {
 		for patch := 0; patch <= 12; patch++ {
 			versions = append(versions, fmt.Sprintf("v1.%d.%d", minor, patch))
 		}

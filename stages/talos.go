@@ -34,37 +34,61 @@ type TalosStage struct{}
 // Name implements Stage.
 func (TalosStage) Name() string { return Talos }
 
-// Run implements Stage.
+// Run implements Stage. A cluster that crosses into Talos v1.14 is run
+// twice: the first pass keeps the v1alpha1 form its older nodes take and
+// upgrades them, the second applies v1.14's typed documents to nodes that
+// all run v1.14 by then (talos.ConfigVersionFor).
 func (TalosStage) Run(ctx context.Context, env *Env) error {
+	crossed, err := runTalos(ctx, env)
+	if err != nil || !crossed || env.DryRun {
+		return err
+	}
+	env.UI.OK("talos: every node runs Talos %s: its configs move to that version's form (typed documents), applied without a reboot", env.Config.Cluster.TalosVersion)
+	if crossed, err = runTalos(ctx, env); err == nil && crossed {
+		err = fmt.Errorf("talos: after the upgrade a node still runs a Talos older than v1.14, which cannot take %s's configs; run the stage again once it runs %s",
+			env.Config.Cluster.TalosVersion, env.Config.Cluster.TalosVersion)
+	}
+	return err
+}
+
+// runTalos is one pass of the stage; crossed reports that it rendered an
+// older form than cluster.talosVersion's for nodes that ran an older Talos.
+func runTalos(ctx context.Context, env *Env) (crossed bool, err error) {
 	// A downgrade the state already shows is refused before anything is
 	// written or called.
 	if err := refuseDowngrade(ctx, env, nil, nil); err != nil {
-		return err
+		return false, err
 	}
 	if _, err := pinKubernetes(ctx, env, nil, nil, configTargets(env)); err != nil {
-		return err
+		return false, err
 	}
 	// A control plane etcd cannot add now (one of three members down) is
 	// refused before anything too: it would wait 30 minutes to join, then
 	// fail. This asks the cluster, so it comes after the checks above,
 	// which refuse from the state alone.
 	if err := refuseEtcdJoin(ctx, env, booting); err != nil {
-		return err
+		return false, err
 	}
 	gen, err := talosGenerateOptions(env)
 	if err != nil {
-		return err
+		return false, err
 	}
 	minted, ok, err := takePrepared[mintedBundle](ctx, env, prepBundle, time.Minute)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if ok && minted.talosVersion == gen.TalosVersion {
 		gen.NewBundle = minted.bundle
 	}
 	res, err := renderTalos(env, gen)
 	if err != nil {
-		return err
+		if gen.ConfigVersion != "" {
+			err = crossingError(gen, err)
+		}
+		return false, err
+	}
+	if out := &env.State.Outputs.Talos; out.FirstTalosVersion == "" && !env.DryRun {
+		out.FirstTalosVersion = firstTalosVersion(env)
 	}
 	if env.Secrets != nil {
 		for _, v := range talos.SecretValues(res.Bundle) {
@@ -76,28 +100,39 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 
 	ops, err := talosOps(env, res.Talosconfig)
 	if err != nil {
-		return err
+		return false, err
 	}
-	targets := make([]talos.Target, 0, len(res.Nodes))
-	for _, n := range res.Nodes {
-		targets = append(targets, talos.Target{Name: n.Name, IP: n.IP, Role: n.Role, Config: n.Config, InstallDisk: n.InstallDisk})
-	}
+	targets := talosTargets(res)
 	// And one only the nodes show (the state is older than the cluster)
 	// before anything is applied to them.
 	// One probe of every node, at once, serves the checks before the
 	// converge (which probes again as it goes).
 	probes, _ := ops.ProbeAll(ctx, targets)
 	if err := refuseDowngrade(ctx, env, probes, targets); err != nil {
-		return err
+		return false, err
 	}
 	if wiped, err := wipeReplacedEtcd(ctx, env, ops, probes, targets); err != nil {
-		return err
+		return false, err
 	} else if wiped {
 		probes, _ = ops.ProbeAll(ctx, targets) // they reboot
 	}
+	// The form the state foresaw is checked against what the nodes run.
+	if form, err := talos.ConfigVersionFor(gen.TalosVersion, probedVersions(probes)); err != nil {
+		return false, err
+	} else if form != gen.ConfigVersion {
+		gen.ConfigVersion = form
+		if res, err = renderTalos(env, gen); err != nil {
+			return false, crossingError(gen, err)
+		}
+		targets = talosTargets(res)
+	}
+	if gen.ConfigVersion != "" {
+		env.UI.OK("talos: a node still runs Talos %s, which does not know %s's typed documents: the configs keep the %s form until every node runs %s, then move to it",
+			gen.ConfigVersion, gen.TalosVersion, gen.ConfigVersion, gen.TalosVersion)
+	}
 	ku, err := pinKubernetes(ctx, env, ops, probes, targets)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// A node in maintenance mode pulls the installer from the factory,
 	// which builds it only for a schematic it holds. A factory that cannot
@@ -105,7 +140,7 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	if env.Config.Images().InstallerDerived {
 		if err := ensureSchematic(ctx, env); err != nil {
 			if !factory.Unreachable(err) {
-				return err
+				return false, err
 			}
 			env.UI.Warn("%v: a node that still has to install Talos cannot pull its installer", err)
 		}
@@ -150,18 +185,21 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 			printTalosPlan(env, res, conv)
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 		if err := upgradeInOrder(ctx, env, ops, ku, targets, conv); err != nil {
-			return err
+			return false, err
 		}
-		return mergeUserConfigs(env, res.Talosconfig)
+		if gen.ConfigVersion != "" {
+			env.UI.Would(fmt.Sprintf("then apply the %s form (typed documents) to every node, without a reboot", gen.TalosVersion))
+		}
+		return gen.ConfigVersion != "", mergeUserConfigs(env, res.Talosconfig)
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := upgradeInOrder(ctx, env, ops, ku, targets, conv); err != nil {
-		return err
+		return false, err
 	}
 	api := conv.APIServerVersion
 	if ku.apiServerVersion != "" {
@@ -169,7 +207,36 @@ func (TalosStage) Run(ctx context.Context, env *Env) error {
 	}
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
 		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), api, keptFiles(env).Path(env.Paths.Kubeconfig))
-	return mergeUserConfigs(env, res.Talosconfig)
+	return gen.ConfigVersion != "", mergeUserConfigs(env, res.Talosconfig)
+}
+
+// talosTargets are the rendered nodes the stage takes to their configs.
+func talosTargets(res *talos.Result) []talos.Target {
+	targets := make([]talos.Target, 0, len(res.Nodes))
+	for _, n := range res.Nodes {
+		targets = append(targets, talos.Target{Name: n.Name, IP: n.IP, Role: n.Role, Config: n.Config, InstallDisk: n.InstallDisk})
+	}
+	return targets
+}
+
+// probedVersions are the Talos versions configured nodes report; a node in
+// maintenance runs its ISO, not a config of the cluster.
+func probedVersions(probes map[string]talos.Probe) []string {
+	var out []string
+	for _, p := range probes {
+		if p.Mode == talos.ModeConfigured {
+			out = append(out, p.Version)
+		}
+	}
+	return out
+}
+
+// crossingError says why the older form could not be rendered: the
+// patches are written for the new one only.
+func crossingError(gen talos.GenerateOptions, err error) error {
+	return fmt.Errorf("a node still runs Talos %s, which takes only the v1alpha1 form, so the configs are rendered in that form until every node runs %s: %w\n"+
+		"make the patches valid for both forms, or upgrade Talos with patches for %s first and move them to the typed documents after",
+		gen.ConfigVersion, gen.TalosVersion, err, gen.ConfigVersion)
 }
 
 // prepBundle keys the secrets bundle minted in the background.
@@ -305,6 +372,18 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 		}
 		opts.Network.PrefixLen = p.Bits()
 	}
+	// The form the nodes take, as far as the state knows what they run
+	// (the stage checks it against what they report).
+	var running []string
+	for _, n := range cfg.Nodes {
+		running = append(running, env.State.Outputs.Nodes[n.Name].TalosVersion)
+	}
+	form, err := talos.ConfigVersionFor(opts.TalosVersion, running)
+	if err != nil {
+		return opts, config.Userf("cluster.talosVersion %q: %v", c.TalosVersion, err)
+	}
+	opts.ConfigVersion = form
+	opts.WorkloadIsolationOff = olderThan114(firstTalosVersion(env)) && !olderThan114(c.TalosVersion)
 	for _, n := range cfg.Nodes {
 		rec := env.State.Outputs.Nodes[n.Name]
 		node := talos.Node{
@@ -318,6 +397,35 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 		opts.Nodes = append(opts.Nodes, node)
 	}
 	return opts, nil
+}
+
+// firstTalosVersion is the Talos version the cluster's configs were first
+// rendered for: recorded in the state, or for a state older than that
+// record, the oldest a node ran when the stage last saw it; a cluster with
+// neither is new and gets cluster.talosVersion.
+func firstTalosVersion(env *Env) string {
+	if v := env.State.Outputs.Talos.FirstTalosVersion; v != "" {
+		return v
+	}
+	var oldest *semver.Version
+	oldestTag := ""
+	for _, n := range env.State.Outputs.Nodes {
+		v, err := semver.NewVersion(n.TalosVersion)
+		if err == nil && (oldest == nil || v.LessThan(oldest)) {
+			oldest, oldestTag = v, n.TalosVersion
+		}
+	}
+	if oldestTag != "" {
+		return oldestTag
+	}
+	return env.Config.Cluster.TalosVersion
+}
+
+// olderThan114 reports whether a Talos version predates v1.14's typed
+// documents and workload isolation.
+func olderThan114(version string) bool {
+	v, err := semver.NewVersion(version)
+	return err == nil && v.LessThan(semver.MustParse("1.14.0-0"))
 }
 
 func resolveAll(cfg *config.Config, paths []string) []string {

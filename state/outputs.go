@@ -56,6 +56,11 @@ type Talos struct {
 	// is uploaded, so a killed restore resumes instead of refusing the etcd
 	// it started.
 	Restore *Restore `json:"restore,omitempty"`
+	// FirstTalosVersion is the Talos version the cluster's configs were
+	// first rendered for (for a state older than this field, the oldest a
+	// node ran): a cluster made before v1.14 keeps workload isolation off
+	// after upgrading, as Talos itself does.
+	FirstTalosVersion string `json:"first_talos_version,omitempty"`
 	// ManifestSync is the Kubernetes version whose bootstrap manifests
 	// (kube-proxy, CoreDNS) still have to be synced: set before a
 	// Kubernetes rollout, cleared once the sync applied, so a killed run

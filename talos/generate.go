@@ -285,9 +285,13 @@ func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	contract, err := config.ParseContractFromVersion(opts.TalosVersion)
+	formVersion := opts.TalosVersion
+	if opts.ConfigVersion != "" {
+		formVersion = opts.ConfigVersion
+	}
+	contract, err := config.ParseContractFromVersion(formVersion)
 	if err != nil {
-		return nil, fmt.Errorf("parsing Talos version %q: %w", opts.TalosVersion, err)
+		return nil, fmt.Errorf("parsing Talos version %q: %w", formVersion, err)
 	}
 	cps := opts.ControlPlanes()
 	var cpIPs []string
@@ -364,6 +368,11 @@ func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []
 		}
 		if base, err = typedCNI(contract, base, opts.CNI); err != nil {
 			return nil, fmt.Errorf("generating %s config: %w", r, err)
+		}
+		if opts.WorkloadIsolationOff {
+			if base, err = withoutDocument[*runtimecfg.SecurityProfileConfigV1Alpha1](base); err != nil {
+				return nil, fmt.Errorf("generating %s config: %w", r, err)
+			}
 		}
 		cfg, err := applyPatches(base, slices.Concat(builtin, global, rolePatches[r]))
 		if err != nil {
@@ -525,6 +534,47 @@ func typedCNI(contract *config.VersionContract, base config.Provider, cni string
 		docs = append(docs, d)
 	}
 	return container.New(docs...)
+}
+
+// withoutDocument is base without its documents of type D.
+func withoutDocument[D configdoc.Document](base config.Provider) (config.Provider, error) {
+	docs := make([]configdoc.Document, 0, len(base.Documents()))
+	for _, d := range base.Documents() {
+		if _, ok := d.(D); !ok {
+			docs = append(docs, d)
+		}
+	}
+	return container.New(docs...)
+}
+
+// ConfigVersionFor is the Talos version whose config form a cluster heading
+// for target gets while its configured nodes run running (one version per
+// node): target's own (""), unless target writes the typed documents of
+// v1.14 and a node still runs an older Talos, which refuses every one of
+// them ("not registered": config/internal/registry/registry.go at v1.13.3).
+// Then it is the oldest version a node runs, whose v1alpha1 form every
+// node takes: v1.14 still reads it (the conflict check only refuses a
+// v1alpha1 field beside its document). The stage renders that form until
+// the last node is upgraded, then the target's.
+func ConfigVersionFor(target string, running []string) (string, error) {
+	want, err := config.ParseContractFromVersion(target)
+	if err != nil {
+		return "", fmt.Errorf("parsing Talos version %q: %w", target, err)
+	}
+	if !want.MultidocKubernetesConfigSupported() {
+		return "", nil
+	}
+	oldest, oldestContract := "", want
+	for _, v := range running {
+		c, err := config.ParseContractFromVersion(v)
+		if err != nil {
+			continue // what no node reports says nothing of its form
+		}
+		if !c.MultidocKubernetesConfigSupported() && (oldest == "" || !c.Greater(oldestContract)) {
+			oldest, oldestContract = v, c
+		}
+	}
+	return oldest, nil
 }
 
 // nodePatch builds the documents that make a role config this node's:

@@ -731,3 +731,60 @@ func TestGenerateForTalos112(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigFormAcrossV114: while a node of a cluster heading for v1.14
+// still runs v1.13 (or v1.12), the configs keep the v1alpha1 form of the
+// oldest, which that node takes and v1.14 still reads; once every node
+// runs v1.14, the typed documents. The installer stays the target's.
+func TestConfigFormAcrossV114(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		target  string
+		running []string
+		want    string
+	}{
+		{"v1.14.1", []string{"v1.13.3", "v1.14.1"}, "v1.13.3"},
+		{"v1.14.1", []string{"v1.14.1", "v1.12.6", "v1.13.3"}, "v1.12.6"},
+		{"v1.14.1", []string{"v1.14.1", "", "v1.14.0"}, ""},
+		{"v1.14.1", nil, ""},
+		{"v1.13.3", []string{"v1.12.6"}, ""},
+	} {
+		got, err := ConfigVersionFor(tc.target, tc.running)
+		if err != nil || got != tc.want {
+			t.Errorf("ConfigVersionFor(%s, %v) = %q, %v; want %q", tc.target, tc.running, got, err, tc.want)
+		}
+	}
+	opts := atVersion(oneCP, "v1.14.1")(clusterDir(t, "secrets.yaml"))
+	opts.ConfigVersion = "v1.13.3"
+	res, err := Generate(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(res.Nodes[0].Config)
+	for _, want := range []string{"install:", "image: " + opts.InstallImage, "kubelet:"} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("the v1.13 form for a v1.14 target lacks %q", want)
+		}
+	}
+	for _, kind := range []string{"kind: UnattendedInstallConfig", "kind: KubeletConfig", "kind: SecurityProfileConfig"} {
+		if strings.Contains(cfg, kind) {
+			t.Errorf("the v1.13 form holds %s", kind)
+		}
+	}
+
+	typed := atVersion(oneCP, "v1.14.1")(clusterDir(t, "secrets.yaml"))
+	if res, err = Generate(typed); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res.Nodes[0].Config), "kind: SecurityProfileConfig") {
+		t.Fatal("a new v1.14 cluster gets no SecurityProfileConfig")
+	}
+	typed = atVersion(oneCP, "v1.14.1")(clusterDir(t, "secrets.yaml"))
+	typed.WorkloadIsolationOff = true
+	if res, err = Generate(typed); err != nil {
+		t.Fatal(err)
+	}
+	if cfg := string(res.Nodes[0].Config); strings.Contains(cfg, "SecurityProfileConfig") || !strings.Contains(cfg, "kind: KubeletConfig") {
+		t.Errorf("a cluster made before v1.14 gets workload isolation, or not the typed form:\n%s", cfg)
+	}
+}

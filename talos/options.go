@@ -101,6 +101,15 @@ type GenerateOptions struct {
 	Endpoint string
 	// TalosVersion selects the config contract ("v1.13.3").
 	TalosVersion string
+	// ConfigVersion, when set, is the Talos version whose config form is
+	// rendered instead of TalosVersion's (ConfigVersionFor): a cluster on
+	// its way to v1.14 keeps the v1alpha1 form its older nodes understand.
+	ConfigVersion string
+	// WorkloadIsolationOff leaves out the SecurityProfileConfig document
+	// (workloadIsolation: true) v1.14's generator writes for a new
+	// cluster: a cluster made before v1.14 runs without it, and an upgrade
+	// changes nothing on its own (see README "Workload isolation").
+	WorkloadIsolationOff bool
 	// KubernetesVersion without or with a leading "v" ("1.36.1").
 	KubernetesVersion string
 	// InstallImage is the installer image; empty means the node's own.

@@ -191,6 +191,9 @@ func parseAndValidate(data []byte, talosVersion string) (config.Provider, []stri
 	if err != nil {
 		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if err := unregisteredKind(cfg, talosVersion); err != nil {
+		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	// Local: machinery checks the Kubernetes images against the Talos it
 	// was built as (compatibility.ValidateKubernetesImageTag reads
 	// version.NewVersion(): v1.14.1 here), which a real node does against
@@ -312,6 +315,16 @@ func (a *apid) applyConfigured(in *machine.ApplyConfigurationRequest, cfg config
 	immediateErr := canApplyImmediate(n.parsed, cfg)
 	mode := in.GetMode()
 	details := "Applied configuration with a reboot"
+	if appliesEverythingLive(n.version) {
+		// v1.14: nothing is compared, nothing reboots.
+		immediateErr = nil
+		switch mode {
+		case machine.ApplyConfigurationRequest_REBOOT:
+			return nil, status.Error(codes.Unimplemented, "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead")
+		case machine.ApplyConfigurationRequest_AUTO:
+			mode = machine.ApplyConfigurationRequest_NO_REBOOT
+		}
+	}
 	switch mode {
 	case machine.ApplyConfigurationRequest_TRY, machine.ApplyConfigurationRequest_NO_REBOOT:
 		if immediateErr != nil {

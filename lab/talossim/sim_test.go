@@ -50,6 +50,13 @@ func newFixture(t *testing.T, bundle string) *fixture {
 // newFixtureWith is newFixture on a latency profile (zero: the default).
 func newFixtureWith(t *testing.T, bundle string, profile talossim.Profile) *fixture {
 	t.Helper()
+	return newFixtureOn(t, bundle, profile, "")
+}
+
+// newFixtureOn is newFixtureWith whose VMs boot Talos talosVersion and
+// whose configs are generated for it (empty: the defaults).
+func newFixtureOn(t *testing.T, bundle string, profile talossim.Profile, talosVersion string) *fixture {
+	t.Helper()
 	prefix, err := talossim.RandomLoopbackPrefix(50000)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +71,7 @@ func newFixtureWith(t *testing.T, bundle string, profile talossim.Profile) *fixt
 	os.WriteFile(filepath.Join(dir, talos.SecretsFile), data, 0o600)
 	f := &fixture{t: t, cp: ip(11), wk: ip(21)}
 	f.gen, err = talos.Generate(talos.GenerateOptions{
-		Dir: dir, ClusterName: "lab",
+		Dir: dir, ClusterName: "lab", TalosVersion: talosVersion,
 		Nodes: []talos.Node{
 			{Name: "cp-1", Role: talos.RoleControlPlane, IP: f.cp, DiskBus: "scsi"},
 			{Name: "wk-1", Role: talos.RoleWorker, IP: f.wk, DiskBus: "virtio"},
@@ -77,7 +84,7 @@ func newFixtureWith(t *testing.T, bundle string, profile talossim.Profile) *fixt
 		t.Fatal(err)
 	}
 	f.cluster = talossim.NewMemoryCluster([]byte("apiVersion: v1\nkind: Config\n"))
-	f.sim = talossim.New(talossim.Options{Cluster: f.cluster, Profile: profile, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	f.sim = talossim.New(talossim.Options{Cluster: f.cluster, Profile: profile, TalosVersion: talosVersion, Log: zerolog.New(zerolog.NewTestWriter(t))})
 	t.Cleanup(func() { f.sim.Close() })
 	for _, n := range []talossim.NodeSpec{
 		{IP: f.cp, Hostname: "vm-701", Disks: []talossim.Disk{{Bus: "scsi", Size: 32 << 30}, {Bus: "virtio", Size: 100 << 30}}},
@@ -879,5 +886,38 @@ func TestBootFromDiskImage(t *testing.T) {
 	}
 	if !strings.Contains(small.BootBlocked(), "diskSizeCheck") || small.Phase() == talossim.PhaseRunning {
 		t.Errorf("a disk at the image's size: %q, phase %s", small.BootBlocked(), small.Phase())
+	}
+}
+
+// From Talos v1.14 every configuration change applies without a reboot:
+// AUTO answers NO_REBOOT for what v1.13 reboots for, NO_REBOOT takes it,
+// and REBOOT is refused outside maintenance (v1alpha1_server.go
+// ApplyConfiguration at v1.14.0-rc.1, where CanApplyImmediate is gone).
+func TestTalos114AppliesEveryChangeLive(t *testing.T) {
+	t.Parallel()
+	f := newFixtureOn(t, "secrets.yaml", talossim.Profile{}, "v1.14.1")
+	ctx := callCtx(t)
+	node := f.node(f.cp)
+	if _, err := insecure(t, f.cp).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_REBOOT}); err != nil {
+		t.Fatalf("REBOOT in maintenance: %v", err)
+	}
+	f.waitPhase(node, talossim.PhaseRunning)
+	c := secure(t, f.cfg, f.cp)
+	quota := []byte(strings.Replace(string(f.config("cp-1")), "diskQuotaSupport: true", "diskQuotaSupport: false", 1))
+	if string(quota) == string(f.config("cp-1")) {
+		t.Fatal("the v1.14 config has no diskQuotaSupport to change")
+	}
+	_, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: quota, Mode: machine.ApplyConfigurationRequest_REBOOT})
+	wantCode(t, err, codes.Unimplemented, "the REBOOT mode is not supported")
+	reboots := node.Counters().Reboots
+	resp, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: quota, Mode: machine.ApplyConfigurationRequest_AUTO})
+	if err != nil || resp.GetMessages()[0].GetMode() != machine.ApplyConfigurationRequest_NO_REBOOT {
+		t.Fatalf("AUTO on v1.14: %v %v, want NO_REBOOT", resp, err)
+	}
+	if string(node.Config()) != string(quota) || node.Phase() != talossim.PhaseRunning || node.Counters().Reboots != reboots {
+		t.Errorf("AUTO on v1.14: config taken %v, phase %s, reboots %d → %d", string(node.Config()) == string(quota), node.Phase(), reboots, node.Counters().Reboots)
+	}
+	if _, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: f.config("cp-1"), Mode: machine.ApplyConfigurationRequest_NO_REBOOT}); err != nil {
+		t.Errorf("NO_REBOOT on v1.14: %v", err)
 	}
 }

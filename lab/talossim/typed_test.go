@@ -15,7 +15,13 @@ import (
 // machinery's generator writes it for that contract.
 func talos114Config(t *testing.T) config.Provider {
 	t.Helper()
-	in, err := generate.NewInput("lab", "https://10.10.0.11:6443", "1.37.2",
+	return talos114ConfigOf(t, "1.37.2")
+}
+
+// talos114ConfigOf is talos114Config for Kubernetes kube.
+func talos114ConfigOf(t *testing.T, kube string) config.Provider {
+	t.Helper()
+	in, err := generate.NewInput("lab", "https://10.10.0.11:6443", kube,
 		generate.WithVersionContract(config.TalosVersion1_14),
 		generate.WithInstallDisk("/dev/sda"),
 		generate.WithInstallImage("factory.talos.dev/nocloud-installer/abc:v1.14.1"))
@@ -77,15 +83,59 @@ func TestTypedDocumentsAndTheMixedConfig(t *testing.T) {
 }
 
 // The typed documents' images are checked against the Talos the node runs
-// as the v1alpha1 ones are: Kubernetes 1.37 is too new for Talos v1.13
-// (compatibility/talos113 at machinery v1.14.1).
+// as the v1alpha1 ones are: Kubernetes 1.31 is too old for Talos v1.14
+// (compatibility/talos114 at machinery v1.14.1).
 func TestTypedDocumentImagesCheckedAgainstTheNodesTalos(t *testing.T) {
+	data, err := talos114ConfigOf(t, "1.31.0").EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := parseAndValidate(data, "v1.14.1"); err == nil || !strings.Contains(err.Error(), "too old") {
+		t.Fatalf("Kubernetes 1.31 on Talos v1.14: %v", err)
+	}
+}
+
+// A node refuses a document kind its Talos does not register, as the real
+// decoder does ("not registered": config/internal/registry/registry.go at
+// v1.13.3): a config in v1.14's form on a v1.13 node (the trap of a minor
+// upgrade that applies the new form first), and a v1.13 document on v1.12.
+func TestNodeRefusesDocumentsItsTalosDoesNotKnow(t *testing.T) {
 	data, err := talos114Config(t).EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := parseAndValidate(data, "v1.13.3"); err == nil || !strings.Contains(err.Error(), "too new") {
-		t.Fatalf("Kubernetes 1.37 on Talos v1.13: %v", err)
+	for _, v := range []string{"v1.13.3", "v1.12.6"} {
+		if _, _, err := parseAndValidate(data, v); err == nil || !strings.Contains(err.Error(), "not registered") {
+			t.Errorf("a v1.14 config on Talos %s: %v, want a document not registered", v, err)
+		}
+	}
+	env := "\n---\napiVersion: v1alpha1\nkind: EnvironmentConfig\nvariables:\n  HTTP_PROXY: http://proxy:3128\n"
+	in, err := generate.NewInput("lab", "https://10.10.0.11:6443", "1.35.4",
+		generate.WithVersionContract(config.TalosVersion1_12),
+		generate.WithInstallDisk("/dev/sda"),
+		generate.WithInstallImage("factory.talos.dev/nocloud-installer/abc:v1.12.6"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := in.Config(machine.TypeControlPlane)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withEnv := append(old, env...)
+	if _, _, err := parseAndValidate(withEnv, "v1.12.6"); err == nil || !strings.Contains(err.Error(), `"EnvironmentConfig" "v1alpha1": not registered`) {
+		t.Errorf("EnvironmentConfig on Talos v1.12.6: %v", err)
+	}
+	for _, v := range []string{"v1.13.3", "v1.14.1"} {
+		if _, _, err := parseAndValidate(withEnv, v); err != nil {
+			t.Errorf("EnvironmentConfig on Talos %s: %v", v, err)
+		}
+	}
+	if _, _, err := parseAndValidate(old, "v1.14.1"); err != nil {
+		t.Errorf("a v1.12 config on Talos v1.14.1 (a node upgraded across two minors keeps its config): %v", err)
 	}
 }
 
