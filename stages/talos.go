@@ -773,7 +773,7 @@ func wipeReplacedEtcd(ctx context.Context, env *Env, ops *talos.Ops, probes map[
 	if len(cps) == 0 {
 		return false, nil
 	}
-	err = env.Wet(fmt.Sprintf("wipe etcd's data on %s (reset EPHEMERAL, not graceful, reboot; configs stay) before restoring %s", strings.Join(names, ", "), rec.Name), func() error {
+	err = env.Wet(fmt.Sprintf("wipe etcd's data on %s (reset EPHEMERAL, and ETCD on Talos v1.14, not graceful, reboot; configs stay) before restoring %s", strings.Join(names, ", "), rec.Name), func() error {
 		wiped = true
 		return ops.ResetEtcdData(ctx, cps)
 	})

@@ -49,6 +49,11 @@ type harnessOptions struct {
 	image *talossim.DiskImage
 	// extraDisk per node name: a second, empty disk after the first.
 	extraDisk map[string]talossim.Disk
+	// talosVersion the VMs boot and the configs are rendered for
+	// (default: the defaults), with the factory's installer for it.
+	talosVersion string
+	// patches are global patch files.
+	patches []string
 }
 
 func testLogger(t *testing.T) zerolog.Logger {
@@ -85,6 +90,10 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if ho.controlPlanes > 1 {
 		h.opts.VIP = ip(10)
 	}
+	if ho.talosVersion != "" {
+		h.opts = atVersion(func(string) GenerateOptions { return h.opts }, ho.talosVersion)(h.dir)
+	}
+	h.opts.Patches.Global = ho.patches
 	h.res, err = Generate(h.opts)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +105,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	k8sCA := h.res.Bundle.Certs.K8s
 	h.api = talostest.NewAPIServer(t, k8sCA.Crt, k8sCA.Key, registered...)
 	h.cluster = talossim.NewMemoryCluster(h.api.Kubeconfig("lab", k8sCA.Crt, k8sCA.Key))
-	h.sim = talossim.New(talossim.Options{Profile: ho.profile, TimeScale: ho.timeScale, Cluster: h.cluster, DiscoveryUnreachable: ho.noDiscovery, Log: testLogger(t)})
+	h.sim = talossim.New(talossim.Options{Profile: ho.profile, TimeScale: ho.timeScale, Cluster: h.cluster, DiscoveryUnreachable: ho.noDiscovery, TalosVersion: ho.talosVersion, Log: testLogger(t)})
 	t.Cleanup(func() { h.sim.Close() })
 	for _, n := range nodes {
 		disk := talossim.Disk{Bus: n.DiskBus, Size: 64 << 30}

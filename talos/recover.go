@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 
+	"github.com/Masterminds/semver/v3"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
@@ -68,7 +70,8 @@ func (o *Ops) RecoverEtcd(ctx context.Context, name, ip string, r Recovery) (alr
 // ResetEtcdData throws away the etcd data of the control planes cps, as
 // before a recovery onto nodes whose etcd still runs: each gets a
 // non-graceful reset that wipes the EPHEMERAL partition (etcd's data
-// directory lives there) and reboots (`talosctl reset --graceful=false
+// directory lives there; from v1.14 the ETCD volume too: etcdWipe) and
+// reboots (`talosctl reset --graceful=false
 // --reboot --system-labels-to-wipe=EPHEMERAL`, as Talos' own etcd recovery
 // test does: internal/integration/api/etcd-recover.go at v1.13.3); the
 // machine configs on STATE stay. All resets are sent before any node is
@@ -81,14 +84,31 @@ func (o *Ops) ResetEtcdData(ctx context.Context, cps []Target) error {
 	// reboot is quicker than the other resets' round trips would find
 	// the old etcd still running on them and join it again (seen in the
 	// lab, where a reboot takes milliseconds and one reset took 1.3 s).
+	// What to wipe depends on the Talos each runs: asked first, all at
+	// once, so the resets still go out together.
+	labels := make([][]*machine.ResetPartitionSpec, len(cps))
 	errs := make([]error, len(cps))
 	var wg sync.WaitGroup
+	for i, t := range cps {
+		wg.Go(func() {
+			p, err := o.Probe(ctx, t.IP)
+			if err != nil {
+				errs[i] = fmt.Errorf("asking %s which Talos it runs before its reset: %w", t, err)
+				return
+			}
+			labels[i] = etcdWipe(p.Version)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 	for i, t := range cps {
 		wg.Go(func() {
 			err := o.call(ctx, t.IP, true, o.opts.CallTimeout, func(ctx context.Context, c *client.Client) error {
 				_, err := c.MachineClient.Reset(ctx, &machine.ResetRequest{
 					Graceful: false, Reboot: true,
-					SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: constants.EphemeralPartitionLabel, Wipe: true}},
+					SystemPartitionsToWipe: labels[i],
 				})
 				return err
 			})
@@ -98,9 +118,9 @@ func (o *Ops) ResetEtcdData(ctx context.Context, cps []Target) error {
 				// sequence may already run. The wait below tells.
 				o.opts.Log.Warn().Str("node", t.Name).Err(err).Msgf("no answer from %s to the reset; waiting for it to come back with an empty etcd", t)
 			case err != nil:
-				errs[i] = fmt.Errorf("resetting EPHEMERAL on %s: %w", t, err)
+				errs[i] = fmt.Errorf("resetting %s on %s: %w", labelsOf(labels[i]), t, err)
 			default:
-				o.opts.Log.Info().Str("node", t.Name).Msgf("reset %s: EPHEMERAL (etcd data) wiped, rebooting", t)
+				o.opts.Log.Info().Str("node", t.Name).Msgf("reset %s: %s (etcd data) wiped, rebooting", t, labelsOf(labels[i]))
 			}
 		})
 	}
@@ -114,6 +134,31 @@ func (o *Ops) ResetEtcdData(ctx context.Context, cps []Target) error {
 		}
 	}
 	return nil
+}
+
+// etcdWipe is what a reset wipes to clear etcd's data on a node running
+// Talos version: EPHEMERAL, where etcd's directory lives by default, and
+// from v1.14 the ETCD volume too, which may be a partition of its own
+// (a VolumeConfig named ETCD) that wiping EPHEMERAL leaves alone
+// (hack/release.toml notes.systemVolumes at v1.14.0-rc.1). Talos v1.14
+// takes ETCD beside EPHEMERAL in either form (a directory is wiped with the
+// volume it resides on); v1.13 refuses it, "volume "ETCD" is not located"
+// (v1alpha1_server.go Reset at v1.13.3 and v1.14.0-rc.1).
+func etcdWipe(version string) []*machine.ResetPartitionSpec {
+	specs := []*machine.ResetPartitionSpec{{Label: constants.EphemeralPartitionLabel, Wipe: true}}
+	if v, err := semver.NewVersion(strings.TrimPrefix(version, "v")); err == nil && !v.LessThan(semver.MustParse("1.14.0-0")) {
+		specs = append(specs, &machine.ResetPartitionSpec{Label: constants.EtcdDataVolumeID, Wipe: true})
+	}
+	return specs
+}
+
+// labelsOf names what specs wipe ("EPHEMERAL and ETCD").
+func labelsOf(specs []*machine.ResetPartitionSpec) string {
+	names := make([]string, 0, len(specs))
+	for _, s := range specs {
+		names = append(names, s.GetLabel())
+	}
+	return strings.Join(names, " and ")
 }
 
 // waitEtcdEmpty waits until t runs its installed system again and its etcd

@@ -207,3 +207,33 @@ func TestEtcdAddsNoMemberWhileAVoterIsDown(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestResetClearsADedicatedEtcdVolume: from Talos v1.14 etcd may live on a
+// partition of its own (a VolumeConfig named ETCD), which a reset of
+// EPHEMERAL alone leaves alone: etcd would come back with its old data and
+// rejoin the cluster a forced restore is replacing. ResetEtcdData wipes
+// ETCD too on v1.14 (and only there: v1.13 refuses the label).
+func TestResetClearsADedicatedEtcdVolume(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	patch := writePatch(t, dir, "etcd-volume.yaml", `apiVersion: v1alpha1
+kind: VolumeConfig
+name: ETCD
+provisioning:
+  diskSelector:
+    match: system_disk
+  minSize: 2GiB
+  maxSize: 4GiB
+`)
+	h := newHarness(t, harnessOptions{controlPlanes: 1, talosVersion: "v1.14.1", patches: []string{patch}})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ops.ResetEtcdData(ctx, h.targets()); err != nil {
+		t.Fatalf("resetting etcd's data on a dedicated ETCD volume: %v", err)
+	}
+	if c := h.node("cp-1").Counters(); c.Resets != 1 {
+		t.Fatalf("%d resets", c.Resets)
+	}
+}

@@ -10,6 +10,9 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	blockcfg "github.com/siderolabs/talos/pkg/machinery/config/types/block"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -168,17 +171,34 @@ func (a *apid) Reset(_ context.Context, req *machine.ResetRequest) (*machine.Res
 		req.GetMode() != machine.ResetRequest_USER_DISKS {
 		return a.gracefulShutdownReset(req)
 	}
-	ephemeral := false
+	n.mu.Lock()
+	version := n.version
+	dedicated := atLeast114(version) && n.parsed != nil && dedicatedEtcdVolume(n.parsed)
+	n.mu.Unlock()
+	ephemeral, etcdVolume := false, false
 	for _, p := range req.GetSystemPartitionsToWipe() {
 		switch p.GetLabel() {
 		case "EPHEMERAL":
 			ephemeral = ephemeral || p.GetWipe()
+		case "ETCD":
+			// A VolumeStatus ETCD exists on v1.13 too, a directory under
+			// EPHEMERAL without a location: v1.13 refuses it, v1.14 takes
+			// it along with the volume it resides on, or wipes its own
+			// partition (v1alpha1_server.go Reset at v1.13.3 and
+			// v1.14.0-rc.1).
+			if !atLeast114(version) {
+				return nil, fmt.Errorf("failed to reset: volume %q is not located", p.GetLabel())
+			}
+			etcdVolume = etcdVolume || p.GetWipe()
 		case "STATE", "META":
 			return nil, status.Errorf(codes.Unimplemented, "talossim: wiping %s is not simulated", p.GetLabel())
 		default:
 			// safe.ReaderGetByID on the VolumeStatus: not found.
 			return nil, fmt.Errorf("failed to get volume status with label %q: resource VolumeStatuses.block.talos.dev(runtime/%s) doesn't exist", p.GetLabel(), p.GetLabel())
 		}
+	}
+	if etcdVolume && !dedicated && !ephemeral {
+		return nil, fmt.Errorf("failed to reset: volume %q resides on volume %q, and therefore %q cannot be wiped without wiping %q", "ETCD", "EPHEMERAL", "ETCD", "EPHEMERAL")
 	}
 	if !ephemeral || req.GetGraceful() || !req.GetReboot() || len(req.GetUserDisksToWipe()) > 0 {
 		return nil, status.Error(codes.Unimplemented, "talossim: only a non-graceful reset that wipes EPHEMERAL and reboots is simulated")
@@ -195,7 +215,10 @@ func (a *apid) Reset(_ context.Context, req *machine.ResetRequest) (*machine.Res
 	// stop) happens before the reboot is scheduled: the answer goes out
 	// while the node still runs, as the real reset sequence starts in the
 	// background of it.
-	n.sim.wipeEphemeral(clusterID, n.ip)
+	// etcd's data is on EPHEMERAL unless it has a partition of its own,
+	// which only wiping ETCD clears (hack/release.toml notes.systemVolumes
+	// at v1.14.0-rc.1).
+	n.sim.wipeEphemeral(clusterID, n.ip, !dedicated || etcdVolume)
 	n.mu.Lock()
 	if n.phase == PhaseRunning && !n.rebootPending {
 		n.scheduleRebootLocked()
@@ -204,14 +227,28 @@ func (a *apid) Reset(_ context.Context, req *machine.ResetRequest) (*machine.Res
 	return &machine.ResetResponse{Messages: []*machine.Reset{{ActorId: "talossim"}}}, nil
 }
 
-// wipeEphemeral forgets the node's etcd data and recovery snapshot; when
-// no member of its cluster keeps data, the cluster's etcd is gone.
-func (s *Sim) wipeEphemeral(clusterID, ip string) {
+// wipeEphemeral forgets the node's recovery snapshot and, with etcd, its
+// etcd data; when no member of its cluster keeps data, the cluster's etcd
+// is gone.
+func (s *Sim) wipeEphemeral(clusterID, ip string, etcd bool) {
 	s.mu.Lock()
 	s.swapRecoverySnapshotLocked(ip, nil)
-	lost := s.loseMemberLocked(clusterID, ip)
+	lost := false
+	if etcd {
+		lost = s.loseMemberLocked(clusterID, ip)
+	}
 	s.mu.Unlock()
 	s.tellEtcdLost(lost)
+}
+
+// dedicatedEtcdVolume reports whether cfg puts etcd's data on a partition
+// of its own: a VolumeConfig named ETCD that asks for provisioning
+// (GetPromotableSystemVolumesTransformer, volumeconfig/system_volumes.go at
+// v1.14.0-rc.1, with machinery's block.ProvisioningRequested). By default
+// it is a directory under EPHEMERAL.
+func dedicatedEtcdVolume(cfg config.Provider) bool {
+	v, ok := cfg.Volumes().ByName(constants.EtcdDataVolumeID)
+	return ok && blockcfg.ProvisioningRequested(v.Provisioning())
 }
 
 // loseMemberLocked marks the member's data lost and drops the cluster when

@@ -217,3 +217,31 @@ func TestGracefulResetLeavesAndPowersOff(t *testing.T) {
 		t.Errorf("the control plane whose leave failed: phase %s, %+v, installed %v", n.Phase(), n.Counters(), f.sim.Installed(f.cp) != nil)
 	}
 }
+
+// TestResetETCDLabel: the ETCD volume is a directory under EPHEMERAL by
+// default. v1.13 refuses the label ("not located"); v1.14 takes it only
+// with EPHEMERAL, the volume it resides on (v1alpha1_server.go Reset at
+// v1.13.3 and v1.14.0-rc.1).
+func TestResetETCDLabel(t *testing.T) {
+	t.Parallel()
+	etcdOnly := []*machine.ResetPartitionSpec{{Label: "ETCD", Wipe: true}}
+	both := []*machine.ResetPartitionSpec{{Label: "EPHEMERAL", Wipe: true}, {Label: "ETCD", Wipe: true}}
+	f := newFixture(t, "secrets.yaml")
+	ctx := callCtx(t)
+	cp := f.bootstrappedControlPlane(ctx)
+	if _, err := cp.MachineClient.Reset(ctx, &machine.ResetRequest{Reboot: true, SystemPartitionsToWipe: both}); err == nil || !strings.Contains(err.Error(), `failed to reset: volume "ETCD" is not located`) {
+		t.Errorf("ETCD on v1.13: %v", err)
+	}
+	f14 := newFixtureOn(t, "secrets.yaml", talossim.Profile{}, "v1.14.1")
+	cp14 := f14.bootstrappedControlPlane(ctx)
+	if _, err := cp14.MachineClient.Reset(ctx, &machine.ResetRequest{Reboot: true, SystemPartitionsToWipe: etcdOnly}); err == nil ||
+		!strings.Contains(err.Error(), `volume "ETCD" resides on volume "EPHEMERAL", and therefore "ETCD" cannot be wiped without wiping "EPHEMERAL"`) {
+		t.Errorf("ETCD alone on v1.14: %v", err)
+	}
+	if _, err := cp14.MachineClient.Reset(ctx, &machine.ResetRequest{Reboot: true, SystemPartitionsToWipe: both}); err != nil {
+		t.Errorf("EPHEMERAL and ETCD on v1.14: %v", err)
+	}
+	if c := f14.node(f14.cp).Counters(); c.Resets != 1 {
+		t.Errorf("%d resets on v1.14, want 1", c.Resets)
+	}
+}

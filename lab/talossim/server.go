@@ -315,7 +315,7 @@ func (a *apid) applyConfigured(in *machine.ApplyConfigurationRequest, cfg config
 	immediateErr := canApplyImmediate(n.parsed, cfg)
 	mode := in.GetMode()
 	details := "Applied configuration with a reboot"
-	if appliesEverythingLive(n.version) {
+	if atLeast114(n.version) {
 		// v1.14: nothing is compared, nothing reboots.
 		immediateErr = nil
 		switch mode {

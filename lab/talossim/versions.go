@@ -80,13 +80,14 @@ func unregisteredKind(cfg config.Provider, talosVersion string) error {
 	return nil
 }
 
-// appliesEverythingLive reports whether the node's Talos applies every
-// configuration change without a reboot: from v1.14 machined has no
-// CanApplyImmediate, AUTO is always NO_REBOOT and REBOOT is refused
-// outside maintenance (internal/app/machined/internal/server/v1alpha1/
-// v1alpha1_server.go ApplyConfiguration at v1.14.0-rc.1, against
-// CanApplyImmediate in the same file at v1.13.3).
-func appliesEverythingLive(talosVersion string) bool {
+// atLeast114 reports whether the node's Talos is v1.14 or newer, which
+// applies every configuration change without a reboot: machined has no
+// CanApplyImmediate any more, AUTO is always NO_REBOOT and REBOOT is
+// refused outside maintenance (internal/app/machined/internal/server/
+// v1alpha1/v1alpha1_server.go ApplyConfiguration at v1.14.0-rc.1, against
+// CanApplyImmediate in the same file at v1.13.3); and may keep etcd on a
+// partition of its own (dedicatedEtcdVolume).
+func atLeast114(talosVersion string) bool {
 	v, err := semver.NewVersion(talosVersion)
 	if err != nil {
 		return false
