@@ -47,10 +47,17 @@ func Slot(t testing.TB) {
 		t.Fatalf("lab slots: %v", err)
 	}
 	start := time.Now()
+	ticket, err := takeTicket(filepath.Join(dir, "queue"))
+	if err != nil {
+		t.Fatalf("lab slots: %v", err)
+	}
+	defer ticket.done()
 	var f *os.File
 	for f == nil {
-		for i := 0; i < n && f == nil; i++ {
-			f = tryLock(t, filepath.Join(dir, fmt.Sprintf("slot-%d", i)))
+		if ticket.first() {
+			for i := 0; i < n && f == nil; i++ {
+				f = tryLock(t, filepath.Join(dir, fmt.Sprintf("slot-%d", i)))
+			}
 		}
 		if f != nil {
 			break
@@ -97,3 +104,59 @@ func slotCount() int {
 	}
 	return max(2, (3*runtime.NumCPU()+1)/2)
 }
+
+// ticket is a place in the machine's queue for lab slots: a file named by
+// when its test asked and the process that asked. Only the first live
+// ticket tries the slots, so they go out in the order asked, across test
+// binaries. Polling alone let a package whose tests follow one another
+// close behind (e2e: the next test asks within milliseconds of the last
+// one's end) starve another binary's single test: a flux test waited the
+// whole 10 minutes for one.
+type ticket struct {
+	dir, name string
+}
+
+func takeTicket(dir string) (*ticket, error) {
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return nil, err
+	}
+	for {
+		name := fmt.Sprintf("%020d-%d", time.Now().UnixNano(), os.Getpid())
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o666)
+		if errors.Is(err, os.ErrExist) {
+			continue // two tests of one binary in the same nanosecond
+		}
+		if err != nil {
+			return nil, err
+		}
+		f.Close()
+		return &ticket{dir: dir, name: name}, nil
+	}
+}
+
+// first reports whether no live ticket is older; the tickets of processes
+// that are gone (a killed test binary) are removed on the way.
+func (k *ticket) first() bool {
+	entries, err := os.ReadDir(k.dir)
+	if err != nil {
+		return true // no queue to read: poll as before
+	}
+	for _, e := range entries { // sorted by name: oldest first
+		if e.Name() >= k.name {
+			return true
+		}
+		var nanos int64
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d-%d", &nanos, &pid); err != nil {
+			continue
+		}
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+			_ = os.Remove(filepath.Join(k.dir, e.Name()))
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+func (k *ticket) done() { _ = os.Remove(filepath.Join(k.dir, k.name)) }
