@@ -18,6 +18,28 @@ func talos114Config(t *testing.T) config.Provider {
 	return talos114ConfigOf(t, "1.37.2")
 }
 
+// talos112Config is a control plane config in Talos v1.12's form for
+// Kubernetes kube, encoded.
+func talos112Config(t *testing.T, kube string) []byte {
+	t.Helper()
+	in, err := generate.NewInput("lab", "https://10.10.0.11:6443", kube,
+		generate.WithVersionContract(config.TalosVersion1_12),
+		generate.WithInstallDisk("/dev/sda"),
+		generate.WithInstallImage("factory.talos.dev/nocloud-installer/abc:v1.12.6"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := in.Config(machine.TypeControlPlane)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // talos114ConfigOf is talos114Config for Kubernetes kube.
 func talos114ConfigOf(t *testing.T, kube string) config.Provider {
 	t.Helper()
@@ -110,21 +132,7 @@ func TestNodeRefusesDocumentsItsTalosDoesNotKnow(t *testing.T) {
 		}
 	}
 	env := "\n---\napiVersion: v1alpha1\nkind: EnvironmentConfig\nvariables:\n  HTTP_PROXY: http://proxy:3128\n"
-	in, err := generate.NewInput("lab", "https://10.10.0.11:6443", "1.35.4",
-		generate.WithVersionContract(config.TalosVersion1_12),
-		generate.WithInstallDisk("/dev/sda"),
-		generate.WithInstallImage("factory.talos.dev/nocloud-installer/abc:v1.12.6"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := in.Config(machine.TypeControlPlane)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, err := cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := talos112Config(t, "1.35.4")
 	withEnv := append(old, env...)
 	if _, _, err := parseAndValidate(withEnv, "v1.12.6"); err == nil || !strings.Contains(err.Error(), `"EnvironmentConfig" "v1alpha1": not registered`) {
 		t.Errorf("EnvironmentConfig on Talos v1.12.6: %v", err)
@@ -146,24 +154,7 @@ func TestNodeRefusesDocumentsItsTalosDoesNotKnow(t *testing.T) {
 // simulator is built with) refuses, and refuses 1.36, which v1.12 does
 // not run.
 func TestKubernetesImagesJudgedByTheNodesTalos(t *testing.T) {
-	cfgAt := func(kube string) []byte {
-		in, err := generate.NewInput("lab", "https://10.10.0.11:6443", kube,
-			generate.WithVersionContract(config.TalosVersion1_12),
-			generate.WithInstallDisk("/dev/sda"),
-			generate.WithInstallImage("factory.talos.dev/nocloud-installer/abc:v1.12.6"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := in.Config(machine.TypeControlPlane)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return data
-	}
+	cfgAt := func(kube string) []byte { return talos112Config(t, kube) }
 	if _, _, err := parseAndValidate(cfgAt("1.30.14"), "v1.12.6"); err != nil {
 		t.Fatalf("a v1.12.6 node refuses Kubernetes 1.30.14: %v", err)
 	}
