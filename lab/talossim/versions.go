@@ -18,33 +18,23 @@ import (
 // pkg/machinery/config/types at v1.12.6 and v1.13.3 (the v1alpha1 document
 // aside); from v1.14 the simulator's machinery is the judge.
 var registeredKinds = map[string][]string{
-	"v1.12": {
-		"BondConfig", "BridgeConfig", "DHCPv4Config", "DHCPv6Config", "DummyLinkConfig",
-		"EthernetConfig", "EventSinkConfig", "ExistingVolumeConfig", "ExtensionServiceConfig",
-		"HCloudVIPConfig", "HostnameConfig", "KmsgLogConfig", "KubeSpanEndpointsConfig",
-		"Layer2VIPConfig", "LinkAliasConfig", "LinkConfig", "NetworkDefaultActionConfig",
-		"NetworkRuleConfig", "OOMConfig", "PCIDriverRebindConfig", "RawVolumeConfig",
-		"RegistryAuthConfig", "RegistryMirrorConfig", "RegistryTLSConfig", "ResolverConfig",
-		"SideroLinkConfig", "StaticHostConfig", "SwapVolumeConfig", "TimeSyncConfig",
-		"TrustedRootsConfig", "UserVolumeConfig", "VLANConfig", "VolumeConfig",
-		"WatchdogTimerConfig", "WireguardConfig", "ZswapConfig",
-	},
-	// v1.13 added BlackholeRouteConfig, EnvironmentConfig,
-	// ExternalVolumeConfig, ImageVerificationConfig, KubeSpanConfig,
-	// RoutingRuleConfig, TCPProbeConfig and VRFConfig.
-	"v1.13": {
-		"BlackholeRouteConfig", "BondConfig", "BridgeConfig", "DHCPv4Config", "DHCPv6Config",
-		"DummyLinkConfig", "EnvironmentConfig", "EthernetConfig", "EventSinkConfig",
-		"ExistingVolumeConfig", "ExtensionServiceConfig", "ExternalVolumeConfig",
-		"HCloudVIPConfig", "HostnameConfig", "ImageVerificationConfig", "KmsgLogConfig",
-		"KubeSpanConfig", "KubeSpanEndpointsConfig", "Layer2VIPConfig", "LinkAliasConfig",
-		"LinkConfig", "NetworkDefaultActionConfig", "NetworkRuleConfig", "OOMConfig",
-		"PCIDriverRebindConfig", "RawVolumeConfig", "RegistryAuthConfig", "RegistryMirrorConfig",
-		"RegistryTLSConfig", "ResolverConfig", "RoutingRuleConfig", "SideroLinkConfig",
-		"StaticHostConfig", "SwapVolumeConfig", "TCPProbeConfig", "TimeSyncConfig",
-		"TrustedRootsConfig", "UserVolumeConfig", "VLANConfig", "VRFConfig", "VolumeConfig",
-		"WatchdogTimerConfig", "WireguardConfig", "ZswapConfig",
-	},
+	"v1.12": kindsV112,
+	// v1.13 added eight.
+	"v1.13": append(slices.Clone(kindsV112),
+		"BlackholeRouteConfig", "EnvironmentConfig", "ExternalVolumeConfig", "ImageVerificationConfig",
+		"KubeSpanConfig", "RoutingRuleConfig", "TCPProbeConfig", "VRFConfig"),
+}
+
+var kindsV112 = []string{
+	"BondConfig", "BridgeConfig", "DHCPv4Config", "DHCPv6Config", "DummyLinkConfig",
+	"EthernetConfig", "EventSinkConfig", "ExistingVolumeConfig", "ExtensionServiceConfig",
+	"HCloudVIPConfig", "HostnameConfig", "KmsgLogConfig", "KubeSpanEndpointsConfig",
+	"Layer2VIPConfig", "LinkAliasConfig", "LinkConfig", "NetworkDefaultActionConfig",
+	"NetworkRuleConfig", "OOMConfig", "PCIDriverRebindConfig", "RawVolumeConfig",
+	"RegistryAuthConfig", "RegistryMirrorConfig", "RegistryTLSConfig", "ResolverConfig",
+	"SideroLinkConfig", "StaticHostConfig", "SwapVolumeConfig", "TimeSyncConfig",
+	"TrustedRootsConfig", "UserVolumeConfig", "VLANConfig", "VolumeConfig",
+	"WatchdogTimerConfig", "WireguardConfig", "ZswapConfig",
 }
 
 // minorOf is "v1.13" for v1.13.3 (and "" for what is no version).
