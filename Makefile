@@ -123,10 +123,13 @@ fuzz:
 # show the result, tear the lab down. The lab's working files (config, token,
 # demo git tree, NFS export, state) stay in the git-ignored $(DEMO_DIR).
 DEMO_DIR ?= .lab/demo
+# The newest Talos bootstrap supports (the config's default stays on the
+# previous minor until the lab runs that minor's newest Kubernetes).
+DEMO_TALOS_VERSION ?= v1.14.1
 demo: deps
 	@$(MAKE) --no-print-directory -j2 demo-bins lab-bins-demo
 	@trap '$(LAB) down --dir $(DEMO_DIR)' EXIT; \
-	$(LAB) up --detach --dir $(DEMO_DIR) --control-planes $${CONTROL_PLANES:-1} --workers $${WORKERS:-1} && \
+	$(LAB) up --detach --dir $(DEMO_DIR) --talos-version $(DEMO_TALOS_VERSION) --control-planes $${CONTROL_PLANES:-1} --workers $${WORKERS:-1} && \
 	$(BIN) run --config $(DEMO_DIR)/bootstrap.yaml --stage all && \
 	$(BIN) status --config $(DEMO_DIR)/bootstrap.yaml
 
