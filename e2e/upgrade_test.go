@@ -178,7 +178,10 @@ func failedUpgrade(t *testing.T, ctx context.Context, h *e2e.Harness) {
 // TestTalosUpgradeKilled: ten upgrades of a one-node cluster in a row, each
 // run killed -9 at a seeded point inside its talos stage and resumed until
 // it succeeds: every node ends at each target having been upgraded exactly
-// once per target, and the cluster is green.
+// once per target, and the cluster is green. The sixth crosses into v1.14
+// (its run has two passes, the v1.13 form then the typed documents, and
+// it is killed in the second), and the last four upgrade a node whose
+// config keeps the installer in UnattendedInstallConfig.
 func TestTalosUpgradeKilled(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 8*time.Minute)
@@ -191,8 +194,14 @@ func TestTalosUpgradeKilled(t *testing.T) {
 	var log []string
 	for i := 0; i < 10; i++ {
 		to := fmt.Sprintf("v1.13.%d", 3+i)
+		if i >= 5 {
+			to = fmt.Sprintf("v1.14.%d", i-5)
+		}
 		setTalosVersion(t, h, from, to)
 		kill := e2e.KillPoint{Stage: "talos", Event: rng.IntN(talosUpgradeEvents)}
+		if i == 5 {
+			kill.Event += talosUpgradeEvents // after the upgrade: in the typed documents' pass
+		}
 		r, err := h.RunKill(ctx, &kill, "run", "--stage", "talos")
 		if err != nil {
 			t.Fatal(err)
@@ -225,6 +234,9 @@ func TestTalosUpgradeKilled(t *testing.T) {
 	for _, n := range h.Lab.Talos.Nodes() {
 		if n.Phase() != talossim.PhaseRunning {
 			t.Errorf("node %s is %s", n.IP(), n.Phase())
+		}
+		if cfg := string(n.Config()); !strings.Contains(cfg, "kind: UnattendedInstallConfig") || strings.Contains(cfg, "SecurityProfileConfig") {
+			t.Errorf("node %s on %s does not run v1.14's form without workload isolation:\n%s", n.IP(), n.Version(), cfg)
 		}
 	}
 }
