@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"os"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -172,7 +171,7 @@ func (v *validator) patchContents() {
 					return
 				}
 			}
-			if kinds := newerKinds(contract, patch); len(kinds) > 0 {
+			if kinds := talos.NewerKinds(contract, patch); len(kinds) > 0 {
 				v.errf(field, "patch file %s writes %s, which Talos %s does not know (the document kinds came with Talos v1.14): set the v1alpha1 field instead, or set cluster.talosVersion to v1.14.x",
 					f, strings.Join(kinds, ", "), c.TalosVersion)
 				continue
@@ -216,42 +215,6 @@ func appliesBefore114(c *Cluster, installImage string, typ machine.Type, patch c
 		return false
 	}
 	return applyAndValidate(base[typ], patch) == nil
-}
-
-// kindsFrom114 are the config document kinds machinery v1.14 registers and
-// v1.13.3 does not (registry.Register calls under config/types at both
-// tags): a node older than v1.14 refuses a config holding one.
-var kindsFrom114 = []string{
-	"BGPInstanceConfig", "CRIBaseRuntimeSpecConfig", "CRICustomizationConfig", "ContainerConfig",
-	"DiscoveryIdentityConfig", "DiscoveryServiceConfig", "EtcFileConfig", "FilesystemScrubConfig",
-	"FilesystemTrimConfig", "HTTPProbeConfig", "ImageCacheConfig", "KernelModuleConfig",
-	"KubeAPIServerCAConfig", "KubeAPIServerConfig", "KubeAdmissionControlConfig", "KubeAggregatorCAConfig",
-	"KubeAuditPolicyConfig", "KubeAuthenticationConfig", "KubeAuthorizerConfig", "KubeClusterConfig",
-	"KubeControllerManagerConfig", "KubeCoreDNSConfig", "KubeCredentialProviderConfig", "KubeEtcdEncryptionConfig",
-	"KubeExternalManifestConfig", "KubeFlannelCNIConfig", "KubeInlineManifestConfig", "KubeNetworkConfig",
-	"KubeNodeConfig", "KubePrismConfig", "KubeProxyConfig", "KubeSchedulerConfig",
-	"KubeServiceAccountConfig", "KubeStaticPodConfig", "KubeTalosAPIAccessConfig", "KubeletConfig",
-	"LVMLogicalVolumeConfig", "LVMVolumeGroupConfig", "RAIDArrayConfig", "SecurityProfileConfig",
-	"SysctlConfig", "SysfsConfig", "UdevRulesConfig", "UnattendedInstallConfig", "VethConfig",
-}
-
-// newerKinds lists the documents of patch whose kind the contract's Talos
-// does not know yet (only a strategic merge patch carries documents).
-func newerKinds(contract *talosconfig.VersionContract, patch configpatcher.Patch) []string {
-	if contract.Greater(talosconfig.TalosVersion1_13) {
-		return nil
-	}
-	smp, ok := patch.(configpatcher.StrategicMergePatch)
-	if !ok {
-		return nil
-	}
-	var out []string
-	for _, d := range smp.Documents() {
-		if slices.Contains(kindsFrom114, d.Kind()) && !slices.Contains(out, d.Kind()) {
-			out = append(out, d.Kind())
-		}
-	}
-	return out
 }
 
 // loadPatch reads and parses one patch file; problems are reported on field.

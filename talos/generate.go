@@ -352,6 +352,9 @@ func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []
 	if rolePatches[RoleWorker], err = loadPatchFiles(opts.Patches.Worker); err != nil {
 		return nil, err
 	}
+	if err := refuseNewerKinds(contract, formVersion, slices.Concat(global, rolePatches[RoleControlPlane], rolePatches[RoleWorker])); err != nil {
+		return nil, err
+	}
 
 	var verrs ValidationErrors
 	roleConfigs := map[Role]config.Provider{}
@@ -389,6 +392,9 @@ func Render(opts GenerateOptions, bundle *secrets.Bundle, existingTalosconfig []
 	for _, n := range opts.Nodes {
 		nodeFiles, err := loadPatchFiles(n.Patches)
 		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if err := refuseNewerKinds(contract, formVersion, nodeFiles); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
 		generated, patchBytes, disk, err := nodePatch(contract, opts, n)
@@ -534,6 +540,57 @@ func typedCNI(contract *config.VersionContract, base config.Provider, cni string
 		docs = append(docs, d)
 	}
 	return container.New(docs...)
+}
+
+// kindsFrom114 are the config document kinds machinery v1.14 registers and
+// v1.13.3 does not (registry.Register calls under config/types at both
+// tags): a node older than v1.14 refuses a config holding one.
+var kindsFrom114 = []string{
+	"BGPInstanceConfig", "CRIBaseRuntimeSpecConfig", "CRICustomizationConfig", "ContainerConfig",
+	"DiscoveryIdentityConfig", "DiscoveryServiceConfig", "EtcFileConfig", "FilesystemScrubConfig",
+	"FilesystemTrimConfig", "HTTPProbeConfig", "ImageCacheConfig", "KernelModuleConfig",
+	"KubeAPIServerCAConfig", "KubeAPIServerConfig", "KubeAdmissionControlConfig", "KubeAggregatorCAConfig",
+	"KubeAuditPolicyConfig", "KubeAuthenticationConfig", "KubeAuthorizerConfig", "KubeClusterConfig",
+	"KubeControllerManagerConfig", "KubeCoreDNSConfig", "KubeCredentialProviderConfig", "KubeEtcdEncryptionConfig",
+	"KubeExternalManifestConfig", "KubeFlannelCNIConfig", "KubeInlineManifestConfig", "KubeNetworkConfig",
+	"KubeNodeConfig", "KubePrismConfig", "KubeProxyConfig", "KubeSchedulerConfig",
+	"KubeServiceAccountConfig", "KubeStaticPodConfig", "KubeTalosAPIAccessConfig", "KubeletConfig",
+	"LVMLogicalVolumeConfig", "LVMVolumeGroupConfig", "RAIDArrayConfig", "SecurityProfileConfig",
+	"SysctlConfig", "SysfsConfig", "UdevRulesConfig", "UnattendedInstallConfig", "VethConfig",
+}
+
+// NewerKinds lists the documents of patch whose kind the contract's Talos
+// does not know yet (only a strategic merge patch carries documents).
+func NewerKinds(contract *config.VersionContract, patch configpatcher.Patch) []string {
+	if contract.Greater(config.TalosVersion1_13) {
+		return nil
+	}
+	smp, ok := patch.(configpatcher.StrategicMergePatch)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, d := range smp.Documents() {
+		if slices.Contains(kindsFrom114, d.Kind()) && !slices.Contains(out, d.Kind()) {
+			out = append(out, d.Kind())
+		}
+	}
+	return out
+}
+
+// refuseNewerKinds names the first patch that writes a document the form
+// being rendered does not have (config validate refuses it for the
+// configured version already; this catches the older form a cluster keeps
+// while it crosses into v1.14, where machinery's own validation would only
+// name the rendered file).
+func refuseNewerKinds(contract *config.VersionContract, formVersion string, patches []namedPatch) error {
+	for _, p := range patches {
+		if kinds := NewerKinds(contract, p.patch); len(kinds) > 0 {
+			return fmt.Errorf("%s writes %s, which the Talos %s config form does not have (the document kinds came with Talos v1.14)",
+				p.source, strings.Join(kinds, ", "), formVersion)
+		}
+	}
+	return nil
 }
 
 // withoutDocument is base without its documents of type D.

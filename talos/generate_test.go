@@ -788,3 +788,25 @@ func TestConfigFormAcrossV114(t *testing.T) {
 		t.Errorf("a cluster made before v1.14 gets workload isolation, or not the typed form:\n%s", cfg)
 	}
 }
+
+// A patch written only for v1.14's typed documents cannot be rendered in
+// the v1.13 form a cluster keeps until its last node runs v1.14: the
+// failure names the patch file (the stage adds both ways out).
+func TestTypedPatchRefusedInTheOlderForm(t *testing.T) {
+	t.Parallel()
+	dir := clusterDir(t, "secrets.yaml")
+	patch := writePatch(t, t.TempDir(), "kubelet-typed.yaml", "apiVersion: v1alpha1\nkind: KubeletConfig\nextraArgs:\n  max-pods: \"150\"\n")
+	opts := atVersion(oneCP, "v1.14.1")(dir)
+	opts.Patches.Global = []string{patch}
+	if _, err := Generate(opts); err != nil {
+		t.Fatalf("the typed patch on the v1.14 form: %v", err)
+	}
+	opts = atVersion(oneCP, "v1.14.1")(clusterDir(t, "secrets.yaml"))
+	opts.Patches.Global = []string{patch}
+	opts.ConfigVersion = "v1.13.3"
+	_, err := Generate(opts)
+	if err == nil || !strings.Contains(err.Error(), "kubelet-typed.yaml") {
+		t.Fatalf("the typed patch on the v1.13 form: %q, want a refusal naming the patch", err)
+	}
+	t.Logf("refused: %v", err)
+}
