@@ -70,6 +70,15 @@ func (FluxStage) Run(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
+	// A Flux the Flux Operator manages is never overwritten with release
+	// manifests: the operator would put its own back, and the two would
+	// fight over every controller on every run.
+	if insts, err := c.OperatorInstances(ctx); err != nil {
+		return err
+	} else if len(insts) > 0 {
+		return config.Userf("flux: Flux on this cluster is managed by the Flux Operator (FluxInstance %s); bootstrap installs Flux from its release manifests and would fight the operator over every controller, so the flux stage changes nothing here: keep Flux with the operator (its FluxInstance's sync can point at the repository and path of flux.repo and flux.path, %s) and run the other stages, or delete the FluxInstance to hand Flux to bootstrap",
+			strings.Join(insts, ", "), f.Path)
+	}
 
 	// 1. Flux itself, 2. where the cluster pulls from and 3. the sync
 	// objects pointing Flux there. A plan lists them in this order; a run

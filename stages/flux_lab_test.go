@@ -14,8 +14,13 @@ import (
 
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/homelab/bootstrap/gitsnap"
 )
@@ -93,11 +98,77 @@ func TestFluxStageOnTheLab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hashAfterEdit := l.st.Outputs.GitSnapshot.Hash
 	if got := changeList(env); !strings.Contains(got, "serve git snapshot") || !strings.Contains(got, "ask Flux to fetch") || strings.Contains(got, "install Flux") {
 		t.Fatalf("after an edit:\n%s", got)
 	}
 	if _, err := l.client().CoreV1().Namespaces().Get(ctx, "from-git-2", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the edit was not applied: %v", err)
+	}
+
+	// A Flux the Flux Operator manages (a FluxInstance on the cluster) is
+	// never overwritten: the stage is refused as a user error, changing
+	// nothing, even with an edit waiting to be served. The CRD is a
+	// stand-in with the operator's group, version, kind and plural (the
+	// stage only lists the kind).
+	addFluxInstance(t, l)
+	os.WriteFile(filepath.Join(l.git, "infra", "second.yaml"), []byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: from-git-3\n"), 0o644)
+	for _, dry := range []bool{true, false} {
+		env, err = l.runStage(FluxStage{}, dry)
+		if err == nil || !config.IsUserError(err) || !strings.Contains(err.Error(), "managed by the Flux Operator (FluxInstance flux-system/flux)") {
+			t.Fatalf("the flux stage over an operator-managed Flux (dry run %v): %v", dry, err)
+		}
+		if got := changeList(env); got != "" {
+			t.Fatalf("the refused stage (dry run %v) changed:\n%s", dry, got)
+		}
+	}
+	if l.st.Outputs.GitSnapshot.Hash != hashAfterEdit {
+		t.Fatal("the refused stage re-snapshotted the tree")
+	}
+}
+
+// addFluxInstance creates the Flux Operator's FluxInstance kind and the
+// instance flux-system/flux.
+func addFluxInstance(t *testing.T, l *kubeLab) {
+	t.Helper()
+	ctx := context.Background()
+	ext, err := apiextensionsclient.NewForConfig(l.kube.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "fluxinstances.fluxcd.controlplane.io"},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: "fluxcd.controlplane.io",
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "fluxinstances", Singular: "fluxinstance", Kind: "FluxInstance", ListKind: "FluxInstanceList"},
+			Scope: apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: new(true)}}}},
+		},
+	}
+	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(l.kube.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvr := schema.GroupVersionResource{Group: "fluxcd.controlplane.io", Version: "v1", Resource: "fluxinstances"}
+	inst := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "fluxcd.controlplane.io/v1", "kind": "FluxInstance",
+		"metadata": map[string]any{"name": "flux", "namespace": "flux-system"},
+		"spec":     map[string]any{"distribution": map[string]any{"version": "2.x", "registry": "ghcr.io/fluxcd"}},
+	}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := dyn.Resource(gvr).Namespace("flux-system").Create(ctx, inst, metav1.CreateOptions{})
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("creating the FluxInstance: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // until the new kind is served
 	}
 }
 
