@@ -72,10 +72,10 @@ func (i Images) DiskImageFile() string {
 // (talos pkg/imager/profile/output.go) adds to it: a larger GRUB boot
 // partition from Talos 1.11 on, and the dual-boot loader's partitions from
 // 1.10 on, amd64's default without secure boot. Talos' own expected
-// profiles at v1.13.3 (pkg/imager/profile/testdata/nocloud-amd64-*.yaml,
-// diskSize) give 1246 MiB for 1.9, 2247 MiB for 1.10 and 4247 MiB for 1.11
-// to 1.13 (earlier versions: 1.9's, unverified); a version that does not
-// parse gets the newest.
+// profiles at v1.13.3 and v1.14.0-rc.1 (pkg/imager/profile/testdata/
+// nocloud-amd64-*.yaml, diskSize) give 1246 MiB for 1.9, 2247 MiB for 1.10
+// and 4247 MiB for 1.11 to 1.14 (earlier versions: 1.9's, unverified); a
+// version that does not parse gets the newest.
 func DiskImageBytes(version string) int64 {
 	v, err := semver.ParseTolerant(strings.TrimPrefix(version, "v"))
 	switch {

@@ -36,10 +36,10 @@ func TestImagesFollowTheFactory(t *testing.T) {
 }
 
 // The disk image's virtual size follows Talos' expected nocloud-amd64
-// profiles (pkg/imager/profile/testdata at v1.13.3: diskSize 1306525696,
+// profiles (pkg/imager/profile/testdata at v1.13.3 and v1.14.0-rc.1: diskSize 1306525696,
 // 2356150272, 4453302272 bytes).
 func TestDiskImageBytesFollowsTheImager(t *testing.T) {
-	for version, want := range map[string]int64{"v1.9.6": 1306525696, "v1.10.0": 2356150272, "v1.11.5": 4453302272, "v1.13.3": 4453302272, "1.12.0": 4453302272} {
+	for version, want := range map[string]int64{"v1.9.6": 1306525696, "v1.10.0": 2356150272, "v1.11.5": 4453302272, "v1.13.3": 4453302272, "1.12.0": 4453302272, "v1.14.1": 4453302272} {
 		if got := DiskImageBytes(version); got != want {
 			t.Errorf("%s: %d bytes, want %d", version, got, want)
 		}
