@@ -45,6 +45,7 @@ import (
 
 type options struct {
 	binary, profile, dir, readme string
+	talosVersion                 string
 	scale                        float64
 	sizes, bootSizes             []size
 	sequential, keep, verbose    bool
@@ -122,6 +123,7 @@ func main() {
 	var sizes, bootSizes string
 	flag.StringVar(&o.binary, "binary", "bin/bootstrap", "bootstrap binary to measure")
 	flag.StringVar(&o.profile, "profile", "n100", "latency profile of the simulated host and nodes")
+	flag.StringVar(&o.talosVersion, "talos-version", "v1.14.1", "Talos version the nodes boot and the config names (the newest bootstrap supports)")
 	flag.Float64Var(&o.scale, "scale", 0.1, "time scale of the profile (0.1: ten times faster than the real box)")
 	flag.StringVar(&sizes, "sizes", "1,3+2,3+3,3+12", "cluster sizes: control planes[+workers], comma separated")
 	flag.StringVar(&bootSizes, "boot-sizes", "3+3,3+12", "sizes also brought up from the factory's disk image (\"\" for none)")
@@ -284,7 +286,7 @@ func startLabWith(ctx context.Context, o options, sz size, name string, extra e2
 		return nil, nil, err
 	}
 	h, err := e2e.Start(ctx, e2e.Options{Dir: dir, Binary: o.binary, ControlPlanes: sz.controlPlanes, Workers: sz.workers, ProxmoxHosts: sz.hosts(),
-		Profile: o.profile, TimeScale: o.scale, KeepKubeData: o.keep, Log: zerolog.New(logFile).With().Timestamp().Logger(),
+		Profile: o.profile, TimeScale: o.scale, KeepKubeData: o.keep, Log: zerolog.New(logFile).With().Timestamp().Logger(), TalosVersion: o.talosVersion,
 		ProxmoxVersion: extra.ProxmoxVersion, ProxmoxImport: extra.ProxmoxImport})
 	if err != nil {
 		logFile.Close()
@@ -522,7 +524,7 @@ func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
 
 func render(o options, rows []row, took time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Profile %s at time scale %g (%d CPUs, %s/%s); bench took %s.\n\n", o.profile, o.scale, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, took.Round(time.Second))
+	fmt.Fprintf(&b, "Profile %s at time scale %g, Talos %s (%d CPUs, %s/%s); bench took %s.\n\n", o.profile, o.scale, o.talosVersion, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, took.Round(time.Second))
 	b.WriteString("| nodes | wall to Flux synced | critical path | ratio | overhead | parallelism 1: wall | its critical path | ratio | re-run | re-run mutations | postcheck (PVC bind) | peak RSS | Proxmox calls (per node) | Talos calls (per node) |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
