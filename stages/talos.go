@@ -424,8 +424,8 @@ func firstTalosVersion(env *Env) string {
 // olderThan114 reports whether a Talos version predates v1.14's typed
 // documents and workload isolation.
 func olderThan114(version string) bool {
-	v, err := semver.NewVersion(version)
-	return err == nil && v.LessThan(semver.MustParse("1.14.0-0"))
+	from, ok := talos.From114(version)
+	return ok && !from
 }
 
 func resolveAll(cfg *config.Config, paths []string) []string {

@@ -146,10 +146,21 @@ func (o *Ops) ResetEtcdData(ctx context.Context, cps []Target) error {
 // (v1alpha1_server.go Reset at v1.13.3 and v1.14.0-rc.1).
 func etcdWipe(version string) []*machine.ResetPartitionSpec {
 	specs := []*machine.ResetPartitionSpec{{Label: constants.EphemeralPartitionLabel, Wipe: true}}
-	if v, err := semver.NewVersion(strings.TrimPrefix(version, "v")); err == nil && !v.LessThan(semver.MustParse("1.14.0-0")) {
+	if from, _ := From114(version); from {
 		specs = append(specs, &machine.ResetPartitionSpec{Label: constants.EtcdDataVolumeID, Wipe: true})
 	}
 	return specs
+}
+
+// From114 reports whether a Talos version is v1.14 or newer (its
+// prereleases too), the Talos of the typed documents, workload isolation
+// and the ETCD volume; ok is false for what is no version.
+func From114(version string) (from, ok bool) {
+	v, err := semver.NewVersion(strings.TrimPrefix(version, "v"))
+	if err != nil {
+		return false, false
+	}
+	return !v.LessThan(semver.MustParse("1.14.0-0")), true
 }
 
 // labelsOf names what specs wipe ("EPHEMERAL and ETCD").
