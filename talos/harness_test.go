@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +93,10 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	}
 	if ho.talosVersion != "" {
 		h.opts = atVersion(func(string) GenerateOptions { return h.opts }, ho.talosVersion)(h.dir)
+		if strings.HasPrefix(ho.talosVersion, "v1.12.") {
+			// Talos 1.12 runs Kubernetes up to 1.35.
+			h.opts.KubernetesVersion = "1.35.4"
+		}
 	}
 	h.opts.Patches.Global = ho.patches
 	h.res, err = Generate(h.opts)
@@ -197,4 +202,13 @@ func (h *harness) counters() (total talossim.Counters, byNode map[string]talossi
 		total.Installs += c.Installs
 	}
 	return total, byNode
+}
+
+// health is the HealthInput of the harness's nodes (Talos side only).
+func (h *harness) health() HealthInput {
+	var in HealthInput
+	for _, n := range h.res.Nodes {
+		in.Nodes = append(in.Nodes, HealthTarget{Name: n.Name, IP: n.IP, Role: n.Role})
+	}
+	return in
 }

@@ -44,6 +44,10 @@ type OpsOptions struct {
 	InstallTimeout time.Duration
 	// RebootTimeout bounds a reboot after a configured-mode apply (default 10m).
 	RebootTimeout time.Duration
+	// DrainTimeout bounds the eviction of a node's pods before its
+	// reboot into a new Talos (default 5m, talosctl upgrade's
+	// --drain-timeout: nodedrain.DefaultDrainTimeout at v1.14.0-rc.1).
+	DrainTimeout time.Duration
 	// BootstrapTimeout bounds waiting for Bootstrap to be accepted (default 10m).
 	BootstrapTimeout time.Duration
 	// HealthTimeout bounds waiting for etcd members and service health (default 15m).
@@ -65,6 +69,7 @@ func (o OpsOptions) withDefaults() OpsOptions {
 	def(&o.PollInterval, 250*time.Millisecond)
 	def(&o.InstallTimeout, 20*time.Minute)
 	def(&o.RebootTimeout, 10*time.Minute)
+	def(&o.DrainTimeout, 5*time.Minute)
 	def(&o.BootstrapTimeout, 10*time.Minute)
 	def(&o.HealthTimeout, 15*time.Minute)
 	def(&o.ProgressEvery, 10*time.Second)

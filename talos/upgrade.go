@@ -307,6 +307,10 @@ type RolledBackError struct {
 	// RebootTimeout; Wait is then what the wait saw.
 	Back bool
 	Wait error
+	// AfterInstaller: the upgrade went through the LifecycleService, whose
+	// installer succeeded, and the reboot this tool asked brought the
+	// node back on Step.From.
+	AfterInstaller bool
 }
 
 func (e *RolledBackError) Error() string {
@@ -314,6 +318,8 @@ func (e *RolledBackError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "upgrading %s to Talos %s: ", s.Target, s.To)
 	switch {
+	case e.AfterInstaller:
+		fmt.Fprintf(&b, "its installer succeeded and it was drained and rebooted, but it runs Talos %s again, not %s: it booted its old Talos (why is not known here; its console shows the boot). It was uncordoned", s.From, s.To)
 	case e.Failure == "":
 		fmt.Fprintf(&b, "its upgrade sequence failed on the node: Talos reverted its bootloader and rebooted it, and it runs Talos %s again, not %s (it came back under a new boot time; the sequence's error went with that reboot, which empties the node's event history, and its console showed it)", s.From, s.To)
 	case e.Back:
@@ -467,6 +473,54 @@ func (o *Ops) waitRolledBack(ctx context.Context, s UpgradeStep, bootBefore uint
 	return &RolledBackError{Step: s, Failure: failure.Failure, Back: err == nil, Wait: err}
 }
 
+// legacyUpgrade is one node's upgrade through MachineService.Upgrade
+// (talosctl's upgradeLegacy: a node before v1.13, or one without the
+// LifecycleService): the node drains, installs and reboots itself in its
+// upgrade sequence. The version wait and the sequence's events run side
+// by side: a sequence that fails after the answer is reported with its
+// error, and a failure whose event was missed ends the version wait once
+// the node is back on its old Talos.
+func (o *Ops) legacyUpgrade(ctx context.Context, opts RollOutOptions, s UpgradeStep) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The boot before the call tells the node's reboot into its old
+	// Talos after a failed sequence from its being slow.
+	bootBefore, err := o.BootTime(ctx, s.IP)
+	if err != nil {
+		return err
+	}
+	watch, err := o.watchSequenceFailures(wctx, s.Target)
+	if err != nil {
+		return err
+	}
+	actorID, err := o.Upgrade(ctx, s.Target, opts.Image)
+	if err != nil {
+		return err
+	}
+	var failed <-chan SequenceFailure // nil: no actor to follow
+	if actorID != "" {
+		failed = watch.For(actorID)
+	}
+	settled := make(chan error, 1)
+	go func() { settled <- o.waitUpgraded(wctx, s, bootBefore) }()
+	select {
+	case f := <-failed:
+		cancel()
+		<-settled
+		return o.waitRolledBack(ctx, s, bootBefore, f)
+	case err := <-settled:
+		var rb *RolledBackError
+		if errors.As(err, &rb) {
+			select {
+			case f := <-failed:
+				rb.Failure = f.Failure
+			default:
+			}
+		}
+		return err
+	}
+}
+
 // RollOutOptions configure a Talos rollout.
 type RollOutOptions struct {
 	Steps []UpgradeStep
@@ -500,49 +554,22 @@ func (o *Ops) upgradeOne(ctx context.Context, opts RollOutOptions, s UpgradeStep
 			}
 			done = have == s.ToSchematic
 		}
-		// The version wait and the sequence's events side by side: a
-		// sequence that fails after the answer is reported with its
-		// error, and a failure whose event was missed ends the version
-		// wait once the node is back on its old Talos.
-		wctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		var failed <-chan SequenceFailure // nil: no upgrade asked
-		bootBefore := uint64(0)
-		if !done {
-			// The boot before the call tells the node's reboot into its
-			// old Talos after a failed sequence from its being slow.
-			if bootBefore, err = o.BootTime(ctx, s.IP); err != nil {
-				return err
-			}
-			watch, err := o.watchSequenceFailures(wctx, s.Target)
-			if err != nil {
-				return err
-			}
-			actorID, err := o.Upgrade(ctx, s.Target, opts.Image)
-			if err != nil {
-				return err
-			}
-			if actorID != "" {
-				failed = watch.For(actorID)
-			}
-		}
-		settled := make(chan error, 1)
-		go func() { settled <- o.waitUpgraded(wctx, s, bootBefore) }()
-		select {
-		case f := <-failed:
-			cancel()
-			<-settled
-			return o.waitRolledBack(ctx, s, bootBefore, f)
-		case err := <-settled:
-			var rb *RolledBackError
-			if errors.As(err, &rb) {
-				select {
-				case f := <-failed:
-					rb.Failure = f.Failure
-				default:
+		if done {
+			// A killed run may have rebooted it into its new Talos
+			// before it uncordoned it.
+			if kc := opts.Health.Kube; kc != nil {
+				if err := o.waitUncordoned(ctx, kc, s.Name); err != nil {
+					return err
 				}
 			}
-			cancel()
+		} else {
+			err := errNoLifecycle
+			if UpgradesThroughLifecycle(running) {
+				err = o.lifecycleUpgrade(ctx, opts, s)
+			}
+			if errors.Is(err, errNoLifecycle) {
+				err = o.legacyUpgrade(ctx, opts, s)
+			}
 			if err != nil {
 				return err
 			}

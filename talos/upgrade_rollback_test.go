@@ -11,7 +11,8 @@ import (
 
 // A failed upgrade sequence reboots the node into its old Talos by itself
 // (machined's runEntrypoint and handle, internal/app/machined/main.go at
-// v1.13.9): upgradeOne reports the sequence's error and the rollback when
+// v1.13.9). A v1.12 node has no LifecycleService, so its upgrade takes
+// the legacy MachineService.Upgrade and its sequence: upgradeOne reports the sequence's error and the rollback when
 // it reads the failure event, and the rollback alone when the event is
 // missed (only the node's new boot on its old version tells), in seconds,
 // not the version wait's minutes. Nothing tells the user to reboot it.
@@ -24,7 +25,7 @@ func TestUpgradeRolledBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			// The version wait would run 5 minutes; the test's context 60 s.
-			h := newHarness(t, harnessOptions{controlPlanes: 1, ops: OpsOptions{InstallTimeout: 4 * time.Minute, RebootTimeout: time.Minute}})
+			h := newHarness(t, harnessOptions{controlPlanes: 1, talosVersion: "v1.12.6", ops: OpsOptions{InstallTimeout: 4 * time.Minute, RebootTimeout: time.Minute}})
 			ctx := testCtx(t)
 			if _, err := h.converge(ctx, Execute); err != nil {
 				t.Fatal(err)
@@ -75,10 +76,10 @@ func TestUpgradeRolledBack(t *testing.T) {
 }
 
 // A node that does not come back from machined's reboot within the reboot
-// timeout is reported as such, with the sequence's error and where to look.
+// timeout (legacy path, a v1.12 node) is reported as such, with the sequence's error and where to look.
 func TestUpgradeNotBackAfterItsFailure(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, harnessOptions{controlPlanes: 1, ops: OpsOptions{RebootTimeout: 3 * time.Second}})
+	h := newHarness(t, harnessOptions{controlPlanes: 1, talosVersion: "v1.12.6", ops: OpsOptions{RebootTimeout: 3 * time.Second}})
 	ctx := testCtx(t)
 	if _, err := h.converge(ctx, Execute); err != nil {
 		t.Fatal(err)

@@ -110,6 +110,9 @@ type Counters struct {
 	// FailedUpgrades counts accepted upgrades whose sequence failed after
 	// the answer (the installer's pre-flight check).
 	FailedUpgrades int
+	// LifecycleUpgrades counts LifecycleService.Upgrade calls (also in
+	// UpgradeCalls).
+	LifecycleUpgrades int
 	// RecoverUploads counts complete EtcdRecover uploads; Recoveries the
 	// accepted Bootstrap calls with recover_etcd.
 	RecoverUploads int
@@ -123,7 +126,8 @@ type Counters struct {
 	// answer (a control plane's leave): machined rebooted the node into
 	// the system it ran.
 	FailedResets int
-	// ImagePulls counts the images pulled through the API.
+	// ImagePulls counts the images pulled through the API (ImagePull and
+	// ImageService.Pull).
 	ImagePulls int
 	// ImageBoots counts maintenance applies that configured a node booted
 	// from the factory's disk image in place: no install, no reboot.
@@ -149,14 +153,19 @@ type Node struct {
 	// controllers uncordon it once it boots again (after the upgrade, or
 	// the reboot that follows a failed one).
 	uncordonOnBoot bool
-	powered        bool
-	wantUp         bool // the API should serve (subject to faults)
-	srv            *grpc.Server
-	lis            net.Listener
-	mode           serveMode
-	config         []byte
-	parsed         config.Provider
-	bootedAt       time.Time
+	// images is the system containerd's image store as ImageService.Pull
+	// fills it, by containerd instance and pinned reference; installing
+	// is LifecycleService's lock (one install or upgrade at a time).
+	images     map[string]pulledImage
+	installing bool
+	powered    bool
+	wantUp     bool // the API should serve (subject to faults)
+	srv        *grpc.Server
+	lis        net.Listener
+	mode       serveMode
+	config     []byte
+	parsed     config.Provider
+	bootedAt   time.Time
 	// bootTime is the current boot's /proc/stat btime in unix seconds, as
 	// SystemStat answers it; every boot's is greater than the last.
 	bootTime uint64
@@ -608,6 +617,10 @@ func (n *Node) rebootLocked() {
 	// The event ring lives in machined's memory: the next boot starts
 	// with an empty one.
 	n.events = nil
+	// Whether the system containerd's images outlive a reboot is
+	// unverified; talossim forgets them, so a client must pull the
+	// installer before every LifecycleService.Upgrade (as talosctl does).
+	n.images = nil
 	removeStaticPods(n.cosi, n.hostnameLocked())
 	// The mirror pods stay in the API (no kubelet to remove them); the
 	// node lifecycle controller marks them not Ready with the node.

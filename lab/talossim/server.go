@@ -70,6 +70,9 @@ var adminOnly = map[string]bool{
 	machine.MachineService_EtcdRecover_FullMethodName:        true,
 	machine.MachineService_Upgrade_FullMethodName:            true,
 	machine.MachineService_Reset_FullMethodName:              true,
+	// machined.go at v1.14.0-rc.1: "/machine.LifecycleService/Upgrade":
+	// os:admin.
+	machine.LifecycleService_Upgrade_FullMethodName: true,
 }
 
 // needRoles lists the methods whose roles are neither admin only nor
@@ -77,6 +80,7 @@ var adminOnly = map[string]bool{
 var needRoles = map[string]role.Set{
 	machine.MachineService_EtcdSnapshot_FullMethodName: role.MakeSet(role.Admin, role.Operator, role.EtcdBackup),
 	machine.MachineService_ImagePull_FullMethodName:    role.MakeSet(role.Admin, role.Operator),
+	machine.ImageService_Pull_FullMethodName:           role.MakeSet(role.Admin, role.Operator),
 }
 
 func newGRPCServer(n *Node, tlsCfg *tls.Config, mode serveMode) *grpc.Server {
@@ -97,6 +101,8 @@ func newGRPCServer(n *Node, tlsCfg *tls.Config, mode serveMode) *grpc.Server {
 		}),
 	)
 	machine.RegisterMachineServiceServer(srv, a)
+	machine.RegisterImageServiceServer(srv, imageService{a: a})
+	machine.RegisterLifecycleServiceServer(srv, lifecycleService{a: a})
 	cosiv1alpha1.RegisterStateServer(srv, cosiserver.NewState(state.Filter(n.cosi, readOnly)))
 	return srv
 }

@@ -78,9 +78,15 @@ func unregisteredKind(cfg config.Provider, talosVersion string) error {
 // CanApplyImmediate in the same file at v1.13.3); and may keep etcd on a
 // partition of its own (dedicatedEtcdVolume).
 func atLeast114(talosVersion string) bool {
+	return atLeastMinor(talosVersion, 14)
+}
+
+// atLeastMinor: talosVersion is v1.<minor> or newer ("" and unparsable
+// versions are not).
+func atLeastMinor(talosVersion string, minor uint64) bool {
 	v, err := semver.NewVersion(talosVersion)
 	if err != nil {
 		return false
 	}
-	return v.Major() > 1 || v.Minor() >= 14
+	return v.Major() > 1 || v.Minor() >= minor
 }

@@ -1,0 +1,162 @@
+package talos
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/rs/zerolog"
+
+	"github.com/homelab/bootstrap/lab/talossim"
+)
+
+// Which path a node's Talos takes: talosctl's talosUpgradeAPIVersionRange
+// (">1.13.0-alpha.2 <2.0.0", upgrade.go at v1.14.0-rc.1).
+func TestUpgradesThroughLifecycle(t *testing.T) {
+	for v, want := range map[string]bool{
+		"v1.12.6": false, "v1.13.0-alpha.2": false, "v1.13.0-beta.0": true, "v1.13.0": true,
+		"v1.13.3": true, "v1.14.1": true, "v2.0.0": false, "": false, "nonsense": false,
+	} {
+		if got := UpgradesThroughLifecycle(v); got != want {
+			t.Errorf("UpgradesThroughLifecycle(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+// A v1.13 node is upgraded as talosctl v1.13+ does it: the installer
+// pulled into its system containerd, LifecycleService.Upgrade running it
+// beside the running node, then a Reboot this tool asks. The legacy
+// MachineService.Upgrade is not called.
+func TestLifecycleUpgrade(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, Execute); err != nil {
+		t.Fatal(err)
+	}
+	cp := h.node("cp-1")
+	from, before := cp.Version(), cp.Counters()
+	step := UpgradeStep{Target: h.targets()[0], From: from, To: "v1.13.11", Pos: 1, Of: 1}
+	if err := h.ops.upgradeOne(ctx, RollOutOptions{Steps: []UpgradeStep{step}, Image: "ghcr.io/siderolabs/installer:v1.13.11", Mutate: Execute, Health: h.health()}, step); err != nil {
+		t.Fatal(err)
+	}
+	c := cp.Counters()
+	if cp.Version() != "v1.13.11" || c.LifecycleUpgrades-before.LifecycleUpgrades != 1 || c.UpgradeCalls-before.UpgradeCalls != 1 ||
+		c.ImagePulls-before.ImagePulls != 1 || c.RebootCalls-before.RebootCalls != 1 || c.Reboots-before.Reboots != 1 || c.Upgrades-before.Upgrades != 1 {
+		t.Fatalf("cp-1 after its upgrade: %s, %+v (before %+v)", cp.Version(), c, before)
+	}
+	// Done: a second ask changes nothing.
+	if err := h.ops.upgradeOne(ctx, RollOutOptions{Steps: []UpgradeStep{step}, Image: "ghcr.io/siderolabs/installer:v1.13.11", Mutate: Execute, Health: h.health()}, step); err != nil {
+		t.Fatal(err)
+	}
+	if again := cp.Counters(); again.UpgradeCalls != c.UpgradeCalls || again.Reboots != c.Reboots {
+		t.Fatalf("a done upgrade was asked again: %+v", again)
+	}
+}
+
+// An installer that fails under the LifecycleService changes nothing: the
+// call streams its exit code, the node keeps running its Talos and is
+// neither drained nor rebooted; the error quotes the installer and says
+// so, without asking the user for a reboot. The pull failing is the same.
+// The next run, the cause gone, upgrades it.
+func TestLifecycleInstallerFails(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{controlPlanes: 1})
+	ctx := testCtx(t)
+	if _, err := h.converge(ctx, Execute); err != nil {
+		t.Fatal(err)
+	}
+	cp := h.node("cp-1")
+	from, before := cp.Version(), cp.Counters()
+	step := UpgradeStep{Target: h.targets()[0], From: from, To: "v1.13.11", Pos: 1, Of: 1}
+	opts := RollOutOptions{Steps: []UpgradeStep{step}, Image: "ghcr.io/siderolabs/installer:v1.13.11", Mutate: Execute, Health: h.health()}
+
+	cp.SetFaults(talossim.Faults{UpgradeSequenceFails: 1})
+	start := time.Now()
+	err := h.ops.upgradeOne(ctx, opts, step)
+	var ie *InstallerFailedError
+	if !errors.As(err, &ie) || ie.ExitCode != 1 || time.Since(start) > 15*time.Second {
+		t.Fatalf("after %s: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+	for _, w := range []string{"upgrading cp-1", "to Talos v1.13.11: its installer exited with code 1", "(injected) failed to install bootloader",
+		"neither drained nor rebooted and runs Talos " + from + " as before", "A re-run asks the same upgrade again", "the rollout stopped at cp-1 (1/1)"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("the error does not say %q: %v", w, err)
+		}
+	}
+	if strings.Contains(err.Error(), "talosctl") || strings.Contains(err.Error(), "reboot it") {
+		t.Errorf("the error asks the user for a command: %v", err)
+	}
+	c := cp.Counters()
+	if cp.Version() != from || c.Reboots != before.Reboots || c.RebootCalls != before.RebootCalls || c.FailedUpgrades != before.FailedUpgrades+1 ||
+		h.sim.InstalledVersion(cp.IP()) != from {
+		t.Fatalf("cp-1 after its failed installer: %s (disk %s), %+v", cp.Version(), h.sim.InstalledVersion(cp.IP()), c)
+	}
+
+	cp.SetFaults(talossim.Faults{UpgradePullFails: 1})
+	err = h.ops.upgradeOne(ctx, opts, step)
+	if err == nil || !strings.Contains(err.Error(), "pulling the installer ghcr.io/siderolabs/installer:v1.13.11 on cp-1") || !strings.Contains(err.Error(), "NotFound") {
+		t.Fatalf("pull failure: %v", err)
+	}
+	if c2 := cp.Counters(); c2.UpgradeCalls != c.UpgradeCalls || c2.Reboots != c.Reboots {
+		t.Fatalf("a failed pull went on: %+v", c2)
+	}
+
+	if err := h.ops.upgradeOne(ctx, opts, step); err != nil {
+		t.Fatal(err)
+	}
+	if cp.Version() != "v1.13.11" {
+		t.Fatalf("after the cause was gone: %s", cp.Version())
+	}
+}
+
+// The cordon is marked, so only what this tool cordoned is uncordoned: a
+// Node the user cordoned stays so, as Talos's own cordons do
+// (NodeApplyController.ApplyCordoned).
+func TestCordonOnlyWhatWeCordoned(t *testing.T) {
+	ctx := context.Background()
+	kc := fake.NewClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "wk-1"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "wk-2"}, Spec: corev1.NodeSpec{Unschedulable: true}},
+	)
+	o := &Ops{opts: OpsOptions{Log: zerolog.Nop()}}
+	get := func(name string) *corev1.Node {
+		n, err := kc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, name := range []string{"wk-1", "wk-2"} {
+		if err := cordon(ctx, kc, get(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := get("wk-1"); !n.Spec.Unschedulable || n.Annotations[AnnotationCordoned] == "" {
+		t.Fatalf("wk-1 after the cordon: %v %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	if n := get("wk-2"); !n.Spec.Unschedulable || n.Annotations[AnnotationCordoned] != "" {
+		t.Fatalf("wk-2, cordoned by its user, was marked: %v", n.Annotations)
+	}
+	// A second cordon (a killed run's re-run) keeps the mark.
+	if err := cordon(ctx, kc, get("wk-1")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"wk-1", "wk-2", "gone"} {
+		if err := o.uncordon(ctx, kc, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := get("wk-1"); n.Spec.Unschedulable || n.Annotations[AnnotationCordoned] != "" {
+		t.Fatalf("wk-1 after the uncordon: %v %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	if n := get("wk-2"); !n.Spec.Unschedulable {
+		t.Fatal("wk-2, cordoned by its user, was uncordoned")
+	}
+}
