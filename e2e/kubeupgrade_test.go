@@ -497,6 +497,13 @@ func dryRunThenUpgrade(t *testing.T, ctx context.Context, h *e2e.Harness, check 
 // Kubernetes upgrade against the Talos the nodes will run by then (it
 // refused it, judging the nodes' current v1.12.6), and the real run must
 // then do both.
+//
+// First, the upgrade's sequence fails once: a v1.12 node has no
+// LifecycleService, so it takes the legacy MachineService.Upgrade, whose
+// failed sequence machined answers by reverting the bootloader and
+// rebooting the node into its old Talos by itself (runEntrypoint, handle in
+// internal/app/machined/main.go at v1.13.9). The run quotes the failure,
+// waits for the node back on v1.12.6 and says so, asking nobody to reboot.
 func TestKubernetesUpgradeAfterATalosMinor(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
@@ -506,6 +513,17 @@ func TestKubernetesUpgradeAfterATalosMinor(t *testing.T) {
 	}
 	// Talos first: each edit must leave a valid config.
 	setTalosVersion(t, h, "v1.12.6", "v1.13.3")
+	cp := h.Lab.Talos.Nodes()[0]
+	cp.SetFaults(talossim.Faults{UpgradeSequenceFails: 1})
+	before := cp.Counters()
+	failed := run(t, ctx, h, "run", "--stage", "talos")
+	if out := failed.Stdout + failed.Stderr; failed.ExitCode != 1 || !strings.Contains(out, "its upgrade sequence failed after the Upgrade call was accepted") ||
+		!strings.Contains(out, "Talos reverted its bootloader and rebooted it, and it runs Talos v1.12.6 again") || strings.Contains(out, "talosctl -n") {
+		t.Fatalf("the failed upgrade (exit %d):\n%s", failed.ExitCode, failed.Tail(20))
+	}
+	if c := cp.Counters(); cp.Version() != "v1.12.6" || c.Reboots != before.Reboots+1 || c.RebootCalls != before.RebootCalls || c.LifecycleUpgrades != 0 {
+		t.Fatalf("cp-1 after its failed upgrade: Talos %s, %+v", cp.Version(), c)
+	}
 	setKubernetesVersion(t, h, "1.36.1")
 	dryRunThenUpgrade(t, ctx, h, func(dry *e2e.Result) {
 		if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "upgrade Talos on cp-1 v1.12.6 → v1.13.3") ||

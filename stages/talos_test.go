@@ -35,6 +35,7 @@ type talosLab struct {
 	sim *talossim.Sim
 	ips map[string]string
 	out bytes.Buffer
+	api *talostest.APIServer
 }
 
 func newTalosLab(t *testing.T) *talosLab {
@@ -86,6 +87,7 @@ nodes:
 	}
 	api := talostest.NewAPIServer(t, b.Certs.K8s.Crt, b.Certs.K8s.Key,
 		talostest.Node{Name: "cp-1", IP: l.ips["cp-1"], ControlPlane: true}, talostest.Node{Name: "wk-1", IP: l.ips["wk-1"]})
+	l.api = api
 	cluster := talossim.NewMemoryCluster(api.Kubeconfig("lab", b.Certs.K8s.Crt, b.Certs.K8s.Key))
 	cluster.SetSnapshot(backuptest.Snapshot(t, 7))
 	l.sim = talossim.New(talossim.Options{Cluster: cluster, Log: zerolog.New(zerolog.NewTestWriter(t))})
@@ -283,6 +285,11 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 			t.Errorf("node %s runs %s after %d upgrades", n.IP(), n.Version(), n.Counters().Upgrades)
 		}
 	}
+	// v1.13 nodes went through the LifecycleService: each was cordoned
+	// and drained before its reboot, and uncordoned after it.
+	if p := l.api.NodePatches(); p != 4 || l.api.Unschedulable("cp-1") || l.api.Unschedulable("wk-1") {
+		t.Fatalf("%d Node patches (want a cordon and an uncordon per node); cordoned: cp-1 %v, wk-1 %v", p, l.api.Unschedulable("cp-1"), l.api.Unschedulable("wk-1"))
+	}
 	if !strings.Contains(actions(env), "take an etcd snapshot before upgrading Talos") || strings.Index(actions(env), "take an etcd snapshot") > strings.Index(actions(env), "upgrade Talos on cp-1") {
 		t.Fatalf("no etcd snapshot before the first node:\n%s", actions(env))
 	}
@@ -313,7 +320,7 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 	cp, _ := l.sim.Node(l.ips["cp-1"])
 	cp.SetFaults(talossim.Faults{UpgradePullFails: 1})
 	err = (TalosStage{}).Run(ctx, l.env(t, false, false))
-	if err == nil || !strings.Contains(err.Error(), "error validating installer image") || !strings.Contains(err.Error(), "rollout stopped at cp-1 (1/2)") {
+	if err == nil || !strings.Contains(err.Error(), "pulling the installer ghcr.io/siderolabs/installer:v1.13.10 on cp-1") || !strings.Contains(err.Error(), "rollout stopped at cp-1 (1/2)") {
 		t.Fatalf("pull failure: %v", err)
 	}
 	wk, _ := l.sim.Node(l.ips["wk-1"])
@@ -328,27 +335,29 @@ func TestTalosVersionBumpUpgradesTheNodes(t *testing.T) {
 		t.Fatalf("after resuming: cp-1 %s, wk-1 %s", cp.Version(), wk.Version())
 	}
 
-	// v1.13.11, and wk-1's upgrade sequence fails after the call was
-	// accepted (its installer fails): the node's events tell at once,
-	// instead of the version wait running out, and machined reboots the
-	// node by itself into v1.13.10 (talos.SequenceFailure). The run waits
-	// for that and says so; nothing asks the user to reboot it.
+	// v1.13.11, and wk-1's installer fails: on v1.13 it runs through the
+	// LifecycleService beside the running node, which streams its exit
+	// code (internal/app/lifecycle/lifecycle.go at v1.14.0-rc.1). Nothing
+	// changed on wk-1: no drain, no reboot, still v1.13.10; the run says
+	// so and asks nobody to reboot anything. (A v1.12 node's legacy
+	// sequence that fails and reboots itself: talos.TestUpgradeRolledBack,
+	// e2e TestKubernetesUpgradeAfterATalosMinor.)
 	l.cfg.Cluster.TalosVersion, l.cfg.Cluster.InstallImage = "v1.13.11", "ghcr.io/siderolabs/installer:v1.13.11"
 	wk.SetFaults(talossim.Faults{UpgradeSequenceFails: 1})
-	rebootsBefore := wk.Counters().Reboots
+	rebootsBefore, rebootCallsBefore := wk.Counters().Reboots, wk.Counters().RebootCalls
 	err = (TalosStage{}).Run(ctx, l.env(t, false, false))
-	var rb *talos.RolledBackError
-	if !errors.As(err, &rb) || !rb.Back || !strings.Contains(err.Error(), "its upgrade sequence failed after the Upgrade call was accepted: sequence failed:") ||
-		!strings.Contains(err.Error(), "Talos reverted its bootloader and rebooted it, and it runs Talos v1.13.10 again") ||
+	var ie *talos.InstallerFailedError
+	if !errors.As(err, &ie) || !strings.Contains(err.Error(), "its installer exited with code 1") ||
+		!strings.Contains(err.Error(), "neither drained nor rebooted and runs Talos v1.13.10 as before") ||
 		!strings.Contains(err.Error(), "rollout stopped at wk-1 (2/2)") || strings.Contains(err.Error(), "talosctl") {
-		t.Fatalf("failed upgrade sequence: %v", err)
+		t.Fatalf("failed installer: %v", err)
 	}
 	c := wk.Counters()
-	if cp.Version() != "v1.13.11" || wk.Version() != "v1.13.10" || c.FailedUpgrades != 1 || c.Reboots != rebootsBefore+1 || c.RebootCalls != 0 {
-		t.Fatalf("after the failed sequence: cp-1 %s, wk-1 %s (%+v)", cp.Version(), wk.Version(), c)
+	if cp.Version() != "v1.13.11" || wk.Version() != "v1.13.10" || c.FailedUpgrades != 1 || c.Reboots != rebootsBefore || c.RebootCalls != rebootCallsBefore {
+		t.Fatalf("after the failed installer: cp-1 %s, wk-1 %s (%+v)", cp.Version(), wk.Version(), c)
 	}
 	if s := wk.ServiceStates(); s["cri"] != "Running" || s["kubelet"] != "Running" {
-		t.Fatalf("wk-1 back on v1.13.10 with services %v", s)
+		t.Fatalf("wk-1 after its failed installer, services %v", s)
 	}
 	// The next run (the installer fixed) upgrades it.
 	env = l.env(t, false, false)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/distribution/reference"
@@ -25,7 +26,8 @@ import (
 // and streams its output and exit code. Nothing reboots: the client
 // drains the node and reboots it itself. api/machine/image.proto and
 // lifecycle.proto exist from v1.13.0 on, not at v1.12.6: a v1.12 node
-// answers both as gRPC does for a service it does not register.
+// answers both as gRPC does for a service it does not register (apid's
+// admit, before any role check).
 
 // pulledImage is an installer image in a node's containerd store.
 type pulledImage struct {
@@ -51,6 +53,16 @@ func hasLifecycle(talosVersion string) bool {
 	return atLeastMinor(talosVersion, 13)
 }
 
+// lifecycleServiceOf names the v1.13 service a full method belongs to.
+func lifecycleServiceOf(method string) (string, bool) {
+	for _, svc := range []string{"machine.ImageService", "machine.LifecycleService"} {
+		if strings.HasPrefix(method, "/"+svc+"/") {
+			return svc, true
+		}
+	}
+	return "", false
+}
+
 func imageKey(inst *common.ContainerdInstance, ref string) string {
 	return inst.GetDriver().String() + "/" + inst.GetNamespace().String() + "/" + ref
 }
@@ -68,10 +80,6 @@ func imageKey(inst *common.ContainerdInstance, ref string) string {
 func (s imageService) Pull(req *machine.ImageServicePullRequest, ss grpc.ServerStreamingServer[machine.ImageServicePullResponse]) error {
 	n := s.a.n
 	n.mu.Lock()
-	if !hasLifecycle(n.version) {
-		n.mu.Unlock()
-		return status.Error(codes.Unimplemented, "unknown service machine.ImageService")
-	}
 	n.counters.ImagePulls++
 	ref := req.GetImageRef()
 	parsed, err := reference.ParseDockerRef(ref)
@@ -127,10 +135,6 @@ func (s imageService) Pull(req *machine.ImageServicePullRequest, ss grpc.ServerS
 func (l lifecycleService) Upgrade(req *machine.LifecycleServiceUpgradeRequest, ss grpc.ServerStreamingServer[machine.LifecycleServiceUpgradeResponse]) error {
 	n := l.a.n
 	n.mu.Lock()
-	if !hasLifecycle(n.version) {
-		n.mu.Unlock()
-		return status.Error(codes.Unimplemented, "unknown service machine.LifecycleService")
-	}
 	n.counters.UpgradeCalls++
 	n.counters.LifecycleUpgrades++
 	if n.installing {

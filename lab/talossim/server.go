@@ -132,6 +132,16 @@ func (a *apid) admit(ctx context.Context, method string) error {
 			}
 		}
 	}
+	// A service the node's Talos does not register is refused by gRPC
+	// itself, before any interceptor: Unimplemented "unknown service".
+	if svc, ok := lifecycleServiceOf(method); ok {
+		n.mu.Lock()
+		has := hasLifecycle(n.version)
+		n.mu.Unlock()
+		if !has {
+			return status.Errorf(codes.Unimplemented, "unknown service %s", svc)
+		}
+	}
 	roles := peerRoles(ctx)
 	if a.mode == serveMaintenance {
 		roles = role.MakeSet(role.Reader)

@@ -7,12 +7,15 @@ import (
 	"crypto/tls"
 	stdx509 "crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -26,13 +29,24 @@ import (
 // label, its kubelet at the version /version reports), each control
 // plane's mirror pods of kube-apiserver, kube-controller-manager and
 // kube-scheduler (Ready) and empty kube-system DaemonSet and Deployment
-// lists (no kube-proxy, no CoreDNS).
+// lists (no kube-proxy, no CoreDNS). A drain finds only those mirror
+// pods (which it leaves), and a Node patch (cordon, annotations) is kept.
 type APIServer struct {
 	srv        *httptest.Server
 	ca         *x509.CertificateAuthority
 	caCrt      []byte
 	authorized atomic.Int64
 	nodes      atomic.Pointer[[]Node]
+	// patched holds each Node's spec.unschedulable and annotations as
+	// patches left them.
+	mu      sync.Mutex
+	patched map[string]*nodePatch
+	patches int
+}
+
+type nodePatch struct {
+	Unschedulable bool
+	Annotations   map[string]string
 }
 
 // Node is a registered node of the stand-in.
@@ -56,7 +70,7 @@ func NewAPIServer(t testing.TB, caCrt, caKey []byte, nodes ...Node) *APIServer {
 	}
 	pool := stdx509.NewCertPool()
 	pool.AppendCertsFromPEM(caCrt)
-	a := &APIServer{ca: ca, caCrt: caCrt}
+	a := &APIServer{ca: ca, caCrt: caCrt, patched: map[string]*nodePatch{}}
 	a.SetNodes(nodes...)
 	a.srv = httptest.NewUnstartedServer(http.HandlerFunc(a.serve))
 	a.srv.TLS = &tls.Config{Certificates: []tls.Certificate{*serving.Certificate}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
@@ -78,7 +92,7 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 	case "/api/v1/nodes":
 		var items []string
 		for _, n := range *a.nodes.Load() {
-			items = append(items, nodeJSON(n))
+			items = append(items, a.nodeJSON(n))
 		}
 		fmt.Fprintf(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
 	case "/api/v1/namespaces/kube-system/pods":
@@ -91,11 +105,16 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 			if selector != "" && (!selected || app != component) {
 				continue
 			}
-			for _, n := range *a.nodes.Load() {
-				if n.ControlPlane {
-					items = append(items, fmt.Sprintf(`{"metadata":{"name":"%s-%s","namespace":"kube-system","labels":{"k8s-app":%q}},"spec":{"nodeName":%q},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`, component, n.Name, component, n.Name))
-				}
-			}
+			items = append(items, a.mirrorPods(component, "")...)
+		}
+		fmt.Fprintf(w, `{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
+	case "/api/v1/pods":
+		// A drain's list: the node's mirror pods (field selector
+		// spec.nodeName=X, the only one this stand-in understands).
+		node, _ := strings.CutPrefix(r.URL.Query().Get("fieldSelector"), "spec.nodeName=")
+		var items []string
+		for _, component := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			items = append(items, a.mirrorPods(component, node)...)
 		}
 		fmt.Fprintf(w, `{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[%s]}`, strings.Join(items, ","))
 	case "/apis/apps/v1/namespaces/kube-system/daemonsets":
@@ -105,7 +124,13 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		if name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/nodes/"); ok {
 			if i := slices.IndexFunc(*a.nodes.Load(), func(n Node) bool { return n.Name == name }); i >= 0 {
-				fmt.Fprint(w, nodeJSON((*a.nodes.Load())[i]))
+				if r.Method == http.MethodPatch {
+					if err := a.patchNode(name, r.Body); err != nil {
+						http.Error(w, err.Error(), http.StatusBadRequest)
+						return
+					}
+				}
+				fmt.Fprint(w, a.nodeJSON((*a.nodes.Load())[i]))
 				return
 			}
 		}
@@ -113,12 +138,81 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func nodeJSON(n Node) string {
+func (a *APIServer) nodeJSON(n Node) string {
 	role := "node-role.kubernetes.io/worker"
 	if n.ControlPlane {
 		role = "node-role.kubernetes.io/control-plane"
 	}
-	return fmt.Sprintf(`{"kind":"Node","apiVersion":"v1","metadata":{"name":%q,"labels":{%q:""}},"status":{"addresses":[{"type":"InternalIP","address":%q}],"conditions":[{"type":"Ready","status":"True"}],"nodeInfo":{"kubeletVersion":"v1.36.1"}}}`, n.Name, role, n.IP)
+	a.mu.Lock()
+	p := a.patched[n.Name]
+	a.mu.Unlock()
+	if p == nil {
+		p = &nodePatch{}
+	}
+	ann, _ := json.Marshal(p.Annotations)
+	return fmt.Sprintf(`{"kind":"Node","apiVersion":"v1","metadata":{"name":%q,"labels":{%q:""},"annotations":%s},"spec":{"unschedulable":%t},"status":{"addresses":[{"type":"InternalIP","address":%q}],"conditions":[{"type":"Ready","status":"True"}],"nodeInfo":{"kubeletVersion":"v1.36.1"}}}`, n.Name, role, ann, p.Unschedulable, n.IP)
+}
+
+// mirrorPods are the control planes' mirror pods of component (on node
+// only, when set), marked as the kubelet marks them
+// (kubernetes.io/config.mirror), so a drain leaves them.
+func (a *APIServer) mirrorPods(component, node string) []string {
+	var items []string
+	for _, n := range *a.nodes.Load() {
+		if n.ControlPlane && (node == "" || node == n.Name) {
+			items = append(items, fmt.Sprintf(`{"metadata":{"name":"%s-%s","namespace":"kube-system","labels":{"k8s-app":%q},"annotations":{"kubernetes.io/config.mirror":"stand-in"}},"spec":{"nodeName":%q},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`, component, n.Name, component, n.Name))
+		}
+	}
+	return items
+}
+
+// patchNode applies a merge patch's spec.unschedulable and annotations
+// (null removes one), the only Node fields this stand-in keeps.
+func (a *APIServer) patchNode(name string, body io.Reader) error {
+	var patch struct {
+		Metadata struct {
+			Annotations map[string]*string `json:"annotations"`
+		} `json:"metadata"`
+		Spec struct {
+			Unschedulable *bool `json:"unschedulable"`
+		} `json:"spec"`
+	}
+	if err := json.NewDecoder(body).Decode(&patch); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.patches++
+	p := a.patched[name]
+	if p == nil {
+		p = &nodePatch{Annotations: map[string]string{}}
+		a.patched[name] = p
+	}
+	if patch.Spec.Unschedulable != nil {
+		p.Unschedulable = *patch.Spec.Unschedulable
+	}
+	for k, v := range patch.Metadata.Annotations {
+		if v == nil {
+			delete(p.Annotations, k)
+		} else {
+			p.Annotations[k] = *v
+		}
+	}
+	return nil
+}
+
+// NodePatches counts the Node patches served.
+func (a *APIServer) NodePatches() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.patches
+}
+
+// Unschedulable reports whether the Node name is cordoned.
+func (a *APIServer) Unschedulable(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.patched[name] != nil && a.patched[name].Unschedulable
 }
 
 // SetNodes replaces the registered nodes.
