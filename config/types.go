@@ -225,6 +225,8 @@ type LocalSnapshot struct {
 	// in plaintext on purpose: what a git remote would serve anyway.
 	ServePlaintext []string `yaml:"servePlaintext" doc:"Gitignore-style patterns of files served as git holds them although they hold a plaintext Secret value (a Secret, secretGenerator input, secrets.yaml or .env* you keep unencrypted on purpose). Keys, tokens, kubeconfigs, Talos files and bootstrap's own files are never served."`
 	Refresh        Duration `yaml:"refresh" doc:"Re-snapshot interval when the tree changed (0 = only on SIGHUP)."`
+	// Serve is what the snapshot holds: need-to-know by default.
+	Serve string `yaml:"serve" doc:"What the snapshot serves: build (default) serves only the files the cluster's build reads from flux.path (every Kustomization and HelmRelease it finds, their kustomizations, components, patches, generator files, charts, valuesFiles), proven with kustomize each time; tree serves every file git lists, for a cluster that builds paths the tree does not declare (a Kustomization made by hand). The secret guard applies to both."`
 	// TLS is optional: the credential already keeps strangers out, TLS also
 	// keeps the LAN from reading the tree and the credential in transit.
 	TLSCertFile string `yaml:"tlsCertFile" path:"file" doc:"Serve over HTTPS with this PEM certificate (chain); url must then be https://. Flux trusts it as its CA, so a self-signed certificate works."`

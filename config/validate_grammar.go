@@ -57,6 +57,9 @@ var regionName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 // lists: the snapshot server refuses it at start, long after validate.
 func (v *validator) snapshotPatterns() {
 	ls := v.c.Flux.LocalSnapshot
+	if ls.Serve != "" && ls.Serve != "build" && ls.Serve != "tree" {
+		v.errf("flux.localSnapshot.serve", "%q is not build or tree: build serves what the cluster's build reads (the default), tree every file git lists", ls.Serve)
+	}
 	for field, list := range map[string][]string{"flux.localSnapshot.exclude": ls.Exclude, "flux.localSnapshot.servePlaintext": ls.ServePlaintext} {
 		for i, p := range list {
 			if strings.TrimSpace(p) == "" {

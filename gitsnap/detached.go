@@ -51,6 +51,7 @@ type ServeFlags struct {
 	Exclude   []string      `help:"Extra gitignore-style pattern to leave out of the snapshot (repeatable)." sep:"none"`
 	Path      string        `help:"Path Flux builds (flux.path): a snapshot that withholds a file the build reads there is refused, naming it. Default: the tree's root."`
 	Plaintext []string      `name:"serve-plaintext" help:"Gitignore-style pattern of files served although they hold a plaintext Secret value (flux.localSnapshot.servePlaintext; repeatable)." sep:"none"`
+	Tree      bool          `name:"serve-tree" help:"Serve every file git lists, not only what the build reads from --path (flux.localSnapshot.serve: tree)."`
 	StateDir  string        `help:"State directory of a detached server (kept current by the server)." type:"path"`
 	Protect   []string      `help:"Path never served, with everything under it and its .bak-* backups (repeatable): state, Talos files, credential files." sep:"none" type:"path"`
 	AuthFile  string        `help:"File holding user:password (mode 0600) that clients must present with HTTP basic auth. Default: the credential in --state-dir (created once, 0600)." type:"path"`
@@ -77,6 +78,9 @@ func (f ServeFlags) Args() []string {
 	}
 	for _, p := range f.Plaintext {
 		args = append(args, "--serve-plaintext="+p)
+	}
+	if f.Tree {
+		args = append(args, "--serve-tree")
 	}
 	for _, p := range f.Protect {
 		args = append(args, "--protect="+p)
@@ -106,7 +110,7 @@ func (f ServeFlags) branch() string {
 // ServerOptions turns the flags into server options.
 func (f ServeFlags) ServerOptions(log zerolog.Logger) ServerOptions {
 	return ServerOptions{
-		Build:    BuildOptions{Dir: f.Repo, Branch: f.branch(), Excludes: f.Exclude, Protect: f.Protect, FluxPath: f.Path, ServePlaintext: f.Plaintext},
+		Build:    BuildOptions{Dir: f.Repo, Branch: f.branch(), Excludes: f.Exclude, Protect: f.Protect, FluxPath: f.Path, ServePlaintext: f.Plaintext, ServeWholeTree: f.Tree},
 		Listen:   f.Listen,
 		URL:      f.URL,
 		Interval: f.Interval,

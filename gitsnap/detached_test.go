@@ -32,7 +32,7 @@ func detachedOptions(t *testing.T, fx fixture, env ...string) StartOptions {
 	opts := StartOptions{
 		Flags: ServeFlags{
 			Repo: fx.dir, Listen: addr, URL: "http://" + addr + "/homelab.git",
-			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes, Protect: fx.protect, Path: fixtureFluxPath, AuthFile: authFile,
+			Branch: testRepoBranch, Interval: time.Hour, Exclude: fx.excludes, Protect: fx.protect, Path: fixtureFluxPath, Tree: true, AuthFile: authFile,
 		},
 		StateDir:   stateDir,
 		Executable: os.Args[0],
@@ -193,7 +193,7 @@ func TestDetachedStartFailureQuotesTheLog(t *testing.T) {
 			return func() { ln.Close() }
 		}},
 		{"another git server", func(t *testing.T, ln net.Listener, opts StartOptions) func() {
-			srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, FluxPath: fixtureFluxPath}, URL: opts.Flags.URL})
+			srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, FluxPath: fixtureFluxPath, ServeWholeTree: true}, URL: opts.Flags.URL})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +259,7 @@ func TestEnsureStaleStateAndExternalServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(ctx, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath}, URL: opts.Flags.URL})
+	srv, err := NewServer(ctx, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath, ServeWholeTree: true}, URL: opts.Flags.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func TestEnsureWaitsForARecordedServerStillStarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The hash the server will serve: what Build makes of the same options.
-	snap, err := Build(context.Background(), BuildOptions{Dir: opts.Flags.Repo, Branch: opts.Flags.Branch, Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect, FluxPath: opts.Flags.Path})
+	snap, err := Build(context.Background(), BuildOptions{Dir: opts.Flags.Repo, Branch: opts.Flags.Branch, Excludes: opts.Flags.Exclude, Protect: opts.Flags.Protect, FluxPath: opts.Flags.Path, ServeWholeTree: opts.Flags.Tree})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func TestBuildListsWhatGitLists(t *testing.T) {
 			if strings.Contains(status, "local-notes") || strings.Contains(status, "scratch/") {
 				t.Fatalf("git itself lists the ignored files:\n%s", status)
 			}
-			snap, err := Build(context.Background(), BuildOptions{Dir: dir, Branch: testRepoBranch})
+			snap, err := Build(context.Background(), BuildOptions{Dir: dir, Branch: testRepoBranch, ServeWholeTree: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -32,10 +32,30 @@ import (
 // The starting paths are flux.path (the flux-system Kustomization); a tree
 // served without one starts at its root.
 
-// neededFiles maps each candidate the cluster's build reads to why. What
-// source-controller leaves out of the artifact (sourceIgnored) is never
-// read.
-func neededFiles(root string, candidates []string, starts []string) map[string]string {
+// buildReads is what the cluster's build reads of a tree, as neededFiles
+// judges it.
+type buildReads struct {
+	// why maps each candidate the build reads to why.
+	why map[string]string
+	// unknown says why what the build reads cannot be known from the tree
+	// alone (a path made of a post-build variable, which the cluster fills
+	// in); empty when it can.
+	unknown []string
+	// kustomizations are the directories built from a kustomization file:
+	// kustomize itself decides what they read (proveReads checks it).
+	kustomizations []string
+	// remote names a kustomization that loads a remote base: kustomize
+	// would fetch it, so its reads are not proven here.
+	remote string
+	// readable are the candidates the artifact holds (source-controller
+	// leaves out what sourceIgnored matches).
+	readable map[string]bool
+}
+
+// neededFiles judges what the cluster's build reads of the candidates.
+// What source-controller leaves out of the artifact (sourceIgnored) is
+// never read.
+func neededFiles(root string, candidates []string, starts []string) *buildReads {
 	n := &needs{root: root, files: map[string]bool{}, why: map[string]string{}, built: map[string]bool{}, charts: map[string]bool{}}
 	ignored := sourceIgnored(root, candidates)
 	for _, p := range candidates {
@@ -50,7 +70,7 @@ func neededFiles(root string, candidates []string, starts []string) map[string]s
 	for _, s := range starts {
 		n.build(cleanRel(s), "flux.path")
 	}
-	return n.why
+	return &buildReads{why: n.why, unknown: n.unknown, kustomizations: n.kustomizations, remote: n.remote, readable: n.files}
 }
 
 type needs struct {
@@ -62,6 +82,10 @@ type needs struct {
 	built map[string]bool
 	// charts are the chart directories recorded.
 	charts map[string]bool
+	// unknown, kustomizations and remote: buildReads.
+	unknown        []string
+	kustomizations []string
+	remote         string
 }
 
 // sourceIgnored is what source-controller leaves out of a GitRepository's
@@ -149,6 +173,7 @@ func (n *needs) build(dir, by string) {
 	n.built[dir] = true
 	if k := n.kustomizationIn(dir); k != "" {
 		n.need(k, fmt.Sprintf("the kustomization of %s/, which %s builds", dir, by))
+		n.kustomizations = append(n.kustomizations, dir)
 		n.kustomization(k)
 		return
 	}
@@ -192,6 +217,15 @@ func (n *needs) nearestKustomization(dir, p string) string {
 		}
 	}
 	return ""
+}
+
+// remoteRef reports whether a kustomization entry names a remote base or
+// file, which kustomize fetches (sigs.k8s.io/kustomize/api
+// internal/git/repospec.go: URLs, scp-like git@ addresses, and the
+// github.com/… shorthand with //path or ?ref=).
+func remoteRef(entry string) bool {
+	return strings.Contains(entry, "://") || strings.HasPrefix(entry, "git@") || strings.HasPrefix(entry, "github.com/") ||
+		strings.HasPrefix(entry, "gitlab.com/") || strings.Contains(entry, "?ref=") || strings.Contains(entry, ".git//")
 }
 
 // kustomizationRefs is what a kustomization names (kustomize api v0.21
@@ -248,7 +282,13 @@ func (n *needs) kustomization(k string) {
 	by := fmt.Sprintf("listed in %s", k)
 	ref := func(entry string, dirs bool) {
 		entry = strings.TrimSpace(entry)
-		if entry == "" || strings.Contains(entry, "\n") || strings.Contains(entry, "://") {
+		if entry == "" || strings.Contains(entry, "\n") {
+			return
+		}
+		if remoteRef(entry) {
+			if n.remote == "" {
+				n.remote = k
+			}
 			return
 		}
 		p := path.Clean(path.Join(dir, entry))
@@ -319,6 +359,9 @@ func (n *needs) fluxObjects(p string) {
 		case doc["kind"] == "Kustomization" && strings.HasPrefix(api, "kustomize.toolkit.fluxcd.io/"):
 			src, _ := spec["sourceRef"].(map[string]any)
 			dir, _ := spec["path"].(string)
+			if src["kind"] == "GitRepository" && strings.Contains(dir, "${") {
+				n.unknown = append(n.unknown, fmt.Sprintf("the Flux Kustomization %s (%s) builds path %q, which the cluster fills in", name, p, dir))
+			}
 			if src["kind"] == "GitRepository" && !strings.Contains(dir, "${") {
 				by := fmt.Sprintf("the Flux Kustomization %s (%s)", name, p)
 				n.build(cleanRel(dir), by)
@@ -361,7 +404,11 @@ func (n *needs) fluxObjects(p string) {
 // (relative to the chart; source-controller v1.9.5's local builder
 // resolves them inside the artifact).
 func (n *needs) chart(dir, by string) {
-	if dir == ".." || strings.HasPrefix(dir, "../") || strings.Contains(dir, "${") || n.charts[dir] {
+	if strings.Contains(dir, "${") {
+		n.unknown = append(n.unknown, fmt.Sprintf("%s builds the chart %q, which the cluster fills in", by, dir))
+		return
+	}
+	if dir == ".." || strings.HasPrefix(dir, "../") || n.charts[dir] {
 		return
 	}
 	n.charts[dir] = true
@@ -423,7 +470,7 @@ func BuildReads(ctx context.Context, dir, fluxPath string) (root string, files [
 	if err != nil {
 		return "", nil, err
 	}
-	for p := range neededFiles(root, candidates, fluxStarts(fluxPath)) {
+	for p := range neededFiles(root, candidates, fluxStarts(fluxPath)).why {
 		files = append(files, p)
 	}
 	sort.Strings(files)

@@ -56,10 +56,6 @@ func neededTree(t *testing.T) string {
 // choice; ServePlaintext serves a plaintext Secret as git holds it.
 func TestWithheldFilesTheBuildReadsRefuse(t *testing.T) {
 	dir := neededTree(t)
-	snap, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./infra", Excludes: []string{"infra/excluded.yaml"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := map[string]struct{ rule, neededBy string }{
 		"apps/web/secret.yaml":                {RuleUnencryptedSecret, "a manifest under apps/web/, which the Flux Kustomization web (infra/apps/ks.yaml) builds"},
 		"apps/web/sub/kustomization.yaml":     {RuleSecretGenerator, "the kustomization of apps/web/sub/"},
@@ -70,23 +66,59 @@ func TestWithheldFilesTheBuildReadsRefuse(t *testing.T) {
 		"infra/db-secret.yaml":                {RuleUnencryptedSecret, "listed in infra/kustomization.yaml"},
 		"infra/excluded.yaml":                 {RuleConfiguredExclude, "listed in infra/kustomization.yaml"},
 	}
-	if len(snap.Withheld) != len(want) {
-		t.Errorf("Withheld = %v, want %d files", snap.Withheld, len(want))
-	}
-	for _, w := range snap.Withheld {
-		x, ok := want[w.Path]
-		switch {
-		case !ok:
-			t.Errorf("%s withheld (%s), not expected", w.Path, w.Rule)
-		case w.Rule != x.rule:
-			t.Errorf("%s withheld as %q, want %q", w.Path, w.Rule, x.rule)
-		case x.neededBy == "" && w.NeededBy != "":
-			t.Errorf("%s: NeededBy %q, want nothing (no build reads it)", w.Path, w.NeededBy)
-		case !strings.HasPrefix(w.NeededBy, x.neededBy) || (x.neededBy != "" && w.NeededBy == ""):
-			t.Errorf("%s: NeededBy %q, want it to start with %q", w.Path, w.NeededBy, x.neededBy)
+	// Served whole, every file is judged; served need-to-know (the
+	// default), a file no build reads is not served at all, so only those
+	// the build reads are withheld.
+	var snap *Snapshot
+	for _, whole := range []bool{true, false} {
+		var err error
+		snap, err = Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./infra", Excludes: []string{"infra/excluded.yaml"}, ServeWholeTree: whole})
+		if err != nil {
+			t.Fatal(err)
+		}
+		expect := 0
+		for _, x := range want {
+			if whole || x.neededBy != "" {
+				expect++
+			}
+		}
+		if len(snap.Withheld) != expect {
+			t.Errorf("whole tree %v: Withheld = %v, want %d files", whole, snap.Withheld, expect)
+		}
+		for _, w := range snap.Withheld {
+			x, ok := want[w.Path]
+			switch {
+			case !ok:
+				t.Errorf("%s withheld (%s), not expected", w.Path, w.Rule)
+			case !whole && x.neededBy == "":
+				t.Errorf("need-to-know: %s withheld, but no build reads it: it is not served at all", w.Path)
+			case w.Rule != x.rule:
+				t.Errorf("%s withheld as %q, want %q", w.Path, w.Rule, x.rule)
+			case x.neededBy == "" && w.NeededBy != "":
+				t.Errorf("%s: NeededBy %q, want nothing (no build reads it)", w.Path, w.NeededBy)
+			case !strings.HasPrefix(w.NeededBy, x.neededBy) || (x.neededBy != "" && w.NeededBy == ""):
+				t.Errorf("%s: NeededBy %q, want it to start with %q", w.Path, w.NeededBy, x.neededBy)
+			}
+		}
+		served, _, _ := snapshotFiles(t, snap)
+		for _, p := range []string{"docs/secret.yaml", "apps/web/sub/not-listed-secret.yaml"} {
+			if _, ok := served[p]; ok {
+				t.Errorf("whole tree %v: %s served", whole, p)
+			}
+		}
+		if _, ok := served["charts/unused/Chart.yaml"]; !whole && ok {
+			t.Errorf("need-to-know: an unused chart is served")
+		}
+		if whole && snap.WholeTree == "" || !whole && (snap.WholeTree != "" || snap.Unread < 3) {
+			t.Errorf("whole tree %v: WholeTree %q, Unread %d", whole, snap.WholeTree, snap.Unread)
+		}
+		for _, p := range []string{"infra/app.yaml", "apps/web/sub/cm.yaml", "charts/app/Chart.yaml"} {
+			if _, ok := served[p]; !ok {
+				t.Errorf("whole tree %v: %s, which the build reads, not served", whole, p)
+			}
 		}
 	}
-	err = snap.Refusal()
+	err := snap.Refusal()
 	var refusal *RefusalError
 	if !errors.As(err, &refusal) {
 		t.Fatalf("Refusal() = %v, want a RefusalError", err)
@@ -184,7 +216,7 @@ func TestNeededFollowsWhatFluxReads(t *testing.T) {
 	} {
 		writeFile(t, dir, p, c, 0o644)
 	}
-	snap, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./clusters/home"})
+	snap, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./clusters/home", ServeWholeTree: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,5 +249,59 @@ func TestNeededFollowsWhatFluxReads(t *testing.T) {
 	}
 	if err != nil && strings.Contains(err.Error(), "local-secret") {
 		t.Errorf("Refusal() names the .sourceignore'd file: %v", err)
+	}
+}
+
+// TestNeedToKnowIsProvenByKustomize: a file kustomize reads that the
+// reading of what the build needs left out (here the data of a builtin
+// generator's config, which neededFiles does not open) refuses the
+// snapshot, named with the build that read it; a Flux Kustomization path
+// the cluster fills in (${...}) serves the whole tree and says why.
+func TestNeedToKnowIsProvenByKustomize(t *testing.T) {
+	requireGit(t)
+	dir := t.TempDir()
+	git(t, dir, "init", "-q", "-b", testRepoBranch)
+	for p, c := range map[string]string{
+		"infra/kustomization.yaml": "resources: [app.yaml]\ngenerators: [gen.yaml]\n",
+		"infra/app.yaml":           configMap,
+		"infra/gen.yaml":           "apiVersion: builtin\nkind: ConfigMapGenerator\nmetadata: {name: settings}\nfiles: [settings.ini]\n",
+		"infra/settings.ini":       "level=info\n",
+		"docs/notes.md":            "not built\n",
+	} {
+		writeFile(t, dir, p, c, 0o644)
+	}
+	snap, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./infra"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Unproven != "" {
+		t.Fatalf("Unproven = %q, want infra/ built", snap.Unproven)
+	}
+	var refusal *RefusalError
+	if err := snap.Refusal(); !errors.As(err, &refusal) || len(refusal.Missed) != 1 || refusal.Missed[0].Path != "infra/settings.ini" || refusal.Missed[0].ReadBy != "infra" {
+		t.Fatalf("Refusal() = %v, want infra/settings.ini missed, read by infra", err)
+	} else if !strings.Contains(err.Error(), "infra/settings.ini") || !strings.Contains(err.Error(), "serve") {
+		t.Errorf("refusal %q does not name the file and the way out", err)
+	}
+	// Served whole, nothing is missed.
+	whole, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./infra", ServeWholeTree: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := whole.Refusal(); err != nil || len(whole.Missed) != 0 {
+		t.Errorf("whole tree: Refusal() = %v, Missed %v", err, whole.Missed)
+	}
+
+	// A path the cluster substitutes cannot be followed: the whole tree.
+	writeFile(t, dir, "infra/ks.yaml", "apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata: {name: apps, namespace: flux-system}\n"+
+		"spec:\n  path: ./clusters/${CLUSTER}\n  sourceRef: {kind: GitRepository, name: flux-system}\n", 0o644)
+	writeFile(t, dir, "infra/kustomization.yaml", "resources: [app.yaml, ks.yaml]\n", 0o644)
+	snap, err = Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./infra"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _, _ := snapshotFiles(t, snap)
+	if _, ok := files["docs/notes.md"]; !ok || !strings.Contains(snap.WholeTree, "${CLUSTER}") || snap.Unread != 0 {
+		t.Errorf("substituted path: WholeTree %q, Unread %d, docs served %v; want the whole tree and the path named", snap.WholeTree, snap.Unread, ok)
 	}
 }

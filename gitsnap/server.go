@@ -157,7 +157,7 @@ func (s *Server) Refresh(ctx context.Context) (*Snapshot, bool, error) {
 	s.gen.Store(&generation{current: snap, replaced: replaced})
 	s.log.Info().Str("hash", snap.Hash.String()).Str("previous", old.current.Hash.String()).
 		Int("files", snap.Files).Int("excluded", snap.Excluded.Total()).
-		Msgf("snapshot changed: now serving %s (%d files; withheld: %s)", snap.Hash, snap.Files, snap.WithheldList())
+		Msgf("snapshot changed: now serving %s (%d files: %s; withheld: %s)", snap.Hash, snap.Files, snap.Scope(), snap.WithheldList())
 	if s.opts.StateDir != "" {
 		if err := recordRefresh(s.opts.StateDir, os.Getpid(), snap.Hash.String(), withheldOrEmpty(snap)); err != nil {
 			s.log.Warn().Err(err).Msg("recording the new snapshot hash in the state file")
@@ -199,7 +199,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, refresh <-chan os.S
 	snap := s.Snapshot()
 	s.log.Info().Str("url", s.opts.URL).Str("listen", ln.Addr().String()).Str("hash", snap.Hash.String()).
 		Str("branch", snap.Branch).Int("files", snap.Files).Int("excluded", snap.Excluded.Total()).
-		Msgf("serving snapshot %s of %s at %s (%d files; withheld: %s)", snap.Hash, s.opts.Build.Dir, s.opts.URL, snap.Files, snap.WithheldList())
+		Msgf("serving snapshot %s of %s at %s (%d files: %s; withheld: %s)", snap.Hash, s.opts.Build.Dir, s.opts.URL, snap.Files, snap.Scope(), snap.WithheldList())
 	if host := hostOf(s.opts.URL); host != "" {
 		if ip := net.ParseIP(host); (ip != nil && ip.IsLoopback()) || host == "localhost" {
 			s.log.Warn().Str("url", s.opts.URL).Msg("the announced URL is a loopback address: cluster pods cannot reach it")
@@ -243,7 +243,7 @@ func (s *Server) refreshLogged(ctx context.Context, trigger string) {
 		return
 	}
 	s.log.Info().Str("trigger", trigger).Str("hash", snap.Hash.String()).Int("files", snap.Files).Int("excluded", snap.Excluded.Total()).
-		Msgf("now serving snapshot %s (%d files; withheld: %s)", snap.Hash, snap.Files, snap.WithheldList())
+		Msgf("now serving snapshot %s (%d files: %s; withheld: %s)", snap.Hash, snap.Files, snap.Scope(), snap.WithheldList())
 }
 
 // withheldOrEmpty is the snapshot's withheld files, an empty (not nil)

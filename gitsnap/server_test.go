@@ -30,7 +30,7 @@ func serveFixture(t *testing.T) (fixture, *Server, chan os.Signal) {
 	t.Helper()
 	fx := newFixture(t)
 	srv, refresh := startServer(t, ServerOptions{
-		Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath},
+		Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath, ServeWholeTree: true},
 	})
 	return fx, srv, refresh
 }
@@ -196,7 +196,7 @@ func TestRefreshSwapsOnlyOnChange(t *testing.T) {
 func TestIntervalRefresh(t *testing.T) {
 	fx := newFixture(t)
 	srv, _ := startServer(t, ServerOptions{
-		Build:    BuildOptions{Dir: fx.dir, Branch: testRepoBranch, FluxPath: fixtureFluxPath},
+		Build:    BuildOptions{Dir: fx.dir, Branch: testRepoBranch, FluxPath: fixtureFluxPath, ServeWholeTree: true},
 		Interval: 100 * time.Millisecond,
 	})
 	first := srv.Snapshot().Hash
@@ -514,7 +514,7 @@ func TestAuthRequired(t *testing.T) {
 		t.Fatalf("a second EnsureAuth rewrote the credential: %v", err)
 	}
 	fx := newFixture(t)
-	srv, _ := startServer(t, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath}, Auth: &auth})
+	srv, _ := startServer(t, ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath, ServeWholeTree: true}, Auth: &auth})
 
 	env := append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false", "SSH_ASKPASS=/bin/false")
 	gitFails := func(what, u string) {
@@ -572,7 +572,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := "https://" + ln.Addr().String() + "/homelab.git"
-	srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath},
+	srv, err := NewServer(context.Background(), ServerOptions{Build: BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath, ServeWholeTree: true},
 		URL: u, Auth: &auth, TLSCert: certFile, TLSKey: keyFile})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -67,6 +68,11 @@ type BuildOptions struct {
 	// purpose). Credentials, keys, kubeconfigs, Talos files and bootstrap's
 	// own files are never served, whatever they say.
 	ServePlaintext []string
+	// ServeWholeTree serves every file git lists (less what the guard
+	// withholds) instead of only what the cluster's build reads from
+	// FluxPath: for a cluster that builds paths of the snapshot the tree
+	// does not declare (a Kustomization made by hand).
+	ServeWholeTree bool
 }
 
 // Snapshot is one immutable commit built from a work tree, held in memory.
@@ -88,6 +94,19 @@ type Snapshot struct {
 	// Skipped counts candidate paths that could not be represented
 	// (submodules, nested repositories, sockets, files that vanished).
 	Skipped int
+	// Unread counts the files left out because the cluster's build does
+	// not read them (need-to-know serving); never names.
+	Unread int
+	// WholeTree says why every file is served rather than what the build
+	// reads ("" when only that is): BuildOptions.ServeWholeTree, or a
+	// path the cluster fills in.
+	WholeTree string
+	// Missed are files kustomize read when proving the build that the
+	// snapshot does not serve: Refusal refuses them.
+	Missed []Missed
+	// Unproven says which builds kustomize could not prove ("" when it
+	// proved every one).
+	Unproven string
 
 	storage *memory.Storage
 }
@@ -161,6 +180,13 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 	}
 
 	snap := &Snapshot{Branch: branch, Excluded: Exclusions{}, Skipped: skipped, storage: memory.NewStorage()}
+	reads := neededFiles(root, candidates, fluxStarts(opts.FluxPath))
+	switch {
+	case opts.ServeWholeTree:
+		snap.WholeTree = "flux.localSnapshot.serve is tree"
+	case len(reads.unknown) > 0:
+		snap.WholeTree = "what the cluster builds is not known from the tree: " + strings.Join(reads.unknown, "; ")
+	}
 	withhold := func(p, rule string) {
 		snap.Excluded[rule]++
 		snap.Withheld = append(snap.Withheld, Withheld{Path: p, Rule: rule})
@@ -185,6 +211,11 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 		}
 		if rule := ex.byPath(p); rule != "" {
 			withhold(p, rule)
+			continue
+		}
+		if snap.WholeTree == "" && reads.why[p] == "" {
+			// Need-to-know: the cluster's build does not read it.
+			snap.Unread++
 			continue
 		}
 		var (
@@ -243,12 +274,19 @@ func Build(ctx context.Context, opts BuildOptions) (*Snapshot, error) {
 		files[p] = treeFile{mode: mode, hash: h}
 	}
 	snap.Files = len(files)
-	if len(snap.Withheld) > 0 {
-		needed := neededFiles(root, candidates, fluxStarts(opts.FluxPath))
-		for i := range snap.Withheld {
-			snap.Withheld[i].NeededBy = needed[snap.Withheld[i].Path]
-		}
+	for i := range snap.Withheld {
+		snap.Withheld[i].NeededBy = reads.why[snap.Withheld[i].Path]
 	}
+	snap.Missed, snap.Unproven = proveReads(root, reads, files)
+	// A withheld file kustomize reads is refused as such, with its rule's
+	// advice.
+	snap.Missed = slices.DeleteFunc(snap.Missed, func(m Missed) bool {
+		i := slices.IndexFunc(snap.Withheld, func(w Withheld) bool { return w.Path == m.Path })
+		if i >= 0 && snap.Withheld[i].NeededBy == "" {
+			snap.Withheld[i].NeededBy = fmt.Sprintf("read by kustomize building %s/", m.ReadBy)
+		}
+		return i >= 0
+	})
 
 	tree, err := writeTrees(snap.storage, files)
 	if err != nil {

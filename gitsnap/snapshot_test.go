@@ -297,7 +297,7 @@ func (fx fixture) expectedExclusions() Exclusions {
 
 func (fx fixture) build(t *testing.T) *Snapshot {
 	t.Helper()
-	snap, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath})
+	snap, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath, ServeWholeTree: true})
 	if err != nil {
 		t.Fatalf("Build: %v", err)
 	}
@@ -415,7 +415,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 	for _, p := range fx.protect {
 		protect = append(protect, strings.Replace(p, fx.dir, copyDir, 1))
 	}
-	other, err := Build(context.Background(), BuildOptions{Dir: copyDir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: protect})
+	other, err := Build(context.Background(), BuildOptions{Dir: copyDir, Branch: testRepoBranch, Excludes: fx.excludes, Protect: protect, FluxPath: fixtureFluxPath, ServeWholeTree: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,7 +460,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(fx.dir, "deep")); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: "dev", Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath})
+	dev, err := Build(context.Background(), BuildOptions{Dir: fx.dir, Branch: "dev", Excludes: fx.excludes, Protect: fx.protect, FluxPath: fixtureFluxPath, ServeWholeTree: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,7 +606,7 @@ func TestBuildServesWhatGitHolds(t *testing.T) {
 	writeFile(t, dir, "changed.crypt", "password=hunter3\n", 0o644)
 	writeFile(t, dir, "new.crypt", "password=hunter4\n", 0o644)
 
-	snap, err := Build(context.Background(), BuildOptions{Dir: dir, Branch: testRepoBranch})
+	snap, err := Build(context.Background(), BuildOptions{Dir: dir, Branch: testRepoBranch, ServeWholeTree: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -640,7 +640,7 @@ func TestBuildProtectsConfiguredPaths(t *testing.T) {
 	writeFile(t, dir, "custom-state/homelab/gitsnap-auth", "flux:0123456789abcdef0123\n", 0o600)
 	writeFile(t, dir, "kube/admin.conf", "anything\n", 0o600)
 	writeFile(t, dir, "kube/admin.conf.bak-20260101T000000.000000000Z", "anything\n", 0o600)
-	snap, err := Build(context.Background(), BuildOptions{Dir: dir, Protect: []string{
+	snap, err := Build(context.Background(), BuildOptions{Dir: dir, ServeWholeTree: true, Protect: []string{
 		filepath.Join(dir, "custom-state"), filepath.Join(dir, "kube", "admin.conf"), filepath.Join(t.TempDir(), "outside"),
 	}})
 	if err != nil {

@@ -73,21 +73,27 @@ func (s *Snapshot) NeededWithheld() []Withheld {
 // so it is not served at all. Nil when nothing needed is withheld.
 func (s *Snapshot) Refusal() error {
 	needed := s.NeededWithheld()
-	if len(needed) == 0 {
+	if len(needed) == 0 && len(s.Missed) == 0 {
 		return nil
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "the snapshot would leave out %d file(s) the cluster's build reads, so Flux would apply something else than git declares:", len(needed))
+	fmt.Fprintf(&b, "the snapshot would leave out %d file(s) the cluster's build reads, so Flux would apply something else than git declares:", len(needed)+len(s.Missed))
 	for _, w := range needed {
 		fmt.Fprintf(&b, "\n  %s: %s", w, w.Advice())
 	}
-	return &RefusalError{Files: needed, msg: b.String()}
+	for _, m := range s.Missed {
+		fmt.Fprintf(&b, "\n  %s (read by kustomize building %s/; bootstrap's reading of what the build needs left it out): set flux.localSnapshot.serve to tree to serve every file, and report the layout", m.Path, m.ReadBy)
+	}
+	return &RefusalError{Files: needed, Missed: s.Missed, msg: b.String()}
 }
 
 // RefusalError is Refusal's error: the withheld files the build reads.
 type RefusalError struct {
-	Files []Withheld
-	msg   string
+	// Missed are the files the proof's kustomize read that need-to-know
+	// serving left out.
+	Missed []Missed
+	Files  []Withheld
+	msg    string
 }
 
 func (e *RefusalError) Error() string { return e.msg }
@@ -103,4 +109,20 @@ func (s *Snapshot) WithheldList() string {
 		parts[i] = w.String()
 	}
 	return strings.Join(parts, ", ")
+}
+
+// Scope says what the snapshot serves, for logs and checks: the files
+// the cluster's build reads (and how many it left out), or the whole
+// tree and why, and which builds kustomize could not prove.
+func (s *Snapshot) Scope() string {
+	var b strings.Builder
+	if s.WholeTree != "" {
+		fmt.Fprintf(&b, "whole tree (%s)", s.WholeTree)
+	} else {
+		fmt.Fprintf(&b, "what the cluster's build reads (%d files nothing reads left out)", s.Unread)
+	}
+	if s.Unproven != "" {
+		fmt.Fprintf(&b, "; unproven: %s", s.Unproven)
+	}
+	return b.String()
 }

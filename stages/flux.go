@@ -440,7 +440,7 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	if err != nil {
 		return "", "", fmt.Errorf("snapshotting %s: %w", ls.Source, err)
 	}
-	env.Log.Info().Str("hash", snap.Hash.String()).Int("files", snap.Files).Str("excluded", snap.Excluded.String()).Msg("local git snapshot built")
+	env.Log.Info().Str("hash", snap.Hash.String()).Int("files", snap.Files).Str("excluded", snap.Excluded.String()).Str("scope", snap.Scope()).Msg("local git snapshot built")
 	reportWithheld(env, snap)
 	if err := snap.Refusal(); err != nil {
 		return "", "", config.Userf("%s: %v", ls.Source, err)
@@ -466,7 +466,7 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 	opts := gitsnap.StartOptions{
 		Flags: gitsnap.ServeFlags{Repo: env.Config.Resolve(ls.Source), Listen: ls.Listen, URL: ls.URL, Branch: f.Branch,
 			Interval: ls.Refresh.D(), Exclude: ls.Exclude, Protect: env.Config.Protected(), AuthFile: authFile,
-			Path: f.Path, Plaintext: ls.ServePlaintext},
+			Path: f.Path, Plaintext: ls.ServePlaintext, Tree: ls.Serve == "tree"},
 		StateDir: env.Paths.StateDir, Log: env.Log,
 	}
 	if tlsCert != "" {
@@ -501,7 +501,7 @@ func fluxSource(ctx context.Context, env *Env) (url, revision string, err error)
 func snapshotOptions(cfg *config.Config) gitsnap.BuildOptions {
 	ls := cfg.Flux.LocalSnapshot
 	return gitsnap.BuildOptions{Dir: cfg.Resolve(ls.Source), Branch: cfg.Flux.Branch, Excludes: ls.Exclude, Protect: cfg.Protected(),
-		FluxPath: cfg.Flux.Path, ServePlaintext: ls.ServePlaintext}
+		FluxPath: cfg.Flux.Path, ServePlaintext: ls.ServePlaintext, ServeWholeTree: ls.Serve == "tree"}
 }
 
 // reportWithheld names every file the snapshot leaves out, with its rule
@@ -770,9 +770,9 @@ func sourceChecks(env *Env) []check.Check {
 					return check.Failf("%s: %v", ls.Source, err)
 				}
 				if len(snap.Withheld) > 0 {
-					return check.Passf("%s: %d files, commit %s; withheld (never served): %s", ls.Source, snap.Files, short(snap.Hash.String()), snap.WithheldList())
+					return check.Passf("%s: %d files (%s), commit %s; withheld (never served): %s", ls.Source, snap.Files, snap.Scope(), short(snap.Hash.String()), snap.WithheldList())
 				}
-				return check.Passf("%s: %d files, commit %s, nothing withheld", ls.Source, snap.Files, short(snap.Hash.String()))
+				return check.Passf("%s: %d files (%s), commit %s, nothing withheld", ls.Source, snap.Files, snap.Scope(), short(snap.Hash.String()))
 			}},
 			{Name: "git snapshot address", Run: func(ctx context.Context) (check.Status, string) {
 				if st, err := gitsnap.Check(ctx, env.Paths.StateDir); err == nil && st.State != nil && st.Alive && st.ProbeError == nil {
