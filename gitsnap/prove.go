@@ -124,28 +124,35 @@ func (f *readableFS) notExist(p string) error {
 	return &fs.PathError{Op: "open", Path: p, Err: fs.ErrNotExist}
 }
 
+// readable records p as read and returns its path on disk, or says it
+// does not exist when the artifact would not hold it.
+func (f *readableFS) readable(p string) (string, error) {
+	r, ok := f.rel(p)
+	if !ok || !f.files[r] {
+		return "", f.notExist(p)
+	}
+	f.mu.Lock()
+	f.read[r] = true
+	f.mu.Unlock()
+	return filepath.Join(f.root, filepath.FromSlash(r)), nil
+}
+
 var errReadOnly = errors.New("the snapshot's proof build writes nothing")
 
 func (f *readableFS) ReadFile(p string) ([]byte, error) {
-	r, ok := f.rel(p)
-	if !ok || !f.files[r] {
-		return nil, f.notExist(p)
+	full, err := f.readable(p)
+	if err != nil {
+		return nil, err
 	}
-	f.mu.Lock()
-	f.read[r] = true
-	f.mu.Unlock()
-	return f.FileSystem.ReadFile(filepath.Join(f.root, filepath.FromSlash(r)))
+	return f.FileSystem.ReadFile(full)
 }
 
 func (f *readableFS) Open(p string) (filesys.File, error) {
-	r, ok := f.rel(p)
-	if !ok || !f.files[r] {
-		return nil, f.notExist(p)
+	full, err := f.readable(p)
+	if err != nil {
+		return nil, err
 	}
-	f.mu.Lock()
-	f.read[r] = true
-	f.mu.Unlock()
-	return f.FileSystem.Open(filepath.Join(f.root, filepath.FromSlash(r)))
+	return f.FileSystem.Open(full)
 }
 
 func (f *readableFS) Exists(p string) bool {

@@ -55,18 +55,11 @@ func (o *Ops) PullInstaller(ctx context.Context, t Target, image string) (string
 		if err != nil {
 			return err
 		}
-		for {
-			resp, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
+		return receiveAll(stream, func(resp *machine.ImageServicePullResponse) {
 			if name := resp.GetName(); name != "" {
 				pinned = name
 			}
-		}
+		})
 	})
 	if client.StatusCode(err) == codes.Unimplemented {
 		return "", errNoLifecycle
@@ -78,6 +71,21 @@ func (o *Ops) PullInstaller(ctx context.Context, t Target, image string) (string
 		return "", fmt.Errorf("pulling the installer %s on %s: the node's answer named no image", image, t)
 	}
 	return pinned, nil
+}
+
+// receiveAll hands each message of a server stream to f until the server
+// ends it (nil) or it fails.
+func receiveAll[T any](stream interface{ Recv() (T, error) }, f func(T)) error {
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		f(resp)
+	}
 }
 
 // installerOutputKept is how many of the installer's last lines an error
@@ -101,14 +109,7 @@ func (o *Ops) InstallUpgrade(ctx context.Context, t Target, pinned string) (outp
 		if err != nil {
 			return err
 		}
-		for {
-			resp, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
+		return receiveAll(stream, func(resp *machine.LifecycleServiceUpgradeResponse) {
 			switch p := resp.GetProgress().GetResponse().(type) {
 			case *machine.LifecycleServiceInstallProgress_Message:
 				line := strings.TrimSpace(p.Message)
@@ -120,7 +121,7 @@ func (o *Ops) InstallUpgrade(ctx context.Context, t Target, pinned string) (outp
 			case *machine.LifecycleServiceInstallProgress_ExitCode:
 				exitCode = p.ExitCode
 			}
-		}
+		})
 	})
 	if client.StatusCode(err) == codes.Unimplemented {
 		return output, exitCode, errNoLifecycle
@@ -193,16 +194,7 @@ func (o *Ops) lifecycleUpgrade(ctx context.Context, opts RollOutOptions, s Upgra
 		return err
 	}
 	w := settleWait{What: fmt.Sprintf("%s to reboot into Talos %s", s.Target, s.To), Timeout: o.opts.RebootTimeout,
-		Version: s.To, Schematic: s.ToSchematic, Step: s}
-	if bootBefore != 0 {
-		w.RolledBack = func(ctx context.Context, v string) (bool, error) {
-			if v != s.From {
-				return false, nil
-			}
-			bt, err := o.BootTime(ctx, s.IP)
-			return err == nil && bt != 0 && bt != bootBefore, err
-		}
-	}
+		Version: s.To, Schematic: s.ToSchematic, Step: s, RolledBack: o.rolledBack(s, bootBefore)}
 	if _, err := o.waitSettledOn(ctx, s.Target, w); err != nil {
 		var rb *RolledBackError
 		if errors.As(err, &rb) {

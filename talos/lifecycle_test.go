@@ -29,20 +29,27 @@ func TestUpgradesThroughLifecycle(t *testing.T) {
 	}
 }
 
-// A v1.13 node is upgraded as talosctl v1.13+ does it: the installer
-// pulled into its system containerd, LifecycleService.Upgrade running it
-// beside the running node, then a Reboot this tool asks. The legacy
-// MachineService.Upgrade is not called.
-func TestLifecycleUpgrade(t *testing.T) {
-	t.Parallel()
+// lifecycleNode is a converged one-node v1.13 cluster and the step that
+// upgrades its node to v1.13.11.
+func lifecycleNode(t *testing.T) (*harness, context.Context, *talossim.Node, UpgradeStep) {
+	t.Helper()
 	h := newHarness(t, harnessOptions{controlPlanes: 1})
 	ctx := testCtx(t)
 	if _, err := h.converge(ctx, Execute); err != nil {
 		t.Fatal(err)
 	}
 	cp := h.node("cp-1")
-	from, before := cp.Version(), cp.Counters()
-	step := UpgradeStep{Target: h.targets()[0], From: from, To: "v1.13.11", Pos: 1, Of: 1}
+	return h, ctx, cp, UpgradeStep{Target: h.targets()[0], From: cp.Version(), To: "v1.13.11", Pos: 1, Of: 1}
+}
+
+// A v1.13 node is upgraded as talosctl v1.13+ does it: the installer
+// pulled into its system containerd, LifecycleService.Upgrade running it
+// beside the running node, then a Reboot this tool asks. The legacy
+// MachineService.Upgrade is not called.
+func TestLifecycleUpgrade(t *testing.T) {
+	t.Parallel()
+	h, ctx, cp, step := lifecycleNode(t)
+	before := cp.Counters()
 	if err := h.ops.upgradeOne(ctx, RollOutOptions{Steps: []UpgradeStep{step}, Image: "ghcr.io/siderolabs/installer:v1.13.11", Mutate: Execute, Health: h.health()}, step); err != nil {
 		t.Fatal(err)
 	}
@@ -67,14 +74,8 @@ func TestLifecycleUpgrade(t *testing.T) {
 // The next run, the cause gone, upgrades it.
 func TestLifecycleInstallerFails(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, harnessOptions{controlPlanes: 1})
-	ctx := testCtx(t)
-	if _, err := h.converge(ctx, Execute); err != nil {
-		t.Fatal(err)
-	}
-	cp := h.node("cp-1")
-	from, before := cp.Version(), cp.Counters()
-	step := UpgradeStep{Target: h.targets()[0], From: from, To: "v1.13.11", Pos: 1, Of: 1}
+	h, ctx, cp, step := lifecycleNode(t)
+	before := cp.Counters()
 	opts := RollOutOptions{Steps: []UpgradeStep{step}, Image: "ghcr.io/siderolabs/installer:v1.13.11", Mutate: Execute, Health: h.health()}
 
 	cp.SetFaults(talossim.Faults{UpgradeSequenceFails: 1})
@@ -85,7 +86,7 @@ func TestLifecycleInstallerFails(t *testing.T) {
 		t.Fatalf("after %s: %v", time.Since(start).Round(time.Millisecond), err)
 	}
 	for _, w := range []string{"upgrading cp-1", "to Talos v1.13.11: its installer exited with code 1", "(injected) failed to install bootloader",
-		"neither drained nor rebooted and runs Talos " + from + " as before", "A re-run asks the same upgrade again", "the rollout stopped at cp-1 (1/1)"} {
+		"neither drained nor rebooted and runs Talos " + step.From + " as before", "A re-run asks the same upgrade again", "the rollout stopped at cp-1 (1/1)"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("the error does not say %q: %v", w, err)
 		}
@@ -94,8 +95,8 @@ func TestLifecycleInstallerFails(t *testing.T) {
 		t.Errorf("the error asks the user for a command: %v", err)
 	}
 	c := cp.Counters()
-	if cp.Version() != from || c.Reboots != before.Reboots || c.RebootCalls != before.RebootCalls || c.FailedUpgrades != before.FailedUpgrades+1 ||
-		h.sim.InstalledVersion(cp.IP()) != from {
+	if cp.Version() != step.From || c.Reboots != before.Reboots || c.RebootCalls != before.RebootCalls || c.FailedUpgrades != before.FailedUpgrades+1 ||
+		h.sim.InstalledVersion(cp.IP()) != step.From {
 		t.Fatalf("cp-1 after its failed installer: %s (disk %s), %+v", cp.Version(), h.sim.InstalledVersion(cp.IP()), c)
 	}
 

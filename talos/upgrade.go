@@ -438,21 +438,29 @@ func (o *Ops) waitSettledOn(ctx context.Context, t Target, w settleWait) (string
 // time ends the wait at once as a RolledBackError: its sequence failed
 // and machined rebooted it into its old Talos. Without it (SystemStat
 // Unimplemented, or no upgrade asked) only the failure event tells.
+// rolledBack is the settle wait's test for a node that booted again
+// (its boot time changed from bootBefore) but still runs s.From: Talos
+// rolled the upgrade back. Nil when the boot time before is not known.
+func (o *Ops) rolledBack(s UpgradeStep, bootBefore uint64) func(context.Context, string) (bool, error) {
+	if bootBefore == 0 {
+		return nil
+	}
+	return func(ctx context.Context, v string) (bool, error) {
+		if v != s.From {
+			return false, nil
+		}
+		bt, err := o.BootTime(ctx, s.IP)
+		return err == nil && bt != 0 && bt != bootBefore, err
+	}
+}
+
 func (o *Ops) waitUpgraded(ctx context.Context, s UpgradeStep, bootBefore uint64) error {
 	what := fmt.Sprintf("%s to reboot into Talos %s", s.Target, s.To)
 	if s.ToSchematic != "" {
 		what += " with schematic " + factory.ShortID(s.ToSchematic)
 	}
-	w := settleWait{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout, Version: s.To, Schematic: s.ToSchematic, Step: s}
-	if bootBefore != 0 {
-		w.RolledBack = func(ctx context.Context, v string) (bool, error) {
-			if v != s.From {
-				return false, nil
-			}
-			bt, err := o.BootTime(ctx, s.IP)
-			return err == nil && bt != 0 && bt != bootBefore, err
-		}
-	}
+	w := settleWait{What: what, Timeout: o.opts.InstallTimeout + o.opts.RebootTimeout, Version: s.To, Schematic: s.ToSchematic, Step: s,
+		RolledBack: o.rolledBack(s, bootBefore)}
 	_, err := o.waitSettledOn(ctx, s.Target, w)
 	return err
 }
