@@ -543,28 +543,29 @@ func TestKubernetesUpgradeAfterATalosMinor(t *testing.T) {
 // TestPipelineAndKubernetesUpgradeOnTalos114: the pipeline on Talos
 // v1.14.1, whose configs keep Kubernetes in typed documents (KubeletConfig,
 // KubeAPIServerConfig…) and refuse the v1alpha1 fields beside them, then a
-// Kubernetes upgrade 1.35.4 → 1.36.1 on it. The upgrade pins each
+// Kubernetes upgrade 1.36.1 → 1.37.2 on it: the newest pair Talos v1.14
+// runs (talos114: Kubernetes up to 1.37), on the lab's real 1.37.2 servers. The upgrade pins each
 // component's image in the config it applies; pinned in .machine.kubelet
 // or .cluster.apiServer, the node refuses it (talossim validates as
 // machined does: V1Alpha1ConflictValidate at machinery v1.14.1).
 func TestPipelineAndKubernetesUpgradeOnTalos114(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 1, Workers: 1, TalosVersion: "v1.14.1", KubernetesVersion: "1.35.4"})
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, Workers: 1, TalosVersion: "v1.14.1", KubernetesVersion: "1.36.1"})
 	if r := run(t, ctx, h, "run", "--stage", "all"); r.ExitCode != 0 {
-		t.Fatalf("install at v1.14.1 and 1.35.4:\n%s", r.Tail(40))
+		t.Fatalf("install at v1.14.1 and 1.36.1:\n%s", r.Tail(40))
 	}
 	if v := nodeNamed(t, h, "cp-1").Version(); v != "v1.14.1" {
 		t.Fatalf("cp-1 runs Talos %s, want v1.14.1", v)
 	}
-	setKubernetesVersion(t, h, "1.36.1")
+	setKubernetesVersion(t, h, "1.37.2")
 	dryRunThenUpgrade(t, ctx, h, func(dry *e2e.Result) {
-		if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "upgrade kube-apiserver on cp-1 1.35.4 → 1.36.1") {
-			t.Fatalf("dry run of Kubernetes 1.36.1 on Talos v1.14.1 (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
+		if dry.ExitCode != 0 || !strings.Contains(dry.Stdout, "upgrade kube-apiserver on cp-1 1.36.1 → 1.37.2") {
+			t.Fatalf("dry run of Kubernetes 1.37.2 on Talos v1.14.1 (exit %d):\n%s", dry.ExitCode, dry.Tail(40))
 		}
 	})
 	api, kubelets := kubeState(t, ctx, h)
-	if api != "v1.36.1" || kubelets["cp-1"] != "v1.36.1" || kubelets["wk-1"] != "v1.36.1" {
+	if api != "v1.37.2" || kubelets["cp-1"] != "v1.37.2" || kubelets["wk-1"] != "v1.37.2" {
 		t.Fatalf("after the upgrade the API server runs %s and the kubelets %v", api, kubelets)
 	}
 	if pc := run(t, ctx, h, "run", "--stage", "postcheck"); pc.ExitCode != 0 {

@@ -30,9 +30,10 @@ type Removed struct {
 }
 
 // removedByMinor is what each minor release removed, for the releases
-// Talos v1.12 and v1.13 run (Kubernetes 1.31 to 1.36). Upgrade-k8s checks
+// Talos v1.12 to v1.14 run (Kubernetes 1.31 to 1.37). Upgrade-k8s checks
 // the same before it starts (siderolabs/go-kubernetes
-// kubernetes/upgrade/checks.go at v0.2.37, upgradeVersionCheck, taken from
+// kubernetes/upgrade/checks.go at v0.2.37, and at v0.2.41 for 1.37, the
+// version Talos v1.14.0-rc.1 pins; upgradeVersionCheck, taken from
 // the Kubernetes changelogs and the API deprecation guide), with the
 // component flags it lists (a user's extraArgs can carry them). A release
 // not listed removed nothing of these (unverified beyond that file).
@@ -61,6 +62,17 @@ var removedByMinor = map[uint64]Removed{
 		Flags: map[string][]string{Kubelet: {"pod-infra-container-image"}}},
 	36: {FeatureGates: []string{"CSIMigrationPortworx", "HonorPVReclaimPolicy", "InTreePluginPortworxUnregister",
 		"WatchFromStorageWithoutResourceVersion"}},
+	37: {
+		Resources: []string{"workloads.v1alpha2.scheduling.k8s.io", "podgroups.v1alpha2.scheduling.k8s.io"},
+		FeatureGates: []string{"AnyVolumeDataSource", "DeclarativeValidationTakeover", "GangScheduling",
+			"PreventStaticPodAPIReferences", "WorkloadAwarePreemption"},
+		// cAdvisor's deprecated flags: the kubelet fails to start with any.
+		Flags: map[string][]string{Kubelet: {"application-metrics-count-limit", "boot-id-file", "container-hints",
+			"containerd", "containerd-namespace", "enable-load-reader", "event-storage-age-limit", "event-storage-event-limit",
+			"global-housekeeping-interval", "log-cadvisor-usage", "machine-id-file", "storage-driver-user",
+			"storage-driver-password", "storage-driver-host", "storage-driver-db", "storage-driver-table",
+			"storage-driver-secure", "storage-driver-buffer-duration"}},
+	},
 }
 
 // RemovedIn returns what the releases after from up to to removed (nothing

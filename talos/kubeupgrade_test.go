@@ -3,6 +3,7 @@ package talos
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -188,6 +189,16 @@ func TestRemovedInUpgrade(t *testing.T) {
 	}
 	if err := RemovedIn("1.35.0", "1.36.1").CheckConfigs(map[string][]byte{n.Name: []byte(withFlag)}); err != nil {
 		t.Fatalf("a flag removed before: %v", err)
+	}
+	// 1.37 removed cAdvisor's deprecated kubelet flags (go-kubernetes
+	// v0.2.41, the version Talos v1.14 pins).
+	withCadvisor := strings.Replace(string(patched), "    kubelet:\n", "    kubelet:\n        extraArgs:\n            housekeeping-interval: 10s\n            global-housekeeping-interval: 1m\n", 1)
+	err = RemovedIn("1.36.1", "1.37.2").CheckConfigs(map[string][]byte{n.Name: []byte(withCadvisor)})
+	if err == nil || !strings.Contains(err.Error(), "cp-1: kubelet flag --global-housekeeping-interval") || strings.Contains(err.Error(), "--housekeeping-interval") {
+		t.Fatalf("1.37's removed kubelet flag: %v", err)
+	}
+	if r := RemovedIn("1.36.1", "1.37.2"); !slices.Contains(r.Resources, "podgroups.v1alpha2.scheduling.k8s.io") {
+		t.Fatalf("1.36 → 1.37 resources %v", r.Resources)
 	}
 
 	gvr := schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1alpha3", Resource: "podschedulingcontexts"}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the lab's binaries (etcd, etcdutl, kube-apiserver, kube-controller-manager,
 # kube-scheduler and the same three of the previous Kubernetes minor, prefixed
-# previous-, and of the two minors a Kubernetes-first upgrade crosses, prefixed
-# 1.30- and 1.31-; kwok, source-controller, kustomize-controller,
+# previous-, of the two minors a Kubernetes-first upgrade crosses, prefixed
+# 1.30- and 1.31-, and of the newest minor Talos v1.14 runs, prefixed 1.37-; kwok, source-controller, kustomize-controller,
 # helm-controller, controller-gen, versitygw (the S3 server of backup.s3), and
 # the users' tools the e2e tests run: kubectl, age, age-keygen, sops, helm, flux,
 # node_exporter) from the Go
@@ -55,10 +55,11 @@ k8s_version=$(mod_version kubernetes k8s.io/kubernetes)
 # The other Kubernetes builds, which only upgrade rehearsals start: the
 # previous minor, and the minors a Kubernetes-first upgrade crosses (the
 # last one the pinned Talos cannot run and its minimum: e2e
-# TestKubernetesFirstUpgrade). Build <name> is pinned by module dir
+# TestKubernetesFirstUpgrade), and the newest minor Talos v1.14 runs (1.37:
+# e2e TestPipelineAndKubernetesUpgradeOnTalos114). Build <name> is pinned by module dir
 # kubernetes-<name>, its servers are prefixed <name>- and the manifest
 # names it k8s.io/kubernetes@<name> (lab/kube Binaries.ServerBinary).
-k8s_builds=(previous 1.30 1.31)
+k8s_builds=(previous 1.30 1.31 1.37)
 declare -A k8s_build_versions=()
 for n in "${k8s_builds[@]}"; do
 	k8s_build_versions[$n]=$(mod_version "kubernetes-$n" k8s.io/kubernetes)
@@ -147,6 +148,7 @@ done
 no_opt="-N -l"
 for b in 1.30-kube-apiserver 1.30-kube-controller-manager 1.30-kube-scheduler \
 	1.31-kube-apiserver 1.31-kube-controller-manager 1.31-kube-scheduler \
+	1.37-kube-apiserver 1.37-kube-controller-manager 1.37-kube-scheduler \
 	sops helm node_exporter flux versitygw controller-gen; do
 	IFS='|' read -r mod pkg ldflags tags _ <<<"${specs[$b]}"
 	specs[$b]="$mod|$pkg|$ldflags|$tags|$no_opt"
@@ -177,6 +179,7 @@ if [[ $set_name == all ]]; then
 	chain_kubernetes+=(previous-kube-apiserver previous-kube-controller-manager previous-kube-scheduler)
 	chain_kubernetes+=(1.30-kube-apiserver 1.30-kube-controller-manager 1.30-kube-scheduler)
 	chain_rest+=(1.31-kube-apiserver 1.31-kube-controller-manager 1.31-kube-scheduler)
+	chain_kubernetes+=(1.37-kube-apiserver 1.37-kube-controller-manager 1.37-kube-scheduler)
 fi
 binaries=("${chain_kubernetes[@]}" "${chain_rest[@]}")
 
