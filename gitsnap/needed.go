@@ -359,10 +359,11 @@ func (n *needs) fluxObjects(p string) {
 		case doc["kind"] == "Kustomization" && strings.HasPrefix(api, "kustomize.toolkit.fluxcd.io/"):
 			src, _ := spec["sourceRef"].(map[string]any)
 			dir, _ := spec["path"].(string)
-			if src["kind"] == "GitRepository" && strings.Contains(dir, "${") {
+			switch {
+			case src["kind"] != "GitRepository":
+			case strings.Contains(dir, "${"):
 				n.unknown = append(n.unknown, fmt.Sprintf("the Flux Kustomization %s (%s) builds path %q, which the cluster fills in", name, p, dir))
-			}
-			if src["kind"] == "GitRepository" && !strings.Contains(dir, "${") {
+			default:
 				by := fmt.Sprintf("the Flux Kustomization %s (%s)", name, p)
 				n.build(cleanRel(dir), by)
 				// spec.components are added to the build, relative to
