@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"net/url"
 	"os"
@@ -63,6 +64,13 @@ func TestSecretsStaySecret(t *testing.T) {
 	writeSecretFile(t, filepath.Join(credDir, "age.agekey"), "# created: 2026-11-28\n"+ageIdentity+"\n")
 	if err := h.EditConfig(func(s string) (string, error) {
 		s = strings.Replace(s, "\nflux:\n", "\nflux:\n  auth:\n    tokenFile: "+filepath.Join(credDir, "flux-token")+"\n", 1)
+		// The whole tree, so that the guard judges and names every file
+		// planted below (served need-to-know, those no build reads are
+		// never served nor named: TestNeedToKnowIsProvenByKustomize).
+		if !strings.Contains(s, "\n  localSnapshot:\n") {
+			return "", fmt.Errorf("no flux.localSnapshot in the lab's config")
+		}
+		s = strings.Replace(s, "\n  localSnapshot:\n", "\n  localSnapshot:\n    serve: tree\n", 1)
 		return s + "secrets:\n  age:\n    keyFile: " + filepath.Join(credDir, "age.agekey") + "\n", nil
 	}); err != nil {
 		t.Fatal(err)
