@@ -77,6 +77,7 @@ func main() {
 	}
 	wall := time.Since(start)
 	r.printPackages(os.Stdout, wall)
+	r.printWhy(os.Stdout)
 	code := 0
 	if r.failed {
 		code = 1
@@ -112,6 +113,16 @@ type run struct {
 	order  []string // packages as they ended
 	output map[string][]string
 	failed bool
+	// why keeps, per failing test, the messages its own checks wrote
+	// (see reasons): printed again at the very end, where a CI log's
+	// tail is read.
+	why []failure
+}
+
+// failure is a failing test and what its checks said.
+type failure struct {
+	pkg, name string
+	reasons   []string
 }
 
 func newRun() *run {
@@ -203,7 +214,82 @@ func (r *run) event(e event, out io.Writer) {
 		// A subtest's lines are printed with its own failure, before
 		// its parent's.
 		fmt.Fprint(out, strings.Join(r.output[key], ""))
+		if why := reasons(r.output[key]); len(why) > 0 {
+			r.why = append(r.why, failure{pkg: e.Package, name: e.Test, reasons: why})
+		}
 		delete(r.output, key)
+	}
+}
+
+// A message a test wrote: "    file_test.go:12: text" (four spaces, at
+// any subtest depth), its further lines indented deeper.
+var messageLine = regexp.MustCompile(`^    (\S+\.go:\d+): (.*)$`)
+
+// dumpMessage is a message that carries logs for context (the lab's, the
+// control plane's: "lab log (last 40 lines …):", "control plane logs:"),
+// written when a test fails, after the check that failed it.
+var dumpMessage = regexp.MustCompile(`(?i)\blogs?\b.*:$`)
+
+// reasons picks from a failing test's output what its checks said: each
+// message but the log dumps, cut to its first line and its last few (a
+// failed command's tail ends with its error), so a CI log's last screen
+// names why every test failed.
+func reasons(lines []string) []string {
+	const keep = 6
+	var out []string
+	var cur []string
+	flush := func() {
+		if len(cur) == 0 {
+			return
+		}
+		if m := messageLine.FindStringSubmatch(strings.TrimRight(cur[0], "\n")); m != nil && !dumpMessage.MatchString(m[2]) {
+			head := strings.TrimSpace(cur[0])
+			rest := cur[1:]
+			if len(rest) > keep {
+				head += fmt.Sprintf(" [… %d lines]", len(rest)-keep)
+				rest = rest[len(rest)-keep:]
+			}
+			out = append(out, head)
+			for _, l := range rest {
+				out = append(out, "    "+strings.TrimSpace(l))
+			}
+		}
+		cur = nil
+	}
+	for _, l := range lines {
+		if messageLine.MatchString(strings.TrimRight(l, "\n")) || strings.HasPrefix(strings.TrimSpace(l), "--- FAIL") {
+			flush()
+		}
+		if strings.HasPrefix(strings.TrimSpace(l), "--- FAIL") {
+			continue
+		}
+		cur = append(cur, l)
+	}
+	flush()
+	return out
+}
+
+// printWhy ends a failed run with why each test failed (the leaves: a
+// parent fails with its subtests and says nothing of its own).
+func (r *run) printWhy(out io.Writer) {
+	if len(r.why) == 0 {
+		return
+	}
+	// Enough for a handful of failures; a run where everything failed
+	// has one cause, found in its first few.
+	const most = 120
+	fmt.Fprintf(out, "\nwhy %d tests failed (their checks' messages; the whole output is above):\n", len(r.why))
+	lines := 0
+	for i, f := range r.why {
+		if lines > most {
+			fmt.Fprintf(out, "… and %d more failing tests\n", len(r.why)-i)
+			return
+		}
+		lines += 1 + len(f.reasons)
+		fmt.Fprintf(out, "%s %s:\n", short(f.pkg), f.name)
+		for _, l := range f.reasons {
+			fmt.Fprintf(out, "  %s\n", l)
+		}
 	}
 }
 

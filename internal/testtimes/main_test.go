@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -75,5 +78,56 @@ func TestPrintsWhatGoTestPrintsAndTheTimes(t *testing.T) {
 	}
 	if !strings.Contains(s, "12s") || !strings.Contains(s, "2 in 11.5s") {
 		t.Errorf("TestA's slot wait (12s) and two labs (11.5s) not reported:\n%s", s)
+	}
+}
+
+// A CI log is read from its end: a failed run ends with each failing
+// test's messages, not the logs it dumped on failing, each cut to its
+// first line and its last ones.
+func TestEndsWithWhyTestsFailed(t *testing.T) {
+	ev := func(test, out string) string {
+		b, _ := json.Marshal(event{Action: "output", Package: "example/bootstrap/e2e", Test: test, Output: out})
+		return string(b) + "\n"
+	}
+	var in strings.Builder
+	in.WriteString(ev("TestUp/3cp", "=== RUN   TestUp/3cp\n"))
+	in.WriteString(ev("TestUp/3cp", "    upgrade_test.go:87: dry-run plan:\n"))
+	in.WriteString(ev("TestUp/3cp", "        upgrade Talos on cp-1\n"))
+	in.WriteString(ev("TestUp/3cp", "    upgrade_test.go:113: upgrade run:\n"))
+	for i := 1; i <= 20; i++ {
+		in.WriteString(ev("TestUp/3cp", fmt.Sprintf("        line %d\n", i)))
+	}
+	in.WriteString(ev("TestUp/3cp", "        error: draining the Kubernetes node wk-2 (at most 5m0s): timed out\n"))
+	in.WriteString(ev("TestUp/3cp", "    helpers_test.go:55: lab log (last 40 lines of /tmp/x/lab.log):\n"))
+	in.WriteString(ev("TestUp/3cp", "        2026-12-03T13:43:14Z INFO controller-runtime.metrics Starting metrics server\n"))
+	in.WriteString(ev("TestUp/3cp", "    helpers_test.go:57: control plane logs:\n"))
+	in.WriteString(ev("TestUp/3cp", "        kube-apiserver: noise\n"))
+	in.WriteString(ev("TestUp/3cp", "    --- FAIL: TestUp/3cp (347.63s)\n"))
+	in.WriteString(`{"Action":"fail","Package":"example/bootstrap/e2e","Test":"TestUp/3cp","Elapsed":347.63}` + "\n")
+	in.WriteString(ev("TestUp", "--- FAIL: TestUp (0.00s)\n"))
+	in.WriteString(`{"Action":"fail","Package":"example/bootstrap/e2e","Test":"TestUp","Elapsed":0}` + "\n")
+	in.WriteString(`{"Action":"fail","Package":"example/bootstrap/e2e","Elapsed":400}` + "\n")
+
+	r := newRun()
+	if err := r.read(strings.NewReader(in.String()), io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	r.printPackages(&out, time.Minute)
+	r.printWhy(&out)
+	got := out.String()
+	why := got[strings.Index(got, "why 1 tests failed"):]
+	for _, want := range []string{"e2e TestUp/3cp:", "upgrade_test.go:113: upgrade run: [… 15 lines]", "line 20", "draining the Kubernetes node wk-2", "upgrade_test.go:87: dry-run plan:"} {
+		if !strings.Contains(why, want) {
+			t.Errorf("the failure summary lacks %q:\n%s", want, why)
+		}
+	}
+	for _, noise := range []string{"line 15\n", "Starting metrics server", "kube-apiserver: noise", "TestUp:", "--- FAIL"} {
+		if strings.Contains(why, noise) {
+			t.Errorf("the failure summary holds %q:\n%s", noise, why)
+		}
+	}
+	if !strings.HasSuffix(strings.TrimSpace(got), "draining the Kubernetes node wk-2 (at most 5m0s): timed out") {
+		t.Errorf("the run does not end with the reason:\n%s", got)
 	}
 }
