@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,6 +17,7 @@ import (
 	"k8s.io/kubectl/pkg/drain"
 
 	"github.com/homelab/bootstrap/internal/wait"
+	"github.com/homelab/bootstrap/kube"
 )
 
 // AnnotationCordoned marks a Node this tool cordoned before rebooting it
@@ -62,9 +66,41 @@ func (o *Ops) cordonAndDrain(ctx context.Context, kc kubernetes.Interface, name 
 		},
 	}
 	if err := drain.RunNodeDrain(h, name); err != nil {
-		return fmt.Errorf("draining the Kubernetes node %s (at most %s): %w", name, o.opts.DrainTimeout, err)
+		return fmt.Errorf("draining the Kubernetes node %s (at most %s): %w%s", name, o.opts.DrainTimeout, err, stillThere(ctx, kc, name))
 	}
 	return nil
+}
+
+// stillThere names the pods a failed drain left on node with their state
+// (kubectl's own error says only that its time ran out): a pod whose
+// eviction a PodDisruptionBudget refuses runs on, one the kubelet does not
+// finish deleting is Terminating.
+func stillThere(ctx context.Context, kc kubernetes.Interface, node string) string {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	pods, err := kube.PodsOn(lctx, kc, node)
+	if err != nil {
+		return fmt.Sprintf("; listing the pods left on it: %v", err)
+	}
+	var left []string
+	for _, p := range pods {
+		if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+			continue
+		}
+		if owner := metav1.GetControllerOf(&p); owner != nil && owner.Kind == "DaemonSet" {
+			continue
+		}
+		state := string(p.Status.Phase)
+		if p.DeletionTimestamp != nil {
+			state = "Terminating since " + p.DeletionTimestamp.UTC().Format(time.RFC3339)
+		}
+		left = append(left, fmt.Sprintf("%s/%s (%s)", p.Namespace, p.Name, state))
+	}
+	if len(left) == 0 {
+		return "; no pod it drains is left on it"
+	}
+	slices.Sort(left)
+	return "; still there: " + strings.Join(left, ", ")
 }
 
 // cordon marks node unschedulable with AnnotationCordoned, unless the user

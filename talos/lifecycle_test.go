@@ -9,7 +9,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/rs/zerolog"
 
@@ -159,5 +161,26 @@ func TestCordonOnlyWhatWeCordoned(t *testing.T) {
 	}
 	if n := get("wk-2"); !n.Spec.Unschedulable {
 		t.Fatal("wk-2, cordoned by its user, was uncordoned")
+	}
+}
+
+// A drain that runs out of time names the pods it left and their state:
+// kubectl's drain library says only that its timeout was reached.
+func TestFailedDrainNamesThePodsLeft(t *testing.T) {
+	ctx := context.Background()
+	running := func(name string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "apps"},
+			Spec: corev1.PodSpec{NodeName: "wk-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	}
+	kc := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "wk-1"}}, running("stuck"))
+	// The core group without the eviction subresource: pods are deleted,
+	// and a kubelet that never finishes the deletion keeps them.
+	kc.Resources = []*metav1.APIResourceList{{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "pods", Namespaced: true, Kind: "Pod"}}}}
+	kc.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, nil })
+	o := &Ops{opts: OpsOptions{Log: zerolog.Nop(), DrainTimeout: 2 * time.Second}}
+	err := o.cordonAndDrain(ctx, kc, "wk-1")
+	if err == nil || !strings.Contains(err.Error(), "draining the Kubernetes node wk-1 (at most 2s)") ||
+		!strings.Contains(err.Error(), "still there: apps/stuck (Running)") {
+		t.Fatalf("a drain that timed out: %v", err)
 	}
 }
