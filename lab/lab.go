@@ -363,7 +363,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err != nil {
 		return nil, err
 	}
-	tarball, err := fluxmanifests.Build(src)
+	tarball, err := fluxTarball(src)
 	if err != nil {
 		return nil, err
 	}
@@ -686,4 +686,31 @@ func ephemeralLow() int {
 		}
 	}
 	return 32768
+}
+
+// fluxTarballs keeps the Flux manifests tarball each set of sources built
+// in this process: the same pinned modules build the same bytes, and a
+// test binary starts dozens of labs (kustomize's build of them was an
+// eighth of the e2e test binary's CPU in a pipeline test).
+var fluxTarballs struct {
+	sync.Mutex
+	built map[string][]byte
+}
+
+func fluxTarball(src fluxmanifests.Sources) ([]byte, error) {
+	key := fmt.Sprintf("%#v", src)
+	fluxTarballs.Lock()
+	defer fluxTarballs.Unlock()
+	if b, ok := fluxTarballs.built[key]; ok {
+		return b, nil
+	}
+	b, err := fluxmanifests.Build(src)
+	if err != nil {
+		return nil, err
+	}
+	if fluxTarballs.built == nil {
+		fluxTarballs.built = map[string][]byte{}
+	}
+	fluxTarballs.built[key] = b
+	return b, nil
 }
