@@ -46,6 +46,9 @@ type Cluster struct {
 	MergeConfigs bool `yaml:"mergeConfigs" doc:"Merge talosconfig into ~/.talos/config and kubeconfig into ~/.kube/config (backed up first)."`
 	// Parallelism bounds how many nodes the talos stage configures at once.
 	Parallelism int `yaml:"parallelism" doc:"How many nodes the talos stage configures (installs, reboots) at once; 0 means all."`
+	// ServiceAccountKey is the kind of key Kubernetes signs service
+	// account tokens with, chosen once, when the secrets bundle is made.
+	ServiceAccountKey string `yaml:"serviceAccountKey" enum:"rsa,ecdsa" doc:"Key Kubernetes signs service account tokens with, chosen when the secrets bundle is generated (never changed after): rsa (default, as talosctl gen secrets makes it since Talos 1.7: some external systems, e.g. AWS IAM roles for service accounts, accept only RSA-signed tokens) or ecdsa (generated in a millisecond instead of up to seconds)."`
 	// UpgradeParallelism speeds up large worker pools; control planes are
 	// upgraded one at a time whatever it says (etcd keeps its quorum).
 	UpgradeParallelism int `yaml:"upgradeParallelism" doc:"How many workers a Talos upgrade moves at once (control planes: always one)."`

@@ -114,6 +114,7 @@ func (v *validator) cluster() {
 	v.requireLabel("cluster.name", c.Name, "cluster name")
 
 	v.talosVersions()
+	v.serviceAccountKey()
 	v.cidrHostBits()
 	v.certSANs()
 	v.installImage()

@@ -76,3 +76,24 @@ func (v *validator) talosVersions() {
 			c.KubernetesVersion, err, tv.Minor(), k8sRange.min, k8sRange.max)
 	}
 }
+
+// Service account key kinds (cluster.serviceAccountKey).
+const (
+	ServiceAccountKeyRSA   = "rsa"
+	ServiceAccountKeyECDSA = "ecdsa"
+)
+
+// serviceAccountKey checks cluster.serviceAccountKey: empty (the default,
+// RSA) or one of the two kinds Talos' secrets bundle makes.
+func (v *validator) serviceAccountKey() {
+	switch v.c.Cluster.ServiceAccountKey {
+	case "", ServiceAccountKeyRSA, ServiceAccountKeyECDSA:
+	default:
+		v.errf("cluster.serviceAccountKey", "%q must be rsa or ecdsa", v.c.Cluster.ServiceAccountKey)
+	}
+}
+
+// ECDSAServiceAccountKey reports whether a new secrets bundle signs
+// service account tokens with an ECDSA key instead of the RSA key the
+// Talos version contract selects.
+func (c Cluster) ECDSAServiceAccountKey() bool { return c.ServiceAccountKey == ServiceAccountKeyECDSA }

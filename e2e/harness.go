@@ -68,9 +68,11 @@ type Options struct {
 	// FluxVersion the config names (lab.Options: the lab serves only the
 	// default one).
 	FluxVersion string
-	Profile     string
-	TimeScale   float64
-	Seed        int64
+	// ServiceAccountKey the config names (lab.Options).
+	ServiceAccountKey string
+	Profile           string
+	TimeScale         float64
+	Seed              int64
 	// BinDir holds the lab binaries (default kube.DefaultBinDir()).
 	BinDir string
 	// KeepKubeData keeps the control plane's data and server logs in
@@ -110,7 +112,7 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 		kubeData = filepath.Join(o.Dir, "kube")
 	}
 	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
-		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, ProxmoxVersion: o.ProxmoxVersion, ProxmoxImport: o.ProxmoxImport, ProxmoxBoot: o.ProxmoxBoot, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion, FluxVersion: o.FluxVersion,
+		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, ProxmoxVersion: o.ProxmoxVersion, ProxmoxImport: o.ProxmoxImport, ProxmoxBoot: o.ProxmoxBoot, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion, FluxVersion: o.FluxVersion, ServiceAccountKey: o.ServiceAccountKey,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
 		OnNodeBoot: o.OnNodeBoot, Log: o.Log, NodeMonitorGracePeriod: o.NodeMonitorGracePeriod,
 	})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/internal/testbin"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
@@ -23,6 +24,13 @@ func startHarness(t *testing.T, o e2e.Options) *e2e.Harness {
 	t.Helper()
 	bins := kubetest.Binaries(t)
 	o.BinDir = bins.Dir
+	// The version contract's RSA-4096 service account key costs a new
+	// cluster up to seconds of one CPU (it was 42% of bootstrap's CPU in
+	// a pipeline test): the tests that do not name one take ECDSA, and
+	// TestPipeline keeps the default RSA a user gets.
+	if o.ServiceAccountKey == "" {
+		o.ServiceAccountKey = config.ServiceAccountKeyECDSA
+	}
 	o.Binary = testbin.Bootstrap(t)
 	if o.Dir == "" {
 		o.Dir = t.TempDir()

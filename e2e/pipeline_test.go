@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/e2e"
 	"github.com/homelab/bootstrap/kube"
 	"github.com/homelab/bootstrap/lab/kube/kubetest"
@@ -44,7 +45,9 @@ func TestPipeline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := testContext(t, 5*time.Minute)
-			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, CNI: tc.cni})
+			// The service account key a user gets by default (the other
+			// tests take ECDSA: startHarness).
+			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, CNI: tc.cni, ServiceAccountKey: config.ServiceAccountKeyRSA})
 			nodes := tc.controlPlanes + tc.wks
 
 			first := run(t, ctx, h, "run", "--stage", "all")

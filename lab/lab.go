@@ -85,6 +85,9 @@ type Options struct {
 	// Kubernetes floor (config validate refuses the pair) still has a
 	// valid config with an older Flux named.
 	FluxVersion string
+	// ServiceAccountKey, when set, is written as cluster.serviceAccountKey
+	// (rsa or ecdsa; unset, the config's default: rsa).
+	ServiceAccountKey string
 	// BinDir holds the lab binaries (default: kube.DefaultBinDir()).
 	BinDir string
 	// Audit makes the API server keep an audit log of every write (who,
@@ -565,6 +568,9 @@ postcheck:
 		abs(tokenFile), abs(l.gitDir), o.TalosVersion, l.proxmoxOptionLines())
 	if o.KubernetesVersion != "" {
 		cfg = strings.Replace(cfg, "  talosVersion: "+o.TalosVersion+"\n", "  talosVersion: "+o.TalosVersion+"\n  kubernetesVersion: "+o.KubernetesVersion+"\n", 1)
+	}
+	if o.ServiceAccountKey != "" {
+		cfg = strings.Replace(cfg, "  talosVersion: "+o.TalosVersion+"\n", "  talosVersion: "+o.TalosVersion+"\n  serviceAccountKey: "+o.ServiceAccountKey+"\n", 1)
 	}
 	if o.FluxVersion != "" {
 		cfg = strings.Replace(cfg, "flux:\n", "flux:\n  version: "+o.FluxVersion+"\n", 1)

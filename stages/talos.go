@@ -260,9 +260,9 @@ func (TalosStage) Prepare(ctx context.Context, env *Env) {
 	if _, err := os.Stat(env.Paths.Secrets); !errors.Is(err, fs.ErrNotExist) {
 		return
 	}
-	version, now := env.Config.Cluster.TalosVersion, env.now()
+	version, now, ecdsa := env.Config.Cluster.TalosVersion, env.now(), env.Config.Cluster.ECDSAServiceAccountKey()
 	env.prepareCPU(ctx, prepBundle, "the cluster's new secrets bundle", func(context.Context) (any, error) {
-		b, err := talos.NewSecrets(version, now)
+		b, err := talos.NewSecrets(version, now, ecdsa)
 		return mintedBundle{talosVersion: version, bundle: b}, err
 	})
 }
@@ -342,16 +342,17 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 	cfg := env.Config
 	c := cfg.Cluster
 	opts := talos.GenerateOptions{
-		Dir:               env.Paths.TalosDir,
-		ClusterName:       c.Name,
-		Endpoint:          c.Endpoint,
-		TalosVersion:      c.TalosVersion,
-		KubernetesVersion: c.KubernetesVersion,
-		InstallImage:      cfg.Images().InstallImage,
-		VIP:               c.VIP,
-		CertSANs:          c.SANs,
-		CNI:               cfg.CNI.Name,
-		Network:           talos.Network{Gateway: c.Network.Gateway, Nameservers: c.Network.Nameservers},
+		Dir:                    env.Paths.TalosDir,
+		ClusterName:            c.Name,
+		Endpoint:               c.Endpoint,
+		TalosVersion:           c.TalosVersion,
+		KubernetesVersion:      c.KubernetesVersion,
+		InstallImage:           cfg.Images().InstallImage,
+		ECDSAServiceAccountKey: c.ECDSAServiceAccountKey(),
+		VIP:                    c.VIP,
+		CertSANs:               c.SANs,
+		CNI:                    cfg.CNI.Name,
+		Network:                talos.Network{Gateway: c.Network.Gateway, Nameservers: c.Network.Nameservers},
 		Patches: talos.Patches{
 			Global:       resolveAll(cfg, c.Patches.All),
 			ControlPlane: resolveAll(cfg, c.Patches.ControlPlane),

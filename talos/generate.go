@@ -161,13 +161,22 @@ func Generate(opts GenerateOptions) (*Result, error) {
 		if opts.NewBundle != nil {
 			return opts.NewBundle, nil
 		}
-		return NewSecrets(opts.TalosVersion, opts.Now())
+		return NewSecrets(opts.TalosVersion, opts.Now(), opts.ECDSAServiceAccountKey)
 	})
 	if err != nil {
 		return nil, err
 	}
 	if created {
 		opts.Log.Info().Str("path", secretsPath).Msg("created the cluster secrets bundle (kept forever; back it up)")
+	} else if kind := serviceAccountKeyKind(bundle); kind != "" && (kind == "ecdsa") != opts.ECDSAServiceAccountKey {
+		// The bundle is never regenerated: say that the setting did not
+		// take, rather than let the user believe it did.
+		want := "rsa"
+		if opts.ECDSAServiceAccountKey {
+			want = "ecdsa"
+		}
+		opts.Log.Warn().Str("path", secretsPath).Msgf("cluster.serviceAccountKey is %s, but the cluster's secrets bundle holds an %s service account key: "+
+			"a bundle is never regenerated (every node and token depends on it), so the setting applies to a new cluster only", want, strings.ToUpper(kind))
 	}
 	res, err := render(opts, bundle, secretsPath)
 	if err != nil {
@@ -201,7 +210,7 @@ func Plan(opts GenerateOptions) (*Result, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		bundle, err, created = opts.NewBundle, nil, true
 		if bundle == nil {
-			bundle, err = NewSecrets(opts.TalosVersion, opts.Now())
+			bundle, err = NewSecrets(opts.TalosVersion, opts.Now(), opts.ECDSAServiceAccountKey)
 		}
 	}
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 
@@ -809,4 +810,42 @@ func TestTypedPatchRefusedInTheOlderForm(t *testing.T) {
 		t.Fatalf("the typed patch on the v1.13 form: %q, want a refusal naming the patch", err)
 	}
 	t.Logf("refused: %v", err)
+}
+
+// cluster.serviceAccountKey: ecdsa mints the bundle's service account key
+// as ECDSA (machinery's WithECDSAServiceAccountKey), rsa as the version
+// contract selects; a bundle that exists keeps its key whatever the
+// setting says, and the run says that the setting did not take.
+func TestServiceAccountKeyKind(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "lab")
+	opts := oneCP(dir)
+	opts.ECDSAServiceAccountKey = true
+	var logged bytes.Buffer
+	opts.Log = zerolog.New(&logged)
+	res, err := Generate(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceAccountKeyKind(res.Bundle); got != "ecdsa" {
+		t.Fatalf("service account key %q, want ecdsa", got)
+	}
+	orig := mustRead(t, res.SecretsPath)
+	opts.ECDSAServiceAccountKey = false
+	res, err = Generate(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if serviceAccountKeyKind(res.Bundle) != "ecdsa" || !bytes.Equal(orig, mustRead(t, res.SecretsPath)) {
+		t.Fatal("the bundle was changed for the setting")
+	}
+	if !strings.Contains(logged.String(), "cluster.serviceAccountKey is rsa, but the cluster's secrets bundle holds an ECDSA service account key") {
+		t.Errorf("no warning that the setting did not take:\n%s", logged.String())
+	}
+	rsaBundle, err := NewSecrets(DefaultTalosVersion, time.Now(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceAccountKeyKind(rsaBundle); got != "rsa" {
+		t.Fatalf("the version contract's key is %q, want rsa", got)
+	}
 }

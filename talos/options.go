@@ -138,6 +138,11 @@ type GenerateOptions struct {
 	// first run pays for the RSA-4096 key once. Ignored when a bundle
 	// exists.
 	NewBundle *secrets.Bundle
+	// ECDSAServiceAccountKey mints a new bundle with an ECDSA service
+	// account key instead of the RSA key the version contract selects
+	// (config cluster.serviceAccountKey: ecdsa). An existing bundle keeps
+	// its key.
+	ECDSAServiceAccountKey bool
 	// Sealer keeps the bundle encrypted at rest; nil stores it as
 	// plaintext (0600).
 	Sealer Sealer

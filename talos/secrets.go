@@ -2,6 +2,7 @@ package talos
 
 import (
 	"encoding/base64"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -79,12 +80,19 @@ func decodeBundle(plain []byte) (*secrets.Bundle, error) {
 
 // NewSecrets mints a bundle for the Talos version's config contract. The
 // CAs' validity starts at now.
-func NewSecrets(talosVersion string, now time.Time) (*secrets.Bundle, error) {
+func NewSecrets(talosVersion string, now time.Time, ecdsaServiceAccountKey bool) (*secrets.Bundle, error) {
 	contract, err := config.ParseContractFromVersion(talosVersion)
 	if err != nil {
 		return nil, fmt.Errorf("parsing Talos version %q: %w", talosVersion, err)
 	}
-	b, err := secrets.NewBundle(secrets.NewFixedClock(now), contract)
+	var opts []secrets.Option
+	if ecdsaServiceAccountKey {
+		// The version contract's RSA-4096 key costs up to seconds of
+		// prime search; machinery offers ECDSA for whoever prefers it
+		// (secrets.WithECDSAServiceAccountKey, bundle.go at v1.14.1).
+		opts = append(opts, secrets.WithECDSAServiceAccountKey())
+	}
+	b, err := secrets.NewBundle(secrets.NewFixedClock(now), contract, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("generating secrets bundle: %w", err)
 	}
@@ -105,7 +113,7 @@ func EncodeSecrets(b *secrets.Bundle) ([]byte, error) {
 // node configured with the first, so an existing file is never replaced,
 // even if it fails to load: that is an error for a human to look at.
 func LoadOrCreateSecrets(path, talosVersion string, now time.Time, s Sealer) (b *secrets.Bundle, created bool, err error) {
-	return loadOrStoreSecrets(path, s, func() (*secrets.Bundle, error) { return NewSecrets(talosVersion, now) })
+	return loadOrStoreSecrets(path, s, func() (*secrets.Bundle, error) { return NewSecrets(talosVersion, now, false) })
 }
 
 // loadOrStoreSecrets is LoadOrCreateSecrets with the new bundle from fresh.
@@ -235,4 +243,23 @@ func EncryptSecrets(path string, s Sealer, now time.Time) (backup string, done b
 		return backup, false, fmt.Errorf("writing the encrypted bundle: %w", err)
 	}
 	return backup, true, nil
+}
+
+// serviceAccountKeyKind is "rsa" or "ecdsa" for the bundle's service
+// account key, read from its PEM block type (as siderolabs/crypto x509
+// NewRSAKey and NewECDSAKey encode them); "" when it is neither.
+func serviceAccountKeyKind(b *secrets.Bundle) string {
+	if b == nil || b.Certs == nil || b.Certs.K8sServiceAccount == nil {
+		return ""
+	}
+	block, _ := pem.Decode(b.Certs.K8sServiceAccount.Key)
+	switch {
+	case block == nil:
+		return ""
+	case block.Type == x509.PEMTypeRSAPrivate:
+		return "rsa"
+	case block.Type == x509.PEMTypeECPrivate:
+		return "ecdsa"
+	}
+	return ""
 }
