@@ -148,9 +148,7 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 			}
 		}
 		t := time.NewTimer(nextPoll(next, time.Since(pollStart)))
-		if spec.MaxInterval > spec.Interval {
-			interval = min(max(spec.Interval, time.Since(start)/backoffShare), spec.MaxInterval)
-		}
+		interval = backedOff(spec, interval, time.Since(start))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -166,6 +164,16 @@ func Until(ctx context.Context, spec Spec, cond func(context.Context) (done bool
 // wait (Spec.MaxInterval) lets pass between polls: the longest it can see
 // a change late is an eighth of how long it has waited.
 const backoffShare = 8
+
+// backedOff is the interval after waited of a wait that was at interval:
+// with MaxInterval above Interval, an eighth of the time waited (never
+// below Interval, never above MaxInterval); otherwise interval unchanged.
+func backedOff(spec Spec, interval, waited time.Duration) time.Duration {
+	if spec.MaxInterval <= spec.Interval {
+		return interval
+	}
+	return min(max(spec.Interval, waited/backoffShare), spec.MaxInterval)
+}
 
 // nextPoll is how long to sleep after a poll that took took, for polls
 // interval apart from start to start: never less than a quarter of the
