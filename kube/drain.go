@@ -63,17 +63,25 @@ func Evictable(ctx context.Context, cs kubernetes.Interface, node string) ([]cor
 	}
 	var out []corev1.Pod
 	for _, p := range pods {
-		if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
-			continue
-		}
-		owner := metav1.GetControllerOf(&p)
-		if owner == nil || owner.Kind == "DaemonSet" {
+		if StaysThroughDrain(&p) || metav1.GetControllerOf(&p) == nil {
 			continue
 		}
 		out = append(out, p)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name })
 	return out, nil
+}
+
+// StaysThroughDrain reports whether a drain leaves p on its node, as both
+// Talos' drain and kubectl's (--ignore-daemonsets) do: a mirror pod (a
+// static pod, which goes with the node) or a DaemonSet's pod (its
+// controller puts it back on the node at once).
+func StaysThroughDrain(p *corev1.Pod) bool {
+	if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+		return true
+	}
+	owner := metav1.GetControllerOf(p)
+	return owner != nil && owner.Kind == "DaemonSet"
 }
 
 // Drain evicts the node's evictable pods through the Eviction API, so

@@ -84,10 +84,7 @@ func stillThere(ctx context.Context, kc kubernetes.Interface, node string) strin
 	}
 	var left []string
 	for _, p := range pods {
-		if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
-			continue
-		}
-		if owner := metav1.GetControllerOf(&p); owner != nil && owner.Kind == "DaemonSet" {
+		if kube.StaysThroughDrain(&p) {
 			continue
 		}
 		state := string(p.Status.Phase)
