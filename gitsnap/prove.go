@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -100,12 +102,7 @@ func (f *readableFS) reset() {
 func (f *readableFS) reads() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]string, 0, len(f.read))
-	for p := range f.read {
-		out = append(out, p)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(f.read))
 }
 
 // rel is p relative to the root, slash-separated; false outside it.
@@ -186,12 +183,7 @@ func (f *readableFS) ReadDir(p string) ([]string, error) {
 			names[strings.SplitN(rest, "/", 2)[0]] = true
 		}
 	}
-	out := make([]string, 0, len(names))
-	for n := range names {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out, nil
+	return slices.Sorted(maps.Keys(names)), nil
 }
 
 func (f *readableFS) Glob(pattern string) ([]string, error) {

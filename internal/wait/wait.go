@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -279,12 +281,7 @@ func (t *Tracker) Close() { liveEnd(t.log, t.key) }
 func (t *Tracker) Pending() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]string, 0, len(t.pending))
-	for n := range t.pending {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(t.pending))
 }
 
 // Status is a one-line summary: "2/3 done, pending: cp-2".
