@@ -129,6 +129,19 @@ func gitErr(dir string, args ...string) (string, error) {
 	return string(out), err
 }
 
+// gitWorkTree is a new git work tree (nothing committed) holding files,
+// each 0644, by slash-separated path.
+func gitWorkTree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	requireGit(t)
+	dir := t.TempDir()
+	git(t, dir, "init", "-q", "-b", testRepoBranch)
+	for p, c := range files {
+		writeFile(t, dir, p, c, 0o644)
+	}
+	return dir
+}
+
 func writeFile(t *testing.T, root, rel, content string, perm os.FileMode) {
 	t.Helper()
 	p := filepath.Join(root, filepath.FromSlash(rel))

@@ -15,10 +15,7 @@ const plainSecret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstring
 // found in what is built, a Helm chart, and the kustomization itself.
 func neededTree(t *testing.T) string {
 	t.Helper()
-	requireGit(t)
-	dir := t.TempDir()
-	git(t, dir, "init", "-q", "-b", testRepoBranch)
-	files := map[string]string{
+	return gitWorkTree(t, map[string]string{
 		"infra/kustomization.yaml": "resources: [app.yaml, db-secret.yaml, apps/, excluded.yaml]\n",
 		"infra/app.yaml":           configMap,
 		"infra/db-secret.yaml":     plainSecret,
@@ -43,11 +40,7 @@ func neededTree(t *testing.T) string {
 		"charts/unused/templates/secret.yaml": plainSecret,
 		"charts/app/Chart.yaml":               "apiVersion: v2\nname: app\nversion: 1.0.0\n",
 		"charts/app/templates/literal.yaml":   "apiVersion: v1\nkind: Secret\ndata:\n  password: {{ \"hunter2\" | b64enc }}\n",
-	}
-	for p, c := range files {
-		writeFile(t, dir, p, c, 0o644)
-	}
-	return dir
+	})
 }
 
 // TestWithheldFilesTheBuildReadsRefuse: every withheld file is named with
@@ -193,10 +186,7 @@ func TestServerRefusesASnapshotMissingWhatTheBuildReads(t *testing.T) {
 // chart's valuesFiles outside its directory and its file:// dependencies
 // are read, so a withheld file there refuses the snapshot, named.
 func TestNeededFollowsWhatFluxReads(t *testing.T) {
-	requireGit(t)
-	dir := t.TempDir()
-	git(t, dir, "init", "-q", "-b", testRepoBranch)
-	for p, c := range map[string]string{
+	dir := gitWorkTree(t, map[string]string{
 		".sourceignore":                   "clusters/home/local-*.yaml\n",
 		"clusters/home/flux.yaml":         configMap,
 		"clusters/home/local-secret.yaml": plainSecret,
@@ -213,9 +203,7 @@ func TestNeededFollowsWhatFluxReads(t *testing.T) {
 		"charts/common/Chart.yaml":            "apiVersion: v2\nname: common\nversion: 1.0.0\n",
 		"charts/common/templates/secret.yaml": plainSecret,
 		"values/web-home.yaml":                "password: {{ \"hunter2\" }}\napiVersion: v1\nkind: Secret\nstringData: {password: hunter2}\n",
-	} {
-		writeFile(t, dir, p, c, 0o644)
-	}
+	})
 	snap, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./clusters/home", ServeWholeTree: true})
 	if err != nil {
 		t.Fatal(err)
@@ -258,18 +246,13 @@ func TestNeededFollowsWhatFluxReads(t *testing.T) {
 // snapshot, named with the build that read it; a Flux Kustomization path
 // the cluster fills in (${...}) serves the whole tree and says why.
 func TestNeedToKnowIsProvenByKustomize(t *testing.T) {
-	requireGit(t)
-	dir := t.TempDir()
-	git(t, dir, "init", "-q", "-b", testRepoBranch)
-	for p, c := range map[string]string{
+	dir := gitWorkTree(t, map[string]string{
 		"infra/kustomization.yaml": "resources: [app.yaml]\ngenerators: [gen.yaml]\n",
 		"infra/app.yaml":           configMap,
 		"infra/gen.yaml":           "apiVersion: builtin\nkind: ConfigMapGenerator\nmetadata: {name: settings}\nfiles: [settings.ini]\n",
 		"infra/settings.ini":       "level=info\n",
 		"docs/notes.md":            "not built\n",
-	} {
-		writeFile(t, dir, p, c, 0o644)
-	}
+	})
 	snap, err := Build(context.Background(), BuildOptions{Dir: dir, FluxPath: "./infra"})
 	if err != nil {
 		t.Fatal(err)
