@@ -108,15 +108,11 @@ func EncodeSecrets(b *secrets.Bundle) ([]byte, error) {
 	return out, nil
 }
 
-// LoadOrCreateSecrets returns the cluster's bundle at path, creating it
-// (mode 0600, write-once) when absent. A second bundle would orphan every
-// node configured with the first, so an existing file is never replaced,
-// even if it fails to load: that is an error for a human to look at.
-func LoadOrCreateSecrets(path, talosVersion string, now time.Time, s Sealer) (b *secrets.Bundle, created bool, err error) {
-	return loadOrStoreSecrets(path, s, func() (*secrets.Bundle, error) { return NewSecrets(talosVersion, now, false) })
-}
-
-// loadOrStoreSecrets is LoadOrCreateSecrets with the new bundle from fresh.
+// loadOrStoreSecrets returns the cluster's bundle at path, storing the one
+// fresh makes (mode 0600, write-once) when absent. A second bundle would
+// orphan every node configured with the first, so an existing file is
+// never replaced, even if it fails to load: that is an error for a human
+// to look at.
 func loadOrStoreSecrets(path string, s Sealer, fresh func() (*secrets.Bundle, error)) (b *secrets.Bundle, created bool, err error) {
 	b, err = LoadSecrets(path, s)
 	if err == nil {
