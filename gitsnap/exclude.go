@@ -956,8 +956,9 @@ var qualifiedKey = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]
 // secretObjectKey reports whether a key ending in Secret names a Secret
 // object by what the Secret holds: githubConfigSecret (actions-runner-
 // controller), configSecret (kube-prometheus-stack's alertmanagerSpec),
-// envFromSecret (grafana), tlsSecret, credentialsSecret, kubeconfigSecret,
-// imagePullSecret. Keys that name a Secret by their form (existingSecret,
+// envFromSecret (grafana), pullSecret (flux-operator's FluxInstance
+// sync, as onedr0p/cluster-template renders it), imagePullSecret,
+// tlsSecret, credentialsSecret, kubeconfigSecret. Keys that name a Secret by their form (existingSecret,
 // secretName, secretRef) are not secret-named at all (secretNamedKey).
 // The list is closed on purpose: clientSecret, jwtSecret, sharedSecret,
 // cookieSecret, tunnelSecret and a bare secret hold the secret itself.
@@ -972,7 +973,7 @@ func secretObjectKey(k string) bool {
 	if !ok {
 		return false
 	}
-	for _, s := range []string{"config", "envfrom", "tls", "cert", "certificate", "credentials", "creds", "kubeconfig", "imagepull"} {
+	for _, s := range []string{"config", "envfrom", "tls", "cert", "certificate", "credentials", "creds", "kubeconfig", "pull"} {
 		if strings.HasSuffix(what, s) {
 			return true
 		}

@@ -35,6 +35,7 @@ func TestHelmValuesHoldSecret(t *testing.T) {
 		{"githubConfigSecret", "githubConfigSecret: runner-secret\n", false},
 		{"envFromSecret", "envFromSecret: grafana-secret\n", false},
 		{"configSecret", "alertmanager:\n  alertmanagerSpec:\n    configSecret: alertmanager-config\n", false},
+		{"pullSecret", "instance:\n  sync:\n    pullSecret: deploy-key\n", false},
 		{"env entry naming a Secret", "env:\n- name: CONFIG_SECRET\n  value: app-config\n", false},
 		// Grafana's own references, expanded by Grafana from its environment or a file.
 		{"grafana $__env", "grafana.ini:\n  auth.generic_oauth:\n    client_secret: $__env{OIDC_CLIENT_SECRET}\n", false},
