@@ -859,9 +859,10 @@ func patchWritesSecret(p any) bool {
 }
 
 // helmValuesHoldSecret: a Flux HelmRelease whose spec.values hold a
-// secret-named key with a literal string (secretNamedKey), or an env
-// entry {name: <secret-named>, value: <literal>}. A key whose value is a
-// mapping (valueFrom.secretKeyRef) or a placeholder holds none.
+// credential: a secret-named key with a literal string (helmCredential),
+// or an env entry {name: <secret-named>, value: <literal>}. A key whose
+// value is a mapping (valueFrom.secretKeyRef) or a placeholder holds none,
+// and neither does metadata (metadataMap, qualifiedKey).
 func helmValuesHoldSecret(data []byte) bool {
 	for _, doc := range yamlDocs(data) {
 		api, _ := doc["apiVersion"].(string)
@@ -869,41 +870,129 @@ func helmValuesHoldSecret(data []byte) bool {
 			continue
 		}
 		spec, _ := doc["spec"].(map[string]any)
-		if valuesHoldSecret(spec["values"], 0) {
+		if valuesHoldSecret(spec["values"], false, 0) {
 			return true
 		}
 	}
 	return false
 }
 
-func valuesHoldSecret(v any, depth int) bool {
+// valuesHoldSecret walks values; meta is set for the entries of a map of
+// annotations or labels, whose keys say nothing about their values.
+func valuesHoldSecret(v any, meta bool, depth int) bool {
 	if depth > 32 {
 		return false
 	}
 	switch t := v.(type) {
 	case map[string]any:
-		if name, ok := t["name"].(string); ok && secretNamedKey(name) {
-			if s, ok := t["value"].(string); ok && !holdsNoSecret(s) {
+		if name, ok := t["name"].(string); ok && !meta {
+			if s, ok := t["value"].(string); ok && helmCredential(name, s) {
 				return true
 			}
 		}
 		for k, x := range t {
-			if s, ok := x.(string); ok && secretNamedKey(k) && !holdsNoSecret(s) {
+			if s, ok := x.(string); ok && !meta && !qualifiedKey.MatchString(k) && helmCredential(k, s) {
 				return true
 			}
-			if valuesHoldSecret(x, depth+1) {
+			if valuesHoldSecret(x, metadataMap(k), depth+1) {
 				return true
 			}
 		}
 	case []any:
 		for _, x := range t {
-			if valuesHoldSecret(x, depth+1) {
+			if valuesHoldSecret(x, false, depth+1) {
 				return true
 			}
 		}
 	}
 	return false
 }
+
+// helmCredential reports whether a values key and its string value are a
+// credential written in git: the key names a secret (secretNamedKey) and
+// the value is a literal (not a placeholder, holdsNoSecret) that is
+// neither a boolean nor a Secret's name under a key that names a Secret.
+//
+// A boolean ("true", "false": OIDC_USE_ACCESS_TOKEN: "true") switches
+// something on or off; no credential is a bare truth value. Numbers are
+// not relaxed: "12345678" under password is a numeric password. A Secret's
+// name is taken only where the key says it names a Secret object
+// (secretObjectKey) and the value has a Kubernetes object name's shape
+// (objectName): under clientSecret or secret the same lower-case string
+// may be the credential itself, so those stay withheld.
+func helmCredential(key, value string) bool {
+	if !secretNamedKey(key) || holdsNoSecret(value) {
+		return false
+	}
+	if v := strings.TrimSpace(value); strings.EqualFold(v, "true") || strings.EqualFold(v, "false") {
+		return false
+	}
+	return !(secretObjectKey(key) && objectName(value))
+}
+
+// metadataMap reports whether a values key holds Kubernetes annotations
+// or labels (annotations, podAnnotations, deploymentAnnotations, labels,
+// podLabels, commonLabels): the chart writes them into an object's
+// metadata, readable by anyone who can read the object, and their keys
+// name what they configure, not what the value is. Reloader's
+// secret.reloader.stakater.com/reload holds the name of the Secret to
+// watch. A token in a known format is still withheld there by the token
+// rules, which read the whole file.
+func metadataMap(k string) bool {
+	l := strings.ToLower(k)
+	return strings.HasSuffix(l, "annotations") || strings.HasSuffix(l, "labels")
+}
+
+// qualifiedKey is a Kubernetes qualified name with a DNS prefix
+// (prefix/name, the prefix a DNS subdomain with at least one dot), the
+// shape of an annotation or label key (k8s.io/apimachinery
+// validation.IsQualifiedName): secret.reloader.stakater.com/reload,
+// nginx.ingress.kubernetes.io/auth-secret. Such a key in values is
+// metadata wherever the chart takes it (bjw-s app-template takes
+// annotations under controllers.<name>.annotations, others under
+// maps of their own); chart settings are plain names.
+var qualifiedKey = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+
+// secretObjectKey reports whether a key ending in Secret names a Secret
+// object by what the Secret holds: githubConfigSecret (actions-runner-
+// controller), configSecret (kube-prometheus-stack's alertmanagerSpec),
+// envFromSecret (grafana), pullSecret (flux-operator's FluxInstance
+// sync, as onedr0p/cluster-template renders it), imagePullSecret,
+// tlsSecret, credentialsSecret, kubeconfigSecret. Keys that name a Secret by their form (existingSecret,
+// secretName, secretRef) are not secret-named at all (secretNamedKey).
+// The list is closed on purpose: clientSecret, jwtSecret, sharedSecret,
+// cookieSecret, tunnelSecret and a bare secret hold the secret itself.
+func secretObjectKey(k string) bool {
+	l := strings.ToLower(strings.Map(func(r rune) rune {
+		if r == '_' || r == '-' || r == '.' {
+			return -1
+		}
+		return r
+	}, k))
+	what, ok := strings.CutSuffix(l, "secret")
+	if !ok {
+		return false
+	}
+	for _, s := range []string{"config", "envfrom", "tls", "cert", "certificate", "credentials", "creds", "kubeconfig", "pull"} {
+		if strings.HasSuffix(what, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// objectName reports whether a value has the shape of a Secret's name: a
+// DNS-1123 subdomain (lower-case letters, digits, '-' and '.', at most 253
+// characters, as the API server requires of a Secret's name) with no
+// token-shaped run in it (literalBesidePlaceholder: 16 or more letters and
+// digits, both present). A random credential of mixed case, symbols or a
+// long hex run does not pass; a short lower-case word does, which is why
+// only secretObjectKey keys take it.
+func objectName(v string) bool {
+	return len(v) <= 253 && dns1123Subdomain.MatchString(v) && !literalBesidePlaceholder(v)
+}
+
+var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
 // secretNamedKey reports whether a values or env key names a secret
 // itself (postgresPassword, adminPassword, apiToken, AWS_SECRET_ACCESS_KEY,
@@ -919,7 +1008,7 @@ func secretNamedKey(k string) bool {
 		}
 		return -1
 	}, k)
-	for _, ref := range []string{"existing", "ref", "name", "file", "path", "enabled", "enable", "create", "mount", "annotation", "length", "policy", "type", "selector", "passwordkey", "tokenkey", "userkey", "usernamekey", "secretkeyref"} {
+	for _, ref := range []string{"existing", "ref", "name", "file", "path", "enabled", "enable", "create", "mount", "length", "policy", "type", "selector", "passwordkey", "tokenkey", "userkey", "usernamekey", "secretkeyref"} {
 		if strings.Contains(l, ref) {
 			return false
 		}

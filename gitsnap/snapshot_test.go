@@ -274,6 +274,10 @@ func newFixture(t *testing.T) fixture {
 	// read the next line as its value), secret references in values.
 	add("apps/backup-release.yaml", "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata: {name: backup}\nspec:\n  values:\n    env:\n      AWS_ACCESS_KEY_ID:\n        valueFrom:\n          secretKeyRef: {name: s3, key: id}\n      AWS_SECRET_ACCESS_KEY:\n        valueFrom:\n          secretKeyRef:\n            name: s3\n            key: secret\n    auth:\n      existingSecret: pg-auth\n      secretKeys: {adminPasswordKey: password}\n      password: ${PG_PASSWORD}\n", 0o644)
 	add("apps/env-list.yaml", "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata: {name: app}\nspec:\n  values:\n    env:\n    - name: AWS_SECRET_ACCESS_KEY\n      valueFrom:\n        secretKeyRef: {name: s3, key: secret}\n    - name: LOG_LEVEL\n      value: debug\n", 0o644)
+	// Metadata, a Secret's name, a Grafana reference and a boolean under
+	// secret-named keys; and a client secret written in values.
+	add("apps/dns-release.yaml", "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata: {name: dns}\nspec:\n  values:\n    podAnnotations:\n      secret.reloader.stakater.com/reload: dns-secret\n    envFromSecret: dns-secret\n    grafana.ini:\n      auth.generic_oauth:\n        client_secret: $__env{OIDC_CLIENT_SECRET}\n    env:\n      USE_ACCESS_TOKEN: \"true\"\n", 0o644)
+	exclude("apps/oidc-release.yaml", "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata: {name: oidc}\nspec:\n  values:\n    oidc:\n      clientSecret: oidcclientsecretvalue\n", RuleHelmValues)
 
 	// A nested repository is its own project.
 	nested := filepath.Join(dir, "vendor", "other")

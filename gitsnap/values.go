@@ -77,6 +77,14 @@ var substitution = regexp.MustCompile(`\$\{([_A-Za-z][_A-Za-z0-9.]*)(?::?[-=]([^
 // ref+<backend>:// references (helmfile, the vals CLI).
 var storeReference = regexp.MustCompile(`\bop://[^\s"']+|\bref\+[a-z0-9]+://[^\s"']+`)
 
+// grafanaReference matches Grafana's variable expansion in its
+// configuration (grafana.ini and its GF_ environment; Grafana docs,
+// "Configure Grafana", Variable expansion): $__env{NAME} is read from
+// Grafana's environment, $__file{/path} from a file, $__vault{…} from a
+// secret store, when Grafana starts. Like ${NAME}, what git holds is the
+// reference. Flux leaves it alone (it substitutes only ${NAME}).
+var grafanaReference = regexp.MustCompile(`\$__(?:env|file|vault)\{[^}]*\}`)
+
 // urlPassword finds a literal password in a URL's user information
 // (scheme://user:password@host) left after the placeholders are removed.
 var urlPassword = regexp.MustCompile(`://[^/\s:@]*:[^/\s@]+@`)
@@ -84,7 +92,8 @@ var urlPassword = regexp.MustCompile(`://[^/\s:@]*:[^/\s@]+@`)
 // holdsNoSecret reports whether a scalar value holds no secret: it is
 // empty (sops itself leaves "" unencrypted), a SOPS ciphertext (ENC[…]),
 // or every line of it is blank, structural punctuation, or holds a
-// template action, a substitution or a secret-store reference. A line that
+// template action, a substitution, a secret-store reference or a
+// Grafana reference ($__env{NAME}, grafanaReference). A line that
 // mixes a placeholder with literal text ("postgres://app:${DB_PASSWORD}@db")
 // holds no secret unless the literal part holds one itself
 // (literalBesidePlaceholder); a line of literal text only (token = "abc")
@@ -126,9 +135,11 @@ func lineHoldsNoSecret(line string) bool {
 		placeholder = true
 	}
 	rest = substitution.ReplaceAllString(rest, "")
-	if storeReference.MatchString(rest) {
-		placeholder = true
-		rest = storeReference.ReplaceAllString(rest, "")
+	for _, re := range []*regexp.Regexp{storeReference, grafanaReference} {
+		if re.MatchString(rest) {
+			placeholder = true
+			rest = re.ReplaceAllString(rest, "")
+		}
 	}
 	return placeholder && !literalBesidePlaceholder(rest)
 }

@@ -20,12 +20,15 @@ func TestHoldsNoSecret(t *testing.T) {
 		{`{{ join "," .Values.hosts }}`, true},
 		{`{{ printf "%s:%s" .Values.user .Values.password | b64enc }}`, true},
 		{"op://vault/item/password", true},
+		{"$__env{OIDC_CLIENT_SECRET}", true},
+		{"$__file{/etc/secrets/smtp-password}", true},
 		{"ghcr.io/${ORG}/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", true},
 		// A literal secret on the same line as a placeholder.
 		{"jdbc:postgresql://${DB_HOST}:5432/app?user=app&password=JdbcS3cretValue", false},
 		{"Server=${DB_HOST};Database=app;User Id=sa;Password=MssqlS3cretValue;", false},
 		{`{"auths":{"${REGISTRY}":{"username":"bot","password":"RegistryS3cretValue"}}}`, false},
 		{"https://discord.com/api/webhooks/1234567890/WebhookS3cretTokenValue?thread_id=${THREAD_ID}", false},
+		{"$__env{DB_USER}:GrafanaLiteralS3cret", false},
 		// Templates that write a literal, wherever it stands.
 		{`{{ b64enc "ChartFuncS3cretValue" }}`, false},
 		{`{{ .Values.password | default "ChartDefaultS3cret" | b64enc }}`, false},
