@@ -566,7 +566,8 @@ func (c *Client) EjectISO(ctx context.Context, vmid int) (bool, error) {
 // statusWhere reads a VM's status on node, or on the member it moved to:
 // its config lives in nodes/<node>/qemu-server/<vmid>.conf, so a VM
 // migrated since a listing reads "does not exist" on the member listed
-// (qemu-server src/PVE/QemuConfig.pm load_config). The cluster listing
+// (load_config in pve-guest-common 6.0.2 src/PVE/AbstractConfig.pm, with
+// qemu-server 9.2.6 src/PVE/QemuConfig.pm cfs_config_path). The cluster listing
 // says where it is now; a NotFound error is returned only when it is
 // listed nowhere, with where the VM was found.
 func (c *Client) statusWhere(ctx context.Context, node string, vmid int) (VMStatus, string, error) {
