@@ -1,6 +1,7 @@
 package proxmox
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -166,22 +167,29 @@ func TestImageRoomJudgedAgainstTheImage(t *testing.T) {
 // A VLAN-aware bridge carries on its ports only the VLANs of its
 // bridge-vids: a VLAN outside them is refused before a VM starts with no
 // way out of the host. PVE starts such a VM all the same (pvesim marks
-// its start Isolated, and the lab boots no reachable node for it).
+// its start Isolated, and the lab boots no reachable node for it). VLAN 1
+// is the one a VLAN-aware bridge gives an untagged VM too: the ports carry
+// it untagged as their PVID, whatever bridge-vids says.
 func TestBridgeVIDsHoldTheVLAN(t *testing.T) {
 	for _, tc := range []struct {
 		vids string
+		vlan int
 		st   check.Status
 		has  string
 	}{
-		{"10 30", check.Fail, "carry only VLANs 10 30 (bridge-vids), not VLAN 20"},
-		{"2-4094", check.Pass, "VLAN-aware, VLAN 20"},
-		{"10,15-25", check.Pass, "VLAN-aware, VLAN 20"},
-		{"", check.Pass, "VLAN-aware, VLAN 20"},
+		{"10 30", 20, check.Fail, "carry only VLANs 10 30 (bridge-vids), not VLAN 20"},
+		{"2-4094", 20, check.Pass, "VLAN-aware, VLAN 20"},
+		{"10,15-25", 20, check.Pass, "VLAN-aware, VLAN 20"},
+		{"", 20, check.Pass, "VLAN-aware, VLAN 20"},
+		{"2-4094", 1, check.Pass, "VLAN-aware, VLAN 1"},
+		{"10 30", 1, check.Pass, "VLAN-aware, VLAN 1"},
 	} {
-		t.Run(tc.vids, func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/vlan%d", tc.vids, tc.vlan), func(t *testing.T) {
 			e := newEnv(t, pvesim.Options{Bridges: []pvesim.BridgeSpec{{Name: "vmbr0", VLANAware: true, VIDs: tc.vids, Ports: "enp1s0"}}})
-			expect(t, runPrechecks(t, e.c, precheckInput(1)), "proxmox: bridge", tc.st, tc.has)
-			e.provision(ctxT(t), e.c, specs(1))
+			in := precheckInput(1)
+			in.VMs[0].VLAN = tc.vlan
+			expect(t, runPrechecks(t, e.c, in), "proxmox: bridge", tc.st, tc.has)
+			e.provision(ctxT(t), e.c, in.VMs)
 			e.mu.Lock()
 			ev, started := e.starts[701]
 			e.mu.Unlock()

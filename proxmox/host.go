@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	pxapi "github.com/Telmate/proxmox-api-go/proxmox"
 	"golang.org/x/sync/errgroup"
@@ -419,14 +420,25 @@ type Bridge struct {
 // src/PVE/Network.pm $bridge_add_interface: bridge vlan add dev <tap>
 // vid <tag>); the ports carry the VLANs of bridge-vids alone, so a VM on
 // another VLAN starts and reaches nothing beyond the host. bridge_vids is
-// a pve-vlan-id-or-range-list: tags and lo-hi ranges (JSONSchema.pm
-// pve_verify_vlan_id_or_range), split on commas, semicolons or spaces
-// (unverified: the split of "-list" formats was not read).
+// a pve-vlan-id-or-range-list: tags and lo-hi ranges of 2-4094
+// (JSONSchema.pm pve_verify_vlan_id_or_range), split on commas,
+// semicolons and white space (pve-common 9.2.1 src/PVE/ParseUtils.pm
+// split_list; pve-manager 9.2.11 PVE/API2/Network.pm writes it back
+// space-separated).
+//
+// VLAN 1 is carried whatever bridge-vids says: it is the VLAN
+// $bridge_add_interface gives an untagged VM's tap too ($tag = 1 if
+// !$tag, pvid untagged), and the ports keep PVID 1, untagged, unless the
+// interfaces file sets bridge-pvid (ifupdown2 addons/bridge.py
+// _query_check_bridge_port_vidinfo expects a running pvid 1 without it,
+// CumulusNetworks/ifupdown2 164248fa; Proxmox ships its own fork of it,
+// whose difference there is unverified). bridge-pvid is not in the
+// network index, so a port with another PVID is not judged.
 func (b Bridge) Carries(tag int) bool {
-	if !b.VLANAware || b.VNet || b.OVS || tag == 0 {
+	if !b.VLANAware || b.VNet || b.OVS || tag <= 1 {
 		return true
 	}
-	for _, part := range strings.FieldsFunc(b.VIDs, func(r rune) bool { return r == ',' || r == ';' || r == ' ' || r == '\t' }) {
+	for _, part := range strings.FieldsFunc(b.VIDs, func(r rune) bool { return r == ',' || r == ';' || unicode.IsSpace(r) }) {
 		lo, hi, rng := strings.Cut(part, "-")
 		a, err := strconv.Atoi(lo)
 		if err != nil {

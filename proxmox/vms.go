@@ -537,8 +537,11 @@ func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, v VMSumma
 // to the disk, and QemuMigrate refuses to move a VM whose cdrom holds a
 // volume on storage that is not shared ("local cdrom image", qemu-server
 // 9.2.6 src/PVE/QemuMigrate.pm), the user's migration and HA's alike.
-// The change needs VM.Config.CDROM, which the create of an ISO-booted VM
-// needed too ($check_vm_modify_config_perm, src/PVE/API2/Qemu.pm).
+// The change needs VM.Config.CDROM on the VM (update_vm's
+// $check_drive_perms, qemu-server 9.2.6 src/PVE/API2/Qemu.pm), which the
+// create of an ISO-booted VM does not ask: create_vm's
+// $check_vm_modify_config_perm skips drives, and a cdrom's volume is
+// judged by $check_storage_access alone. The runner role lacks it.
 func (c *Client) EjectISO(ctx context.Context, vmid int) (bool, error) {
 	unlock, err := c.lockVM(ctx, vmid)
 	if err != nil {
@@ -566,7 +569,8 @@ func (c *Client) EjectISO(ctx context.Context, vmid int) (bool, error) {
 // statusWhere reads a VM's status on node, or on the member it moved to:
 // its config lives in nodes/<node>/qemu-server/<vmid>.conf, so a VM
 // migrated since a listing reads "does not exist" on the member listed
-// (qemu-server src/PVE/QemuConfig.pm load_config). The cluster listing
+// (load_config in pve-guest-common 6.0.2 src/PVE/AbstractConfig.pm, with
+// qemu-server 9.2.6 src/PVE/QemuConfig.pm cfs_config_path). The cluster listing
 // says where it is now; a NotFound error is returned only when it is
 // listed nowhere, with where the VM was found.
 func (c *Client) statusWhere(ctx context.Context, node string, vmid int) (VMStatus, string, error) {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // VMInfo is a snapshot of one simulated VM for tests and the lab.
@@ -282,9 +283,10 @@ func (s *Server) OnDestroy(fn func(VMEvent)) {
 
 // vidsHold says whether a bridge-vids list (tags and lo-hi ranges, the
 // pve-vlan-id-or-range-list format of pve-common 9.2.1
-// src/PVE/JSONSchema.pm) holds tag.
+// src/PVE/JSONSchema.pm, split as src/PVE/ParseUtils.pm split_list does)
+// holds tag.
 func vidsHold(vids string, tag int) bool {
-	for _, part := range strings.FieldsFunc(vids, func(r rune) bool { return r == ',' || r == ';' || r == ' ' }) {
+	for _, part := range strings.FieldsFunc(vids, func(r rune) bool { return r == ',' || r == ';' || unicode.IsSpace(r) }) {
 		lo, hi, rng := strings.Cut(part, "-")
 		a, _ := strconv.Atoi(lo)
 		z := a
@@ -311,7 +313,10 @@ func (s *Server) eventLocked(v *vm) VMEvent {
 	}
 	if n, err := parseNet(v.conf["net0"]); err == nil && v.conf["net0"] != "" {
 		ev.MAC, ev.Bridge, ev.VLAN = strings.ToUpper(n.mac), n.bridge, n.tag
-		if b, ok := s.bridgeLocked(n.bridge); ok && b.VLANAware && b.Zone == "" && !b.OVS && n.tag != 0 {
+		// VLAN 1 is the ports' PVID, which they carry untagged: the tap of
+		// an untagged NIC gets it too (pve-common 9.2.1 src/PVE/Network.pm
+		// $bridge_add_interface, $tag = 1 if !$tag).
+		if b, ok := s.bridgeLocked(n.bridge); ok && b.VLANAware && b.Zone == "" && !b.OVS && n.tag > 1 {
 			ev.Isolated = !vidsHold(cmp.Or(b.VIDs, "2-4094"), n.tag)
 		}
 	}
