@@ -68,9 +68,12 @@ const (
 )
 
 // tokenRules are the token formats looked for in every inspected file: a
-// small documented set instead of a detector library (the maintained ones,
-// such as gitleaks, would add their rule engines and dependencies to the
-// product binary). Each needs its literal prefix before the pattern runs.
+// small documented set instead of a detector library. Measured against
+// gitleaks v8.30.1's default rules (README, "The guard's rules are its
+// own"): no real secret found that these rules and the structural ones
+// miss on five public homelab trees, two false positives that would each
+// refuse a snapshot, 6 MB and 34 modules more in the binary. Each needs
+// its literal prefix before the pattern runs.
 var tokenRules = []struct {
 	name, prefix string
 	re           *regexp.Regexp
