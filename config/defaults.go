@@ -46,6 +46,7 @@ func Default() *Config {
 			Boot:        BootAuto,
 			Bridge:      "vmbr0",
 			CPU:         CPUHost,
+			VM:          BaselineVM(),
 			Parallelism: 4,
 			TaskTimeout: Duration(10 * time.Minute),
 			BootTimeout: Duration(10 * time.Minute),

@@ -102,6 +102,7 @@ type Proxmox struct {
 	Bridge          string   `yaml:"bridge" doc:"Bridge for the VMs' network, e.g. vmbr0."`
 	VLAN            int      `yaml:"vlan" doc:"VLAN tag for the VMs (0 = untagged); the bridge must be VLAN-aware."`
 	CPU             string   `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type of new VMs: host (default) passes the host's CPU through, fastest, but a live migration to a member with another CPU can stop the guest; x86-64-v2-AES (Proxmox's own default) or another generic x86-64 level migrates between any members that have it. A VM that exists keeps its type: the run reports the difference."`
+	VM              VMShape  `yaml:"vm" doc:"The hardware of new VMs; each field may be set again per node (nodes[].vm). The defaults are Talos' Proxmox guide's baseline VM."`
 	ISO             ISO      `yaml:"iso" doc:"The Talos nocloud ISO."`
 	Boot            string   `yaml:"boot" enum:"auto,image,iso" doc:"How new VMs get Talos: image imports the Image Factory's nocloud disk image of cluster.schematic as each VM's disk (Proxmox VE 8.4+, a storage with the 'import' content type; no install, no reboot), iso boots the nocloud ISO and installs to disk; auto (default) takes the image where the host allows it, else the ISO, and the precheck says which and why."`
 	Parallelism     int      `yaml:"parallelism" doc:"How many VMs to create/start at once."`
@@ -118,15 +119,29 @@ type ISO struct {
 
 // Node is one VM of the cluster.
 type Node struct {
-	Name      string `yaml:"name" doc:"Node and VM name (DNS label)."`
-	Role      string `yaml:"role" enum:"controlplane,worker" doc:"controlplane or worker."`
-	VMID      int    `yaml:"vmid" doc:"Proxmox VMID (100-999999999), owned by this cluster."`
-	IP        string `yaml:"ip" doc:"Static IPv4 address inside cluster.network.cidr."`
-	Cores     int    `yaml:"cores" doc:"vCPUs."`
-	MemoryMiB int    `yaml:"memoryMiB" doc:"Memory in MiB (Talos needs at least 2048 for a control plane)."`
-	DiskGiB   int    `yaml:"diskGiB" doc:"Install disk size in GiB (at least 10)."`
-	MAC       string `yaml:"mac" doc:"Optional MAC; empty derives a stable locally administered one from cluster+node."`
-	Host      string `yaml:"host" doc:"Optional Proxmox member to create this VM on (one of proxmox.hosts, or proxmox.node); empty places it automatically."`
+	Name      string  `yaml:"name" doc:"Node and VM name (DNS label)."`
+	Role      string  `yaml:"role" enum:"controlplane,worker" doc:"controlplane or worker."`
+	VMID      int     `yaml:"vmid" doc:"Proxmox VMID (100-999999999), owned by this cluster."`
+	IP        string  `yaml:"ip" doc:"Static IPv4 address inside cluster.network.cidr."`
+	Cores     int     `yaml:"cores" doc:"vCPUs."`
+	MemoryMiB int     `yaml:"memoryMiB" doc:"Memory in MiB (Talos needs at least 2048 for a control plane)."`
+	DiskGiB   int     `yaml:"diskGiB" doc:"Install disk size in GiB (at least 10)."`
+	MAC       string  `yaml:"mac" doc:"Optional MAC; empty derives a stable locally administered one from cluster+node."`
+	Host      string  `yaml:"host" doc:"Optional Proxmox member to create this VM on (one of proxmox.hosts, or proxmox.node); empty places it automatically."`
+	VM        VMShape `yaml:"vm" doc:"This node's VM hardware where it differs from proxmox.vm (an empty field takes proxmox.vm's)."`
+}
+
+// VMShape is the hardware of a new VM: Talos' Proxmox guide's baseline
+// by default (the Talos docs' proxmox.mdx, "VM resource requirements",
+// v1.13 and v1.14). A VM that exists keeps what it was created with: the
+// provision stage reports a difference and never changes it.
+type VMShape struct {
+	BIOS       string `yaml:"bios" enum:"ovmf,seabios" doc:"Firmware: ovmf (UEFI, default; the VM gets a 4 MiB EFI disk without pre-enrolled keys, as Talos' guide says) or seabios."`
+	Machine    string `yaml:"machine" doc:"QEMU machine type: q35 (default), pc (i440fx), or a versioned type such as pc-q35-9.2+pve1 that pins it."`
+	SCSIHW     string `yaml:"scsihw" enum:"virtio-scsi-pci,virtio-scsi-single" doc:"SCSI controller of the install disk: virtio-scsi-pci (default; Talos' guide warns against VirtIO SCSI single after installs that hung, siderolabs/talos#11173) or virtio-scsi-single (gives the disk an IO thread)."`
+	Cache      string `yaml:"cache" enum:"writethrough,none,writeback,directsync,unsafe" doc:"Cache mode of the install disk: writethrough (default, Talos' guide), none (the guide's choice for clustered storage), or another of Proxmox's modes."`
+	Ballooning string `yaml:"ballooning" enum:"off,on" doc:"Memory ballooning device: off (default; Talos does not support memory hotplug and would not see all of its memory) or on."`
+	RNG        string `yaml:"rng" enum:"off,on" doc:"A VirtIO RNG fed from the host's /dev/urandom: off (default) or on (Talos' guide: optional, better entropy)."`
 }
 
 // Storage holds the storage settings.

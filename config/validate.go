@@ -254,6 +254,7 @@ func (v *validator) nodes() {
 			v.errf(p+".name", "%q is already used by %s: node names must be unique", n.Name, prev)
 		}
 		names[n.Name] = p
+		v.vmShape(p+".vm", n.VM, true)
 
 		switch n.Role {
 		case RoleControlPlane:
@@ -438,6 +439,7 @@ func (v *validator) proxmox() {
 	}
 	v.boot(p)
 	v.cpu(p.CPU)
+	v.vmShape("proxmox.vm", p.VM, false)
 	if p.ISO.URL != "" {
 		if u, err := url.Parse(p.ISO.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.errf("proxmox.iso.url", "%q is not an http(s) URL", p.ISO.URL)

@@ -74,3 +74,67 @@ func (v *validator) boot(p Proxmox) {
 		v.errf("proxmox.boot", "%q must be auto, image or iso", p.Boot)
 	}
 }
+
+// The values of proxmox.vm's on/off fields.
+const (
+	On  = "on"
+	Off = "off"
+)
+
+// BaselineVM is proxmox.vm's default: the baseline VM of Talos' Proxmox
+// guide (the Talos docs at v1.13 and v1.14,
+// public/talos/v1.14/platform-specific-installations/virtualized-platforms/proxmox.mdx,
+// "VM resource requirements"): OVMF with an EFI disk, q35, VirtIO SCSI
+// (not single), write-through cache, ballooning disabled; the optional
+// VirtIO RNG left off.
+func BaselineVM() VMShape {
+	return VMShape{BIOS: "ovmf", Machine: "q35", SCSIHW: "virtio-scsi-pci", Cache: "writethrough", Ballooning: Off, RNG: Off}
+}
+
+// machineRE is qemu-server's machine type pattern (the published API
+// schema of POST /nodes/{node}/qemu, machine's type, the same in every
+// release from PVE 8.2 to 9.1), without the ARM-only virt types.
+var machineRE = regexp.MustCompile(`^(pc|pc(-i440fx)?-\d+(\.\d+)+(\+pve\d+)?(\.pxe)?|q35|pc-q35-\d+(\.\d+)+(\+pve\d+)?(\.pxe)?)$`)
+
+// vmShape checks proxmox.vm, or a node's vm (node true: empty fields
+// inherit), against the values offered.
+func (v *validator) vmShape(path string, s VMShape, node bool) {
+	one := func(field, val string, allowed ...string) {
+		if val == "" && node {
+			return
+		}
+		for _, a := range allowed {
+			if val == a {
+				return
+			}
+		}
+		v.errf(path+"."+field, "%q is not offered: use %s", val, strings.Join(allowed, ", "))
+	}
+	one("bios", s.BIOS, "ovmf", "seabios")
+	one("scsihw", s.SCSIHW, "virtio-scsi-pci", "virtio-scsi-single")
+	one("cache", s.Cache, "writethrough", "none", "writeback", "directsync", "unsafe")
+	one("ballooning", s.Ballooning, Off, On)
+	one("rng", s.RNG, Off, On)
+	if s.Machine != "" || !node {
+		if !machineRE.MatchString(s.Machine) {
+			v.errf(path+".machine", "%q is not an x86 machine type Proxmox knows: use q35, pc, or a versioned type such as pc-q35-9.2+pve1", s.Machine)
+		}
+	}
+}
+
+// VMShapeOf is node n's VM hardware: proxmox.vm with the fields n.VM sets.
+func (c *Config) VMShapeOf(n Node) VMShape {
+	s := c.Proxmox.VM
+	for _, f := range []struct {
+		dst *string
+		src string
+	}{
+		{&s.BIOS, n.VM.BIOS}, {&s.Machine, n.VM.Machine}, {&s.SCSIHW, n.VM.SCSIHW},
+		{&s.Cache, n.VM.Cache}, {&s.Ballooning, n.VM.Ballooning}, {&s.RNG, n.VM.RNG},
+	} {
+		if f.src != "" {
+			*f.dst = f.src
+		}
+	}
+	return s
+}

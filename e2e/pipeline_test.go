@@ -2,8 +2,10 @@ package e2e_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -49,11 +51,16 @@ func TestPipeline(t *testing.T) {
 			// tests take ECDSA: startHarness).
 			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, CNI: tc.cni, ServiceAccountKey: config.ServiceAccountKeyRSA})
 			nodes := tc.controlPlanes + tc.wks
+			if tc.wks >= 2 {
+				// One node's VM set apart from proxmox.vm (nodes[].vm).
+				setNodeVM(t, h, "wk-2", `{scsihw: virtio-scsi-single, ballooning: "on", rng: "on"}`)
+			}
 
 			first := run(t, ctx, h, "run", "--stage", "all")
 			if first.ExitCode != 0 {
 				t.Fatalf("first run failed:\n%s", first.Tail(40))
 			}
+			checkVMHardware(t, h, "wk-2")
 			if err := h.PostcheckGreen(); err != nil {
 				t.Fatalf("after the first run: %v\n%s", err, first.Tail(20))
 			}
@@ -254,5 +261,44 @@ func TestBringYourOwnCNI(t *testing.T) {
 	}
 	if err := h.PostcheckGreen(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// setNodeVM gives the lab config's node name the nodes[].vm value vm (a
+// YAML flow mapping).
+func setNodeVM(t *testing.T, h *e2e.Harness, name, vm string) {
+	t.Helper()
+	if err := h.EditConfig(func(s string) (string, error) {
+		re := regexp.MustCompile(`(?m)^(  - \{name: ` + regexp.QuoteMeta(name) + `, .*)\}$`)
+		if !re.MatchString(s) {
+			return "", fmt.Errorf("no node %s in the lab config:\n%s", name, s)
+		}
+		return re.ReplaceAllString(s, "${1}, vm: "+vm+"}"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkVMHardware wants every VM created as Talos' Proxmox guide's
+// baseline (proxmox.vm's defaults), except the node named apart, whose
+// VM takes VirtIO SCSI single (with its IO thread), ballooning and the RNG.
+func checkVMHardware(t *testing.T, h *e2e.Harness, apart string) {
+	t.Helper()
+	for _, n := range h.Config().Nodes {
+		vm, ok := h.Lab.PVE.VM(n.VMID)
+		if !ok {
+			t.Fatalf("VM %d %s missing", n.VMID, n.Name)
+		}
+		c := vm.Config
+		baseline := c["bios"] == "ovmf" && c["machine"] == "q35" && strings.Contains(c["efidisk0"], ",efitype=4m,pre-enrolled-keys=0,") &&
+			strings.Contains(c["scsi0"], ",cache=writethrough,")
+		switch {
+		case !baseline:
+			t.Errorf("VM %s is not on the baseline (OVMF, EFI disk without keys, q35, write-through): %v", n.Name, c)
+		case n.Name == apart && (c["scsihw"] != "virtio-scsi-single" || !strings.Contains(c["scsi0"], "iothread=1") || c["balloon"] != "" || c["rng0"] != "source=/dev/urandom"):
+			t.Errorf("VM %s does not take its nodes[].vm: %v", n.Name, c)
+		case n.Name != apart && (c["scsihw"] != "virtio-scsi-pci" || strings.Contains(c["scsi0"], "iothread") || c["balloon"] != "0" || c["rng0"] != ""):
+			t.Errorf("VM %s is not proxmox.vm's default: %v", n.Name, c)
+		}
 	}
 }

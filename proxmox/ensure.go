@@ -389,7 +389,36 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 		report("ISO", s.ISOStorage+":iso/"+s.ISOFile, cfg.CDROM, "only used until Talos is installed")
 	}
 	report("CPU type", s.CPUType(), cfg.CPU, "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node")
+	reportHardware(s.Hardware, cfg, report)
 	return drift, update, grow
+}
+
+// reportHardware reports where an existing VM's hardware differs from
+// proxmox.vm: a VM keeps what it was created with (adopting one never
+// changes it), and the report says how to change it. The values compared
+// are Proxmox's defaults where the config leaves a key out (qemu-server's
+// schema: bios seabios, machine pc, scsihw lsi; no balloon key keeps the
+// balloon device).
+func reportHardware(hw Hardware, cfg *VMConfig, report func(field, want, have, why string)) {
+	const keep = "a VM keeps the hardware it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node (bootstrap node replace)"
+	e := cfg.Effective
+	// Talos picks its bootloader by the firmware it was installed under
+	// (systemd-boot under UEFI, GRUB otherwise: bootloader.go NewAuto at
+	// v1.13.3); whether it boots after a switch is unverified.
+	report("firmware", hw.BIOSType(), or(e["bios"], "seabios"), "Talos installed the bootloader of the firmware it booted with: replace the node (bootstrap node replace) rather than switch the firmware under it")
+	// machine is a property string from PVE 8 on ([type=]<type>,viommu=…).
+	m := parseDriveString(or(e["machine"], "pc"))
+	machine := or(m.file, m.opts["type"])
+	report("machine type", hw.MachineType(), machine, keep)
+	report("SCSI controller", hw.Controller(), or(cfg.SCSIHW, "lsi"), keep)
+	onOff := func(on bool) string {
+		if on {
+			return "on"
+		}
+		return "off"
+	}
+	report("ballooning", onOff(hw.Ballooning), onOff(e["balloon"] != "0"), keep)
+	report("RNG", onOff(hw.RNG), onOff(e["rng0"] != ""), keep)
 }
 
 func sizeString(b int64) string {

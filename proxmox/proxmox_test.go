@@ -175,8 +175,18 @@ func (e *env) checkProvisioned(ss []VMSpec) {
 			!strings.HasPrefix(vm.Config["ide2"], "local:iso/talos-nocloud-amd64.iso,media=cdrom") {
 			e.t.Errorf("VM %d ide2 %q", s.VMID, vm.Config["ide2"])
 		}
-		if vm.Config["boot"] != "order=scsi0;ide2" || vm.Config["scsihw"] != "virtio-scsi-single" || vm.Config["cpu"] != "host" {
-			e.t.Errorf("VM %d boot/scsihw/cpu: %v", s.VMID, vm.Config)
+		if vm.Config["boot"] != "order=scsi0;ide2" || vm.Config["cpu"] != "host" {
+			e.t.Errorf("VM %d boot/cpu: %v", s.VMID, vm.Config)
+		}
+		// Talos' baseline VM: OVMF with a 4m EFI disk without
+		// pre-enrolled keys (numbered after the install disk, as
+		// qemu-server creates it), q35, VirtIO SCSI (not single, so no
+		// IO thread), write-through cache, no balloon device.
+		c := vm.Config
+		if c["bios"] != "ovmf" || c["machine"] != "q35" || c["scsihw"] != "virtio-scsi-pci" || c["balloon"] != "0" ||
+			!strings.HasPrefix(c["scsi0"], fmt.Sprintf("%s:vm-%d-disk-0,cache=writethrough,", s.DiskStorage, s.VMID)) || strings.Contains(c["scsi0"], "iothread") ||
+			!strings.HasPrefix(c["efidisk0"], fmt.Sprintf("%s:vm-%d-disk-1,efitype=4m,pre-enrolled-keys=0,size=", s.DiskStorage, s.VMID)) {
+			e.t.Errorf("VM %d is not Talos' baseline VM: %v", s.VMID, c)
 		}
 		e.mu.Lock()
 		_, started := e.starts[s.VMID]
@@ -315,6 +325,56 @@ func TestAdoptExistingVM(t *testing.T) {
 	}
 	if vm, _ := e.sim.VM(s.VMID); vm.Status != "running" || vm.Config["ide2"] != "none,media=cdrom" {
 		t.Errorf("adopted VM: %s ide2=%q", vm.Status, vm.Config["ide2"])
+	}
+}
+
+// A VM created before the baseline (what bootstrap created until it
+// followed Talos' guide: SeaBIOS, the default i440fx machine, VirtIO SCSI
+// single with an IO thread, a balloon device) is adopted as it is: each
+// difference reported with how to change it, nothing sent to change it.
+func TestOldShapeVMIsAdoptedUnchanged(t *testing.T) {
+	e := newEnv(t, pvesim.Options{})
+	ctx := ctxT(t)
+	s := spec(1)
+	seed := map[string]string{}
+	for k, v := range s.createParams() {
+		switch k {
+		case "vmid", "bios", "machine", "efidisk0", "balloon":
+		default:
+			seed[k] = fmt.Sprint(v)
+		}
+	}
+	seed["ide2"] = "none,media=cdrom"
+	seed["scsihw"] = "virtio-scsi-single"
+	seed["scsi0"] = strings.Replace(seed["scsi0"], ",cache=writethrough", "", 1) + ",iothread=1"
+	if err := e.sim.SeedVM(s.VMID, seed, false); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := e.sim.VM(s.VMID)
+	res := e.provision(ctx, e.c, []VMSpec{s})
+	if res[0].Created || !res[0].Adopted {
+		t.Fatalf("result %+v", res[0])
+	}
+	want := map[string]string{"firmware": "ovmf/seabios", "machine type": "q35/pc", "SCSI controller": "virtio-scsi-pci/virtio-scsi-single", "ballooning": "off/on"}
+	for _, d := range res[0].Drift {
+		if w, ok := want[d.Field]; ok {
+			if d.Kind != DriftReport || d.Want+"/"+d.Have != w || d.Why == "" {
+				t.Errorf("%s: %+v, want a report %s with how to change it", d.Field, d, w)
+			}
+			delete(want, d.Field)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("not reported: %v (drift %+v)", want, res[0].Drift)
+	}
+	if n := e.sim.Count("PUT", "/nodes/pve/qemu/701/config") + e.sim.Count("POST", "/nodes/pve/qemu/701/config"); n != 0 {
+		t.Errorf("adopting an old-shape VM changed its config %d times", n)
+	}
+	after, _ := e.sim.VM(s.VMID)
+	for _, k := range []string{"bios", "machine", "scsihw", "balloon", "efidisk0", "scsi0"} {
+		if before.Config[k] != after.Config[k] {
+			t.Errorf("%s changed: %q → %q", k, before.Config[k], after.Config[k])
+		}
 	}
 }
 

@@ -28,11 +28,14 @@ type VMSpec struct {
 	MemoryMiB int
 	// CPU is the VM's CPU type (proxmox.cpu; "" is host).
 	CPU string
+	// Hardware is the firmware, machine, controller, cache, ballooning
+	// and RNG of a new VM (proxmox.vm); its zero value is Talos' baseline.
+	Hardware Hardware
 	// DiskStorage and DiskGiB describe the install disk.
 	DiskStorage string
 	DiskGiB     int
-	// DiskBus is "scsi" (default, on virtio-scsi-single: /dev/sda) or
-	// "virtio" (/dev/vda).
+	// DiskBus is "scsi" (default, on Hardware's SCSI controller: /dev/sda)
+	// or "virtio" (/dev/vda).
 	DiskBus string
 	Bridge  string
 	// VLAN tags net0 when non-zero.
@@ -68,6 +71,51 @@ func (s VMSpec) CPUType() string {
 		return "host"
 	}
 	return s.CPU
+}
+
+// Hardware is a VM's firmware, machine type, SCSI controller, install
+// disk cache, ballooning and RNG. An empty field is the baseline VM of
+// Talos' Proxmox guide (the Talos docs, v1.13 and v1.14
+// platform-specific-installations/virtualized-platforms/proxmox.mdx, "VM
+// resource requirements"): OVMF with a 4 MiB EFI disk whose Secure Boot
+// keys are not pre-enrolled, q35, VirtIO SCSI (not single: installs that
+// hung, siderolabs/talos#11173), write-through cache, no ballooning (Talos
+// does not support memory hotplug), and the optional RNG left out.
+type Hardware struct {
+	BIOS, Machine, SCSIHW, Cache string
+	// Ballooning keeps Proxmox's balloon device (the create sends no
+	// balloon: 0); RNG adds a VirtIO RNG fed from the host's /dev/urandom.
+	Ballooning, RNG bool
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// BIOSType is the VM's firmware: ovmf unless set.
+func (h Hardware) BIOSType() string { return or(h.BIOS, "ovmf") }
+
+// MachineType is the VM's machine type: q35 unless set.
+func (h Hardware) MachineType() string { return or(h.Machine, "q35") }
+
+// Controller is the VM's SCSI controller: virtio-scsi-pci unless set.
+func (h Hardware) Controller() string { return or(h.SCSIHW, "virtio-scsi-pci") }
+
+// CacheMode is the install disk's cache: writethrough unless set.
+func (h Hardware) CacheMode() string { return or(h.Cache, "writethrough") }
+
+// efidisk0 is the EFI vars disk OVMF keeps its settings and Secure Boot
+// keys in: 4m (the OVMF build with Secure Boot support; "2m" is the
+// schema's default for old VMs) and no pre-enrolled Microsoft keys, as
+// Talos' guide says (its own keys are enrolled by the Secure Boot ISO).
+// The size in the volume string is ignored: qemu-server allocates the
+// size of the OVMF vars file (src/PVE/QemuServer/OVMF.pm create_efidisk
+// at 9.2.6).
+func (s VMSpec) efidisk0() string {
+	return s.DiskStorage + ":1,efitype=4m,pre-enrolled-keys=0"
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
@@ -179,7 +227,11 @@ func (s VMSpec) createParams() map[string]any {
 	if s.Image != "" {
 		disk = fmt.Sprintf("%s:0,import-from=%s,discard=on", s.DiskStorage, s.Image)
 	}
-	if s.Bus() == "scsi" {
+	disk += ",cache=" + s.Hardware.CacheMode()
+	// qemu-server gives a SCSI disk its own IO thread only on
+	// virtio-scsi-single and ignores the option, with a warning, on the
+	// other controllers (src/PVE/QemuServer.pm config_to_command at 9.2.6).
+	if s.Bus() == "scsi" && s.Hardware.Controller() == "virtio-scsi-single" {
 		disk += ",iothread=1"
 	}
 	p := map[string]any{
@@ -189,7 +241,9 @@ func (s VMSpec) createParams() map[string]any {
 		"sockets":    1,
 		"cpu":        s.CPUType(),
 		"memory":     s.MemoryMiB,
-		"scsihw":     "virtio-scsi-single",
+		"scsihw":     s.Hardware.Controller(),
+		"bios":       s.Hardware.BIOSType(),
+		"machine":    s.Hardware.MachineType(),
 		s.DiskSlot(): disk,
 		"ide2":       s.ISOStorage + ":iso/" + s.ISOFile + ",media=cdrom",
 		"ide3":       s.cloudInitStorage() + ":cloudinit",
@@ -211,6 +265,16 @@ func (s VMSpec) createParams() map[string]any {
 	}
 	if len(s.Nameservers) > 0 {
 		p["nameserver"] = strings.Join(s.Nameservers, " ")
+	}
+	if s.Hardware.BIOSType() == "ovmf" {
+		p["efidisk0"] = s.efidisk0()
+	}
+	if !s.Hardware.Ballooning {
+		// 0 removes the balloon device; unset, Proxmox adds one.
+		p["balloon"] = 0
+	}
+	if s.Hardware.RNG {
+		p["rng0"] = "source=/dev/urandom"
 	}
 	if s.Image != "" {
 		delete(p, "ide2")

@@ -28,7 +28,7 @@ type ProvisionStage struct{}
 func (ProvisionStage) Name() string { return Provision }
 
 // VMSpecs turns the config's nodes into VM specs. Every node gets a scsi
-// install disk on virtio-scsi-single, which the guest sees as /dev/sda.
+// install disk on the SCSI controller, which the guest sees as /dev/sda.
 func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 	pfx, err := netip.ParsePrefix(cfg.Cluster.Network.CIDR)
 	if err != nil {
@@ -59,12 +59,18 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 		}
 		specs = append(specs, proxmox.VMSpec{
 			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID, Node: host(n),
-			Cores: n.Cores, MemoryMiB: n.MemoryMiB, CPU: p.CPU, DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
+			Cores: n.Cores, MemoryMiB: n.MemoryMiB, CPU: p.CPU, Hardware: hardware(cfg.VMShapeOf(n)), DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
 			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFile, GuestAgent: im.GuestAgent,
 			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
 		})
 	}
 	return specs, nil
+}
+
+// hardware is a node's proxmox.vm as the VM spec takes it.
+func hardware(s config.VMShape) proxmox.Hardware {
+	return proxmox.Hardware{BIOS: s.BIOS, Machine: s.Machine, SCSIHW: s.SCSIHW, Cache: s.Cache,
+		Ballooning: s.Ballooning == config.On, RNG: s.RNG == config.On}
 }
 
 // ISOSource is the Talos ISO: configured, or derived from the schematic;

@@ -164,7 +164,7 @@ func knownKey(k string) bool {
 	switch {
 	case isDriveKey(k), netKeyRE.MatchString(k), ipcfgKeyRE.MatchString(k), unusedRE.MatchString(k), serialRE.MatchString(k):
 		return true
-	case k == "name" || k == "memory" || k == "tags" || k == "lock":
+	case k == "name" || k == "memory" || k == "tags" || k == "lock" || k == "rng0":
 		return true
 	}
 	_, isInt := intKeys[k]
@@ -219,6 +219,28 @@ func validateOption(k, v string, major int) string {
 		for _, t := range splitTags(v) {
 			if !tagRE.MatchString(t) {
 				return "invalid format - invalid characters in tag"
+			}
+		}
+	case k == "rng0":
+		// pve-qm-rng (qemu-server 9.2.6 src/PVE/QemuServer/RNG.pm):
+		// source (the default key) one of three host devices, max_bytes
+		// and period integers.
+		for i, part := range strings.Split(v, ",") {
+			key, val, hasEq := strings.Cut(part, "=")
+			if i == 0 && !hasEq {
+				key, val = "source", part
+			}
+			switch key {
+			case "source":
+				if val != "/dev/urandom" && val != "/dev/random" && val != "/dev/hwrng" {
+					return "invalid format - format error\nrng0.source: value '" + val + "' does not have a value in the enumeration '/dev/urandom, /dev/random, /dev/hwrng'"
+				}
+			case "max_bytes", "period":
+				if _, err := strconv.Atoi(val); err != nil {
+					return "invalid format - format error\nrng0." + key + ": type check ('integer') failed - got '" + val + "'"
+				}
+			default:
+				return "invalid format - format error\nrng0." + key + ": property is not defined in schema and the schema does not allow additional properties"
 			}
 		}
 	case netKeyRE.MatchString(k):

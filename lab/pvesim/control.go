@@ -323,7 +323,10 @@ func (s *Server) eventLocked(v *vm) VMEvent {
 	keys := sortedKeys(v.conf)
 	sort.SliceStable(keys, func(i, j int) bool { return driveOrder(keys[i]) < driveOrder(keys[j]) })
 	for _, k := range keys {
-		if !isDriveKey(k) {
+		// The EFI vars and TPM state volumes back the firmware's flash and
+		// the TPM emulator (qemu-server 9.2.6 OVMF.pm, pflash unit 1;
+		// QemuServer.pm start_swtpm): the guest sees no disk for them.
+		if !isDriveKey(k) || k == "efidisk0" || k == "tpmstate0" {
 			continue
 		}
 		d, err := parseDrive(v.conf[k])

@@ -646,3 +646,76 @@ func TestBehavioursFollowTheirPackage(t *testing.T) {
 		}
 	}
 }
+
+// An EFI disk is created after the other disks (qemu-server's drive
+// order), with the OVMF vars file's size whatever size was asked, rounded
+// as its storage rounds a new volume; the guest sees no disk for it.
+func TestEFIDiskSizeAndOrder(t *testing.T) {
+	s := newSim(t, Options{ISOs: []ISOSpec{{Storage: "local", Name: "talos.iso", Size: 100 << 20}}, Storages: []StorageSpec{
+		{Name: "local", Type: "dir", Content: []string{"iso", "images"}, TotalBytes: 100 << 30},
+		{Name: "local-lvm", Type: "lvmthin", Content: []string{"images"}, TotalBytes: 100 << 30},
+		{Name: "tank", Type: "zfspool", Content: []string{"images"}, TotalBytes: 100 << 30},
+	}})
+	c := newClient(t, s)
+	for _, tc := range []struct {
+		storage, efidisk, want string
+	}{
+		{"local-lvm", "local-lvm:1,efitype=4m,pre-enrolled-keys=0", "local-lvm:vm-%d-disk-1,efitype=4m,pre-enrolled-keys=0,size=4M"},
+		{"tank", "tank:1,efitype=4m,pre-enrolled-keys=0", "tank:vm-%d-disk-1,efitype=4m,pre-enrolled-keys=0,size=1M"},
+		{"local", "local:1,efitype=4m,pre-enrolled-keys=0", "local:%d/vm-%d-disk-1.qcow2,efitype=4m,pre-enrolled-keys=0,size=528K"},
+		{"local-lvm", "local-lvm:1", "local-lvm:vm-%d-disk-1,size=4M"},
+	} {
+		vm := url.Values{}
+		for k, v := range talosVM {
+			vm[k] = v
+		}
+		id := 701 + len(s.VMIDs())
+		vm.Set("vmid", fmt.Sprint(id))
+		vm.Set("name", fmt.Sprintf("cp-%d", id))
+		vm.Set("net0", fmt.Sprintf("virtio=BC:24:11:00:00:%02X,bridge=vmbr0,tag=20", id%256))
+		vm.Set("scsi0", tc.storage+":32,discard=on")
+		vm.Set("bios", "ovmf")
+		vm.Set("efidisk0", tc.efidisk)
+		if st := c.waitTask(c.ok("POST", "/nodes/pve/qemu", vm).(string)); st["exitstatus"] != "OK" {
+			t.Fatalf("create with %s: %v", tc.efidisk, st)
+		}
+		conf := c.ok("GET", fmt.Sprintf("/nodes/pve/qemu/%d/config", id), nil).(map[string]any)
+		want := fmt.Sprintf(tc.want, id)
+		if strings.Count(tc.want, "%d") == 2 {
+			want = fmt.Sprintf(tc.want, id, id)
+		}
+		if conf["efidisk0"] != want || !strings.Contains(fmt.Sprint(conf["scsi0"]), "-disk-0") {
+			t.Errorf("%s: efidisk0 %v, scsi0 %v; want efidisk0 %s after the install disk", tc.efidisk, conf["efidisk0"], conf["scsi0"], want)
+		}
+		info, _ := s.VM(id)
+		if len(info.Event.Disks) != 1 || info.Event.Disks[0].Slot != "scsi0" {
+			t.Errorf("%s: the guest sees %+v, want only scsi0", tc.efidisk, info.Event.Disks)
+		}
+	}
+}
+
+// rng0 is checked as pve-qm-rng, and the host's hardware RNG needs
+// Mapping.Use on /mapping/hwrng beside VM.Config.HWType (check_rng_perm).
+func TestRNGOption(t *testing.T) {
+	s := newSim(t, Options{ISOs: []ISOSpec{{Storage: "local", Name: "talos.iso", Size: 100 << 20}}})
+	c := newClient(t, s)
+	vm := url.Values{}
+	for k, v := range talosVM {
+		vm[k] = v
+	}
+	vm.Set("rng0", "source=/dev/sda")
+	if a := c.do("POST", "/nodes/pve/qemu", vm); a.code != 400 || !strings.Contains(string(a.body), "rng0") {
+		t.Errorf("rng0 from /dev/sda: %d %s", a.code, a.body)
+	}
+	s.AddToken(Token{ID: "root@pam!hw", Secret: "s", ACL: []ACE{{Path: "/", Privileges: []string{"VM.Allocate", "VM.Config.HWType", "VM.Config.Disk", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options", "VM.Config.CDROM", "Datastore.AllocateSpace", "Datastore.Audit", "SDN.Use"}}}})
+	hw := newClient(t, s)
+	hw.auth = "PVEAPIToken=root@pam!hw=s"
+	vm.Set("rng0", "source=/dev/hwrng")
+	if a := hw.do("POST", "/nodes/pve/qemu", vm); a.code != 403 || !strings.Contains(string(a.body)+a.status, "/mapping/hwrng") {
+		t.Errorf("rng0 from /dev/hwrng without Mapping.Use: %d %s", a.code, a.body)
+	}
+	vm.Set("rng0", "source=/dev/urandom")
+	if st := hw.waitTask(hw.ok("POST", "/nodes/pve/qemu", vm).(string)); st["exitstatus"] != "OK" {
+		t.Errorf("rng0 from /dev/urandom: %v", st)
+	}
+}

@@ -203,6 +203,16 @@ func configPerms(who *identity, id int, keys []string) *apiError {
 	return nil
 }
 
+// rngPerm is qemu-server's check_rng_perm (9.2.6 src/PVE/API2/Qemu.pm,
+// on create and update) past the option's VM.Config.HWType: the host's
+// hardware RNG is a mapping, Mapping.Use on /mapping/hwrng.
+func rngPerm(who *identity, rng0 string) *apiError {
+	if src, _, _ := strings.Cut(strings.TrimPrefix(rng0, "source="), ","); src == "/dev/hwrng" {
+		return who.check("/mapping/hwrng", "Mapping.Use")
+	}
+	return nil
+}
+
 // drivePerms checks storage access for drive options the way create and
 // update do: new disks need Datastore.AllocateSpace, ISOs read access.
 func (s *Server) drivePerms(who *identity, id int, cfg map[string]string, update bool) *apiError {
@@ -360,6 +370,9 @@ func (s *Server) createVM(r *request) (any, *apiError) {
 	if aerr := configPerms(r.who, id, sortedKeys(cfg)); aerr != nil {
 		return nil, aerr
 	}
+	if aerr := rngPerm(r.who, cfg["rng0"]); aerr != nil {
+		return nil, aerr
+	}
 	if major >= 8 {
 		if aerr := s.bridgePerms(r.who, cfg); aerr != nil {
 			return nil, aerr
@@ -487,12 +500,27 @@ func importsOf(cfg map[string]string) []string {
 // rewrites the drive options as stored; imported is the bytes of the disks
 // imported (their virtual sizes); s.mu must be held.
 func (s *Server) createDisksLocked(id int, cfg map[string]string) (vols []string, imported int64, _ error) {
-	for _, k := range sortedKeys(cfg) {
-		if !isDriveKey(k) {
-			continue
-		}
+	for _, k := range createOrder(cfg) {
 		d, _ := parseDrive(cfg[k])
 		switch {
+		case k == "efidisk0" && newDiskRE.MatchString(d.file):
+			// create_efidisk: the size asked is ignored; the volume gets the
+			// OVMF vars file's size, copied in (qemu-server 9.2.6
+			// src/PVE/API2/Qemu.pm $create_disks, src/PVE/QemuServer/OVMF.pm).
+			m := newDiskRE.FindStringSubmatch(d.file)
+			st := s.storageByName(m[2])
+			if st == nil {
+				return vols, imported, fmt.Errorf("storage '%s' does not exist", m[2])
+			}
+			size := volumeSize(st.spec.Type, ovmfVarsBytes(d.get("efitype")))
+			volid, err := s.allocLocked(m[2], id, "", size, d.get("format"))
+			if err != nil {
+				return vols, imported, err
+			}
+			vols = append(vols, volid)
+			d.file = volid
+			d.del("format")
+			d.set("size", formatSize(size))
 		case d.file == "none" || d.file == "cdrom":
 			d.del("size")
 		case d.isCloudInit():
@@ -556,6 +584,63 @@ func (s *Server) createDisksLocked(id int, cfg map[string]string) (vols []string
 		cfg[k] = d.String()
 	}
 	return vols, imported, nil
+}
+
+// createOrder is cfg's drive keys in the order qemu-server creates them
+// (PVE::QemuServer::Drive::valid_drive_names at 9.2.6: ide, scsi, virtio,
+// sata, then efidisk0 and tpmstate0), which decides the disk numbers
+// (vm-<id>-disk-<n>) each gets.
+func createOrder(cfg map[string]string) []string {
+	rank := func(k string) (int, int) {
+		if k == "efidisk0" || k == "tpmstate0" {
+			return map[string]int{"efidisk0": 4, "tpmstate0": 5}[k], 0
+		}
+		m := driveKeyRE.FindStringSubmatch(k)
+		n, _ := strconv.Atoi(m[2])
+		return map[string]int{"ide": 0, "scsi": 1, "virtio": 2, "sata": 3}[m[1]], n
+	}
+	var keys []string
+	for _, k := range sortedKeys(cfg) {
+		if isDriveKey(k) {
+			keys = append(keys, k)
+		}
+	}
+	sort.SliceStable(keys, func(i, j int) bool {
+		bi, ni := rank(keys[i])
+		bj, nj := rank(keys[j])
+		return bi < bj || bi == bj && ni < nj
+	})
+	return keys
+}
+
+// ovmfVarsBytes is the size of the OVMF vars file an EFI disk of efitype
+// is created from: OVMF_VARS_4M.fd for 4m, OVMF_VARS.fd for 2m (the
+// default) (qemu-server 9.2.6 src/PVE/QemuServer/OVMF.pm
+// get_ovmf_files). The byte counts are those of the pve-edk2-firmware
+// files as a host reports them (528K and 128K in an efidisk on directory
+// storage); they are not in qemu-server's source: unverified here.
+func ovmfVarsBytes(efitype string) int64 {
+	if efitype == "4m" {
+		return 540672
+	}
+	return 131072
+}
+
+// volumeSize is the size a new volume of bytes gets on a storage type:
+// a zvol is padded to 1 MiB (pve-storage 9.1.7 ZFSPoolPlugin.pm
+// zfs_create_zvol), an RBD image to whole MiB (RBDPlugin.pm alloc_image,
+// --size in MiB), an LVM volume to the volume group's extent (LVM's own
+// rounding, 4 MiB by default: unverified for a host's actual extent
+// size); a file keeps its size.
+func volumeSize(storageType string, bytes int64) int64 {
+	roundUp := func(n int64) int64 { return (bytes + n - 1) / n * n }
+	switch storageType {
+	case "zfspool", "zfs", "rbd":
+		return roundUp(mib)
+	case "lvm", "lvmthin":
+		return roundUp(4 * mib)
+	}
+	return bytes
 }
 
 func defaultBoot(cfg map[string]string) string {
@@ -678,6 +763,9 @@ func (s *Server) updateConfig(ctx context.Context, r *request, idStr string, asy
 		return nil, aerr
 	}
 	if aerr := configPerms(r.who, id, append(sortedKeys(set), dels...)); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := rngPerm(r.who, set["rng0"]); aerr != nil {
 		return nil, aerr
 	}
 	if major >= 8 {
