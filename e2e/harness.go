@@ -52,6 +52,9 @@ type Options struct {
 	ProxmoxHosts int
 	// ProxmoxHA turns on proxmox.ha (lab.Options).
 	ProxmoxHA bool
+	// ProxmoxWithoutPrivileges leaves privileges out of the lab token's
+	// role (lab.Options).
+	ProxmoxWithoutPrivileges []string
 	// ProxmoxVersion is the pve-manager version the lab's Proxmox runs
 	// (lab.Options; default 8.2.4).
 	ProxmoxVersion string
@@ -112,7 +115,7 @@ func Start(ctx context.Context, o Options) (*Harness, error) {
 		kubeData = filepath.Join(o.Dir, "kube")
 	}
 	l, err := lab.Start(ctx, lab.Options{KubeDataDir: kubeData,
-		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, ProxmoxVersion: o.ProxmoxVersion, ProxmoxImport: o.ProxmoxImport, ProxmoxBoot: o.ProxmoxBoot, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion, FluxVersion: o.FluxVersion, ServiceAccountKey: o.ServiceAccountKey,
+		Dir: filepath.Join(o.Dir, "lab"), ControlPlanes: o.ControlPlanes, Workers: o.Workers, VIP: o.VIP, ProxmoxHosts: o.ProxmoxHosts, ProxmoxHA: o.ProxmoxHA, ProxmoxWithoutPrivileges: o.ProxmoxWithoutPrivileges, ProxmoxVersion: o.ProxmoxVersion, ProxmoxImport: o.ProxmoxImport, ProxmoxBoot: o.ProxmoxBoot, CNI: o.CNI, TalosVersion: o.TalosVersion, KubernetesVersion: o.KubernetesVersion, FluxVersion: o.FluxVersion, ServiceAccountKey: o.ServiceAccountKey,
 		Profile: o.Profile, TimeScale: o.TimeScale, Seed: o.Seed, BinDir: o.BinDir, Audit: true,
 		OnNodeBoot: o.OnNodeBoot, Log: o.Log, NodeMonitorGracePeriod: o.NodeMonitorGracePeriod,
 	})

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -53,8 +54,11 @@ func TestSchematicDrivesISOAndInstaller(t *testing.T) {
 		if !ok {
 			t.Fatalf("VM %d missing", n.VMID)
 		}
-		if vm.Config["agent"] != "1" || !strings.Contains(vm.Config["ide2"], img.ISOFile()) {
-			t.Errorf("VM %d: agent %q, ide2 %q; want agent 1 and %s", n.VMID, vm.Config["agent"], vm.Config["ide2"], img.ISOFile())
+		// The VM booted the ISO, which the talos stage ejected once Talos
+		// ran from the disk (a VM holding a local ISO cannot migrate).
+		if vm.Config["agent"] != "1" || vm.Config["ide2"] != "none,media=cdrom" ||
+			!strings.Contains(r.Stdout+r.Stderr, fmt.Sprintf("eject the Talos ISO from VM %d %s", n.VMID, n.Name)) {
+			t.Errorf("VM %d: agent %q, ide2 %q; want agent 1 and the ISO %s ejected by the run:\n%s", n.VMID, vm.Config["agent"], vm.Config["ide2"], img.ISOFile(), r.Tail(40))
 		}
 	}
 	for _, n := range h.Lab.Talos.Nodes() {
@@ -229,5 +233,38 @@ func TestReorderedSchematicIsNotRolled(t *testing.T) {
 	p := run(t, ctx, h, "run", "--stage", "postcheck")
 	if l := checkRow(p.Stdout, "talos-extensions"); !strings.Contains(l, "PASS") || !strings.Contains(l, "i915, qemu-guest-agent") {
 		t.Errorf("postcheck row talos-extensions: %q\n%s", l, p.Tail(30))
+	}
+}
+
+// TestEjectNeedsCDROMPrivilege: a token made with a runner role from
+// before the ISO eject (no VM.Config.CDROM) still runs the pipeline: the
+// precheck's privileges row warns, the talos stage names the VMs that keep
+// the ISO and sends nothing, so a converged re-run stays without a
+// mutating Proxmox call.
+func TestEjectNeedsCDROMPrivilege(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 4*time.Minute)
+	h := startHarness(t, e2e.Options{ControlPlanes: 1, ProxmoxWithoutPrivileges: []string{"VM.Config.CDROM"}})
+	r := run(t, ctx, h, "run", "--stage", "all")
+	if r.ExitCode != 0 {
+		t.Fatalf("run:\n%s", r.Tail(60))
+	}
+	if l := checkRow(r.Stdout, "proxmox: privileges"); !strings.Contains(l, "WARN") || !strings.Contains(l, "VM.Config.CDROM") {
+		t.Errorf("privileges row: %q", l)
+	}
+	n := h.Config().Nodes[0]
+	if !strings.Contains(r.Stderr, fmt.Sprintf("VMs %d %s may keep the Talos ISO", n.VMID, n.Name)) || !strings.Contains(r.Stderr, "VM.Config.CDROM") {
+		t.Errorf("no warning naming the VM and the privilege:\n%s", r.Tail(40))
+	}
+	if vm, _ := h.Lab.PVE.VM(n.VMID); !strings.Contains(vm.Config["ide2"], ".iso") {
+		t.Errorf("ide2 %q: the ISO was ejected without the privilege", vm.Config["ide2"])
+	}
+	before := counters(t, ctx, h)
+	again := run(t, ctx, h, "run", "--stage", "all")
+	if again.ExitCode != 0 {
+		t.Fatalf("re-run:\n%s", again.Tail(40))
+	}
+	if after := counters(t, ctx, h); after.ProxmoxMutating != before.ProxmoxMutating {
+		t.Errorf("re-run made %d mutating Proxmox calls: %v", after.ProxmoxMutating-before.ProxmoxMutating, after.ProxmoxList)
 	}
 }

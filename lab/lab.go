@@ -54,6 +54,9 @@ type Options struct {
 	// ProxmoxHA writes proxmox.ha: true and grants the lab's token the
 	// Sys.Console on / that HA resources need (README's role leaves it out).
 	ProxmoxHA bool
+	// ProxmoxWithoutPrivileges leaves these out of the lab token's role,
+	// to rehearse a token made with an older runner role.
+	ProxmoxWithoutPrivileges []string
 	// ProxmoxVersion is the pve-manager version the lab's Proxmox runs
 	// (default 8.2.4, the oldest supported): pvesim validates every call
 	// with that release's published API schema, and the token holds the
@@ -314,6 +317,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	if o.ProxmoxHA {
 		privs = append(privs, "Sys.Console")
 	}
+	privs = slices.DeleteFunc(privs, func(p string) bool { return slices.Contains(o.ProxmoxWithoutPrivileges, p) })
 	role := []pvesim.ACE{{Path: "/", Privileges: privs}}
 	pveOpts := pvesim.Options{
 		Version: pveVersion.Full,

@@ -136,6 +136,19 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 		n.Advisory = true
 		needs = append(needs, n)
 	}
+	for _, s := range in.VMs {
+		if s.Image != "" {
+			continue
+		}
+		// The talos stage ejects the ISO once Talos runs from the disk
+		// (a VM holding an ISO on local storage cannot migrate): update_vm
+		// asks VM.Config.CDROM for a cdrom drive (qemu-server 9.2.6
+		// src/PVE/API2/Qemu.pm $check_drive_perms). Without it the ISO
+		// stays and the run goes on.
+		n := allOf("eject the Talos ISO from VM "+strconv.Itoa(s.VMID)+" once Talos is installed", "/vms/"+strconv.Itoa(s.VMID), "VM.Config.CDROM")
+		n.Advisory = true
+		needs = append(needs, n)
+	}
 	return needs
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/factory"
 	"github.com/homelab/bootstrap/internal/sealed"
+	"github.com/homelab/bootstrap/proxmox"
 	"github.com/homelab/bootstrap/sops"
 	"github.com/homelab/bootstrap/talos"
 )
@@ -190,6 +192,7 @@ func runTalos(ctx context.Context, env *Env) (crossed bool, err error) {
 		if err := upgradeInOrder(ctx, env, ops, ku, targets, conv); err != nil {
 			return false, err
 		}
+		ejectISOs(ctx, env, targets)
 		if gen.ConfigVersion != "" {
 			env.UI.Would(fmt.Sprintf("then apply the %s form (typed documents) to every node, without a reboot", gen.TalosVersion))
 		}
@@ -201,6 +204,7 @@ func runTalos(ctx context.Context, env *Env) (crossed bool, err error) {
 	if err := upgradeInOrder(ctx, env, ops, ku, targets, conv); err != nil {
 		return false, err
 	}
+	ejectISOs(ctx, env, targets)
 	api := conv.APIServerVersion
 	if ku.apiServerVersion != "" {
 		api = ku.apiServerVersion
@@ -208,6 +212,65 @@ func runTalos(ctx context.Context, env *Env) (crossed bool, err error) {
 	env.UI.OK("talos: %d node(s) run their config; etcd on %s has %d member(s); Kubernetes API %s answers with %s",
 		len(targets), conv.BootstrapNode, len(gen.ControlPlanes()), api, keptFiles(env).Path(env.Paths.Kubeconfig))
 	return gen.ConfigVersion != "", mergeUserConfigs(env, res.Talosconfig)
+}
+
+// ejectISOs empties the cdrom drive of every VM whose node now runs an
+// installed Talos: the ISO served only the install, and a VM whose cdrom
+// holds one on local storage cannot be migrated, by the user or by HA
+// (proxmox.Client.EjectISO). The eject needs VM.Config.CDROM, which
+// runner roles made before it lack: such a VM is named in one warning and
+// nothing is tried, so a converged run stays without a mutating call. A
+// failure only warns: the cluster runs either way.
+func ejectISOs(ctx context.Context, env *Env, targets []talos.Target) {
+	type vm struct {
+		id         int
+		name, host string
+	}
+	var vms []vm
+	var paths []string
+	for _, t := range targets {
+		if n := env.Node(t.Name); n.VMID != 0 && n.Host != "" {
+			vms = append(vms, vm{n.VMID, t.Name, n.Host})
+			paths = append(paths, "/vms/"+strconv.Itoa(n.VMID))
+		}
+	}
+	if len(vms) == 0 {
+		return
+	}
+	c, err := ProxmoxClient(ctx, env)
+	var held map[string]proxmox.Privileges
+	if err == nil {
+		held, err = c.Permissions(ctx, paths)
+	}
+	if err != nil {
+		env.UI.Warn("the Talos ISO stays in the VMs' cdrom drives: %v", err)
+		return
+	}
+	var lacking []string
+	for _, v := range vms {
+		if !held["/vms/"+strconv.Itoa(v.id)]["VM.Config.CDROM"] {
+			lacking = append(lacking, fmt.Sprintf("%d %s", v.id, v.name))
+			continue
+		}
+		on := c.On(v.host)
+		cfg, err := on.VMConfig(ctx, v.id)
+		if err == nil && (cfg.CDROM == "" || cfg.CDROM == "none") || err != nil && env.DryRun {
+			// Nothing to eject, or (a dry run) no VM yet to eject from.
+			continue
+		}
+		if err == nil {
+			err = env.Wet(fmt.Sprintf("eject the Talos ISO from VM %d %s (Talos runs from its disk)", v.id, v.name), func() error {
+				_, err := on.EjectISO(ctx, v.id)
+				return err
+			})
+		}
+		if err != nil {
+			env.UI.Warn("VM %d %s keeps the Talos ISO in its cdrom drive, which keeps Proxmox from migrating it off local storage: %v", v.id, v.name, err)
+		}
+	}
+	if len(lacking) > 0 {
+		env.UI.Warn("VMs %s may keep the Talos ISO in their cdrom drive: ejecting it needs VM.Config.CDROM, which the token lacks (README's runner role has it); a VM holding an ISO on local storage cannot be migrated", strings.Join(lacking, ", "))
+	}
 }
 
 // talosTargets are the rendered nodes the stage takes to their configs.
