@@ -9,6 +9,7 @@
 package notify
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -137,7 +138,11 @@ var (
 func Check(urls []string) error {
 	var errs []error
 	for i, raw := range urls {
-		if _, err := router.New(nil, raw); err != nil {
+		_, err := router.New(nil, raw)
+		if err == nil && gotifyEnhanced(raw) {
+			_, _, _, _, err = gotifyEndpoint(raw)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %s", Label(i, raw), mask(err, raw)))
 		}
 	}
@@ -165,10 +170,17 @@ func Send(urls []string, title, message string) []Result {
 			defer func() { done <- struct{}{} }()
 			start := time.Now()
 			out[i] = Result{Label: Label(i, raw)}
-			r, err := router.New(nil, raw)
-			if err == nil {
-				params := types.Params{"title": title}
-				err = errors.Join(r.Send(message, &params)...)
+			var err error
+			if gotifyEnhanced(raw) {
+				ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+				err = sendGotify(ctx, raw, title, message)
+				cancel()
+			} else {
+				var r *router.ServiceRouter
+				if r, err = router.New(nil, raw); err == nil {
+					params := types.Params{"title": title}
+					err = errors.Join(r.Send(message, &params)...)
+				}
 			}
 			if err != nil {
 				out[i].Err = errors.New(mask(err, raw))
