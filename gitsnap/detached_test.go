@@ -224,8 +224,11 @@ func TestDetachedStartFailureQuotesTheLog(t *testing.T) {
 			if !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), "exited") {
 				t.Errorf("Start error does not say the server exited and why: %v", err)
 			}
-			if time.Since(start) > 5*time.Second {
-				t.Errorf("Start took %s to notice the exit", time.Since(start))
+			// Noticed by the child's exit, not by the answer wait running
+			// out: a clock bound here failed a loaded make test (5.4 s),
+			// where the child itself takes that long to start and exit.
+			if strings.Contains(err.Error(), "timed out") {
+				t.Errorf("Start waited out its bound (%s) instead of noticing the exit: %v", time.Since(start).Round(time.Millisecond), err)
 			}
 			if s, _ := ReadState(opts.StateDir); s != nil {
 				t.Errorf("a failed Start recorded %+v", s)
