@@ -224,9 +224,18 @@ func TestBootFromImageKilledAndResumed(t *testing.T) {
 		t.Error(err)
 	}
 	nodesBootedFromImage(t, h)
+	// The install disks: not the cloud-init drives, nor the EFI disks
+	// (proxmox.vm's OVMF baseline gives each VM one).
+	efi := map[string]bool{}
+	for _, n := range h.Config().Nodes {
+		if vm, ok := pve.VM(n.VMID); ok && vm.Config["efidisk0"] != "" {
+			vol, _, _ := strings.Cut(vm.Config["efidisk0"], ",")
+			efi[vol] = true
+		}
+	}
 	var disks []string
 	for _, v := range pve.Volumes("local-lvm", "images") {
-		if !strings.Contains(v, "cloudinit") {
+		if !strings.Contains(v, "cloudinit") && !efi[v] {
 			disks = append(disks, v)
 		}
 	}

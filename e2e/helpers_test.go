@@ -35,7 +35,13 @@ func startHarness(t *testing.T, o e2e.Options) *e2e.Harness {
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 		if keep := os.Getenv("E2E_KEEP"); keep != "" {
-			o.Dir = filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_"))
+			// Absolute: the binary runs from another directory, and a
+			// relative lab path would name no config there.
+			abs, err := filepath.Abs(keep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Dir = filepath.Join(abs, strings.ReplaceAll(t.Name(), "/", "_"))
 			if err := os.RemoveAll(o.Dir); err != nil {
 				t.Fatal(err)
 			}

@@ -37,6 +37,12 @@ func TestAgentPingAndTheAgentOption(t *testing.T) {
 	if err := e.c.AgentPing(ctx, with.VMID); err != nil {
 		t.Errorf("agent: 1 with the agent in the guest: %v", err)
 	}
+	// pveproxy's 503 is asked again, not taken for a silent agent (it once
+	// made the nightly's guest-agent row warn).
+	e.sim.InjectFault(pvesim.Fault{Kind: pvesim.FaultStatus, Status: 503, Message: "proxy: backend unavailable", Method: "POST", Path: "/nodes/*/qemu/*/agent/ping", Times: 1})
+	if err := e.c.AgentPing(ctx, with.VMID); err != nil {
+		t.Errorf("a ping answered 503 once: %v", err)
+	}
 	// agent: 0 gives QEMU no agent channel: nothing can answer.
 	if err := e.c.AgentPing(ctx, without.VMID); err == nil || !strings.Contains(err.Error(), "QEMU guest agent is not running") {
 		t.Errorf("agent: 0: %v", err)

@@ -625,9 +625,14 @@ func (c *Client) waitUnlocked(ctx context.Context, vmid int, lock string) (exist
 // "QEMU guest agent is not running" when nothing answers in the guest
 // (assert_agent_available in qemu-server src/PVE/QemuServer/Agent.pm at
 // 9.2.6; the privilege is VM.GuestAgent.Audit on PVE 9, VM.Monitor before).
+// A transient answer (a lock, pveproxy's 503 while a backend restarts)
+// is asked again as every other call is: once, it made the nightly's
+// guest-agent row warn about an agent that answered the next second.
 func (c *Client) AgentPing(ctx context.Context, vmid int) error {
-	_, err := c.post(ctx, c.vmPath(vmid)+"/agent/ping", map[string]any{})
-	return err
+	return retry.Do(ctx, c.opts.Retry, c.log, fmt.Sprintf("VM %d guest agent ping", vmid), func(ctx context.Context) error {
+		_, err := c.post(ctx, c.vmPath(vmid)+"/agent/ping", map[string]any{})
+		return err
+	})
 }
 
 // AddToHA makes VM vmid a Proxmox HA resource with the requested state
