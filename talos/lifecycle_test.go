@@ -184,3 +184,30 @@ func TestFailedDrainNamesThePodsLeft(t *testing.T) {
 		t.Fatalf("a drain that timed out: %v", err)
 	}
 }
+
+// A rollback is a node on its old Talos under a new boot; a version read
+// across a reboot says nothing. The interleaving a loaded host produced:
+// the wait read the old version just before the node rebooted into the
+// new one, then the new boot time; read again between two boot times, the
+// node runs the new version.
+func TestRolledBackSinceNeedsOneBoot(t *testing.T) {
+	const before, after = 100, 200
+	for _, tc := range []struct {
+		name     string
+		bt1      uint64
+		version  string
+		bt2      uint64
+		rolledBk bool
+	}{
+		{"old Talos under a new boot", after, "v1.13.3", after, true},
+		{"new Talos under a new boot", after, "v1.13.4", after, false},
+		{"old Talos, not rebooted yet", before, "v1.13.3", before, false},
+		{"read across the reboot", before, "v1.13.3", after, false},
+		{"no boot time", 0, "v1.13.3", 0, false},
+	} {
+		got, err := rolledBackSince("v1.13.3", before, func() (uint64, string, uint64, error) { return tc.bt1, tc.version, tc.bt2, nil })
+		if err != nil || got != tc.rolledBk {
+			t.Errorf("%s: rolled back %v (%v), want %v", tc.name, got, err, tc.rolledBk)
+		}
+	}
+}

@@ -449,9 +449,33 @@ func (o *Ops) rolledBack(s UpgradeStep, bootBefore uint64) func(context.Context,
 		if v != s.From {
 			return false, nil
 		}
-		bt, err := o.BootTime(ctx, s.IP)
-		return err == nil && bt != 0 && bt != bootBefore, err
+		// v was read before this boot time, maybe from the boot the node
+		// was leaving: read the version again between two boot times, and
+		// count it only when both name the same boot (a loaded host once
+		// read the old version, the node then rebooted into the new one,
+		// and the new boot time made it look rolled back).
+		return rolledBackSince(s.From, bootBefore, func() (uint64, string, uint64, error) {
+			bt1, err := o.BootTime(ctx, s.IP)
+			if err != nil {
+				return 0, "", 0, err
+			}
+			_, v, _ := o.Settled(ctx, s.Target)
+			bt2, err := o.BootTime(ctx, s.IP)
+			return bt1, v, bt2, err
+		})
 	}
+}
+
+// rolledBackSince says whether a node runs from again under a boot other
+// than bootBefore: read gives a boot time, the version the node runs, and
+// the boot time again; a version read across a reboot (the two differ)
+// proves nothing.
+func rolledBackSince(from string, bootBefore uint64, read func() (bt1 uint64, version string, bt2 uint64, err error)) (bool, error) {
+	bt1, v, bt2, err := read()
+	if err != nil {
+		return false, err
+	}
+	return v == from && bt1 == bt2 && bt1 != 0 && bt1 != bootBefore, nil
 }
 
 func (o *Ops) waitUpgraded(ctx context.Context, s UpgradeStep, bootBefore uint64) error {
