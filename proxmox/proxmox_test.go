@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -293,18 +294,25 @@ func TestDryRunMakesNoMutatingCalls(t *testing.T) {
 	}
 }
 
+// seedOf is the config a VM created from s holds, for pvesim.SeedVM,
+// without the keys named.
+func seedOf(s VMSpec, without ...string) map[string]string {
+	seed := map[string]string{}
+	for k, v := range s.createParams() {
+		if k != "vmid" && !slices.Contains(without, k) {
+			seed[k] = fmt.Sprint(v)
+		}
+	}
+	return seed
+}
+
 // A VM that exists is adopted, not created, and left as it is: its
 // ejected cdrom drive is no drift.
 func TestAdoptExistingVM(t *testing.T) {
 	e := newEnv(t, pvesim.Options{})
 	ctx := ctxT(t)
 	s := spec(1)
-	seed := map[string]string{}
-	for k, v := range s.createParams() {
-		if k != "vmid" {
-			seed[k] = fmt.Sprint(v)
-		}
-	}
+	seed := seedOf(s)
 	seed["ide2"] = "none,media=cdrom"
 	if err := e.sim.SeedVM(s.VMID, seed, false); err != nil {
 		t.Fatal(err)
@@ -336,14 +344,7 @@ func TestOldShapeVMIsAdoptedUnchanged(t *testing.T) {
 	e := newEnv(t, pvesim.Options{})
 	ctx := ctxT(t)
 	s := spec(1)
-	seed := map[string]string{}
-	for k, v := range s.createParams() {
-		switch k {
-		case "vmid", "bios", "machine", "efidisk0", "balloon":
-		default:
-			seed[k] = fmt.Sprint(v)
-		}
-	}
+	seed := seedOf(s, "bios", "machine", "efidisk0", "balloon")
 	seed["ide2"] = "none,media=cdrom"
 	seed["scsihw"] = "virtio-scsi-single"
 	seed["scsi0"] = strings.Replace(seed["scsi0"], ",cache=writethrough", "", 1) + ",iothread=1"
