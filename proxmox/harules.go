@@ -223,26 +223,38 @@ func (c *Client) ApplySeparation(ctx context.Context, p SeparationPlan) error {
 	return nil
 }
 
-// DeleteSeparationRule deletes the rule that keeps cluster's control
-// planes apart when it exists, and says whether it did. On PVE 8 there is
-// none.
-func (c *Client) DeleteSeparationRule(ctx context.Context, cluster string) (bool, error) {
+// FindSeparationRule says whether cluster's separation rule exists, and
+// its id. On PVE 8 there is none.
+func (c *Client) FindSeparationRule(ctx context.Context, cluster string) (string, bool, error) {
+	id := SeparationRuleID(cluster)
 	v, err := c.Version(ctx)
 	if err != nil || !SeparationSupported(v) {
-		return false, err
+		return id, false, err
 	}
-	id := SeparationRuleID(cluster)
 	rules, err := c.HARules(ctx, "resource-affinity")
 	if err != nil {
-		return false, fmt.Errorf("reading the HA rules: %w", err)
+		return id, false, fmt.Errorf("reading the HA rules: %w", err)
 	}
-	if !slices.ContainsFunc(rules, func(r HARule) bool { return r.ID == id }) {
-		return false, nil
-	}
+	return id, slices.ContainsFunc(rules, func(r HARule) bool { return r.ID == id }), nil
+}
+
+// DeleteHARule deletes HA rule id (a missing one is no error: the handler
+// only drops the key, pve-ha-manager 5.2.0 Rules.pm delete_rule).
+func (c *Client) DeleteHARule(ctx context.Context, id string) error {
 	if _, err := c.del(ctx, "/cluster/ha/rules/"+url.PathEscape(id)); err != nil {
-		return false, fmt.Errorf("deleting HA rule %s: %w", id, err)
+		return fmt.Errorf("deleting HA rule %s: %w", id, err)
 	}
-	return true, nil
+	return nil
+}
+
+// DeleteSeparationRule deletes cluster's separation rule when it exists,
+// and says whether it did.
+func (c *Client) DeleteSeparationRule(ctx context.Context, cluster string) (bool, error) {
+	id, ok, err := c.FindSeparationRule(ctx, cluster)
+	if err != nil || !ok {
+		return false, err
+	}
+	return true, c.DeleteHARule(ctx, id)
 }
 
 // dropFromSeparation takes VM vmid out of cluster's separation rule
