@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -16,11 +17,14 @@ import (
 // where it is on the next run (nothing created, nothing changed on
 // Proxmox) and the postcheck warns that two etcd members share a host.
 // With proxmox.ha every VM becomes an HA resource once, and the precheck
-// says HA cannot recover VMs whose disks are on local storage.
+// says HA cannot recover VMs whose disks are on local storage; on PVE 9
+// one HA rule keeps the control planes on separate members.
 func TestSeveralProxmoxHosts(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
-	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, ProxmoxHosts: 3, ProxmoxHA: true})
+	// PVE 9, whose HA rules keep the control planes apart (PVE 8 has none:
+	// the stages and proxmox tests hold its warning).
+	h := startHarness(t, e2e.Options{ControlPlanes: 3, Workers: 1, ProxmoxHosts: 3, ProxmoxHA: true, ProxmoxVersion: "9.1.2"})
 	r := run(t, ctx, h, "run", "--stage", "all")
 	if r.ExitCode != 0 {
 		t.Fatalf("pipeline on three members:\n%s", r.Tail(40))
@@ -74,6 +78,16 @@ func TestSeveralProxmoxHosts(t *testing.T) {
 		if !h.Lab.PVEFor(n.VMID).HAManaged(n.VMID) {
 			t.Errorf("%s: VM %d is not an HA resource", name, n.VMID)
 		}
+	}
+	// One negative resource-affinity rule over the three control planes.
+	var cpSIDs []string
+	for _, name := range []string{"cp-1", "cp-2", "cp-3"} {
+		cpSIDs = append(cpSIDs, fmt.Sprintf("vm:%d", st.Outputs.Nodes[name].VMID))
+	}
+	slices.Sort(cpSIDs)
+	if rules := h.Lab.PVE.HARules(); len(rules) != 1 || rules[0].ID != "bootstrap-"+h.Config().Cluster.Name+"-cp" || rules[0].Type != "resource-affinity" ||
+		rules[0].Affinity != "negative" || !slices.Equal(rules[0].Resources, cpSIDs) {
+		t.Errorf("HA rules %+v, want one negative resource-affinity rule over %v", rules, cpSIDs)
 	}
 	pr := run(t, ctx, h, "run", "--stage", "precheck")
 	for _, m := range []string{"pve1", "pve2", "pve3"} {

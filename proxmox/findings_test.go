@@ -140,7 +140,8 @@ func TestHARowCountsTheISOOnlyWhenAVMHoldsIt(t *testing.T) {
 	in.Boot = BootInput{Want: "image", Image: image, ISOStorage: "local"}
 	rs := runPrechecks(t, c, in)
 	expect(t, rs, BootCheck, check.Pass, "the disk image")
-	expect(t, rs, "proxmox: HA", check.Pass, "shared storage")
+	// It warns all the same: PVE 8 cannot keep the two control planes apart.
+	expect(t, rs, "proxmox: HA", check.Warn, "its disk and ISO are on shared storage", "PVE 8.4.21 has no HA rule that keeps VMs apart")
 	in.Boot.Want = "iso"
 	rs = runPrechecks(t, c, in)
 	expect(t, rs, "proxmox: HA", check.Warn, "local is not shared")

@@ -518,14 +518,31 @@ func (f *facts) checkHA(ctx context.Context) (check.Status, string) {
 			local = append(local, name)
 		}
 	}
+	// Control planes apart: a negative resource-affinity rule on PVE 9
+	// (harules.go), nothing on PVE 8, which is said here.
+	apart := ""
+	if controlPlanes(f.in.VMs) >= 2 {
+		v, err := f.getVersion(ctx)
+		if err != nil {
+			return check.Failf("cannot read the Proxmox version: %v", err)
+		}
+		if !SeparationSupported(v) {
+			apart = "; " + SeparationUnsupported(v)
+		} else {
+			apart = "; HA rule " + SeparationRuleID(f.in.Cluster) + " keeps the control planes on separate members"
+		}
+	}
 	if len(local) > 0 {
 		verb := "is"
 		if len(local) > 1 {
 			verb = "are"
 		}
-		return check.Warnf("every VM becomes an HA resource, but %s %s not shared storage: HA cannot restart a VM of a failed member elsewhere (its disk went down with the host) nor move it (put disks and the ISO on shared storage such as Ceph or NFS)", strings.Join(local, " and "), verb)
+		return check.Warnf("every VM becomes an HA resource, but %s %s not shared storage: HA cannot restart a VM of a failed member elsewhere (its disk went down with the host) nor move it (put disks and the ISO on shared storage such as Ceph or NFS)%s", strings.Join(local, " and "), verb, apart)
 	}
-	return check.Passf("every VM becomes an HA resource; its disk and ISO are on shared storage, so HA can restart it on another member")
+	if apart != "" && !strings.HasPrefix(apart, "; HA rule") {
+		return check.Warnf("every VM becomes an HA resource; its disk and ISO are on shared storage, so HA can restart it on another member%s", apart)
+	}
+	return check.Passf("every VM becomes an HA resource; its disk and ISO are on shared storage, so HA can restart it on another member%s", apart)
 }
 
 // isoHeld says whether a VM of the run holds the Talos ISO in its cdrom:

@@ -120,6 +120,13 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 			}
 		}
 	}
+	if in.HA && SeparationSupported(v) && controlPlanes(in.VMs) >= 2 {
+		// The rule that keeps the control planes apart is read (GET
+		// /cluster/ha/rules: Sys.Audit on /) and written (POST, PUT,
+		// DELETE: Sys.Console on /), pve-ha-manager 5.2.0
+		// src/PVE/API2/HA/Rules.pm.
+		needs = append(needs, allOf("keep the control planes on separate members (HA rule)", "/", "Sys.Audit", "Sys.Console"))
+	}
 	for _, s := range in.VMs {
 		if !s.GuestAgent {
 			continue
@@ -150,6 +157,17 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 		needs = append(needs, n)
 	}
 	return needs
+}
+
+// controlPlanes counts the control planes among specs.
+func controlPlanes(specs []VMSpec) int {
+	n := 0
+	for _, s := range specs {
+		if s.Role == "controlplane" {
+			n++
+		}
+	}
+	return n
 }
 
 // Paths returns the ACL paths the needs are judged on, the ones whose

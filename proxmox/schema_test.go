@@ -174,6 +174,9 @@ func TestPrecheckAsksAtLeastTheSchemasCheck(t *testing.T) {
 		uses = append(uses, use{c, map[string]string{"node": "pve", "vmid": "100"}})
 	}
 	uses = append(uses, use{"DELETE /cluster/ha/resources/{sid}", map[string]string{"sid": "vm:100"}})
+	for _, c := range []string{"PUT /cluster/ha/rules/{rule}", "DELETE /cluster/ha/rules/{rule}"} {
+		uses = append(uses, use{c, map[string]string{"rule": SeparationRuleID("c")}})
+	}
 	for _, c := range APICalls {
 		if !strings.Contains(c.Path, "{") {
 			uses = append(uses, use{c.Method + " " + c.Path, map[string]string{}})

@@ -485,7 +485,8 @@ func (c *Client) offlineImageStorages(ctx context.Context, node string) ([]strin
 // DestroyClusterVM stops and deletes a VM only if it carries cluster's tag,
 // checked right before acting, on the node that runs it (v.Node, from
 // /cluster/resources; this client's node when empty); a missing VM is not
-// an error. An HA-managed VM is taken out of HA first (DELETE
+// an error. An HA-managed VM leaves the cluster's separation rule
+// (harules.go) and is taken out of HA first (DELETE
 // /cluster/ha/resources/vm:<id>, Sys.Console on /), so HA neither restarts
 // nor relocates it while it goes; without that privilege HA stops it and
 // the purging delete removes it from HA.
@@ -516,6 +517,9 @@ func (c *Client) DestroyClusterVM(ctx context.Context, cluster string, v VMSumma
 		return fmt.Errorf("refusing to destroy VM %d (%s) on node %s: it has no tag %s", vmid, st.Name, node, ClusterTag(cluster))
 	}
 	if st.HAManaged {
+		if err := c.dropFromSeparation(ctx, cluster, vmid); err != nil {
+			c.log.Warn().Int("vmid", vmid).Err(err).Msg("cannot take the VM out of the HA rule that keeps the control planes apart: the next provision run sets the rule")
+		}
 		_, err := c.del(ctx, fmt.Sprintf("/cluster/ha/resources/vm:%d", vmid))
 		switch {
 		case err == nil:

@@ -21,7 +21,9 @@ import (
 // it downloads the Talos ISO when missing, creates or adopts each VM
 // (fixing safe drift, refusing unsafe drift and VMs that are not the
 // cluster's), starts them in parallel, records each node's VMID, address,
-// MAC and disk bus, and waits until every node's Talos API answers.
+// MAC and disk bus, keeps the control planes on separate members under
+// proxmox.ha (PVE 9's HA rule, ensureSeparation), and waits until every
+// node's Talos API answers.
 type ProvisionStage struct{}
 
 // Name implements Stage.
@@ -241,11 +243,15 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 	}); err != nil {
 		return err
 	}
+	// 5. HA keeps the control planes apart, now that they are HA resources.
+	if err := ensureSeparation(ctx, env, c, specs); err != nil {
+		return err
+	}
 	if env.DryRun {
 		return nil
 	}
 
-	// 5. Every node up in Talos maintenance mode (or already configured).
+	// 6. Every node up in Talos maintenance mode (or already configured).
 	nodes := map[string]string{}
 	for _, s := range specs {
 		nodes[s.Name] = s.IPv4.Addr().String()
@@ -296,6 +302,39 @@ func provisionVM(ctx context.Context, env *Env, c *proxmox.Client, p proxmox.Pla
 	return env.Wet(fmt.Sprintf("add VM %d %s to the Proxmox HA resources", s.VMID, s.Name), func() error {
 		return c.AddToHA(ctx, s.VMID)
 	})
+}
+
+// ensureSeparation keeps the control planes on separate members under
+// proxmox.ha: placement puts them apart, but HA moves VMs later (failover,
+// maintenance mode, the CRS rebalancer). PVE 9 has a rule for it
+// (proxmox/harules.go), created or set here; where there is none (PVE 8,
+// fewer members than control planes) the run warns.
+func ensureSeparation(ctx context.Context, env *Env, c *proxmox.Client, specs []proxmox.VMSpec) error {
+	if !env.Config.Proxmox.HA {
+		return nil
+	}
+	var cps []int
+	for _, s := range specs {
+		if s.Role == config.RoleControlPlane {
+			cps = append(cps, s.VMID)
+		}
+	}
+	if len(cps) < 2 {
+		return nil
+	}
+	p, err := c.PlanSeparation(ctx, env.Config.Cluster.Name, cps)
+	if err != nil {
+		return err
+	}
+	if why := p.Skip(); why != "" {
+		env.UI.Warn("control planes under HA: %s", why)
+		return nil
+	}
+	if p.Converged() {
+		env.UI.OK("HA rule %s keeps the control planes on separate members", p.ID)
+		return nil
+	}
+	return env.Wet(p.Change(), func() error { return c.ApplySeparation(ctx, p) })
 }
 
 // bootFile is the file new VMs boot from, kept on each member that

@@ -322,3 +322,39 @@ func TestProxmoxPrechecksFromConfig(t *testing.T) {
 		t.Errorf("missing secret: %+v", results)
 	}
 }
+
+// With proxmox.ha, PVE 8 cannot keep the control planes apart: the run
+// says so and sends no rule; nor can one member keep three apart on PVE 9.
+func TestProvisionWarnsWhereNoRuleKeepsControlPlanesApart(t *testing.T) {
+	for version, want := range map[string]string{
+		"8.4.1": "control planes under HA: PVE 8.4.1 has no HA rule that keeps VMs apart",
+		"9.1.2": "control planes under HA: 3 control planes on a Proxmox cluster of 1 nodes cannot each have a node of their own",
+	} {
+		t.Run(version, func(t *testing.T) {
+			l := newLab(t, 3, pvesim.Options{Version: version})
+			yaml := strings.ReplaceAll(l.yaml, "role: worker", "role: controlplane")
+			yaml = strings.Replace(yaml, "  node: pve\n", "  node: pve\n  ha: true\n", 1)
+			cfg, err := config.Parse(l.cfg.File(), []byte(yaml), func(k string) (string, bool) {
+				_, secret := l.sim.Token()
+				return secret, k == config.EnvTokenSecret
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.cfg = cfg
+			_, out, err := l.provision(true)
+			if err != nil {
+				t.Fatalf("provision: %v\n%s", err, l.logs)
+			}
+			if !strings.Contains(out+l.logs.String(), want) {
+				t.Errorf("the run does not warn %q:\n%s", want, out)
+			}
+			for call := range l.sim.Calls() {
+				// PVE 9 reads the rules; nothing else is sent.
+				if strings.Contains(call, "/cluster/ha/rules") && (version < "9" || !strings.HasPrefix(call, "GET ")) {
+					t.Errorf("%s sent", call)
+				}
+			}
+		})
+	}
+}

@@ -95,6 +95,15 @@ func destroy(ctx context.Context, env *stages.Env, o destroyOptions) error {
 		}
 	}
 
+	// The HA rule that keeps the control planes apart (PVE 9) goes first,
+	// so the VMs leaving HA one by one never leave it below two resources.
+	ruleID, rule, err := c.FindSeparationRule(ctx, cluster)
+	if proxmox.IsForbidden(err) {
+		env.UI.Warn("cannot read the HA rules (it needs Sys.Audit on /): HA rule %s, if there is one, is left; delete it under Datacenter → HA → Affinity Rules", ruleID)
+	} else if err != nil {
+		return err
+	}
+
 	var b strings.Builder
 	if len(vms) == 0 {
 		fmt.Fprintf(&b, "No VMs on %s carry the tag %s.\n", env.Config.Proxmox.Node, proxmox.ClusterTag(cluster))
@@ -104,13 +113,16 @@ func destroy(ctx context.Context, env *stages.Env, o destroyOptions) error {
 			fmt.Fprintf(&b, "  %d  %-20s %-8s tags %s\n", v.VMID, v.Name, v.Status, strings.Join(v.Tags, ";"))
 		}
 	}
+	if rule {
+		fmt.Fprintf(&b, "The HA rule %s, which keeps the control planes on separate members, will be deleted.\n", ruleID)
+	}
 	if o.PurgeSecrets {
 		fmt.Fprintf(&b, "The Talos directory %s (secrets bundle, talosconfig) will be deleted.\n", env.Paths.TalosDir)
 	} else {
 		fmt.Fprintf(&b, "The Talos directory %s (secrets) is kept; --purge-secrets deletes it.\n", env.Paths.TalosDir)
 	}
 	fmt.Fprint(env.Out, b.String())
-	if len(vms) == 0 && !o.PurgeSecrets {
+	if len(vms) == 0 && !o.PurgeSecrets && !rule {
 		return nil
 	}
 
@@ -124,6 +136,11 @@ func destroy(ctx context.Context, env *stages.Env, o destroyOptions) error {
 		}
 	}
 
+	if rule {
+		if err := env.Wet("delete HA rule "+ruleID, func() error { return c.DeleteHARule(ctx, ruleID) }); err != nil {
+			return err
+		}
+	}
 	par := env.Config.Proxmox.Parallelism
 	if par < 1 {
 		par = 1

@@ -71,6 +71,7 @@ var (
 	sizeIBRE  = re(`^(\d+(\.\d+)?)([KMGT](?:iB)?)?$`)
 	volidRE   = re(`(?i)^([a-z][a-z0-9\-_.]*[a-z0-9]):(.+)$`)
 	haSIDRE   = re(`^([a-z]+:\S+|\d+)$`)
+	haRIDRE   = re(`^[a-z]+:\S+$`)
 	physRE    = re(`^(host|\d{1,2})$`)
 	cidrRE    = re(`^(.+)/(\d+)$`)
 	ifaceRE   = re(`(?i)^[a-z][a-z0-9_]{1,20}([:.]\d+)?$`)
@@ -268,6 +269,12 @@ func (v *validator) format(name string) *format {
 	case "pve-ha-resource-or-vm-id":
 		return c(func(s string) string {
 			return dieIf(!haSIDRE.MatchString(s), "value does not look like a valid ha resource id")
+		})
+	// pve_verify_ha_resource_id, the same file: its -list form is the
+	// resources of an HA rule (pve-ha-resource-id-list).
+	case "pve-ha-resource-id":
+		return c(func(s string) string {
+			return dieIf(!haRIDRE.MatchString(s), "value does not look like a valid ha resource id")
 		})
 	}
 	return nil

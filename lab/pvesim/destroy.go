@@ -112,7 +112,14 @@ func (s *Server) deleteVM(r *request, idStr string) (any, *apiError) {
 		_, ha := s.ha[id]
 		delete(s.ha, id)
 		hooks := slices.Clone(s.onDestroy)
+		major, minor := s.versionLocked()
 		s.mu.Unlock()
+		if ha && (major > 9 || major == 9 && minor >= 1) {
+			// delete_service_from_config("vm:<id>", purge) leaves the
+			// rules too (qemu-server e6352be6 src/PVE/API2/Qemu.pm
+			// destroy_vm; pve-ha-manager 5.0.7, harules.go).
+			s.purgeFromRules(haSID(strconv.Itoa(id)))
+		}
 		s.removeVMAccess(id)
 		t.logf("destroyed VM %d", id)
 		if ha {

@@ -12,8 +12,8 @@ import (
 // by the HA stack: a stop request only queues a CRM command, and a destroy
 // without purge is refused; one that went down by itself is started
 // again (control.go haRestart); a start request only sets the requested
-// state, and the LRM starts the VM a CRM round later (haStart). HA groups,
-// rules and relocation are not modelled.
+// state, and the LRM starts the VM a CRM round later (haStart). HA groups
+// and relocation are not modelled; rules are in harules.go.
 
 // SetHAManaged adds a VM to the HA resources (ha-manager add vm:<id>) with
 // its requested state "started", or removes it.
@@ -129,11 +129,16 @@ func (s *Server) haDelete(r *request, sid string) (any, *apiError) {
 	id, ok := haSIDVMID(sid)
 	s = s.MemberOf(id)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if _, managed := s.ha[id]; !ok || !managed {
+		s.mu.Unlock()
 		return nil, errf(500, "cannot delete service '%s', not HA managed!", haSID(sid))
 	}
 	delete(s.ha, id)
+	major, minor := s.versionLocked()
+	s.mu.Unlock()
+	if (major > 9 || major == 9 && minor >= 1) && r.param("purge") != "0" {
+		s.purgeFromRules(haSID(sid))
+	}
 	return nil, nil
 }
 

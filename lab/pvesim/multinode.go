@@ -57,6 +57,7 @@ func NewCluster(opts Options, nodes []NodeSpec, perNode map[string]Options) ([]*
 	}
 	opts = withDefaults(opts)
 	cl := &clusterState{owner: map[int]string{}}
+	rules := newHARules()
 	var out []*Server
 	fail := func(err error) ([]*Server, error) {
 		for _, s := range out {
@@ -84,6 +85,7 @@ func NewCluster(opts Options, nodes []NodeSpec, perNode map[string]Options) ([]*
 			return fail(fmt.Errorf("pvesim: starting node %s: %w", n.Name, err))
 		}
 		s.cl = cl
+		s.haRules = rules // rules.cfg is the cluster's (/etc/pve/ha)
 		out = append(out, s)
 	}
 	cl.members = out

@@ -69,6 +69,7 @@ type Server struct {
 	tickets    map[string]ticket
 	guests     map[int]GuestSpec
 	ha         map[int]string // HA-managed VMs: vmid → requested state (ha.go)
+	haRules    *haRules       // the cluster's HA rules (harules.go), shared by members
 	otherNodes []string       // other cluster nodes, sorted (other.go)
 	cl         *clusterState  // the cluster this member belongs to (multinode.go); nil alone
 	faults     []*faultRule
@@ -129,6 +130,7 @@ func New(opts Options) (*Server, error) {
 		tickets:    map[string]ticket{},
 		counts:     map[string]int{},
 		ha:         map[int]string{},
+		haRules:    newHARules(),
 		rng:        mrand.New(mrand.NewPCG(uint64(opts.Seed), uint64(opts.Seed)^0x9e3779b97f4a7c15)),
 		pid:        4000,
 		onStart:    slices.Clone(opts.OnStart),
@@ -608,6 +610,16 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 		return s.haRead(r, seg[3])
 	case n == 4 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "resources" && del:
 		return s.haDelete(r, seg[3])
+	case n == 3 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "rules" && get:
+		return s.haRulesIndex(r)
+	case n == 3 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "rules" && post:
+		return s.haRuleCreate(r)
+	case n == 4 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "rules" && get:
+		return s.haRuleRead(r, seg[3])
+	case n == 4 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "rules" && r.method == http.MethodPut:
+		return s.haRuleUpdate(r, seg[3])
+	case n == 4 && seg[0] == "cluster" && seg[1] == "ha" && seg[2] == "rules" && del:
+		return s.haRuleDelete(r, seg[3])
 	case n == 1 && seg[0] == "nodes" && get:
 		return s.listNodes(), nil
 	case n == 2 && seg[0] == "storage" && get:
