@@ -78,13 +78,15 @@ func (s *Server) HARules() []HARule {
 	return out
 }
 
-// rulesAbsent is the answer of a release without the rules API when no
-// schema judges the call (find_handler's 501).
-func (s *Server) rulesAbsent(r *request) *apiError {
+// rulesAllowed is what every rules call checks first: the release has
+// the rules API (without it, find_handler's 501 when no schema judges the
+// call), and the caller holds priv on / (Sys.Audit to read, Sys.Console
+// to change: Rules.pm's permissions).
+func (s *Server) rulesAllowed(r *request, priv string) *apiError {
 	if s.major() < 9 {
 		return errf(501, "Method '%s %s' not implemented", r.method, r.path)
 	}
-	return nil
+	return r.who.check("/", priv)
 }
 
 // haNodeCount is the number of nodes the HA stack knows (Rules.pm
@@ -212,10 +214,7 @@ func (s *Server) feasibility(id string, rule *haRule, lockMsg string) *apiError 
 // on /, sorted by order, each rule with its options, digest and order,
 // filtered by type and resource when asked.
 func (s *Server) haRulesIndex(r *request) (any, *apiError) {
-	if aerr := s.rulesAbsent(r); aerr != nil {
-		return nil, aerr
-	}
-	if aerr := r.who.check("/", "Sys.Audit"); aerr != nil {
+	if aerr := s.rulesAllowed(r, "Sys.Audit"); aerr != nil {
 		return nil, aerr
 	}
 	st := s.haRules
@@ -242,10 +241,7 @@ func (s *Server) haRulesIndex(r *request) (any, *apiError) {
 
 // haRuleRead answers GET /cluster/ha/rules/{rule} (Rules.pm read_rule).
 func (s *Server) haRuleRead(r *request, id string) (any, *apiError) {
-	if aerr := s.rulesAbsent(r); aerr != nil {
-		return nil, aerr
-	}
-	if aerr := r.who.check("/", "Sys.Audit"); aerr != nil {
+	if aerr := s.rulesAllowed(r, "Sys.Audit"); aerr != nil {
 		return nil, aerr
 	}
 	st := s.haRules
@@ -284,10 +280,7 @@ func ruleEntry(id string, rule *haRule) map[string]any {
 // domain lock ("create ha rule failed: ...") a duplicate id, resources
 // that are not HA resources, and the rule's feasibility.
 func (s *Server) haRuleCreate(r *request) (any, *apiError) {
-	if aerr := s.rulesAbsent(r); aerr != nil {
-		return nil, aerr
-	}
-	if aerr := r.who.check("/", "Sys.Console"); aerr != nil {
+	if aerr := s.rulesAllowed(r, "Sys.Console"); aerr != nil {
 		return nil, aerr
 	}
 	if aerr := s.quorumErr(); aerr != nil {
@@ -333,10 +326,7 @@ func (s *Server) haRuleCreate(r *request) (any, *apiError) {
 // must be feasible. disable=0 is dropped, as the handler does: only
 // delete=disable enables a rule again.
 func (s *Server) haRuleUpdate(r *request, id string) (any, *apiError) {
-	if aerr := s.rulesAbsent(r); aerr != nil {
-		return nil, aerr
-	}
-	if aerr := r.who.check("/", "Sys.Console"); aerr != nil {
+	if aerr := s.rulesAllowed(r, "Sys.Console"); aerr != nil {
 		return nil, aerr
 	}
 	const lockMsg = "update HA rules failed"
@@ -392,10 +382,7 @@ func (s *Server) haRuleUpdate(r *request, id string) (any, *apiError) {
 // delete_rule): Sys.Console on /; deleting a rule that does not exist
 // succeeds (the handler only deletes the key).
 func (s *Server) haRuleDelete(r *request, id string) (any, *apiError) {
-	if aerr := s.rulesAbsent(r); aerr != nil {
-		return nil, aerr
-	}
-	if aerr := r.who.check("/", "Sys.Console"); aerr != nil {
+	if aerr := s.rulesAllowed(r, "Sys.Console"); aerr != nil {
 		return nil, aerr
 	}
 	st := s.haRules
