@@ -253,7 +253,7 @@ func TestEjectNeedsCDROMPrivilege(t *testing.T) {
 		t.Errorf("privileges row: %q", l)
 	}
 	n := h.Config().Nodes[0]
-	if !strings.Contains(r.Stderr, fmt.Sprintf("VMs %d %s may keep the Talos ISO", n.VMID, n.Name)) || !strings.Contains(r.Stderr, "VM.Config.CDROM") {
+	if !strings.Contains(r.Stderr, fmt.Sprintf("VMs %d %s keep the Talos ISO", n.VMID, n.Name)) || !strings.Contains(r.Stderr, "VM.Config.CDROM") {
 		t.Errorf("no warning naming the VM and the privilege:\n%s", r.Tail(40))
 	}
 	if vm, _ := h.Lab.PVE.VM(n.VMID); !strings.Contains(vm.Config["ide2"], ".iso") {

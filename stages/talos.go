@@ -217,59 +217,66 @@ func runTalos(ctx context.Context, env *Env) (crossed bool, err error) {
 // ejectISOs empties the cdrom drive of every VM whose node now runs an
 // installed Talos: the ISO served only the install, and a VM whose cdrom
 // holds one on local storage cannot be migrated, by the user or by HA
-// (proxmox.Client.EjectISO). The eject needs VM.Config.CDROM, which
-// runner roles made before it lack: such a VM is named in one warning and
-// nothing is tried, so a converged run stays without a mutating call. A
-// failure only warns: the cluster runs either way.
+// (proxmox.Client.EjectISO). Only VMs whose drive still holds an ISO are
+// asked about: the eject needs VM.Config.CDROM, which runner roles made
+// before it lack, so such a VM is named in one warning and nothing is
+// tried (a converged run stays without a mutating call). A failure only
+// warns: the cluster runs either way.
 func ejectISOs(ctx context.Context, env *Env, targets []talos.Target) {
 	type vm struct {
 		id         int
 		name, host string
 	}
-	var vms []vm
+	var c *proxmox.Client
+	var withISO []vm
 	var paths []string
 	for _, t := range targets {
-		if n := env.Node(t.Name); n.VMID != 0 && n.Host != "" {
-			vms = append(vms, vm{n.VMID, t.Name, n.Host})
+		n := env.Node(t.Name)
+		if n.VMID == 0 || n.Host == "" {
+			continue
+		}
+		if c == nil {
+			var err error
+			if c, err = ProxmoxClient(ctx, env); err != nil {
+				env.UI.Warn("the Talos ISO stays in the VMs' cdrom drives: %v", err)
+				return
+			}
+		}
+		cfg, err := c.On(n.Host).VMConfig(ctx, n.VMID)
+		switch {
+		case err != nil && env.DryRun:
+			// No VM yet to eject from.
+		case err != nil:
+			env.UI.Warn("VM %d %s may keep the Talos ISO in its cdrom drive: %v", n.VMID, t.Name, err)
+		case cfg.CDROM != "" && cfg.CDROM != "none":
+			withISO = append(withISO, vm{n.VMID, t.Name, n.Host})
 			paths = append(paths, "/vms/"+strconv.Itoa(n.VMID))
 		}
 	}
-	if len(vms) == 0 {
+	if len(withISO) == 0 {
 		return
 	}
-	c, err := ProxmoxClient(ctx, env)
-	var held map[string]proxmox.Privileges
-	if err == nil {
-		held, err = c.Permissions(ctx, paths)
-	}
+	held, err := c.Permissions(ctx, paths)
 	if err != nil {
 		env.UI.Warn("the Talos ISO stays in the VMs' cdrom drives: %v", err)
 		return
 	}
 	var lacking []string
-	for _, v := range vms {
+	for _, v := range withISO {
 		if !held["/vms/"+strconv.Itoa(v.id)]["VM.Config.CDROM"] {
 			lacking = append(lacking, fmt.Sprintf("%d %s", v.id, v.name))
 			continue
 		}
-		on := c.On(v.host)
-		cfg, err := on.VMConfig(ctx, v.id)
-		if err == nil && (cfg.CDROM == "" || cfg.CDROM == "none") || err != nil && env.DryRun {
-			// Nothing to eject, or (a dry run) no VM yet to eject from.
-			continue
-		}
-		if err == nil {
-			err = env.Wet(fmt.Sprintf("eject the Talos ISO from VM %d %s (Talos runs from its disk)", v.id, v.name), func() error {
-				_, err := on.EjectISO(ctx, v.id)
-				return err
-			})
-		}
+		err := env.Wet(fmt.Sprintf("eject the Talos ISO from VM %d %s (Talos runs from its disk)", v.id, v.name), func() error {
+			_, err := c.On(v.host).EjectISO(ctx, v.id)
+			return err
+		})
 		if err != nil {
 			env.UI.Warn("VM %d %s keeps the Talos ISO in its cdrom drive, which keeps Proxmox from migrating it off local storage: %v", v.id, v.name, err)
 		}
 	}
 	if len(lacking) > 0 {
-		env.UI.Warn("VMs %s may keep the Talos ISO in their cdrom drive: ejecting it needs VM.Config.CDROM, which the token lacks (README's runner role has it); a VM holding an ISO on local storage cannot be migrated", strings.Join(lacking, ", "))
+		env.UI.Warn("VMs %s keep the Talos ISO in their cdrom drive: ejecting it needs VM.Config.CDROM, which the token lacks (README's runner role has it); a VM holding an ISO on local storage cannot be migrated", strings.Join(lacking, ", "))
 	}
 }
 
