@@ -1,6 +1,7 @@
 package proxmox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -405,12 +406,12 @@ func reportHardware(hw Hardware, cfg *VMConfig, report func(field, want, have, w
 	// Talos picks its bootloader by the firmware it was installed under
 	// (systemd-boot under UEFI, GRUB otherwise: bootloader.go NewAuto at
 	// v1.13.3); whether it boots after a switch is unverified.
-	report("firmware", hw.BIOSType(), or(e["bios"], "seabios"), "Talos installed the bootloader of the firmware it booted with: replace the node (bootstrap node replace) rather than switch the firmware under it")
+	report("firmware", hw.BIOSType(), cmp.Or(e["bios"], "seabios"), "Talos installed the bootloader of the firmware it booted with: replace the node (bootstrap node replace) rather than switch the firmware under it")
 	// machine is a property string from PVE 8 on ([type=]<type>,viommu=…).
-	m := parseDriveString(or(e["machine"], "pc"))
-	machine := or(m.file, m.opts["type"])
+	m := parseDriveString(cmp.Or(e["machine"], "pc"))
+	machine := cmp.Or(m.file, m.opts["type"])
 	report("machine type", hw.MachineType(), machine, keep)
-	report("SCSI controller", hw.Controller(), or(cfg.SCSIHW, "lsi"), keep)
+	report("SCSI controller", hw.Controller(), cmp.Or(cfg.SCSIHW, "lsi"), keep)
 	onOff := func(on bool) string {
 		if on {
 			return "on"

@@ -1,6 +1,7 @@
 package proxmox
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -88,24 +89,17 @@ type Hardware struct {
 	Ballooning, RNG bool
 }
 
-func or(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
 // BIOSType is the VM's firmware: ovmf unless set.
-func (h Hardware) BIOSType() string { return or(h.BIOS, "ovmf") }
+func (h Hardware) BIOSType() string { return cmp.Or(h.BIOS, "ovmf") }
 
 // MachineType is the VM's machine type: q35 unless set.
-func (h Hardware) MachineType() string { return or(h.Machine, "q35") }
+func (h Hardware) MachineType() string { return cmp.Or(h.Machine, "q35") }
 
 // Controller is the VM's SCSI controller: virtio-scsi-pci unless set.
-func (h Hardware) Controller() string { return or(h.SCSIHW, "virtio-scsi-pci") }
+func (h Hardware) Controller() string { return cmp.Or(h.SCSIHW, "virtio-scsi-pci") }
 
 // CacheMode is the install disk's cache: writethrough unless set.
-func (h Hardware) CacheMode() string { return or(h.Cache, "writethrough") }
+func (h Hardware) CacheMode() string { return cmp.Or(h.Cache, "writethrough") }
 
 // efidisk0 is the EFI vars disk OVMF keeps its settings and Secure Boot
 // keys in: 4m (the OVMF build with Secure Boot support; "2m" is the
