@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
@@ -149,6 +150,18 @@ func (f *fixture) installAndBootstrap() {
 	}
 	f.waitPhase(f.node(f.cp), talossim.PhaseRunning)
 	f.waitPhase(f.node(f.wk), talossim.PhaseRunning)
+	// Running is the booted system; its API may listen a moment later (a
+	// loaded make test saw wk-1 refuse the next call).
+	for _, ip := range []string{f.cp, f.wk} {
+		c := secure(t, f.cfg, ip)
+		deadline := time.Now().Add(10 * time.Second)
+		for _, err := c.Version(ctx); err != nil; _, err = c.Version(ctx) {
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s runs but its API does not answer: %v", ip, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	if err := secure(t, f.cfg, f.cp).Bootstrap(ctx, &machine.BootstrapRequest{}); err != nil {
 		t.Fatal(err)
 	}
