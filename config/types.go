@@ -142,6 +142,28 @@ type VMShape struct {
 	Cache      string `yaml:"cache" enum:"writethrough,none,writeback,directsync,unsafe" doc:"Cache mode of the install disk: writethrough (default, Talos' guide), none (the guide's choice for clustered storage), or another of Proxmox's modes."`
 	Ballooning string `yaml:"ballooning" enum:"off,on" doc:"Memory ballooning device: off (default; Talos does not support memory hotplug and would not see all of its memory) or on."`
 	RNG        string `yaml:"rng" enum:"off,on" doc:"A VirtIO RNG fed from the host's /dev/urandom: off (default) or on (Talos' guide: optional, better entropy)."`
+	// Disks and NICs are lists: a node's non-empty list replaces
+	// proxmox.vm's whole list (VMShapeOf), it does not merge with it.
+	Disks []VMDisk `yaml:"disks" doc:"Extra disks besides the install disk (scsi0), e.g. for Longhorn, Rook or OpenEBS; a node's non-empty list replaces proxmox.vm's. Each gets a Proxmox serial derived from cluster, node and disk name, which a user volume selects it by."`
+	NICs  []VMNIC  `yaml:"nics" doc:"Extra network interfaces besides net0 (net1, net2, … in this order), e.g. a storage network; a node's non-empty list replaces proxmox.vm's."`
+}
+
+// VMDisk is one extra disk of a VM.
+type VMDisk struct {
+	Name    string `yaml:"name" doc:"Disk name (lowercase letters, digits and '-', at most 34 characters), unique per node; a user volume is called this (Talos: u-<name>, mounted at /var/mnt/<name>)."`
+	SizeGiB int    `yaml:"sizeGiB" doc:"Size in GiB (at least 1)."`
+	Storage string `yaml:"storage" doc:"Proxmox storage for the disk (content 'images'); empty: proxmox.diskStorage."`
+	Bus     string `yaml:"bus" enum:"scsi,virtio,sata" doc:"scsi (default: on the VM's SCSI controller, scsi1 and up), virtio (virtio-blk, virtio0 and up) or sata (sata0 and up)."`
+	Volume  string `yaml:"volume" enum:"raw,user" doc:"raw (default): Talos leaves the disk alone, for software that takes a whole block device (Rook/Ceph OSDs, OpenEBS Mayastor); user: Talos formats the whole disk (xfs) as a user volume and mounts it at /var/mnt/<name> (Longhorn, OpenEBS LocalPV)."`
+}
+
+// VMNIC is one extra network interface of a VM.
+type VMNIC struct {
+	Bridge   string `yaml:"bridge" doc:"Bridge (or SDN VNet) of the interface; empty: proxmox.bridge."`
+	VLAN     int    `yaml:"vlan" doc:"VLAN tag (1-4094; 0 = untagged); a tagged NIC needs a VLAN-aware bridge that carries it."`
+	MTU      int    `yaml:"mtu" doc:"MTU of the VirtIO NIC: 0 (default) leaves it to Proxmox, 1 takes the bridge's MTU, else 576-65520 (Proxmox refuses to start the VM when it exceeds the bridge's MTU)."`
+	Firewall bool   `yaml:"firewall" doc:"Put the interface behind the Proxmox firewall (firewall=1)."`
+	IP       string `yaml:"ip" doc:"Address of the interface through cloud-init: a static IPv4 address with prefix (10.0.30.21/24, only under nodes[].vm), dhcp, or empty for none. No gateway: the default route stays on net0."`
 }
 
 // Storage holds the storage settings.

@@ -60,6 +60,7 @@ func (c *Config) validate() error {
 	v.talosTimeouts(c.Cluster.Timeouts)
 	v.nodes()
 	v.nodeResources()
+	v.nodeExtras()
 	v.proxmox()
 	v.storage()
 	v.cni()

@@ -115,6 +115,7 @@ func (v *validator) vmShape(path string, s VMShape, node bool) {
 	one("cache", s.Cache, "writethrough", "none", "writeback", "directsync", "unsafe")
 	one("ballooning", s.Ballooning, Off, On)
 	one("rng", s.RNG, Off, On)
+	v.vmExtras(path, s, node)
 	if s.Machine != "" || !node {
 		if !machineRE.MatchString(s.Machine) {
 			v.errf(path+".machine", "%q is not an x86 machine type Proxmox knows: use q35, pc, or a versioned type such as pc-q35-9.2+pve1", s.Machine)
@@ -136,5 +137,6 @@ func (c *Config) VMShapeOf(n Node) VMShape {
 			*f.dst = f.src
 		}
 	}
+	extrasOf(&s, n.VM)
 	return s
 }
