@@ -131,6 +131,11 @@ func (p Plan) Changes() []string {
 	case p.Create:
 		out = append(out, fmt.Sprintf("create VM %d %s (%d cores, %d MiB, %d GiB %s disk on %s, %s on %s%s, MAC %s)",
 			s.VMID, s.Name, s.Cores, s.MemoryMiB, s.DiskGiB, s.Bus(), s.DiskStorage, s.IPv4, s.Bridge, vlanSuffix(s.VLAN), s.EffectiveMAC()))
+	}
+	if p.Create {
+		out = append(out, s.extrasChanges()...)
+	}
+	switch {
 	case p.WaitCreate:
 		out = append(out, fmt.Sprintf("wait for PVE to finish creating VM %d %s, then adopt it", s.VMID, s.Name))
 	}
@@ -391,6 +396,7 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	}
 	report("CPU type", s.CPUType(), cfg.CPU, "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node")
 	reportHardware(s.Hardware, cfg, report)
+	reportExtras(s, cfg, report)
 	return drift, update, grow
 }
 

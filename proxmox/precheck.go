@@ -645,6 +645,15 @@ func (f *facts) checkDiskStorage(ctx context.Context) (check.Status, string) {
 			need[s.DiskStorage] += int64(s.DiskGiB) << 30
 			need[s.cloudInitStorage()] += 4 << 20
 			count[s.DiskStorage]++
+			// The extra disks are judged with the storages they are
+			// on, by the same rules (a VM that exists gets none).
+			for _, d := range s.Disks {
+				if _, ok := need[d.Storage]; !ok {
+					order = append(order, d.Storage)
+				}
+				need[d.Storage] += int64(d.SizeGiB) << 30
+				count[d.Storage]++
+			}
 		case p.GrowDisk > 0 && p.Config != nil && p.Config.Disk != nil:
 			need[s.DiskStorage] += p.GrowDisk - p.Config.Disk.SizeBytes
 		}
@@ -824,7 +833,12 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 	}
 	seen := map[string]bool{}
 	var parts []string
+	// Every NIC's bridge and VLAN: net0's and the extra NICs' (extras.go).
+	var uses []bridgeUse
 	for _, s := range here {
+		uses = append(uses, s.nicBridges()...)
+	}
+	for _, s := range uses {
 		key := s.Bridge + "/" + strconv.Itoa(s.VLAN)
 		if seen[key] {
 			continue

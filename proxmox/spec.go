@@ -61,6 +61,10 @@ type VMSpec struct {
 	IPv4        netip.Prefix
 	Gateway     netip.Addr
 	Nameservers []string
+	// Disks are the extra disks besides the install disk, NICs the extra
+	// NICs besides net0 (net1, net2, …); see extras.go.
+	Disks []ExtraDisk
+	NICs  []ExtraNIC
 }
 
 // CPUType is the VM's CPU type: CPU, or host when unset. host is not a
@@ -146,6 +150,7 @@ func (s VMSpec) Validate() error {
 			errs = append(errs, fmt.Errorf("VM %s: %w", s.Name, err))
 		}
 	}
+	errs = append(errs, s.validateExtras()...)
 	return errors.Join(errs...)
 }
 
@@ -274,6 +279,7 @@ func (s VMSpec) createParams() map[string]any {
 		delete(p, "ide2")
 		p["boot"] = "order=" + s.DiskSlot()
 	}
+	s.addExtras(p)
 	return p
 }
 

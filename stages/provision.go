@@ -64,6 +64,7 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 			Cores: n.Cores, MemoryMiB: n.MemoryMiB, CPU: p.CPU, Hardware: hardware(cfg.VMShapeOf(n)), DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
 			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFile, GuestAgent: im.GuestAgent,
 			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
+			Disks: extraDisks(cfg, n), NICs: extraNICs(cfg, n),
 		})
 	}
 	return specs, nil

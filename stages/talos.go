@@ -464,6 +464,7 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 			MAC:     firstNonEmpty(rec.MAC, n.MAC),
 			DiskBus: rec.DiskBus,
 			Patches: resolveAll(cfg, c.Patches.Nodes[n.Name]),
+			UserVolumes: userVolumes(cfg, n),
 		}
 		opts.Nodes = append(opts.Nodes, node)
 	}

@@ -723,6 +723,11 @@ func nodePatch(contract *config.VersionContract, opts GenerateOptions, n Node) (
 		}
 		docs = append(docs, resolver)
 	}
+	volumes, err := userVolumeDocs(n.UserVolumes)
+	if err != nil {
+		return namedPatch{}, nil, "", err
+	}
+	docs = append(docs, volumes...)
 
 	c, err := container.New(docs...)
 	if err != nil {

@@ -65,7 +65,7 @@ func haCluster(dir string) GenerateOptions {
 			{Name: "cp-2", Role: RoleControlPlane, IP: "10.10.0.12", DiskBus: "scsi", MAC: "BC:24:11:00:00:02"},
 			{Name: "cp-3", Role: RoleControlPlane, IP: "10.10.0.13/24", DiskBus: "virtio"},
 			{Name: "wk-1", Role: RoleWorker, IP: "10.10.0.21", DiskBus: "virtio", MAC: "bc:24:11:00:00:21"},
-			{Name: "wk-2", Role: RoleWorker, IP: "10.10.0.22"},
+			{Name: "wk-2", Role: RoleWorker, IP: "10.10.0.22", UserVolumes: []UserVolume{{Name: "data", Serial: "bs-0123456789abcdef", Bus: "scsi"}}},
 		},
 		Now: func() time.Time { return fixedNow },
 	}

@@ -69,6 +69,9 @@ type Node struct {
 	InstallDisk string
 	// Patches are this node's patch files, applied after the role patches.
 	Patches []string
+	// UserVolumes are the node's extra disks Talos makes user volumes
+	// (uservolumes.go).
+	UserVolumes []UserVolume
 }
 
 // Network is the static addressing shared by all nodes.
