@@ -244,8 +244,12 @@ func validateOption(k, v string, major int) string {
 			}
 		}
 	case netKeyRE.MatchString(k):
-		if _, err := parseNet(v); err != nil {
+		n, err := parseNet(v)
+		if err != nil {
 			return "invalid format - " + err.Error()
+		}
+		if msg := netOptionsError(n); msg != "" {
+			return "invalid format - format error\n" + msg
 		}
 	case ipcfgKeyRE.MatchString(k):
 		if _, _, err := parseIPConfig(v); err != nil {
@@ -255,6 +259,9 @@ func validateOption(k, v string, major int) string {
 		d, err := parseDrive(v)
 		if err != nil {
 			return err.Error()
+		}
+		if msg := serialError(k, d); msg != "" {
+			return msg
 		}
 		if m := d.get("media"); m != "" && m != "disk" && m != "cdrom" {
 			return "invalid format - format error\n" + k + ".media: value '" + m + "' does not have a value in the enumeration 'cdrom, disk'"

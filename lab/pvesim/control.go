@@ -339,8 +339,10 @@ func (s *Server) eventLocked(v *vm) VMEvent {
 		if _, v := s.volumeLocked(d.file); v != nil {
 			disk.ImportedFrom, disk.ImportURL = v.importedFrom, v.importURL
 		}
+		disk.Serial = driveSerial(d)
 		ev.Disks = append(ev.Disks, disk)
 	}
+	ev.NICs = extraNICsOf(v.conf)
 	return ev
 }
 

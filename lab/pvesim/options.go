@@ -178,6 +178,9 @@ type BridgeSpec struct {
 	// Zone makes it an SDN VNet of that zone (listed with type vnet);
 	// plain bridges belong to the zone localnetwork.
 	Zone string
+	// MTU is the bridge's MTU (default 1500): a VirtIO NIC asking for
+	// more fails the VM start (see netdevLocked).
+	MTU int
 }
 
 // ISOSpec is an ISO already on storage.
@@ -254,6 +257,8 @@ type VMEvent struct {
 	// pve-common 9.2.1 src/PVE/Network.pm $bridge_add_interface), and its
 	// traffic never leaves the host: the lab boots no reachable node.
 	Isolated bool
+	// NICs are the VM's network interfaces besides net0, in key order.
+	NICs []NIC
 	// At is when the event happened.
 	At time.Time
 }
@@ -271,6 +276,20 @@ type Disk struct {
 	// (import-from), and ImportURL where that volume was downloaded from
 	// ("" when it was not downloaded): what the guest finds on the disk.
 	ImportedFrom, ImportURL string
+	// Serial is the drive's serial= as the guest reads it (url-decoded).
+	Serial string
+}
+
+// NIC is one VM network interface with its cloud-init address.
+type NIC struct {
+	// Key is the config key ("net1").
+	Key    string
+	MAC    string
+	Bridge string
+	VLAN   int
+	// IPv4 is the static address of the matching ipconfigN; not valid
+	// without one (or with ip=dhcp).
+	IPv4 netip.Prefix
 }
 
 // FaultKind selects what an injected fault does.

@@ -188,6 +188,10 @@ func (s *Server) startWork(ctx context.Context, t *task, v *vm, skiplock bool) e
 		if err != nil || n.bridge == "" {
 			continue
 		}
+		if err := s.netdevLocked(k, n); err != nil {
+			s.mu.Unlock()
+			return err
+		}
 		if err := s.plugLocked(n); err != nil {
 			s.mu.Unlock()
 			return err
