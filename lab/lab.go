@@ -329,6 +329,12 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 		OnStart:    []func(pvesim.VMEvent) error{l.bootNode},
 		OnStop:     []func(pvesim.VMEvent){l.stopNode},
 		OnDestroy:  []func(pvesim.VMEvent){l.wipeNode},
+		// pvesim's vmbr0, and vmbr1, a VLAN-aware bridge with jumbo
+		// frames for a second NIC (proxmox.vm.nics, e.g. storage traffic).
+		Bridges: []pvesim.BridgeSpec{
+			{Name: "vmbr0", Ports: "enp1s0", CIDR: "10.0.20.5/24", Gateway: "10.0.20.1"},
+			{Name: "vmbr1", Ports: "enp2s0", VLANAware: true, MTU: 9000},
+		},
 	}
 	if o.ProxmoxImport {
 		// pvesim's default storages, "local" with 'import' added.
@@ -446,9 +452,16 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 	}
 	disks := make([]talossim.Disk, 0, len(ev.Disks))
 	for _, d := range ev.Disks {
-		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes)})
+		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes), Serial: d.Serial})
 	}
 	spec := talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID, MemoryBytes: uint64(ev.MemoryMiB) << 20}
+	// The extra NICs' static cloud-init addresses, on eth<N> for netN
+	// (the names qemu-server's network-config gives them).
+	for _, nic := range ev.NICs {
+		if nic.IPv4.IsValid() {
+			spec.Addresses = append(spec.Addresses, talossim.Address{Link: "eth" + strings.TrimPrefix(nic.Key, "net"), Prefix: nic.IPv4})
+		}
+	}
 	// A first disk imported from the factory's disk image boots that
 	// image's Talos (the VM then has no ISO to boot).
 	if len(ev.Disks) > 0 && ev.Disks[0].ImportURL != "" {

@@ -45,6 +45,12 @@ func newDiskState(disks []Disk, cdrom bool) (state.State, error) {
 		if spec.Model == "" {
 			spec.Model = "QEMU HARDDISK"
 		}
+		if d.Serial != "" {
+			// Which of the serial field and the by-id link a real
+			// Proxmox disk shows Talos is unverified (see byIDLink).
+			spec.Serial = d.Serial
+			spec.Symlinks = []string{byIDLink(d.Bus, d.Serial)}
+		}
 		switch {
 		case strings.EqualFold(d.Bus, "virtio"):
 			spec.Transport = "virtio"

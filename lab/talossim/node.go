@@ -238,6 +238,7 @@ func newNode(s *Sim, spec NodeSpec) (*Node, error) {
 		return nil, err
 	}
 	n.cosi = st
+	publishAddresses(st, spec.Addresses)
 	// Fail early when the address cannot be bound (not a local address,
 	// already taken), not later in a timer.
 	lis, err := net.Listen("tcp", n.addr())
@@ -528,6 +529,7 @@ func (n *Node) bootLocked(installed installedSystem) {
 
 	publishKubernetesConfig(n.cosi, imagesOf(n.parsed))
 	publishManifests(n.cosi, n.parsed)
+	publishUserVolumes(n.cosi, n.parsed)
 	switch {
 	case installed.fromImage:
 		// EPHEMERAL is on the system disk, the one the image is on.

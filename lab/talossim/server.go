@@ -386,6 +386,9 @@ func (a *apid) applyConfigured(in *machine.ApplyConfigurationRequest, cfg config
 		n.config, n.parsed = data, cfg
 		n.kubernetesImagesChangedLocked(before, imagesOf(cfg))
 		publishManifests(n.cosi, cfg)
+		// Talos' volume manager takes a new user volume without a
+		// reboot (unverified which apply modes Talos picks for it).
+		publishUserVolumes(n.cosi, cfg)
 	case machine.ApplyConfigurationRequest_STAGED:
 		n.sim.persistConfig(n.ip, data)
 	case machine.ApplyConfigurationRequest_REBOOT:

@@ -225,6 +225,9 @@ type Disk struct {
 	Size uint64
 	// Model reported over COSI (default "QEMU HARDDISK").
 	Model string
+	// Serial is the drive's serial (Proxmox serial=), "" for none: the
+	// Disk resource's serial, and the end of its udev by-id link.
+	Serial string
 }
 
 // NodeSpec is what the hypervisor knows about a VM that just started.
@@ -252,6 +255,9 @@ type NodeSpec struct {
 	// with its META partition found (see image.go). Nil: an empty disk
 	// boots the ISO.
 	Image *DiskImage
+	// Addresses are the static addresses of the VM's extra NICs (its
+	// cloud-init ipconfig1…), published as AddressStatus resources.
+	Addresses []Address
 }
 
 // BootNode starts a node at spec.IP, as a VM that was just powered on. A
