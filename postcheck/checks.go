@@ -175,6 +175,10 @@ type Options struct {
 	Log   zerolog.Logger
 	// DryRun skips the test PVC: a dry run changes nothing, not even that.
 	DryRun bool
+	// UserVolumes are the Talos user volumes of each node (by name) that
+	// CheckUserVolumes waits for, up to UserVolumeWait (default 90s).
+	UserVolumes    map[string][]talos.UserVolume
+	UserVolumeWait time.Duration
 }
 
 func (o Options) now() time.Time {
@@ -188,7 +192,7 @@ func (o Options) now() time.Time {
 // another having passed.
 func Checks(o Options) []check.Check {
 	c := &checker{o: o}
-	return []check.Check{
+	checks := []check.Check{
 		{Name: CheckKubeconfig, Run: c.apiAnswers},
 		{Name: CheckNodesReady, Run: c.nodesReady},
 		{Name: CheckDefaultClass, Run: c.defaultClass},
@@ -206,6 +210,10 @@ func Checks(o Options) []check.Check {
 		{Name: CheckExtensions, Run: c.extensions},
 		{Name: CheckGuestAgent, Run: c.guestAgents},
 	}
+	if len(o.UserVolumes) > 0 {
+		checks = append(checks, check.Check{Name: CheckUserVolumes, Run: c.userVolumes})
+	}
+	return checks
 }
 
 type checker struct {

@@ -31,6 +31,7 @@ var nextSteps = map[string]string{
 	CheckEtcdBackup:   "bootstrap backup takes one now and says why it cannot; ls ai/state/CLUSTER/etcd/ for the local ones, backup.s3 and backup.copyDir for the copies",
 	CheckExtensions:   "bootstrap run --stage talos upgrades the node to the schematic's installer",
 	CheckGuestAgent:   "qm agent VMID ping on the Proxmox host; the node's image must carry siderolabs/qemu-guest-agent (bootstrap run --stage talos)",
+	CheckUserVolumes:  "talosctl -n IP get volumestatus u-NAME shows the phase and error, talosctl -n IP get disks the disks with their serials; a VM without the disk: qm config VMID, and the qm set command bootstrap run --stage provision prints",
 	CheckRunWarnings:  "the night's run.log (in its archive) has each warning with the lines around it",
 	CheckArchive:      "df -h and ls -ld ai/state/CLUSTER/postcheck: free space, or make it a writable directory",
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/homelab/bootstrap/notify"
 	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/state"
+	"github.com/homelab/bootstrap/talos"
 )
 
 // Namespaces the exit criteria look at.
@@ -55,6 +56,14 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		Talos: env.postcheckTalosProbe(ctx), Proxmox: env.postcheckVMProbe(ctx), Observed: &postcheck.Observed{},
 		BackupDir: BackupDir(env), BackupMaxAge: cfg.Backup.MaxAge.D(), TakeBackup: env.postcheckBackup(ctx), NewestRemote: env.postcheckRemote(),
 		Hosts: cfg.Proxmox.Hosts,
+	}
+	for _, n := range cfg.Nodes {
+		if vols := userVolumes(cfg, n); len(vols) > 0 {
+			if opts.UserVolumes == nil {
+				opts.UserVolumes = map[string][]talos.UserVolume{}
+			}
+			opts.UserVolumes[n.Name] = vols
+		}
 	}
 	im := cfg.Images()
 	opts.GuestAgent = im.GuestAgent

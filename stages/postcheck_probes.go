@@ -55,6 +55,25 @@ func (p talosProbe) Extensions(ctx context.Context) (map[string][]talos.Extensio
 	return eachNode(p.env, func(ip string) ([]talos.Extension, error) { return p.ops.Extensions(ctx, ip) })
 }
 
+// UserVolumes reads each node's user volumes (postcheck.UserVolumeProbe).
+func (p talosProbe) UserVolumes(ctx context.Context, want map[string][]talos.UserVolume) (map[string]map[string]talos.VolumeState, error) {
+	out := map[string]map[string]talos.VolumeState{}
+	var errs []error
+	for _, n := range p.env.Config.Nodes {
+		vols := want[n.Name]
+		if len(vols) == 0 {
+			continue
+		}
+		st, err := p.ops.UserVolumeStates(ctx, n.IP, vols)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
+			continue
+		}
+		out[n.Name] = st
+	}
+	return out, errors.Join(errs...)
+}
+
 // eachNode asks every configured node, by its address, and keeps the
 // answers by node name; the nodes that failed are named in the error.
 func eachNode[T any](env *Env, ask func(ip string) (T, error)) (map[string]T, error) {

@@ -458,12 +458,12 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 	for _, n := range cfg.Nodes {
 		rec := env.State.Outputs.Nodes[n.Name]
 		node := talos.Node{
-			Name:    n.Name,
-			Role:    talos.Role(n.Role),
-			IP:      firstNonEmpty(rec.IP, n.IP),
-			MAC:     firstNonEmpty(rec.MAC, n.MAC),
-			DiskBus: rec.DiskBus,
-			Patches: resolveAll(cfg, c.Patches.Nodes[n.Name]),
+			Name:        n.Name,
+			Role:        talos.Role(n.Role),
+			IP:          firstNonEmpty(rec.IP, n.IP),
+			MAC:         firstNonEmpty(rec.MAC, n.MAC),
+			DiskBus:     rec.DiskBus,
+			Patches:     resolveAll(cfg, c.Patches.Nodes[n.Name]),
 			UserVolumes: userVolumes(cfg, n),
 		}
 		opts.Nodes = append(opts.Nodes, node)

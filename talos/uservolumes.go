@@ -1,7 +1,12 @@
 package talos
 
 import (
+	"context"
 	"fmt"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/talos/pkg/machinery/client"
 
 	"github.com/siderolabs/go-pointer"
 	"github.com/siderolabs/talos/pkg/machinery/cel"
@@ -75,4 +80,39 @@ func userVolumeDocs(vols []UserVolume) ([]configdoc.Document, error) {
 		docs = append(docs, doc)
 	}
 	return docs, nil
+}
+
+// VolumeState is what a node says of one user volume: its VolumeStatus
+// phase (ready, failed, waiting, …; "absent" while the node has no such
+// volume, e.g. before its config is applied) and error message.
+type VolumeState struct {
+	Phase    string `json:"phase"`
+	Error    string `json:"error,omitempty"`
+	Location string `json:"location,omitempty"`
+}
+
+// Ready says whether the volume is ready (mounted at its path).
+func (v VolumeState) Ready() bool { return v.Phase == block.VolumePhaseReady.String() }
+
+// UserVolumeStates reads the VolumeStatus of each of vols on the node at
+// ip (`talosctl get volumestatus u-<name>`); a volume the node does not
+// have is "absent".
+func (o *Ops) UserVolumeStates(ctx context.Context, ip string, vols []UserVolume) (map[string]VolumeState, error) {
+	out := map[string]VolumeState{}
+	err := o.callRetrying(ctx, ip, "reading the user volumes of "+ip, func(ctx context.Context, c *client.Client) error {
+		for _, u := range vols {
+			vs, err := safe.StateGetByID[*block.VolumeStatus](ctx, c.COSI, u.VolumeID())
+			switch {
+			case state.IsNotFoundError(err):
+				out[u.Name] = VolumeState{Phase: "absent"}
+			case err != nil:
+				return err
+			default:
+				s := vs.TypedSpec()
+				out[u.Name] = VolumeState{Phase: s.Phase.String(), Error: s.ErrorMessage, Location: s.Location}
+			}
+		}
+		return nil
+	})
+	return out, err
 }
