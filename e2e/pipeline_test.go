@@ -54,6 +54,7 @@ func TestPipeline(t *testing.T) {
 			if tc.wks >= 2 {
 				// One node's VM set apart from proxmox.vm (nodes[].vm).
 				setNodeVM(t, h, "wk-2", `{scsihw: virtio-scsi-single, ballooning: "on", rng: "on"}`)
+				withDataDiskAndStorageNIC(t, h)
 			}
 
 			first := run(t, ctx, h, "run", "--stage", "all")

@@ -129,3 +129,36 @@ func publishAddresses(st state.State, addrs []Address) {
 		})
 	}
 }
+
+// VolumeStatus is the phase and location of the node's VolumeStatus id
+// (e.g. u-data), as `talosctl get volumestatus` shows them; ok is false
+// when the node has none.
+func (n *Node) VolumeStatus(id string) (phase, location, errMsg string, ok bool) {
+	vs, err := safe.StateGetByID[*block.VolumeStatus](context.Background(), n.cosi, id)
+	if err != nil {
+		return "", "", "", false
+	}
+	s := vs.TypedSpec()
+	return s.Phase.String(), s.Location, s.ErrorMessage, true
+}
+
+// DiskSerials maps each of the node's disks (device path) to the serial
+// its Disk resource reports.
+func (n *Node) DiskSerials() map[string]string {
+	out := map[string]string{}
+	list, _ := safe.StateListAll[*block.Disk](context.Background(), n.cosi)
+	for d := range list.All() {
+		out[d.TypedSpec().DevPath] = d.TypedSpec().Serial
+	}
+	return out
+}
+
+// Addresses lists the node's AddressStatus resources as link/prefix.
+func (n *Node) Addresses() []string {
+	var out []string
+	list, _ := safe.StateListAll[*network.AddressStatus](context.Background(), n.cosi)
+	for a := range list.All() {
+		out = append(out, a.Metadata().ID())
+	}
+	return out
+}
