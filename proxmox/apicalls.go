@@ -62,7 +62,7 @@ var APICalls = []APICall{
 	{Method: "GET", Path: "/nodes/{node}/rrddata", Fields: []string{"[].arcsize"}},
 	{Method: "GET", Path: "/nodes/{node}/apt/versions", Fields: []string{"[].Package", "[].OldVersion", "[].Version"}},
 	{Method: "GET", Path: "/nodes/{node}/network", Fields: []string{"[].iface", "[].type", "[].active", "[].cidr",
-		"[].bridge_vlan_aware", "[].bridge_vids", "[].bridge_ports", "[].ovs_ports", "[].vlanaware"},
+		"[].bridge_vlan_aware", "[].bridge_vids", "[].bridge_ports", "[].ovs_ports", "[].vlanaware", "[].mtu"},
 		Unlisted: map[string]string{"[].vlanaware": "a VNet's entry: pve-network 1.3.0 src/PVE/Network/SDN.pm get_local_vnets"}},
 	{Method: "GET", Path: "/nodes/{node}/storage", Fields: []string{"[].storage", "[].type", "[].content", "[].active",
 		"[].enabled", "[].shared", "[].total", "[].used", "[].avail"}},

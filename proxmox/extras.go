@@ -297,14 +297,35 @@ var driveKeyRE = regexp.MustCompile(`^(scsi|virtio|sata|ide)\d+$`)
 // nicBridges are the (bridge, VLAN) pairs of the spec's NICs, net0 first.
 func (s VMSpec) nicBridges() []bridgeUse {
 	out := []bridgeUse{{Bridge: s.Bridge, VLAN: s.VLAN}}
-	for _, n := range s.NICs {
-		out = append(out, bridgeUse{Bridge: n.Bridge, VLAN: n.VLAN})
+	for i, n := range s.NICs {
+		out = append(out, bridgeUse{Bridge: n.Bridge, VLAN: n.VLAN, MTU: n.MTU, NIC: fmt.Sprintf("%s's net%d", s.Name, i+1)})
 	}
 	return out
 }
 
-// bridgeUse is one NIC's bridge and VLAN.
+// bridgeUse is one NIC's bridge and VLAN, and the MTU it asks (0 or 1:
+// the bridge's).
 type bridgeUse struct {
 	Bridge string
 	VLAN   int
+	MTU    int
+	NIC    string
+}
+
+// mtuProblem judges a NIC's MTU against its bridge's: qemu-server starts
+// a VirtIO NIC only with an MTU up to the bridge's (print_netdevice_full,
+// qemu-server 9.2.6 src/PVE/QemuServer.pm), which it reads from sysfs. The
+// listing gives the mtu of /etc/network/interfaces; without one there
+// the bridge's MTU is not known here (Linux gives a bridge the smallest of
+// its ports' MTUs, 1500 by default: unverified for a given host).
+func mtuProblem(u bridgeUse, b Bridge) (fail, warn string) {
+	switch {
+	case u.MTU <= 1:
+		return "", ""
+	case b.MTU > 0 && u.MTU > b.MTU:
+		return fmt.Sprintf("%s asks MTU %d, bridge %s has %d: Proxmox would refuse to start the VM (\"MTU '%d' is bigger than the bridge MTU\"); raise the bridge's mtu in /etc/network/interfaces or lower nics[].mtu", u.NIC, u.MTU, u.Bridge, b.MTU, u.MTU), ""
+	case b.MTU == 0 && u.MTU > 1500:
+		return "", fmt.Sprintf("%s asks MTU %d and bridge %s sets no mtu in /etc/network/interfaces: a bridge whose MTU is below %d makes Proxmox refuse to start the VM", u.NIC, u.MTU, u.Bridge, u.MTU)
+	}
+	return "", ""
 }

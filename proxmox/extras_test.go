@@ -108,6 +108,14 @@ func TestPrecheckJudgesExtraStoragesAndBridges(t *testing.T) {
 	expect(t, rs, "proxmox: disk storage", check.Pass, "48.0 GiB for new disks")
 	expect(t, rs, "proxmox: bridge", check.Pass, "vmbr1 (VLAN-aware, VLAN 30)")
 
+	in.VMs[0].NICs[0].MTU = 9216
+	rs = runPrechecks(t, e.c, in)
+	expect(t, rs, "proxmox: bridge", check.Fail, "node-1's net1 asks MTU 9216, bridge vmbr1 has 9000")
+	in.VMs[0].NICs[0].Bridge, in.VMs[0].NICs[0].VLAN = "vmbr0", 20
+	rs = runPrechecks(t, e.c, in)
+	expect(t, rs, "proxmox: bridge", check.Warn, "bridge vmbr0 sets no mtu")
+	in.VMs[0].NICs[0].Bridge, in.VMs[0].NICs[0].VLAN, in.VMs[0].NICs[0].MTU = "vmbr1", 30, 9000
+
 	in.VMs[0].Disks[1].Storage = "fast"
 	in.VMs[0].NICs[0].VLAN = 40
 	rs = runPrechecks(t, e.c, in)

@@ -413,6 +413,9 @@ type Bridge struct {
 	// read the VNet's config).
 	Zone string
 	VNet bool
+	// MTU is the bridge's mtu in /etc/network/interfaces (0 when not
+	// set there).
+	MTU int
 }
 
 // Carries says whether a VLAN-aware bridge's ports carry VLAN tag. Only
@@ -472,7 +475,7 @@ func (c *Client) Bridges(ctx context.Context) ([]Bridge, error) {
 	}
 	var out []Bridge
 	for _, e := range list {
-		b := Bridge{Name: str(e["iface"]), Active: num(e["active"]) == 1, CIDR: str(e["cidr"]), Zone: LocalZone}
+		b := Bridge{Name: str(e["iface"]), Active: num(e["active"]) == 1, CIDR: str(e["cidr"]), Zone: LocalZone, MTU: int(num(e["mtu"]))}
 		if str(e["type"]) == "vnet" {
 			// A VNet's privileges live under its own zone
 			// (check_vnet_access, pve-guest-common GuestHelpers.pm); only

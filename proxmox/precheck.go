@@ -838,7 +838,17 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 	for _, s := range here {
 		uses = append(uses, s.nicBridges()...)
 	}
+	var mtuWarns []string
 	for _, s := range uses {
+		if b, ok := have[s.Bridge]; ok {
+			fail, warn := mtuProblem(s, b)
+			if fail != "" {
+				return check.Failf("%s", fail)
+			}
+			if warn != "" {
+				mtuWarns = append(mtuWarns, warn)
+			}
+		}
 		key := s.Bridge + "/" + strconv.Itoa(s.VLAN)
 		if seen[key] {
 			continue
@@ -879,6 +889,9 @@ func (f *facts) checkBridges(ctx context.Context) (check.Status, string) {
 		default:
 			parts = append(parts, fmt.Sprintf("%s (VLAN %d through %sv%d over %s.%d, which Proxmox creates at VM start)", s.Bridge, s.VLAN, s.Bridge, s.VLAN, b.Ports[0], s.VLAN))
 		}
+	}
+	if len(mtuWarns) > 0 {
+		return check.Warnf("%s present; %s", strings.Join(parts, ", "), strings.Join(mtuWarns, "; "))
 	}
 	return check.Passf("%s present", strings.Join(parts, ", "))
 }

@@ -307,6 +307,9 @@ func (s *Server) listNetwork(r *request) any {
 		if b.Gateway != "" {
 			e["gateway"] = b.Gateway
 		}
+		if b.MTU != 0 {
+			e["mtu"] = b.MTU
+		}
 		out = append(out, e)
 	}
 	return out
