@@ -64,6 +64,24 @@ func TestExtraDisksAndNICsAtCreate(t *testing.T) {
 			t.Errorf("drift on the VM it created: %s", d)
 		}
 	}
+	// node remove and destroy delete the extra disks with the VM.
+	owned := 0
+	for _, v := range e.sim.Volumes("local-lvm", "images") {
+		if strings.Contains(v, "vm-704-") {
+			owned++
+		}
+	}
+	if owned < 3 {
+		t.Fatalf("VM 704 owns %d volumes on local-lvm, want its install disk, extra disks and more", owned)
+	}
+	if err := e.c.DestroyClusterVM(ctx, "lab", VMSummary{VMID: s.VMID}); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range e.sim.Volumes("local-lvm", "images") {
+		if strings.Contains(v, "vm-704-") {
+			t.Errorf("volume %s left after the VM was destroyed", v)
+		}
+	}
 }
 
 // TestExtrasMissingOnAnAdoptedVMAreReported: a VM created without the
