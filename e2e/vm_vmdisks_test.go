@@ -1,12 +1,15 @@
 package e2e_test
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/homelab/bootstrap/check"
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/e2e"
+	"github.com/homelab/bootstrap/postcheck"
 )
 
 // The storage disk and network TestPipeline/3cp+2w-vip gives wk-1.
@@ -72,5 +75,23 @@ func checkDataDiskAndStorageNIC(t *testing.T, h *e2e.Harness) {
 	}
 	if addrs := tn.Addresses(); !slices.Contains(addrs, "eth1/"+storageIP) {
 		t.Errorf("wk-1's addresses %v lack eth1/%s", addrs, storageIP)
+	}
+
+	// The product saw it too: the postcheck's user volume row passed.
+	st, err := h.State()
+	if err != nil || st.Outputs.Postcheck == nil {
+		t.Fatalf("no postcheck recorded: %v", err)
+	}
+	files, err := postcheck.ReadArchive(st.Outputs.Postcheck.Archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var report postcheck.Report
+	if err := json.Unmarshal(files["report.json"], &report); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(report.Checks, func(c postcheck.CheckReport) bool { return c.Name == postcheck.CheckUserVolumes })
+	if i < 0 || report.Checks[i].Status != check.Pass {
+		t.Errorf("postcheck row %s: %+v", postcheck.CheckUserVolumes, report.Checks)
 	}
 }
