@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -389,9 +390,24 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	if cfg.CDROM != "" && cfg.CDROM != "none" {
 		report("ISO", s.ISOStorage+":iso/"+s.ISOFile, cfg.CDROM, "only used until Talos is installed")
 	}
-	report("CPU type", s.CPUType(), cfg.CPU, "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node")
+	// cpu is a property string ([cputype=]<type>,flags=+a;-b); without
+	// one the type is kvm64 (qemu-server 9.2.6 CPUConfig.pm $cpu_fmt).
+	cpu := parseDriveString(cfg.CPU)
+	report("CPU type", s.CPUType(), cmp.Or(cpu.file, cpu.opts["cputype"], "kvm64"), "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node")
+	report("CPU flags", flagSet(strings.Join(s.CPUFlags, ";")), flagSet(cpu.opts["flags"]), "a VM keeps the CPU flags it was created with; change them in Proxmox (qm set <vmid> --cpu <type>,flags=…; they apply at the VM's next start) or replace the node")
 	reportHardware(s.Hardware, cfg, report)
 	return drift, update, grow
+}
+
+// flagSet is a cpu option's flags in one order, so that the same flags
+// given in another order are no difference.
+func flagSet(flags string) string {
+	if flags == "" {
+		return ""
+	}
+	fs := strings.Split(flags, ";")
+	slices.Sort(fs)
+	return strings.Join(fs, ";")
 }
 
 // reportHardware reports where an existing VM's hardware differs from
