@@ -102,7 +102,8 @@ type Proxmox struct {
 	Bridge          string   `yaml:"bridge" doc:"Bridge for the VMs' network, e.g. vmbr0."`
 	VLAN            int      `yaml:"vlan" doc:"VLAN tag for the VMs (0 = untagged); the bridge must be VLAN-aware."`
 	CPU             string   `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type of new VMs: host (default) passes the host's CPU through, fastest, but a live migration to a member with another CPU can stop the guest; x86-64-v2-AES (Proxmox's own default) or another generic x86-64 level migrates between any members that have it. A VM that exists keeps its type: the run reports the difference."`
-	VM              VMShape  `yaml:"vm" doc:"The hardware of new VMs; each field may be set again per node (nodes[].vm). The defaults are Talos' Proxmox guide's baseline VM."`
+	VM              VMShape  `yaml:"vm" doc:"The hardware of new VMs; each field may be set again per role (roleVM) and per node (nodes[].vm). The defaults are Talos' Proxmox guide's baseline VM."`
+	RoleVM          RoleVM   `yaml:"roleVM" doc:"The hardware of one role's new VMs where it differs from vm (an empty field takes vm's); a node's own vm wins over its role's."`
 	ISO             ISO      `yaml:"iso" doc:"The Talos nocloud ISO."`
 	Boot            string   `yaml:"boot" enum:"auto,image,iso" doc:"How new VMs get Talos: image imports the Image Factory's nocloud disk image of cluster.schematic as each VM's disk (Proxmox VE 8.4+, a storage with the 'import' content type; no install, no reboot), iso boots the nocloud ISO and installs to disk; auto (default) takes the image where the host allows it, else the ISO, and the precheck says which and why."`
 	Parallelism     int      `yaml:"parallelism" doc:"How many VMs to create/start at once."`
@@ -142,10 +143,13 @@ type VMShape struct {
 	Cache      string `yaml:"cache" enum:"writethrough,none,writeback,directsync,unsafe" doc:"Cache mode of the install disk: writethrough (default, Talos' guide), none (the guide's choice for clustered storage), or another of Proxmox's modes."`
 	Ballooning string `yaml:"ballooning" enum:"off,on" doc:"Memory ballooning device: off (default; Talos does not support memory hotplug and would not see all of its memory) or on."`
 	RNG        string `yaml:"rng" enum:"off,on" doc:"A VirtIO RNG fed from the host's /dev/urandom: off (default) or on (Talos' guide: optional, better entropy)."`
+	CPU        string `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type where it differs from proxmox.cpu (which it overrides, in proxmox.vm too)."`
+	// CPUFlags are the VM-specific flags Proxmox lets a token set.
+	CPUFlags []string `yaml:"cpuFlags" doc:"CPU flags to enable (+flag) or disable (-flag), from the set Proxmox allows per VM: aes, amd-no-ssb, amd-ssbd, hv-evmcs, hv-tlbflush, ibpb, md-clear, pcid, pdpe1gb, spec-ctrl, ssbd, virt-ssbd, and nested-virt from Proxmox VE 9.1; e.g. [+aes, +pdpe1gb]."`
 	// Disks and NICs are lists: a node's non-empty list replaces
 	// proxmox.vm's whole list (VMShapeOf), it does not merge with it.
-	Disks []VMDisk `yaml:"disks" doc:"Extra disks besides the install disk (scsi0), e.g. for Longhorn, Rook or OpenEBS; a node's non-empty list replaces proxmox.vm's. Each gets a Proxmox serial derived from cluster, node and disk name, which a user volume selects it by."`
-	NICs  []VMNIC  `yaml:"nics" doc:"Extra network interfaces besides net0 (net1, net2, … in this order), e.g. a storage network; a node's non-empty list replaces proxmox.vm's."`
+	Disks []VMDisk `yaml:"disks" doc:"Extra disks besides the install disk (scsi0), e.g. for Longhorn, Rook or OpenEBS; a role's (roleVM) or node's non-empty list replaces the wider one's. Each gets a Proxmox serial derived from cluster, node and disk name, which a user volume selects it by."`
+	NICs  []VMNIC  `yaml:"nics" doc:"Extra network interfaces besides net0 (net1, net2, … in this order), e.g. a storage network; a role's (roleVM) or node's non-empty list replaces the wider one's."`
 }
 
 // VMDisk is one extra disk of a VM.
@@ -164,6 +168,12 @@ type VMNIC struct {
 	MTU      int    `yaml:"mtu" doc:"MTU of the VirtIO NIC: 0 (default) leaves it to Proxmox, 1 takes the bridge's MTU, else 576-65520 (Proxmox refuses to start the VM when it exceeds the bridge's MTU)."`
 	Firewall bool   `yaml:"firewall" doc:"Put the interface behind the Proxmox firewall (firewall=1)."`
 	IP       string `yaml:"ip" doc:"Address of the interface through cloud-init: a static IPv4 address with prefix (10.0.30.21/24, only under nodes[].vm), dhcp, or empty for none. No gateway: the default route stays on net0."`
+}
+
+// RoleVM is the hardware of each role's new VMs (proxmox.roleVM).
+type RoleVM struct {
+	ControlPlane VMShape `yaml:"controlplane" doc:"The control planes' VM hardware where it differs from proxmox.vm."`
+	Worker       VMShape `yaml:"worker" doc:"The workers' VM hardware where it differs from proxmox.vm."`
 }
 
 // Storage holds the storage settings.

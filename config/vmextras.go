@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"strings"
 )
 
 // The values of a VM disk's volume field.
@@ -66,14 +67,14 @@ func (d VMDisk) DiskBus() string { return cmp.Or(d.Bus, BusSCSI) }
 // VolumeKind is the disk's volume: raw unless set.
 func (d VMDisk) VolumeKind() string { return cmp.Or(d.Volume, VolumeRaw) }
 
-// extrasOf gives s a node's disks and NICs where node sets them: a
-// non-empty list replaces proxmox.vm's.
-func extrasOf(s *VMShape, node VMShape) {
-	if len(node.Disks) > 0 {
-		s.Disks = node.Disks
+// extrasOf gives s the disks and NICs a narrower level (a role's
+// roleVM, a node's vm) sets: a non-empty list replaces the wider one's.
+func extrasOf(s *VMShape, over VMShape) {
+	if len(over.Disks) > 0 {
+		s.Disks = over.Disks
 	}
-	if len(node.NICs) > 0 {
-		s.NICs = node.NICs
+	if len(over.NICs) > 0 {
+		s.NICs = over.NICs
 	}
 }
 
@@ -112,7 +113,8 @@ func (v *validator) vmExtras(path string, s VMShape, node bool) {
 		}
 		switch {
 		case n.IP == "" || n.IP == NICDHCP:
-		case !node:
+		case !node || !strings.HasPrefix(path, "nodes["):
+			// proxmox.vm and proxmox.roleVM are shared by many nodes.
 			v.errf(p+".ip", "%q is a static address, which each node needs its own of: set it under nodes[].vm.nics (or use dhcp here)", n.IP)
 		default:
 			if pfx, err := netip.ParsePrefix(n.IP); err != nil || !pfx.Addr().Is4() {
@@ -135,6 +137,16 @@ func (v *validator) nodeExtras() {
 	for i, n := range v.c.Nodes {
 		s := v.c.VMShapeOf(n)
 		diskPath, nicPath := "proxmox.vm.disks", "proxmox.vm.nics"
+		role, rolePath := v.c.Proxmox.RoleVM.Worker, "proxmox.roleVM.worker"
+		if n.Role == RoleControlPlane {
+			role, rolePath = v.c.Proxmox.RoleVM.ControlPlane, "proxmox.roleVM.controlplane"
+		}
+		if len(role.Disks) > 0 {
+			diskPath = rolePath + ".disks"
+		}
+		if len(role.NICs) > 0 {
+			nicPath = rolePath + ".nics"
+		}
 		if len(n.VM.Disks) > 0 {
 			diskPath = fmt.Sprintf("nodes[%d].vm.disks", i)
 		}
@@ -159,7 +171,8 @@ func (v *validator) nodeExtras() {
 			v.errf(nicPath, "node %s has %d extra NICs: Proxmox takes at most %d besides net0", n.Name, len(s.NICs), ExtraNICLimit)
 		}
 		if len(n.VM.NICs) == 0 {
-			// proxmox.vm's static addresses are refused there already.
+			// proxmox.vm's and roleVM's static addresses are refused
+			// there already.
 			continue
 		}
 		var nets []netip.Prefix
