@@ -136,12 +136,24 @@ type Node struct {
 // v1.13 and v1.14). A VM that exists keeps what it was created with: the
 // provision stage reports a difference and never changes it.
 type VMShape struct {
-	BIOS       string `yaml:"bios" enum:"ovmf,seabios" doc:"Firmware: ovmf (UEFI, default; the VM gets a 4 MiB EFI disk without pre-enrolled keys, as Talos' guide says) or seabios."`
-	Machine    string `yaml:"machine" doc:"QEMU machine type: q35 (default), pc (i440fx), or a versioned type such as pc-q35-9.2+pve1 that pins it."`
-	SCSIHW     string `yaml:"scsihw" enum:"virtio-scsi-pci,virtio-scsi-single" doc:"SCSI controller of the install disk: virtio-scsi-pci (default; Talos' guide warns against VirtIO SCSI single after installs that hung, siderolabs/talos#11173) or virtio-scsi-single (gives the disk an IO thread)."`
-	Cache      string `yaml:"cache" enum:"writethrough,none,writeback,directsync,unsafe" doc:"Cache mode of the install disk: writethrough (default, Talos' guide), none (the guide's choice for clustered storage), or another of Proxmox's modes."`
-	Ballooning string `yaml:"ballooning" enum:"off,on" doc:"Memory ballooning device: off (default; Talos does not support memory hotplug and would not see all of its memory) or on."`
-	RNG        string `yaml:"rng" enum:"off,on" doc:"A VirtIO RNG fed from the host's /dev/urandom: off (default) or on (Talos' guide: optional, better entropy)."`
+	BIOS       string      `yaml:"bios" enum:"ovmf,seabios" doc:"Firmware: ovmf (UEFI, default; the VM gets a 4 MiB EFI disk without pre-enrolled keys, as Talos' guide says) or seabios."`
+	Machine    string      `yaml:"machine" doc:"QEMU machine type: q35 (default), pc (i440fx), or a versioned type such as pc-q35-9.2+pve1 that pins it."`
+	SCSIHW     string      `yaml:"scsihw" enum:"virtio-scsi-pci,virtio-scsi-single" doc:"SCSI controller of the install disk: virtio-scsi-pci (default; Talos' guide warns against VirtIO SCSI single after installs that hung, siderolabs/talos#11173) or virtio-scsi-single (gives the disk an IO thread)."`
+	Cache      string      `yaml:"cache" enum:"writethrough,none,writeback,directsync,unsafe" doc:"Cache mode of the install disk: writethrough (default, Talos' guide), none (the guide's choice for clustered storage), or another of Proxmox's modes."`
+	Ballooning string      `yaml:"ballooning" enum:"off,on" doc:"Memory ballooning device: off (default; Talos does not support memory hotplug and would not see all of its memory) or on."`
+	RNG        string      `yaml:"rng" enum:"off,on" doc:"A VirtIO RNG fed from the host's /dev/urandom: off (default) or on (Talos' guide: optional, better entropy)."`
+	PCI        []PCIDevice `yaml:"pci" doc:"Host PCI devices passed through to the VM (an iGPU for transcoding, a NIC, an HBA), each by a Proxmox resource mapping (Datacenter → Resource Mappings); raw host addresses are not offered (Proxmox lets only root@pam set them). A node's list replaces proxmox.vm's; an empty list on a node clears it. At most 16."`
+}
+
+// PCIDevice is one host PCI device of a VM, by its Proxmox resource
+// mapping: qemu-server's hostpci<N> with mapping=<id> (qemu-server 9.2.6
+// and 8.4.10 src/PVE/QemuServer/PCI.pm $hostpci_fmt).
+type PCIDevice struct {
+	Mapping    string `yaml:"mapping" doc:"ID of the cluster-wide PCI resource mapping, e.g. igpu (letters, digits, '-' and '_', starting with a letter); it must have an entry for the member the VM runs on."`
+	PCIe       string `yaml:"pcie" enum:"on,off" doc:"Put the device on the PCI Express bus: on by default with a q35 machine (Proxmox refuses it on pc/i440fx), off otherwise."`
+	PrimaryGPU bool   `yaml:"primaryGPU" doc:"Make the device the VM's primary GPU (x-vga): the VM's emulated display is dropped, so the Proxmox console shows nothing. Not needed for transcoding; at most one per VM."`
+	ROMBar     string `yaml:"rombar" enum:"on,off" doc:"Show the device's option ROM in the guest's memory map: on (Proxmox's default) or off."`
+	MDev       string `yaml:"mdev" doc:"Mediated device type to create on the mapped device at start (one of the types Proxmox lists for the device); the mapping must be marked for mediated devices. Empty passes the device itself."`
 }
 
 // Storage holds the storage settings.

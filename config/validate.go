@@ -255,6 +255,7 @@ func (v *validator) nodes() {
 		}
 		names[n.Name] = p
 		v.vmShape(p+".vm", n.VM, true)
+		v.nodePCI(p, n)
 
 		switch n.Role {
 		case RoleControlPlane:
@@ -440,6 +441,7 @@ func (v *validator) proxmox() {
 	v.boot(p)
 	v.cpu(p.CPU)
 	v.vmShape("proxmox.vm", p.VM, false)
+	v.pciList("proxmox.vm.pci", p.VM.PCI, p.VM.Machine)
 	if p.ISO.URL != "" {
 		if u, err := url.Parse(p.ISO.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.errf("proxmox.iso.url", "%q is not an http(s) URL", p.ISO.URL)

@@ -136,5 +136,8 @@ func (c *Config) VMShapeOf(n Node) VMShape {
 			*f.dst = f.src
 		}
 	}
+	if n.VM.PCI != nil {
+		s.PCI = n.VM.PCI
+	}
 	return s
 }
