@@ -396,6 +396,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 	if in.Boot.Want != "" {
 		checks = append(checks, f.gated(BootCheck, f.checkBoot))
 	}
+	if usesPCI(in.VMs) {
+		checks = append(checks, f.gated(PCICheck, f.checkPCI))
+	}
 	return append(checks, []check.Check{
 		f.gated("proxmox: tags", f.checkTags),
 		f.gated("proxmox: VMIDs and names", func(ctx context.Context) (check.Status, string) {

@@ -162,7 +162,7 @@ func set(keys ...string) map[string]bool {
 // knownKey reports whether k is a VM config option.
 func knownKey(k string) bool {
 	switch {
-	case isDriveKey(k), netKeyRE.MatchString(k), ipcfgKeyRE.MatchString(k), unusedRE.MatchString(k), serialRE.MatchString(k):
+	case isDriveKey(k), netKeyRE.MatchString(k), ipcfgKeyRE.MatchString(k), unusedRE.MatchString(k), serialRE.MatchString(k), isHostPCIKey(k):
 		return true
 	case k == "name" || k == "memory" || k == "tags" || k == "lock" || k == "rng0":
 		return true
@@ -243,6 +243,9 @@ func validateOption(k, v string, major int) string {
 				return "invalid format - format error\nrng0." + key + ": property is not defined in schema and the schema does not allow additional properties"
 			}
 		}
+	case isHostPCIKey(k):
+		_, msg := parseHostPCIValue(k, v, major)
+		return msg
 	case netKeyRE.MatchString(k):
 		if _, err := parseNet(v); err != nil {
 			return "invalid format - " + err.Error()
