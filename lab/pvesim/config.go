@@ -244,7 +244,9 @@ func validateOption(k, v string, major int) string {
 			}
 		}
 	case isHostPCIKey(k):
-		_, msg := parseHostPCIValue(k, v, major)
+		// 'driver' came with qemu-server 9.0.25 (commit aa47045f); the
+		// installed version is not known here, so only 9.x takes it.
+		_, msg := parseHostPCIValue(k, v, major >= 9)
 		return msg
 	case netKeyRE.MatchString(k):
 		if _, err := parseNet(v); err != nil {

@@ -21,7 +21,7 @@ import (
 //     SysFSTools lspci) without the classes of pci-class-blacklist
 //     (default 05;06;0b).
 //   - hostpci<N> on create and update: its format (qemu-server 9.2.6 and
-//     8.4.10 src/PVE/QemuServer/PCI.pm $hostpci_fmt; 'driver' only in 9.x)
+//     8.4.10 src/PVE/QemuServer/PCI.pm $hostpci_fmt; 'driver' from 9.0.25)
 //     and check_hostpci_perm (src/PVE/API2/Qemu.pm): a raw address is
 //     root@pam's, a mapping needs Mapping.Use on /mapping/pci/<id>.
 //   - vm_start (src/PVE/QemuServer.pm, PCI.pm parse_hostpci,
@@ -114,7 +114,7 @@ type hostpciOpt struct {
 
 // parseHostPCIValue reads a hostpci value as pve-qm-hostpci; the message
 // is the schema's, "" when it is valid.
-func parseHostPCIValue(k, v string, major int) (hostpciOpt, string) {
+func parseHostPCIValue(k, v string, withDriver bool) (hostpciOpt, string) {
 	var o hostpciOpt
 	bad := func(sub, msg string) (hostpciOpt, string) {
 		return o, "invalid format - format error\n" + k + "." + sub + ": " + msg
@@ -157,7 +157,7 @@ func parseHostPCIValue(k, v string, major int) (hostpciOpt, string) {
 				return bad(key, "value does not match the regex pattern")
 			}
 		case "driver":
-			if major < 9 {
+			if !withDriver {
 				return bad(key, "property is not defined in schema and the schema does not allow additional properties")
 			}
 			if val != "vfio" && val != "keep" {
@@ -192,7 +192,7 @@ func hostpciPerms(who *identity, id int, cfg map[string]string) *apiError {
 		if !isHostPCIKey(k) {
 			continue
 		}
-		o, _ := parseHostPCIValue(k, cfg[k], 9)
+		o, _ := parseHostPCIValue(k, cfg[k], true)
 		switch {
 		case o.host != "":
 			return errf(500, "only root can set '%s' config for non-mapped devices", k)
@@ -452,7 +452,7 @@ func (s *Server) pciStartLocked(v *vm) error {
 		if !ok {
 			continue
 		}
-		o, _ := parseHostPCIValue(k, val, 9)
+		o, _ := parseHostPCIValue(k, val, true)
 		var alternatives [][]string
 		switch {
 		case o.mapping != "":
