@@ -348,6 +348,17 @@ func pciNeeds(in PrecheckInput, plans map[int]Plan) []Need {
 	return needs
 }
 
+// pciMissingHint points a missing Mapping.Use at README's PCI section:
+// the runner role on / leaves it out, it is granted per mapping.
+func pciMissingHint(miss []Grant) string {
+	for _, g := range miss {
+		if strings.HasPrefix(g.Path, "/mapping/pci/") {
+			return `; Mapping.Use is granted on each PCI mapping, e.g. the role PVEMappingUser: README's "PCI devices"`
+		}
+	}
+	return ""
+}
+
 // PCICheck names the precheck row of the mapped PCI devices.
 const PCICheck = "proxmox: PCI devices"
 

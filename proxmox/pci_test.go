@@ -121,7 +121,7 @@ func TestPCINeedsMappingUse(t *testing.T) {
 			c := e.client(func(o *Options) { o.TokenID, o.TokenSecret = "bootstrap@pve!homelab", "s" })
 			rs := runPrechecks(t, c, withIGPU(precheckInput(4), "node-4"))
 			if tc.priv == check.Fail {
-				expect(t, rs, "proxmox: privileges", check.Fail, "Mapping.Use on /mapping/pci/igpu")
+				expect(t, rs, "proxmox: privileges", check.Fail, "Mapping.Use on /mapping/pci/igpu", `PVEMappingUser: README's "PCI devices"`)
 			} else {
 				expect(t, rs, "proxmox: privileges", check.Pass)
 			}
