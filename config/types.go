@@ -102,7 +102,8 @@ type Proxmox struct {
 	Bridge          string   `yaml:"bridge" doc:"Bridge for the VMs' network, e.g. vmbr0."`
 	VLAN            int      `yaml:"vlan" doc:"VLAN tag for the VMs (0 = untagged); the bridge must be VLAN-aware."`
 	CPU             string   `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type of new VMs: host (default) passes the host's CPU through, fastest, but a live migration to a member with another CPU can stop the guest; x86-64-v2-AES (Proxmox's own default) or another generic x86-64 level migrates between any members that have it. A VM that exists keeps its type: the run reports the difference."`
-	VM              VMShape  `yaml:"vm" doc:"The hardware of new VMs; each field may be set again per node (nodes[].vm). The defaults are Talos' Proxmox guide's baseline VM."`
+	VM              VMShape  `yaml:"vm" doc:"The hardware of new VMs; each field may be set again per role (roleVM) and per node (nodes[].vm). The defaults are Talos' Proxmox guide's baseline VM."`
+	RoleVM          RoleVM   `yaml:"roleVM" doc:"The hardware of one role's new VMs where it differs from vm (an empty field takes vm's); a node's own vm wins over its role's."`
 	ISO             ISO      `yaml:"iso" doc:"The Talos nocloud ISO."`
 	Boot            string   `yaml:"boot" enum:"auto,image,iso" doc:"How new VMs get Talos: image imports the Image Factory's nocloud disk image of cluster.schematic as each VM's disk (Proxmox VE 8.4+, a storage with the 'import' content type; no install, no reboot), iso boots the nocloud ISO and installs to disk; auto (default) takes the image where the host allows it, else the ISO, and the precheck says which and why."`
 	Parallelism     int      `yaml:"parallelism" doc:"How many VMs to create/start at once."`
@@ -136,13 +137,17 @@ type Node struct {
 // v1.13 and v1.14). A VM that exists keeps what it was created with: the
 // provision stage reports a difference and never changes it.
 type VMShape struct {
-	BIOS       string      `yaml:"bios" enum:"ovmf,seabios" doc:"Firmware: ovmf (UEFI, default; the VM gets a 4 MiB EFI disk without pre-enrolled keys, as Talos' guide says) or seabios."`
-	Machine    string      `yaml:"machine" doc:"QEMU machine type: q35 (default), pc (i440fx), or a versioned type such as pc-q35-9.2+pve1 that pins it."`
-	SCSIHW     string      `yaml:"scsihw" enum:"virtio-scsi-pci,virtio-scsi-single" doc:"SCSI controller of the install disk: virtio-scsi-pci (default; Talos' guide warns against VirtIO SCSI single after installs that hung, siderolabs/talos#11173) or virtio-scsi-single (gives the disk an IO thread)."`
-	Cache      string      `yaml:"cache" enum:"writethrough,none,writeback,directsync,unsafe" doc:"Cache mode of the install disk: writethrough (default, Talos' guide), none (the guide's choice for clustered storage), or another of Proxmox's modes."`
-	Ballooning string      `yaml:"ballooning" enum:"off,on" doc:"Memory ballooning device: off (default; Talos does not support memory hotplug and would not see all of its memory) or on."`
-	RNG        string      `yaml:"rng" enum:"off,on" doc:"A VirtIO RNG fed from the host's /dev/urandom: off (default) or on (Talos' guide: optional, better entropy)."`
-	PCI        []PCIDevice `yaml:"pci" doc:"Host PCI devices passed through to the VM (an iGPU for transcoding, a NIC, an HBA), each by a Proxmox resource mapping (Datacenter → Resource Mappings); raw host addresses are not offered (Proxmox lets only root@pam set them). A node's list replaces proxmox.vm's; an empty list on a node clears it. At most 16."`
+	BIOS       string `yaml:"bios" enum:"ovmf,seabios" doc:"Firmware: ovmf (UEFI, default; the VM gets a 4 MiB EFI disk without pre-enrolled keys, as Talos' guide says) or seabios."`
+	Machine    string `yaml:"machine" doc:"QEMU machine type: q35 (default), pc (i440fx), or a versioned type such as pc-q35-9.2+pve1 that pins it."`
+	SCSIHW     string `yaml:"scsihw" enum:"virtio-scsi-pci,virtio-scsi-single" doc:"SCSI controller of the install disk: virtio-scsi-pci (default; Talos' guide warns against VirtIO SCSI single after installs that hung, siderolabs/talos#11173) or virtio-scsi-single (gives the disk an IO thread)."`
+	Cache      string `yaml:"cache" enum:"writethrough,none,writeback,directsync,unsafe" doc:"Cache mode of the install disk: writethrough (default, Talos' guide), none (the guide's choice for clustered storage), or another of Proxmox's modes."`
+	Ballooning string `yaml:"ballooning" enum:"off,on" doc:"Memory ballooning device: off (default; Talos does not support memory hotplug and would not see all of its memory) or on."`
+	RNG        string `yaml:"rng" enum:"off,on" doc:"A VirtIO RNG fed from the host's /dev/urandom: off (default) or on (Talos' guide: optional, better entropy)."`
+	CPU        string `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type where it differs from proxmox.cpu (which it overrides, in proxmox.vm too)."`
+	// CPUFlags are the VM-specific flags Proxmox lets a token set.
+	CPUFlags []string `yaml:"cpuFlags" doc:"CPU flags to enable (+flag) or disable (-flag), from the set Proxmox allows per VM: aes, amd-no-ssb, amd-ssbd, hv-evmcs, hv-tlbflush, ibpb, md-clear, pcid, pdpe1gb, spec-ctrl, ssbd, virt-ssbd, and nested-virt from Proxmox VE 9.1; e.g. [+aes, +pdpe1gb]."`
+	// PCI are host devices passed by resource mapping (validate_pci.go).
+	PCI []PCIDevice `yaml:"pci" doc:"Host PCI devices passed through to the VM (an iGPU for transcoding, a NIC, an HBA), each by a Proxmox resource mapping (Datacenter → Resource Mappings); raw host addresses are not offered (Proxmox lets only root@pam set them). A list replaces the one it would inherit; an empty list clears it. At most 16."`
 }
 
 // PCIDevice is one host PCI device of a VM, by its Proxmox resource
@@ -154,6 +159,12 @@ type PCIDevice struct {
 	PrimaryGPU bool   `yaml:"primaryGPU" doc:"Make the device the VM's primary GPU (x-vga): the VM's emulated display is dropped, so the Proxmox console shows nothing. Not needed for transcoding; at most one per VM."`
 	ROMBar     string `yaml:"rombar" enum:"on,off" doc:"Show the device's option ROM in the guest's memory map: on (Proxmox's default) or off."`
 	MDev       string `yaml:"mdev" doc:"Mediated device type to create on the mapped device at start (one of the types Proxmox lists for the device); the mapping must be marked for mediated devices. Empty passes the device itself."`
+}
+
+// RoleVM is the hardware of each role's new VMs (proxmox.roleVM).
+type RoleVM struct {
+	ControlPlane VMShape `yaml:"controlplane" doc:"The control planes' VM hardware where it differs from proxmox.vm."`
+	Worker       VMShape `yaml:"worker" doc:"The workers' VM hardware where it differs from proxmox.vm."`
 }
 
 // Storage holds the storage settings.

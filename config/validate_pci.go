@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"strings"
@@ -73,17 +74,34 @@ func (v *validator) pciList(path string, devs []PCIDevice, machine string) {
 }
 
 // nodePCI checks a node's effective pci list: its own (checked as a list
-// here) or proxmox.vm's against the node's machine, and that a VM with
-// devices is pinned to a member when there are several: a device serves
-// the member it is in, and auto-placement does not read the mappings.
+// here), or an inherited one (proxmox.roleVM's or proxmox.vm's, checked
+// there against that level's machine) against a machine set on a
+// narrower level; and that a VM with devices is pinned to a member when
+// there are several: a device serves the member it is in, and
+// auto-placement does not read the mappings.
 func (v *validator) nodePCI(p string, n Node) {
 	eff := v.c.VMShapeOf(n)
-	if n.VM.PCI != nil {
+	pv := v.c.Proxmox
+	role, rolePath := pv.RoleVM.Worker, "proxmox.roleVM.worker"
+	if n.Role == RoleControlPlane {
+		role, rolePath = pv.RoleVM.ControlPlane, "proxmox.roleVM.controlplane"
+	}
+	// The machine the inherited list was checked with, and where it came from.
+	listMachine, from := pv.VM.Machine, "proxmox.vm.pci"
+	if role.PCI != nil {
+		listMachine, from = cmp.Or(role.Machine, pv.VM.Machine), rolePath+".pci"
+	}
+	machinePath := p + ".vm.machine"
+	if n.VM.Machine == "" {
+		machinePath = rolePath + ".machine"
+	}
+	switch {
+	case n.VM.PCI != nil:
 		v.pciList(p+".vm.pci", n.VM.PCI, eff.Machine)
-	} else if n.VM.Machine != "" && !IsQ35(eff.Machine) {
+	case eff.Machine != listMachine && !IsQ35(eff.Machine):
 		for _, d := range eff.PCI {
 			if d.PCIe == On {
-				v.errf(p+".vm.machine", "%s is not q35, but proxmox.vm.pci passes %s on PCIe (pcie: on), which Proxmox refuses there: keep q35, or give the node a pci list of its own", eff.Machine, d.Mapping)
+				v.errf(machinePath, "%s is not q35, but %s passes %s on PCIe (pcie: on), which Proxmox refuses there: keep q35, or give the node a pci list of its own", eff.Machine, from, d.Mapping)
 				break
 			}
 		}
