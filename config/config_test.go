@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -76,6 +77,17 @@ func TestExampleIsComplete(t *testing.T) {
 			ft := f.Type
 			if ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct {
 				items, _ := sub.([]any)
+				if len(items) == 0 && sub != nil {
+					// An empty list (pci: [], where an item would give
+					// every VM a device) must show its item in a comment.
+					for j := 0; j < ft.Elem().NumField(); j++ {
+						field := strings.Split(ft.Elem().Field(j).Tag.Get("yaml"), ",")[0]
+						if !regexp.MustCompile(`(?m)^\s*#.*\b` + field + `: `).Match(Example) {
+							missing = append(missing, path+name+"[0]."+field+" (in a comment)")
+						}
+					}
+					continue
+				}
 				if len(items) == 0 {
 					missing = append(missing, key+" ("+path+name+"[0])")
 					continue

@@ -150,6 +150,8 @@ type VMShape struct {
 	// proxmox.vm's whole list (VMShapeOf), it does not merge with it.
 	Disks []VMDisk `yaml:"disks" doc:"Extra disks besides the install disk (scsi0), e.g. for Longhorn, Rook or OpenEBS; a role's (roleVM) or node's non-empty list replaces the wider one's. Each gets a Proxmox serial derived from cluster, node and disk name, which a user volume selects it by."`
 	NICs  []VMNIC  `yaml:"nics" doc:"Extra network interfaces besides net0 (net1, net2, … in this order), e.g. a storage network; a role's (roleVM) or node's non-empty list replaces the wider one's."`
+	// PCI are host devices passed by resource mapping (validate_pci.go).
+	PCI []PCIDevice `yaml:"pci" doc:"Host PCI devices passed through to the VM (an iGPU for transcoding, a NIC, an HBA), each by a Proxmox resource mapping (Datacenter → Resource Mappings); raw host addresses are not offered (Proxmox lets only root@pam set them). A list replaces the one it would inherit; an empty list clears it. At most 16."`
 }
 
 // VMDisk is one extra disk of a VM.
@@ -168,6 +170,17 @@ type VMNIC struct {
 	MTU      int    `yaml:"mtu" doc:"MTU of the VirtIO NIC: 0 (default) leaves it to Proxmox, 1 takes the bridge's MTU, else 576-65520 (Proxmox refuses to start the VM when it exceeds the bridge's MTU)."`
 	Firewall bool   `yaml:"firewall" doc:"Put the interface behind the Proxmox firewall (firewall=1)."`
 	IP       string `yaml:"ip" doc:"Address of the interface through cloud-init: a static IPv4 address with prefix (10.0.30.21/24, only under nodes[].vm), dhcp, or empty for none. No gateway: the default route stays on net0."`
+}
+
+// PCIDevice is one host PCI device of a VM, by its Proxmox resource
+// mapping: qemu-server's hostpci<N> with mapping=<id> (qemu-server 9.2.6
+// and 8.4.10 src/PVE/QemuServer/PCI.pm $hostpci_fmt).
+type PCIDevice struct {
+	Mapping    string `yaml:"mapping" doc:"ID of the cluster-wide PCI resource mapping, e.g. igpu (letters, digits, '-' and '_', starting with a letter); it must have an entry for the member the VM runs on."`
+	PCIe       string `yaml:"pcie" enum:"on,off" doc:"Put the device on the PCI Express bus: on by default with a q35 machine (Proxmox refuses it on pc/i440fx), off otherwise."`
+	PrimaryGPU bool   `yaml:"primaryGPU" doc:"Make the device the VM's primary GPU (x-vga): the VM's emulated display is dropped, so the Proxmox console shows nothing. Not needed for transcoding; at most one per VM."`
+	ROMBar     string `yaml:"rombar" enum:"on,off" doc:"Show the device's option ROM in the guest's memory map: on (Proxmox's default) or off."`
+	MDev       string `yaml:"mdev" doc:"Mediated device type to create on the mapped device at start (one of the types Proxmox lists for the device); the mapping must be marked for mediated devices. Empty passes the device itself."`
 }
 
 // RoleVM is the hardware of each role's new VMs (proxmox.roleVM).

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -256,6 +257,7 @@ func (v *validator) nodes() {
 		}
 		names[n.Name] = p
 		v.vmShape(p+".vm", n.VM, true)
+		v.nodePCI(p, n)
 
 		switch n.Role {
 		case RoleControlPlane:
@@ -443,6 +445,9 @@ func (v *validator) proxmox() {
 	v.vmShape("proxmox.vm", p.VM, false)
 	v.vmShape("proxmox.roleVM.controlplane", p.RoleVM.ControlPlane, true)
 	v.vmShape("proxmox.roleVM.worker", p.RoleVM.Worker, true)
+	v.pciList("proxmox.vm.pci", p.VM.PCI, p.VM.Machine)
+	v.pciList("proxmox.roleVM.controlplane.pci", p.RoleVM.ControlPlane.PCI, cmp.Or(p.RoleVM.ControlPlane.Machine, p.VM.Machine))
+	v.pciList("proxmox.roleVM.worker.pci", p.RoleVM.Worker.PCI, cmp.Or(p.RoleVM.Worker.Machine, p.VM.Machine))
 	if p.ISO.URL != "" {
 		if u, err := url.Parse(p.ISO.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.errf("proxmox.iso.url", "%q is not an http(s) URL", p.ISO.URL)

@@ -186,6 +186,10 @@ func (c *Config) VMShapeOf(n Node) VMShape {
 			s.CPUFlags = over.CPUFlags
 		}
 		extrasOf(&s, over)
+		// pci likewise (pci: [] clears the wider level's devices).
+		if over.PCI != nil {
+			s.PCI = over.PCI
+		}
 	}
 	return s
 }

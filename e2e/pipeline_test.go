@@ -56,12 +56,17 @@ func TestPipeline(t *testing.T) {
 				setNodeVM(t, h, "wk-2", `{scsihw: virtio-scsi-single, ballooning: "on", rng: "on"}`)
 				withDataDiskAndStorageNIC(t, h)
 			}
+			checkPCI := func() {}
+			if tc.wks >= 1 {
+				checkPCI = passIGPU(t, h, "wk-1")
+			}
 
 			first := run(t, ctx, h, "run", "--stage", "all")
 			if first.ExitCode != 0 {
 				t.Fatalf("first run failed:\n%s", first.Tail(40))
 			}
 			checkVMHardware(t, h, "wk-2")
+			checkPCI()
 			if err := h.PostcheckGreen(); err != nil {
 				t.Fatalf("after the first run: %v\n%s", err, first.Tail(20))
 			}

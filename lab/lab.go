@@ -66,6 +66,12 @@ type Options struct {
 	// content type as well (an operator's setting on pve-storage 8.2.8 and
 	// later): where proxmox.boot auto or image keeps the Talos disk image.
 	ProxmoxImport bool
+	// ProxmoxPCI are the Proxmox cluster's PCI resource mappings (nil: the
+	// mapping "igpu" of every member's N100 iGPU, pvesim.IGPUMapping;
+	// empty: none). Every member has the iGPU (pvesim.N100IGPU), and the
+	// lab's token and user hold PVEMappingUser (Mapping.Use, Mapping.Audit)
+	// on each mapping, as README's PCI devices section grants it.
+	ProxmoxPCI []pvesim.PCIMapping
 	// ProxmoxBoot, when set, is written as proxmox.boot (auto, image, iso).
 	ProxmoxBoot string
 	// Profile is the latency model of the Proxmox host and Talos nodes:
@@ -319,11 +325,21 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 	privs = slices.DeleteFunc(privs, func(p string) bool { return slices.Contains(o.ProxmoxWithoutPrivileges, p) })
 	role := []pvesim.ACE{{Path: "/", Privileges: privs}}
+	pci := o.ProxmoxPCI
+	if pci == nil {
+		pci = []pvesim.PCIMapping{pvesim.IGPUMapping(pveMemberNames(o.ProxmoxHosts)...)}
+	}
+	for _, m := range pci {
+		// PVEMappingUser (pve-access-control 9.1.1 create_roles).
+		role = append(role, pvesim.ACE{Path: "/mapping/pci/" + m.ID, Privileges: []string{"Mapping.Use", "Mapping.Audit"}})
+	}
 	pveOpts := pvesim.Options{
-		Version: pveVersion.Full,
-		Users:   []pvesim.User{{ID: "bootstrap@pve", ACL: role}},
-		Tokens:  []pvesim.Token{{ID: "bootstrap@pve!homelab", Secret: randomSecret(), ACL: role}},
-		Profile: pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,
+		PCIMappings: pci,
+		Node:        pvesim.NodeSpec{PCIDevices: []pvesim.PCIDevice{pvesim.N100IGPU()}},
+		Version:     pveVersion.Full,
+		Users:       []pvesim.User{{ID: "bootstrap@pve", ACL: role}},
+		Tokens:      []pvesim.Token{{ID: "bootstrap@pve!homelab", Secret: randomSecret(), ACL: role}},
+		Profile:     pveProfile, TimeScale: o.TimeScale, Log: o.Log, Seed: o.Seed,
 		HTTP:       &http.Client{Transport: fetch},
 		GuestAgent: l.guestAgent,
 		OnStart:    []func(pvesim.VMEvent) error{l.bootNode},
@@ -346,7 +362,7 @@ func Start(ctx context.Context, o Options) (_ *Lab, err error) {
 	if o.ProxmoxHosts > 1 {
 		var members []pvesim.NodeSpec
 		for i := range o.ProxmoxHosts {
-			members = append(members, pvesim.NodeSpec{Name: fmt.Sprintf("pve%d", i+1)})
+			members = append(members, pvesim.NodeSpec{Name: fmt.Sprintf("pve%d", i+1), PCIDevices: []pvesim.PCIDevice{pvesim.N100IGPU()}})
 		}
 		l.PVEMembers, err = pvesim.NewCluster(pveOpts, members, nil)
 		if err == nil {
@@ -736,4 +752,16 @@ func fluxTarball(src fluxmanifests.Sources) ([]byte, error) {
 	}
 	fluxTarballs.built[key] = b
 	return b, nil
+}
+
+// pveMemberNames are the lab's Proxmox node names for hosts members.
+func pveMemberNames(hosts int) []string {
+	if hosts <= 1 {
+		return []string{"pve"}
+	}
+	var out []string
+	for i := range hosts {
+		out = append(out, fmt.Sprintf("pve%d", i+1))
+	}
+	return out
 }

@@ -402,6 +402,7 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	report("CPU flags", flagSet(strings.Join(s.CPUFlags, ";")), flagSet(cpu.opts["flags"]), "a VM keeps the CPU flags it was created with; change them in Proxmox (qm set <vmid> --cpu <type>,flags=…; they apply at the VM's next start) or replace the node")
 	reportHardware(s.Name, s.Hardware, cfg, report)
 	reportExtras(s, cfg, report)
+	reportPCI(s, cfg, report)
 	return drift, update, grow
 }
 

@@ -372,7 +372,7 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 				}
 			}
 			if miss := Missing(required, held); len(miss) > 0 {
-				return check.Failf("missing %s (README's \"The Proxmox API token\" sets up a role with every privilege this tool uses)", describeMissing(miss))
+				return check.Failf("missing %s (README's \"The Proxmox API token\" sets up a role with every privilege this tool uses%s)", describeMissing(miss), pciMissingHint(miss))
 			}
 			if miss := Missing(advisory, held); len(miss) > 0 {
 				return check.Warnf("the run has what it needs, but postcheck's guest-agent row cannot ping the agents without %s", describeMissing(miss))
@@ -398,6 +398,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 	}
 	if in.Boot.Want != "" {
 		checks = append(checks, f.gated(BootCheck, f.checkBoot))
+	}
+	if usesPCI(in.VMs) {
+		checks = append(checks, f.gated(PCICheck, f.checkPCI))
 	}
 	return append(checks, []check.Check{
 		f.gated("proxmox: tags", f.checkTags),

@@ -127,6 +127,7 @@ func RequiredPrivileges(node string, v Version, in PrecheckInput, plans map[int]
 		// src/PVE/API2/HA/Rules.pm.
 		needs = append(needs, allOf("keep the control planes on separate members (HA rule)", "/", "Sys.Audit", "Sys.Console"))
 	}
+	needs = append(needs, pciNeeds(in, plans)...)
 	for _, s := range in.VMs {
 		if !s.GuestAgent {
 			continue

@@ -151,7 +151,8 @@ func TestPrecheckAsksAtLeastTheSchemasCheck(t *testing.T) {
 	var uses []use
 	node := map[string]string{"node": "pve"}
 	for _, c := range []string{"GET /nodes/{node}/status", "GET /nodes/{node}/rrddata", "GET /nodes/{node}/apt/versions",
-		"GET /nodes/{node}/network", "GET /nodes/{node}/storage", "GET /nodes/{node}/tasks/{upid}/status", "POST /nodes/{node}/qemu"} {
+		"GET /nodes/{node}/network", "GET /nodes/{node}/storage", "GET /nodes/{node}/tasks/{upid}/status", "POST /nodes/{node}/qemu",
+		"GET /nodes/{node}/hardware/pci"} {
 		uses = append(uses, use{c, node})
 	}
 	for _, st := range []string{"disks", "isos"} {

@@ -104,6 +104,8 @@ type Hardware struct {
 	// Ballooning keeps Proxmox's balloon device (the create sends no
 	// balloon: 0); RNG adds a VirtIO RNG fed from the host's /dev/urandom.
 	Ballooning, RNG bool
+	// PCI are the host PCI devices passed by resource mapping (pci.go).
+	PCI []PCIDevice
 }
 
 // BIOSType is the VM's firmware: ovmf unless set.
@@ -287,6 +289,9 @@ func (s VMSpec) createParams() map[string]any {
 	}
 	if s.Hardware.RNG {
 		p["rng0"] = "source=/dev/urandom"
+	}
+	for k, v := range s.Hardware.hostpciParams() {
+		p[k] = v
 	}
 	if s.Image != "" {
 		delete(p, "ide2")

@@ -74,7 +74,16 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 // hardware is a node's proxmox.vm as the VM spec takes it.
 func hardware(s config.VMShape) proxmox.Hardware {
 	return proxmox.Hardware{BIOS: s.BIOS, Machine: s.Machine, SCSIHW: s.SCSIHW, Cache: s.Cache,
-		Ballooning: s.Ballooning == config.On, RNG: s.RNG == config.On}
+		Ballooning: s.Ballooning == config.On, RNG: s.RNG == config.On, PCI: pciDevices(s.PCI)}
+}
+
+// pciDevices are a node's pci devices as the VM spec takes them.
+func pciDevices(devs []config.PCIDevice) []proxmox.PCIDevice {
+	var out []proxmox.PCIDevice
+	for _, d := range devs {
+		out = append(out, proxmox.PCIDevice{Mapping: d.Mapping, PCIe: d.PCIe, PrimaryGPU: d.PrimaryGPU, ROMBar: d.ROMBar, MDev: d.MDev})
+	}
+	return out
 }
 
 // ISOSource is the Talos ISO: configured, or derived from the schematic;

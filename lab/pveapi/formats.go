@@ -249,6 +249,8 @@ func (v *validator) format(name string) *format {
 		return &format{props: qmBoot}
 	case "pve-qm-ipconfig":
 		return &format{props: qmIPConfig}
+	case "pve-qm-hostpci":
+		return &format{props: qmHostPCI(v.api.Common.QemuServer)}
 	case "pve-vm-cpu-conf":
 		props := cpuConf
 		if !v.api.Common.GuestPhysBits {
@@ -338,6 +340,36 @@ var qmIPConfig = map[string]*Schema{
 	"gw":  {Type: "string", Optional: true, FormatName: "ipv4", Requires: "ip"},
 	"ip6": withFormat(str(true), "pve-ipv6-config"),
 	"gw6": {Type: "string", Optional: true, FormatName: "ipv6", Requires: "ip6"},
+}
+
+// qmHostPCI is $hostpci_fmt (qemu-server src/PVE/QemuServer/PCI.pm,
+// 8.2.4 to 9.1.9): host (the default key, addresses of $PCIRE joined by
+// ;) or mapping (a pve-configid), and the device's options; driver from
+// qemu-server 9.0.25 (commit aa47045f).
+func qmHostPCI(qemuServer string) map[string]*Schema {
+	const pciRE = `(?:[a-f0-9]{4,}:)?[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?`
+	hexID := &Schema{Type: "string", Optional: true, Pattern: `^0x[0-9a-fA-F]{4}$`}
+	boolean := func() *Schema { return &Schema{Type: "boolean", Optional: true} }
+	m := map[string]*Schema{
+		"host":          {Type: "string", Optional: true, DefaultKey: true, Pattern: pciRE + `(;` + pciRE + `)*`},
+		"mapping":       withFormat(str(true), "pve-configid"),
+		"rombar":        boolean(),
+		"romfile":       {Type: "string", Optional: true, Pattern: `[^,;]+`},
+		"pcie":          boolean(),
+		"x-vga":         boolean(),
+		"legacy-igd":    boolean(),
+		"mdev":          {Type: "string", Optional: true, Pattern: `[^/\.:]+`},
+		"vendor-id":     hexID,
+		"device-id":     hexID,
+		"sub-vendor-id": hexID,
+		"sub-device-id": hexID,
+	}
+	var major, minor, patch int
+	fmt.Sscanf(qemuServer, "%d.%d.%d", &major, &minor, &patch)
+	if major > 9 || major == 9 && (minor > 0 || patch >= 25) {
+		m["driver"] = &Schema{Type: "string", Optional: true, Enum: []string{"vfio", "keep"}}
+	}
+	return m
 }
 
 func intRange(min, max float64) *Schema {

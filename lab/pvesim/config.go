@@ -162,7 +162,7 @@ func set(keys ...string) map[string]bool {
 // knownKey reports whether k is a VM config option.
 func knownKey(k string) bool {
 	switch {
-	case isDriveKey(k), netKeyRE.MatchString(k), ipcfgKeyRE.MatchString(k), unusedRE.MatchString(k), serialRE.MatchString(k):
+	case isDriveKey(k), netKeyRE.MatchString(k), ipcfgKeyRE.MatchString(k), unusedRE.MatchString(k), serialRE.MatchString(k), isHostPCIKey(k):
 		return true
 	case k == "name" || k == "memory" || k == "tags" || k == "lock" || k == "rng0":
 		return true
@@ -243,6 +243,11 @@ func validateOption(k, v string, major int) string {
 				return "invalid format - format error\nrng0." + key + ": property is not defined in schema and the schema does not allow additional properties"
 			}
 		}
+	case isHostPCIKey(k):
+		// 'driver' came with qemu-server 9.0.25 (commit aa47045f); the
+		// installed version is not known here, so only 9.x takes it.
+		_, msg := parseHostPCIValue(k, v, major >= 9)
+		return msg
 	case netKeyRE.MatchString(k):
 		n, err := parseNet(v)
 		if err != nil {

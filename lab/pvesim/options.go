@@ -59,6 +59,9 @@ type Options struct {
 	// Users can log in with a password (POST /access/ticket). A token's
 	// user, when listed here, bounds a privilege-separated token.
 	Users []User
+	// PCIMappings are the cluster's PCI resource mappings (pci.go), the
+	// same on every member; none by default.
+	PCIMappings []PCIMapping
 	// Guests hold VMIDs this node does not run (containers, VMs elsewhere).
 	Guests []GuestSpec
 	// Datacenter is the datacenter.cfg tag policy.
@@ -98,6 +101,9 @@ type NodeSpec struct {
 	// PageCacheBytes is RAM the kernel uses for its page cache (default
 	// 3 GiB, a warm host): MemAvailable counts it, MemFree does not.
 	PageCacheBytes int64
+	// PCIDevices are the host's PCI devices that GET hardware/pci lists
+	// and hostpci options pass (pci.go); none by default.
+	PCIDevices []PCIDevice
 	// ARCBytes is the ZFS ARC's size (default 0: no ZFS). Linux counts it
 	// as used, not in MemAvailable, so node status's 'used' includes it;
 	// PVE 9 reports it only in the node RRD (arcsize in rrddata).

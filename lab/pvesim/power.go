@@ -180,6 +180,10 @@ func (s *Server) startWork(ctx context.Context, t *task, v *vm, skiplock bool) e
 		s.mu.Unlock()
 		return fmt.Errorf("MAX %d vcpus allowed per VM on this node", s.node.CPUs)
 	}
+	if err := s.pciStartLocked(v); err != nil {
+		s.mu.Unlock()
+		return err
+	}
 	for _, k := range sortedKeys(v.conf) {
 		if !netKeyRE.MatchString(k) {
 			continue

@@ -23,7 +23,9 @@ type vm struct {
 	startedAt  time.Time
 	pid        int
 	reserved   int64
-	flock      chan struct{}
+	// pci are the host PCI devices the VM holds while not stopped (pci.go).
+	pci   []string
+	flock chan struct{}
 }
 
 func newVM(id int, conf map[string]string) *vm {
@@ -165,7 +167,7 @@ func configPerms(who *identity, id int, keys []string) *apiError {
 	for _, k := range keys {
 		var err *apiError
 		switch {
-		case isDriveKey(k) || unusedRE.MatchString(k) || serialRE.MatchString(k) || k == "cdrom":
+		case isDriveKey(k) || unusedRE.MatchString(k) || serialRE.MatchString(k) || isHostPCIKey(k) || k == "cdrom":
 			continue
 		case cpuOptions[k]:
 			err = who.check(path, "VM.Config.CPU")
@@ -374,6 +376,9 @@ func (s *Server) createVM(r *request) (any, *apiError) {
 		return nil, aerr
 	}
 	if aerr := rngPerm(r.who, cfg["rng0"]); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := hostpciPerms(r.who, id, cfg); aerr != nil {
 		return nil, aerr
 	}
 	if major >= 8 {
@@ -772,6 +777,9 @@ func (s *Server) updateConfig(ctx context.Context, r *request, idStr string, asy
 		return nil, aerr
 	}
 	if aerr := rngPerm(r.who, set["rng0"]); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := hostpciPerms(r.who, id, set); aerr != nil {
 		return nil, aerr
 	}
 	if major >= 8 {

@@ -622,6 +622,10 @@ func (s *Server) route(ctx context.Context, r *request) (any, *apiError) {
 		return s.haRuleDelete(r, seg[3])
 	case n == 1 && seg[0] == "nodes" && get:
 		return s.listNodes(), nil
+	case n == 3 && seg[0] == "cluster" && seg[1] == "mapping" && seg[2] == "pci" && get:
+		return s.mappingIndex(r)
+	case n == 4 && seg[0] == "cluster" && seg[1] == "mapping" && seg[2] == "pci" && get:
+		return s.mappingGet(r, seg[3])
 	case n == 2 && seg[0] == "storage" && get:
 		return s.storageConfig(r, seg[1])
 	}
@@ -666,6 +670,8 @@ func (s *Server) routeNode(ctx context.Context, r *request, rest []string) (any,
 			return s.aptVersions(r)
 		case m == 1 && rest[0] == "rrddata" && get:
 			return s.rrdData(r)
+		case m == 2 && rest[0] == "hardware" && rest[1] == "pci" && get:
+			return s.hardwarePCI(r)
 		case m == 1 && rest[0] == "network" && get:
 			return s.listNetwork(r), nil
 		case m == 1 && rest[0] == "storage" && get:
