@@ -61,6 +61,7 @@ func (c *Config) validate() error {
 	v.nodes()
 	v.nodeResources()
 	v.proxmox()
+	v.security()
 	v.storage()
 	v.cni()
 	v.flux()

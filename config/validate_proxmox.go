@@ -88,7 +88,7 @@ const (
 // (not single), write-through cache, ballooning disabled; the optional
 // VirtIO RNG left off.
 func BaselineVM() VMShape {
-	return VMShape{BIOS: "ovmf", Machine: "q35", SCSIHW: "virtio-scsi-pci", Cache: "writethrough", Ballooning: Off, RNG: Off}
+	return VMShape{BIOS: "ovmf", Machine: "q35", SCSIHW: "virtio-scsi-pci", Cache: "writethrough", Ballooning: Off, RNG: Off, SecureBoot: Off}
 }
 
 // machineRE is qemu-server's machine type pattern (the published API
@@ -115,6 +115,10 @@ func (v *validator) vmShape(path string, s VMShape, node bool) {
 	one("cache", s.Cache, "writethrough", "none", "writeback", "directsync", "unsafe")
 	one("ballooning", s.Ballooning, Off, On)
 	one("rng", s.RNG, Off, On)
+	one("secureBoot", s.SecureBoot, Off, On)
+	if s.TPM != "" { // empty: on with Secure Boot (VMShape.TPMOn)
+		one("tpm", s.TPM, Off, On)
+	}
 	if s.Machine != "" || !node {
 		if !machineRE.MatchString(s.Machine) {
 			v.errf(path+".machine", "%q is not an x86 machine type Proxmox knows: use q35, pc, or a versioned type such as pc-q35-9.2+pve1", s.Machine)
@@ -131,6 +135,7 @@ func (c *Config) VMShapeOf(n Node) VMShape {
 	}{
 		{&s.BIOS, n.VM.BIOS}, {&s.Machine, n.VM.Machine}, {&s.SCSIHW, n.VM.SCSIHW},
 		{&s.Cache, n.VM.Cache}, {&s.Ballooning, n.VM.Ballooning}, {&s.RNG, n.VM.RNG},
+		{&s.SecureBoot, n.VM.SecureBoot}, {&s.TPM, n.VM.TPM},
 	} {
 		if f.src != "" {
 			*f.dst = f.src

@@ -449,6 +449,7 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 		disks = append(disks, talossim.Disk{Bus: d.Bus, Size: uint64(d.SizeBytes)})
 	}
 	spec := talossim.NodeSpec{IP: ev.IPv4.Addr().String(), Hostname: ev.Name, Disks: disks, MAC: ev.MAC, VMID: ev.VMID, MemoryBytes: uint64(ev.MemoryMiB) << 20}
+	spec.Firmware = l.firmware(ev.Firmware)
 	// A first disk imported from the factory's disk image boots that
 	// image's Talos (the VM then has no ISO to boot).
 	if len(ev.Disks) > 0 && ev.Disks[0].ImportURL != "" {

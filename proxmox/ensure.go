@@ -391,6 +391,7 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	}
 	report("CPU type", s.CPUType(), cfg.CPU, "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node")
 	reportHardware(s.Hardware, cfg, report)
+	reportSecurity(s, cfg, report, refuse)
 	return drift, update, grow
 }
 

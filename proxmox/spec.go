@@ -87,6 +87,9 @@ type Hardware struct {
 	// Ballooning keeps Proxmox's balloon device (the create sends no
 	// balloon: 0); RNG adds a VirtIO RNG fed from the host's /dev/urandom.
 	Ballooning, RNG bool
+	// SecureBoot: the VM boots the Secure Boot ISO (ISOFile names it);
+	// TPM adds a TPM 2.0 state volume (see secureboot.go).
+	SecureBoot, TPM bool
 }
 
 // BIOSType is the VM's firmware: ovmf unless set.
@@ -269,6 +272,9 @@ func (s VMSpec) createParams() map[string]any {
 	}
 	if s.Hardware.RNG {
 		p["rng0"] = "source=/dev/urandom"
+	}
+	if s.Hardware.TPM {
+		p["tpmstate0"] = s.tpmstate0()
 	}
 	if s.Image != "" {
 		delete(p, "ide2")

@@ -464,6 +464,10 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 			MAC:     firstNonEmpty(rec.MAC, n.MAC),
 			DiskBus: rec.DiskBus,
 			Patches: resolveAll(cfg, c.Patches.Nodes[n.Name]),
+			// A Secure Boot node installs the Secure Boot installer, and
+			// encrypts its volumes where the config asks (secureboot.go).
+			InstallImage: secureBootInstaller(cfg, n),
+			EncryptTPM:   cfg.EncryptionOf(n) == config.EncryptionTPM,
 		}
 		opts.Nodes = append(opts.Nodes, node)
 	}
@@ -701,7 +705,7 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 		return err
 	}
 	health := upgradeHealth(env, targets)
-	return ops.RollOut(ctx, talos.RollOutOptions{Steps: steps, Image: image, Health: health, Mutate: env.Wet,
+	return ops.RollOut(ctx, talos.RollOutOptions{Steps: steps, Image: image, Images: secureBootInstallersFor(env.Config, want), Health: health, Mutate: env.Wet,
 		WorkerParallelism: env.Config.Cluster.UpgradeParallelism,
 		OnUpgraded: func(s talos.UpgradeStep) {
 			n := env.Node(s.Name)

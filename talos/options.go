@@ -69,6 +69,13 @@ type Node struct {
 	InstallDisk string
 	// Patches are this node's patch files, applied after the role patches.
 	Patches []string
+	// InstallImage, when set, is this node's installer instead of
+	// GenerateOptions.InstallImage (a Secure Boot node's Secure Boot
+	// installer).
+	InstallImage string
+	// EncryptTPM adds the VolumeConfig documents that encrypt STATE and
+	// EPHEMERAL with a TPM-sealed key (see secureboot.go).
+	EncryptTPM bool
 }
 
 // Network is the static addressing shared by all nodes.
