@@ -41,4 +41,3 @@ func (o GenerateOptions) installImageOf(n Node) string {
 func (o RollOutOptions) imageOf(name string) string {
 	return cmp.Or(o.Images[name], o.Image)
 }
-
