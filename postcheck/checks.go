@@ -164,6 +164,9 @@ type Options struct {
 	// verdicts (the Talos versions), for the report and its metrics. It is
 	// complete once the checks have run.
 	Observed *Observed
+	// Security is what the config asks of each node's boot and volumes,
+	// by node name; CheckSecurity runs when one asks for anything.
+	Security map[string]SecurityWant
 	// Talos and Proxmox are optional; a nil probe makes its checks warn.
 	Talos   TalosProbe
 	Proxmox VMProbe
@@ -188,7 +191,7 @@ func (o Options) now() time.Time {
 // another having passed.
 func Checks(o Options) []check.Check {
 	c := &checker{o: o}
-	return []check.Check{
+	return append([]check.Check{
 		{Name: CheckKubeconfig, Run: c.apiAnswers},
 		{Name: CheckNodesReady, Run: c.nodesReady},
 		{Name: CheckDefaultClass, Run: c.defaultClass},
@@ -205,7 +208,7 @@ func Checks(o Options) []check.Check {
 		{Name: CheckEtcdBackup, Run: c.etcdBackup},
 		{Name: CheckExtensions, Run: c.extensions},
 		{Name: CheckGuestAgent, Run: c.guestAgents},
-	}
+	}, securityCheck(o)...)
 }
 
 type checker struct {

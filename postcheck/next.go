@@ -31,6 +31,7 @@ var nextSteps = map[string]string{
 	CheckEtcdBackup:   "bootstrap backup takes one now and says why it cannot; ls ai/state/CLUSTER/etcd/ for the local ones, backup.s3 and backup.copyDir for the copies",
 	CheckExtensions:   "bootstrap run --stage talos upgrades the node to the schematic's installer",
 	CheckGuestAgent:   "qm agent VMID ping on the Proxmox host; the node's image must carry siderolabs/qemu-guest-agent (bootstrap run --stage talos)",
+	CheckSecurity:     "talosctl -n IP get securitystate and get volumestatus; Secure Boot or encryption cannot be switched under an installed node: bootstrap node replace NAME reinstalls it as the config says",
 	CheckRunWarnings:  "the night's run.log (in its archive) has each warning with the lines around it",
 	CheckArchive:      "df -h and ls -ld ai/state/CLUSTER/postcheck: free space, or make it a writable directory",
 }

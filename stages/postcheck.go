@@ -56,6 +56,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 		BackupDir: BackupDir(env), BackupMaxAge: cfg.Backup.MaxAge.D(), TakeBackup: env.postcheckBackup(ctx), NewestRemote: env.postcheckRemote(),
 		Hosts: cfg.Proxmox.Hosts,
 	}
+	opts.Security = securityWants(cfg)
 	im := cfg.Images()
 	opts.GuestAgent = im.GuestAgent
 	if im.InstallerDerived {

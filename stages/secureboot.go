@@ -5,7 +5,9 @@ import (
 	"slices"
 
 	"github.com/homelab/bootstrap/config"
+	"github.com/homelab/bootstrap/postcheck"
 	"github.com/homelab/bootstrap/proxmox"
+	"github.com/homelab/bootstrap/talos"
 )
 
 // secureBootInstaller is node n's own installer when it differs from the
@@ -56,4 +58,20 @@ func ensureSecureBootISO(ctx context.Context, env *Env, c *proxmox.Client, specs
 		},
 		fetch: (*proxmox.Client).FetchISO,
 	})
+}
+
+// securityWants is what the config asks of each node's boot and volumes,
+// for the postcheck's talos-security row.
+func securityWants(cfg *config.Config) map[string]postcheck.SecurityWant {
+	out := map[string]postcheck.SecurityWant{}
+	for _, n := range cfg.Nodes {
+		out[n.Name] = postcheck.SecurityWant{SecureBoot: cfg.VMShapeOf(n).SecureBootOn(), Encrypted: cfg.EncryptionOf(n) == config.EncryptionTPM}
+	}
+	return out
+}
+
+// Security asks every node for its Secure Boot state and the encryption
+// of its STATE and EPHEMERAL (postcheck.SecurityProbe).
+func (p talosProbe) Security(ctx context.Context) (map[string]talos.Security, error) {
+	return eachNode(p.env, func(ip string) (talos.Security, error) { return p.ops.Security(ctx, ip) })
 }
