@@ -51,9 +51,12 @@ func TestPipeline(t *testing.T) {
 			// tests take ECDSA: startHarness).
 			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, CNI: tc.cni, ServiceAccountKey: config.ServiceAccountKeyRSA})
 			nodes := tc.controlPlanes + tc.wks
+			checkSecureBoot := func(*e2e.Result) {}
 			if tc.wks >= 2 {
 				// One node's VM set apart from proxmox.vm (nodes[].vm).
 				setNodeVM(t, h, "wk-2", `{scsihw: virtio-scsi-single, ballooning: "on", rng: "on"}`)
+				// One control plane with Secure Boot, a TPM and encrypted volumes.
+				checkSecureBoot = secureBootNode(t, h, "cp-2")
 			}
 
 			first := run(t, ctx, h, "run", "--stage", "all")
@@ -61,6 +64,7 @@ func TestPipeline(t *testing.T) {
 				t.Fatalf("first run failed:\n%s", first.Tail(40))
 			}
 			checkVMHardware(t, h, "wk-2")
+			checkSecureBoot(first)
 			if err := h.PostcheckGreen(); err != nil {
 				t.Fatalf("after the first run: %v\n%s", err, first.Tail(20))
 			}
