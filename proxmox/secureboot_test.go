@@ -6,14 +6,27 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/homelab/bootstrap/lab/pveapi"
 	"github.com/homelab/bootstrap/lab/pvesim"
 )
 
 // A Secure Boot VM is created with a TPM 2.0 state volume of qemu-server's
 // fixed 4 MiB, which the guest does not see as a disk; the EFI disk keeps
 // no pre-enrolled keys (setup mode, for the Secure Boot ISO to enroll).
+// Each release's schema judges the create (pvesim's schema judge); PVE 8
+// stores the state raw (stable-bookworm), PVE 9 in the storage's format.
 func TestSecureBootVMGetsTPMState(t *testing.T) {
-	e := newEnv(t, pvesim.Options{})
+	for _, version := range []string{"8.2.10", "9.1.19"} {
+		t.Run(version, func(t *testing.T) { secureBootVMGetsTPMState(t, version) })
+	}
+}
+
+func secureBootVMGetsTPMState(t *testing.T, version string) {
+	pveapi.DirForTest(t)
+	e := newEnv(t, pvesim.Options{Version: version})
+	if api, _ := e.sim.Schema(); api == nil {
+		t.Fatal("no schema judges the calls")
+	}
 	ctx := ctxT(t)
 	s := spec(1)
 	s.Hardware = Hardware{SecureBoot: true, TPM: true}
