@@ -68,3 +68,12 @@ func TestSecureBootNodeConfig(t *testing.T) {
 		})
 	}
 }
+
+// A rollout upgrades each node with its own installer where it has one
+// (a Secure Boot node's), else with the cluster's.
+func TestRollOutImageOf(t *testing.T) {
+	o := RollOutOptions{Image: "plain:v2", Images: map[string]string{"cp-1": "secureboot:v2"}}
+	if o.imageOf("cp-1") != "secureboot:v2" || o.imageOf("wk-1") != "plain:v2" {
+		t.Errorf("imageOf: %s %s", o.imageOf("cp-1"), o.imageOf("wk-1"))
+	}
+}
