@@ -56,7 +56,7 @@ func TestPipeline(t *testing.T) {
 				// One node's VM set apart from proxmox.vm (nodes[].vm).
 				setNodeVM(t, h, "wk-2", `{scsihw: virtio-scsi-single, ballooning: "on", rng: "on"}`)
 				// One control plane with Secure Boot, a TPM and encrypted volumes.
-				checkSecureBoot = secureBootNode(t, h, "cp-2")
+				checkSecureBoot = secureBootNode(t, ctx, h, "cp-2")
 			}
 
 			first := run(t, ctx, h, "run", "--stage", "all")

@@ -1,7 +1,9 @@
 package e2e_test
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -16,8 +18,10 @@ import (
 // run after the first run: its VM has the TPM 2.0 state volume and an EFI
 // disk in setup mode, the Secure Boot ISO is on the ISO storage, the node
 // reports Secure Boot and luks2 volumes, and the postcheck's
-// talos-security row passes.
-func secureBootNode(t *testing.T, h *e2e.Harness, name string) func(*e2e.Result) {
+// talos-security row passes. Then the config asks Secure Boot of the
+// installed plain node wk-1: the talos stage refuses (exit 2) naming it
+// and bootstrap node replace, applying nothing; the config is put back.
+func secureBootNode(t *testing.T, ctx context.Context, h *e2e.Harness, name string) func(*e2e.Result) {
 	t.Helper()
 	if err := h.EditConfig(func(s string) (string, error) {
 		re := regexp.MustCompile(`(?m)^(  - \{name: ` + regexp.QuoteMeta(name) + `, .*)\}$`)
@@ -78,6 +82,36 @@ func secureBootNode(t *testing.T, h *e2e.Harness, name string) func(*e2e.Result)
 		}
 		if f := strings.Fields(row); len(f) < 2 || f[1] != "PASS" {
 			t.Errorf("postcheck talos-security row: %q\n%s", row, first.Stdout)
+		}
+
+		before, err := os.ReadFile(h.ConfigPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		applies := 0
+		for _, n := range h.Lab.Talos.Nodes() {
+			applies += n.Counters().Applies
+		}
+		setNodeVM(t, h, "wk-1", `{secureBoot: "on"}`)
+		switched := run(t, ctx, h, "run", "--stage", "talos")
+		if switched.ExitCode != 2 || !strings.Contains(switched.Stderr+switched.Stdout, "wk-1 runs without Secure Boot") ||
+			!strings.Contains(switched.Stderr+switched.Stdout, "bootstrap node replace wk-1") {
+			t.Errorf("switching Secure Boot on under installed wk-1: exit %d\n%s", switched.ExitCode, switched.Tail(20))
+		}
+		after := 0
+		for _, n := range h.Lab.Talos.Nodes() {
+			after += n.Counters().Applies
+		}
+		if after != applies {
+			t.Errorf("the refused run applied %d configs", after-applies)
+		}
+		if err := h.EditConfig(func(string) (string, error) { return string(before), nil }); err != nil {
+			t.Fatal(err)
+		}
+		// The refusal left the stage failed in the state: the config put
+		// back, the stage runs through again, changing nothing.
+		if back := run(t, ctx, h, "run", "--stage", "talos"); back.ExitCode != 0 {
+			t.Fatalf("the talos stage with the config put back: exit %d\n%s", back.ExitCode, back.Tail(20))
 		}
 	}
 }

@@ -2,7 +2,9 @@ package stages
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/homelab/bootstrap/config"
 	"github.com/homelab/bootstrap/postcheck"
@@ -74,4 +76,63 @@ func securityWants(cfg *config.Config) map[string]postcheck.SecurityWant {
 // of its STATE and EPHEMERAL (postcheck.SecurityProbe).
 func (p talosProbe) Security(ctx context.Context) (map[string]talos.Security, error) {
 	return eachNode(p.env, func(ip string) (talos.Security, error) { return p.ops.Security(ctx, ip) })
+}
+
+// refuseSecurityDrift stops the talos stage, before anything is written
+// or applied, when an installed node the config asks to boot with Secure
+// Boot, or to encrypt, does not: neither can change under an installed
+// Talos (the Talos docs, secureboot.mdx: no move from a GRUB install to
+// UKI/Secure Boot, "a fresh installation is required"; a formatted volume
+// is never encrypted later, HandleEncryptionWithHandler fails "block dev
+// type mismatch", internal/app/machined/pkg/controllers/block/internal/
+// volumes/encrypt.go at v1.13.3), and applying the config would leave the
+// node with an installer or volume config it cannot take. It reads, with
+// the talosconfig kept from an earlier run (none: nothing is installed),
+// only the nodes that ask and answer configured; one that turned either
+// off is not caught here (the postcheck shows what each node runs).
+func refuseSecurityDrift(ctx context.Context, env *Env) error {
+	wants := securityWants(env.Config)
+	var asked []config.Node
+	for _, n := range env.Config.Nodes {
+		if w := wants[n.Name]; w.SecureBoot || w.Encrypted {
+			asked = append(asked, n)
+		}
+	}
+	if len(asked) == 0 {
+		return nil
+	}
+	ops, err := savedTalosOps(env)
+	if err != nil {
+		return nil // no cluster yet, or its talosconfig unreadable: the converge says so
+	}
+	var bad, names []string
+	for _, n := range asked {
+		if p, err := ops.Probe(ctx, n.IP); err != nil || p.Mode != talos.ModeConfigured {
+			continue
+		}
+		s, err := ops.Security(ctx, n.IP)
+		if err != nil {
+			return fmt.Errorf("reading %s's Secure Boot and volume encryption: %w", n.Name, err)
+		}
+		before := len(bad)
+		w := wants[n.Name]
+		if w.SecureBoot && !s.SecureBoot {
+			bad = append(bad, fmt.Sprintf("%s runs without Secure Boot, which the config asks for", n.Name))
+		}
+		if w.Encrypted {
+			for _, v := range []string{"STATE", "EPHEMERAL"} {
+				if s.Volumes[v] == "none" {
+					bad = append(bad, fmt.Sprintf("%s's %s is not encrypted, which the config asks for", n.Name, v))
+				}
+			}
+		}
+		if len(bad) > before {
+			names = append(names, n.Name)
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return config.Userf("%s: neither can be switched under an installed Talos; reinstall with bootstrap node replace %s (one at a time), or set the node's vm.secureBoot and encryption back to what it runs; nothing was changed",
+		strings.Join(bad, "; "), strings.Join(names, ", then "))
 }

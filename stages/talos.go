@@ -71,6 +71,11 @@ func runTalos(ctx context.Context, env *Env) (crossed bool, err error) {
 	if err := refuseEtcdJoin(ctx, env, booting); err != nil {
 		return false, err
 	}
+	// Secure Boot or encryption asked of an installed node that has
+	// neither: refused before its config is written (secureboot.go).
+	if err := refuseSecurityDrift(ctx, env); err != nil {
+		return false, err
+	}
 	gen, err := talosGenerateOptions(env)
 	if err != nil {
 		return false, err
