@@ -80,10 +80,12 @@ func (c *Config) SecureBootNodes() []Node {
 //     to false in pkg/machinery/config/types/block/encryption.go, does
 //     not make the seal work).
 //
-// VolumeConfig with encryption for STATE and EPHEMERAL exists in every
-// Talos version configs are generated for (v1.12.0's
+// VolumeConfig with encryption for STATE and EPHEMERAL came with Talos
+// v1.12.0 (siderolabs/talos 5f442159b "feat: unify disk encryption
+// configuration", first tagged v1.12.0-alpha.0; v1.12.0's
 // pkg/machinery/config/types/block/volume_config.go allows both names and
-// has the encryption field), so no version floor applies.
+// has the encryption field): the oldest version configs are generated for
+// (talosVersions refuses older ones), so no further floor applies.
 func (v *validator) security() {
 	c := v.c
 	switch c.Cluster.Encryption {
