@@ -209,6 +209,9 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		if err := ensureFiles(ctx, env, c, hosts, isoFile(cfg)); err != nil {
 			return err
 		}
+		if err := ensureSecureBootISO(ctx, env, c, specs); err != nil {
+			return err
+		}
 	}
 	if boot.Mode == proxmox.BootImage {
 		for i := range plans {
