@@ -102,10 +102,18 @@ func (v *validator) security() {
 			continue
 		}
 		s := c.VMShapeOf(n)
-		// Name the field the user set: the node's, else proxmox.vm's.
+		// Name the field the user set: the node's, else its role's
+		// (proxmox.roleVM), else proxmox.vm's.
+		role, roleName := c.Proxmox.RoleVM.Worker, "worker"
+		if n.Role == RoleControlPlane {
+			role, roleName = c.Proxmox.RoleVM.ControlPlane, "controlplane"
+		}
 		where := func(nodeVal, field string) string {
-			if nodeVal != "" {
+			switch {
+			case nodeVal != "":
 				return p + ".vm." + field
+			case field == "secureBoot" && role.SecureBoot != "":
+				return "proxmox.roleVM." + roleName + "." + field
 			}
 			return "proxmox.vm." + field
 		}
@@ -138,7 +146,7 @@ func (v *validator) security() {
 			missing = append(missing, "Secure Boot (vm.secureBoot on: Talos seals the key with the PCR signing key only the Secure Boot image carries)")
 		}
 		if len(missing) > 0 {
-			v.errf(field, "node %s: encryption tpm needs %s: turn %s on in nodes[%d].vm or proxmox.vm, or set encryption none", n.Name, strings.Join(missing, " and "), map[bool]string{true: "it", false: "them"}[len(missing) == 1], i)
+			v.errf(field, "node %s: encryption tpm needs %s: turn %s on in nodes[%d].vm, proxmox.roleVM or proxmox.vm, or set encryption none", n.Name, strings.Join(missing, " and "), map[bool]string{true: "it", false: "them"}[len(missing) == 1], i)
 		}
 	}
 }

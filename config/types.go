@@ -104,7 +104,8 @@ type Proxmox struct {
 	Bridge          string   `yaml:"bridge" doc:"Bridge for the VMs' network, e.g. vmbr0."`
 	VLAN            int      `yaml:"vlan" doc:"VLAN tag for the VMs (0 = untagged); the bridge must be VLAN-aware."`
 	CPU             string   `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type of new VMs: host (default) passes the host's CPU through, fastest, but a live migration to a member with another CPU can stop the guest; x86-64-v2-AES (Proxmox's own default) or another generic x86-64 level migrates between any members that have it. A VM that exists keeps its type: the run reports the difference."`
-	VM              VMShape  `yaml:"vm" doc:"The hardware of new VMs; each field may be set again per node (nodes[].vm). The defaults are Talos' Proxmox guide's baseline VM."`
+	VM              VMShape  `yaml:"vm" doc:"The hardware of new VMs; each field may be set again per role (roleVM) and per node (nodes[].vm). The defaults are Talos' Proxmox guide's baseline VM."`
+	RoleVM          RoleVM   `yaml:"roleVM" doc:"The hardware of one role's new VMs where it differs from vm (an empty field takes vm's); a node's own vm wins over its role's."`
 	ISO             ISO      `yaml:"iso" doc:"The Talos nocloud ISO."`
 	Boot            string   `yaml:"boot" enum:"auto,image,iso" doc:"How new VMs get Talos: image imports the Image Factory's nocloud disk image of cluster.schematic as each VM's disk (Proxmox VE 8.4+, a storage with the 'import' content type; no install, no reboot), iso boots the nocloud ISO and installs to disk; auto (default) takes the image where the host allows it, else the ISO, and the precheck says which and why."`
 	Parallelism     int      `yaml:"parallelism" doc:"How many VMs to create/start at once."`
@@ -152,6 +153,15 @@ type VMShape struct {
 	// TPM 2.0 the volume encryption seals its key with.
 	SecureBoot string `yaml:"secureBoot" enum:"off,on" doc:"Secure Boot: off (default) or on: the VM boots the Image Factory's Secure Boot ISO of cluster.schematic, which enrolls Sidero Labs' keys into the EFI disk (created without pre-enrolled keys, in setup mode), and installs with the Secure Boot installer; needs bios ovmf and the ISO (never proxmox.boot image). Switching it on an installed node needs a reinstall (bootstrap node replace)."`
 	TPM        string `yaml:"tpm" enum:"off,on" doc:"A virtual TPM 2.0 (tpmstate0, 4 MiB on proxmox.diskStorage): default on with secureBoot on, else off. Needed by encryption tpm."`
+	CPU        string `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type where it differs from proxmox.cpu (which it overrides, in proxmox.vm too)."`
+	// CPUFlags are the VM-specific flags Proxmox lets a token set.
+	CPUFlags []string `yaml:"cpuFlags" doc:"CPU flags to enable (+flag) or disable (-flag), from the set Proxmox allows per VM: aes, amd-no-ssb, amd-ssbd, hv-evmcs, hv-tlbflush, ibpb, md-clear, pcid, pdpe1gb, spec-ctrl, ssbd, virt-ssbd, and nested-virt from Proxmox VE 9.1; e.g. [+aes, +pdpe1gb]."`
+}
+
+// RoleVM is the hardware of each role's new VMs (proxmox.roleVM).
+type RoleVM struct {
+	ControlPlane VMShape `yaml:"controlplane" doc:"The control planes' VM hardware where it differs from proxmox.vm."`
+	Worker       VMShape `yaml:"worker" doc:"The workers' VM hardware where it differs from proxmox.vm."`
 }
 
 // Storage holds the storage settings.

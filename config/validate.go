@@ -441,6 +441,8 @@ func (v *validator) proxmox() {
 	v.boot(p)
 	v.cpu(p.CPU)
 	v.vmShape("proxmox.vm", p.VM, false)
+	v.vmShape("proxmox.roleVM.controlplane", p.RoleVM.ControlPlane, true)
+	v.vmShape("proxmox.roleVM.worker", p.RoleVM.Worker, true)
 	if p.ISO.URL != "" {
 		if u, err := url.Parse(p.ISO.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			v.errf("proxmox.iso.url", "%q is not an http(s) URL", p.ISO.URL)

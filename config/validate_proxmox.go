@@ -1,7 +1,10 @@
 package config
 
 import (
+	"cmp"
+	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -81,6 +84,33 @@ const (
 	Off = "off"
 )
 
+// cpuFlags are the CPU flags Proxmox lets a VM's own config set (qemu-server
+// 9.2.6 src/PVE/QemuServer/CPUFlags.pm $supported_vm_specific_cpu_flags_by_arch;
+// the same twelve at 8.4.10 src/PVE/QemuServer/CPUConfig.pm
+// @supported_cpu_flags): validate_vm_cpu_conf refuses any other
+// ("VM-specific CPU flags must be a subset of"). nested-virt came with
+// qemu-server 9.0.27 (commit 9e319737), first shipped in Proxmox VE 9.1:
+// the precheck refuses it on an older host.
+var cpuFlags = []string{"aes", "amd-no-ssb", "amd-ssbd", "hv-evmcs", "hv-tlbflush", "ibpb", "md-clear", "nested-virt", "pcid", "pdpe1gb", "spec-ctrl", "ssbd", "virt-ssbd"}
+
+// cpuFlags checks a cpuFlags list: each +flag or -flag from the set
+// Proxmox allows per VM, each flag once.
+func (v *validator) cpuFlags(path string, flags []string) {
+	seen := map[string]bool{}
+	for i, f := range flags {
+		name := strings.TrimLeft(f, "+-")
+		switch {
+		case len(f) < 2 || (f[0] != '+' && f[0] != '-') || len(name) != len(f)-1:
+			v.errf(fmt.Sprintf("%s[%d]", path, i), "%q must be +flag to enable or -flag to disable, e.g. +aes", f)
+		case !slices.Contains(cpuFlags, name):
+			v.errf(fmt.Sprintf("%s[%d]", path, i), "%q is not a flag Proxmox lets a VM set: use one of %s", name, strings.Join(cpuFlags, ", "))
+		case seen[name]:
+			v.errf(fmt.Sprintf("%s[%d]", path, i), "%s is given twice: keep one", name)
+		}
+		seen[name] = true
+	}
+}
+
 // BaselineVM is proxmox.vm's default: the baseline VM of Talos' Proxmox
 // guide (the Talos docs at v1.13 and v1.14,
 // public/talos/v1.14/platform-specific-installations/virtualized-platforms/proxmox.mdx,
@@ -119,6 +149,10 @@ func (v *validator) vmShape(path string, s VMShape, node bool) {
 	if s.TPM != "" { // empty: on with Secure Boot (VMShape.TPMOn)
 		one("tpm", s.TPM, Off, On)
 	}
+	if s.CPU != "" {
+		one("cpu", s.CPU, cpuTypes...)
+	}
+	v.cpuFlags(path+".cpuFlags", s.CPUFlags)
 	if s.Machine != "" || !node {
 		if !machineRE.MatchString(s.Machine) {
 			v.errf(path+".machine", "%q is not an x86 machine type Proxmox knows: use q35, pc, or a versioned type such as pc-q35-9.2+pve1", s.Machine)
@@ -126,19 +160,33 @@ func (v *validator) vmShape(path string, s VMShape, node bool) {
 	}
 }
 
-// VMShapeOf is node n's VM hardware: proxmox.vm with the fields n.VM sets.
+// VMShapeOf is node n's VM hardware: proxmox.vm, then the fields its
+// role's proxmox.roleVM sets, then the fields n.VM sets; the CPU type is
+// proxmox.cpu unless one of those sets it.
 func (c *Config) VMShapeOf(n Node) VMShape {
 	s := c.Proxmox.VM
-	for _, f := range []struct {
-		dst *string
-		src string
-	}{
-		{&s.BIOS, n.VM.BIOS}, {&s.Machine, n.VM.Machine}, {&s.SCSIHW, n.VM.SCSIHW},
-		{&s.Cache, n.VM.Cache}, {&s.Ballooning, n.VM.Ballooning}, {&s.RNG, n.VM.RNG},
-		{&s.SecureBoot, n.VM.SecureBoot}, {&s.TPM, n.VM.TPM},
-	} {
-		if f.src != "" {
-			*f.dst = f.src
+	s.CPU = cmp.Or(s.CPU, c.Proxmox.CPU)
+	role := c.Proxmox.RoleVM.Worker
+	if n.Role == RoleControlPlane {
+		role = c.Proxmox.RoleVM.ControlPlane
+	}
+	for _, over := range []VMShape{role, n.VM} {
+		for _, f := range []struct {
+			dst *string
+			src string
+		}{
+			{&s.BIOS, over.BIOS}, {&s.Machine, over.Machine}, {&s.SCSIHW, over.SCSIHW},
+			{&s.Cache, over.Cache}, {&s.Ballooning, over.Ballooning}, {&s.RNG, over.RNG},
+			{&s.CPU, over.CPU}, {&s.SecureBoot, over.SecureBoot}, {&s.TPM, over.TPM},
+		} {
+			if f.src != "" {
+				*f.dst = f.src
+			}
+		}
+		// A list set on a narrower level replaces the wider one's: the
+		// user writes a node's flags whole, as Proxmox's cpu option holds them.
+		if over.CPUFlags != nil {
+			s.CPUFlags = over.CPUFlags
 		}
 	}
 	return s

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -389,10 +390,25 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	if cfg.CDROM != "" && cfg.CDROM != "none" {
 		report("ISO", s.ISOStorage+":iso/"+s.ISOFile, cfg.CDROM, "only used until Talos is installed")
 	}
-	report("CPU type", s.CPUType(), cfg.CPU, "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node")
-	reportHardware(s.Hardware, cfg, report)
+	// cpu is a property string ([cputype=]<type>,flags=+a;-b); without
+	// one the type is kvm64 (qemu-server 9.2.6 CPUConfig.pm $cpu_fmt).
+	cpu := parseDriveString(cfg.CPU)
+	report("CPU type", s.CPUType(), cmp.Or(cpu.file, cpu.opts["cputype"], "kvm64"), "a VM keeps the CPU type it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node (bootstrap node replace "+s.Name+")")
+	report("CPU flags", flagSet(strings.Join(s.CPUFlags, ";")), flagSet(cpu.opts["flags"]), "a VM keeps the CPU flags it was created with; change them in Proxmox (qm set <vmid> --cpu <type>,flags=…; they apply at the VM's next start) or replace the node")
+	reportHardware(s.Name, s.Hardware, cfg, report)
 	reportSecurity(s, cfg, report, refuse)
 	return drift, update, grow
+}
+
+// flagSet is a cpu option's flags in one order, so that the same flags
+// given in another order are no difference.
+func flagSet(flags string) string {
+	if flags == "" {
+		return ""
+	}
+	fs := strings.Split(flags, ";")
+	slices.Sort(fs)
+	return strings.Join(fs, ";")
 }
 
 // reportHardware reports where an existing VM's hardware differs from
@@ -401,13 +417,14 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 // are Proxmox's defaults where the config leaves a key out (qemu-server's
 // schema: bios seabios, machine pc, scsihw lsi; no balloon key keeps the
 // balloon device).
-func reportHardware(hw Hardware, cfg *VMConfig, report func(field, want, have, why string)) {
-	const keep = "a VM keeps the hardware it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node (bootstrap node replace)"
+func reportHardware(name string, hw Hardware, cfg *VMConfig, report func(field, want, have, why string)) {
+	replace := "bootstrap node replace " + name
+	keep := "a VM keeps the hardware it was created with; change it in Proxmox (it applies at the VM's next start) or replace the node (" + replace + ")"
 	e := cfg.Effective
 	// Talos picks its bootloader by the firmware it was installed under
 	// (systemd-boot under UEFI, GRUB otherwise: bootloader.go NewAuto at
 	// v1.13.3); whether it boots after a switch is unverified.
-	report("firmware", hw.BIOSType(), cmp.Or(e["bios"], "seabios"), "Talos installed the bootloader of the firmware it booted with: replace the node (bootstrap node replace) rather than switch the firmware under it")
+	report("firmware", hw.BIOSType(), cmp.Or(e["bios"], "seabios"), "Talos installed the bootloader of the firmware it booted with: replace the node ("+replace+") rather than switch the firmware under it")
 	// machine is a property string from PVE 8 on ([type=]<type>,viommu=…).
 	m := parseDriveString(cmp.Or(e["machine"], "pc"))
 	machine := cmp.Or(m.file, m.opts["type"])

@@ -267,7 +267,7 @@ func TestCPUModelsCompared(t *testing.T) {
 	in := precheckInput(3)
 	in.Hosts = []string{"pve1", "pve2", "pve3"}
 	expect(t, runPrechecks(t, c, in), CPUModelsCheck, check.Warn,
-		"Intel(R) N100 on pve1, pve3; AMD Ryzen 7 5800U on pve2", "set proxmox.cpu to a generic type such as x86-64-v2-AES")
+		"Intel(R) N100 on pve1, pve3; AMD Ryzen 7 5800U on pve2", "to a generic type such as x86-64-v2-AES", "node-1, node-2, node-3 get cpu type host")
 	// proxmox.cpu x86-64-v2-AES: the row passes and new VMs get that type;
 	// an adopted VM of another type is reported, not changed.
 	for i := range in.VMs {

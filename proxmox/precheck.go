@@ -390,6 +390,9 @@ func Prechecks(c *Client, in PrecheckInput) []check.Check {
 	if len(in.Hosts) > 1 {
 		checks = append(checks, f.gated(CPUModelsCheck, f.checkCPUModels))
 	}
+	if wantsNestedVirt(in.VMs) {
+		checks = append(checks, f.gated(CPUFlagsCheck, f.checkCPUFlags))
+	}
 	if in.HA {
 		checks = append(checks, f.gated("proxmox: HA", f.checkHA))
 	}
@@ -579,12 +582,16 @@ const CPUModelsCheck = "proxmox: CPU models"
 // 9.2.6) has no guard of its own. Such a migration is the user's, or HA's
 // when a member goes into maintenance.
 func (f *facts) checkCPUModels(ctx context.Context) (check.Status, string) {
-	cpu := "host"
-	if len(f.in.VMs) > 0 {
-		cpu = f.in.VMs[0].CPUType()
+	var hostVMs []string
+	types := map[string]bool{}
+	for _, s := range f.in.VMs {
+		types[s.CPUType()] = true
+		if s.CPUType() == "host" {
+			hostVMs = append(hostVMs, s.Name)
+		}
 	}
-	if cpu != "host" {
-		return check.Passf("new VMs get cpu type %s (proxmox.cpu), which migrates between members whose CPUs have that level", cpu)
+	if len(hostVMs) == 0 {
+		return check.Passf("new VMs get cpu type %s (proxmox.cpu, vm.cpu), which migrates between members whose CPUs have that level", strings.Join(sortedKeys(types), ", "))
 	}
 	models := map[string][]string{}
 	var order []string
@@ -606,7 +613,7 @@ func (f *facts) checkCPUModels(ctx context.Context) (check.Status, string) {
 	for _, m := range order {
 		parts = append(parts, fmt.Sprintf("%s on %s", m, strings.Join(models[m], ", ")))
 	}
-	return check.Warnf("the members' CPUs differ (%s): the VMs get cpu type host, and a live migration between different CPUs (yours, or HA's when a member goes into maintenance) can stop the guest; set proxmox.cpu to a generic type such as x86-64-v2-AES, which migrates between them (Proxmox's 'CPU Type' documentation)", strings.Join(parts, "; "))
+	return check.Warnf("the members' CPUs differ (%s): %s get cpu type host, and a live migration between different CPUs (yours, or HA's when a member goes into maintenance) can stop the guest; set proxmox.cpu (or vm.cpu) to a generic type such as x86-64-v2-AES, which migrates between them (Proxmox's 'CPU Type' documentation)", strings.Join(parts, "; "), strings.Join(hostVMs, ", "))
 }
 
 func (f *facts) storage(ctx context.Context, name string) (Storage, bool, error) {

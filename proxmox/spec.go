@@ -29,6 +29,9 @@ type VMSpec struct {
 	MemoryMiB int
 	// CPU is the VM's CPU type (proxmox.cpu; "" is host).
 	CPU string
+	// CPUFlags are "+flag"/"-flag" entries of the cpu option's flags
+	// (the VM-specific ones qemu-server allows; config validates them).
+	CPUFlags []string
 	// Hardware is the firmware, machine, controller, cache, ballooning
 	// and RNG of a new VM (proxmox.vm); its zero value is Talos' baseline.
 	Hardware Hardware
@@ -72,6 +75,16 @@ func (s VMSpec) CPUType() string {
 		return "host"
 	}
 	return s.CPU
+}
+
+// cpuOption is the create's cpu property: the type, and the flags when
+// any (qemu-server's pve-vm-cpu-conf format: [cputype=]<type>,flags=<+f;-g>,
+// 9.2.6 src/PVE/QemuServer/CPUConfig.pm).
+func (s VMSpec) cpuOption() string {
+	if len(s.CPUFlags) == 0 {
+		return s.CPUType()
+	}
+	return s.CPUType() + ",flags=" + strings.Join(s.CPUFlags, ";")
 }
 
 // Hardware is a VM's firmware, machine type, SCSI controller, install
@@ -236,7 +249,7 @@ func (s VMSpec) createParams() map[string]any {
 		"name":       s.Name,
 		"cores":      s.Cores,
 		"sockets":    1,
-		"cpu":        s.CPUType(),
+		"cpu":        s.cpuOption(),
 		"memory":     s.MemoryMiB,
 		"scsihw":     s.Hardware.Controller(),
 		"bios":       s.Hardware.BIOSType(),

@@ -59,10 +59,11 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 		if err != nil {
 			return nil, config.Userf("node %s: ip %q: %v", n.Name, n.IP, err)
 		}
+		shape := cfg.VMShapeOf(n)
 		specs = append(specs, proxmox.VMSpec{
 			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID, Node: host(n),
-			Cores: n.Cores, MemoryMiB: n.MemoryMiB, CPU: p.CPU, Hardware: hardware(cfg.VMShapeOf(n)), DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
-			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFileOf(cfg.VMShapeOf(n).SecureBootOn()), GuestAgent: im.GuestAgent,
+			Cores: n.Cores, MemoryMiB: n.MemoryMiB, CPU: shape.CPU, CPUFlags: shape.CPUFlags, Hardware: hardware(shape), DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
+			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFileOf(shape.SecureBootOn()), GuestAgent: im.GuestAgent,
 			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
 		})
 	}

@@ -355,6 +355,9 @@ func (s *Server) createVM(r *request) (any, *apiError) {
 	if errs := validateConfig(cfg, major); len(errs) > 0 {
 		return nil, paramErr(errs)
 	}
+	if errs := s.cpuErrs(cfg); len(errs) > 0 {
+		return nil, paramErr(errs)
+	}
 	if st := r.param("storage"); st != "" {
 		if aerr := r.who.check("/storage/"+st, "Datastore.AllocateSpace"); aerr != nil {
 			return nil, aerr
@@ -763,6 +766,9 @@ func (s *Server) updateConfig(ctx context.Context, r *request, idStr string, asy
 	}
 	major := s.major()
 	if errs := validateConfig(set, major); len(errs) > 0 {
+		return nil, paramErr(errs)
+	}
+	if errs := s.cpuErrs(set); len(errs) > 0 {
 		return nil, paramErr(errs)
 	}
 	if r.param("skiplock") == "1" && !r.who.root {
