@@ -34,6 +34,11 @@ type Images struct {
 	// the VMs get agent: 1. It follows the installer, not the ISO: the ISO
 	// runs only until the install, the installer for the VM's life.
 	GuestAgent bool
+	// SecureBootISOURL, SecureBootISOFile and SecureBootInstaller are the
+	// schematic's Secure Boot ISO and installer for cluster.talosVersion,
+	// which Secure Boot nodes boot and install (see ISOFileOf,
+	// InstallImageOf).
+	SecureBootISOURL, SecureBootISOFile, SecureBootInstaller string
 }
 
 // Schematic is the declared schematic: the extensions sorted and without
@@ -68,6 +73,7 @@ func (c *Config) Images() Images {
 	if out.InstallImage == "" {
 		out.InstallImage, out.InstallerDerived = derived.Installer(), true
 	}
+	out.SecureBootISOURL, out.SecureBootISOFile, out.SecureBootInstaller = derived.SecureBootISOURL(), derived.SecureBootISOFile(), derived.SecureBootInstaller()
 	out.GuestAgent = slices.Contains(s.Extensions(), factory.GuestAgent) && out.installerFromFactory()
 	return out
 }

@@ -52,6 +52,8 @@ type Cluster struct {
 	// UpgradeParallelism speeds up large worker pools; control planes are
 	// upgraded one at a time whatever it says (etcd keeps its quorum).
 	UpgradeParallelism int `yaml:"upgradeParallelism" doc:"How many workers a Talos upgrade moves at once (control planes: always one)."`
+	// Encryption is every node's default for nodes[].encryption.
+	Encryption string `yaml:"encryption" enum:"none,tpm" doc:"Talos encryption of every node's STATE and EPHEMERAL volumes: none (default) or tpm (LUKS2 with the key sealed by the VM's TPM, bound to Secure Boot: every node then needs vm.secureBoot on); nodes[].encryption overrides it per node."`
 	// Timeouts bound the talos stage's waits; slow hardware raises them.
 	Timeouts TalosTimeouts `yaml:"timeouts" doc:"Bounds on the talos stage's waits (raise them for slow disks or networks)."`
 }
@@ -130,6 +132,9 @@ type Node struct {
 	MAC       string  `yaml:"mac" doc:"Optional MAC; empty derives a stable locally administered one from cluster+node."`
 	Host      string  `yaml:"host" doc:"Optional Proxmox member to create this VM on (one of proxmox.hosts, or proxmox.node); empty places it automatically."`
 	VM        VMShape `yaml:"vm" doc:"This node's VM hardware where it differs from proxmox.vm (an empty field takes proxmox.vm's)."`
+	// Encryption is Talos' side, not the VM's: the VolumeConfig documents
+	// of the node's machine config (see secureboot.go).
+	Encryption string `yaml:"encryption" enum:"none,tpm" doc:"Talos encryption of this node's STATE and EPHEMERAL volumes where it differs from cluster.encryption: none, or tpm (LUKS2, the key sealed by the VM's TPM; needs vm.secureBoot on and vm.tpm on). Set before the node is installed: Talos does not encrypt a volume that exists."`
 }
 
 // VMShape is the hardware of a new VM: Talos' Proxmox guide's baseline
@@ -143,6 +148,11 @@ type VMShape struct {
 	Cache      string `yaml:"cache" enum:"writethrough,none,writeback,directsync,unsafe" doc:"Cache mode of the install disk: writethrough (default, Talos' guide), none (the guide's choice for clustered storage), or another of Proxmox's modes."`
 	Ballooning string `yaml:"ballooning" enum:"off,on" doc:"Memory ballooning device: off (default; Talos does not support memory hotplug and would not see all of its memory) or on."`
 	RNG        string `yaml:"rng" enum:"off,on" doc:"A VirtIO RNG fed from the host's /dev/urandom: off (default) or on (Talos' guide: optional, better entropy)."`
+	// SecureBoot and TPM are the firmware side of Talos' Trusted Boot
+	// (see secureboot.go): the Secure Boot ISO and installer, and a
+	// TPM 2.0 the volume encryption seals its key with.
+	SecureBoot string `yaml:"secureBoot" enum:"off,on" doc:"Secure Boot: off (default) or on: the VM boots the Image Factory's Secure Boot ISO of cluster.schematic, which enrolls Sidero Labs' keys into the EFI disk (created without pre-enrolled keys, in setup mode), and installs with the Secure Boot installer; needs bios ovmf and the ISO (never proxmox.boot image). Switching it on an installed node needs a reinstall (bootstrap node replace)."`
+	TPM        string `yaml:"tpm" enum:"off,on" doc:"A virtual TPM 2.0 (tpmstate0, 4 MiB on proxmox.diskStorage): default on with secureBoot on, else off. Needed by encryption tpm."`
 	CPU        string `yaml:"cpu" enum:"host,x86-64-v2,x86-64-v2-AES,x86-64-v3,x86-64-v4" doc:"CPU type where it differs from proxmox.cpu (which it overrides, in proxmox.vm too)."`
 	// CPUFlags are the VM-specific flags Proxmox lets a token set.
 	CPUFlags []string `yaml:"cpuFlags" doc:"CPU flags to enable (+flag) or disable (-flag), from the set Proxmox allows per VM: aes, amd-no-ssb, amd-ssbd, hv-evmcs, hv-tlbflush, ibpb, md-clear, pcid, pdpe1gb, spec-ctrl, ssbd, virt-ssbd, and nested-virt from Proxmox VE 9.1; e.g. [+aes, +pdpe1gb]."`

@@ -63,6 +63,7 @@ func (c *Config) validate() error {
 	v.nodeResources()
 	v.nodeExtras()
 	v.proxmox()
+	v.security()
 	v.storage()
 	v.cni()
 	v.flux()

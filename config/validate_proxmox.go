@@ -118,7 +118,7 @@ func (v *validator) cpuFlags(path string, flags []string) {
 // (not single), write-through cache, ballooning disabled; the optional
 // VirtIO RNG left off.
 func BaselineVM() VMShape {
-	return VMShape{BIOS: "ovmf", Machine: "q35", SCSIHW: "virtio-scsi-pci", Cache: "writethrough", Ballooning: Off, RNG: Off}
+	return VMShape{BIOS: "ovmf", Machine: "q35", SCSIHW: "virtio-scsi-pci", Cache: "writethrough", Ballooning: Off, RNG: Off, SecureBoot: Off}
 }
 
 // machineRE is qemu-server's machine type pattern (the published API
@@ -145,6 +145,10 @@ func (v *validator) vmShape(path string, s VMShape, node bool) {
 	one("cache", s.Cache, "writethrough", "none", "writeback", "directsync", "unsafe")
 	one("ballooning", s.Ballooning, Off, On)
 	one("rng", s.RNG, Off, On)
+	one("secureBoot", s.SecureBoot, Off, On)
+	if s.TPM != "" { // empty: on with Secure Boot (VMShape.TPMOn)
+		one("tpm", s.TPM, Off, On)
+	}
 	if s.CPU != "" {
 		one("cpu", s.CPU, cpuTypes...)
 	}
@@ -174,7 +178,7 @@ func (c *Config) VMShapeOf(n Node) VMShape {
 		}{
 			{&s.BIOS, over.BIOS}, {&s.Machine, over.Machine}, {&s.SCSIHW, over.SCSIHW},
 			{&s.Cache, over.Cache}, {&s.Ballooning, over.Ballooning}, {&s.RNG, over.RNG},
-			{&s.CPU, over.CPU},
+			{&s.CPU, over.CPU}, {&s.SecureBoot, over.SecureBoot}, {&s.TPM, over.TPM},
 		} {
 			if f.src != "" {
 				*f.dst = f.src

@@ -51,10 +51,13 @@ func TestPipeline(t *testing.T) {
 			// tests take ECDSA: startHarness).
 			h := startHarness(t, e2e.Options{ControlPlanes: tc.controlPlanes, Workers: tc.wks, VIP: tc.vip, CNI: tc.cni, ServiceAccountKey: config.ServiceAccountKeyRSA})
 			nodes := tc.controlPlanes + tc.wks
+			checkSecureBoot := func(*e2e.Result) {}
 			if tc.wks >= 2 {
 				// One node's VM set apart from proxmox.vm (nodes[].vm).
 				setNodeVM(t, h, "wk-2", `{scsihw: virtio-scsi-single, ballooning: "on", rng: "on"}`)
 				withDataDiskAndStorageNIC(t, h)
+				// One control plane with Secure Boot, a TPM and encrypted volumes.
+				checkSecureBoot = secureBootNode(t, ctx, h, "cp-2")
 			}
 			checkPCI := func() {}
 			if tc.wks >= 1 {
@@ -67,6 +70,7 @@ func TestPipeline(t *testing.T) {
 			}
 			checkVMHardware(t, h, "wk-2")
 			checkPCI()
+			checkSecureBoot(first)
 			if err := h.PostcheckGreen(); err != nil {
 				t.Fatalf("after the first run: %v\n%s", err, first.Tail(20))
 			}
@@ -271,13 +275,19 @@ func TestBringYourOwnCNI(t *testing.T) {
 }
 
 // setNodeVM gives the lab config's node name the nodes[].vm value vm (a
-// YAML flow mapping).
+// YAML flow mapping); a node that has a vm already gets vm's fields added
+// to it, so that several tests' hardware can meet on one node.
 func setNodeVM(t *testing.T, h *e2e.Harness, name, vm string) {
 	t.Helper()
 	if err := h.EditConfig(func(s string) (string, error) {
 		re := regexp.MustCompile(`(?m)^(  - \{name: ` + regexp.QuoteMeta(name) + `, .*)\}$`)
-		if !re.MatchString(s) {
+		line := re.FindString(s)
+		if line == "" {
 			return "", fmt.Errorf("no node %s in the lab config:\n%s", name, s)
+		}
+		if strings.Contains(line, ", vm: {") && strings.HasSuffix(line, "}}") {
+			fields := strings.TrimSuffix(strings.TrimPrefix(vm, "{"), "}")
+			return strings.Replace(s, line, strings.TrimSuffix(line, "}}")+", "+fields+"}}", 1), nil
 		}
 		return re.ReplaceAllString(s, "${1}, vm: "+vm+"}"), nil
 	}); err != nil {

@@ -478,6 +478,7 @@ func (l *Lab) bootNode(ev pvesim.VMEvent) error {
 			spec.Addresses = append(spec.Addresses, talossim.Address{Link: "eth" + strings.TrimPrefix(nic.Key, "net"), Prefix: nic.IPv4})
 		}
 	}
+	spec.Firmware = l.firmware(ev.Firmware)
 	// A first disk imported from the factory's disk image boots that
 	// image's Talos (the VM then has no ISO to boot).
 	if len(ev.Disks) > 0 && ev.Disks[0].ImportURL != "" {

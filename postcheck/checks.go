@@ -164,6 +164,9 @@ type Options struct {
 	// verdicts (the Talos versions), for the report and its metrics. It is
 	// complete once the checks have run.
 	Observed *Observed
+	// Security is what the config asks of each node's boot and volumes,
+	// by node name; CheckSecurity runs when one asks for anything.
+	Security map[string]SecurityWant
 	// Talos and Proxmox are optional; a nil probe makes its checks warn.
 	Talos   TalosProbe
 	Proxmox VMProbe
@@ -213,7 +216,7 @@ func Checks(o Options) []check.Check {
 	if len(o.UserVolumes) > 0 {
 		checks = append(checks, check.Check{Name: CheckUserVolumes, Run: c.userVolumes})
 	}
-	return checks
+	return append(checks, securityCheck(o)...)
 }
 
 type checker struct {

@@ -32,6 +32,7 @@ var nextSteps = map[string]string{
 	CheckExtensions:   "bootstrap run --stage talos upgrades the node to the schematic's installer",
 	CheckGuestAgent:   "qm agent VMID ping on the Proxmox host; the node's image must carry siderolabs/qemu-guest-agent (bootstrap run --stage talos)",
 	CheckUserVolumes:  "talosctl -n IP get volumestatus u-NAME shows the phase and error, talosctl -n IP get disks the disks with their serials; a VM without the disk: qm config VMID, and the qm set command bootstrap run --stage provision prints",
+	CheckSecurity:     "talosctl -n IP get securitystate and get volumestatus; Secure Boot or encryption cannot be switched under an installed node: bootstrap node replace NAME reinstalls it as the config says",
 	CheckRunWarnings:  "the night's run.log (in its archive) has each warning with the lines around it",
 	CheckArchive:      "df -h and ls -ld ai/state/CLUSTER/postcheck: free space, or make it a writable directory",
 }

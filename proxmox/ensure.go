@@ -403,6 +403,7 @@ func diff(s VMSpec, cfg *VMConfig) ([]Drift, map[string]string, int64) {
 	reportHardware(s.Name, s.Hardware, cfg, report)
 	reportExtras(s, cfg, report)
 	reportPCI(s, cfg, report)
+	reportSecurity(s, cfg, report, refuse)
 	return drift, update, grow
 }
 

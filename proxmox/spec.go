@@ -106,6 +106,9 @@ type Hardware struct {
 	Ballooning, RNG bool
 	// PCI are the host PCI devices passed by resource mapping (pci.go).
 	PCI []PCIDevice
+	// SecureBoot: the VM boots the Secure Boot ISO (ISOFile names it);
+	// TPM adds a TPM 2.0 state volume (see secureboot.go).
+	SecureBoot, TPM bool
 }
 
 // BIOSType is the VM's firmware: ovmf unless set.
@@ -292,6 +295,9 @@ func (s VMSpec) createParams() map[string]any {
 	}
 	for k, v := range s.Hardware.hostpciParams() {
 		p[k] = v
+	}
+	if s.Hardware.TPM {
+		p["tpmstate0"] = s.tpmstate0()
 	}
 	if s.Image != "" {
 		delete(p, "ide2")

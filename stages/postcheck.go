@@ -65,6 +65,7 @@ func (PostcheckStage) Run(ctx context.Context, env *Env) error {
 			opts.UserVolumes[n.Name] = vols
 		}
 	}
+	opts.Security = securityWants(cfg)
 	im := cfg.Images()
 	opts.GuestAgent = im.GuestAgent
 	if im.InstallerDerived {

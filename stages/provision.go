@@ -63,7 +63,7 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 		specs = append(specs, proxmox.VMSpec{
 			Cluster: cfg.Cluster.Name, Name: n.Name, Role: n.Role, VMID: n.VMID, Node: host(n),
 			Cores: n.Cores, MemoryMiB: n.MemoryMiB, CPU: shape.CPU, CPUFlags: shape.CPUFlags, Hardware: hardware(shape), DiskStorage: p.DiskStorage, DiskGiB: n.DiskGiB, DiskBus: "scsi",
-			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFile, GuestAgent: im.GuestAgent,
+			Bridge: p.Bridge, VLAN: p.VLAN, MAC: n.MAC, ISOStorage: p.ISOStorage, ISOFile: im.ISOFileOf(shape.SecureBootOn()), GuestAgent: im.GuestAgent,
 			IPv4: netip.PrefixFrom(ip, pfx.Bits()), Gateway: gw, Nameservers: cfg.Cluster.Network.Nameservers,
 			Disks: extraDisks(cfg, n), NICs: extraNICs(cfg, n),
 		})
@@ -74,7 +74,8 @@ func VMSpecs(cfg *config.Config) ([]proxmox.VMSpec, error) {
 // hardware is a node's proxmox.vm as the VM spec takes it.
 func hardware(s config.VMShape) proxmox.Hardware {
 	return proxmox.Hardware{BIOS: s.BIOS, Machine: s.Machine, SCSIHW: s.SCSIHW, Cache: s.Cache,
-		Ballooning: s.Ballooning == config.On, RNG: s.RNG == config.On, PCI: pciDevices(s.PCI)}
+		Ballooning: s.Ballooning == config.On, RNG: s.RNG == config.On, PCI: pciDevices(s.PCI),
+		SecureBoot: s.SecureBootOn(), TPM: s.TPMOn()}
 }
 
 // pciDevices are a node's pci devices as the VM spec takes them.
@@ -197,7 +198,10 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		if boot, refusal, fileErr = chooseBoot(ctx, env, c, creating); fileErr != nil || refusal != nil {
 			return
 		}
-		fileErr = ensureBootFile(ctx, env, c, hosts, creating, boot)
+		if fileErr = ensureBootFile(ctx, env, c, hosts, creating, boot); fileErr != nil {
+			return
+		}
+		fileErr = ensureSecureBootISO(ctx, env, c, specs)
 	})
 	plans, planErrs := c.PlanVMs(ctx, specs, vms)
 	files.Wait()
@@ -216,9 +220,15 @@ func (ProvisionStage) Run(ctx context.Context, env *Env) error {
 		if err := ensureFiles(ctx, env, c, hosts, isoFile(cfg)); err != nil {
 			return err
 		}
+		if err := ensureSecureBootISO(ctx, env, c, specs); err != nil {
+			return err
+		}
 	}
 	if boot.Mode == proxmox.BootImage {
 		for i := range plans {
+			if plans[i].Spec.Hardware.SecureBoot {
+				continue // the Secure Boot ISO enrolls the keys (secureboot.go)
+			}
 			plans[i].Spec.Image = proxmox.ImportVolID(boot.Image.Storage, boot.Image.Filename)
 		}
 	}

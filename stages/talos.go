@@ -71,6 +71,11 @@ func runTalos(ctx context.Context, env *Env) (crossed bool, err error) {
 	if err := refuseEtcdJoin(ctx, env, booting); err != nil {
 		return false, err
 	}
+	// Secure Boot or encryption asked of an installed node that has
+	// neither: refused before its config is written (secureboot.go).
+	if err := refuseSecurityDrift(ctx, env); err != nil {
+		return false, err
+	}
 	gen, err := talosGenerateOptions(env)
 	if err != nil {
 		return false, err
@@ -465,6 +470,10 @@ func talosGenerateOptions(env *Env) (talos.GenerateOptions, error) {
 			DiskBus:     rec.DiskBus,
 			Patches:     resolveAll(cfg, c.Patches.Nodes[n.Name]),
 			UserVolumes: userVolumes(cfg, n),
+			// A Secure Boot node installs the Secure Boot installer, and
+			// encrypts its volumes where the config asks (secureboot.go).
+			InstallImage: secureBootInstaller(cfg, n),
+			EncryptTPM:   cfg.EncryptionOf(n) == config.EncryptionTPM,
 		}
 		opts.Nodes = append(opts.Nodes, node)
 	}
@@ -702,7 +711,7 @@ func upgradeTalos(ctx context.Context, env *Env, ops *talos.Ops, targets []talos
 		return err
 	}
 	health := upgradeHealth(env, targets)
-	return ops.RollOut(ctx, talos.RollOutOptions{Steps: steps, Image: image, Health: health, Mutate: env.Wet,
+	return ops.RollOut(ctx, talos.RollOutOptions{Steps: steps, Image: image, Images: secureBootInstallersFor(env.Config, want), Health: health, Mutate: env.Wet,
 		WorkerParallelism: env.Config.Cluster.UpgradeParallelism,
 		OnUpgraded: func(s talos.UpgradeStep) {
 			n := env.Node(s.Name)

@@ -669,7 +669,7 @@ func nodePatch(contract *config.VersionContract, opts GenerateOptions, n Node) (
 
 	var docs []configdoc.Document
 	if contract.UnattendedInstallConfig() {
-		install, err := unattendedInstall(disk, opts.InstallImage)
+		install, err := unattendedInstall(disk, opts.installImageOf(n))
 		if err != nil {
 			return namedPatch{}, nil, "", err
 		}
@@ -677,7 +677,7 @@ func nodePatch(contract *config.VersionContract, opts GenerateOptions, n Node) (
 	} else {
 		docs = append(docs, &v1alpha1.Config{
 			MachineConfig: &v1alpha1.MachineConfig{
-				MachineInstall: &v1alpha1.InstallConfig{InstallDisk: disk, InstallImage: opts.InstallImage}, //nolint:staticcheck // the form before v1.14
+				MachineInstall: &v1alpha1.InstallConfig{InstallDisk: disk, InstallImage: opts.installImageOf(n)}, //nolint:staticcheck // the form before v1.14
 			},
 		})
 	}
@@ -728,6 +728,9 @@ func nodePatch(contract *config.VersionContract, opts GenerateOptions, n Node) (
 		return namedPatch{}, nil, "", err
 	}
 	docs = append(docs, volumes...)
+	if n.EncryptTPM {
+		docs = append(docs, tpmEncryptedVolumes()...)
+	}
 
 	c, err := container.New(docs...)
 	if err != nil {

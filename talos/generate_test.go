@@ -123,6 +123,9 @@ func TestGoldenConfigs(t *testing.T) {
 		{"3cp-2w-vip-v1.12", atVersion(haCluster, "v1.12.6")},
 		{"1cp-v1.14", atVersion(oneCP, "v1.14.1")},
 		{"3cp-2w-vip-v1.14", atVersion(haCluster, "v1.14.1")},
+		{"1cp-secureboot-v1.12", atVersion(secureBootCP, "v1.12.6")},
+		{"1cp-secureboot", secureBootCP},
+		{"1cp-secureboot-v1.14", atVersion(secureBootCP, "v1.14.1")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := clusterDir(t, "secrets.yaml")

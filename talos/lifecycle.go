@@ -163,7 +163,7 @@ func (e *InstallerFailedError) Error() string {
 // and uncordon it. It returns errNoLifecycle, having changed nothing, when
 // the node does not serve the LifecycleService.
 func (o *Ops) lifecycleUpgrade(ctx context.Context, opts RollOutOptions, s UpgradeStep) error {
-	pinned, err := o.PullInstaller(ctx, s.Target, opts.Image)
+	pinned, err := o.PullInstaller(ctx, s.Target, opts.imageOf(s.Name))
 	if err != nil {
 		return err
 	}

@@ -72,6 +72,13 @@ type Node struct {
 	// UserVolumes are the node's extra disks Talos makes user volumes
 	// (uservolumes.go).
 	UserVolumes []UserVolume
+	// InstallImage, when set, is this node's installer instead of
+	// GenerateOptions.InstallImage (a Secure Boot node's Secure Boot
+	// installer).
+	InstallImage string
+	// EncryptTPM adds the VolumeConfig documents that encrypt STATE and
+	// EPHEMERAL with a TPM-sealed key (see secureboot.go).
+	EncryptTPM bool
 }
 
 // Network is the static addressing shared by all nodes.

@@ -525,7 +525,7 @@ func (o *Ops) legacyUpgrade(ctx context.Context, opts RollOutOptions, s UpgradeS
 	if err != nil {
 		return err
 	}
-	actorID, err := o.Upgrade(ctx, s.Target, opts.Image)
+	actorID, err := o.Upgrade(ctx, s.Target, opts.imageOf(s.Name))
 	if err != nil {
 		return err
 	}
@@ -558,6 +558,9 @@ type RollOutOptions struct {
 	Steps []UpgradeStep
 	// Image is the installer image of the target version.
 	Image string
+	// Images are installers of the target version for the nodes, by name,
+	// that take another than Image (Secure Boot nodes).
+	Images map[string]string
 	// Health is checked before the first step (an unhealthy cluster is not
 	// upgraded) and after every node.
 	Health HealthInput

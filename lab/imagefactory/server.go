@@ -54,7 +54,10 @@ type Options struct {
 	// Enterprise serves <image>.sha256 as an Enterprise factory does; the
 	// community build answers 402.
 	Enterprise bool
-	Log        zerolog.Logger
+	// NoSecureBoot is a factory without Secure Boot signing keys: its
+	// Secure Boot assets fail to build (see secureboot.go).
+	NoSecureBoot bool
+	Log          zerolog.Logger
 }
 
 // DefaultExtensions are the lab's official extensions: the N100 example's
@@ -309,6 +312,10 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request, id, version, file
 		http.Error(w, err.Error(), code)
 		return
 	}
+	if err := s.secureBootAsset(file); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	if (path.Ext(file) != ".iso" && path.Ext(file) != ".qcow2") || !strings.Contains(file, "-") {
 		// The lab builds ISOs and qcow2 disk images only.
 		http.Error(w, "error parsing profile from path: unsupported in the lab: "+file, http.StatusBadRequest)
@@ -421,6 +428,11 @@ func (s *Server) Installer(image string) ([]Extension, bool, error) {
 	s.mu.Lock()
 	s.counts.InstallerPulls++
 	s.mu.Unlock()
+	if strings.HasSuffix(ref.Name, "-secureboot") {
+		if err := s.secureBootAsset(ref.Name); err != nil {
+			return nil, true, fmt.Errorf("pulling %s: %w", image, err)
+		}
+	}
 	out, err := s.builtExtensions(ref.ID, ref.Version)
 	if err != nil {
 		return nil, true, fmt.Errorf("pulling %s: %w", image, err)

@@ -303,6 +303,12 @@ func vidsHold(vids string, tag int) bool {
 // eventLocked describes v as its guest would see it; s.mu must be held.
 func (s *Server) eventLocked(v *vm) VMEvent {
 	ev := VMEvent{Node: s.node.Name, VMID: v.id, Name: v.conf["name"], Tags: splitTags(v.conf["tags"]), MemoryMiB: memoryMiB(v.conf), At: time.Now()}
+	ev.Firmware = firmwareOf(v.conf)
+	if ev.Firmware.CDROM != "" {
+		if _, vol := s.volumeLocked(ev.Firmware.CDROM); vol != nil {
+			ev.Firmware.CDROMURL = vol.url
+		}
+	}
 	if ipc := v.conf["ipconfig0"]; ipc != "" {
 		if p, gw, err := parseIPConfig(ipc); err == nil {
 			ev.IPv4, ev.Gateway = p, gw

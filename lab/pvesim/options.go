@@ -265,8 +265,23 @@ type VMEvent struct {
 	Isolated bool
 	// NICs are the VM's network interfaces besides net0, in key order.
 	NICs []NIC
+	// Firmware is what the VM's firmware holds for the guest (Secure Boot
+	// keys, TPM) and the ISO in its drive (see tpm.go).
+	Firmware Firmware
 	// At is when the event happened.
 	At time.Time
+}
+
+// Firmware is a VM's UEFI and TPM setup as its config gives them.
+type Firmware struct {
+	// UEFI: bios ovmf. EFIDisk: it has an efidisk0; PreEnrolledKeys:
+	// created with pre-enrolled-keys=1 (Microsoft's keys, not in setup mode).
+	UEFI, EFIDisk, PreEnrolledKeys bool
+	// TPM is the tpmstate0 version ("v2.0", "v1.2"); "" without one.
+	TPM string
+	// CDROM is the ISO volume in ide2 ("" for none), and CDROMURL where
+	// it was downloaded from ("" when not downloaded).
+	CDROM, CDROMURL string
 }
 
 // Disk is one VM disk (CD-ROMs and the cloud-init drive are left out).

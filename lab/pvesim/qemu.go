@@ -529,6 +529,15 @@ func (s *Server) createDisksLocked(id int, cfg map[string]string) (vols []string
 			d.file = volid
 			d.del("format")
 			d.set("size", formatSize(size))
+		case k == "tpmstate0" && newDiskRE.MatchString(d.file):
+			volid, size, err := s.allocTPMStateLocked(id, d)
+			if err != nil {
+				return vols, imported, err
+			}
+			vols = append(vols, volid)
+			d.file = volid
+			d.del("format")
+			d.set("size", formatSize(size))
 		case d.file == "none" || d.file == "cdrom":
 			d.del("size")
 		case d.isCloudInit():

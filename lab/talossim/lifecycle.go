@@ -203,7 +203,7 @@ func (l lifecycleService) Upgrade(req *machine.LifecycleServiceUpgradeRequest, s
 		return exit(1)
 	}
 	sys := n.sim.installedSystem(n.ip)
-	sys.version, sys.extensions = img.version, img.exts
+	sys.version, sys.extensions, sys.secureBoot = img.version, img.exts, secureBootImage(name)
 	n.sim.persist(n.ip, sys)
 	n.counters.Upgrades++
 	n.mu.Unlock()

@@ -476,6 +476,15 @@ func (n *Node) bootLocked(installed installedSystem) {
 	n.etcdLeft, n.sequenceStopped = false, false
 	n.rebootPending, n.applying = false, false
 	n.fromImage, n.bootBlocked = installed.fromImage, ""
+	if why := n.firmwareRefusalLocked(installed); why != "" {
+		// The firmware stops before Talos: no API, ever, this boot.
+		n.log.Warn().Msg("talossim: " + why)
+		n.wantUp = false
+		n.setPhaseLocked(PhaseBooting)
+		n.setStageLocked(runtime.MachineStageBooting)
+		return
+	}
+	n.publishSecurityStateLocked(installed)
 	if installed.fromImage {
 		n.imageSys = installed.clone()
 		publishSystemDisk(n.cosi, devPathFor(n.spec.Disks, 0))
@@ -518,6 +527,16 @@ func (n *Node) bootLocked(installed installedSystem) {
 			n.serveLocked()
 			return
 		}
+	}
+	if failed := n.publishVolumesLocked(installed); failed != "" {
+		// No STATE, no boot sequence past it (see secureboot.go).
+		n.bootBlocked = failed
+		n.log.Warn().Msg("talossim: " + failed)
+		n.setPhaseLocked(PhaseBooting)
+		n.setStageLocked(runtime.MachineStageBooting)
+		n.wantUp = true
+		n.serveLocked()
+		return
 	}
 	n.etcdJoinDeadline = n.bootedAt.Add(n.sim.scaled(n.sim.opts.Profile.EtcdJoinTimeout))
 	n.setPhaseLocked(PhaseRunning)
@@ -706,7 +725,7 @@ func (n *Node) installLocked(cfg []byte, parsed config.Provider) {
 			return
 		}
 		n.counters.Installs++
-		n.sim.persist(n.ip, installedSystem{config: cfg, version: installerVersion(image, n.version), extensions: exts})
+		n.sim.persist(n.ip, installedSystem{config: cfg, version: installerVersion(image, n.version), extensions: exts, secureBoot: secureBootImage(image), keysEnrolled: n.sim.keysEnrolled(n.ip)})
 		n.rebootLocked()
 	})
 }

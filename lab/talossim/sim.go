@@ -258,6 +258,9 @@ type NodeSpec struct {
 	// Addresses are the static addresses of the VM's extra NICs (its
 	// cloud-init ipconfig1…), published as AddressStatus resources.
 	Addresses []Address
+	// Firmware is the VM's UEFI, Secure Boot keys and TPM, and whether
+	// its ISO is the Secure Boot one (see secureboot.go).
+	Firmware Firmware
 }
 
 // BootNode starts a node at spec.IP, as a VM that was just powered on. A
@@ -374,11 +377,17 @@ type installedSystem struct {
 	// imageBytes is that image's size, the space its partitions take at
 	// the start of the disk (by the Talos version it was built for).
 	imageBytes uint64
+	// secureBoot: the installer was a Secure Boot one, so the disk boots
+	// a signed UKI (see secureboot.go).
+	secureBoot bool
+	// keysEnrolled: the VM's EFI vars hold the keys the Secure Boot ISO
+	// enrolled (they stay through installs and upgrades).
+	keysEnrolled bool
 }
 
 func (i installedSystem) clone() installedSystem {
 	return installedSystem{config: slices.Clone(i.config), version: i.version, extensions: slices.Clone(i.extensions),
-		recoverySnapshot: slices.Clone(i.recoverySnapshot), fromImage: i.fromImage, imageBytes: i.imageBytes}
+		recoverySnapshot: slices.Clone(i.recoverySnapshot), fromImage: i.fromImage, imageBytes: i.imageBytes, secureBoot: i.secureBoot, keysEnrolled: i.keysEnrolled}
 }
 
 // pullInstaller is what pulling an installer image yields: its system

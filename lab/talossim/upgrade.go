@@ -135,7 +135,7 @@ func (a *apid) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machin
 	}
 	n.afterLocked(n.sim.scaled(n.sim.opts.Profile.RebootStart), func() {
 		sys := n.sim.installedSystem(n.ip)
-		sys.version, sys.extensions = target, exts
+		sys.version, sys.extensions, sys.secureBoot = target, exts, secureBootImage(image)
 		n.sim.persist(n.ip, sys)
 		n.rebootLocked()
 	})
