@@ -36,13 +36,9 @@ func wantsNestedVirt(vms []VMSpec) bool {
 // on runs a qemu-server that knows the flag; the other flags are known to
 // every release we support (config validates them).
 func (f *facts) checkCPUFlags(ctx context.Context) (check.Status, string) {
-	ps, err := f.getPlans(ctx)
+	ps, placed, err := f.placedPlans(ctx)
 	if err != nil {
-		return check.Failf("cannot list VMs: %v", err)
-	}
-	placed, err := f.getPlaced(ctx)
-	if err != nil {
-		return check.Failf("cannot place VMs: %v", err)
+		return check.Failf("%v", err)
 	}
 	members := map[string][]string{}
 	for _, s := range placed {

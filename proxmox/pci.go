@@ -375,13 +375,9 @@ func usesPCI(specs []VMSpec) bool {
 // entries on that member. With proxmox.ha it warns about devices Proxmox
 // cannot live-migrate.
 func (f *facts) checkPCI(ctx context.Context) (check.Status, string) {
-	placed, err := f.getPlaced(ctx)
+	ps, placed, err := f.placedPlans(ctx)
 	if err != nil {
-		return check.Failf("cannot place the VMs: %v", err)
-	}
-	ps, err := f.getPlans(ctx)
-	if err != nil {
-		return check.Failf("cannot list VMs: %v", err)
+		return check.Failf("%v", err)
 	}
 	type use struct {
 		vm   VMSpec

@@ -171,6 +171,21 @@ func (f *facts) getStorages(ctx context.Context) ([]Storage, error) {
 	return f.storages.get(func() ([]Storage, error) { return f.c.Storages(ctx) })
 }
 
+// placedPlans is the plan of every VM (getPlans) and every VM placed on
+// its member (getPlaced), for the rows that judge what each member gets;
+// the error says which of the two failed.
+func (f *facts) placedPlans(ctx context.Context) (planSet, []VMSpec, error) {
+	ps, err := f.getPlans(ctx)
+	if err != nil {
+		return planSet{}, nil, fmt.Errorf("cannot list VMs: %w", err)
+	}
+	placed, err := f.getPlaced(ctx)
+	if err != nil {
+		return planSet{}, nil, fmt.Errorf("cannot place the VMs: %w", err)
+	}
+	return ps, placed, nil
+}
+
 func (f *facts) getPlans(ctx context.Context) (planSet, error) {
 	t := f.top()
 	return t.plans.get(func() (planSet, error) {

@@ -59,13 +59,9 @@ func (f *facts) createChecksTags(ctx context.Context, member string) (bool, stri
 //
 // GET /cluster/options tells the policy with Sys.Audit on /.
 func (f *facts) checkTags(ctx context.Context) (check.Status, string) {
-	ps, err := f.getPlans(ctx)
+	ps, placed, err := f.placedPlans(ctx)
 	if err != nil {
-		return check.Failf("cannot list VMs: %v", err)
-	}
-	placed, err := f.getPlaced(ctx)
-	if err != nil {
-		return check.Failf("cannot place VMs: %v", err)
+		return check.Failf("%v", err)
 	}
 	created := map[string]map[string]bool{} // member → tags of the VMs created there
 	added := map[string]bool{}
