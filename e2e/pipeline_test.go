@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -227,6 +228,22 @@ func TestBringYourOwnCNI(t *testing.T) {
 	cs, _, err := kube.Clientset(h.Paths().Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// CoreDNS gone, as before Talos' manifest controller has created it
+	// (the talos stage can run first, right after the bootstrap): the
+	// next run's manifest sync creates it, and must not wait for pods
+	// that cannot run before the pod network does.
+	// (The lab's stand-in for that controller creates it as its API
+	// server comes up, which can be after the first run ended.)
+	for {
+		err := cs.AppsV1().Deployments("kube-system").Delete(ctx, "coredns", metav1.DeleteOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsNotFound(err) || ctx.Err() != nil {
+			t.Fatalf("deleting CoreDNS: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-flannel"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

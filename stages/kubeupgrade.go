@@ -15,6 +15,7 @@ import (
 	ssautil "github.com/fluxcd/pkg/ssa/utils"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -328,7 +329,11 @@ func syncBootstrapManifests(ctx context.Context, env *Env, ops *talos.Ops, nodes
 		if len(names) > 0 {
 			what += " (" + strings.Join(names, ", ") + ")"
 		}
-		if err := env.Wet(what, func() error { return bs.apply(ctx, env.Config.Cluster.Timeouts.Health.D()) }); err != nil {
+		wait, err := bootstrapPodsCanRun(ctx, env, bs.cs)
+		if err != nil {
+			return err
+		}
+		if err := env.Wet(what, func() error { return bs.apply(ctx, env.Config.Cluster.Timeouts.Health.D(), wait) }); err != nil {
 			return fmt.Errorf("syncing the bootstrap manifests: %w", err)
 		}
 	}
@@ -445,7 +450,7 @@ func (bs *bootstrapSync) changeNames() []string {
 // manager does), the pruned objects deleted and forgotten (one whose
 // delete fails stays recorded for the next sync), then the applied
 // objects waited for.
-func (bs *bootstrapSync) apply(ctx context.Context, timeout time.Duration) error {
+func (bs *bootstrapSync) apply(ctx context.Context, timeout time.Duration, wait bool) error {
 	set, err := bs.cl.ApplyChanges(ctx, bs.changes, timeout)
 	if err != nil {
 		return err
@@ -473,7 +478,39 @@ func (bs *bootstrapSync) apply(ctx context.Context, timeout time.Duration) error
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	if !wait {
+		return nil
+	}
 	return bs.cl.WaitApplied(ctx, set, timeout)
+}
+
+// bootstrapPodsCanRun says whether the synced bootstrap manifests' pods
+// can become ready now, so that the sync waits for them: CoreDNS needs
+// the pod network. Talos deploys its CNI (flannel) with these manifests;
+// a CNI the infra stage installs (cilium), or the user's (none), is not
+// there on a cluster's first runs, when every node is NotReady, and
+// waiting would only run into the health timeout. The sync applies all
+// the same; the postcheck checks the pods once the network runs. This
+// matters when Talos' own ManifestApplyController has not created the
+// objects yet as the talos stage runs right after the bootstrap: the sync
+// then creates them itself.
+func bootstrapPodsCanRun(ctx context.Context, env *Env, cs kubernetes.Interface) (bool, error) {
+	if env.Config.CNI.TalosDeploysCNI() || env.DryRun {
+		return true, nil
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false, fmt.Errorf("listing the nodes: %w", err)
+	}
+	for _, n := range nodes.Items {
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+	}
+	env.UI.OK("the bootstrap manifests' pods (CoreDNS) start once the pod network runs (cni.name %s; no node is Ready yet): not waited for here", env.Config.CNI.Name)
+	return false, nil
 }
 
 // sameRefs reports whether a and b hold the same objects.
